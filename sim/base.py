@@ -1,0 +1,87 @@
+"""The interface every executor of a program image implements.
+
+An executor owns a DRAM of fixed size and runs programs that live in it. The driver and the
+runtime see executors only through this interface (write/read DRAM, run, counters), so the
+functional simulator, the cycle model, the RTL under Verilator and a board are
+interchangeable.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from celosia.config import HwConfig
+from celosia.errors import CelosiaError
+from celosia.image import ProgramImage
+
+__all__ = ["Executor", "TARGETS", "make_executor", "run_image"]
+
+
+class Executor(ABC):
+    """Runs program images on one configuration; DRAM is a flat byte array of fixed size."""
+
+    #: target name, as given to ``celosia exec --target``
+    name: str = ""
+    #: whether ``run`` reports ``cycles``
+    models_time: bool = False
+
+    def __init__(self, config: HwConfig, dram_size: int):
+        if dram_size <= 0:
+            raise CelosiaError(f"dram_size must be positive, not {dram_size}")
+        self.config = config
+        self.dram_size = int(dram_size)
+
+    @abstractmethod
+    def write_dram(self, addr: int, data) -> None:
+        """Copy bytes (or any array, as its raw bytes) into DRAM at a byte address."""
+
+    @abstractmethod
+    def read_dram(self, addr: int, nbytes: int) -> np.ndarray:
+        """A uint8 copy of ``nbytes`` of DRAM from a byte address."""
+
+    @abstractmethod
+    def run(self, insn_addr: int, insn_count: int) -> dict:
+        """Run the program at ``insn_addr`` to completion and return its counters.
+
+        Raises ProgramError (DeadlockError) for an illegal program, naming the instruction.
+        """
+
+    def _check_range(self, addr: int, nbytes: int) -> None:
+        if addr < 0 or nbytes < 0 or addr + nbytes > self.dram_size:
+            raise CelosiaError(
+                f"DRAM access [{addr}, {addr + nbytes}) is outside the {self.dram_size}-byte DRAM"
+            )
+
+
+# Targets are imported lazily so that, e.g., the RTL's toolchain is only needed when used.
+TARGETS = {
+    "fsim": ("celosia.sim.fsim", "FunctionalSimulator"),
+    "cycle": ("celosia.sim.cycle", "CycleSimulator"),
+    "rtl": ("celosia.sim.rtl", "RtlSimulator"),
+}
+
+
+def make_executor(target: str, config: HwConfig, dram_size: int, **options) -> Executor:
+    if target not in TARGETS:
+        raise CelosiaError(f"unknown target {target!r}; targets are {', '.join(TARGETS)}")
+    module_name, class_name = TARGETS[target]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise CelosiaError(f"target {target!r} is not available in this version of celosia") from None
+        raise
+    return getattr(module, class_name)(config, dram_size, **options)
+
+
+def run_image(image: ProgramImage, target: str = "fsim", config: HwConfig | None = None,
+              **options) -> tuple[np.ndarray, dict]:
+    """Run a program image; returns (final DRAM, counters)."""
+    config = config or HwConfig()
+    executor = make_executor(target, config, image.dram.size, **options)
+    executor.write_dram(0, image.dram)
+    stats = executor.run(image.insn_addr, image.insn_count)
+    return executor.read_dram(0, image.dram.size), stats

@@ -1,0 +1,189 @@
+"""fsim: the functional simulator, the executable definition of the ISA (shared ISA.md).
+
+Fetch dispatches instructions in program order into one bounded command queue per module;
+load, compute and store each run their queue in order under the dependency-token protocol.
+Values come from :class:`celosia.sim.datapath.Datapath`. There is no notion of time: each
+module runs as far as its tokens allow, and when none can move before the program is done,
+the run is a deadlock, reported with what every module waits on.
+
+The token rules (docs/isa.md, "Choices celosia makes"):
+- a module starts the instruction at the head of its command queue once every queue it pops
+  holds a token; it then takes the instruction out of the command queue and the tokens;
+- after the instruction completes, it pushes one token into each flagged queue; if any of
+  them is full it waits until all have room, then pushes them together.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from celosia.config import HwConfig
+from celosia.errors import DeadlockError, ProgramError
+from celosia.isa import INSN_BYTES, FinishInsn, Insn, Module, decode_program, module_of
+
+from .base import Executor
+from .datapath import Datapath, check_insn
+
+__all__ = ["FunctionalSimulator", "load_program", "TOKEN_QUEUES", "pops_of", "pushes_of"]
+
+# The four token queues, named (from, to).
+L2C, C2L, C2S, S2C = "load->compute", "compute->load", "compute->store", "store->compute"
+TOKEN_QUEUES = (L2C, C2L, C2S, S2C)
+_MODULE_NAMES = {Module.LOAD: "load", Module.COMPUTE: "compute", Module.STORE: "store"}
+
+
+def pops_of(module: Module, insn: Insn) -> tuple[str, ...]:
+    """The token queues an instruction pops before it starts."""
+    if module == Module.LOAD:
+        return (C2L,) if insn.pop_next else ()
+    if module == Module.STORE:
+        return (C2S,) if insn.pop_prev else ()
+    return tuple(q for q, on in ((L2C, insn.pop_prev), (S2C, insn.pop_next)) if on)
+
+
+def pushes_of(module: Module, insn: Insn) -> tuple[str, ...]:
+    """The token queues an instruction pushes after it completes."""
+    if module == Module.LOAD:
+        return (L2C,) if insn.push_next else ()
+    if module == Module.STORE:
+        return (S2C,) if insn.push_prev else ()
+    return tuple(q for q, on in ((C2L, insn.push_prev), (C2S, insn.push_next)) if on)
+
+
+def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfig) -> list[Insn]:
+    """Decode the program in DRAM and check every rule its fields decide (ISA.md section 4)."""
+    if insn_addr % INSN_BYTES:
+        raise ProgramError(None, f"insn_addr={insn_addr} is not {INSN_BYTES}-byte aligned")
+    if insn_count < 1:
+        raise ProgramError(None, "the program is empty; it must end with FINISH")
+    end = insn_addr + insn_count * INSN_BYTES
+    if insn_addr < 0 or end > dram.size:
+        raise ProgramError(None, f"the program [{insn_addr}, {end}) is outside the "
+                                 f"{dram.size}-byte DRAM")
+    insns = decode_program(dram[insn_addr:end], cfg)
+    for index, insn in enumerate(insns):
+        if isinstance(insn, FinishInsn) and index != len(insns) - 1:
+            raise ProgramError(index + 1, "instruction fetched after FINISH (FINISH must be last)")
+        check_insn(insn, index, cfg, dram.size)
+    if not isinstance(insns[-1], FinishInsn):
+        raise ProgramError(len(insns) - 1, "the program does not end with FINISH")
+    return insns
+
+
+class FunctionalSimulator(Executor):
+    name = "fsim"
+    models_time = False
+
+    def __init__(self, config: HwConfig, dram_size: int, *, max_uop_execs: int = 1 << 34):
+        super().__init__(config, dram_size)
+        self.dram = np.zeros(self.dram_size, np.uint8)
+        self.datapath = Datapath(config, self.dram, max_uop_execs=max_uop_execs)
+
+    def write_dram(self, addr: int, data) -> None:
+        raw = np.frombuffer(memoryview(np.ascontiguousarray(data)).cast("B"), np.uint8)
+        self._check_range(addr, raw.size)
+        self.dram[addr:addr + raw.size] = raw
+
+    def read_dram(self, addr: int, nbytes: int) -> np.ndarray:
+        self._check_range(addr, nbytes)
+        return self.dram[addr:addr + nbytes].copy()
+
+    def run(self, insn_addr: int, insn_count: int) -> dict:
+        insns = load_program(self.dram, insn_addr, insn_count, self.config)
+        self.datapath.reset_counters()
+        _TokenMachine(insns, self.config, self.datapath.execute).run()
+        return dict(self.datapath.counters)
+
+
+class _TokenMachine:
+    """Fetch plus three in-order modules under the token protocol, without time."""
+
+    def __init__(self, insns: list[Insn], cfg: HwConfig, execute):
+        self.insns = insns
+        self.execute = execute
+        self.cmd_depth = cfg.cmd_queue_depth
+        self.token_depth = cfg.token_queue_depth
+        self.modules = [module_of(insn) for insn in insns]
+        self.cmdq = {m: deque() for m in Module}
+        self.tokens = dict.fromkeys(TOKEN_QUEUES, 0)
+        self.pending_push = dict.fromkeys(Module, ())
+        self.pc = 0
+
+    def _fetch(self) -> bool:
+        moved = False
+        n = len(self.insns)
+        while self.pc < n:
+            q = self.cmdq[self.modules[self.pc]]
+            if len(q) >= self.cmd_depth:
+                break
+            q.append(self.pc)
+            self.pc += 1
+            moved = True
+        return moved
+
+    def _try_push(self, module: Module) -> bool:
+        queues = self.pending_push[module]
+        if any(self.tokens[q] >= self.token_depth for q in queues):
+            return False
+        for q in queues:
+            self.tokens[q] += 1
+        self.pending_push[module] = ()
+        return True
+
+    def _step(self, module: Module) -> bool:
+        """Run the module as far as it can go; whether it moved."""
+        moved = False
+        q = self.cmdq[module]
+        while True:
+            if self.pending_push[module]:
+                if not self._try_push(module):
+                    return moved
+                moved = True
+            if not q:
+                return moved
+            index = q[0]
+            insn = self.insns[index]
+            pops = pops_of(module, insn)
+            if any(self.tokens[p] == 0 for p in pops):
+                return moved
+            for p in pops:
+                self.tokens[p] -= 1
+            q.popleft()
+            self.execute(index, insn)
+            self.pending_push[module] = pushes_of(module, insn)
+            moved = True
+            if len(q) < self.cmd_depth and self.pc < len(self.insns):
+                self._fetch()
+
+    def run(self) -> None:
+        while True:
+            moved = self._fetch()
+            for module in Module:
+                moved |= self._step(module)
+            if self.pc == len(self.insns) and not any(self.cmdq.values()) \
+                    and not any(self.pending_push.values()):
+                return
+            if not moved:
+                raise DeadlockError(self._waiting())
+
+    def _waiting(self) -> list[tuple[str, int | None, str]]:
+        waiting = []
+        for module in Module:
+            name = _MODULE_NAMES[module]
+            if self.pending_push[module]:
+                full = [q for q in self.pending_push[module] if self.tokens[q] >= self.token_depth]
+                waiting.append((name, None, "has finished an instruction and waits for room to "
+                                "push into " + ", ".join(f"{q} (full, {self.token_depth} tokens)"
+                                                         for q in full)))
+            elif self.cmdq[module]:
+                index = self.cmdq[module][0]
+                empty = [q for q in pops_of(module, self.insns[index]) if self.tokens[q] == 0]
+                waiting.append((name, index, "a token on " + " and ".join(
+                    f"{q} (empty)" for q in empty)))
+        if self.pc < len(self.insns):
+            target = _MODULE_NAMES[self.modules[self.pc]]
+            waiting.append(("fetch", self.pc, f"room in the {target} command queue "
+                                              f"(full, {self.cmd_depth} instructions)"))
+        return waiting
