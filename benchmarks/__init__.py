@@ -1,1 +1,62 @@
-"""celosia.benchmarks"""
+"""Benchmarks: figures of speed and quality, each run as `celosia bench NAME [--out FILE.json]`.
+
+A benchmark is a function ``run(quick: bool) -> dict`` returning ``{"metrics": {name: number},
+...details}``; :func:`run_benchmark` adds a description of the machine. Machines are shared
+and noisy, so benchmarks report medians of repeated runs and ratios measured in one run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+from datetime import datetime, timezone
+
+from celosia.errors import CelosiaError
+
+__all__ = ["BENCHMARKS", "run_benchmark", "machine_description"]
+
+# name -> (module, function, one-line summary)
+BENCHMARKS = {
+    "fsim": ("celosia.benchmarks.fsim_bench", "run",
+             "functional simulator speed: 256^3 GEMM and ResNet-18 conv 56x56x64->64 (GMAC/s)"),
+}
+
+
+def machine_description() -> dict:
+    import numpy as np
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "machine": platform.machine(),
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def run_benchmark(name: str, *, quick: bool = False) -> dict:
+    if name not in BENCHMARKS:
+        raise CelosiaError(f"unknown benchmark {name!r}; `celosia bench --list` names them: "
+                           f"{', '.join(BENCHMARKS)}")
+    module, function, summary = BENCHMARKS[name]
+    result = getattr(importlib.import_module(module), function)(quick=quick)
+    return {"benchmark": name, "summary": summary, "quick": quick, **result,
+            "machine": machine_description()}

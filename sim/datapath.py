@@ -188,14 +188,14 @@ class Datapath:
 
     # ---- micro-coded instructions ----------------------------------------------------
 
-    def _indices(self, index: int, insn, kind: str):
-        """Yield (dst, src, wgt) index arrays in execution order, in bounded chunks, after
-        checking every index against its buffer."""
+    def _uops(self, index: int, insn, kind: str):
+        """The micro-op fields (dst, src, wgt) of an instruction, after counting its executions
+        against the run's limit and checking every index it will use against its buffer;
+        None when it executes nothing."""
         cfg = self.cfg
-        k = insn.uop_end - insn.uop_bgn
-        total = insn.iter_out * insn.iter_in * k
+        total = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
         if total == 0:
-            return
+            return None
         self.uop_execs += total
         if self.uop_execs > self.max_uop_execs:
             raise SimulationLimitError(
@@ -203,9 +203,8 @@ class Datapath:
                 f"{self.uop_execs}, past the limit of {self.max_uop_execs}; raise max_uop_execs "
                 f"if the program is meant to be this long")
         dst0, src0, wgt0 = decode_uops(self.uop[insn.uop_bgn:insn.uop_end], cfg)
-        is_gemm = kind == "GEMM"
         limits = [("dst", "ACC", cfg.acc_depth, insn.dst_factor_out, insn.dst_factor_in, dst0)]
-        if is_gemm:
+        if kind == "GEMM":
             if not insn.reset:
                 limits += [("src", "INP", cfg.inp_depth, insn.src_factor_out, insn.src_factor_in, src0),
                            ("wgt", "WGT", cfg.wgt_depth, insn.wgt_factor_out, insn.wgt_factor_in, wgt0)]
@@ -216,14 +215,19 @@ class Datapath:
             worst = int(base.max()) + (insn.iter_out - 1) * f_out + (insn.iter_in - 1) * f_in
             if worst >= depth:
                 self._report_range(index, insn, kind, field, buf, depth, f_out, f_in, base)
-        per_outer = insn.iter_in * k
+        return dst0, src0, wgt0
+
+    @staticmethod
+    def _chunks(insn, dst0, src0, wgt0):
+        """(dst, src, wgt) index arrays of all executions in order, in bounded chunks."""
+        per_outer = insn.iter_in * dst0.size
         step = max(1, _CHUNK // per_outer)
         j = np.arange(insn.iter_in, dtype=np.int64)[:, None]
         for i0 in range(0, insn.iter_out, step):
             i = np.arange(i0, min(i0 + step, insn.iter_out), dtype=np.int64)[:, None, None]
             dst = (dst0 + i * insn.dst_factor_out + j * insn.dst_factor_in).reshape(-1)
             src = (src0 + i * insn.src_factor_out + j * insn.src_factor_in).reshape(-1)
-            if is_gemm:
+            if isinstance(insn, GemmInsn):
                 wgt = (wgt0 + i * insn.wgt_factor_out + j * insn.wgt_factor_in).reshape(-1)
             else:
                 wgt = None
@@ -243,27 +247,88 @@ class Datapath:
                                f"({depth} rows)")
 
     def gemm(self, index: int, insn: GemmInsn) -> None:
+        fields = self._uops(index, insn, "GEMM")
+        if fields is None:
+            return
         cfg = self.cfg
-        for dst, src, wgt in self._indices(index, insn, "GEMM"):
+        if not insn.reset:
+            n = insn.iter_out * insn.iter_in * fields[0].size
+            self.counters["gemm_uops"] += n
+            self.counters["macs"] += n * cfg.macs_per_cycle
+            if self._gemm_grid(insn, *fields):
+                return
+        for dst, src, wgt in self._chunks(insn, *fields):
             if insn.reset:
                 self.acc[dst] = 0
                 self.out[dst] = 0
                 continue
-            n = dst.size
-            self.counters["gemm_uops"] += n
-            self.counters["macs"] += n * cfg.macs_per_cycle
-            products = _block_products(self.inp, self.wgt, src, wgt)  # (n, B*BLOCK) float32
-            rows, inverse = np.unique(dst, return_inverse=True)
-            sums = np.empty((rows.size, products.shape[1]), np.int64)
-            for lane in range(products.shape[1]):
-                sums[:, lane] = np.bincount(inverse, weights=products[:, lane], minlength=rows.size)
-            acc = self.acc[rows].reshape(rows.size, -1)
-            new = (acc.astype(np.int64) + sums).astype(np.int32)
-            self.acc[rows] = new.reshape(self.acc[rows].shape)
-            self.out[rows] = new.astype(np.int8).reshape(self.out[rows].shape)
+            # Addition mod 2^32 is order-free, so executions may be summed in any order.
+            products, dst = _block_products(self.inp, self.wgt, src, wgt, dst)
+            order = np.argsort(dst)
+            d = dst[order]
+            starts = np.flatnonzero(np.concatenate(([True], d[1:] != d[:-1])))
+            self._accumulate(d[starts], np.add.reduceat(products[order].astype(np.int64), starts, axis=0))
+
+    def _accumulate(self, rows: np.ndarray, sums: np.ndarray) -> None:
+        """ACC[rows] += sums (int64, one row each; rows distinct) with 32-bit wrap, and the
+        OUT side-write."""
+        cfg = self.cfg
+        new = (self.acc[rows].reshape(rows.size, -1).astype(np.int64)
+               + sums.reshape(rows.size, -1)).astype(np.int32)
+        self.acc[rows] = new.reshape(-1, cfg.batch, cfg.block)
+        self.out[rows] = new.astype(np.int8).reshape(-1, cfg.batch, cfg.block)
+
+    def _gemm_grid(self, insn: GemmInsn, dst0, src0, wgt0) -> bool:
+        """The usual tensorized GEMM as a few large matrix products; False if it does not apply.
+
+        It applies when the weight rows do not move with the loops and the micro-ops fall into
+        equal-sized groups sharing a dst row whose updated rows never collide. Each group's
+        micro-ops then form one long dot product (im2col), computed in float32 over slices of
+        at most 1024 products, where every partial sum is an exact integer (< 2^24).
+        """
+        if insn.wgt_factor_out or insn.wgt_factor_in:
+            return False
+        k = dst0.size
+        rows_per_uop = insn.iter_out * insn.iter_in
+        if k * rows_per_uop > 4 * _CHUNK:
+            return False
+        order = np.argsort(dst0, kind="stable")
+        d = dst0[order]
+        starts = np.flatnonzero(np.concatenate(([True], d[1:] != d[:-1])))
+        groups = starts.size
+        g = k // groups
+        if k % groups or np.any(np.diff(np.append(starts, k)) != g):
+            return False
+        i = np.arange(insn.iter_out, dtype=np.int64)[:, None]
+        j = np.arange(insn.iter_in, dtype=np.int64)[None, :]
+        off_dst = (i * insn.dst_factor_out + j * insn.dst_factor_in).reshape(-1)
+        rows = d[starts][:, None] + off_dst[None, :]  # (groups, R)
+        if np.unique(rows).size != rows.size:
+            return False
+        off_src = (i * insn.src_factor_out + j * insn.src_factor_in).reshape(-1)
+        src_g = src0[order].reshape(groups, g)
+        wgt_g = wgt0[order].reshape(groups, g)
+        batch, block = self.cfg.batch, self.cfg.block
+        inp_f = self.inp.astype(np.float32)
+        per_slice = max(1, 1024 // block)
+        total = None
+        for u0 in range(0, g, per_slice):
+            s = src_g[:, u0:u0 + per_slice]
+            gc = s.shape[1]
+            x = inp_f[s[:, None, :] + off_src[None, :, None]]  # (groups, R, gc, B, C)
+            x = x.transpose(0, 1, 3, 2, 4).reshape(groups, rows_per_uop * batch, gc * block)
+            w = self.wgt[wgt_g[:, u0:u0 + per_slice]]  # (groups, gc, O, C)
+            w = w.transpose(0, 1, 3, 2).reshape(groups, gc * block, block).astype(np.float32)
+            part = np.matmul(x, w).astype(np.int64)  # (groups, R*B, O)
+            total = part if total is None else total + part
+        self._accumulate(rows.reshape(-1), total.reshape(groups * rows_per_uop, -1))
+        return True
 
     def alu(self, index: int, insn: AluInsn) -> None:
-        for dst, src, _ in self._indices(index, insn, "ALU"):
+        fields = self._uops(index, insn, "ALU")
+        if fields is None:
+            return
+        for dst, src, _ in self._chunks(insn, *fields):
             self.counters["alu_uops"] += dst.size
             start = 0
             while start < dst.size:
@@ -291,32 +356,40 @@ class Datapath:
         self.out[dst] = r.astype(np.int8)
 
 
-def _block_products(inp: np.ndarray, wgt: np.ndarray, src: np.ndarray, wgt_idx: np.ndarray) -> np.ndarray:
-    """INP[src[e]] x WGT[wgt_idx[e]]^T for every execution e, as (n, BATCH*BLOCK) float32.
+def _block_products(inp: np.ndarray, wgt: np.ndarray, src: np.ndarray, wgt_idx: np.ndarray,
+                    dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """INP[src[e]] x WGT[wgt_idx[e]]^T for every execution e, as (n, BATCH*BLOCK) float32,
+    returned with ``dst`` permuted into the same (possibly reordered) execution order.
 
     Each product of one block is an exact integer in float32 (|sum| <= BLOCK * 2^14 < 2^24).
-    Executions are grouped by weight row so each group is one BLAS matrix product.
+    Executions are grouped by weight row so that each group is one BLAS matrix product; when
+    every weight row is used equally often (the usual tensorized loop nest), all groups go
+    through one batched product.
     """
     n = src.size
-    batch, block = inp.shape[1], inp.shape[2]
-    out = np.empty((n, batch * block), np.float32)
-    order = np.argsort(wgt_idx, kind="stable")
+    block = inp.shape[2]
+    order = np.argsort(wgt_idx)
     w_sorted = wgt_idx[order]
-    bounds = np.flatnonzero(np.diff(w_sorted)) + 1
-    starts = np.concatenate(([0], bounds))
-    ends = np.concatenate((bounds, [n]))
-    if starts.size * 8 > n:
-        # Mostly distinct weights: one batched product instead of many tiny ones.
-        x = inp[src].astype(np.float32)  # (n, B, C)
-        w = wgt[wgt_idx].astype(np.float32)  # (n, O, C)
-        return np.matmul(x, w.transpose(0, 2, 1)).reshape(n, -1)
+    starts = np.flatnonzero(np.concatenate(([True], w_sorted[1:] != w_sorted[:-1])))
+    groups = starts.size
     inp_f = inp.astype(np.float32) if inp.shape[0] <= 4 * n else None
+
+    def gather(rows):
+        return inp_f[rows] if inp_f is not None else inp[rows].astype(np.float32)
+
+    if n % groups == 0 and np.all(np.diff(np.append(starts, n)) == n // groups):
+        m = n // groups
+        x = gather(src[order]).reshape(groups, -1, block)  # (groups, m*B, C)
+        w = wgt[w_sorted[starts]].astype(np.float32)  # (groups, O, C)
+        out = np.matmul(x, w.transpose(0, 2, 1)).reshape(n, -1)
+        return out, dst[order]
+    out = np.empty((n, inp.shape[1] * block), np.float32)
+    ends = np.append(starts[1:], n)
     for s, e in zip(starts.tolist(), ends.tolist()):
         rows = order[s:e]
-        x = inp_f[src[rows]] if inp_f is not None else inp[src[rows]].astype(np.float32)
         w = wgt[w_sorted[s]].astype(np.float32)  # (O, C)
-        out[rows] = (x.reshape(-1, block) @ w.T).reshape(e - s, -1)
-    return out
+        out[rows] = (gather(src[rows]).reshape(-1, block) @ w.T).reshape(e - s, -1)
+    return out, dst
 
 
 def _hazard_free_end(dst: np.ndarray, src: np.ndarray | None, start: int) -> int:
