@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import HwConfig
 
-M, K, N, SHIFT = 64, 256, 128, 9
+M, K, N, SHIFT = 64, 256, 128, 11
 
 
 def run_demo(*, target: str = "fsim", config: HwConfig | None = None, out_dir: str = "out") -> int:
