@@ -1,0 +1,130 @@
+"""The `celosia` command line: exec, disasm, config, bench, demo, and its error handling."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from celosia.benchmarks.workloads import gemm_requant, gemm_requant_reference
+from celosia.cli import main
+from celosia.driver import Device
+from celosia.image import ProgramImage
+from celosia.isa import MemInsn, MemType, Opcode, FinishInsn, encode_program
+from celosia.sim.base import run_image
+
+
+@pytest.fixture(scope="module")
+def gemm_image(tmp_path_factory):
+    """A driver-built GEMM program saved as an image, with its expected output."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(-128, 128, (32, 64), dtype=np.int8)
+    w = rng.integers(-128, 128, (48, 64), dtype=np.int8)
+    dev = Device("default", dram_size=1 << 20)
+    workload = gemm_requant(dev, a, w, 10)
+    path = tmp_path_factory.mktemp("img") / "gemm.npz"
+    dev.save_image(path)
+    out_addr = workload.buffers[-1].addr
+    return path, out_addr, gemm_requant_reference(a, w, 10)
+
+
+def test_exec_fsim_writes_dram_and_stats(gemm_image, tmp_path, capsys):
+    path, out_addr, want = gemm_image
+    assert main(["exec", str(path), "--target", "fsim", "--out", str(tmp_path / "o.npz"),
+                 "--stats", str(tmp_path / "s.json")]) == 0
+    dram = np.load(tmp_path / "o.npz")["dram"]
+    got = dram[out_addr:out_addr + want.size].view(np.int8)
+    # Output blocks are (row, column block, BLOCK): unpack to (rows, N).
+    got = got.reshape(32, 3, 16).reshape(32, 48)
+    np.testing.assert_array_equal(got, want)
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["target"] == "fsim"
+    assert stats["macs"] == 32 * 48 * 64
+    assert stats["gemm_uops"] == 32 * 3 * 4
+    for key in ("insn_count", "alu_uops", "inp_load_bytes", "wgt_load_bytes", "out_store_bytes"):
+        assert key in stats
+    assert "ran on fsim" in capsys.readouterr().out
+
+
+def test_exec_matches_run_image(gemm_image, tmp_path):
+    path = gemm_image[0]
+    dram, _ = run_image(ProgramImage.load(path), "fsim")
+    main(["exec", str(path), "--out", str(tmp_path / "o.npz"), "-q"])
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["dram"], dram)
+
+
+def _illegal_image(tmp_path):
+    from celosia import HwConfig
+    cfg = HwConfig()
+    insns = [MemInsn(opcode=Opcode.LOAD, mem_type=MemType.INP, sram_base=2040, x_size=16,
+                     y_size=1, x_stride=16), FinishInsn()]
+    dram = np.zeros(4096, np.uint8)
+    dram[:32] = encode_program(insns, cfg)
+    path = tmp_path / "bad.npz"
+    ProgramImage(dram, 0, 2).save(path)
+    return path
+
+
+def test_exec_illegal_program_is_one_line_without_traceback(tmp_path):
+    path = _illegal_image(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "celosia.cli", "exec", str(path), "--out",
+                           str(tmp_path / "o.npz")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "instruction 0" in lines[0] and "INP buffer" in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_exec_missing_image_and_unknown_target(tmp_path, capsys):
+    assert main(["exec", str(tmp_path / "nope.npz"), "--out", str(tmp_path / "o.npz")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["exec", str(_illegal_image(tmp_path)), "--max-cycles", "10",
+                 "--out", str(tmp_path / "o.npz")]) == 2
+    assert "timed targets" in capsys.readouterr().err
+
+
+def test_disasm(gemm_image, capsys):
+    assert main(["disasm", str(gemm_image[0])]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].strip().endswith("FINISH")
+    assert any("GEMM" in line for line in lines) and any("STORE" in line for line in lines)
+
+
+def test_config_show_formats(tmp_path, capsys):
+    assert main(["config", "show"]) == 0
+    assert "1 x 16 x 16" in capsys.readouterr().out
+    assert main(["config", "show", "--config", "small", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["log_block"] == 2
+    assert main(["config", "show", "--format", "vta"]) == 0
+    vta = json.loads(capsys.readouterr().out)
+    assert vta["LOG_BLOCK"] == 4 and vta["LOG_ACC_BUFF_SIZE"] == 17
+    cfg = tmp_path / "vta_config.json"
+    cfg.write_text(json.dumps({**vta, "LOG_BLOCK": 3, "LOG_INP_BUFF_SIZE": 14,
+                               "LOG_WGT_BUFF_SIZE": 16, "LOG_ACC_BUFF_SIZE": 16,
+                               "TARGET": "sim", "HW_VER": "0.0.2"}))
+    assert main(["config", "show", "--config", str(cfg)]) == 0
+    assert "1 x 8 x 8" in capsys.readouterr().out
+    cfg.write_text(json.dumps({"LOG_INP_WIDTH": 4}))
+    assert main(["config", "show", "--config", str(cfg)]) == 2
+    assert "log_inp_width" in capsys.readouterr().err
+
+
+def test_bench_list_and_quick_run(tmp_path, capsys):
+    assert main(["bench", "--list"]) == 0
+    assert "fsim" in capsys.readouterr().out
+    out = tmp_path / "b.json"
+    assert main(["bench", "fsim", "--quick", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["metrics"]["gemm256_gmacs_per_s"] > 0
+    assert result["metrics"]["conv56_gmacs_per_s"] > 0
+    assert result["machine"]["cores"] >= 1
+    assert main(["bench", "nope"]) == 2
+
+
+def test_demo(tmp_path, capsys):
+    assert main(["demo", "--out-dir", str(tmp_path)]) == 0
+    assert "bit-exact" in capsys.readouterr().out
+    report = json.loads((tmp_path / "demo.json").read_text())
+    assert report["matches_numpy"] and report["counters"]["macs"] > 0
