@@ -78,7 +78,7 @@ def _check_mem(insn: MemInsn, index: int, cfg: HwConfig, dram_size: int) -> None
     else:
         count = insn.y_size * insn.x_size
     if insn.sram_base + count > depth:
-        buf = "OUT" if insn.opcode == Opcode.STORE else insn.mem_type.name
+        buf = {MemType.OUT: "OUT", MemType.ACC_8BIT: "ACC"}.get(insn.mem_type, insn.mem_type.name)
         raise ProgramError(
             index, f"{name} {insn.mem_type.name} touches {buf} rows [{insn.sram_base}, "
                    f"{insn.sram_base + count}), past the end of the {buf} buffer ({depth} rows)")
@@ -156,8 +156,9 @@ class Datapath:
         width = insn.x_pad_0 + insn.x_size + insn.x_pad_1
         if insn.mem_type == MemType.ACC_8BIT:
             eb = cfg.out_elem_bytes
-            block = self.acc[insn.sram_base:insn.sram_base + rows * width].reshape(rows, width, -1)
-            data = self._dram_rows(insn, eb).view(np.int8).reshape(insn.y_size, insn.x_size, -1)
+            # Explicit lane counts: -1 cannot be inferred when y_size (or every row) is 0.
+            block = self.acc[insn.sram_base:insn.sram_base + rows * width].reshape(rows, width, eb)
+            data = self._dram_rows(insn, eb).view(np.int8).reshape(insn.y_size, insn.x_size, eb)
         else:
             eb = cfg.elem_bytes(insn.mem_type)
             raw = self._raw[insn.mem_type]

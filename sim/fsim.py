@@ -109,6 +109,7 @@ class _TokenMachine:
         self.cmdq = {m: deque() for m in Module}
         self.tokens = dict.fromkeys(TOKEN_QUEUES, 0)
         self.pending_push = dict.fromkeys(Module, ())
+        self.pending_index = dict.fromkeys(Module)  # the instruction whose pushes wait
         self.pc = 0
 
     def _fetch(self) -> bool:
@@ -153,6 +154,7 @@ class _TokenMachine:
             q.popleft()
             self.execute(index, insn)
             self.pending_push[module] = pushes_of(module, insn)
+            self.pending_index[module] = index
             moved = True
             if len(q) < self.cmd_depth and self.pc < len(self.insns):
                 self._fetch()
@@ -174,8 +176,8 @@ class _TokenMachine:
             name = _MODULE_NAMES[module]
             if self.pending_push[module]:
                 full = [q for q in self.pending_push[module] if self.tokens[q] >= self.token_depth]
-                waiting.append((name, None, "has finished an instruction and waits for room to "
-                                "push into " + ", ".join(f"{q} (full, {self.token_depth} tokens)"
+                waiting.append((name, self.pending_index[module], "room to push (it has "
+                                "completed) into " + ", ".join(f"{q} (full, {self.token_depth} tokens)"
                                                          for q in full)))
             elif self.cmdq[module]:
                 index = self.cmdq[module][0]
