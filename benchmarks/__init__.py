@@ -20,6 +20,9 @@ __all__ = ["BENCHMARKS", "run_benchmark", "machine_description"]
 BENCHMARKS = {
     "fsim": ("celosia.benchmarks.fsim_bench", "run",
              "functional simulator speed: 256^3 GEMM and ResNet-18 conv 56x56x64->64 (GMAC/s)"),
+    "resnet18-layers": ("celosia.benchmarks.resnet_layers", "run",
+                        "ResNet-18 conv layers compiled and run on the cycle model: GEMM "
+                        "utilisation with and without virtual threads"),
 }
 
 

@@ -177,9 +177,10 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     cn, cc, cy, cx, cb_, co_ = s[conv].axes
     cci, cdy, cdx, cki = s[conv].reduce_axes
     ci_o, ci_i = s[conv].split(cci, knobs.tile_ci)
-    # Output rows and columns outermost in the kernel (they become its two loops); channel
-    # blocks and taps inside become the micro-ops.
-    s[conv].reorder(ci_o, cn, cy, cx, cc, ci_i, cdy, cdx, cb_, co_, cki)
+    # Output rows and channel blocks become the kernel's two loops; input channels, taps and
+    # output columns become its micro-ops, columns innermost so that consecutive micro-ops
+    # write different accumulator rows (no read-after-write stalls in the GEMM pipeline).
+    s[conv].reorder(ci_o, cn, cy, cc, ci_i, cdy, cdx, cx, cb_, co_, cki)
     s[conv].tensorize(cb_, gemm_intrinsic(cfg))
     if p:
         s[padded].set_scope("inp")
