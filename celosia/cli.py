@@ -29,7 +29,7 @@ def cmd_exec(args) -> int:
     import numpy as np
 
     from .image import ProgramImage
-    from .sim.base import run_image
+    from .sim.base import make_executor
 
     cfg = _config(args.config)
     image = ProgramImage.load(args.image)
@@ -37,11 +37,19 @@ def cmd_exec(args) -> int:
     if args.target == "fsim" and (args.max_cycles is not None or args.trace):
         raise CelosiaError("--max-cycles and --trace apply to the timed targets (cycle, rtl), "
                            "not fsim")
+    if args.timeline and args.target != "cycle":
+        raise CelosiaError("--timeline is drawn by the cycle model: use --target cycle")
     if args.max_cycles is not None:
         options["max_cycles"] = args.max_cycles
     if args.trace:
         options["trace"] = args.trace
-    dram, stats = run_image(image, args.target, cfg, **options)
+    executor = make_executor(args.target, cfg, image.dram.size, **options)
+    executor.write_dram(0, image.dram)
+    stats = executor.run(image.insn_addr, image.insn_count)
+    dram = executor.read_dram(0, image.dram.size)
+    if args.timeline:
+        from .sim.cycle import plot_timeline
+        plot_timeline(executor, args.timeline)
     np.savez_compressed(args.out, dram=dram)
     stats = {"target": args.target, **stats}
     if args.stats:
@@ -131,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", help="where to write the counters (JSON)")
     p.add_argument("--max-cycles", type=int, help="cycle limit for timed targets")
     p.add_argument("--trace", help="timed targets: write a trace (cycle: Perfetto JSON; rtl: FST)")
+    p.add_argument("--timeline", help="cycle target: draw a PNG timeline of the modules")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_exec)
 

@@ -128,3 +128,17 @@ def test_demo(tmp_path, capsys):
     assert "bit-exact" in capsys.readouterr().out
     report = json.loads((tmp_path / "demo.json").read_text())
     assert report["matches_numpy"] and report["counters"]["macs"] > 0
+
+
+def test_exec_cycle_with_trace_and_timeline(gemm_image, tmp_path):
+    path = gemm_image[0]
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    assert main(["exec", str(path), "--target", "cycle", "--out", str(tmp_path / "o.npz"),
+                 "--stats", str(tmp_path / "s.json"), "--trace", str(trace),
+                 "--timeline", str(png), "-q"]) == 0
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["cycles"] > 0 and 0 < stats["gemm_utilization"] <= 1
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    fsim_dram, _ = run_image(ProgramImage.load(path), "fsim")
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["dram"], fsim_dram)
