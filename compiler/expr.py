@@ -16,10 +16,12 @@ from celosia.errors import CelosiaError
 __all__ = [
     "Expr", "Var", "Const", "Bin", "Cast", "Select", "Load", "Reduce", "Call", "CompilerError",
     "const", "as_expr", "cast", "select", "min_expr", "max_expr", "all_of", "linear_form",
-    "simplify", "substitute", "free_vars", "collect", "DTYPES",
+    "simplify", "substitute", "free_vars", "collect", "DTYPES", "MATH_CALLS", "exp", "sqrt",
 ]
 
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float32")
+# Elementwise float32 functions, as Call nodes (the CPU backend emits LLVM's intrinsics).
+MATH_CALLS = ("exp", "sqrt")
 _INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8, "bool": 1}
 
 
@@ -171,6 +173,8 @@ def as_expr(value, like: Expr | None = None) -> Expr:
         return value
     if isinstance(value, bool):
         return Const(value, "bool")
+    if isinstance(value, int) and like is not None and like.dtype == "float32":
+        return Const(float(value), "float32")  # x * 2 with x float32
     if isinstance(value, int):
         dtype = like.dtype if like is not None and like.dtype in _INT_BITS and like.dtype != "bool" else "int32"
         return Const(value, dtype)
@@ -215,6 +219,22 @@ def select(cond, t, f) -> Expr:
     if t.dtype != f.dtype:
         raise CompilerError(f"select branches have different types: {t.dtype} and {f.dtype}")
     return Select(cond, t, f, t.dtype)
+
+
+def exp(x) -> Expr:
+    """``e ** x`` of a float32 expression."""
+    return _math_call("exp", x)
+
+
+def sqrt(x) -> Expr:
+    return _math_call("sqrt", x)
+
+
+def _math_call(name: str, x) -> Expr:
+    x = as_expr(x)
+    if x.dtype != "float32":
+        raise CompilerError(f"{name} needs a float32 operand, not {x.dtype} ({x}); cast it")
+    return Call(name, (x,), "float32")
 
 
 def min_expr(a, b) -> Expr:

@@ -223,8 +223,8 @@ class _Lowering:
                 return update
             iv = leaves[pos]
             inner = build(pos + 1)
-            nest = self.attached_at(stage, iv, For(iv.var, extents[iv], inner,
-                                                   "vthread" if iv in stage.vthreads else "serial"))
+            kind = "vthread" if iv in stage.vthreads else stage.loop_kinds.get(iv, "serial")
+            nest = self.attached_at(stage, iv, For(iv.var, extents[iv], inner, kind))
             for p in stage.pragmas.get(iv, []):
                 nest = Attr("pragma", p, nest)
             if pos == reduce_pos:
@@ -261,7 +261,7 @@ class _Lowering:
         else:
             outer_data, body = data, init
         for iv in reversed(outer_data):
-            body = For(iv.var, extents[iv], body)
+            body = For(iv.var, extents[iv], body, stage.loop_kinds.get(iv, "serial"))
         return body
 
     def run(self) -> PrimFunc:

@@ -21,8 +21,9 @@ from .te import ComputeOp, IterVar, PlaceholderOp, Tensor, inputs_of, topo_order
 
 __all__ = ["Schedule", "Stage", "Split", "Fuse", "create_schedule", "SCOPES"]
 
-# Memory scopes: DRAM, and the accelerator's on-chip buffers.
-SCOPES = ("global", "inp", "wgt", "acc")
+# Memory scopes: DRAM, the accelerator's on-chip buffers, and "local" (a CPU temporary on
+# the stack or in registers, for a stage computed at a loop of another).
+SCOPES = ("global", "inp", "wgt", "acc", "local")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Stage:
     pragmas: dict = field(default_factory=dict)  # IterVar -> list of pragma names
     tensorize_at: tuple | None = None  # (IterVar, intrinsic)
     vthreads: set = field(default_factory=set)  # IterVars bound to virtual threads
+    loop_kinds: dict = field(default_factory=dict)  # IterVar -> parallel | vectorize | unroll
     read_map: dict = field(default_factory=dict)  # Tensor read -> Tensor to read instead
 
     def __post_init__(self):
@@ -191,6 +193,27 @@ class Stage:
             raise CompilerError(f"bind_vthread {self.name}.{iv.name}: only data loops can be "
                                 f"virtual threads")
         self.vthreads.add(iv)
+
+    def parallel(self, iv: IterVar) -> None:
+        """CPU: run the iterations of ``iv`` on all cores (the outermost such loop of a
+        top-level nest is split among threads; one nested in another loop runs serially)."""
+        self._loop_kind(iv, "parallel")
+
+    def vectorize(self, iv: IterVar) -> None:
+        """CPU: compute the iterations of ``iv`` (an innermost data loop) as vector lanes."""
+        self._loop_kind(iv, "vectorize")
+
+    def unroll(self, iv: IterVar) -> None:
+        """CPU: repeat the body of ``iv`` once per iteration, with the index a constant."""
+        self._loop_kind(iv, "unroll")
+
+    def _loop_kind(self, iv: IterVar, kind: str) -> None:
+        self._compute_only(kind)
+        self._leaf(iv, kind)
+        if kind in ("parallel", "vectorize") and iv.kind != "data":
+            raise CompilerError(f"{kind} {self.name}.{iv.name}: {iv.name} is a reduction loop; "
+                                f"only data loops can be run in parallel or vectorised")
+        self.loop_kinds[iv] = kind
 
 
 class Schedule:

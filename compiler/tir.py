@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .expr import Bin, Call, Cast, CompilerError, Const, Expr, Load, Select, Var, collect
+from .expr import (Bin, Call, Cast, CompilerError, Const, Expr, Load, MATH_CALLS, Select, Var,
+                   collect)
 from .printer import display_names, expr_str
 
 __all__ = ["Buffer", "Stmt", "For", "Seq", "Store", "Allocate", "Attr", "If", "Evaluate", "Kernel",
@@ -54,7 +55,7 @@ class For(Stmt):
     var: Var
     extent: int
     body: Stmt
-    kind: str = "serial"  # serial | vthread
+    kind: str = "serial"  # serial | vthread | parallel | vectorize | unroll (CPU backend)
 
 
 @dataclass(frozen=True, repr=False)
@@ -311,6 +312,9 @@ def interpret(f: PrimFunc, *arrays: np.ndarray) -> None:
             a, b = ev(e.a, env), ev(e.b, env)
             with np.errstate(over="ignore"):
                 return _apply(e.op, a, b, e.dtype)
+        if isinstance(e, Call) and e.name in MATH_CALLS:
+            with np.errstate(over="ignore", invalid="ignore"):
+                return getattr(np, e.name)(np.float32(ev(e.args[0], env)))
         raise CompilerError(f"interpret: cannot evaluate {type(e).__name__}")
 
     def run(s: Stmt, env: dict):

@@ -1,0 +1,257 @@
+"""The CPU backend: a loop-IR function compiled by LLVM (llvmlite) for the host CPU.
+
+    kernel = compile_cpu(lower(s, [A, W, C]))
+    kernel(a, w, c)          # numpy arrays, checked against the parameters; c is written
+
+``llvm_emit`` turns the function into LLVM IR (one exported function per top-level
+segment, see there); here the IR is optimised at O3 for the host CPU's name and features
+(so LLVM uses its vector units), compiled to object code, cached on disk, and loaded into an
+MCJIT engine. A parallel segment's iterations are split into chunks run by a thread pool:
+calls through ctypes release the GIL, so the chunks run on all cores at once.
+
+The cache key is the SHA-256 of the LLVM IR text, the CPU name and features and the
+llvmlite and LLVM versions; the object file lives under $CELOSIA_CACHE/llvm (default
+~/.cache/celosia/llvm). A warm cache skips optimisation and code generation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .expr import CompilerError
+from .llvm_emit import Segment, emit_module, split_segments
+from .tir import ACCEL_CALLS, Buffer, Evaluate, Kernel, PrimFunc, verify, walk
+
+__all__ = ["compile_cpu", "CpuKernel", "host_target", "cache_dir", "num_threads"]
+
+_NP_DTYPES = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
+              "uint8": np.uint8, "float32": np.float32, "bool": np.bool_}
+_SEGMENT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+_lock = threading.Lock()
+_state: dict = {}
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    triple: str
+    cpu: str
+    features: str
+
+
+def _llvm():
+    """llvmlite's binding layer, initialised once."""
+    with _lock:
+        if "llvm" not in _state:
+            import llvmlite.binding as llvm
+            # llvmlite >= 0.44 initialises the core itself and rejects llvm.initialize().
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            _state["llvm"] = llvm
+        return _state["llvm"]
+
+
+def host_target() -> HostTarget:
+    """The CPU this process runs on, as LLVM names it (e.g. znver4, +avx512f,...)."""
+    llvm = _llvm()
+    if "target" not in _state:
+        _state["target"] = HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(),
+                                      llvm.get_host_cpu_features().flatten())
+    return _state["target"]
+
+
+def num_threads() -> int:
+    """Threads for parallel loops: $CELOSIA_NUM_THREADS, else the CPUs this process may use."""
+    env = os.environ.get("CELOSIA_NUM_THREADS")
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise CompilerError(f"CELOSIA_NUM_THREADS must be a positive integer, not {env!r}")
+        return int(env)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _pool() -> ThreadPoolExecutor:
+    with _lock:
+        if "pool" not in _state:
+            _state["pool"] = ThreadPoolExecutor(max_workers=max(1, num_threads() - 1),
+                                                thread_name_prefix="celosia-cpu")
+        return _state["pool"]
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept: $CELOSIA_CACHE/llvm or ~/.cache/celosia/llvm."""
+    root = os.environ.get("CELOSIA_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "celosia") / "llvm"
+
+
+def _target_machine():
+    llvm, target = _llvm(), host_target()
+    return llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.cpu, features=target.features, opt=3, reloc="pic", codemodel="jitdefault")
+
+
+def _compile_object(llvm_ir: str) -> bytes:
+    """Optimise at O3 for the host CPU and generate its object code."""
+    llvm = _llvm()
+    tm = _target_machine()
+    module = llvm.parse_assembly(llvm_ir)
+    module.triple = tm.triple
+    module.data_layout = str(tm.target_data)
+    module.verify()
+    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+    tuning.loop_vectorization = True
+    tuning.slp_vectorization = True
+    tuning.loop_unrolling = True
+    builder = llvm.create_pass_builder(tm, tuning)
+    builder.getModulePassManager().run(module, builder)
+    return tm.emit_object(module)
+
+
+def _cache_key(llvm_ir: str) -> str:
+    import llvmlite
+    llvm, target = _llvm(), host_target()
+    h = hashlib.sha256()
+    for part in (llvm_ir, target.triple, target.cpu, target.features, llvmlite.__version__,
+                 ".".join(map(str, llvm.llvm_version_info))):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _load_or_compile(llvm_ir: str, use_cache: bool) -> tuple[bytes, Path | None, bool]:
+    """(object code, its cache file, whether it came from the cache)."""
+    if not use_cache:
+        return _compile_object(llvm_ir), None, False
+    path = cache_dir() / f"{_cache_key(llvm_ir)}.o"
+    try:
+        return path.read_bytes(), path, True
+    except FileNotFoundError:
+        pass
+    obj = _compile_object(llvm_ir)
+    try:  # written under a temporary name, then renamed: concurrent builds never see half a file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(obj)
+        os.replace(tmp, path)
+    except OSError:
+        path = None  # a read-only cache only costs time
+    return obj, path, False
+
+
+class CpuKernel:
+    """A compiled loop-IR function; call it with one numpy array per parameter."""
+
+    def __init__(self, func: PrimFunc, llvm_ir: str, obj: bytes, temps: list[Buffer],
+                 segments: list[Segment], cache_path: Path | None, from_cache: bool,
+                 compile_seconds: float):
+        llvm = _llvm()
+        self.func, self.llvm_ir, self.temps, self.segments = func, llvm_ir, temps, segments
+        self.cache_path, self.from_cache, self.compile_seconds = cache_path, from_cache, compile_seconds
+        self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine())
+        self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        self._engine.finalize_object()
+        self._fns = [_SEGMENT_FN(self._engine.get_function_address(s.symbol)) for s in segments]
+        self._spare_temps: list = []
+
+    @property
+    def name(self) -> str:
+        return self.func.name
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{b.name}: {b.dtype}[{', '.join(map(str, b.shape))}]"
+                           for b in self.func.params)
+        return f"CpuKernel({self.name}({params}), {len(self.segments)} segments)"
+
+    def check_args(self, arrays) -> None:
+        """Raise CompilerError unless ``arrays`` match the parameters one to one."""
+        f = self.func
+        if len(arrays) != len(f.params):
+            names = ", ".join(b.name for b in f.params)
+            raise CompilerError(f"{f.name} takes {len(f.params)} arrays ({names}), given "
+                                f"{len(arrays)}")
+        for i, (a, buf) in enumerate(zip(arrays, f.params)):
+            where = f"{f.name}: argument {i} ({buf.name})"
+            if not isinstance(a, np.ndarray):
+                raise CompilerError(f"{where} must be a numpy array, not {type(a).__name__}")
+            if a.dtype != _NP_DTYPES[buf.dtype]:
+                raise CompilerError(f"{where} must be {buf.dtype}, not {a.dtype}; convert it "
+                                    f"with .astype(np.{buf.dtype})")
+            if a.shape != tuple(buf.shape):
+                raise CompilerError(f"{where} must have shape {tuple(buf.shape)}, not {a.shape}")
+            if not a.flags.c_contiguous:
+                raise CompilerError(f"{where} must be C-contiguous; pass "
+                                    f"np.ascontiguousarray(...)")
+        for i in range(len(arrays)):
+            for j in range(i):
+                if np.may_share_memory(arrays[i], arrays[j]):
+                    raise CompilerError(
+                        f"{f.name}: arguments {j} ({f.params[j].name}) and {i} "
+                        f"({f.params[i].name}) share memory; the kernel assumes distinct arrays")
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        self.check_args(arrays)
+        with _lock:
+            temps = self._spare_temps.pop() if self._spare_temps else \
+                [np.empty(b.shape, _NP_DTYPES[b.dtype]) for b in self.temps]
+        try:
+            ptrs = (ctypes.c_void_p * (len(arrays) + len(temps)))(
+                *(a.ctypes.data for a in list(arrays) + temps))
+            for segment, fn in zip(self.segments, self._fns):
+                self._run(segment, fn, ptrs)
+        finally:
+            with _lock:
+                self._spare_temps.append(temps)
+
+    @staticmethod
+    def _run(segment: Segment, fn, ptrs) -> None:
+        if segment.loop is None:
+            fn(ptrs, 0, 0)
+            return
+        extent = segment.loop.extent
+        chunks = min(extent, num_threads())
+        bounds = [extent * c // chunks for c in range(chunks + 1)]
+        futures = [_pool().submit(fn, ptrs, bounds[c], bounds[c + 1]) for c in range(1, chunks)]
+        fn(ptrs, bounds[0], bounds[1])  # the calling thread takes the first chunk
+        for fut in futures:
+            fut.result()
+
+    def assembly(self) -> str:
+        """The optimised machine code as assembly text (for inspection; compiles again)."""
+        llvm = _llvm()
+        tm = _target_machine()
+        module = llvm.parse_assembly(self.llvm_ir)
+        module.triple, module.data_layout = tm.triple, str(tm.target_data)
+        tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+        builder = llvm.create_pass_builder(tm, tuning)
+        builder.getModulePassManager().run(module, builder)
+        return tm.emit_assembly(module)
+
+
+def compile_cpu(func: PrimFunc, *, use_cache: bool = True) -> CpuKernel:
+    """Compile a lowered function for the host CPU (see the module docstring)."""
+    if not isinstance(func, PrimFunc):
+        raise CompilerError(f"compile_cpu takes a tir.PrimFunc (from lower()), not "
+                            f"{type(func).__name__}")
+    verify(func)
+    for node in walk(func.body):
+        if isinstance(node, Kernel) or (isinstance(node, Evaluate) and node.call.name in ACCEL_CALLS):
+            raise CompilerError(f"{func.name}: the CPU backend runs plain loops; this function "
+                                f"holds accelerator operations (lower it without the "
+                                f"accelerator pipeline)")
+    start = time.perf_counter()
+    temps, segments = split_segments(func)
+    llvm_ir = emit_module(func, temps, segments)
+    obj, path, hit = _load_or_compile(llvm_ir, use_cache)
+    kernel = CpuKernel(func, llvm_ir, obj, temps, segments, path, hit, 0.0)
+    kernel.compile_seconds = time.perf_counter() - start
+    return kernel

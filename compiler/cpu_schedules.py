@@ -1,0 +1,302 @@
+"""float32 operators for the CPU and the schedules that make them fast (after TVM's x86 ones).
+
+Convolutions work on channel-blocked tensors: data NCHW{c}c (``[N, C // c, H, W, c]``),
+kernels OIHW{i}i{o}o (``[O // o, I // i, KH, KW, i, o]``), outputs NCHW{o}o. The hot loop
+of a convolution keeps ``reg_n`` output columns times ``o`` output channels in vector
+registers (``o`` = 16 floats is one AVX-512 register): for each input channel, kernel row
+and column it loads one vector of weights and broadcasts one input value per column. Dense
+layers pack their weights ``[N // n, K, n]`` the same way. Each operator takes an optional
+fused epilogue: a bias per output channel, a residual tensor added, then ReLU or a clip.
+
+    x = te.placeholder((1, 4, 56, 56, 16), "float32", "x")
+    w = te.placeholder((4, 4, 3, 3, 16, 16), "float32", "w")
+    y = conv2d_nchwc(x, w, stride=1, padding=1, activation="relu")
+    kernel = compile_cpu(lower(schedule_conv2d_nchwc(y), [x, w, y]))
+
+``pack_conv_weight``, ``pack_dense_weight``, ``pack_nchwc`` and ``unpack_nchwc`` convert
+numpy arrays between the plain and the blocked layouts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import te
+from .expr import CompilerError, all_of, as_expr, max_expr, min_expr, select
+from .schedule import Schedule, create_schedule
+
+__all__ = ["conv2d_nchwc", "schedule_conv2d_nchwc", "dense", "schedule_dense", "relu",
+           "add", "max_pool2d_nchwc", "global_avg_pool_nchwc", "schedule_elementwise",
+           "pack_conv_weight", "pack_dense_weight", "pack_nchwc", "unpack_nchwc",
+           "channel_block", "ACTIVATIONS"]
+
+ACTIVATIONS = (None, "relu", "relu6")
+_CONV_TAG, _DENSE_TAG = "conv2d_nchwc", "dense_packed"
+
+
+def channel_block(channels: int, widest: int = 16) -> int:
+    """The channel block for a layer: the largest of 16, 8, 4, 2, 1 (at most ``widest``)
+    that divides ``channels``."""
+    return next(b for b in (16, 8, 4, 2, 1) if b <= widest and channels % b == 0)
+
+
+# ---- operators ------------------------------------------------------------------------------
+
+
+def _epilogue(value, activation):
+    if activation not in ACTIVATIONS:
+        raise CompilerError(f"activation must be one of {ACTIVATIONS}, not {activation!r}")
+    if activation == "relu":
+        return max_expr(value, 0.0)
+    if activation == "relu6":
+        return min_expr(max_expr(value, 0.0), 6.0)
+    return value
+
+
+def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride: int = 1, padding: int = 0,
+                 bias: te.Tensor | None = None, residual: te.Tensor | None = None,
+                 activation: str | None = None, name: str = "conv") -> te.Tensor:
+    """Convolution of data ``[N, IC//cb, H, W, cb]`` with a kernel ``[OC//ob, IC//cb, KH, KW,
+    cb, ob]``: ``[N, OC//ob, OH, OW, ob]``. ``bias`` is ``[OC//ob, ob]``, ``residual`` has
+    the output's shape; ``activation`` is None, "relu" or "relu6"."""
+    if data.ndim != 5 or weight.ndim != 6:
+        raise CompilerError(f"{name}: data must be [N, C//c, H, W, c] and the kernel "
+                            f"[O//o, I//i, KH, KW, i, o], not {data.shape} and {weight.shape}")
+    n, icc, h, w, cb = data.shape
+    occ, icc_w, kh, kw, cb_w, ob = weight.shape
+    if (icc_w, cb_w) != (icc, cb):
+        raise CompilerError(f"{name}: the kernel {weight.shape} expects {icc_w * cb_w} input "
+                            f"channels in blocks of {cb_w}; the data {data.shape} has "
+                            f"{icc * cb} in blocks of {cb}")
+    for what, v in (("stride", stride), ("padding", padding)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if what == "stride" else 0):
+            raise CompilerError(f"{name}: {what} must be a {'positive' if what == 'stride' else 'non-negative'} "
+                                f"integer, not {v!r}")
+    oh, ow = (h + 2 * padding - kh) // stride + 1, (w + 2 * padding - kw) // stride + 1
+    if oh <= 0 or ow <= 0:
+        raise CompilerError(f"{name}: a {kh}x{kw} kernel does not fit the {h}x{w} input with "
+                            f"padding {padding}")
+    if padding:
+        p = padding
+        src = te.compute(
+            (n, icc, h + 2 * p, w + 2 * p, cb),
+            lambda b, c, y, x, ci: select(all_of(y >= p, y < h + p, x >= p, x < w + p),
+                                          data[b, c, y - p, x - p, ci], 0.0),
+            f"{name}.pad")
+    else:
+        src = data
+    rc, ry, rx, ri = (te.reduce_axis(icc, "rc"), te.reduce_axis(kh, "ry"),
+                      te.reduce_axis(kw, "rx"), te.reduce_axis(cb, "ri"))
+    out_shape = (n, occ, oh, ow, ob)
+    conv = te.compute(out_shape, lambda b, c, y, x, co: te.sum(
+        src[b, rc, y * stride + ry, x * stride + rx, ri] * weight[c, rc, ry, rx, ri, co],
+        axis=[rc, ry, rx, ri]), f"{name}.acc", tag=_CONV_TAG)
+    for what, t, shape in (("bias", bias, (occ, ob)), ("residual", residual, out_shape)):
+        if t is not None and tuple(t.shape) != shape:
+            raise CompilerError(f"{name}: {what} must have shape {shape}, not {t.shape}")
+
+    def out(b, c, y, x, co):
+        v = conv[b, c, y, x, co]
+        if bias is not None:
+            v = v + bias[c, co]
+        if residual is not None:
+            v = v + residual[b, c, y, x, co]
+        return _epilogue(v, activation)
+
+    return te.compute(out_shape, out, name, tag=_CONV_TAG)
+
+
+def dense(data: te.Tensor, weight: te.Tensor, *, bias: te.Tensor | None = None,
+          activation: str | None = None, name: str = "dense") -> te.Tensor:
+    """``data [M, K]`` times packed weights ``[N//nb, K, nb]`` (row j of the plain ``[N, K]``
+    weights is ``weight[j // nb, :, j % nb]``), plus ``bias [N]``: ``[M, N]``."""
+    m, k = data.shape
+    nbk, k_w, nb = weight.shape
+    if k_w != k:
+        raise CompilerError(f"{name}: the weights {weight.shape} take {k_w} inputs, the data "
+                            f"{data.shape} has {k}")
+    n = nbk * nb
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise CompilerError(f"{name}: bias must have shape ({n},), not {bias.shape}")
+    r = te.reduce_axis(k, "k")
+    acc = te.compute((m, n), lambda i, j: te.sum(data[i, r] * weight[j // nb, r, j % nb], axis=[r]),
+                     f"{name}.acc", tag=_DENSE_TAG)
+
+    def out(i, j):
+        v = acc[i, j]
+        return _epilogue(v + bias[j] if bias is not None else v, activation)
+
+    return te.compute((m, n), out, name, tag=_DENSE_TAG)
+
+
+def relu(x: te.Tensor, name: str = "relu") -> te.Tensor:
+    return te.compute(x.shape, lambda *i: max_expr(x[i], 0.0), name)
+
+
+def add(a: te.Tensor, b: te.Tensor, *, activation: str | None = None, name: str = "add") -> te.Tensor:
+    if tuple(a.shape) != tuple(b.shape):
+        raise CompilerError(f"{name}: shapes {a.shape} and {b.shape} differ")
+    return te.compute(a.shape, lambda *i: _epilogue(a[i] + b[i], activation), name)
+
+
+def max_pool2d_nchwc(data: te.Tensor, *, kernel: int, stride: int, padding: int = 0,
+                     name: str = "maxpool") -> te.Tensor:
+    """Max pooling of ``[N, C//c, H, W, c]``; padding never wins (it is -inf)."""
+    n, cc, h, w, cb = data.shape
+    oh, ow = (h + 2 * padding - kernel) // stride + 1, (w + 2 * padding - kernel) // stride + 1
+
+    def out(b, c, y, x, ci):
+        best = None
+        for dy in range(kernel):
+            for dx in range(kernel):
+                iy, ix = y * stride + dy - padding, x * stride + dx - padding
+                v = data[b, c, iy, ix, ci]
+                if padding:
+                    v = select(all_of(iy >= 0, iy < h, ix >= 0, ix < w), v, float("-inf"))
+                best = v if best is None else max_expr(best, v)
+        return best
+
+    return te.compute((n, cc, oh, ow, cb), out, name)
+
+
+def global_avg_pool_nchwc(data: te.Tensor, name: str = "avgpool") -> te.Tensor:
+    """The mean over H and W of ``[N, C//c, H, W, c]``: ``[N, C//c, c]``."""
+    n, cc, h, w, cb = data.shape
+    ry, rx = te.reduce_axis(h, "ry"), te.reduce_axis(w, "rx")
+    total = te.compute((n, cc, cb), lambda b, c, ci: te.sum(data[b, c, ry, rx, ci], axis=[ry, rx]),
+                       f"{name}.sum")
+    return te.compute((n, cc, cb), lambda b, c, ci: total[b, c, ci] * as_expr(1.0 / (h * w)), name)
+
+
+# ---- schedules ------------------------------------------------------------------------------
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+
+
+def _stage_named(s: Schedule, out: te.Tensor, suffix: str):
+    for stage in s.stages:
+        if stage.name == out.name + suffix:
+            return stage
+    return None
+
+
+def schedule_conv2d_nchwc(out: te.Tensor, *, reg_n: int | None = None,
+                          unroll_kw: bool = False) -> Schedule:
+    """The schedule of ``conv2d_nchwc``: the padded input computed first (rows in parallel),
+    then per (image, output channel block, output row) -- in parallel -- and per chunk of
+    ``reg_n`` output columns, the accumulator ``reg_n x ob`` in registers over the input
+    channel blocks, kernel rows and columns and channels of a block."""
+    if out.op.tag != _CONV_TAG:
+        raise CompilerError(f"schedule_conv2d_nchwc: {out.name} was not made by conv2d_nchwc")
+    s = create_schedule(out)
+    acc = s[_stage_named(s, out, ".acc").tensor]
+    pad = _stage_named(s, out, ".pad")
+    _, _, _, ow, ob = out.shape
+    reg_n = reg_n or _largest_divisor(ow, 28 if ob <= 8 else 14)
+    if ow % reg_n:
+        raise CompilerError(f"schedule_conv2d_nchwc: reg_n {reg_n} must divide the output "
+                            f"width {ow}")
+    if pad is not None:
+        b, c, y, x, ci = pad.leaves
+        pad.parallel(pad.fuse(pad.fuse(b, c), y))
+        pad.vectorize(ci)
+    o = s[out]
+    b, c, y, x, co = o.leaves
+    xo, xi = o.split(x, reg_n)
+    o.reorder(b, c, y, xo, xi, co)
+    o.parallel(o.fuse(o.fuse(b, c), y))
+    o.unroll(xi)
+    o.vectorize(co)
+    acc.set_scope("local")
+    acc.compute_at(o, xo)
+    ab, ac, ay, ax, aco, rc, ry, rx, ri = acc.leaves
+    acc.reorder(ab, ac, ay, rc, ry, rx, ri, ax, aco)
+    if unroll_kw:
+        acc.unroll(rx)
+    acc.unroll(ax)
+    acc.vectorize(aco)
+    return s
+
+
+def schedule_dense(out: te.Tensor, *, rows: int | None = None) -> Schedule:
+    """The schedule of ``dense``: output tiles of ``rows x nb`` accumulated in registers over
+    K, the column blocks in parallel."""
+    if out.op.tag != _DENSE_TAG:
+        raise CompilerError(f"schedule_dense: {out.name} was not made by dense")
+    s = create_schedule(out)
+    acc = s[_stage_named(s, out, ".acc").tensor]
+    m, n = out.shape
+    nb = acc.op.body.source.b.source.shape[2]  # the packed weights' block
+    rows = rows or _largest_divisor(m, 8 if nb <= 32 else 4)
+    o = s[out]
+    i, j = o.leaves
+    io, ii = o.split(i, rows)
+    jo, ji = o.split(j, nb)
+    o.reorder(jo, io, ii, ji)
+    o.parallel(jo)
+    o.vectorize(ji)
+    acc.set_scope("local")
+    acc.compute_at(o, io)
+    ai, aj, ak = acc.leaves
+    acc.reorder(ak, ai, aj)
+    acc.unroll(ai)
+    acc.vectorize(aj)
+    return s
+
+
+def schedule_elementwise(out: te.Tensor, *, inline: tuple = ()) -> Schedule:
+    """Elementwise operators and pooling: the outer loops fused and run in parallel, the
+    innermost (channels of a block) vectorised; stages in ``inline`` are inlined."""
+    s = create_schedule(out)
+    for t in inline:
+        s[t].compute_inline()
+    for stage in s.stages:
+        if stage.is_placeholder or stage.inline:
+            continue
+        data = [iv for iv in stage.leaves if iv.kind == "data"]
+        if len(data) >= 2:
+            outer = data[0]
+            for iv in data[1:-1]:
+                if stage.leaves.index(iv) == stage.leaves.index(outer) + 1:
+                    outer = stage.fuse(outer, iv)
+            stage.parallel(outer)
+        if data and stage.leaves[-1] is data[-1] and data[-1].extent <= 64:
+            stage.vectorize(data[-1])
+    return s
+
+
+# ---- layouts (numpy) ------------------------------------------------------------------------
+
+
+def pack_nchwc(x: np.ndarray, block: int) -> np.ndarray:
+    """``[N, C, H, W]`` -> ``[N, C // block, H, W, block]``."""
+    n, c, h, w = x.shape
+    if c % block:
+        raise CompilerError(f"pack_nchwc: {c} channels are not a multiple of the block {block}")
+    return np.ascontiguousarray(x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def unpack_nchwc(x: np.ndarray) -> np.ndarray:
+    """``[N, C // c, H, W, c]`` -> ``[N, C, H, W]``."""
+    n, cc, h, w, cb = x.shape
+    return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cc * cb, h, w))
+
+
+def pack_conv_weight(w: np.ndarray, in_block: int, out_block: int) -> np.ndarray:
+    """OIHW ``[O, I, KH, KW]`` -> ``[O // out_block, I // in_block, KH, KW, in_block, out_block]``."""
+    o, i, kh, kw = w.shape
+    if o % out_block or i % in_block:
+        raise CompilerError(f"pack_conv_weight: {o} output and {i} input channels are not "
+                            f"multiples of the blocks {out_block} and {in_block}")
+    return np.ascontiguousarray(w.reshape(o // out_block, out_block, i // in_block, in_block, kh, kw)
+                                .transpose(0, 2, 4, 5, 3, 1))
+
+
+def pack_dense_weight(w: np.ndarray, block: int) -> np.ndarray:
+    """``[N, K]`` -> ``[N // block, K, block]``."""
+    n, k = w.shape
+    if n % block:
+        raise CompilerError(f"pack_dense_weight: {n} outputs are not a multiple of the block {block}")
+    return np.ascontiguousarray(w.reshape(n // block, block, k).transpose(0, 2, 1))
