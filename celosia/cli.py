@@ -110,8 +110,8 @@ def cmd_verilog(args) -> int:
     try:
         from celosia.hw.export import verilog_text
     except ModuleNotFoundError as exc:
-        raise CelosiaError(f"Verilog export needs the hardware extra ({exc.name} is missing): "
-                           f"pip install 'celosia[hw]'") from None
+        raise CelosiaError(f"Verilog export needs {exc.name}, which celosia installs; "
+                           f"reinstall celosia (pip install celosia)") from None
     cfg = _config(args.config)
     text = verilog_text(cfg)
     Path(args.output).write_text(text)
