@@ -1,0 +1,496 @@
+"""numpy implementations of the graph IR's operators: the executable meaning of the IR.
+
+``run_graph`` executes a :class:`~celosia.compiler.graph.Graph` on numpy arrays; it is the
+correctness oracle of the compiled backends and the fallback for nodes they do not take.
+Constant folding and shape inference evaluate nodes with the same kernels
+(``evaluate_node``, ``infer_node``), so the three cannot disagree.
+
+A kernel is ``fn(attrs, *inputs) -> array or tuple of arrays``; a missing optional input is
+None. Attributes are in the importer's canonical form (see graph.py): explicit pads and
+strides, non-negative axes, shape-like inputs (Reshape's shape, Slice's starts, ...) turned
+into attributes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from .graph import Graph, InputShapeError, Node, NodeError, TensorType
+
+__all__ = ["KERNELS", "OWN_INPUTS", "run_graph", "evaluate_node", "infer_node",
+           "apply_epilogue", "pool_output_shape", "stand_in"]
+
+# Inputs a fusable op reads itself; epilogue operands follow them (graph.py).
+OWN_INPUTS = {"Conv": 3, "Gemm": 3, "MatMul": 2}
+
+
+# ---- windows: convolution and pooling --------------------------------------------------------
+
+
+def pool_output_shape(in_shape, kernel, strides, dilations, pads, ceil_mode=0) -> list[int]:
+    """Output spatial sizes (ONNX rule: a ceil-mode window must start inside the input or
+    its leading padding)."""
+    nd = len(kernel)
+    out = []
+    for i in range(nd):
+        span = (kernel[i] - 1) * dilations[i] + 1
+        total = in_shape[i] + pads[i] + pads[i + nd] - span
+        if ceil_mode:
+            o = -(-total // strides[i]) + 1
+            if (o - 1) * strides[i] >= in_shape[i] + pads[i]:
+                o -= 1
+        else:
+            o = total // strides[i] + 1
+        out.append(int(o))
+    return out
+
+
+def _windows(x, kernel, strides, dilations, pads, out_sizes, fill):
+    """Windows [N, C, *out, *kernel] of x padded with ``fill`` (extra trailing padding
+    for ceil mode, truncation when pads exceed what the windows use)."""
+    nd = len(kernel)
+    widths = [(0, 0), (0, 0)]
+    for i in range(nd):
+        span = (kernel[i] - 1) * dilations[i] + 1
+        need = (out_sizes[i] - 1) * strides[i] + span
+        widths.append((pads[i], max(need - x.shape[2 + i] - pads[i], 0)))
+    xp = np.pad(x, widths, constant_values=fill) if any(map(any, widths)) else x
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    w = sliding_window_view(xp, spans, axis=tuple(range(2, 2 + nd)))
+    index = ((slice(None), slice(None))
+             + tuple(slice(0, o * s, s) for o, s in zip(out_sizes, strides))
+             + tuple(slice(None, None, d) for d in dilations))
+    return w[index]
+
+
+def conv(attrs, x, w, b=None):
+    kernel, nd, g = attrs["kernel_shape"], len(attrs["kernel_shape"]), attrs["group"]
+    out_sizes = pool_output_shape(x.shape[2:], kernel, attrs["strides"], attrs["dilations"],
+                                  attrs["pads"])
+    win = _windows(x, kernel, attrs["strides"], attrs["dilations"], attrs["pads"], out_sizes, 0)
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    spatial = tuple(range(2 + nd, 2 + 2 * nd))
+    if g == 1:  # one GEMM (im2col by tensordot): BLAS does the work
+        y = np.tensordot(win, w, axes=((1,) + spatial, (1,) + tuple(range(2, 2 + nd))))
+        y = np.moveaxis(y, -1, 1)
+    else:
+        win = win.reshape(n, g, c // g, *win.shape[2:])
+        wg = w.reshape(g, m // g, c // g, *w.shape[2:])
+        o_sub, k_sub = "opqr"[:nd], "hijk"[:nd]
+        y = np.einsum(f"ngc{o_sub}{k_sub},gmc{k_sub}->ngm{o_sub}", win, wg)
+        y = y.reshape(n, m, *y.shape[3:])
+    if b is not None:
+        y = y + b.reshape(1, -1, *[1] * nd)
+    return np.ascontiguousarray(y, dtype=x.dtype)
+
+
+def _fill_min(dtype):
+    return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+
+
+def max_pool(attrs, x):
+    kernel, nd = attrs["kernel_shape"], len(attrs["kernel_shape"])
+    out_sizes = pool_output_shape(x.shape[2:], kernel, attrs["strides"], attrs["dilations"],
+                                  attrs["pads"], attrs["ceil_mode"])
+    args = (kernel, attrs["strides"], attrs["dilations"], attrs["pads"], out_sizes)
+    win = _windows(x, *args, _fill_min(x.dtype))
+    axes = tuple(range(-nd, 0))
+    y = win.max(axis=axes)
+    # Indices (the optional second output): flat positions in the input, row-major, or
+    # column-major over the spatial axes when storage_order is 1.
+    if attrs.get("storage_order", 0):
+        spatial = x.shape[2:][::-1]
+        flat = np.arange(x.size, dtype=np.int64).reshape(*x.shape[:2], *spatial)
+        flat = flat.transpose(0, 1, *range(1 + nd, 1, -1))
+    else:
+        flat = np.arange(x.size, dtype=np.int64).reshape(x.shape)
+    fw = _windows(flat, *args, -1)
+    shape = win.shape[:2 + nd] + (-1,)
+    arg = win.reshape(shape).argmax(axis=-1)[..., None]
+    indices = np.take_along_axis(fw.reshape(shape), arg, axis=-1)[..., 0]
+    return y, indices
+
+
+def average_pool(attrs, x):
+    kernel, nd = attrs["kernel_shape"], len(attrs["kernel_shape"])
+    pads = attrs["pads"]
+    out_sizes = pool_output_shape(x.shape[2:], kernel, attrs["strides"], attrs["dilations"],
+                                  pads, attrs["ceil_mode"])
+    args = (kernel, attrs["strides"], attrs["dilations"], pads, out_sizes)
+    axes = tuple(range(-nd, 0))
+    sums = _windows(x, *args, 0).sum(axis=axes)
+    # Divisor: the window's elements inside the input, plus the explicit pads when
+    # count_include_pad; never the extra padding ceil mode adds.
+    ones = np.ones((1, 1) + x.shape[2:], dtype=x.dtype)
+    if attrs["count_include_pad"]:
+        ones = np.pad(ones, [(0, 0), (0, 0)] + [(pads[i], pads[i + nd]) for i in range(nd)],
+                      constant_values=1)
+        args = (kernel, attrs["strides"], attrs["dilations"], [0] * (2 * nd), out_sizes)
+    counts = _windows(ones, *args, 0).sum(axis=axes)
+    return (sums / counts).astype(x.dtype)
+
+
+# ---- other kernels ---------------------------------------------------------------------------
+
+
+def gemm(attrs, a, b, c=None):
+    a = a.T if attrs.get("transA", 0) else a
+    b = b.T if attrs.get("transB", 0) else b
+    y = a @ b
+    if attrs.get("alpha", 1.0) != 1.0:
+        y = y * y.dtype.type(attrs["alpha"])
+    if c is not None:
+        beta = attrs.get("beta", 1.0)
+        y = y + (c if beta == 1.0 else c * c.dtype.type(beta))
+    return y.astype(a.dtype, copy=False)
+
+
+def batch_norm(attrs, x, scale, bias, mean, var):
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    eps = attrs.get("epsilon", 1e-5)
+    if attrs.get("training_mode", 0):
+        axes = (0,) + tuple(range(2, x.ndim))
+        batch_mean, batch_var = x.mean(axis=axes), x.var(axis=axes)
+        m = attrs.get("momentum", 0.9)
+        y = (x - batch_mean.reshape(shape)) / np.sqrt(batch_var.reshape(shape) + eps)
+        y = y * scale.reshape(shape) + bias.reshape(shape)
+        return (y.astype(x.dtype), (mean * m + batch_mean * (1 - m)).astype(mean.dtype),
+                (var * m + batch_var * (1 - m)).astype(var.dtype))
+    k = scale / np.sqrt(var + x.dtype.type(eps))
+    return (x * k.reshape(shape) + (bias - mean * k).reshape(shape)).astype(x.dtype)
+
+
+def softmax(attrs, x, log=False):
+    axis = attrs["axis"]
+    z = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(z)
+    s = e.sum(axis=axis, keepdims=True)
+    return (z - np.log(s)) if log else e / s
+
+
+def div(attrs, a, b):
+    if np.issubdtype(a.dtype, np.integer):  # ONNX integer division truncates toward zero
+        q = np.floor_divide(a, b)
+        return (q + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0)))).astype(a.dtype)
+    return a / b
+
+
+def pad(attrs, x, value=None):
+    pads, nd = attrs["pads"], x.ndim
+    widths = [(max(pads[i], 0), max(pads[i + nd], 0)) for i in range(nd)]
+    mode = attrs.get("mode", "constant")
+    if mode == "constant":
+        fill = attrs.get("value", 0) if value is None else np.asarray(value).item()
+        y = np.pad(x, widths, constant_values=fill)
+    else:
+        y = np.pad(x, widths, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])
+    crop = tuple(slice(-min(pads[i], 0), y.shape[i] + min(pads[i + nd], 0)) for i in range(nd))
+    return y[crop]
+
+
+def clip(attrs, x, lo=None, hi=None):
+    if lo is not None:
+        x = np.maximum(x, lo)
+    if hi is not None:
+        x = np.minimum(x, hi)
+    return x
+
+
+def slice_(attrs, x):
+    index = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(attrs["starts"], attrs["ends"], attrs["axes"],
+                                      attrs["steps"]):
+        index[axis] = slice(start, end, step)
+    return x[tuple(index)]
+
+
+def split(attrs, x):
+    cuts = np.cumsum(attrs["split"])[:-1]
+    return tuple(np.split(x, cuts, axis=attrs["axis"]))
+
+
+def flatten(attrs, x):
+    axis = attrs["axis"]
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+
+
+def _reduce(fn, initial=None):
+    def kernel(attrs, x):
+        axes = attrs.get("axes")
+        extra = {}
+        if initial is not None and x.size == 0:  # an empty max is -inf (ONNX), not an error
+            extra["initial"] = initial(x.dtype)
+        return fn(x, axis=None if axes is None else tuple(axes),
+                  keepdims=bool(attrs.get("keepdims", 1)), **extra).astype(x.dtype, copy=False)
+    return kernel
+
+
+def _lowest(dtype):
+    return False if dtype == bool else _fill_min(dtype)
+
+
+def _highest(dtype):
+    if dtype == bool:
+        return True
+    return np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).max
+
+
+def _float(fn):
+    return lambda attrs, x: fn(x).astype(x.dtype, copy=False)
+
+
+def _variadic(fn):
+    return lambda attrs, *xs: functools.reduce(fn, xs)
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _hard_sigmoid(x, alpha, beta):
+    return np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1).astype(x.dtype)
+
+
+def _selu(attrs, x):
+    a = attrs.get("alpha", 1.67326319217681884765625)
+    g = attrs.get("gamma", 1.05070102214813232421875)
+    return np.where(x > 0, g * x, g * (a * np.exp(x) - a)).astype(x.dtype)
+
+
+KERNELS = {
+    # compute
+    "Conv": conv,                                            # N-d convolution, groups
+    "Gemm": gemm,                                            # alpha*A'B' + beta*C
+    "MatMul": lambda a, x, y: np.matmul(x, y),               # numpy matmul semantics
+    "MaxPool": max_pool,                                     # (values, flat indices)
+    "AveragePool": average_pool,
+    "GlobalAveragePool": lambda a, x: x.mean(axis=tuple(range(2, x.ndim)), keepdims=True),
+    "GlobalMaxPool": lambda a, x: x.max(axis=tuple(range(2, x.ndim)), keepdims=True),
+    "BatchNormalization": batch_norm,
+    "Softmax": softmax,
+    "LogSoftmax": lambda a, x: softmax(a, x, log=True),
+    # element-wise, two or more operands (numpy broadcasting = ONNX multidirectional)
+    "Add": lambda a, x, y: x + y,
+    "Sub": lambda a, x, y: x - y,
+    "Mul": lambda a, x, y: x * y,
+    "Div": div,
+    "Pow": lambda a, x, y: np.power(x, y).astype(x.dtype),
+    "Max": _variadic(np.maximum),
+    "Min": _variadic(np.minimum),
+    "Sum": _variadic(np.add),
+    "Mean": lambda a, *xs: (functools.reduce(np.add, xs) / len(xs)).astype(xs[0].dtype),
+    "Equal": lambda a, x, y: x == y,
+    "Less": lambda a, x, y: x < y,
+    "Greater": lambda a, x, y: x > y,
+    "And": lambda a, x, y: x & y,
+    "Or": lambda a, x, y: x | y,
+    "Not": lambda a, x: ~x,
+    "Where": lambda a, c, x, y: np.where(c, x, y),
+    "PRelu": lambda a, x, s: np.where(x < 0, x * s, x).astype(x.dtype),
+    # element-wise, one operand
+    "Relu": lambda a, x: np.maximum(x, x.dtype.type(0)),
+    "Clip": clip,
+    "LeakyRelu": lambda a, x: np.where(x < 0, x * x.dtype.type(a.get("alpha", 0.01)), x),
+    "Sigmoid": _float(_sigmoid),
+    "HardSigmoid": lambda a, x: _hard_sigmoid(x, a.get("alpha", 0.2), a.get("beta", 0.5)),
+    "HardSwish": lambda a, x: x * _hard_sigmoid(x, 1 / 6, 0.5),
+    "Tanh": _float(np.tanh),
+    "Exp": _float(np.exp),
+    "Log": _float(np.log),
+    "Sqrt": _float(np.sqrt),
+    "Abs": lambda a, x: np.abs(x),
+    "Neg": lambda a, x: np.negative(x),
+    "Reciprocal": _float(np.reciprocal),
+    "Floor": _float(np.floor),
+    "Ceil": _float(np.ceil),
+    "Softplus": _float(lambda x: np.logaddexp(0, x)),
+    "Softsign": _float(lambda x: x / (1 + np.abs(x))),
+    "Elu": lambda a, x: np.where(x < 0, x.dtype.type(a.get("alpha", 1.0)) * np.expm1(x), x),
+    "Selu": _selu,
+    "Identity": lambda a, x: x,
+    "Dropout": lambda a, x, *_: (x, np.ones(x.shape, bool)),  # inference: a copy
+    "Cast": lambda a, x: x.astype(a["to"]),
+    # reductions
+    "ReduceMean": _reduce(np.mean),
+    "ReduceSum": _reduce(np.sum),
+    "ReduceMax": _reduce(np.max, _lowest),
+    "ReduceMin": _reduce(np.min, _highest),
+    "ReduceProd": _reduce(np.prod),
+    # data movement (shapes from attributes)
+    "Reshape": lambda a, x: x.reshape(a["shape"]),
+    "Flatten": flatten,
+    "Transpose": lambda a, x: np.transpose(x, a["perm"]),
+    "Squeeze": lambda a, x: np.squeeze(x, axis=tuple(a["axes"])),
+    "Unsqueeze": lambda a, x: np.expand_dims(x, tuple(a["axes"])),
+    "Concat": lambda a, *xs: np.concatenate(xs, axis=a["axis"]),
+    "Split": split,
+    "Slice": slice_,
+    "Pad": pad,
+    "Gather": lambda a, x, i: np.take(x, i, axis=a["axis"]),
+    "Expand": lambda a, x: np.broadcast_to(x, np.broadcast_shapes(x.shape, a["shape"])).copy(),
+    "Tile": lambda a, x: np.tile(x, a["repeats"]),
+    # shape arithmetic (always folded into constants for a static-shape graph)
+    "Shape": lambda a, x: np.array(x.shape[a.get("start", 0):a.get("end")], dtype=np.int64),
+    "Size": lambda a, x: np.array(x.size, dtype=np.int64),
+    "ConstantOfShape": lambda a: np.full(a["shape"], a["value"]),
+    "Range": lambda a, s, l, d: np.arange(s, l, d).astype(s.dtype),
+}
+
+
+# ---- epilogues, nodes, graphs ----------------------------------------------------------------
+
+
+def apply_epilogue(y: np.ndarray, steps, inputs) -> np.ndarray:
+    """Apply a fused node's epilogue (graph.py) to its output."""
+    for op, *args in steps:
+        if op == "Add":
+            y = y + inputs[args[0]]
+        elif op == "Mul":
+            y = y * inputs[args[0]]
+        elif op == "Relu":
+            y = np.maximum(y, y.dtype.type(0))
+        elif op == "Clip":
+            y = clip({}, y, *(None if v is None else y.dtype.type(v) for v in args))
+        elif op == "LeakyRelu":
+            y = np.where(y < 0, y * y.dtype.type(args[0]), y)
+        elif op == "HardSigmoid":
+            y = _hard_sigmoid(y, *args)
+        elif op == "HardSwish":
+            y = y * _hard_sigmoid(y, 1 / 6, 0.5)
+        elif op == "Sigmoid":
+            y = _sigmoid(y).astype(y.dtype)
+        else:
+            raise ValueError(f"unknown epilogue step {op}")
+    return y
+
+
+def evaluate_node(node: Node, inputs: list) -> tuple:
+    """Run one node on numpy arrays (None for a missing optional input)."""
+    epilogue = node.attrs.get("epilogue")
+    own = inputs[:OWN_INPUTS[node.op]] if epilogue else inputs
+    with np.errstate(all="ignore"):
+        result = KERNELS[node.op](node.attrs, *own)
+        results = result if isinstance(result, tuple) else (result,)
+        if epilogue:
+            results = (apply_epilogue(results[0], epilogue, inputs),) + results[1:]
+    return tuple(np.asarray(r) for r in results[:len(node.outputs)])
+
+
+def run_graph(graph: Graph, feeds: dict) -> dict:
+    """Execute the graph: ``feeds`` maps each input name to an array of its type; returns
+    {output name: array}."""
+    env = dict(graph.initializers)
+    for name in graph.inputs:
+        if name not in feeds:
+            raise InputShapeError(f"input {name!r} ({graph.types[name]}) was not given")
+        a = np.asarray(feeds[name])
+        t = graph.types[name]
+        if tuple(a.shape) != t.shape or str(a.dtype) != t.dtype:
+            raise InputShapeError(
+                f"input {name!r} is {a.dtype}[{','.join(map(str, a.shape))}] but the graph was "
+                f"built for {t}: pass an array of that shape and type, or import the model "
+                "again with input_shapes (--input-shape) for the new shape")
+        env[name] = a
+    unknown = set(feeds) - set(graph.inputs)
+    if unknown:
+        raise InputShapeError(f"unknown inputs {sorted(unknown)}: the graph's inputs are "
+                              f"{list(graph.inputs)}")
+    # Free each value after its last reader so whole models stay within memory.
+    last_use = {}
+    for k, node in enumerate(graph.nodes):
+        for i in node.inputs:
+            last_use[i] = k
+    keep = set(graph.outputs) | set(graph.initializers)
+    for k, node in enumerate(graph.nodes):
+        try:
+            results = evaluate_node(node, [env[i] if i else None for i in node.inputs])
+        except (ValueError, IndexError, TypeError) as e:  # e.g. a Gather index out of range
+            raise NodeError(node, f"failed at run time: {e}") from None
+        for name, value in zip(node.outputs, results):
+            if name:
+                env[name] = value
+        for i in node.inputs:
+            if i and last_use.get(i) == k and i not in keep:
+                env.pop(i, None)
+    return {o: env[o] for o in graph.outputs}
+
+
+# ---- shape and type inference ----------------------------------------------------------------
+
+
+def _conv_types(node, types):
+    x, w = types[0], types[1]
+    a = node.attrs
+    if len(x.shape) != len(w.shape) or len(x.shape) < 3:
+        raise NodeError(node, f"input {x} and weight {w} must have the same rank (>= 3)")
+    if x.shape[1] != w.shape[1] * a["group"]:
+        raise NodeError(node, f"input has {x.shape[1]} channels but weight {w} with "
+                              f"group={a['group']} expects {w.shape[1] * a['group']}")
+    out = pool_output_shape(x.shape[2:], a["kernel_shape"], a["strides"], a["dilations"],
+                            a["pads"])
+    if min(out) < 1:
+        raise NodeError(node, f"kernel {a['kernel_shape']} does not fit the input {x}")
+    return [TensorType(x.dtype, (x.shape[0], w.shape[0], *out))]
+
+
+def _pool_types(node, types):
+    x, a = types[0], node.attrs
+    out = pool_output_shape(x.shape[2:], a["kernel_shape"], a["strides"], a["dilations"],
+                            a["pads"], a.get("ceil_mode", 0))
+    if min(out) < 1:
+        raise NodeError(node, f"kernel {a['kernel_shape']} does not fit the input {x}")
+    shape = (*x.shape[:2], *out)
+    return [TensorType(x.dtype, shape), TensorType("int64", shape)][:len(node.outputs)]
+
+
+def _gemm_types(node, types):
+    a, b = types[0].shape, types[1].shape
+    m, k = (a[1], a[0]) if node.attrs.get("transA", 0) else a
+    k2, n = (b[1], b[0]) if node.attrs.get("transB", 0) else b
+    if k != k2:
+        raise NodeError(node, f"inner sizes differ: A {types[0]}, B {types[1]}")
+    return [TensorType(types[0].dtype, (m, n))]
+
+
+def _matmul_types(node, types):
+    a, b = types[0].shape, types[1].shape
+    a2, b2 = (1,) + a if len(a) == 1 else a, b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise NodeError(node, f"inner sizes differ: {types[0]} @ {types[1]}")
+    try:
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+    except ValueError:
+        raise NodeError(node, f"batch shapes do not broadcast: {types[0]} @ {types[1]}") from None
+    shape = batch + (a2[-2],) * (len(a) > 1) + (b2[-1],) * (len(b) > 1)
+    return [TensorType(types[0].dtype, tuple(shape))]
+
+
+_SHAPE_RULES = {"Conv": _conv_types, "MaxPool": _pool_types, "AveragePool": _pool_types,
+                "Gemm": _gemm_types, "MatMul": _matmul_types}
+
+
+def stand_in(t: TensorType) -> np.ndarray:
+    """Zeros of a type, without memory (a zero-stride view)."""
+    return np.broadcast_to(np.zeros((), t.dtype), t.shape)
+
+
+def infer_node(node: Node, types: list, values: list) -> list[TensorType]:
+    """Output types of a node from its input types; ``values`` holds the arrays of inputs
+    known at compile time (None otherwise). Compute-heavy ops have a shape rule; the others
+    run their kernel on zero-stride stand-ins, so shape and kernel always agree."""
+    rule = _SHAPE_RULES.get(node.op)
+    if rule is not None:  # an epilogue keeps the output's type
+        return rule(node, types)
+    inputs = [v if v is not None else (None if t is None else stand_in(t))
+              for v, t in zip(values, types)]
+    try:
+        results = evaluate_node(node, inputs)
+    except (ValueError, IndexError, TypeError) as e:
+        shown = ", ".join(str(t) if t else "_" for t in types)
+        raise NodeError(node, f"invalid for inputs ({shown}): {e}") from None
+    return [TensorType(str(r.dtype), tuple(int(d) for d in r.shape)) for r in results]
