@@ -49,9 +49,18 @@ def _included():
 
 
 backend_test = onnx.backend.test.BackendTest(CelosiaBackend, __name__)
-for _name in _included():
-    backend_test.include(rf"^{_name}_cpu$")
+_INCLUDED = {f"{name}_cpu" for name in _included()}
+for _name in _INCLUDED:
+    backend_test.include(rf"^{_name}$")
 for _pattern in EXCLUDED:
     backend_test.exclude(_pattern)
 
-globals().update(backend_test.test_cases)
+# Cases of operators celosia does not claim are dropped rather than reported as skipped; the
+# explicit EXCLUDED cases stay visible as skips with their reason.
+_cases = backend_test.test_cases  # built anew on every access: take it once
+for _cls in _cases.values():
+    for _attr in [a for a in vars(_cls) if a.startswith("test_")]:
+        if _attr not in _INCLUDED:
+            delattr(_cls, _attr)
+
+globals().update(_cases)
