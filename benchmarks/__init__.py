@@ -20,6 +20,12 @@ __all__ = ["BENCHMARKS", "run_benchmark", "machine_description"]
 BENCHMARKS = {
     "fsim": ("celosia.benchmarks.fsim_bench", "run",
              "functional simulator speed: 256^3 GEMM and ResNet-18 conv 56x56x64->64 (GMAC/s)"),
+    "cycle": ("celosia.benchmarks.cycle_bench", "run",
+              "cycle model speed on the fsim benchmark's programs: speedup over the RTL, time "
+              "ratio to fsim, simulated cycles/s (cycle counts checked equal to the RTL's)"),
+    "rtl": ("celosia.benchmarks.rtl_bench", "run",
+            "RTL (Verilator) speed in simulated cycles/s on the same programs, and a cold "
+            "build's time"),
     "resnet18-layers": ("celosia.benchmarks.resnet_layers", "run",
                         "ResNet-18 conv layers compiled and run on the cycle model: GEMM "
                         "utilisation with and without virtual threads"),

@@ -5,16 +5,19 @@ A run has two passes:
 1. **Values.** fsim's own token machine runs the program with the shared
    :class:`~celosia.sim.datapath.Datapath`, so the final DRAM, the counters, every
    :class:`ProgramError` and every deadlock report are fsim's by construction. As each
-   instruction executes, :class:`~celosia.sim.cycle_timing.Timing` turns it into a
-   :class:`~celosia.sim.cycle_timing.Plan` (its busy cycles, DRAM beats and GEMM/ALU hazard
-   stalls; micro-ops are read from the UOP buffer as they are at that moment).
-2. **Time.** :class:`_Schedule` places every instruction in time: fetch (bursts over the DRAM
-   read channel, dispatch into bounded command queues), load, compute and store (in order,
-   under the token rules of docs/isa.md with bounded token queues), and the DRAM read
-   channel, which serves requests in request order. It is a discrete-event loop over
-   instructions, not cycles: each unit is a generator that runs ahead, computing start and
-   end times as maxima of times already known, and blocks only on an event another unit has
-   not reached yet or on a DRAM read, which is granted once no unit can still ask earlier.
+   instruction executes, :class:`~celosia.sim.cycle_timing.Timing` turns it into a plan:
+   the cycles from its start to its push, or for a LOAD that reads DRAM a
+   :class:`~celosia.sim.cycle_timing.ReadPlan` (its read bursts, timed as if the read
+   channel were free).
+2. **Time.** :class:`_Schedule` places every instruction in time, following the RTL's rules
+   (docs/microarchitecture.md): fetch (batches of 8 instructions read over the DRAM read
+   channel, dispatch into bounded command queues), load, compute and store (in order, under
+   the token rules of docs/isa.md with bounded token queues), and the read arbiter (one
+   burst at a time, registered round-robin between fetch, load and compute). It is a
+   discrete-event loop over instructions and read bursts, not cycles: each unit is a
+   generator that runs ahead, computing times as maxima of times already known, and blocks
+   only on an event another unit has not reached yet or on a read burst, which the arbiter
+   grants once every unit is blocked (then no unit can still ask earlier).
 
 The timing rules themselves live in cycle_timing.py; statistics, the Perfetto trace and the
 PNG timeline in cycle_report.py. docs/cycle_model.md describes all three.
@@ -22,7 +25,6 @@ PNG timeline in cycle_report.py. docs/cycle_model.md describes all three.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,20 +32,17 @@ import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
-from celosia.isa import AluInsn, GemmInsn, Insn, MemInsn, MemType, Module, module_of
+from celosia.isa import AluInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode, module_of
 
 from .cycle_report import plot_timeline, timeline_stats, write_trace
-from .cycle_timing import READ, Plan, Timing
+from .cycle_timing import NEVER, Timing
 from .fsim import TOKEN_QUEUES, FunctionalSimulator, _TokenMachine, load_program, pops_of, pushes_of
 
 __all__ = ["CycleSimulator", "Timeline", "Timing", "plot_timeline"]
 
 _MODULE_NAMES = {Module.LOAD: "load", Module.COMPUTE: "compute", Module.STORE: "store"}
-# Fixed priority on the DRAM read channel for requests made in the same cycle.
-_READ_PRIORITY = {"fetch": 0, "load": 1, "compute": 2, "store": 3}
-# Plans of GEMM/ALU instructions with at most this many micro-ops are memoised (at most
-# _CACHED_PLANS of them per run).
-_CACHED_UOPS, _CACHED_PLANS = 256, 4096
+# LOAD/STORE plans are memoised per run (at most this many).
+_CACHED_PLANS = 4096
 
 
 class CycleSimulator(FunctionalSimulator):
@@ -51,8 +50,10 @@ class CycleSimulator(FunctionalSimulator):
 
     Options: ``max_cycles`` (a run longer than this raises SimulationLimitError),
     ``trace`` (path of a Chrome/Perfetto JSON trace written after each run), ``timing``
-    (a :class:`Timing` replacing the configuration's defaults) and fsim's ``max_uop_execs``.
-    After a run, :attr:`timeline` holds the per-instruction times.
+    (a :class:`Timing` replacing the configuration's defaults), ``read_latency`` and
+    ``write_latency`` (the DRAM model's, as the rtl target's options; default the
+    configuration's dram_latency) and fsim's ``max_uop_execs``. After a run,
+    :attr:`timeline` holds the per-instruction times.
     """
 
     name = "cycle"
@@ -60,6 +61,7 @@ class CycleSimulator(FunctionalSimulator):
 
     def __init__(self, config: HwConfig, dram_size: int, *, max_cycles: int = 10**10,
                  trace: str | Path | None = None, timing: Timing | None = None,
+                 read_latency: int | None = None, write_latency: int | None = None,
                  max_uop_execs: int = 1 << 34):
         super().__init__(config, dram_size, max_uop_execs=max_uop_execs)
         if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or max_cycles < 1:
@@ -68,15 +70,19 @@ class CycleSimulator(FunctionalSimulator):
             raise CelosiaError(f"timing must be a celosia.sim.cycle.Timing, not {timing!r}")
         self.max_cycles = max_cycles
         self.trace = Path(trace) if trace is not None else None
-        self.timing = timing or Timing.from_config(config)
+        if timing is not None and (read_latency is not None or write_latency is not None):
+            raise CelosiaError("give either timing or read_latency/write_latency, not both")
+        self.timing = timing or Timing.from_config(config, read_latency=read_latency,
+                                                   write_latency=write_latency)
         self.timeline: Timeline | None = None
 
     def run(self, insn_addr: int, insn_count: int) -> dict:
         insns = load_program(self.dram, insn_addr, insn_count, self.config)
         self.datapath.reset_counters()
         self.timeline = None
-        plans = self._execute(insns)
+        plans, writes = self._execute(insns)
         timeline = _Schedule(insns, plans, self.timing, insn_addr).run(self.max_cycles)
+        timeline.writes = writes
         self.timeline = timeline
         stats = dict(self.datapath.counters)
         stats.update(timeline_stats(timeline, self.config, stats))
@@ -84,20 +90,20 @@ class CycleSimulator(FunctionalSimulator):
             write_trace(timeline, self.trace)
         return stats
 
-    def _execute(self, insns: list[Insn]) -> list[Plan]:
+    def _execute(self, insns: list[Insn]) -> tuple[list, dict]:
         """Pass 1: fsim's token machine and datapath, recording each instruction's plan.
 
         Each module runs its instructions one after another, so the sum of their shortest
         durations bounds the run from below: crossing ``max_cycles`` stops the run before
-        the datapath does the work of an instruction that cannot fit."""
+        the datapath does the work of an instruction that cannot fit. Also returns, per
+        STORE, its write beats and bursts."""
         timing, datapath, cfg = self.timing, self.datapath, self.config
-        latency, limit = timing.dram_latency, self.max_cycles
-        plans: list[Plan | None] = [None] * len(insns)
+        writes: dict = {}
+        limit = self.max_cycles
+        plans: list = [None] * len(insns)
         lower = [0, 0, 0]
         elem_bytes = {mt: cfg.elem_bytes(mt) for mt in MemType}
-        # Programs repeat the same micro-op kernels: a GEMM/ALU plan depends only on the
-        # loop fields, the kind of reads and the micro-ops, so short kernels are memoised.
-        loop_plans: dict = {}
+        mem_plans: dict = {}
 
         def check(index: int, module: int, cycles: int) -> None:
             if cycles > limit:
@@ -109,51 +115,56 @@ class CycleSimulator(FunctionalSimulator):
         def execute(index: int, insn: Insn) -> None:
             module = modules[index]
             if isinstance(insn, (GemmInsn, AluInsn)):
-                check(index, module, lower[module] + timing.loop_min_cycles(insn))
-                datapath.execute(index, insn)
-                plan = key = None
-                if insn.uop_end - insn.uop_bgn <= _CACHED_UOPS:
-                    gemm = isinstance(insn, GemmInsn)
-                    key = (gemm, insn.reset if gemm else insn.use_imm, insn.iter_out,
-                           insn.iter_in, insn.dst_factor_out, insn.dst_factor_in,
-                           insn.src_factor_out, insn.src_factor_in,
-                           datapath.uop[insn.uop_bgn:insn.uop_end].tobytes())
-                    plan = loop_plans.get(key)
-                if plan is None:
-                    plan = timing.loop_plan(insn, datapath)
-                    if key is not None and len(loop_plans) < _CACHED_PLANS:
-                        loop_plans[key] = plan
+                plan = timing.loop_plan(insn)
+                check(index, module, lower[module] + plan)
             elif isinstance(insn, MemInsn):
-                datapath.execute(index, insn)
-                plan = timing.mem_plan(insn, elem_bytes[insn.mem_type])
+                # LOAD/STORE plans depend on the fields other than sram_base and the flags
+                key = (insn.opcode, insn.mem_type, insn.dram_base, insn.y_size, insn.x_size,
+                       insn.x_stride, insn.y_pad_0, insn.y_pad_1, insn.x_pad_0, insn.x_pad_1)
+                plan = mem_plans.get(key)
+                if plan is None:
+                    eb = elem_bytes[insn.mem_type]
+                    plan = (timing.store_plan(insn, eb) if insn.opcode == Opcode.STORE
+                            else timing.load_plan(insn, eb))
+                    if len(mem_plans) < _CACHED_PLANS:
+                        mem_plans[key] = plan
+                if isinstance(plan, tuple):  # STORE: (push offset, write beats, bursts)
+                    writes[index] = plan[1:]
+                    plan = plan[0]
             else:
-                datapath.execute(index, insn)
-                plan = timing.plan(insn, cfg, datapath)
-            lower[module] += plan.min_cycles(latency)
+                plan = timing.plan(insn, cfg)
+            lower[module] += (plan if isinstance(plan, int) else plan.push) + 1
             check(index, module, lower[module])
+            datapath.execute(index, insn)
             plans[index] = plan
 
         machine = _TokenMachine(insns, cfg, execute)
         modules = machine.modules
         machine.run()
-        return plans  # type: ignore[return-value]
+        return plans, writes
 
 
 @dataclass
 class Timeline:
-    """Per-instruction times of one run (cycles; -1 where not applicable).
+    """Per-instruction times of one run (cycles from the start write; -1 where not
+    applicable).
 
-    ``free``: when the module finished its previous instruction (its pushes done);
-    ``dispatch``: when fetch put the instruction into its command queue; ``avail``: when
-    its bytes had arrived; ``start``/``done``: execution; ``push``: pushes done;
-    ``req``/``data``: a READ's request and first beat; ``tok_ready``/``room_ready``: per
-    popped/pushed queue (columns in pops_of/pushes_of order), when the token or the room
-    became visible; ``bursts``: fetch bursts (request, first beat, beats, first, count).
+    ``free``: the first cycle the module could start this instruction (the cycle after its
+    previous push; 0 for its first); ``dispatch``: when fetch wrote it into its command
+    queue; ``avail``: when it was readable in fetch's buffer; ``start``: the module took it
+    (and its tokens); ``done``: the first cycle it could push (the PUSH state); ``push``:
+    the cycle it pushed (its last cycle); ``rd_wait``/``rd_lat``: over its read bursts,
+    cycles waiting for the read arbiter (request to grant) and from grant to first beat;
+    ``tok_ready``/``room_ready``: per popped/pushed queue (columns in pops_of/pushes_of
+    order), the first cycle the token or the room was there; ``batches``: fetch batches
+    (request cycle, first instruction, count); ``reads``: the read bursts granted one at a
+    time and the starts of bulk grants (see :meth:`read_bursts`).
     """
 
     insns: list
     plans: list
     timing: Timing
+    insn_addr: int
     module: np.ndarray
     free: np.ndarray
     dispatch: np.ndarray
@@ -161,17 +172,43 @@ class Timeline:
     start: np.ndarray
     done: np.ndarray
     push: np.ndarray
-    req: np.ndarray
-    data: np.ndarray
+    rd_wait: np.ndarray
+    rd_lat: np.ndarray
     pop_q: np.ndarray  # (n, 2) token queue ids popped, -1 for none
     push_q: np.ndarray
     tok_ready: np.ndarray  # (n, 2)
     room_ready: np.ndarray
-    bursts: np.ndarray  # (bursts, 5)
+    batches: np.ndarray  # (batches, 3)
+    reads: list  # (client, index, burst, request, grant, first beat, delta, bulk)
+    #: per STORE instruction: (write beats, write bursts)
+    writes: dict = None  # type: ignore[assignment]
 
     @property
     def cycles(self) -> int:
-        return int(self.push.max())
+        return int(self.push.max()) + 1
+
+    def read_bursts(self) -> np.ndarray:
+        """Every read burst of the run, in grant order: rows of (client, index, request,
+        grant, first beat, RLAST), client 0 = fetch (index: batch), 1 = load, 2 = compute
+        (index: instruction)."""
+        out = []
+        for client, idx, i, r, g, f, delta, bulk in self.reads:
+            if client == 0:
+                span = self._batch(idx).span
+                out.append((0, idx, r, g, f, f + span[i]))
+                continue
+            plan, t0 = self.plans[idx], int(self.start[idx])
+            out.append((client, idx, r, g, f, f + plan.span[i]))
+            if bulk:
+                for k in range(i + 1, plan.n):
+                    fk = t0 + plan.first[k] + delta
+                    rk = t0 + plan.req[k] + delta
+                    out.append((client, idx, rk, rk, fk, fk + plan.span[k]))
+        return np.array(out, np.int64).reshape(-1, 6)
+
+    def _batch(self, b: int):
+        first, count = int(self.batches[b, 1]), int(self.batches[b, 2])
+        return self.timing.fetch_batch(self.insn_addr, first, count)
 
     def trace(self) -> dict:
         """The Chrome/Perfetto trace of this run, as a dict."""
@@ -181,9 +218,15 @@ class Timeline:
 
 
 class _Schedule:
-    """Pass 2: the times of every instruction (see the module docstring)."""
+    """Pass 2: the times of every instruction (see the module docstring).
 
-    def __init__(self, insns: list[Insn], plans: list[Plan], timing: Timing, insn_addr: int):
+    Units are generators. ``yield None``: blocked on an event registered in ``waiters``;
+    ``yield r``: a read burst whose ARVALID rises in cycle r, resumed with ``(bulk, g)``:
+    granted in cycle g, and with ``bulk`` the rest of the instruction's bursts are granted
+    as they are requested (nothing else can ask for the channel before they are done).
+    """
+
+    def __init__(self, insns: list[Insn], plans: list, timing: Timing, insn_addr: int):
         n = len(insns)
         self.insns, self.plans, self.timing, self.insn_addr = insns, plans, timing, insn_addr
         self.module = [int(module_of(i)) for i in insns]
@@ -192,8 +235,6 @@ class _Schedule:
         for j, m in enumerate(self.module):
             self.local[j] = len(self.seq[m])
             self.seq[m].append(j)
-        # Token queues (as indices into TOKEN_QUEUES) each instruction pops and pushes; they
-        # depend only on the module and the four flags, so each combination is asked once.
         qid = {q: k for k, q in enumerate(TOKEN_QUEUES)}
         flags: dict = {}
         self.pops, self.pushes = [], []
@@ -207,65 +248,99 @@ class _Schedule:
             self.pushes.append(pushes)
         neg = [-1] * n
         self.free, self.dispatch, self.avail = neg[:], neg[:], neg[:]
-        self.start, self.done, self.push, self.req, self.data = neg[:], neg[:], neg[:], neg[:], neg[:]
+        self.start, self.done, self.push = neg[:], neg[:], neg[:]
+        self.rd_wait, self.rd_lat = [0] * n, [0] * n
         self.tok_ready = [neg[:], neg[:]]
         self.room_ready = [neg[:], neg[:]]
         self.push_t: list[list[int]] = [[] for _ in TOKEN_QUEUES]
         self.pop_t: list[list[int]] = [[] for _ in TOKEN_QUEUES]
-        self.bursts: list[tuple[int, int, int, int, int]] = []
+        self.batches: list[tuple[int, int, int]] = []
+        self.batch_req: list[int] = []
+        self.reads: list = []
         self.waiters: dict = {}
         self.runnable: list = []
+        self.channel_free = 0  # the first cycle the read arbiter is idle
 
     def _notify(self, key) -> None:
         unit = self.waiters.pop(key, None)
         if unit is not None:
             self.runnable.append((unit, None))
 
-    # ---- units (generators: yield None = blocked on a registered key; yield (r, beats) =
-    # ---- a DRAM read requested at cycle r, resumed with the cycle of its first beat) --------
+    # ---- fetch: the DMA (read client 0) and the dispatcher ---------------------------------
 
-    def _fetch(self, me):
+    def _fetch_dma(self, me):
         t = self.timing
-        n, depth, slot = len(self.insns), t.cmd_queue_depth, t.cmd_slot_latency
-        j, last, request = 0, -1, 0
-        while j < n:
-            count = min(t.fetch_burst_insns, n - j)
-            beats = t.fetch_beats(self.insn_addr, j, count)
-            first_beat = yield (request, beats)
-            self.bursts.append((request, first_beat, beats, j, count))
-            for k in range(count):
-                avail = first_beat + t.fetch_arrival(self.insn_addr, j, k)
-                when = max(avail, last + 1)
-                m, local = self.module[j], self.local[j]
-                if local >= depth:  # room once the instruction `depth` ahead has started
-                    ahead = self.seq[m][local - depth]
-                    if self.start[ahead] < 0:
-                        self.waiters[("s", ahead)] = me
-                        yield None
-                    when = max(when, self.start[ahead] + slot)
-                self.avail[j] = avail
-                self.dispatch[j] = when
-                self._notify(("d", j))
-                last = when
-                j += 1
-            request = last + 1
+        n, L, size = len(self.insns), t.read_latency, t.fetch_insns
+        waiters, reads = self.waiters, self.reads
+        first, b = 0, 0
+        while first < n:
+            if b >= len(self.batch_req):
+                waiters[("batch", b)] = me
+                yield None
+            q = self.batch_req[b]
+            count = min(size, n - first)
+            batch = t.fetch_batch(self.insn_addr, first, count)
+            self.batches.append((q, first, count))
+            r, bound, k = q + 1, NEVER, 0
+            for i in range(len(batch.span)):
+                _, g = yield r
+                f = max(g + 1 + L, bound)
+                reads.append((0, b, i, r, g, f, 0, False))
+                x = f + batch.span[i]
+                self.channel_free = x + 1
+                r, bound = x + 1, x + batch.buf_after[i]
+                # the burst's instructions can be dispatched while the next burst waits
+                while k < count and batch.insn_burst[k] == i:
+                    self.avail[first + k] = f + batch.insn_ready[k]
+                    self._notify(("a", first + k))
+                    k += 1
+            first += count
+            b += 1
+
+    def _fetch_dispatch(self, me):
+        t = self.timing
+        n, depth, size = len(self.insns), t.cmd_queue_depth, t.fetch_insns
+        waiters, avail, start = self.waiters, self.avail, self.start
+        self.batch_req.append(t.FIRST_FETCH)
+        self._notify(("batch", 0))
+        last = -1
+        for j in range(n):
+            if avail[j] < 0:
+                waiters[("a", j)] = me
+                yield None
+            d = max(avail[j], last + 1)
+            m, local = self.module[j], self.local[j]
+            if local >= depth:  # room once the instruction `depth` ahead has started
+                ahead = self.seq[m][local - depth]
+                if start[ahead] < 0:
+                    waiters[("s", ahead)] = me
+                    yield None
+                d = max(d, start[ahead] + 1)
+            self.dispatch[j] = last = d
+            self._notify(("d", j))
+            if (j + 1) % size == 0 and j + 1 < n:  # the batch is dispatched: request the next
+                self.batch_req.append(d + 1)
+                self._notify(("batch", len(self.batch_req) - 1))
+
+    # ---- load, compute, store ---------------------------------------------------------------
 
     def _module(self, me, m: int):
         t = self.timing
-        tok_lat, disp_lat, depth = t.token_latency, t.dispatch_latency, t.token_queue_depth
-        waiters, push_t, pop_t = self.waiters, self.push_t, self.pop_t
+        L, depth = t.read_latency, t.token_queue_depth
+        waiters, push_t, pop_t, reads = self.waiters, self.push_t, self.pop_t, self.reads
+        client = me  # read client id (load 1, compute 2; store never reads)
         free = 0
         for j in self.seq[m]:
             if self.dispatch[j] < 0:
                 waiters[("d", j)] = me
                 yield None
-            s = max(free, self.dispatch[j] + disp_lat)
+            s = max(free, self.dispatch[j] + 1)
             for col, q in enumerate(self.pops[j]):
                 k = len(pop_t[q])
                 if k >= len(push_t[q]):
                     waiters[("push", q, k)] = me
                     yield None
-                ready = push_t[q][k] + tok_lat
+                ready = push_t[q][k] + 1
                 self.tok_ready[col][j] = ready
                 if ready > s:
                     s = ready
@@ -275,63 +350,92 @@ class _Schedule:
                 pop_t[q].append(s)
                 self._notify(("pop", q, len(pop_t[q]) - 1))
             plan = self.plans[j]
-            if plan.kind == READ:
-                r = s + plan.issue
-                first_beat = yield (r, plan.beats)
-                self.req[j], self.data[j] = r, first_beat
-                c = first_beat + plan.beats + plan.work
-            else:
-                c = s + plan.issue + plan.beats + plan.work
-            self.done[j] = p = c
+            if isinstance(plan, int):
+                p = s + plan
+            else:  # a LOAD's bursts on the read channel
+                req, buf, first, span = plan.req, plan.buf, plan.first, plan.span
+                delta = wait = lat = i = 0
+                nb = plan.n
+                while i < nb:
+                    r = s + req[i] + delta
+                    bulk, g = yield r
+                    f = g + 1 + L
+                    bound = s + buf[i] + delta
+                    if bound > f:
+                        f = bound
+                    wait += g - r
+                    lat += f - g
+                    delta = f - s - first[i]
+                    reads.append((client, j, i, r, g, f, delta, bulk))
+                    if bulk:
+                        lat += plan.lat_after[i]
+                        i = nb - 1
+                        self.channel_free = s + first[i] + span[i] + delta + 1
+                        break
+                    self.channel_free = f + span[i] + 1
+                    i += 1
+                self.rd_wait[j], self.rd_lat[j] = wait, lat
+                p = s + plan.push + delta
+            self.done[j] = p
             for col, q in enumerate(self.pushes[j]):
                 k = len(push_t[q])
                 if k >= depth:  # room once the token `depth` ahead has been popped
                     if len(pop_t[q]) <= k - depth:
                         waiters[("pop", q, k - depth)] = me
                         yield None
-                    room = pop_t[q][k - depth] + tok_lat
+                    room = pop_t[q][k - depth] + 1
                     self.room_ready[col][j] = room
                     if room > p:
                         p = room
             for q in self.pushes[j]:
                 push_t[q].append(p)
                 self._notify(("push", q, len(push_t[q]) - 1))
-            self.push[j] = free = p
+            self.push[j] = p
+            free = p + 1
 
     # ---- the loop -----------------------------------------------------------------------
 
     def run(self, max_cycles: int) -> Timeline:
-        latency = self.timing.dram_latency
-        units = {}
-        for name in ("fetch", "load", "compute", "store"):
-            me = _READ_PRIORITY[name]
-            units[me] = (self._fetch(me) if name == "fetch"
-                         else self._module(me, int(getattr(Module, name.upper()))))
-        self.runnable = [(me, None) for me in units]
-        heap: list[tuple[int, int, int]] = []
-        channel_free = 0
-        finished = set()
+        gens = [self._fetch_dma(0), self._module(1, int(Module.LOAD)),
+                self._module(2, int(Module.COMPUTE)), self._module(3, int(Module.STORE)),
+                self._fetch_dispatch(4)]
+        # read clients of the arbiter: fetch 0, load 1, compute 2 (unit ids are the same)
+        self.runnable = [(u, None) for u in reversed(range(len(gens)))]
+        pending: dict[int, int] = {}
+        finished = 0
+        last = 2  # round robin: the first search starts at fetch
+        runnable = self.runnable
         while True:
-            while self.runnable:
-                me, value = self.runnable.pop()
+            while runnable:
+                u, value = runnable.pop()
                 try:
-                    request = units[me].send(value)
+                    r = gens[u].send(value)
                 except StopIteration:
-                    finished.add(me)
+                    finished += 1
                     continue
-                if request is not None:
-                    heapq.heappush(heap, (request[0], me, request[1]))
-            if not heap:
+                if r is not None:
+                    pending[u] = r
+            if not pending:
                 break
-            r, me, beats = heapq.heappop(heap)
-            if r > max_cycles:
+            if len(pending) == 1:
+                c, r = pending.popitem()
+                g = max(r, self.channel_free)
+                bulk = True
+            else:
+                g = max(self.channel_free, min(pending.values()))
+                for off in (1, 2, 3):
+                    c = (last + off) % 3
+                    if c in pending and pending[c] <= g:
+                        break
+                del pending[c]
+                bulk = False
+            if g > max_cycles:
                 raise SimulationLimitError(
                     f"the run passed max_cycles={max_cycles} cycles; raise max_cycles "
                     f"(--max-cycles) if the program is meant to run this long")
-            first_beat = max(r + latency, channel_free)
-            channel_free = first_beat + beats
-            self.runnable.append((me, first_beat))
-        if len(finished) != len(units):  # fsim found no deadlock, so this is a model bug
+            last = c
+            runnable.append((c, (bulk, g)))
+        if finished != len(gens):  # fsim found no deadlock, so this is a model bug
             raise CelosiaError("cycle model: the schedule stopped before every instruction "
                                "ran (an internal error; please report it with the program)")
         timeline = self._timeline()
@@ -352,9 +456,10 @@ class _Schedule:
             return out
 
         return Timeline(
-            insns=self.insns, plans=self.plans, timing=self.timing, module=arr(self.module),
-            free=arr(self.free), dispatch=arr(self.dispatch), avail=arr(self.avail),
-            start=arr(self.start), done=arr(self.done), push=arr(self.push), req=arr(self.req),
-            data=arr(self.data), pop_q=cols(self.pops), push_q=cols(self.pushes),
+            insns=self.insns, plans=self.plans, timing=self.timing, insn_addr=self.insn_addr,
+            module=arr(self.module), free=arr(self.free), dispatch=arr(self.dispatch),
+            avail=arr(self.avail), start=arr(self.start), done=arr(self.done),
+            push=arr(self.push), rd_wait=arr(self.rd_wait), rd_lat=arr(self.rd_lat),
+            pop_q=cols(self.pops), push_q=cols(self.pushes),
             tok_ready=arr(self.tok_ready).T.copy(), room_ready=arr(self.room_ready).T.copy(),
-            bursts=arr(self.bursts).reshape(-1, 5))
+            batches=arr(self.batches).reshape(-1, 3), reads=self.reads)

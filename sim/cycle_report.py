@@ -4,9 +4,9 @@ Everything here is computed from a :class:`celosia.sim.cycle.Timeline` with nump
 instructions at once. Waits are attributed in a fixed order: before an instruction starts,
 each cycle goes to the first condition not yet met (the instruction is in the command
 queue, then the token of each popped queue in pops_of order); after it completes, to the
-first pushed queue without room; inside a DRAM read, the first ``dram_latency`` cycles are
-DRAM latency and the rest waiting for the shared read channel. docs/cycle_model.md lists
-every statistic.
+first pushed queue without room; inside a LOAD, each read burst's wait for the arbiter
+(request to grant) and its latency (grant to first beat). docs/cycle_model.md lists every
+statistic.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import numpy as np
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError
 from celosia.isa import AluInsn, FinishInsn, GemmInsn, MemInsn, MemType, format_insn
-
-from .cycle_timing import READ, WRITE
 
 __all__ = ["timeline_stats", "trace_dict", "write_trace", "plot_timeline", "MODULES"]
 
@@ -38,11 +36,6 @@ _LOAD_BYTES = {MemType.UOP: "uop", MemType.INP: "inp", MemType.WGT: "wgt", MemTy
 _TIDS = {"fetch": 0, "load": 1, "compute": 2, "store": 3, "dram read": 4, "dram write": 5}
 
 
-def _plan_arrays(plans) -> np.ndarray:
-    return np.array([(p.kind, p.issue, p.beats, p.work, p.stall) for p in plans],
-                    np.int64).reshape(-1, 5)
-
-
 def _split(begin: np.ndarray, ready: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Cycles of [begin, end) spent before ``ready``, and the new begin."""
     mid = np.minimum(np.maximum(ready, begin), end)
@@ -52,7 +45,7 @@ def _split(begin: np.ndarray, ready: np.ndarray, end: np.ndarray) -> tuple[np.nd
 def _waits(tl, mask):
     """Per instruction of ``mask``: (command-queue wait, [(queue ids, token waits)] per
     pop column, [(queue ids, room waits)] per push column)."""
-    ready_cmd = tl.dispatch[mask] + tl.timing.dispatch_latency
+    ready_cmd = tl.dispatch[mask] + 1
     begin, start = tl.free[mask], tl.start[mask]
     cmd, begin = _split(begin, ready_cmd, start)
     tokens = []
@@ -67,22 +60,36 @@ def _waits(tl, mask):
     return cmd, tokens, rooms
 
 
+def _overlap(a0, a1, b0, b1) -> int:
+    """Total length of the intersection of two sets of disjoint intervals [a0, a1) and
+    [b0, b1) (each set sorted)."""
+    total = 0
+    for s, e in zip(b0.tolist(), b1.tolist()):
+        if e <= s:
+            continue
+        lo = int(np.searchsorted(a1, s, side="right"))
+        hi = int(np.searchsorted(a0, e, side="left"))
+        if hi > lo:
+            total += int((np.minimum(a1[lo:hi], e) - np.maximum(a0[lo:hi], s)).clip(0).sum())
+    return total
+
+
 def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     """The flat name -> number statistics of one run; ``counters`` are the datapath's."""
     t = tl.timing
     cycles = tl.cycles
-    plan = _plan_arrays(tl.plans)
-    kind, issue, beats, work, stall = plan.T
     stats: dict = {"cycles": cycles, "time_us": cycles / cfg.clock_mhz}
+    n = len(tl.insns)
+    bursts = tl.read_bursts()
+    fetch_bursts = bursts[bursts[:, 0] == 0]
 
     # fetch: one busy cycle per dispatch; the gap before each dispatch is first waiting for
-    # the instruction's bytes, then for room in its module's command queue.
-    n = len(tl.insns)
+    # the instruction's bytes (behind another client's burst: bus; else DRAM), then for
+    # room in its module's command queue.
     gap_begin = np.concatenate(([0], tl.dispatch[:-1] + 1))
-    data_wait, _ = _split(gap_begin, tl.avail, tl.dispatch)
+    data_wait, data_end = _split(gap_begin, tl.avail, tl.dispatch)
     room_wait = tl.dispatch - gap_begin - data_wait
-    bursts = tl.bursts
-    fetch_bus = int((bursts[:, 1] - bursts[:, 0] - t.dram_latency).sum())
+    fetch_bus = _overlap(gap_begin, data_end, fetch_bursts[:, 2], fetch_bursts[:, 3])
     stats["fetch_busy_cycles"] = n
     stats["fetch_stall_dram_cycles"] = int(data_wait.sum()) - fetch_bus
     stats["fetch_stall_bus_cycles"] = fetch_bus
@@ -90,14 +97,17 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
         stats[f"fetch_stall_cmdq_full_{name}_cycles"] = int(room_wait[tl.module == m].sum())
     stats["fetch_idle_cycles"] = cycles - int(tl.dispatch[-1]) - 1
 
+    writes = tl.writes or {}
+    w_index = np.array(sorted(writes), np.int64)
+    w_info = np.array([writes[j] for j in w_index.tolist()], np.int64).reshape(-1, 2)
+    write_wait = np.zeros(n, np.int64)
+    write_wait[w_index] = w_info[:, 1] * t.write_latency
     for m, name in enumerate(MODULES):
         mask = tl.module == m
         cmd, tokens, rooms = _waits(tl, mask)
-        k, iss, bt, wk, st = kind[mask], issue[mask], beats[mask], work[mask], stall[mask]
-        read, write = k == READ, k == WRITE
-        busy = np.where(read, iss + bt + wk, np.where(write, iss + bt, iss + wk - st))
-        bus = np.where(read, tl.data[mask] - tl.req[mask] - t.dram_latency, 0)
-        dram = np.where(read, t.dram_latency, np.where(write, wk, 0))
+        run = tl.done[mask] - tl.start[mask]
+        bus, dram = tl.rd_wait[mask], tl.rd_lat[mask] + write_wait[mask]
+        busy = run - bus - dram + 1  # + the push cycle
         row = {f"{name}_busy_cycles": int(busy.sum()),
                f"{name}_stall_cmdq_empty_cycles": int(cmd.sum())}
         for q in _POPS[name]:
@@ -109,16 +119,15 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
         row[f"{name}_stall_dram_cycles"] = int(dram.sum())
         if name != "store":  # store alone uses the write channel: it never waits for it
             row[f"{name}_stall_bus_cycles"] = int(bus.sum())
-        if name == "compute":
-            row["compute_stall_hazard_cycles"] = int(st.sum())
         row[f"{name}_idle_cycles"] = cycles - sum(row.values())
         stats.update(row)
 
     stats["gemm_utilization"] = (counters["macs"] / (cycles * cfg.macs_per_cycle)
                                  if cycles else 0.0)
     # DRAM traffic: bytes the program asked for (no padding, no alignment) and beats used.
-    read_beats = int(bursts[:, 2].sum()) + int(beats[kind == READ].sum())
-    write_beats = int(beats[kind == WRITE].sum())
+    fetch_beats = sum(sum(tl._batch(b).burst_beats) for b in range(len(tl.batches)))
+    read_beats = fetch_beats + sum(p.beats for p in tl.plans if not isinstance(p, int))
+    write_beats = int(w_info[:, 0].sum())
     fetch_bytes = n * 16
     read_bytes = fetch_bytes + sum(counters[f"{key}_load_bytes"] for key in _LOAD_BYTES.values())
     write_bytes = counters["out_store_bytes"]
@@ -128,6 +137,7 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
         "dram_write_bytes": write_bytes,
         "dram_read_beats": read_beats,
         "dram_write_beats": write_beats,
+        "dram_read_bursts": int(bursts.shape[0]),
         "dram_read_bytes_per_cycle": read_bytes / cycles if cycles else 0.0,
         "dram_write_bytes_per_cycle": write_bytes / cycles if cycles else 0.0,
         "dram_read_channel_utilization": read_beats / cycles if cycles else 0.0,
@@ -136,7 +146,7 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     # Achieved bandwidth of each buffer type: its bytes over the cycles its instructions ran.
     mem = np.array([int(i.mem_type) + (8 * int(i.opcode)) if isinstance(i, MemInsn) else -1
                     for i in tl.insns], np.int64)  # LOAD: mem_type, STORE: 8 + mem_type
-    ran = tl.done - tl.start
+    ran = tl.push + 1 - tl.start
     for mem_type, key in _LOAD_BYTES.items():
         c = int(ran[mem == int(mem_type)].sum())
         stats[f"{key}_load_bytes_per_cycle"] = counters[f"{key}_load_bytes"] / c if c else 0.0
@@ -163,7 +173,6 @@ def trace_dict(tl) -> dict:
     """Trace Event Format: one track per unit (fetch, load, compute, store, DRAM read and
     write channels), an "X" event per instruction with its index and text, and "X" events
     (category "stall") for every wait. Times are in cycles (shown as microseconds)."""
-    t = tl.timing
     events: list[dict] = [{"ph": "M", "pid": 0, "name": "process_name",
                            "args": {"name": "celosia cycle model (1 us shown = 1 cycle)"}}]
     for name, tid in _TIDS.items():
@@ -180,18 +189,14 @@ def trace_dict(tl) -> dict:
                 ev["args"] = args
             events.append(ev)
 
-    plans = tl.plans
+    writes = tl.writes or {}
     for j, insn in enumerate(tl.insns):
-        m, p = int(tl.module[j]), plans[j]
+        m = int(tl.module[j])
         tid = m + 1
-        s, c = int(tl.start[j]), int(tl.done[j])
-        args = {"index": j, "insn": format_insn(insn)}
-        if p.stall:
-            args["hazard_stall_cycles"] = p.stall
-        span(tid, _label(insn), s, c, "insn", args)
+        s, c, p = int(tl.start[j]), int(tl.done[j]), int(tl.push[j])
+        span(tid, _label(insn), s, p + 1, "insn", {"index": j, "insn": format_insn(insn)})
         begin = int(tl.free[j])
-        ready = int(tl.dispatch[j]) + t.dispatch_latency
-        mid = min(max(ready, begin), s)
+        mid = min(max(int(tl.dispatch[j]) + 1, begin), s)
         span(tid, "wait: command queue empty", begin, mid, "stall")
         begin = mid
         for col in range(2):
@@ -204,20 +209,22 @@ def trace_dict(tl) -> dict:
         for col in range(2):
             q = int(tl.push_q[j, col])
             if q >= 0:
-                mid = min(max(int(tl.room_ready[j, col]), begin), int(tl.push[j]))
+                mid = min(max(int(tl.room_ready[j, col]), begin), p)
                 span(tid, f"wait: room in {_QUEUE_NAMES[q]}", begin, mid, "stall")
                 begin = mid
-        if p.kind == READ:
-            r, first = int(tl.req[j]), int(tl.data[j])
-            span(tid, "DRAM latency", r, r + t.dram_latency, "stall")
-            span(tid, "wait: DRAM read channel", r + t.dram_latency, first, "stall")
-            span(_TIDS["dram read"], f"{_label(insn)} #{j}", first, first + p.beats, "dram",
-                 {"index": j, "beats": p.beats})
-        elif p.kind == WRITE:
-            w = s + p.issue
-            span(tid, "write response", c - p.work, c, "stall")
-            span(_TIDS["dram write"], f"STORE #{j}", w, w + p.beats, "dram",
-                 {"index": j, "beats": p.beats})
+        if j in writes:
+            beats, nb = writes[j]
+            span(_TIDS["dram write"], f"STORE #{j}", s + 2, c - 1, "dram",
+                 {"index": j, "beats": beats, "bursts": nb})
+    for client, idx, r, g, f, x in tl.read_bursts().tolist():
+        if client == 0:
+            name = f"fetch batch {idx}"
+        else:
+            name = f"{_label(tl.insns[idx])} #{idx}"
+            tid = client + 1
+            span(tid, "wait: DRAM read channel", r, g, "stall")
+            span(tid, "DRAM latency", g, f, "stall")
+        span(_TIDS["dram read"], name, f, x + 1, "dram", {"request": r, "grant": g})
     gap_begin = 0
     for j in range(len(tl.insns)):
         d = int(tl.dispatch[j])
@@ -225,12 +232,10 @@ def trace_dict(tl) -> dict:
         span(0, "wait: instruction bytes", gap_begin, mid, "stall")
         span(0, f"wait: room in {MODULES[int(tl.module[j])]} command queue", mid, d, "stall")
         gap_begin = d + 1
-    for request, first, beats, first_insn, count in tl.bursts.tolist():
+    for request, first_insn, count in tl.batches.tolist():
         last = int(tl.dispatch[first_insn + count - 1]) + 1
         span(0, f"fetch [{first_insn}, {first_insn + count})", request, last, "insn",
              {"first": first_insn, "count": count})
-        span(_TIDS["dram read"], f"fetch [{first_insn}, {first_insn + count})", first,
-             first + beats, "dram", {"beats": beats})
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"time_unit": "cycle", "cycles": tl.cycles}}
 

@@ -1,268 +1,339 @@
 """Every timing rule of the cycle model, as closed forms (docs/cycle_model.md).
 
-The cycle model (:mod:`celosia.sim.cycle`) schedules instructions on fetch, load, compute,
-store and the DRAM port; it takes every duration and latency from a :class:`Timing`. This
-file is therefore the one place to change when the model and the RTL disagree: each rule is
-one method or one constant with its own docstring, and none of them looks at values other
-than an instruction's fields and, for GEMM/ALU, its micro-ops.
+The rules are the RTL's (hw/, docs/microarchitecture.md), cycle for cycle. The cycle model
+(:mod:`celosia.sim.cycle`) schedules instructions on fetch, load, compute, store and the
+shared DRAM read channel; everything it needs to know about one instruction is computed
+here, once, as a *plan*:
 
-Conventions: time is in cycles from the start of the run (cycle 0). An instruction started
-at cycle ``s`` with duration ``d`` is complete at cycle ``s + d``; a DRAM read requested at
-cycle ``r`` gets its first beat in cycle ``max(r + dram_latency, read channel free)`` and one
-beat per cycle after that, its data usable the cycle after each beat.
+* an ``int`` ``d``: the instruction, started in cycle ``t0``, is ready to push in cycle
+  ``t0 + d`` (FINISH, GEMM, ALU, STORE, and LOADs that read nothing);
+* a :class:`ReadPlan`: a LOAD that reads DRAM. Its bursts need the shared read channel, so
+  their grant cycles come from the schedule; the plan holds every other time of the
+  instruction *relative to its start, as if each burst were granted the cycle it is
+  requested* (offsets), and the schedule shifts them by the waits it finds (a wait of ``w``
+  cycles for a burst delays everything after it by ``w``, see :meth:`ReadPlan`).
+
+Time base: cycle 0 is the cycle of the host's start write (``s`` in
+docs/microarchitecture.md); the run's ``cycles`` is the first cycle in which the core is
+finished, i.e. the last push + 1.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError
-from celosia.isa import (
-    INSN_BYTES, AluInsn, FinishInsn, GemmInsn, Insn, MemInsn, Opcode, decode_uops,
-)
+from celosia.isa import INSN_BYTES, AluInsn, FinishInsn, GemmInsn, Insn, MemInsn, Opcode
 
-from .datapath import Datapath
+__all__ = ["Timing", "ReadPlan", "FetchBatch", "NEVER"]
 
-__all__ = ["Timing", "Plan", "FIXED", "READ", "WRITE"]
-
-# GEMM/ALU instructions with at most this many micro-op executions get their hazards from one
-# array; longer ones in the datapath's chunks.
-_DIRECT = 1 << 16
-# How an instruction uses the DRAM port: not at all, one read transfer, one write transfer.
-FIXED, READ, WRITE = 0, 1, 2
+#: an offset earlier than any cycle (a bound that never binds)
+NEVER = -(1 << 62)
+# LOADs of at most this many rows are planned row by row in Python, longer ones with numpy.
+_PY_ROWS = 32
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """The timing of one instruction apart from waits for tokens, queues and the bus.
+@dataclass(frozen=True, slots=True, eq=False)
+class ReadPlan:
+    """A LOAD that reads DRAM, as bursts on the shared read channel.
 
-    FIXED: busy ``issue + work`` cycles. READ: ``issue`` cycles, then a read of ``beats``
-    beats (latency and bus waits come from the schedule), then ``work`` cycles (padding).
-    WRITE: ``issue`` cycles, ``beats`` write beats, then ``work`` cycles (write response).
-    ``stall`` is the part of ``work`` that is hazard stalls (GEMM/ALU), reported apart.
+    For burst ``i`` (in order; a data row's DMA request is one or more bursts), offsets
+    relative to the instruction's start ``t0`` if no burst ever waits for the channel:
+
+    * ``req[i]``: the first cycle its ARVALID is high (the read arbiter can grant it);
+    * ``first[i]``: the cycle its first beat is accepted, ``= max(grant + 1 + L, buf[i])``
+      where ``buf[i]`` is the cycle the DMA's one-beat buffer can take it (narrow elements;
+      ``NEVER`` otherwise);
+    * ``span[i]``: cycles from the first beat to the RLAST beat (the channel is free again
+      the cycle after RLAST);
+    * ``push``: the cycle the instruction is ready to push.
+
+    If burst ``i`` is granted ``w`` cycles after it is requested, every later time of the
+    instruction moves by the same amount as its first beat does; the schedule keeps that
+    shift (``delta``) and reads every other time off these offsets.
     """
 
-    kind: int
-    issue: int
-    beats: int = 0
-    work: int = 0
-    stall: int = 0
+    req: list
+    buf: list
+    first: list
+    span: list
+    push: int
+    beats: int
+    #: per burst, its number of beats (for the trace)
+    burst_beats: list
+    #: lat_after[i]: sum over the bursts after i of (first - req), the latency those bursts
+    #: see when none of them waits
+    lat_after: list
 
-    def min_cycles(self, dram_latency: int) -> int:
-        """A lower bound of the instruction's duration (no bus contention)."""
-        return self.issue + self.beats + self.work + (dram_latency if self.kind == READ else 0)
+    @property
+    def n(self) -> int:
+        return len(self.req)
+
+    def min_cycles(self) -> int:
+        return self.push
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FetchBatch:
+    """One fetch batch (a DMA request of up to 8 instructions): its bursts
+    (``span``, ``buf_after``: the cycle after a burst's RLAST at which the beat buffer can
+    take the next burst's first beat, relative to RLAST; ``NEVER`` for wide elements) and,
+    per instruction, its burst and the cycles from that burst's first beat to the
+    instruction being readable at the head of fetch's buffer."""
+
+    span: list
+    buf_after: list
+    burst_beats: list
+    insn_burst: list
+    insn_ready: list
+
+
+def _bursts(a: np.ndarray, e: np.ndarray, eb: int, bus: int, burst: int):
+    """Split DMA requests [a, e) (byte ranges, one per row, eb-aligned) into AXI bursts: the
+    beat-aligned range, cut at every ``burst``-byte boundary. Returns per burst: its row,
+    whether it is its row's first and last, beats, and (narrow elements) the request's
+    elements in the burst and in its last beat."""
+    A = a // bus * bus
+    E = -(-e // bus) * bus
+    w0 = A // burst
+    nb = (E - 1) // burst - w0 + 1
+    rows = a.size
+    if int(nb.max()) == 1:
+        row = np.arange(rows)
+        k = np.zeros(rows, np.int64)
+        bs, be = A, E
+        first = last = np.ones(rows, bool)
+    else:
+        row = np.repeat(np.arange(rows), nb)
+        k = np.arange(row.size) - np.repeat(np.cumsum(nb) - nb, nb)
+        bs = np.maximum(A[row], (w0[row] + k) * burst)
+        be = np.minimum(E[row], (w0[row] + k + 1) * burst)
+        first = k == 0
+        last = k == nb[row] - 1
+    beats = (be - bs) // bus
+    ar, er = a[row], e[row]
+    elems = (np.minimum(er, be) - np.maximum(ar, bs)) // eb
+    n_last = (np.minimum(er, be) - np.maximum(ar, be - bus)) // eb
+    return row, first, last, beats, elems, n_last
 
 
 @dataclass(frozen=True, kw_only=True)
 class Timing:
     """The timing parameters of one configuration and the closed forms built on them."""
 
-    #: DRAM bus width, bytes per beat (one beat per cycle on each AXI channel)
+    #: DRAM bus width, bytes per beat
     bus_bytes: int
-    #: cycles from a read request to its first data beat; also from the last write beat to
-    #: the write response that completes a STORE
-    dram_latency: int
+    #: cycles from a read burst's AR handshake to its first beat (the RTL harness's DRAM
+    #: model treats 0 as 1)
+    read_latency: int
+    #: cycles from a write burst's WLAST beat to its write response
+    write_latency: int
     cmd_queue_depth: int
     token_queue_depth: int
-    #: instructions fetch reads in one DRAM burst (it requests the next burst once it has
-    #: dispatched every instruction of the previous one)
-    fetch_burst_insns: int = 16
-    #: cycles a module spends taking an instruction (decode, address set-up) before its work
-    issue_cycles: int = 1
-    #: cycles from fetch dispatching an instruction to its module seeing it
-    dispatch_latency: int = 1
-    #: cycles from a module starting an instruction to fetch seeing the freed command slot
-    cmd_slot_latency: int = 1
-    #: cycles from a push (pop) to the other module seeing the token (the freed room)
-    token_latency: int = 1
-    #: cycles between issuing two GEMM micro-ops; cycles from issue to the ACC write
-    gemm_ii: int = 1
-    gemm_depth: int = 4
-    #: the same for ALU micro-ops
-    alu_ii: int = 1
-    alu_depth: int = 3
-    #: zero padding elements a LOAD writes per cycle (after its data)
-    pad_elems_per_cycle: int = 1
+    #: instructions fetch reads in one batch (hw/fetch.py FETCH_INSNS; also its buffer size)
+    fetch_insns: int = 8
 
     def __post_init__(self):
-        for name in ("fetch_burst_insns", "issue_cycles", "dispatch_latency", "cmd_slot_latency",
-                     "token_latency", "gemm_ii", "alu_ii", "pad_elems_per_cycle"):
+        for name in ("bus_bytes", "read_latency", "write_latency", "cmd_queue_depth",
+                     "token_queue_depth", "fetch_insns"):
             if getattr(self, name) < 1:
-                # Latencies of at least one cycle between units are what lets the scheduler
-                # grant the DRAM port in request order (see cycle.py, _Schedule).
                 raise CelosiaError(f"Timing.{name} must be at least 1, not {getattr(self, name)}")
 
     @classmethod
-    def from_config(cls, cfg: HwConfig, **overrides) -> "Timing":
-        return cls(bus_bytes=cfg.bus_bytes, dram_latency=cfg.dram_latency,
+    def from_config(cls, cfg: HwConfig, *, read_latency: int | None = None,
+                    write_latency: int | None = None, **overrides) -> "Timing":
+        """The configuration's timing; latencies default to ``cfg.dram_latency`` (at least 1,
+        as in the RTL's DRAM model)."""
+        lat = max(1, cfg.dram_latency)
+        return cls(bus_bytes=cfg.bus_bytes,
+                   read_latency=max(1, lat if read_latency is None else read_latency),
+                   write_latency=max(1, lat if write_latency is None else write_latency),
                    cmd_queue_depth=cfg.cmd_queue_depth, token_queue_depth=cfg.token_queue_depth,
                    **overrides)
 
-    # ---- DRAM transfers ----------------------------------------------------------------
+    @property
+    def burst_bytes(self) -> int:
+        """Bursts never cross a boundary of this many bytes (AXI's 4 KiB, 256 beats)."""
+        return min(4096, 256 * self.bus_bytes)
 
-    def beats(self, byte_addr: int, nbytes: int) -> int:
-        """Bus beats of one contiguous transfer: every bus word it touches, aligned."""
-        if nbytes <= 0:
-            return 0
+    # ---- fetch ---------------------------------------------------------------------------
+
+    #: the first batch is requested in this cycle (start in 0, program range check in 1)
+    FIRST_FETCH = 2
+
+    def fetch_batch(self, insn_addr: int, first: int, count: int) -> FetchBatch:
+        """Instructions [first, first + count) as one DMA request of 16-byte elements."""
+        return _fetch_batch(self, (insn_addr + first * INSN_BYTES) % self.burst_bytes, count)
+
+    def _fetch_batch(self, addr: int, count: int) -> FetchBatch:
         bus = self.bus_bytes
-        return (byte_addr % bus + nbytes + bus - 1) // bus
+        a = np.array([addr], np.int64)
+        row, _, _, beats, elems, n_last = _bursts(a, a + count * INSN_BYTES, INSN_BYTES, bus,
+                                                  self.burst_bytes)
+        beats, elems, n_last = beats.tolist(), elems.tolist(), n_last.tolist()
+        insn_burst, insn_ready = [], []
+        if INSN_BYTES >= bus:
+            k = INSN_BYTES // bus
+            span = [b - 1 for b in beats]
+            buf_after = [NEVER] * len(beats)
+            start = np.cumsum([0] + beats[:-1]).tolist()
+            for j in range(count):
+                beat = (j + 1) * k - 1  # its last beat, counted over the whole request
+                b = max(i for i in range(len(beats)) if start[i] <= beat)
+                insn_burst.append(b)
+                # delivered the cycle after its last beat, readable the cycle after that
+                insn_ready.append(beat - start[b] + 2)
+        else:
+            span = [e - n for e, n in zip(elems, n_last)]
+            buf_after = list(n_last)
+            start = np.cumsum([0] + elems[:-1]).tolist()
+            for j in range(count):
+                b = max(i for i in range(len(elems)) if start[i] <= j)
+                insn_burst.append(b)
+                # beats are accepted as the buffer drains: element m of the burst drains in
+                # first + 1 + m, and is readable the cycle after
+                insn_ready.append(j - start[b] + 2)
+        return FetchBatch(span, buf_after, beats, insn_burst, insn_ready)
 
-    def rows_beats(self, base: int, stride: int, row_bytes: int, rows: int) -> int:
-        """Beats of ``rows`` transfers of ``row_bytes`` at byte ``base + r * stride``; each row
-        is its own burst (a row never shares a beat with the next)."""
-        if rows <= 0 or row_bytes <= 0:
-            return 0
-        bus = self.bus_bytes
-        if stride % bus == 0:
-            return rows * self.beats(base, row_bytes)
-        offsets = (base + stride * np.arange(rows, dtype=np.int64)) % bus
-        return int(((offsets + row_bytes + bus - 1) // bus).sum())
+    # ---- per-instruction plans -----------------------------------------------------------
 
-    def fetch_beats(self, insn_addr: int, first: int, count: int) -> int:
-        """Beats of the burst that reads instructions [first, first + count)."""
-        return self.beats(insn_addr + first * INSN_BYTES, count * INSN_BYTES)
-
-    def fetch_arrival(self, insn_addr: int, first: int, k: int) -> int:
-        """Cycles after a fetch burst's first beat at which its k-th instruction is usable."""
-        start = insn_addr + first * INSN_BYTES
-        return self.beats(start, (k + 1) * INSN_BYTES)
-
-    # ---- per-instruction plans ---------------------------------------------------------
-
-    def mem_plan(self, insn: MemInsn, elem_bytes: int) -> Plan:
-        """LOAD: issue, read every row of data (one burst per row), write the padding.
-        STORE: issue, write every row, wait for the write response. x_size = 0 is issue only.
-        ``elem_bytes`` is the size of one element of the instruction's memory type."""
+    def load_plan(self, insn: MemInsn, eb: int):
+        """LOAD (TensorLoad, hw/tensor_load.py). The module starts in t0 and hands the
+        command over in t0 + 1; the walker walks from t0 + 2, one cycle per padding element;
+        at a data row's first element it requests the row from the DMA (cycle q: ARVALID
+        from q + 1), then waits for the row's last element (wide elements: the cycle after
+        the last beat; narrow: beats are taken as the one-beat buffer drains, one element per
+        cycle) and walks on the cycle after. After the last row: one cycle to see the end,
+        DONE, and PUSH the cycle after DONE."""
+        W = insn.x_pad_0 + insn.x_size + insn.x_pad_1
+        rows = insn.y_pad_0 + insn.y_size + insn.y_pad_1
         if insn.x_size == 0:
-            return Plan(FIXED, self.issue_cycles)
-        eb = elem_bytes
-        beats = self.rows_beats(insn.dram_base * eb, insn.x_stride * eb, insn.x_size * eb,
-                                insn.y_size)
-        if insn.opcode == Opcode.STORE:
-            if beats == 0:
-                return Plan(FIXED, self.issue_cycles)
-            return Plan(WRITE, self.issue_cycles, beats, self.dram_latency)
-        total = ((insn.y_pad_0 + insn.y_size + insn.y_pad_1)
-                 * (insn.x_pad_0 + insn.x_size + insn.x_pad_1))
-        pad = total - insn.y_size * insn.x_size
-        pad_cycles = -(-pad // self.pad_elems_per_cycle)
-        if beats == 0:
-            return Plan(FIXED, self.issue_cycles, 0, pad_cycles)
-        return Plan(READ, self.issue_cycles, beats, pad_cycles)
+            return 3  # the walker goes straight to DONE
+        if insn.y_size == 0:
+            return 2 + rows * W + 2
+        if insn.y_size <= _PY_ROWS:
+            return self._load_plan_rows(insn, eb)
+        bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
+        r = np.arange(insn.y_size, dtype=np.int64)
+        a = (insn.dram_base + r * insn.x_stride) * eb
+        e = a + insn.x_size * eb
+        row, first, last, beats, elems, n_last = _bursts(a, e, eb, bus, burst)
+        if eb >= bus:
+            span = beats - 1
+            tail = np.ones_like(beats)  # last element delivered the cycle after RLAST
+            buf_gap = np.full_like(beats, L + 2)
+        else:
+            span = elems - n_last
+            tail = n_last  # the last beat's elements drain one per cycle after it
+            buf_gap = np.maximum(L + 2, n_last)
+        # first[i] - first[i - 1]: from the previous first beat to RLAST (span), then either
+        # to the next row's request (the row's last element, one cycle back to WALK,
+        # x_pad_1 + x_pad_0 zeros, then request, grant, AR, latency) or, within a row, the
+        # next burst's request the cycle after RLAST (and the beat buffer).
+        row_gap = tail + 1 + insn.x_pad_1 + insn.x_pad_0 + 2 + L
+        inc = np.empty_like(beats)
+        inc[0] = 2 + insn.y_pad_0 * W + insn.x_pad_0 + 2 + L
+        inc[1:] = span[:-1] + np.where(first[1:], row_gap[:-1], buf_gap[:-1])
+        off_first = np.cumsum(inc)
+        off_x = off_first + span
+        off_req = np.empty_like(beats)
+        off_req[first] = off_first[first] - 1 - L
+        off_req[~first] = off_x[:-1][~first[1:]] + 1
+        off_buf = np.full_like(beats, NEVER)
+        if eb < bus:
+            nf = ~first
+            off_buf[nf] = (off_x[:-1] + n_last[:-1])[nf[1:]]
+        push = int(off_x[-1] + tail[-1] + 1 + insn.x_pad_1 + insn.y_pad_1 * W + 2)
+        lat = off_first - off_req
+        lat_after = (np.cumsum(lat[::-1])[::-1] - lat).tolist()
+        return ReadPlan(off_req.tolist(), off_buf.tolist(), off_first.tolist(), span.tolist(),
+                        push, int(beats.sum()), beats.tolist(), lat_after)
 
-    def loop_plan(self, insn, datapath: Datapath) -> Plan:
-        """GEMM/ALU: issue, one micro-op every ``ii`` cycles plus hazard stalls, then the
-        pipeline drains (``depth`` cycles). Reads the micro-ops from the UOP buffer as they
-        are when the instruction executes."""
+    def _load_plan_rows(self, insn: MemInsn, eb: int) -> ReadPlan:
+        """load_plan one row and burst at a time (faster for a few rows; the same rules)."""
+        bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
+        narrow = eb < bus
+        W = insn.x_pad_0 + insn.x_size + insn.x_pad_1
+        req, buf, first, span, beats_of = [], [], [], [], []
+        t = 2 + insn.y_pad_0 * W  # the walker, at the start of the first data row
+        for row in range(insn.y_size):
+            a = (insn.dram_base + row * insn.x_stride) * eb
+            e = a + insn.x_size * eb
+            pos, end = a // bus * bus, -(-e // bus) * bus
+            r = t + insn.x_pad_0 + 1  # the walker requests in t + x_pad_0, ARVALID after
+            bound = NEVER
+            while pos < end:
+                b_end = min(end, (pos // burst + 1) * burst)
+                beats = (b_end - pos) // bus
+                f = r + 1 + L
+                if bound > f:
+                    f = bound
+                if narrow:
+                    hi = min(e, b_end)
+                    n_last = (hi - max(a, b_end - bus)) // eb
+                    sp, tail = (hi - max(a, pos)) // eb - n_last, n_last
+                else:
+                    sp, tail = beats - 1, 1
+                x = f + sp
+                req.append(r)
+                buf.append(bound)
+                first.append(f)
+                span.append(sp)
+                beats_of.append(beats)
+                r = x + 1
+                bound = x + tail if narrow else NEVER
+                pos = b_end
+            t = x + tail + 1 + insn.x_pad_1
+        push = t + insn.y_pad_1 * W + 2
+        lat_after, acc = [0] * len(req), 0
+        for i in range(len(req) - 1, -1, -1):
+            lat_after[i] = acc
+            acc += first[i] - req[i]
+        return ReadPlan(req, buf, first, span, push, sum(beats_of), beats_of, lat_after)
+
+    def store_plan(self, insn: MemInsn, eb: int) -> tuple[int, int, int]:
+        """STORE (TensorStore, hw/tensor_store.py): (push offset, write beats, bursts).
+
+        Start t0, command t0 + 1, ROW from t0 + 2. Per row: ROW (1), then per burst AW (1),
+        the W beats (wide elements: one per beat; narrow: per beat one FILL cycle per element
+        and one SEND cycle), and the write response ``write_latency`` cycles after WLAST
+        (the next state follows it). The ROW that finds no row left is DONE; PUSH follows."""
+        if insn.x_size == 0 or insn.y_size == 0:
+            return 3, 0, 0
+        bus = self.bus_bytes
+        r = np.arange(insn.y_size, dtype=np.int64)
+        a = (insn.dram_base + r * insn.x_stride) * eb
+        _, _, _, beats, elems, _ = _bursts(a, a + insn.x_size * eb, eb, bus, self.burst_bytes)
+        w = beats if eb >= bus else elems + beats
+        total = int(w.sum()) + beats.size * (1 + self.write_latency) + insn.y_size
+        return 2 + total + 1, int(beats.sum()), int(beats.size)
+
+    @staticmethod
+    def loop_plan(insn) -> int:
+        """GEMM/ALU (hw/compute.py): the micro-op generator runs t0 + 1 .. t0 + N, the last
+        micro-op writes in t0 + N + 2 (three stages, forwarding, no stalls) and PUSH is
+        t0 + N + 3; with no micro-op, PUSH is t0 + 2."""
         n = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
-        if n == 0:
-            return Plan(FIXED, self.issue_cycles)
-        gemm = isinstance(insn, GemmInsn)
-        ii, depth = (self.gemm_ii, self.gemm_depth) if gemm else (self.alu_ii, self.alu_depth)
-        stall = 0
-        if not (gemm and insn.reset):
-            stall = self.hazard_stalls(insn, datapath)
-        return Plan(FIXED, self.issue_cycles, 0, n * ii + stall + depth, stall)
+        return n + 3 if n else 2
 
-    def loop_min_cycles(self, insn) -> int:
-        """GEMM/ALU duration without hazard stalls (checked against the cycle limit before
-        the datapath runs the instruction)."""
-        n = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
-        if n == 0:
-            return self.issue_cycles
-        if isinstance(insn, GemmInsn):
-            return self.issue_cycles + n * self.gemm_ii + self.gemm_depth
-        return self.issue_cycles + n * self.alu_ii + self.alu_depth
-
-    def plan(self, insn: Insn, cfg: HwConfig, datapath: Datapath) -> Plan:
-        """The plan of any instruction (GEMM/ALU: with the UOP buffer as it is now)."""
+    def plan(self, insn: Insn, cfg: HwConfig):
+        """The plan of any instruction."""
         if isinstance(insn, MemInsn):
-            return self.mem_plan(insn, cfg.elem_bytes(insn.mem_type))
+            eb = cfg.elem_bytes(insn.mem_type)
+            if insn.opcode == Opcode.STORE:
+                return self.store_plan(insn, eb)[0]
+            return self.load_plan(insn, eb)
         if isinstance(insn, (GemmInsn, AluInsn)):
-            return self.loop_plan(insn, datapath)
+            return self.loop_plan(insn)
         assert isinstance(insn, FinishInsn)
-        return Plan(FIXED, self.issue_cycles)
-
-    # ---- read-after-write hazards of the GEMM/ALU pipeline -----------------------------
-
-    def hazard_stalls(self, insn, datapath: Datapath) -> int:
-        """Stall cycles of one GEMM/ALU instruction.
-
-        Micro-op executions issue in loop order (i, j, k). Execution e reads ACC rows (GEMM:
-        its dst; ALU: its dst and, without use_imm, its src) and writes its dst row
-        ``depth`` cycles after it issues. If the nearest earlier execution of the same
-        instruction that writes a row e reads is d executions before it, and d * ii < depth,
-        e is held for ``depth - d * ii`` extra cycles. The distance d counts executions in
-        program order, not cycles, so stalls never depend on earlier stalls (a closed form;
-        the RTL keeps the dst rows of the last executions in a shift register that moves
-        only when an execution issues). The pipeline is empty when an instruction starts.
-        """
-        gemm = isinstance(insn, GemmInsn)
-        ii, depth = (self.gemm_ii, self.gemm_depth) if gemm else (self.alu_ii, self.alu_depth)
-        window = -(-depth // ii) - 1  # distances d with d * ii < depth
-        if window <= 0:
-            return 0
-        fields = decode_uops(datapath.uop[insn.uop_bgn:insn.uop_end], datapath.cfg)
-        dst0, src0 = fields[0], fields[1]
-        if gemm and dst0.size >= window:
-            return _gemm_stalls_by_blocks(insn, dst0, window, depth, ii)
-        use_src = not gemm and not insn.use_imm
-        if insn.iter_out * insn.iter_in * dst0.size <= _DIRECT:  # one array, no chunks
-            i = np.arange(insn.iter_out, dtype=np.int64)[:, None, None]
-            j = np.arange(insn.iter_in, dtype=np.int64)[None, :, None]
-            dst = (dst0 + i * insn.dst_factor_out + j * insn.dst_factor_in).reshape(-1)
-            reads = [dst]
-            if use_src:
-                reads.append((src0 + i * insn.src_factor_out + j * insn.src_factor_in).reshape(-1))
-            return int(_stall_array(reads, dst, window, depth, ii).sum())
-        total = 0
-        tail_w = tail_s = np.empty(0, np.int64)
-        for dst, src, _ in Datapath._chunks(insn, *fields):
-            lead = tail_w.size
-            w = np.concatenate((tail_w, dst))
-            reads = [w] if not use_src else [w, np.concatenate((tail_s, src))]
-            total += int(_stall_array(reads, w, window, depth, ii)[lead:].sum())
-            tail_w = w[-window:]
-            if use_src:
-                tail_s = reads[1][-window:]
-        return total
+        return 1  # PUSH the cycle after the start
 
 
-def _stall_array(reads: list[np.ndarray], writes: np.ndarray, window: int, depth: int,
-                 ii: int) -> np.ndarray:
-    """Per execution, the stall cycles the hazard rule gives (see Timing.hazard_stalls)."""
-    n = writes.size
-    stall = np.zeros(n, np.int64)
-    found = np.zeros(n, bool)
-    for d in range(1, min(window, n - 1) + 1):
-        hit = reads[0][d:] == writes[:-d]
-        for r in reads[1:]:
-            hit |= r[d:] == writes[:-d]
-        new = hit & ~found[d:]
-        stall[d:][new] = depth - d * ii
-        found[d:] |= hit
-    return stall
-
-
-def _gemm_stalls_by_blocks(insn: GemmInsn, dst0: np.ndarray, window: int, depth: int,
-                           ii: int) -> int:
-    """Hazard stalls of a GEMM from its micro-ops alone, when there are at least ``window``
-    of them: every (i, j) block adds the same offset to all dst rows, so stalls inside a
-    block are the same in every block, and only the first ``window`` executions of a block
-    can also hit the end of the previous block, whose offset differs by dst_factor_in (next
-    j) or dst_factor_out - (iter_in - 1) * dst_factor_in (next i)."""
-    within = _stall_array([dst0], dst0, window, depth, ii)
-    blocks = insn.iter_out * insn.iter_in
-    total = blocks * int(within.sum())
-    head = int(within[:window].sum())
-    steps = ((insn.dst_factor_in, insn.iter_out * (insn.iter_in - 1)),
-             (insn.dst_factor_out - (insn.iter_in - 1) * insn.dst_factor_in, insn.iter_out - 1))
-    for delta, count in steps:
-        if count:
-            seq = np.concatenate((dst0[-window:], dst0[:window] + delta))
-            edge = _stall_array([seq], seq, window, depth, ii)[window:]
-            total += count * (int(edge.sum()) - head)
-    return total
+@lru_cache(maxsize=1024)
+def _fetch_batch(timing: Timing, addr: int, count: int) -> FetchBatch:
+    """Timing.fetch_batch by (timing, address within a burst window, count): batches repeat."""
+    return timing._fetch_batch(addr, count)
