@@ -75,7 +75,7 @@ def gemm_requant(dev, a: np.ndarray, w: np.ndarray, shift: int) -> Workload:
     tile = max(1, min(mo, cfg.inp_depth // ko, cfg.acc_depth // no))
     a_buf = dev.alloc(a.size)
     a_buf.write(a.reshape(mo, bt, ko, bk).transpose(0, 2, 1, 3).copy())  # (mo, ko, b, c)
-    w_buf = dev.alloc(w.size)
+    w_buf = dev.alloc(w.size, align=max(64, cfg.wgt_elem_bytes))  # WGT elements are large
     w_buf.write(w.reshape(no, bk, ko, bk).transpose(0, 2, 1, 3).copy())  # (no, ko, o, c)
     out_buf = dev.alloc(m * n)
 
@@ -174,7 +174,7 @@ def conv2d_requant(dev, x: np.ndarray, k: np.ndarray, pad: int, shift: int) -> W
         raise CelosiaError("conv2d_requant: one output row does not fit the on-chip buffers")
     x_buf = dev.alloc(x.size)
     x_buf.write(pack_conv_data(x, bt, bk))  # elements (ci, h, w)
-    k_buf = dev.alloc(k.size)
+    k_buf = dev.alloc(k.size, align=max(64, cfg.wgt_elem_bytes))
     k_buf.write(pack_conv_kernel(k, bk))  # elements (co, ci, kh, kw)
     out_buf = dev.alloc(n * o * oh * ow)  # elements (co, oh, ow)
     in_rows = th + kh - 1

@@ -142,3 +142,16 @@ def test_exec_cycle_with_trace_and_timeline(gemm_image, tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     fsim_dram, _ = run_image(ProgramImage.load(path), "fsim")
     np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["dram"], fsim_dram)
+
+
+def test_workloads_align_weights_to_their_element_size():
+    """A conv whose input size is not a multiple of 256 bytes still places its weights on a
+    WGT element boundary."""
+    from celosia.benchmarks.workloads import conv2d_requant, conv2d_requant_reference
+    rng = np.random.default_rng(0)
+    x = rng.integers(-128, 128, (1, 32, 6, 6), dtype=np.int8)
+    k = rng.integers(-128, 128, (32, 32, 3, 3), dtype=np.int8)
+    dev = Device("default", dram_size=1 << 20)
+    workload = conv2d_requant(dev, x, k, 1, 8)
+    dev.synchronize()
+    np.testing.assert_array_equal(workload.result(), conv2d_requant_reference(x, k, 1, 8))
