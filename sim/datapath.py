@@ -304,23 +304,36 @@ class Datapath:
         j = np.arange(insn.iter_in, dtype=np.int64)[None, :]
         off_dst = (i * insn.dst_factor_out + j * insn.dst_factor_in).reshape(-1)
         rows = d[starts][:, None] + off_dst[None, :]  # (groups, R)
-        if np.unique(rows).size != rows.size:
+        # Updated rows must not collide; cheap when each group's rows are increasing and the
+        # groups' row ranges follow one another.
+        flat = rows.reshape(-1)
+        if not (flat.size < 2 or bool(np.all(flat[1:] > flat[:-1]))) \
+                and np.unique(flat).size != flat.size:
             return False
         off_src = (i * insn.src_factor_out + j * insn.src_factor_in).reshape(-1)
         src_g = src0[order].reshape(groups, g)
         wgt_g = wgt0[order].reshape(groups, g)
         batch, block = self.cfg.batch, self.cfg.block
-        inp_f = self.inp.astype(np.float32)
         per_slice = max(1, 1024 // block)
+        # Usually every group reads the same input rows (all output channel blocks of a
+        # convolution see the same input): gather them once and multiply by all groups'
+        # weights side by side.
+        shared = bool(np.all(src_g == src_g[:1]))
         total = None
         for u0 in range(0, g, per_slice):
-            s = src_g[:, u0:u0 + per_slice]
+            s = src_g[:1 if shared else groups, u0:u0 + per_slice]
             gc = s.shape[1]
-            x = inp_f[s[:, None, :] + off_src[None, :, None]]  # (groups, R, gc, B, C)
-            x = x.transpose(0, 1, 3, 2, 4).reshape(groups, rows_per_uop * batch, gc * block)
+            x = self.inp[s[:, None, :] + off_src[None, :, None]]  # (groups|1, R, gc, B, C) int8
+            x = x.transpose(0, 1, 3, 2, 4).reshape(s.shape[0], rows_per_uop * batch, gc * block)
             w = self.wgt[wgt_g[:, u0:u0 + per_slice]]  # (groups, gc, O, C)
-            w = w.transpose(0, 1, 3, 2).reshape(groups, gc * block, block).astype(np.float32)
-            part = np.matmul(x, w).astype(np.int64)  # (groups, R*B, O)
+            w = w.transpose(0, 1, 3, 2).reshape(groups, gc * block, block)
+            if shared:  # (R*B, K) x (K, groups*O)
+                w = w.transpose(1, 0, 2).reshape(gc * block, groups * block)
+                part = np.matmul(x[0].astype(np.float32), w.astype(np.float32))
+                part = part.reshape(rows_per_uop * batch, groups, block).transpose(1, 0, 2)
+            else:
+                part = np.matmul(x.astype(np.float32), w.astype(np.float32))  # (groups, R*B, O)
+            part = part.astype(np.int64)
             total = part if total is None else total + part
         self._accumulate(rows.reshape(-1), total.reshape(groups * rows_per_uop, -1))
         return True
@@ -338,20 +351,26 @@ class Datapath:
                 start = end
 
     def _alu_batch(self, insn: AluInsn, dst: np.ndarray, src: np.ndarray) -> None:
-        x = self.acc[dst].astype(np.int64)
-        y = np.int64(insn.imm) if insn.use_imm else self.acc[src].astype(np.int64)
+        # int32 array arithmetic wraps like the hardware (add, multiply, shift left); only a
+        # tensor shift amount needs int64 (negating -2^31).
+        x = self.acc[dst]
         op = insn.alu_op
-        if op == AluOp.MIN:
-            r = np.minimum(x, y)
-        elif op == AluOp.MAX:
-            r = np.maximum(x, y)
-        elif op == AluOp.ADD:
-            r = x + y
-        elif op == AluOp.MUL:
-            r = x * y
-        else:  # SHR: right by y, or left by -y when y < 0 (amounts capped at 31)
-            y = np.broadcast_to(y, x.shape)
-            r = np.where(y >= 0, x >> np.minimum(y, 31), x << np.minimum(-y, 31))
+        y = np.int32(insn.imm) if insn.use_imm else self.acc[src]
+        with np.errstate(over="ignore"):
+            if op == AluOp.MIN:
+                r = np.minimum(x, y)
+            elif op == AluOp.MAX:
+                r = np.maximum(x, y)
+            elif op == AluOp.ADD:
+                r = x + y
+            elif op == AluOp.MUL:
+                r = x * y
+            elif insn.use_imm:  # SHR by a constant: right, or left when negative (capped at 31)
+                r = x >> min(int(y), 31) if y >= 0 else x << min(-int(y), 31)
+            else:
+                y64 = y.astype(np.int64)
+                x64 = x.astype(np.int64)
+                r = np.where(y64 >= 0, x64 >> np.minimum(y64, 31), x64 << np.minimum(-y64, 31))
         r = r.astype(np.int32)
         self.acc[dst] = r
         self.out[dst] = r.astype(np.int8)
@@ -399,6 +418,12 @@ def _hazard_free_end(dst: np.ndarray, src: np.ndarray | None, start: int) -> int
     a row that an earlier execution of the run wrote."""
     d = dst[start:]
     n = d.size
+    if n > 1 and bool(np.all(d[1:] > d[:-1])):  # the usual case: each row written once, in order
+        if src is None:
+            return start + n
+        s = src[start:]
+        if bool(np.all(s == d)) or s.max() < d.min() or s.min() > d.max():
+            return start + n  # in place (x op x) or reading rows the run never writes
     # first position (within the run) at which each dst value is written
     _, first_pos, inverse = np.unique(d, return_index=True, return_inverse=True)
     first_write = first_pos[inverse]

@@ -52,6 +52,12 @@ def pushes_of(module: Module, insn: Insn) -> tuple[str, ...]:
     return tuple(q for q, on in ((C2L, insn.push_prev), (C2S, insn.push_next)) if on)
 
 
+# The last few programs decoded and checked, by (configuration, DRAM size, program bytes):
+# a model runs the same program image for every inference.
+_PROGRAMS: dict = {}
+_PROGRAM_CACHE_SIZE = 8
+
+
 def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfig) -> list[Insn]:
     """Decode the program in DRAM and check every rule its fields decide (ISA.md section 4)."""
     if insn_addr % INSN_BYTES:
@@ -62,6 +68,10 @@ def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfi
     if insn_addr < 0 or end > dram.size:
         raise ProgramError(None, f"the program [{insn_addr}, {end}) is outside the "
                                  f"{dram.size}-byte DRAM")
+    key = (cfg, dram.size, dram[insn_addr:end].tobytes())
+    cached = _PROGRAMS.get(key)
+    if cached is not None:
+        return cached
     insns = decode_program(dram[insn_addr:end], cfg)
     for index, insn in enumerate(insns):
         if isinstance(insn, FinishInsn) and index != len(insns) - 1:
@@ -69,6 +79,9 @@ def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfi
         check_insn(insn, index, cfg, dram.size)
     if not isinstance(insns[-1], FinishInsn):
         raise ProgramError(len(insns) - 1, "the program does not end with FINISH")
+    if len(_PROGRAMS) >= _PROGRAM_CACHE_SIZE:
+        _PROGRAMS.pop(next(iter(_PROGRAMS)))
+    _PROGRAMS[key] = insns
     return insns
 
 
