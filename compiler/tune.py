@@ -109,13 +109,27 @@ def measure_conv(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, *, seed: int =
     return fn(Device(cfg, target="cycle", dram_size=size), *args)
 
 
+def _sources_hash() -> str:
+    """A hash of the code a measurement depends on (schedules, cycle model), so a cached
+    choice is not reused after either changes."""
+    import celosia.compiler.ops as ops
+    import celosia.sim.cycle as cycle
+    import celosia.sim.cycle_timing as timing
+
+    digest = hashlib.sha256()
+    for module in (ops, cycle, timing):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _key(cfg: HwConfig, spec: ConvSpec, vthreads: bool, top: int) -> str:
-    text = json.dumps({"v": _VERSION, "cfg": cfg.to_dict(), "spec": asdict(spec),
-                       "vthreads": vthreads, "top": top}, sort_keys=True, default=str)
+    text = json.dumps({"v": _VERSION, "src": _sources_hash(), "cfg": cfg.to_dict(),
+                       "spec": asdict(spec), "vthreads": vthreads, "top": top},
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def tune_conv(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True, top: int = 4,
+def tune_conv(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True, top: int = 6,
               use_cache: bool = True) -> tuple[ConvKnobs, dict]:
     """The fastest knobs found and their cycle-model counters."""
     path = cache_dir() / f"conv-{_key(cfg, spec, vthreads, top)}.json"
@@ -125,10 +139,10 @@ def tune_conv(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True, top: int 
     candidates = conv_candidates(cfg, spec, vthreads=vthreads)
     if not candidates:
         raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
+    if vthreads:  # the threaded schedules only, to measure what threads bring
+        candidates = [k for k in candidates if k.vthreads > 1] or candidates
     ranked = sorted(candidates, key=lambda k: estimate_conv(cfg, spec, k))
     pool = ranked[:top]
-    if vthreads:  # always try the best threaded candidates too
-        pool += [k for k in ranked if k.vthreads > 1 and k not in pool][:top // 2]
     best = None
     for knobs in pool:
         try:
