@@ -75,18 +75,27 @@ def conv_candidates(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True) -> 
 
 
 def estimate_conv(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs) -> float:
-    """Estimated cycles: compute and DRAM transfers, overlapped when there are two threads."""
+    """Estimated cycles: GEMM and ALU work, and DRAM transfers priced the way the hardware
+    reads (one burst at a time, each paying the DRAM latency; an input row per burst),
+    overlapped when there are two threads."""
     tiles = (spec.oh // k.tile_h) * (spec.ow // k.tile_w) * (spec.o // cfg.block // k.tile_co)
-    ci_steps = spec.c // cfg.block // k.tile_ci
-    rows = _rows(cfg, spec, ConvKnobs(k.tile_h, k.tile_w, k.tile_co, k.tile_ci))
-    compute = spec.macs / cfg.macs_per_cycle
-    per_step = (rows["inp"] * cfg.inp_elem_bytes + rows["wgt"] * cfg.wgt_elem_bytes) / cfg.bus_bytes
-    traffic = tiles * ci_steps * (per_step + 2 * cfg.dram_latency)
-    traffic += spec.n * spec.o * spec.oh * spec.ow / cfg.bus_bytes  # int8 output
-    overhead = tiles * ci_steps * 40  # instruction issue and pipeline fill per step
+    steps = tiles * (spec.c // cfg.block // k.tile_ci)
+    in_h = (k.tile_h - 1) * spec.stride + spec.kh
+    in_w = (k.tile_w - 1) * spec.stride + spec.kw
+    lat = cfg.dram_latency
+    inp_bytes = k.tile_ci * in_h * in_w * cfg.inp_elem_bytes
+    inp_bursts = k.tile_ci * in_h
+    wgt_bytes = k.tile_co * k.tile_ci * spec.kh * spec.kw * cfg.wgt_elem_bytes
+    wgt_bursts = -(-wgt_bytes // (256 * cfg.bus_bytes))
+    traffic = steps * ((inp_bytes + wgt_bytes) / cfg.bus_bytes + (inp_bursts + wgt_bursts) * lat)
+    out_rows = spec.n * spec.o * spec.oh * spec.ow // cfg.block
+    traffic += out_rows * cfg.out_elem_bytes / cfg.bus_bytes + tiles * k.tile_co * lat
+    alu_ops = 2 + bool(spec.epilogue.shift) + bool(spec.epilogue.bias) \
+        + (spec.epilogue.multiplier is not None) + spec.epilogue.residual
+    compute = spec.macs / cfg.macs_per_cycle + out_rows * alu_ops + steps * 20
     if k.vthreads > 1:
-        return max(compute, traffic) + overhead + traffic / (tiles * ci_steps)
-    return compute + traffic + overhead
+        return max(compute, traffic) + traffic / steps
+    return compute + traffic
 
 
 def measure_conv(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, *, seed: int = 0) -> dict:
@@ -129,7 +138,7 @@ def _key(cfg: HwConfig, spec: ConvSpec, vthreads: bool, top: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def tune_conv(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True, top: int = 6,
+def tune_conv(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True, top: int = 8,
               use_cache: bool = True) -> tuple[ConvKnobs, dict]:
     """The fastest knobs found and their cycle-model counters."""
     path = cache_dir() / f"conv-{_key(cfg, spec, vthreads, top)}.json"
