@@ -23,9 +23,8 @@ import numpy as np
 from celosia.config import HwConfig
 from celosia.isa import AluOp, MemType, Module
 
-from .expr import Bin, Call, Cast, CompilerError, Const, Expr, Select, Var, linear_form
+from .expr import Bin, Call, Cast, CompilerError, Const, Select, Var, linear_form
 from .printer import expr_str
-from .storage import buffer_rows
 from .tir import (Allocate, Attr, Evaluate, For, If, Kernel, PrimFunc, Seq, Stmt, Store, walk)
 
 __all__ = ["AccelOp", "build_ops", "insert_dependencies", "emit", "QUEUES"]

@@ -13,14 +13,12 @@ is recorded as an alias of that operand's, which storage planning honours.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from celosia.isa import AluOp
 
 from .expr import Bin, Call, Cast, CompilerError, Const, Expr, Load, linear_form, simplify
 from .intrin import element_index
 from .printer import expr_str
-from .tir import (Allocate, Attr, Evaluate, For, If, Kernel, PrimFunc, Seq, Stmt, Store, seq,
+from .tir import (Attr, Evaluate, For, Kernel, PrimFunc, Seq, Stmt, Store, rewrite, seq,
                   transform, walk)
 
 __all__ = ["form_gemm_kernels", "inject_alu", "MAX_KERNEL_LOOPS"]
@@ -30,20 +28,14 @@ _ELEM_DIMS = 2
 
 
 def form_gemm_kernels(func: PrimFunc) -> PrimFunc:
-    def visit(s: Stmt) -> Stmt:
+    def kernel(s: Stmt):
+        """The outermost nests holding only GEMM micro-ops of one signature."""
         call = _first_call(s) if isinstance(s, (For, Evaluate)) else None
         if call is not None and call.name == "uop_gemm" and _is_pure(s, _signature(call)):
             return _make_gemm_kernel(s, call, func.name)
-        if isinstance(s, Seq):
-            return seq(*(visit(c) for c in s.stmts))
-        if isinstance(s, If):
-            return replace(s, then=visit(s.then),
-                           orelse=visit(s.orelse) if s.orelse is not None else None)
-        if isinstance(s, (For, Allocate, Attr)):
-            return replace(s, body=visit(s.body))
-        return s
+        return None
 
-    return func.with_body(visit(func.body))
+    return func.with_body(rewrite(func.body, kernel))
 
 
 def _first_call(s: Stmt):

@@ -17,7 +17,7 @@ from .printer import display_names, expr_str
 
 __all__ = ["Buffer", "Stmt", "For", "Seq", "Store", "Allocate", "Attr", "If", "Evaluate", "Kernel",
            "PrimFunc", "seq", "print_func", "print_stmt", "verify", "interpret", "walk",
-           "transform", "ACCEL_CALLS"]
+           "transform", "rewrite", "ACCEL_CALLS"]
 
 # Calls the accelerator code generator understands (arguments documented in codegen_vta.py).
 ACCEL_CALLS = ("load_2d", "store_2d", "gemm_kernel", "alu_kernel", "dep_push", "dep_pop",
@@ -166,6 +166,22 @@ def walk(s: Stmt):
         node = stack.pop()
         yield node
         stack.extend(reversed(stmt_children(node)))
+
+
+def rewrite(s: Stmt, fn) -> Stmt:
+    """Rebuild top-down: ``fn(node)`` returns a replacement (not visited further) or None to
+    keep the node and rewrite inside it."""
+    out = fn(s)
+    if out is not None:
+        return out
+    if isinstance(s, Seq):
+        return seq(*(rewrite(c, fn) for c in s.stmts))
+    if isinstance(s, If):
+        return replace(s, then=rewrite(s.then, fn),
+                       orelse=rewrite(s.orelse, fn) if s.orelse is not None else None)
+    if isinstance(s, (For, Allocate, Attr)):
+        return replace(s, body=rewrite(s.body, fn))
+    return s
 
 
 def transform(s: Stmt, post) -> Stmt:

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from .expr import Call, Const, Expr, Load, collect, free_vars, simplify, substitute
 from .tir import (Allocate, Attr, Buffer, Evaluate, For, If, Kernel, PrimFunc, Seq, Stmt, Store,
-                  seq, walk)
+                  rewrite, seq, walk)
 
 __all__ = ["inject_virtual_threads", "substitute_stmt"]
 
@@ -23,19 +23,12 @@ __all__ = ["inject_virtual_threads", "substitute_stmt"]
 def inject_virtual_threads(func: PrimFunc) -> PrimFunc:
     copies: dict = {}  # buffer -> its per-thread copies
 
-    def visit(s: Stmt) -> Stmt:
+    def threads(s: Stmt):
         if isinstance(s, For) and s.kind == "vthread":
-            return _inject(visit(s.body), s.var, s.extent, {}, copies)
-        if isinstance(s, Seq):
-            return seq(*(visit(c) for c in s.stmts))
-        if isinstance(s, If):
-            return replace(s, then=visit(s.then),
-                           orelse=visit(s.orelse) if s.orelse is not None else None)
-        if isinstance(s, (For, Allocate, Attr)):
-            return replace(s, body=visit(s.body))
-        return s
+            return _inject(rewrite(s.body, threads), s.var, s.extent, {}, copies)
+        return None
 
-    out = func.with_body(visit(func.body))
+    out = func.with_body(rewrite(func.body, threads))
     # A buffer computed in place over another stays in place over the same thread's copy.
     aliases = {}
     for buf, target in func.attrs.get("aliases", {}).items():

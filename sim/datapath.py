@@ -398,8 +398,7 @@ def _block_products(inp: np.ndarray, wgt: np.ndarray, src: np.ndarray, wgt_idx: 
         return inp_f[rows] if inp_f is not None else inp[rows].astype(np.float32)
 
     if n % groups == 0 and np.all(np.diff(np.append(starts, n)) == n // groups):
-        m = n // groups
-        x = gather(src[order]).reshape(groups, -1, block)  # (groups, m*B, C)
+        x = gather(src[order]).reshape(groups, -1, block)  # (groups, n/groups * B, C)
         w = wgt[w_sorted[starts]].astype(np.float32)  # (groups, O, C)
         out = np.matmul(x, w.transpose(0, 2, 1)).reshape(n, -1)
         return out, dst[order]
