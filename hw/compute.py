@@ -37,8 +37,9 @@ _OFF = 32  # loop offsets: 14-bit counts times 16-bit factors stay far below 2^3
 
 
 class Compute(wiring.Component):
-    def __init__(self, cfg: HwConfig):
+    def __init__(self, cfg: HwConfig, *, gemm_products: str = "native"):
         self.cfg = cfg
+        self.gemm_products = gemm_products  # GemmCore's ``products`` (same function and timing)
         acc_bits = 8 * cfg.acc_elem_bytes
         super().__init__({
             "cmd_data": In(CmdLayout()), "cmd_rdy": In(1), "cmd_en": Out(1),
@@ -166,7 +167,7 @@ class Compute(wiring.Component):
                                                 Mux(bad_src, ErrorCode.UOP_SRC, ErrorCode.UOP_WGT)))]
 
         # ---- stage C: compute and write ---------------------------------------------------
-        m.submodules.gemm = core = GemmCore(cfg)
+        m.submodules.gemm = core = GemmCore(cfg, products=self.gemm_products)
         m.d.comb += [core.inp.eq(self.inp_r.data), core.wgt.eq(self.wgt_r.data),
                      core.acc.eq(self.acc_r[0].data)]
         alu_out = Signal(8 * cfg.acc_elem_bytes)

@@ -24,6 +24,7 @@ from .cmd_queue import CommandQueue
 from .compute import COMPUTE_EVENTS, Compute
 from .counters import EventCounters
 from .fetch import Fetch
+from .gemm import GEMM_PRODUCTS
 from .isa import ErrorCode
 from .load import LOAD_EVENTS, Load
 from .regs import COUNTERS, REG_ADDR_WIDTH, RegisterFile
@@ -40,10 +41,13 @@ _DEADLOCK_CYCLES = 4
 
 
 class Accelerator(wiring.Component):
-    def __init__(self, cfg: HwConfig):
+    def __init__(self, cfg: HwConfig, *, gemm_products: str = "native"):
         if not isinstance(cfg, HwConfig):
             raise TypeError(f"cfg must be an HwConfig, not {cfg!r}")
+        if gemm_products not in GEMM_PRODUCTS:
+            raise ValueError(f"gemm_products must be one of {GEMM_PRODUCTS}, not {gemm_products!r}")
         self.cfg = cfg
+        self.gemm_products = gemm_products
         super().__init__({
             "m_axi": Out(Axi4Signature(8 * cfg.bus_bytes)),
             "s_axil": In(AxiLiteSignature(REG_ADDR_WIDTH)),
@@ -63,7 +67,7 @@ class Accelerator(wiring.Component):
 
         fetch = engine("fetch", Fetch(cfg))
         load = engine("load", Load(cfg))
-        compute = engine("compute", Compute(cfg))
+        compute = engine("compute", Compute(cfg, gemm_products=self.gemm_products))
         store = engine("store", Store(cfg))
         arb = engine("arbiter", ReadArbiter(clients=3, data_width=8 * cfg.bus_bytes))
         counters = engine("counters", EventCounters(COUNTERS))
