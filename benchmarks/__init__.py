@@ -29,6 +29,9 @@ BENCHMARKS = {
     "resnet18-layers": ("celosia.benchmarks.resnet_layers", "run",
                         "ResNet-18 conv layers compiled and run on the cycle model: GEMM "
                         "utilisation with and without virtual threads"),
+    "cpu-resnet18": ("celosia.benchmarks.cpu_resnet18", "run",
+                     "ResNet-18 fp32 224x224 CPU build: latency vs onnxruntime and numpy, "
+                     "cold and warm compile time"),
 }
 
 

@@ -1,4 +1,4 @@
-"""The `celosia` command line: exec, disasm, config, bench, demo, verilog."""
+"""The `celosia` command line: exec, disasm, config, bench, demo, verilog, compile, run."""
 
 from __future__ import annotations
 
@@ -119,6 +119,173 @@ def cmd_verilog(args) -> int:
     return 0
 
 
+# ---- whole models (compile, run) --------------------------------------------------------------
+
+MODEL_TARGETS = ("cpu",)
+
+
+def _check_model_target(target: str) -> None:
+    if target not in MODEL_TARGETS:
+        raise CelosiaError(f"target {target!r} cannot build whole models yet: use --target cpu "
+                           f"(the accelerator targets fsim, cycle and rtl run whole models "
+                           f"once the accelerator build of graphs exists; `celosia exec` runs "
+                           f"program images on them)")
+
+
+def _input_shapes(specs) -> dict | None:
+    shapes = {}
+    for spec in specs or ():
+        name, sep, dims = spec.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or min(shape) < 1:
+            raise CelosiaError(f"--input-shape {spec!r}: expected NAME=D1,D2,... with positive "
+                               f"integers, e.g. image=1,3,224,224")
+        shapes[name] = shape
+    return shapes or None
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return None
+    return lambda line: print(line, file=sys.stderr, flush=True)
+
+
+def cmd_compile(args) -> int:
+    from .runtime.cpu import CpuModel, is_artifact
+
+    _check_model_target(args.target)
+    if is_artifact(args.model):
+        raise CelosiaError(f"{args.model} is a built model already (.cel); compile takes an "
+                           f"ONNX model")
+    model = CpuModel.build(args.model, _input_shapes(args.input_shape),
+                           progress=_progress(args.progress))
+    model.save(args.output)
+    info = model.build_info
+    types = ", ".join(f"{n}: {d}[{','.join(map(str, s))}]" for n, (d, s) in
+                      model.input_types.items())
+    print(f"wrote {args.output}: {info['nodes']} nodes, {info['steps']} steps, "
+          f"{info['kernels']} kernels ({info['kernels_cached']} from the cache) in "
+          f"{info['total_s']:.2f} s; inputs {types}")
+    return 0
+
+
+def _load_inputs(specs, model) -> dict:
+    import numpy as np
+
+    feeds = {}
+    names = list(model.input_types)
+    for spec in specs or ():
+        name, sep, file = spec.rpartition("=")
+        if not sep:
+            if len(names) != 1:
+                raise CelosiaError(f"--input {spec!r}: name the input (NAME=FILE.npy); the "
+                                   f"model's inputs are {', '.join(names)}")
+            name = names[0]
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except FileNotFoundError:
+            raise CelosiaError(f"--input {spec!r}: no such file {file!r}") from None
+        except (ValueError, OSError, EOFError) as e:
+            raise CelosiaError(f"--input {spec!r}: {file} is not a .npy array ({e})") from None
+        if not isinstance(feeds[name], np.ndarray):
+            raise CelosiaError(f"--input {spec!r}: {file} holds several arrays; save one "
+                               f"array with np.save")
+    return feeds
+
+
+def _compare_onnxruntime(model, feeds, outputs) -> tuple[bool, dict]:
+    import numpy as np
+
+    try:
+        import onnxruntime as ort
+    except ModuleNotFoundError:
+        raise CelosiaError("--compare onnxruntime needs onnxruntime: pip install "
+                           "onnxruntime") from None
+    if model.source is None:
+        raise CelosiaError("--compare onnxruntime: this .cel holds no source model; build "
+                           "it again with `celosia compile`")
+    try:
+        session = ort.InferenceSession(model.source, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        theirs = dict(zip(names, session.run(None, feeds)))
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors, reported in one line
+        raise CelosiaError(f"--compare onnxruntime: onnxruntime failed: "
+                           f"{str(e).splitlines()[0]}") from None
+    rows, ok = {}, True
+    for name, ours in outputs.items():
+        ref = np.asarray(theirs[name])
+        if ref.shape != ours.shape:
+            rows[name] = {"shape": list(ours.shape), "onnxruntime_shape": list(ref.shape)}
+            ok = False
+            continue
+        a, b = ours.astype(np.float64), ref.astype(np.float64)
+        diff = np.abs(a - b)
+        scale = float(np.abs(b).max()) if b.size else 0.0
+        within = bool(np.all(diff <= 1e-4 * np.abs(b) + 1e-5 * scale))
+        ok &= within
+        worst = np.argsort(diff, axis=None)[::-1][:5]
+        rows[name] = {
+            "max_abs_diff": float(diff.max()) if diff.size else 0.0,
+            "max_rel_diff": float((diff / np.maximum(np.abs(b), 1e-30)).max()) if diff.size else 0.0,
+            "within_tolerance": within,
+            "largest": [{"index": [int(i) for i in np.unravel_index(k, diff.shape)],
+                         "celosia": float(a.flat[k]), "onnxruntime": float(b.flat[k]),
+                         "abs_diff": float(diff.flat[k])} for k in worst],
+        }
+    return ok, rows
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from .runtime.cpu import CpuModel
+
+    _check_model_target(args.target)
+    if args.compare not in (None, "onnxruntime"):
+        raise CelosiaError(f"--compare {args.compare!r}: only onnxruntime can be compared")
+    model = CpuModel.open(args.model, _input_shapes(args.input_shape),
+                          progress=_progress(args.progress))
+    feeds = _load_inputs(args.input, model)
+    timed = bool(args.report or args.progress)
+    if args.report:
+        model.run(feeds)  # warm-up: the report times a steady run
+    outputs = model.run(feeds, profile=timed, progress=_progress(args.progress))
+    if args.output:
+        np.savez(args.output, **outputs)
+    report = model.report() if timed else None
+    ok = True
+    if args.compare:
+        ok, rows = _compare_onnxruntime(model, feeds, outputs)
+        for name, row in rows.items():
+            if "max_abs_diff" not in row:
+                print(f"{name}: shape {row['shape']} but onnxruntime gives "
+                      f"{row['onnxruntime_shape']}")
+                continue
+            print(f"{name}: max |diff| {row['max_abs_diff']:.3g}, max relative "
+                  f"{row['max_rel_diff']:.3g} vs onnxruntime "
+                  f"({'within' if row['within_tolerance'] else 'OUTSIDE'} rtol 1e-4)")
+            for w in row["largest"]:
+                print(f"  [{','.join(map(str, w['index']))}] celosia {w['celosia']:.7g} "
+                      f"onnxruntime {w['onnxruntime']:.7g} diff {w['abs_diff']:.3g}")
+        if report is not None:
+            report["compare"] = {"against": "onnxruntime", "within_tolerance": ok,
+                                 "outputs": rows}
+    if args.report:
+        _write_json(args.report, report)
+    shown = ", ".join(f"{n}: {a.dtype}[{','.join(map(str, a.shape))}]" for n, a in outputs.items())
+    where = f"; wrote {args.output}" if args.output else ""
+    total = f" in {report['summary']['total_ms']:.2f} ms" if report else ""
+    print(f"ran {args.model} on cpu{total}: {shown}{where}"
+          + (f"; report {args.report}" if args.report else ""))
+    if not ok:
+        print("outputs differ from onnxruntime beyond rtol 1e-4", file=sys.stderr)
+        return 1
+    return 0
+
+
 # ---- parser --------------------------------------------------------------------------------
 
 
@@ -173,6 +340,31 @@ def build_parser() -> argparse.ArgumentParser:
     config_option(p)
     p.add_argument("-o", "--output", default="accel.v")
     p.set_defaults(func=cmd_verilog)
+
+    p = sub.add_parser("compile", help="build an ONNX model for a target into one file (.cel)")
+    p.add_argument("model", help="ONNX model (.onnx)")
+    p.add_argument("--target", default="cpu", help="cpu (the only whole-model target so far)")
+    p.add_argument("-o", "--output", required=True, help="the built model (.cel)")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                   help="static shape of an input with dynamic dimensions (repeatable)")
+    p.add_argument("--progress", action="store_true", help="one line per kernel compiled")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run an ONNX model or a built one (.cel) on inputs")
+    p.add_argument("model", help="ONNX model (.onnx; built first) or built model (.cel)")
+    p.add_argument("--target", default="cpu", help="cpu (the only whole-model target so far)")
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="an input array (repeatable; NAME= may be left out for one input)")
+    p.add_argument("--output", help="write the outputs, by their ONNX names (.npz)")
+    p.add_argument("--report", help="write per-node times and a summary (JSON)")
+    p.add_argument("--compare", metavar="onnxruntime",
+                   help="also run onnxruntime and print the largest differences (exit 1 "
+                        "when beyond rtol 1e-4)")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                   help="ONNX models with dynamic dimensions: the input's static shape")
+    p.add_argument("--progress", action="store_true",
+                   help="one line per kernel compiled and per node run (stderr)")
+    p.set_defaults(func=cmd_run)
     return parser
 
 

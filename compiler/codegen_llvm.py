@@ -28,11 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .cpu_threads import native_pool
 from .expr import CompilerError
-from .llvm_emit import Segment, emit_module, split_segments
+from .llvm_emit import emit_module, split_segments
 from .tir import ACCEL_CALLS, Buffer, Evaluate, Kernel, PrimFunc, verify, walk
 
-__all__ = ["compile_cpu", "CpuKernel", "host_target", "cache_dir", "num_threads"]
+__all__ = ["compile_cpu", "CpuKernel", "SavedSegment", "host_target", "cache_dir",
+           "num_threads"]
 
 _NP_DTYPES = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
               "uint8": np.uint8, "float32": np.float32, "bool": np.bool_}
@@ -148,39 +150,91 @@ def _load_or_compile(llvm_ir: str, use_cache: bool) -> tuple[bytes, Path | None,
     return obj, path, False
 
 
-class CpuKernel:
-    """A compiled loop-IR function; call it with one numpy array per parameter."""
+@dataclass(frozen=True)
+class SavedSegment:
+    """A segment of a loaded kernel: its symbol and its parallel loop's extent (None: serial)."""
 
-    def __init__(self, func: PrimFunc, llvm_ir: str, obj: bytes, temps: list[Buffer],
-                 segments: list[Segment], cache_path: Path | None, from_cache: bool,
-                 compile_seconds: float):
+    symbol: str
+    extent: int | None
+
+
+def _segment_extent(segment) -> int | None:
+    if isinstance(segment, SavedSegment):
+        return segment.extent
+    return None if segment.loop is None else segment.loop.extent
+
+
+class CpuKernel:
+    """A compiled loop-IR function; call it with one numpy array per parameter.
+
+    ``record()`` describes it as plain data (parameters, temporaries, segments) and
+    ``CpuKernel.from_record(record, obj)`` loads it again from that and its object code,
+    without the loop IR and without compiling (how a saved model's kernels come back)."""
+
+    def __init__(self, func: PrimFunc | None, llvm_ir: str | None, obj: bytes,
+                 temps: list[Buffer], segments: list, cache_path: Path | None,
+                 from_cache: bool, compile_seconds: float, *, name: str | None = None,
+                 params: list[Buffer] | None = None):
         llvm = _llvm()
         self.func, self.llvm_ir, self.temps, self.segments = func, llvm_ir, temps, segments
+        self.obj = obj
+        self.params = list(func.params) if func is not None else list(params)
+        self._name = func.name if func is not None else name
         self.cache_path, self.from_cache, self.compile_seconds = cache_path, from_cache, compile_seconds
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine())
         self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         self._engine.finalize_object()
         self._fns = [_SEGMENT_FN(self._engine.get_function_address(s.symbol)) for s in segments]
+        self._extents = [_segment_extent(s) for s in segments]
+        self._fn_table = (ctypes.c_void_p * len(segments))(
+            *(self._engine.get_function_address(s.symbol) for s in segments))
+        self._extent_table = (ctypes.c_int64 * len(segments))(
+            *(-1 if e is None else e for e in self._extents))
         self._spare_temps: list = []
 
     @property
     def name(self) -> str:
-        return self.func.name
+        return self._name
 
     def __repr__(self) -> str:
         params = ", ".join(f"{b.name}: {b.dtype}[{', '.join(map(str, b.shape))}]"
-                           for b in self.func.params)
+                           for b in self.params)
         return f"CpuKernel({self.name}({params}), {len(self.segments)} segments)"
+
+    def record(self) -> dict:
+        """The kernel as JSON-able data; with ``self.obj`` it is all ``from_record`` needs."""
+        def bufs(bs):
+            return [[b.name, list(b.shape), b.dtype] for b in bs]
+        return {"name": self.name, "params": bufs(self.params), "temps": bufs(self.temps),
+                "segments": [[s.symbol, e] for s, e in zip(self.segments, self._extents)],
+                "target": host_target().__dict__}
+
+    @classmethod
+    def from_record(cls, record: dict, obj: bytes) -> "CpuKernel":
+        """Load a kernel saved with ``record()`` and its object code; the object code must
+        have been made for this CPU (CompilerError otherwise)."""
+        target = host_target()
+        if record.get("target") != target.__dict__:
+            saved = record.get("target", {})
+            raise CompilerError(f"kernel {record.get('name')!r} was compiled for "
+                                f"{saved.get('cpu', '?')} ({saved.get('triple', '?')}), this "
+                                f"machine is {target.cpu} ({target.triple}): build it again here")
+
+        def bufs(rows):
+            return [Buffer(n, tuple(shape), dtype) for n, shape, dtype in rows]
+        segments = [SavedSegment(symbol, extent) for symbol, extent in record["segments"]]
+        return cls(None, None, obj, bufs(record["temps"]), segments, None, True, 0.0,
+                   name=record["name"], params=bufs(record["params"]))
 
     def check_args(self, arrays) -> None:
         """Raise CompilerError unless ``arrays`` match the parameters one to one."""
-        f = self.func
-        if len(arrays) != len(f.params):
-            names = ", ".join(b.name for b in f.params)
-            raise CompilerError(f"{f.name} takes {len(f.params)} arrays ({names}), given "
+        params, fname = self.params, self.name
+        if len(arrays) != len(params):
+            names = ", ".join(b.name for b in params)
+            raise CompilerError(f"{fname} takes {len(params)} arrays ({names}), given "
                                 f"{len(arrays)}")
-        for i, (a, buf) in enumerate(zip(arrays, f.params)):
-            where = f"{f.name}: argument {i} ({buf.name})"
+        for i, (a, buf) in enumerate(zip(arrays, params)):
+            where = f"{fname}: argument {i} ({buf.name})"
             if not isinstance(a, np.ndarray):
                 raise CompilerError(f"{where} must be a numpy array, not {type(a).__name__}")
             if a.dtype != _NP_DTYPES[buf.dtype]:
@@ -195,40 +249,70 @@ class CpuKernel:
             for j in range(i):
                 if np.may_share_memory(arrays[i], arrays[j]):
                     raise CompilerError(
-                        f"{f.name}: arguments {j} ({f.params[j].name}) and {i} "
-                        f"({f.params[i].name}) share memory; the kernel assumes distinct arrays")
+                        f"{fname}: arguments {j} ({params[j].name}) and {i} "
+                        f"({params[i].name}) share memory; the kernel assumes distinct arrays")
 
     def __call__(self, *arrays: np.ndarray) -> None:
         self.check_args(arrays)
         with _lock:
-            temps = self._spare_temps.pop() if self._spare_temps else \
-                [np.empty(b.shape, _NP_DTYPES[b.dtype]) for b in self.temps]
+            temps = self._spare_temps.pop() if self._spare_temps else self._new_temps()
         try:
             ptrs = (ctypes.c_void_p * (len(arrays) + len(temps)))(
                 *(a.ctypes.data for a in list(arrays) + temps))
-            for segment, fn in zip(self.segments, self._fns):
-                self._run(segment, fn, ptrs)
+            self._run_all(ptrs)
         finally:
             with _lock:
                 self._spare_temps.append(temps)
 
-    @staticmethod
-    def _run(segment: Segment, fn, ptrs) -> None:
-        if segment.loop is None:
-            fn(ptrs, 0, 0)
+    def bind(self, *arrays: np.ndarray):
+        """Check ``arrays`` once and return a function of no arguments that runs the kernel
+        on them (with temporaries of its own): for a caller that calls the kernel many times
+        on the same memory, like a graph executor with planned buffers. The arrays must stay
+        alive and in place while the function is used."""
+        self.check_args(arrays)
+        temps = self._new_temps()
+        ptrs = (ctypes.c_void_p * (len(arrays) + len(temps)))(
+            *(a.ctypes.data for a in list(arrays) + temps))
+
+        def bound(_keep=(arrays, temps), _ptrs=ptrs) -> None:  # _keep: the memory stays alive
+            self._run_all(_ptrs)
+        return bound
+
+    def _new_temps(self) -> list:
+        return [np.empty(b.shape, _NP_DTYPES[b.dtype]) for b in self.temps]
+
+    def _run_all(self, ptrs) -> None:
+        threads = num_threads()
+        if threads == 1:
+            for fn, extent in zip(self._fns, self._extents):
+                fn(ptrs, 0, extent or 0)
             return
-        extent = segment.loop.extent
-        chunks = min(extent, num_threads())
-        bounds = [extent * c // chunks for c in range(chunks + 1)]
-        futures = [_pool().submit(fn, ptrs, bounds[c], bounds[c + 1]) for c in range(1, chunks)]
-        fn(ptrs, bounds[0], bounds[1])  # the calling thread takes the first chunk
-        for fut in futures:
-            fut.result()
+        pool = native_pool(threads)
+        if pool is not None and pool.workers == threads - 1:
+            pool.run_kernel(len(self._fns), self._fn_table, self._extent_table, ptrs)
+            return
+        # Python threads: when the native pool cannot start, or the thread count changed.
+        for fn, extent in zip(self._fns, self._extents):
+            if extent is None:
+                fn(ptrs, 0, 0)
+                continue
+            chunks = min(extent, num_threads())
+            if chunks == 1:
+                fn(ptrs, 0, extent)
+                continue
+            bounds = [extent * c // chunks for c in range(chunks + 1)]
+            futures = [_pool().submit(fn, ptrs, bounds[c], bounds[c + 1])
+                       for c in range(1, chunks)]
+            fn(ptrs, bounds[0], bounds[1])  # the calling thread takes the first chunk
+            for fut in futures:
+                fut.result()
 
     def assembly(self) -> str:
         """The optimised machine code as assembly text (for inspection; compiles again)."""
         llvm = _llvm()
         tm = _target_machine()
+        if self.llvm_ir is None:
+            raise CompilerError(f"{self.name} was loaded from object code; its IR is not kept")
         module = llvm.parse_assembly(self.llvm_ir)
         module.triple, module.data_layout = tm.triple, str(tm.target_data)
         tuning = llvm.create_pipeline_tuning_options(speed_level=3)

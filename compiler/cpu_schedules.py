@@ -25,13 +25,14 @@ from . import te
 from .expr import CompilerError, all_of, as_expr, max_expr, min_expr, select
 from .schedule import Schedule, create_schedule
 
-__all__ = ["conv2d_nchwc", "schedule_conv2d_nchwc", "dense", "schedule_dense", "relu",
+__all__ = ["conv2d_nchwc", "schedule_conv2d_nchwc", "depthwise_conv2d_nchwc",
+           "schedule_depthwise_conv2d_nchwc", "pack_depthwise_weight", "dense", "schedule_dense", "relu",
            "add", "max_pool2d_nchwc", "global_avg_pool_nchwc", "schedule_elementwise",
            "pack_conv_weight", "pack_dense_weight", "pack_nchwc", "unpack_nchwc",
            "channel_block", "ACTIVATIONS"]
 
 ACTIVATIONS = (None, "relu", "relu6")
-_CONV_TAG, _DENSE_TAG = "conv2d_nchwc", "dense_packed"
+_CONV_TAG, _DENSE_TAG, _DW_TAG = "conv2d_nchwc", "dense_packed", "depthwise_nchwc"
 
 
 def channel_block(channels: int, widest: int = 16) -> int:
@@ -53,63 +54,143 @@ def _epilogue(value, activation):
     return value
 
 
-def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride: int = 1, padding: int = 0,
-                 bias: te.Tensor | None = None, residual: te.Tensor | None = None,
-                 activation: str | None = None, name: str = "conv") -> te.Tensor:
-    """Convolution of data ``[N, IC//cb, H, W, cb]`` with a kernel ``[OC//ob, IC//cb, KH, KW,
-    cb, ob]``: ``[N, OC//ob, OH, OW, ob]``. ``bias`` is ``[OC//ob, ob]``, ``residual`` has
-    the output's shape; ``activation`` is None, "relu" or "relu6"."""
-    if data.ndim != 5 or weight.ndim != 6:
-        raise CompilerError(f"{name}: data must be [N, C//c, H, W, c] and the kernel "
-                            f"[O//o, I//i, KH, KW, i, o], not {data.shape} and {weight.shape}")
-    n, icc, h, w, cb = data.shape
-    occ, icc_w, kh, kw, cb_w, ob = weight.shape
-    if (icc_w, cb_w) != (icc, cb):
-        raise CompilerError(f"{name}: the kernel {weight.shape} expects {icc_w * cb_w} input "
-                            f"channels in blocks of {cb_w}; the data {data.shape} has "
-                            f"{icc * cb} in blocks of {cb}")
-    for what, v in (("stride", stride), ("padding", padding)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if what == "stride" else 0):
-            raise CompilerError(f"{name}: {what} must be a {'positive' if what == 'stride' else 'non-negative'} "
-                                f"integer, not {v!r}")
-    oh, ow = (h + 2 * padding - kh) // stride + 1, (w + 2 * padding - kw) // stride + 1
+def _pair(value, what: str, name: str, minimum: int) -> tuple[int, int]:
+    v = (value, value) if isinstance(value, int) and not isinstance(value, bool) else tuple(value)
+    if len(v) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x < minimum for x in v):
+        kind = "positive" if minimum == 1 else "non-negative"
+        raise CompilerError(f"{name}: {what} must be a {kind} integer, not {value!r} (or a "
+                            f"pair of them)")
+    return v
+
+
+def _pads(padding, name: str) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) from an int, a pair (rows, columns) or a 4-tuple."""
+    if isinstance(padding, int) and not isinstance(padding, bool):
+        padding = (padding,) * 4
+    p = tuple(padding)
+    if len(p) == 2:
+        p = p + p
+    if len(p) != 4 or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in p):
+        raise CompilerError(f"{name}: padding must be a non-negative integer, a pair or "
+                            f"(top, left, bottom, right), not {padding!r}")
+    return p
+
+
+def _padded_source(data: te.Tensor, pads, out_hw, strides, spans, fill, name):
+    """``data`` [N, C, H, W, c] with zero borders as a stage of its own (or ``data`` itself
+    when there is no padding): only the rows and columns the windows read."""
+    n, cc, h, w, cb = data.shape
+    pt, pl, pb, pr = pads
+    if not any(pads):
+        return data
+    need_h = (out_hw[0] - 1) * strides[0] + spans[0]
+    need_w = (out_hw[1] - 1) * strides[1] + spans[1]
+    return te.compute(
+        (n, cc, need_h, need_w, cb),
+        lambda b, c, y, x, ci: select(all_of(y >= pt, y < h + pt, x >= pl, x < w + pl),
+                                      data[b, c, y - pt, x - pl, ci], fill),
+        f"{name}.pad")
+
+
+def _conv_geometry(name, h, w, kh, kw, stride, padding, dilation):
+    strides = _pair(stride, "stride", name, 1)
+    dil = _pair(dilation, "dilation", name, 1)
+    pads = _pads(padding, name)
+    spans = ((kh - 1) * dil[0] + 1, (kw - 1) * dil[1] + 1)
+    oh = (h + pads[0] + pads[2] - spans[0]) // strides[0] + 1
+    ow = (w + pads[1] + pads[3] - spans[1]) // strides[1] + 1
     if oh <= 0 or ow <= 0:
         raise CompilerError(f"{name}: a {kh}x{kw} kernel does not fit the {h}x{w} input with "
-                            f"padding {padding}")
-    if padding:
-        p = padding
-        src = te.compute(
-            (n, icc, h + 2 * p, w + 2 * p, cb),
-            lambda b, c, y, x, ci: select(all_of(y >= p, y < h + p, x >= p, x < w + p),
-                                          data[b, c, y - p, x - p, ci], 0.0),
-            f"{name}.pad")
-    else:
-        src = data
-    rc, ry, rx, ri = (te.reduce_axis(icc, "rc"), te.reduce_axis(kh, "ry"),
-                      te.reduce_axis(kw, "rx"), te.reduce_axis(cb, "ri"))
-    out_shape = (n, occ, oh, ow, ob)
-    conv = te.compute(out_shape, lambda b, c, y, x, co: te.sum(
-        src[b, rc, y * stride + ry, x * stride + rx, ri] * weight[c, rc, ry, rx, ri, co],
-        axis=[rc, ry, rx, ri]), f"{name}.acc", tag=_CONV_TAG)
-    for what, t, shape in (("bias", bias, (occ, ob)), ("residual", residual, out_shape)):
+                            f"padding {pads}")
+    return strides, dil, pads, spans, (oh, ow)
+
+
+def _output_stage(acc, out_shape, bias, residual, activation, epilogue, name, tag):
+    for what, t, shape in (("bias", bias, (out_shape[1], out_shape[4])),
+                           ("residual", residual, out_shape)):
         if t is not None and tuple(t.shape) != shape:
             raise CompilerError(f"{name}: {what} must have shape {shape}, not {t.shape}")
 
     def out(b, c, y, x, co):
-        v = conv[b, c, y, x, co]
+        v = acc[b, c, y, x, co]
         if bias is not None:
             v = v + bias[c, co]
         if residual is not None:
             v = v + residual[b, c, y, x, co]
-        return _epilogue(v, activation)
+        v = _epilogue(v, activation)
+        return epilogue(v, (b, c, y, x, co)) if epilogue is not None else v
 
-    return te.compute(out_shape, out, name, tag=_CONV_TAG)
+    return te.compute(out_shape, out, name, tag=tag)
+
+
+def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: te.Tensor | None = None,
+                 residual: te.Tensor | None = None, activation: str | None = None,
+                 epilogue=None, name: str = "conv") -> te.Tensor:
+    """Convolution of data ``[N, IC//cb, H, W, cb]`` with a kernel ``[OC//ob, IC//groups//cb,
+    KH, KW, cb, ob]``: ``[N, OC//ob, OH, OW, ob]``. ``stride`` and ``dilation`` are an int or
+    (rows, columns); ``padding`` an int, a pair or (top, left, bottom, right). With
+    ``groups`` > 1 each group's channels must be whole blocks on both sides. ``bias`` is
+    ``[OC//ob, ob]``, ``residual`` has the output's shape; ``activation`` is None, "relu" or
+    "relu6"; ``epilogue(value, (b, c, y, x, co))`` returns the final value (applied last)."""
+    if data.ndim != 5 or weight.ndim != 6:
+        raise CompilerError(f"{name}: data must be [N, C//c, H, W, c] and the kernel "
+                            f"[O//o, I//i, KH, KW, i, o], not {data.shape} and {weight.shape}")
+    n, icc, h, w, cb = data.shape
+    occ, icc_g, kh, kw, cb_w, ob = weight.shape
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 \
+            or occ % groups or icc_g * groups != icc or cb_w != cb:
+        raise CompilerError(f"{name}: the kernel {weight.shape} with groups={groups} expects "
+                            f"{icc_g * groups * cb_w} input channels in blocks of {cb_w}; the "
+                            f"data {data.shape} has {icc * cb} in blocks of {cb}")
+    strides, dil, pads, spans, (oh, ow) = _conv_geometry(name, h, w, kh, kw, stride, padding,
+                                                         dilation)
+    src = _padded_source(data, pads, (oh, ow), strides, spans, 0.0, name)
+    rc, ry, rx, ri = (te.reduce_axis(icc_g, "rc"), te.reduce_axis(kh, "ry"),
+                      te.reduce_axis(kw, "rx"), te.reduce_axis(cb, "ri"))
+    occ_g = occ // groups
+    out_shape = (n, occ, oh, ow, ob)
+
+    def channel(c):
+        return rc if groups == 1 else (c // occ_g) * icc_g + rc
+
+    conv = te.compute(out_shape, lambda b, c, y, x, co: te.sum(
+        src[b, channel(c), y * strides[0] + ry * dil[0], x * strides[1] + rx * dil[1], ri]
+        * weight[c, rc, ry, rx, ri, co], axis=[rc, ry, rx, ri]), f"{name}.acc", tag=_CONV_TAG)
+    return _output_stage(conv, out_shape, bias, residual, activation, epilogue, name, _CONV_TAG)
+
+
+def depthwise_conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padding=0,
+                           dilation=1, bias: te.Tensor | None = None,
+                           residual: te.Tensor | None = None, activation: str | None = None,
+                           epilogue=None, name: str = "dwconv") -> te.Tensor:
+    """Depthwise convolution (one filter per channel) of ``[N, C//c, H, W, c]`` with a kernel
+    ``[C//c, KH, KW, c]`` (``pack_depthwise_weight``): ``[N, C//c, OH, OW, c]``. The other
+    arguments are those of ``conv2d_nchwc``."""
+    if data.ndim != 5 or weight.ndim != 4:
+        raise CompilerError(f"{name}: data must be [N, C//c, H, W, c] and the kernel "
+                            f"[C//c, KH, KW, c], not {data.shape} and {weight.shape}")
+    n, cc, h, w, cb = data.shape
+    cc_w, kh, kw, cb_w = weight.shape
+    if (cc_w, cb_w) != (cc, cb):
+        raise CompilerError(f"{name}: the kernel {weight.shape} does not match the data "
+                            f"{data.shape}")
+    strides, dil, pads, spans, (oh, ow) = _conv_geometry(name, h, w, kh, kw, stride, padding,
+                                                         dilation)
+    src = _padded_source(data, pads, (oh, ow), strides, spans, 0.0, name)
+    ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
+    out_shape = (n, cc, oh, ow, cb)
+    conv = te.compute(out_shape, lambda b, c, y, x, ci: te.sum(
+        src[b, c, y * strides[0] + ry * dil[0], x * strides[1] + rx * dil[1], ci]
+        * weight[c, ry, rx, ci], axis=[ry, rx]), f"{name}.acc", tag=_DW_TAG)
+    return _output_stage(conv, out_shape, bias, residual, activation, epilogue, name, _DW_TAG)
 
 
 def dense(data: te.Tensor, weight: te.Tensor, *, bias: te.Tensor | None = None,
-          activation: str | None = None, name: str = "dense") -> te.Tensor:
+          activation: str | None = None, epilogue=None, name: str = "dense") -> te.Tensor:
     """``data [M, K]`` times packed weights ``[N//nb, K, nb]`` (row j of the plain ``[N, K]``
-    weights is ``weight[j // nb, :, j % nb]``), plus ``bias [N]``: ``[M, N]``."""
+    weights is ``weight[j // nb, :, j % nb]``), plus ``bias [N]``: ``[M, N]``;
+    ``epilogue(value, (i, j))`` returns the final value (applied last)."""
     m, k = data.shape
     nbk, k_w, nb = weight.shape
     if k_w != k:
@@ -123,8 +204,8 @@ def dense(data: te.Tensor, weight: te.Tensor, *, bias: te.Tensor | None = None,
                      f"{name}.acc", tag=_DENSE_TAG)
 
     def out(i, j):
-        v = acc[i, j]
-        return _epilogue(v + bias[j] if bias is not None else v, activation)
+        v = _epilogue(acc[i, j] + bias[j] if bias is not None else acc[i, j], activation)
+        return epilogue(v, (i, j)) if epilogue is not None else v
 
     return te.compute((m, n), out, name, tag=_DENSE_TAG)
 
@@ -220,6 +301,38 @@ def schedule_conv2d_nchwc(out: te.Tensor, *, reg_n: int | None = None,
     return s
 
 
+def schedule_depthwise_conv2d_nchwc(out: te.Tensor, *, reg_n: int | None = None) -> Schedule:
+    """The schedule of ``depthwise_conv2d_nchwc``: the padded input first (rows in
+    parallel), then per (image, channel block, output row) -- in parallel -- and chunk of
+    ``reg_n`` columns, ``reg_n`` vectors of a channel block accumulated over the window."""
+    if out.op.tag != _DW_TAG:
+        raise CompilerError(f"schedule_depthwise_conv2d_nchwc: {out.name} was not made by "
+                            f"depthwise_conv2d_nchwc")
+    s = create_schedule(out)
+    acc = s[_stage_named(s, out, ".acc").tensor]
+    pad = _stage_named(s, out, ".pad")
+    _, _, _, ow, cb = out.shape
+    reg_n = reg_n or _largest_divisor(ow, 16 if cb <= 8 else 8)
+    if pad is not None:
+        b, c, y, x, ci = pad.leaves
+        pad.parallel(pad.fuse(pad.fuse(b, c), y))
+        pad.vectorize(ci)
+    o = s[out]
+    b, c, y, x, co = o.leaves
+    xo, xi = o.split(x, reg_n)
+    o.reorder(b, c, y, xo, xi, co)
+    o.parallel(o.fuse(o.fuse(b, c), y))
+    o.unroll(xi)
+    o.vectorize(co)
+    acc.set_scope("local")
+    acc.compute_at(o, xo)
+    ab, ac, ay, ax, aco, ry, rx = acc.leaves
+    acc.reorder(ab, ac, ay, ry, rx, ax, aco)
+    acc.unroll(ax)
+    acc.vectorize(aco)
+    return s
+
+
 def schedule_dense(out: te.Tensor, *, rows: int | None = None) -> Schedule:
     """The schedule of ``dense``: output tiles of ``rows x nb`` accumulated in registers over
     K, the column blocks in parallel."""
@@ -292,6 +405,15 @@ def pack_conv_weight(w: np.ndarray, in_block: int, out_block: int) -> np.ndarray
                             f"multiples of the blocks {out_block} and {in_block}")
     return np.ascontiguousarray(w.reshape(o // out_block, out_block, i // in_block, in_block, kh, kw)
                                 .transpose(0, 2, 4, 5, 3, 1))
+
+
+def pack_depthwise_weight(w: np.ndarray, block: int) -> np.ndarray:
+    """Depthwise OIHW ``[C, 1, KH, KW]`` -> ``[C // block, KH, KW, block]``."""
+    c, one, kh, kw = w.shape
+    if one != 1 or c % block:
+        raise CompilerError(f"pack_depthwise_weight: {w.shape} is not a depthwise kernel of "
+                            f"channels in blocks of {block}")
+    return np.ascontiguousarray(w.reshape(c // block, block, kh, kw).transpose(0, 2, 3, 1))
 
 
 def pack_dense_weight(w: np.ndarray, block: int) -> np.ndarray:

@@ -1,0 +1,363 @@
+"""CPU kernels for graph nodes, described by JSON-able specs and compiled with LLVM.
+
+A spec says everything a kernel depends on (operator, shapes, strides, the fused epilogue
+and the kinds of its operands) and nothing about the values of weights, so nodes of the
+same shape share one kernel:
+
+    {"op": "conv", "data": [1, 4, 56, 56, 16], "weight": [4, 4, 3, 3, 16, 16],
+     "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "groups": 1,
+     "bias": True, "epilogue": [["Add", "full"], ["Relu"]]}
+
+``build_function(spec)`` is the tensor expression and schedule (cpu_schedules.py) lowered to
+the loop IR; ``compile_spec(spec)`` compiles it for the host CPU. Parameters come in the
+order: data (and weights), bias, the epilogue's tensor operands in step order, output.
+
+Operand kinds (of an epilogue ``Add``/``Mul`` or an element-wise operand): ``"full"`` (the
+output's shape and layout), ``"channel"`` (one value per channel: ``[C//c, c]`` blocked,
+``[N]`` for a dense output's columns, ``[C]`` for a plain 4-D tensor) or ``["scalar", v]``
+(a constant folded into the code).
+
+Compiled kernels are cached twice: LLVM's object code by the hash of the IR
+(codegen_llvm), and here the whole kernel by the hash of its spec, the source of the
+compiler modules that build it and the host CPU, so a warm build skips building and
+emitting the IR too (``$CELOSIA_CACHE/kernels``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from . import te
+from .codegen_llvm import CpuKernel, cache_dir, compile_cpu, host_target
+from .cpu_schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc,
+                            schedule_conv2d_nchwc, schedule_dense,
+                            schedule_depthwise_conv2d_nchwc, schedule_elementwise)
+from .expr import CompilerError, all_of, as_expr, exp, max_expr, min_expr, select
+from .lower import lower
+from .schedule import create_schedule
+
+__all__ = ["UNARY", "BINARY", "build_function", "compile_spec", "spec_key", "kernel_cache_dir"]
+
+F32 = "float32"
+
+
+# ---- element-wise functions (epilogue steps and element-wise nodes) --------------------------
+
+
+def _clip(v, lo=None, hi=None):
+    if lo is not None:
+        v = max_expr(v, as_expr(float(lo)))
+    if hi is not None:
+        v = min_expr(v, as_expr(float(hi)))
+    return v
+
+
+def _hard_sigmoid(v, alpha, beta):
+    return _clip(v * as_expr(float(alpha)) + as_expr(float(beta)), 0.0, 1.0)
+
+
+# name -> fn(value, *params): the graph's float32 unary operators and epilogue steps
+UNARY = {
+    "Relu": lambda v: max_expr(v, as_expr(0.0)),
+    "Clip": _clip,
+    "LeakyRelu": lambda v, alpha=0.01: select(v < as_expr(0.0), v * as_expr(float(alpha)), v),
+    "HardSigmoid": lambda v, alpha=0.2, beta=0.5: _hard_sigmoid(v, alpha, beta),
+    "HardSwish": lambda v: v * _hard_sigmoid(v, 1 / 6, 0.5),
+    "Sigmoid": lambda v: as_expr(1.0) / (as_expr(1.0) + exp(-v)),
+    "Neg": lambda v: -v,
+    "Abs": lambda v: select(v < as_expr(0.0), -v, v),
+    "Exp": lambda v: exp(v),
+    "Identity": lambda v: v,
+}
+# name -> fn(a, b)
+BINARY = {
+    "Add": lambda a, b: a + b,
+    "Sub": lambda a, b: a - b,
+    "Mul": lambda a, b: a * b,
+    "Div": lambda a, b: a / b,
+    "Max": max_expr,
+    "Min": min_expr,
+}
+
+
+# ---- operands ------------------------------------------------------------------------------
+
+
+def _operand_shape(kind, layout: str, out_shape) -> tuple | None:
+    """The shape of an operand tensor of ``kind`` (None: a scalar, no tensor)."""
+    if not isinstance(kind, str):
+        return None
+    if kind == "full":
+        return tuple(out_shape)
+    if layout == "blocked":  # [N, C//c, H, W, c]
+        return (out_shape[1], out_shape[4])
+    if layout == "dense":  # [M, N]: per column
+        return (out_shape[1],)
+    return (out_shape[1],)  # plain [N, C, H, W]
+
+
+def _operand_read(kind, tensor, layout: str, idx):
+    if not isinstance(kind, str):
+        return as_expr(float(kind[1]))
+    if kind == "full":
+        return tensor[tuple(idx)]
+    if layout == "blocked":
+        return tensor[idx[1], idx[4]]
+    return tensor[idx[1]]
+
+
+def _operand_placeholders(kinds, layout, out_shape, prefix):
+    return [None if _operand_shape(k, layout, out_shape) is None else
+            te.placeholder(_operand_shape(k, layout, out_shape), F32, f"{prefix}{n}")
+            for n, k in enumerate(kinds)]
+
+
+def _epilogue_fn(steps, tensors, layout):
+    """fn(value, indices) applying the epilogue steps (see the module docstring)."""
+    if not steps:
+        return None
+
+    def apply(v, idx):
+        for step, t in zip(steps, tensors):
+            op, *args = step
+            if op in BINARY:
+                v = BINARY[op](v, _operand_read(args[0], t, layout, idx))
+            else:
+                v = UNARY[op](v, *args)
+        return v
+    return apply
+
+
+# ---- builders ------------------------------------------------------------------------------
+
+
+def _conv(spec):
+    depthwise = spec["op"] == "dwconv"
+    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    w = te.placeholder(tuple(spec["weight"]), F32, "weight")
+    n, _, _, _, _ = x.shape
+    occ, ob = (w.shape[0], w.shape[3]) if depthwise else (w.shape[0], w.shape[5])
+    b = te.placeholder((occ, ob), F32, "bias") if spec["bias"] else None
+    # The output shape is needed for operand placeholders: build once without epilogue.
+    kw = dict(stride=tuple(spec["strides"]), padding=tuple(spec["pads"]),
+              dilation=tuple(spec["dilations"]))
+    if not depthwise:
+        kw["groups"] = spec["groups"]
+    make = depthwise_conv2d_nchwc if depthwise else conv2d_nchwc
+    shape = make(x, w, **kw).shape
+    steps = spec["epilogue"]
+    ops = _operand_placeholders([s[1] if s[0] in BINARY else 0 for s in steps], "blocked",
+                                shape, "operand")
+    y = make(x, w, bias=b, epilogue=_epilogue_fn(steps, ops, "blocked"), name="out", **kw)
+    s = (schedule_depthwise_conv2d_nchwc if depthwise else schedule_conv2d_nchwc)(y)
+    args = [x, w] + ([b] if b is not None else []) + [t for t in ops if t is not None] + [y]
+    return s, args
+
+
+def _dense(spec):
+    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    w = te.placeholder(tuple(spec["weight"]), F32, "weight")
+    n = w.shape[0] * w.shape[2]
+    b = te.placeholder((n,), F32, "bias") if spec["bias"] else None
+    shape = (x.shape[0], n)
+    steps = spec["epilogue"]
+    ops = _operand_placeholders([s[1] if s[0] in BINARY else 0 for s in steps], "dense",
+                                shape, "operand")
+    y = dense(x, w, bias=b, epilogue=_epilogue_fn(steps, ops, "dense"), name="out")
+    args = [x, w] + ([b] if b is not None else []) + [t for t in ops if t is not None] + [y]
+    return schedule_dense(y), args
+
+
+def _eltwise(spec):
+    shape, layout, kinds = tuple(spec["shape"]), spec["layout"], spec["operands"]
+    ops = _operand_placeholders(kinds, layout, shape, "x")
+    fn, params = spec["fn"], spec["params"]
+
+    def body(*idx):
+        vals = [_operand_read(k, t, layout, idx) for k, t in zip(kinds, ops)]
+        if fn in BINARY:
+            v = vals[0]
+            for other in vals[1:]:
+                v = BINARY[fn](v, other)
+            return v
+        return UNARY[fn](vals[0], *params)
+
+    y = te.compute(shape, body, "out")
+    return schedule_elementwise(y), [t for t in ops if t is not None] + [y]
+
+
+def _window_reads(spec, x, b, c, y, xx, ci, fill):
+    """The values of the pooling window at output (y, xx), ``fill`` outside the input."""
+    _, _, h, w, _ = x.shape
+    (kh, kw), (sh, sw), (dh, dw) = spec["kernel"], spec["strides"], spec["dilations"]
+    pt, pl = spec["pads"][0], spec["pads"][1]
+    oh, ow = spec["out"][2], spec["out"][3]
+    reads = []
+    for dy in range(kh):
+        for dx in range(kw):
+            iy, ix = y * sh + dy * dh - pt, xx * sw + dx * dw - pl
+            conds = []
+            # Bounds checks only where some output's window can leave the input.
+            if pt > dy * dh:
+                conds.append(iy >= 0)
+            if (oh - 1) * sh + dy * dh - pt >= h:
+                conds.append(iy < h)
+            if pl > dx * dw:
+                conds.append(ix >= 0)
+            if (ow - 1) * sw + dx * dw - pl >= w:
+                conds.append(ix < w)
+            v = x[b, c, iy, ix, ci]
+            reads.append(select(all_of(*conds), v, as_expr(fill)) if conds else v)
+    return reads
+
+
+def _pool(spec):
+    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    out = tuple(spec["out"])
+    if spec["op"] == "maxpool":
+        def body(b, c, y, xx, ci):
+            reads = _window_reads(spec, x, b, c, y, xx, ci, float("-inf"))
+            v = reads[0]
+            for r in reads[1:]:
+                v = max_expr(v, r)
+            return v
+        y = te.compute(out, body, "out")
+        return schedule_elementwise(y), [x, y]
+    recip = te.placeholder((out[2], out[3]), F32, "recip")
+
+    def avg(b, c, y, xx, ci):
+        reads = _window_reads(spec, x, b, c, y, xx, ci, 0.0)
+        v = reads[0]
+        for r in reads[1:]:
+            v = v + r
+        return v * recip[y, xx]
+    y = te.compute(out, avg, "out")
+    return schedule_elementwise(y), [x, recip, y]
+
+
+def _global_avg_pool(spec):
+    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    n, cc, h, w, cb = x.shape
+    ry, rx = te.reduce_axis(h, "ry"), te.reduce_axis(w, "rx")
+    total = te.compute((n, cc, cb), lambda b, c, ci: te.sum(x[b, c, ry, rx, ci], axis=[ry, rx]),
+                       "sum")
+    y = te.compute((n, cc, 1, 1, cb), lambda b, c, i, j, ci: total[b, c, ci]
+                   * as_expr(1.0 / (h * w)), "out")
+    s = create_schedule(y)
+    st = s[total]
+    sb, sc, sci, sry, srx = st.leaves
+    st.reorder(sb, sc, sry, srx, sci)
+    st.parallel(st.fuse(sb, sc))
+    st.vectorize(sci)
+    o = s[y]
+    ob, oc, oi, oj, oci = o.leaves
+    o.vectorize(oci)
+    return s, [x, y]
+
+
+def _layout(spec):
+    """NCHW <-> NCHW{c}c copies (``pack``: ``shape`` is the plain one; ``unpack``: the
+    blocked one)."""
+    x = te.placeholder(tuple(spec["shape"]), F32, "data")
+    if spec["op"] == "pack":
+        n, c, h, w = x.shape
+        b = spec["block"]
+        y = te.compute((n, c // b, h, w, b), lambda i, cc, yy, xx, ci: x[i, cc * b + ci, yy, xx],
+                       "out")
+    else:
+        n, cc, h, w, b = x.shape
+        y = te.compute((n, cc * b, h, w), lambda i, c, yy, xx: x[i, c // b, yy, xx, c % b], "out")
+    return schedule_elementwise(y), [x, y]
+
+
+_BUILDERS = {"pack": _layout, "unpack": _layout, "conv": _conv, "dwconv": _conv, "dense": _dense, "eltwise": _eltwise,
+             "maxpool": _pool, "avgpool": _pool, "gap": _global_avg_pool}
+
+
+def build_function(spec: dict):
+    """The loop-IR function of a spec (see the module docstring)."""
+    builder = _BUILDERS.get(spec.get("op"))
+    if builder is None:
+        raise CompilerError(f"no CPU kernel for spec op {spec.get('op')!r}")
+    s, args = builder(spec)
+    return lower(s, args, name=spec["op"])
+
+
+# ---- compile, with a cache of whole kernels --------------------------------------------------
+
+_SOURCES = ("graph_cpu_kernels.py", "cpu_schedules.py", "te.py", "schedule.py", "lower.py",
+            "tir.py", "expr.py", "llvm_emit.py", "codegen_llvm.py")
+_fingerprint: list = []
+
+
+def _code_fingerprint() -> str:
+    """The hash of the compiler modules that turn a spec into machine code."""
+    if not _fingerprint:
+        h = hashlib.sha256()
+        here = Path(__file__).parent
+        for name in _SOURCES:
+            h.update((here / name).read_bytes())
+        _fingerprint.append(h.hexdigest())
+    return _fingerprint[0]
+
+
+def spec_key(spec: dict) -> str:
+    """The hash of a spec, the compiler's source and the host CPU."""
+    import llvmlite
+    t = host_target()
+    text = json.dumps([spec, _code_fingerprint(), t.triple, t.cpu, t.features,
+                       llvmlite.__version__], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def kernel_cache_dir() -> Path:
+    return cache_dir().parent / "kernels"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def compile_spec(spec: dict, *, use_cache: bool = True) -> CpuKernel:
+    """The compiled kernel of a spec: from the kernel cache when there, else built,
+    lowered and compiled (and stored)."""
+    key = spec_key(spec)
+    base = kernel_cache_dir() / key
+    if use_cache:
+        try:
+            record = json.loads(base.with_suffix(".json").read_text())
+            return CpuKernel.from_record(record, base.with_suffix(".o").read_bytes())
+        except (OSError, ValueError, KeyError, CompilerError):
+            pass  # missing or unreadable: build it
+    kernel = compile_cpu(build_function(spec), use_cache=use_cache)
+    if use_cache:
+        try:  # object first, then the record that makes the entry visible
+            base.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(base.with_suffix(".o"), kernel.obj)
+            _write_atomic(base.with_suffix(".json"), json.dumps(kernel.record()).encode())
+        except OSError:
+            pass  # a read-only cache only costs time
+    return kernel
+
+
+def average_pool_reciprocals(in_hw, out_hw, kernel, strides, dilations, pads,
+                             count_include_pad: bool) -> np.ndarray:
+    """1 / (the number of elements each average-pool window divides by), ``[OH, OW]``:
+    elements inside the input, plus the explicit pads with ``count_include_pad`` (never
+    the extra padding of ceil mode), as graph_numpy.average_pool counts them."""
+    counts = []
+    for a in range(2):
+        lo, hi = (-pads[a], in_hw[a] + pads[a + 2]) if count_include_pad else (0, in_hw[a])
+        pos = np.arange(out_hw[a])[:, None] * strides[a] - pads[a] \
+            + np.arange(kernel[a])[None, :] * dilations[a]
+        counts.append(((pos >= lo) & (pos < hi)).sum(axis=1))
+    return (1.0 / np.outer(counts[0], counts[1])).astype(np.float32)

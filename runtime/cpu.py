@@ -1,0 +1,238 @@
+"""CPU builds of whole models: build from ONNX, save and load ``.cel`` files, run.
+
+    model = CpuModel.build("resnet18.onnx")            # import, optimize, lower, compile
+    model.save("resnet18.cel")
+    model = CpuModel.load("resnet18.cel")              # no compilation: object code inside
+    outputs = model.run({"image": x})                  # {ONNX output name: array}
+    model.run({"image": x}, profile=True); model.profile   # per-node times
+
+The pipeline, top to bottom:
+
+1. ``import_onnx`` (static shapes; ``input_shapes`` for dynamic dimensions) and
+   ``optimize`` (constant folding, BN folding, epilogue fusion): graph_passes.py.
+2. ``lower_graph``: layouts, packed weights, one step per node (graph_cpu.py).
+3. ``compile_program``: each distinct kernel spec compiled once, through the kernel cache
+   (graph_cpu_kernels.py, codegen_llvm.py).
+4. ``GraphExecutor``: planned arena, bound kernels, timing (executor.py).
+
+A ``.cel`` file is a zip archive (stored, not compressed):
+
+    manifest.json        format, version, host CPU, the program (values, steps), kernel records
+    constants/N.npy      packed weights and other constants
+    kernels/KEY.o        object code per kernel, KEY = the hash of its spec and compiler
+    model.onnx           the source model (for --compare and rebuilding)
+
+Loading checks the format, version and CPU; a truncated or corrupt file is an
+``ArtifactError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CelosiaError
+
+__all__ = ["CpuModel", "ArtifactError", "FORMAT", "VERSION", "is_artifact"]
+
+FORMAT = "celosia-cpu"
+VERSION = 1
+
+
+class ArtifactError(CelosiaError):
+    """A .cel file that cannot be loaded: names the file and what to do."""
+
+
+def is_artifact(path) -> bool:
+    """Whether ``path`` looks like a .cel (a zip archive) rather than an ONNX file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+# ---- JSON for attributes of numpy steps ------------------------------------------------------
+
+
+def _encode(v):
+    if isinstance(v, np.ndarray):
+        return {"__ndarray__": v.tolist(), "dtype": str(v.dtype), "shape": list(v.shape)}
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (list, tuple)):
+        return [_encode(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _encode(x) for k, x in v.items()}
+    return v
+
+
+def _decode(v):
+    if isinstance(v, dict):
+        if "__ndarray__" in v:
+            return np.array(v["__ndarray__"], dtype=v["dtype"]).reshape(v["shape"])
+        return {k: _decode(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    return v
+
+
+class CpuModel:
+    """A whole model compiled for this CPU (see the module docstring)."""
+
+    def __init__(self, program, *, source: bytes | None = None, build_info: dict | None = None):
+        self.program = program
+        self.source = source
+        self.build_info = build_info or {}
+        self._executor = None
+
+    # ---- building, saving, loading ---------------------------------------------------------
+
+    @classmethod
+    def build(cls, model, input_shapes: dict | None = None, *, progress=None) -> "CpuModel":
+        """Import (a path, bytes or onnx.ModelProto), optimize, lower and compile."""
+        from ..compiler.graph import import_onnx, optimize
+        from ..compiler.graph_cpu import compile_program, lower_graph
+
+        start = time.perf_counter()
+        graph = optimize(import_onnx(model, input_shapes))
+        program = lower_graph(graph)
+        lowered = time.perf_counter()
+        stats = compile_program(program, progress=progress)
+        source = _model_bytes(model)
+        info = {"nodes": len(graph.nodes), "steps": len(program.steps),
+                "kernels": stats["kernels"], "kernels_cached": stats["cached"],
+                "lower_s": lowered - start, "compile_s": stats["seconds"],
+                "total_s": time.perf_counter() - start}
+        return cls(program, source=source, build_info=info)
+
+    @classmethod
+    def open(cls, path, input_shapes: dict | None = None, *, progress=None) -> "CpuModel":
+        """A .cel file loaded, or an ONNX file built."""
+        if is_artifact(path):
+            if input_shapes:
+                raise ArtifactError(f"{path}: a built model has fixed input shapes; pass "
+                                    f"--input-shape when compiling the ONNX model instead")
+            return cls.load(path)
+        return cls.build(path, input_shapes, progress=progress)
+
+    def save(self, path) -> None:
+        """Write a .cel file (see the module docstring)."""
+        from ..compiler.codegen_llvm import host_target
+
+        p = self.program
+        constants = {name: f"constants/{n}.npy" for n, name in enumerate(p.constants)}
+        manifest = {
+            "format": FORMAT, "version": VERSION, "target": host_target().__dict__,
+            "program": {"name": p.name, "inputs": p.inputs, "outputs": p.outputs,
+                        "values": p.values, "steps": _encode(p.steps), "specs": p.specs},
+            "kernels": {key: k.record() for key, k in p.kernels.items()},
+            "constants": constants, "build": self.build_info,
+        }
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("manifest.json", json.dumps(manifest))
+            for name, member in constants.items():
+                buf = io.BytesIO()
+                np.save(buf, p.constants[name], allow_pickle=False)
+                z.writestr(member, buf.getvalue())
+            for key, k in p.kernels.items():
+                z.writestr(f"kernels/{key}.o", k.obj)
+            if self.source is not None:
+                z.writestr("model.onnx", self.source)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path) -> "CpuModel":
+        """Load a .cel file: its kernels come from their object code, nothing compiles."""
+        from ..compiler.codegen_llvm import CpuKernel, host_target
+        from ..compiler.expr import CompilerError
+        from ..compiler.graph_cpu import CpuProgram
+
+        path = Path(path)
+        if not path.exists():
+            raise ArtifactError(f"{path}: no such file")
+        try:
+            with zipfile.ZipFile(path) as z:
+                manifest = json.loads(z.read("manifest.json"))
+                if manifest.get("format") != FORMAT:
+                    raise ArtifactError(f"{path}: not a celosia CPU model (format "
+                                        f"{manifest.get('format')!r})")
+                if manifest.get("version") != VERSION:
+                    raise ArtifactError(f"{path}: format version {manifest.get('version')}, "
+                                        f"this celosia reads version {VERSION}; build it again "
+                                        f"with `celosia compile`")
+                target = host_target().__dict__
+                if manifest["target"] != target:
+                    raise ArtifactError(f"{path}: built for {manifest['target'].get('cpu')} "
+                                        f"({manifest['target'].get('triple')}), this machine is "
+                                        f"{target['cpu']}; build it again here")
+                prog = manifest["program"]
+                constants = {name: np.load(io.BytesIO(z.read(member)), allow_pickle=False)
+                             for name, member in manifest["constants"].items()}
+                kernels = {key: CpuKernel.from_record(rec, z.read(f"kernels/{key}.o"))
+                           for key, rec in manifest["kernels"].items()}
+                source = z.read("model.onnx") if "model.onnx" in z.namelist() else None
+        except ArtifactError:
+            raise
+        except CompilerError as e:
+            raise ArtifactError(f"{path}: {e}") from None
+        except (zipfile.BadZipFile, zlib.error, KeyError, ValueError, EOFError, OSError,
+                TypeError) as e:
+            raise ArtifactError(f"{path}: not a complete celosia model (truncated or corrupt: "
+                                f"{e}); build it again with `celosia compile`") from None
+        program = CpuProgram(prog["name"], prog["inputs"], prog["outputs"], prog["values"],
+                             constants, _decode(prog["steps"]), prog["specs"], kernels)
+        return cls(program, source=source, build_info=manifest.get("build", {}))
+
+    # ---- running -----------------------------------------------------------------------------
+
+    @property
+    def executor(self):
+        if self._executor is None:
+            from .executor import GraphExecutor
+            self._executor = GraphExecutor(self.program)
+        return self._executor
+
+    @property
+    def input_types(self) -> dict:
+        """{input name: (dtype, shape)}."""
+        v = self.program.values
+        return {n: (v[n]["dtype"], tuple(v[n]["shape"])) for n in self.program.inputs}
+
+    def run(self, feeds: dict, *, profile: bool = False, progress=None) -> dict:
+        """{output name: array}; with ``profile`` (or ``progress``) per-node times go to
+        ``self.profile``. A missing, unknown or mistyped input raises InputShapeError."""
+        return self.executor.run(feeds, profile=profile, progress=progress)
+
+    @property
+    def profile(self) -> list[dict]:
+        return self.executor.last_profile
+
+    def report(self) -> dict:
+        """The last profiled run: per-node rows and a summary (with memory figures)."""
+        from .executor import summarize_profile
+
+        ex = self.executor
+        summary = summarize_profile(ex.last_profile)
+        summary.update({"arena_bytes": ex.arena_bytes, "unshared_bytes": ex.unshared_bytes,
+                        "kernels": len(self.program.kernels),
+                        "kernel_steps": self.program.kernel_steps()})
+        return {"model": self.program.name, "target": "cpu", "nodes": ex.last_profile,
+                "summary": summary, "build": self.build_info}
+
+
+def _model_bytes(model) -> bytes | None:
+    if isinstance(model, (bytes, bytearray)):
+        return bytes(model)
+    if isinstance(model, (str, Path)):
+        return Path(model).read_bytes()
+    serialize = getattr(model, "SerializeToString", None)
+    return serialize() if serialize else None

@@ -1,0 +1,207 @@
+"""The graph executor of a CPU program: planned memory, one call per step, per-node times.
+
+    executor = GraphExecutor(program)        # program.kernels compiled (or loaded)
+    outputs = executor.run({"image": x})     # {output name: array}
+    executor.last_profile                    # [{"node", "op", "kind", "ms", "shape"}, ...]
+
+Memory. Every run-time value lives in one arena (a numpy byte array allocated once). A
+value's storage is alive from the step that writes it to its last reader (a ``view`` shares
+its source's storage and extends its life); storages whose lifetimes do not overlap share
+bytes. Placement is greedy by size, largest first, at the lowest offset free for the whole
+lifetime (as TVM's and TFLite's planners do). A kernel's inputs and output are alive at the
+same step, so they never overlap (the kernels assume distinct arrays).
+
+Since every value has a fixed address, each compiled step is bound once (its arguments
+checked once, ``CpuKernel.bind``): running a step is a call into machine code. Graph
+inputs are copied into their place; outputs are copied out.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..compiler.graph import InputShapeError, Node, NodeError
+from ..compiler.graph_numpy import evaluate_node
+
+__all__ = ["GraphExecutor", "plan_memory", "summarize_profile"]
+
+ALIGN = 64  # bytes: a cache line, one AVX-512 vector
+
+
+def _nbytes(info: dict) -> int:
+    return int(np.prod(info["shape"], dtype=np.int64)) * np.dtype(info["dtype"]).itemsize
+
+
+def plan_memory(program) -> tuple[dict, int, int]:
+    """({value: byte offset in the arena}, arena bytes, bytes without reuse). Constants
+    are not in the arena."""
+    n_steps = len(program.steps)
+    root = {}  # value -> the value whose storage it uses
+    first, last = {}, {}
+    for v in program.inputs:
+        root[v], first[v], last[v] = v, -1, -1
+    for k, s in enumerate(program.steps):
+        for v in s["inputs"]:
+            if v in root:
+                last[root[v]] = max(last[root[v]], k)
+        for o in s["outputs"]:
+            if not o:
+                continue
+            if s["kind"] == "view":
+                root[o] = root[s["inputs"][0]]
+                last[root[o]] = max(last[root[o]], k)
+            else:
+                root[o], first[o], last[o] = o, k, k
+    for o in program.outputs:
+        last[root[o]] = n_steps
+    storages = sorted(first, key=lambda v: (-_nbytes(program.values[v]), first[v]))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+    offsets = {}
+    for v in storages:
+        size = -(-_nbytes(program.values[v]) // ALIGN) * ALIGN
+        busy = sorted((o, e) for o, e, f, l in placed if f <= last[v] and first[v] <= l)
+        offset = 0
+        for o, e in busy:
+            if offset + size <= o:
+                break
+            offset = max(offset, e)
+        placed.append((offset, offset + size, first[v], last[v]))
+        offsets[v] = offset
+    total = max((e for _, e, _, _ in placed), default=0)
+    unshared = sum(-(-_nbytes(program.values[v]) // ALIGN) * ALIGN for v in storages)
+    return {v: offsets[root[v]] for v in root}, total, unshared
+
+
+def summarize_profile(profile: list[dict], top: int = 5) -> dict:
+    """Total milliseconds, per-kind and per-op totals, and the slowest nodes."""
+    total = sum(p["ms"] for p in profile)
+    by_op: dict = {}
+    by_kind: dict = {}
+    for p in profile:
+        by_op[p["op"]] = by_op.get(p["op"], 0.0) + p["ms"]
+        by_kind[p["kind"]] = by_kind.get(p["kind"], 0.0) + p["ms"]
+    ops = sorted(by_op.items(), key=lambda kv: -kv[1])
+    slow = sorted(profile, key=lambda p: -p["ms"])[:top]
+    return {"total_ms": total, "steps": len(profile),
+            "by_kind_ms": by_kind,
+            "top_ops": [{"op": op, "ms": ms, "share": ms / total if total else 0.0}
+                        for op, ms in ops[:top]],
+            "slowest_nodes": [{"node": p["node"], "op": p["op"], "ms": p["ms"]} for p in slow]}
+
+
+class GraphExecutor:
+    """Runs a CPU program (compiled kernels in ``program.kernels``) on planned memory."""
+
+    def __init__(self, program):
+        self.program = program
+        offsets, self.arena_bytes, self.unshared_bytes = plan_memory(program)
+        self._arena = np.empty(self.arena_bytes + ALIGN, np.uint8)
+        base = (-self._arena.ctypes.data) % ALIGN
+        self.arrays: dict = {}
+        for v, off in offsets.items():
+            info = self.program.values[v]
+            start = base + off
+            self.arrays[v] = self._arena[start:start + _nbytes(info)].view(info["dtype"]) \
+                .reshape(info["shape"])
+        for name, a in program.constants.items():
+            self.arrays[name] = a
+        self._calls = [self._bind(s) for s in program.steps]
+        self.last_profile: list[dict] = []
+
+    # ---- steps ------------------------------------------------------------------------------
+
+    def _bind(self, s: dict):
+        kind, arr = s["kind"], self.arrays
+        if kind == "kernel":
+            return self.program.kernels[s["kernel"]].bind(*(arr[v] for v in s["inputs"]))
+        if kind == "view":
+            return None  # the output already is the input's memory
+        ins = [arr[v] if v else None for v in s["inputs"]]
+        outs = [arr[o] if o else None for o in s["outputs"]]
+        if kind == "pack":
+            x, y = ins[0], outs[0]
+            n, c, h, w = x.shape
+            b = s["block"]
+            return lambda: np.copyto(y, x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
+        if kind == "unpack":
+            x, y = ins[0], outs[0]
+            n, cc, h, w, b = x.shape
+            return lambda: np.copyto(y.reshape(n, cc, b, h, w), x.transpose(0, 1, 4, 2, 3))
+        if kind == "concat":
+            return lambda: np.concatenate(ins, axis=1, out=outs[0])
+        if kind == "numpy":
+            node = Node(s["op"], tuple(s["inputs"]), tuple(s["outputs"]), s["attrs"], s["node"])
+
+            def run():
+                try:
+                    results = evaluate_node(node, ins)
+                except (ValueError, IndexError, TypeError) as e:
+                    raise NodeError(node, f"failed at run time: {e}") from None
+                for y, r in zip(outs, results):
+                    if y is not None:
+                        np.copyto(y, r)
+            return run
+        raise ValueError(f"unknown step kind {kind!r}")
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def check_feeds(self, feeds: dict) -> None:
+        p = self.program
+        unknown = sorted(set(feeds) - set(p.inputs))
+        if unknown:
+            raise InputShapeError(f"unknown input{'s' if len(unknown) > 1 else ''} "
+                                  f"{', '.join(map(repr, unknown))}: the model's inputs are "
+                                  f"{', '.join(self.describe_inputs())}")
+        for name in p.inputs:
+            info = p.values[name]
+            shown = f"{info['dtype']}[{','.join(map(str, info['shape']))}]"
+            if name not in feeds:
+                raise InputShapeError(f"input {name!r} ({shown}) was not given")
+            a = feeds[name]
+            if not isinstance(a, np.ndarray):
+                raise InputShapeError(f"input {name!r} must be a numpy array, not "
+                                      f"{type(a).__name__}")
+            if list(a.shape) != info["shape"] or str(a.dtype) != info["dtype"]:
+                raise InputShapeError(
+                    f"input {name!r} is {a.dtype}[{','.join(map(str, a.shape))}] but the model "
+                    f"was built for {shown}: pass an array of that shape and type, or build "
+                    f"the model again with --input-shape {name}="
+                    f"{','.join(map(str, a.shape))}")
+
+    def describe_inputs(self) -> list[str]:
+        p = self.program
+        return [f"{n} ({p.values[n]['dtype']}[{','.join(map(str, p.values[n]['shape']))}])"
+                for n in p.inputs]
+
+    def run(self, feeds: dict, *, profile: bool = False, progress=None) -> dict:
+        """Outputs by name (fresh arrays). With ``profile`` (or ``progress``, a function
+        called with one line per step) each step is timed into ``last_profile``."""
+        self.check_feeds(feeds)
+        for name in self.program.inputs:
+            np.copyto(self.arrays[name], feeds[name])
+        if profile or progress:
+            self._run_timed(progress)
+        else:
+            for call in self._calls:
+                if call is not None:
+                    call()
+        return {o: self.arrays[o].copy() for o in self.program.outputs}
+
+    def _run_timed(self, progress) -> None:
+        records, n = [], len(self._calls)
+        clock = time.perf_counter
+        for k, (s, call) in enumerate(zip(self.program.steps, self._calls)):
+            t0 = clock()
+            if call is not None:
+                call()
+            ms = (clock() - t0) * 1e3
+            out = s["outputs"][0] if s["outputs"] else ""
+            rec = {"node": s["node"], "op": s["op"], "kind": s["kind"], "ms": ms,
+                   "shape": self.program.values[out]["shape"] if out else []}
+            records.append(rec)
+            if progress:
+                progress(f"[{k + 1:>{len(str(n))}}/{n}] {s['node']:<24} {s['op']:<18} "
+                         f"{s['kind']:<7} {ms:8.3f} ms  {rec['shape']}")
+        self.last_profile = records
