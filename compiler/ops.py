@@ -6,9 +6,11 @@ Layouts (BATCH = b, BLOCK = k):
     conv kernel  (O/k, C/k, KH, KW, k, k)      int8   (OIHW{k}o{k}i)
     dense data   (N/b, K/k, b, k), weight (O/k, K/k, k, k)
     bias         (O/k, b, k) int32, the same for every batch lane
-The epilogue runs on the ALU, in this order: + bias, * multiplier, >> shift, + residual
-(an int8 tensor loaded with ACC_8BIT), clip to [0 or -128, 127], then the int8 OUT view is
-stored.
+    scale        (O/k, b, k) int32, a per-channel multiplier, laid out like the bias
+The epilogue runs on the ALU, in this order: + bias, * multiplier (an immediate) or * scale
+(per channel), >> shift, + residual (an int8 tensor loaded with ACC_8BIT), clip to
+[lo, hi] (by default [0 or -128, 127]), then the int8 OUT view is stored. This is the
+requantization of int8 models (compiler/quantize.py): QConv and QGemm map onto it exactly.
 """
 
 from __future__ import annotations
@@ -37,30 +39,48 @@ class Epilogue:
     shift: int = 0
     residual: bool = False
     relu: bool = False
+    scale: bool = False  # a per-channel int32 multiplier tensor (after any immediate one)
+    lo: int | None = None  # clip bounds; lo defaults to 0 with relu, else -128
+    hi: int = 127
 
-    def apply(self, acc: np.ndarray, bias=None, residual=None) -> np.ndarray:
+    def __post_init__(self):
+        if not -128 <= self.low <= self.hi <= 127:
+            raise CompilerError(f"epilogue clip bounds [{self.low}, {self.hi}] must lie in "
+                                f"[-128, 127] with lo <= hi")
+        if not 0 <= self.shift <= 31:
+            raise CompilerError(f"epilogue shift {self.shift} must be in [0, 31]")
+
+    @property
+    def low(self) -> int:
+        return self.lo if self.lo is not None else (0 if self.relu else -128)
+
+    def apply(self, acc: np.ndarray, bias=None, residual=None, scale=None) -> np.ndarray:
         """The numpy reference of the epilogue on int32 accumulators (32-bit wrap)."""
         x = acc.astype(np.int64)
         if self.bias:
             x = _wrap(x + bias)
         if self.multiplier is not None:
             x = _wrap(x * self.multiplier)
+        if self.scale:
+            x = _wrap(x * scale.astype(np.int64))
         x = x >> self.shift
         if self.residual:
             x = _wrap(x + residual.astype(np.int64))
-        return np.clip(x, 0 if self.relu else -128, 127).astype(np.int8)
+        return np.clip(x, self.low, self.hi).astype(np.int8)
 
-    def expr(self, acc, bias, residual):
+    def expr(self, acc, bias, residual, scale=None):
         x = acc
         if self.bias:
             x = x + bias
         if self.multiplier is not None:
             x = x * self.multiplier
+        if self.scale:
+            x = x * scale
         if self.shift:
             x = x >> self.shift
         if self.residual:
             x = x + residual.astype("int32")
-        return min_expr(max_expr(x, 0 if self.relu else -128), 127)
+        return min_expr(max_expr(x, self.low), self.hi)
 
 
 def _wrap(x):
@@ -119,7 +139,8 @@ def _check_divides(what: str, extent: int, factor: int):
 def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d") -> AcceleratorFunction:
     """Compile one conv2d layer with its epilogue for the accelerator.
 
-    The function takes (data, kernel[, bias][, residual], out) in the packed layouts."""
+    The function takes (data, kernel[, bias][, scale][, residual], out) in the packed
+    layouts."""
     b, k = cfg.batch, cfg.block
     if spec.n % b or spec.c % k or spec.o % k:
         raise CompilerError(f"{name}: N={spec.n} must be a multiple of BATCH={b} and C={spec.c}, "
@@ -144,10 +165,12 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
             padded[n, ci, y * st + dy, x * st + dx, bb, ki].astype("int32")
             * kernel[o, ci, dy, dx, oo, ki].astype("int32"), axis=[ci, dy, dx, ki]), "conv")
     bias = te.placeholder((ob, b, k), "int32", "bias") if spec.epilogue.bias else None
+    scale = te.placeholder((ob, b, k), "int32", "scale") if spec.epilogue.scale else None
     resid = te.placeholder((nb, ob, oh, ow, b, k), "int8", "residual") if spec.epilogue.residual else None
     epi = te.compute(conv.shape, lambda n, o, y, x, bb, oo: spec.epilogue.expr(
         conv[n, o, y, x, bb, oo], bias[o, bb, oo] if bias is not None else None,
-        resid[n, o, y, x, bb, oo] if resid is not None else None), "epilogue")
+        resid[n, o, y, x, bb, oo] if resid is not None else None,
+        scale[o, bb, oo] if scale is not None else None), "epilogue")
     out = te.compute(conv.shape, lambda *i: epi[i].astype("int8"), "out")
 
     _check_divides("tile_h", oh, knobs.tile_h)
@@ -193,7 +216,7 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     s[wgt].compute_at(s[conv], ci_o)
     s[wgt].pragma(s[wgt].axes[0], "dma_copy")
     args = [data, kernel]
-    for extra in (bias, resid):
+    for extra in (bias, scale, resid):
         if extra is not None:
             cached = s.cache_read(extra, "acc", [epi])
             s[cached].compute_at(s[out], x_o)
@@ -202,7 +225,8 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     return build(s, args + [out], cfg, name)
 
 
-def conv2d_reference(x: np.ndarray, w: np.ndarray, spec: ConvSpec, bias=None, residual=None) -> np.ndarray:
+def conv2d_reference(x: np.ndarray, w: np.ndarray, spec: ConvSpec, bias=None, residual=None,
+                     scale=None) -> np.ndarray:
     """NCHW int8 conv2d with the epilogue, in numpy (int64 products, int32 wrap)."""
     n, c, h, wd = x.shape
     o = w.shape[0]
@@ -215,7 +239,8 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, spec: ConvSpec, bias=None, re
             acc += np.einsum("nchw,oc->nohw", patch, w[:, :, dy, dx].astype(np.int64))
     acc = _wrap(acc)
     b = bias.astype(np.int64)[None, :, None, None] if bias is not None else None
-    return spec.epilogue.apply(acc, b, residual)
+    m = scale.astype(np.int64)[None, :, None, None] if scale is not None else None
+    return spec.epilogue.apply(acc, b, residual, m)
 
 
 # ---- dense -------------------------------------------------------------------------------
@@ -243,7 +268,7 @@ class DenseKnobs:
 
 def dense(cfg: HwConfig, spec: DenseSpec, knobs: DenseKnobs, name: str = "dense") -> AcceleratorFunction:
     """Compile a dense layer (data x weight^T) with its epilogue; takes (data, weight[, bias]
-    [, residual], out) in the packed layouts."""
+    [, scale][, residual], out) in the packed layouts."""
     b, k = cfg.batch, cfg.block
     if spec.n % b or spec.k % k or spec.o % k:
         raise CompilerError(f"{name}: N={spec.n} must be a multiple of BATCH={b} and K={spec.k}, "
@@ -256,10 +281,12 @@ def dense(cfg: HwConfig, spec: DenseSpec, knobs: DenseKnobs, name: str = "dense"
         data[i, ko, bb, ki].astype("int32") * weight[j, ko, oo, ki].astype("int32"),
         axis=[ko, ki]), "gemm")
     bias = te.placeholder((ob, b, k), "int32", "bias") if spec.epilogue.bias else None
+    scale = te.placeholder((ob, b, k), "int32", "scale") if spec.epilogue.scale else None
     resid = te.placeholder((nb, ob, b, k), "int8", "residual") if spec.epilogue.residual else None
     epi = te.compute(gemm.shape, lambda i, j, bb, oo: spec.epilogue.expr(
         gemm[i, j, bb, oo], bias[j, bb, oo] if bias is not None else None,
-        resid[i, j, bb, oo] if resid is not None else None), "epilogue")
+        resid[i, j, bb, oo] if resid is not None else None,
+        scale[j, bb, oo] if scale is not None else None), "epilogue")
     out = te.compute(gemm.shape, lambda *i: epi[i].astype("int8"), "out")
     _check_divides("tile_n", nb, knobs.tile_n)
     _check_divides("tile_o", ob, knobs.tile_o)
@@ -291,7 +318,7 @@ def dense(cfg: HwConfig, spec: DenseSpec, knobs: DenseKnobs, name: str = "dense"
         s[cached].compute_at(s[gemm], k_o)
         s[cached].pragma(s[cached].axes[0], "dma_copy")
     args = [data, weight]
-    for extra in (bias, resid):
+    for extra in (bias, scale, resid):
         if extra is not None:
             cached = s.cache_read(extra, "acc", [epi])
             s[cached].compute_at(s[out], order[-5])
@@ -300,10 +327,12 @@ def dense(cfg: HwConfig, spec: DenseSpec, knobs: DenseKnobs, name: str = "dense"
     return build(s, args + [out], cfg, name)
 
 
-def dense_reference(x: np.ndarray, w: np.ndarray, spec: DenseSpec, bias=None, residual=None):
+def dense_reference(x: np.ndarray, w: np.ndarray, spec: DenseSpec, bias=None, residual=None,
+                    scale=None):
     acc = _wrap(x.astype(np.int64) @ w.astype(np.int64).T)
     b = bias.astype(np.int64)[None, :] if bias is not None else None
-    return spec.epilogue.apply(acc, b, residual)
+    m = scale.astype(np.int64)[None, :] if scale is not None else None
+    return spec.epilogue.apply(acc, b, residual, m)
 
 
 # ---- packing -----------------------------------------------------------------------------

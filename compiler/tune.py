@@ -40,7 +40,7 @@ def _rows(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs) -> dict:
     """SRAM rows a schedule holds at once, per buffer."""
     in_h = (k.tile_h - 1) * spec.stride + spec.kh
     in_w = (k.tile_w - 1) * spec.stride + spec.kw
-    extra_acc = (k.tile_co if spec.epilogue.bias else 0) + \
+    extra_acc = k.tile_co * (spec.epilogue.bias + spec.epilogue.scale) + \
         (k.tile_co * k.tile_h * k.tile_w if spec.epilogue.residual else 0)
     return {
         "inp": k.vthreads * k.tile_ci * in_h * in_w,
@@ -91,7 +91,7 @@ def estimate_conv(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs) -> float:
     out_rows = spec.n * spec.o * spec.oh * spec.ow // cfg.block
     traffic += out_rows * cfg.out_elem_bytes / cfg.bus_bytes + tiles * k.tile_co * lat
     alu_ops = 2 + bool(spec.epilogue.shift) + bool(spec.epilogue.bias) \
-        + (spec.epilogue.multiplier is not None) + spec.epilogue.residual
+        + (spec.epilogue.multiplier is not None) + spec.epilogue.scale + spec.epilogue.residual
     compute = spec.macs / cfg.macs_per_cycle + out_rows * alu_ops + steps * 20
     if k.vthreads > 1:
         return max(compute, traffic) + traffic / steps
@@ -111,6 +111,8 @@ def measure_conv(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, *, seed: int =
             pack_oihw(rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8), k)]
     if spec.epilogue.bias:
         args.append(pack_bias(rng.integers(-999, 999, spec.o).astype(np.int32), b, k))
+    if spec.epilogue.scale:
+        args.append(pack_bias(rng.integers(1, 999, spec.o).astype(np.int32), b, k))
     if spec.epilogue.residual:
         args.append(np.zeros((spec.n // b, spec.o // k, spec.oh, spec.ow, b, k), np.int8))
     args.append(np.zeros((spec.n // b, spec.o // k, spec.oh, spec.ow, b, k), np.int8))

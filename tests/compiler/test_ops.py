@@ -20,17 +20,21 @@ def run_conv(cfg, spec, knobs, target="fsim", seed=0):
     x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
     w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
     bias = rng.integers(-3000, 3000, spec.o).astype(np.int32)
+    scale = rng.integers(-900, 900, spec.o).astype(np.int32)
     resid = rng.integers(-128, 128, (spec.n, spec.o, spec.oh, spec.ow), dtype=np.int8)
     fn = conv2d(cfg, spec, knobs)
     args = [pack_nchw(x, b, k), pack_oihw(w, k)]
     if spec.epilogue.bias:
         args.append(pack_bias(bias, b, k))
+    if spec.epilogue.scale:
+        args.append(pack_bias(scale, b, k))
     if spec.epilogue.residual:
         args.append(pack_nchw(resid, b, k))
     out = np.zeros((spec.n // b, spec.o // k, spec.oh, spec.ow, b, k), np.int8)
     stats = fn(Device(cfg, target=target, dram_size=8 << 20), *args, out)
     ref = conv2d_reference(x, w, spec, bias if spec.epilogue.bias else None,
-                           resid if spec.epilogue.residual else None)
+                           resid if spec.epilogue.residual else None,
+                           scale if spec.epilogue.scale else None)
     return unpack_nchw(out), ref, stats
 
 
@@ -44,6 +48,10 @@ CONV_CASES = [
      ConvKnobs(3, 6, 1, 1, vthreads=2, vthread_axis="h")),
     (dict(c=1, h=7, w=7, o=1, kh=5, kw=5, stride=1, pad=2, epilogue=Epilogue(bias=True, shift=9)),
      ConvKnobs(7, 7, 1, 1)),
+    # int8 requantization: per-channel multipliers, residual, clip to a Relu6-like range
+    (dict(c=2, h=6, w=6, o=2, kh=3, kw=3, stride=1, pad=1,
+          epilogue=Epilogue(bias=True, scale=True, shift=14, residual=True, lo=-5, hi=90)),
+     ConvKnobs(3, 6, 1, 2, vthreads=2, vthread_axis="h")),
 ]
 
 
