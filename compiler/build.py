@@ -60,30 +60,62 @@ class AcceleratorFunction:
         return str(self.func)
 
     def __call__(self, dev, *arrays: np.ndarray) -> dict:
-        if dev.config != self.config:
-            raise CompilerError(f"{self.func.name} was compiled for another configuration")
         if len(arrays) != len(self.func.params):
             raise CompilerError(f"{self.func.name} takes {len(self.func.params)} arrays, given "
                                 f"{len(arrays)}")
-        dram = {}
         for buf, arr in zip(self.func.params, arrays):
             if tuple(arr.shape) != tuple(buf.shape) or arr.dtype != np.dtype(buf.dtype):
                 raise CompilerError(f"{self.func.name}: argument {buf.name} must be {buf.dtype} "
                                     f"of shape {buf.shape}, not {arr.dtype} {arr.shape}")
-            dram[buf] = dev.upload(np.ascontiguousarray(arr), align=_align(buf))
+        self._check_device(dev)
+        dram = [dev.upload(np.ascontiguousarray(arr), align=_align(buf))
+                for buf, arr in zip(self.func.params, arrays)]
+        scratch = []
+        try:
+            scratch = self.bind(dev, dram)
+            stats = dev.synchronize()
+            for d, buf, arr in zip(dram, self.func.params, arrays):
+                arr[...] = d.read(arr.dtype, arr.shape)
+        finally:
+            for b in dram + scratch:
+                dev.free(b)
+        return stats
+
+    def _check_device(self, dev) -> None:
+        if dev.config != self.config:
+            raise CompilerError(f"{self.func.name} was compiled for another configuration")
+
+    def arg_specs(self) -> list[tuple[str, str, tuple[int, ...], int]]:
+        """(name, dtype, shape, DRAM alignment) of each argument, in order."""
+        return [(b.name, b.dtype, tuple(b.shape), _align(b)) for b in self.func.params]
+
+    def bind(self, dev, buffers) -> list:
+        """Emit the program into ``dev``'s stream for arguments already in DRAM (one buffer
+        per parameter, in order), without running it: ``dev.synchronize()`` runs it once,
+        ``dev.build_program()`` keeps it resident to run many times. Returns the DRAM
+        scratch buffers it allocated, which must live as long as the program."""
+        self._check_device(dev)
+        if len(buffers) != len(self.func.params):
+            raise CompilerError(f"{self.func.name} takes {len(self.func.params)} buffers, given "
+                                f"{len(buffers)}")
+        dram = {}
+        for buf, d in zip(self.func.params, buffers):
+            if d.nbytes < _nbytes(buf) or d.addr % _align(buf):
+                raise CompilerError(f"{self.func.name}: the DRAM buffer for {buf.name} must "
+                                    f"hold {_nbytes(buf)} bytes at a multiple of {_align(buf)}")
+            dram[buf] = d
+        scratch = []
         for node in walk(self.func.body):
             if isinstance(node, Allocate) and node.buffer.scope == "global":
                 dram[node.buffer] = dev.alloc(_nbytes(node.buffer), align=_align(node.buffer))
+                scratch.append(dram[node.buffer])
         try:
-            ops = insert_dependencies(build_ops(self.func, self.config, dram), self.config)
-            emit(ops, dev)
-            stats = dev.synchronize()
-            for buf, arr in zip(self.func.params, arrays):
-                arr[...] = dram[buf].read(arr.dtype, arr.shape)
-        finally:
-            for b in dram.values():
+            emit(insert_dependencies(build_ops(self.func, self.config, dram), self.config), dev)
+        except BaseException:
+            for b in scratch:
                 dev.free(b)
-        return stats
+            raise
+        return scratch
 
 
 def _nbytes(buf) -> int:

@@ -1,7 +1,8 @@
 """celosia.driver: the host side of the accelerator (VTA's runtime API in Python).
 
 - :class:`Device` (device.py): an executor plus a DRAM allocator and the stream builder
-  (``load_2d``, ``store_2d``, ``gemm``, ``alu``, ``dep_push``, ``dep_pop``, ``synchronize``).
+  (``load_2d``, ``store_2d``, ``gemm``, ``alu``, ``dep_push``, ``dep_pop``, ``synchronize``;
+  ``build_program`` and ``run_program`` for programs that stay resident in DRAM).
 - :class:`DramBuffer`, :class:`DramAllocator` (alloc.py): aligned physical DRAM buffers.
 - :class:`UopKernel`, :class:`UopKernelBuilder`, :class:`UopCache` (uops.py): micro-op
   kernels recorded once per key, and their residency in the on-chip UOP buffer.
@@ -32,12 +33,12 @@ array([   0,   50,  100, -106,  -56,   -6], dtype=int8)
 """
 
 from .alloc import AllocationError, DramAllocator, DramBuffer
-from .device import Device
+from .device import Device, Program
 from .stream import InsnStream, nop
 from .uops import KernelError, KernelMode, UopCache, UopKernel, UopKernelBuilder, UopLoop
 
 __all__ = [
-    "Device", "DramBuffer", "DramAllocator", "AllocationError",
+    "Device", "Program", "DramBuffer", "DramAllocator", "AllocationError",
     "UopKernel", "UopKernelBuilder", "UopLoop", "UopCache", "KernelMode", "KernelError",
     "InsnStream", "nop",
 ]

@@ -22,6 +22,7 @@ so fsim, the cycle model, the RTL and a board are interchangeable.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Hashable
 
@@ -37,7 +38,7 @@ from .alloc import DramAllocator, DramBuffer
 from .stream import InsnStream
 from .uops import KernelError, KernelMode, UopKernel, UopKernelBuilder
 
-__all__ = ["Device"]
+__all__ = ["Device", "Program"]
 
 _MAX_SIZE = (1 << MEM_SIZE_BITS) - 1
 _MAX_PAD = (1 << MEM_PAD_BITS) - 1
@@ -63,6 +64,16 @@ def _mem_type(call: str, value, allowed: tuple[MemType, ...]) -> MemType:
         names = ", ".join(f"MemType.{m.name}" for m in allowed)
         raise CelosiaError(f"{call}: mem_type must be one of {names}, not {value!r}")
     return mem_type
+
+
+@dataclass(frozen=True)
+class Program:
+    """A program resident in DRAM (``Device.build_program``): where its instructions are,
+    how many, and the buffers holding them and its micro-ops."""
+
+    insn_addr: int
+    insn_count: int
+    buffers: tuple = ()
 
 
 class Device:
@@ -290,6 +301,38 @@ class Device:
             self._uop_buf.write(uops.astype("<u4"))
         self._insn_buf.write(program)
         return self._insn_buf.addr, len(insns)
+
+    def build_program(self) -> "Program":
+        """Close the pending stream into a resident program: its micro-ops and instructions
+        get DRAM buffers of their own (not the staging area ``synchronize`` reuses), so
+        several programs can live in DRAM at once and run any number of times with
+        ``run_program``. The stream is reset for the next program."""
+        if self._stream.empty:
+            raise CelosiaError("build_program: the stream is empty; there is no program to build")
+        try:
+            uops = self._stream.uop_staging()
+            uop_buf = self.alloc(max(uops.nbytes, 4), align=64)
+            insns = self._stream.finalize(uop_buf.addr)
+            program = encode_program(insns, self.config)
+            insn_buf = self.alloc(program.nbytes, align=64)
+            if uops.size:
+                uop_buf.write(uops.astype("<u4"))
+            insn_buf.write(program)
+        finally:
+            self._stream.reset()
+        return Program(insn_buf.addr, len(insns), (insn_buf, uop_buf))
+
+    def run_program(self, program: "Program") -> dict:
+        """Run a resident program (``build_program``) to completion; its counters."""
+        if not self._stream.empty:
+            raise CelosiaError("run_program: instructions are pending in the stream; "
+                               "synchronize or build_program them first")
+        counters = self.executor.run(program.insn_addr, program.insn_count)
+        self.runs += 1
+        for name, value in counters.items():
+            if isinstance(value, (int, float, np.integer, np.floating)):
+                self._stats[name] = self._stats.get(name, 0) + value
+        return counters
 
     def _image(self, insn_addr: int, insn_count: int) -> ProgramImage:
         dram = self.executor.read_dram(0, self.allocator.high_water)

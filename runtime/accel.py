@@ -1,0 +1,438 @@
+"""Whole quantized models split between the accelerator and the CPU.
+
+    model = AccelModel.build(qgraph, "default")       # partition, schedule, place in DRAM
+    model.save("m.cel");  model = AccelModel.load("m.cel")   # no recompilation
+    outputs = model.run({"image": x}, target="cycle") # fsim | cycle | rtl
+    model.report                                       # per node: where, time, cycles, why
+
+Building (``build``) takes a quantized graph (compiler/quantize.py), asks
+compiler/partition.py what the configured accelerator can run, compiles each accelerator
+node (schedule search on the cycle model, cached on disk) and emits it through the driver
+into a program that stays resident in DRAM, next to its packed weights and the DRAM
+buffers of its input and output values. The result is one DRAM image plus, per
+accelerator node, the address of its program: running the model writes the image into an
+executor once and then only moves activations.
+
+Running walks the graph in order. An accelerator node's int8 inputs are packed into DRAM
+only if the CPU produced them (values flowing between accelerator nodes never leave DRAM),
+its program runs, and its output stays in DRAM until a CPU node reads it (then it is read
+back and unpacked once). CPU nodes run the numpy kernels that define each operator
+(compiler/graph_numpy.py, graph_int.py), the same code as the all-CPU build
+(``accelerate=False``), so the two builds agree bit for bit.
+
+The report gives, per node: where it ran (and for CPU nodes why), the CPU time measured,
+the accelerator cycles and their time at the configured clock, and GEMM utilisation; the
+time spent packing and unpacking at region borders is reported as ``layout_ms``.
+
+A ``.cel`` file of this kind is a zip archive:
+
+    manifest.json      format, version, configuration, graph, placements, programs, values
+    constants/N.npy    the quantized graph's initializers
+    dram.npy           the DRAM image (weights, micro-ops, instructions), deflated
+    model.onnx         the source model, when built from one (for --compare onnxruntime)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from ..config import HwConfig
+from ..errors import CelosiaError
+from .cpu import ArtifactError, _decode, _encode
+
+__all__ = ["AccelModel", "FORMAT", "VERSION", "is_accel_artifact", "compare_outputs"]
+
+FORMAT = "celosia-accel"
+VERSION = 1
+_ALIGN = 256  # every value buffer: a multiple of any element size (BATCH x BLOCK x 4 bytes)
+
+
+def is_accel_artifact(path) -> bool:
+    """Whether a .cel file is an accelerator build (rather than a float CPU build)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return json.loads(z.read("manifest.json")).get("format") == FORMAT
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError):
+        return False
+
+
+def compare_outputs(ours: dict, theirs: dict, *, exact: bool) -> tuple[bool, dict]:
+    """(identical?, details) per output: elements that differ, the largest difference,
+    relative to the reference's range, and for outputs of shape [N, classes] the share of
+    rows whose arg-max agrees."""
+    same, rows = True, {}
+    for name, a in ours.items():
+        b = np.asarray(theirs[name])
+        if a.shape != b.shape:
+            rows[name] = {"shape": list(a.shape), "reference_shape": list(b.shape)}
+            same = False
+            continue
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        span = float(np.abs(b).max()) if b.size else 0.0
+        row = {"differing": int(np.count_nonzero(diff)), "elements": int(diff.size),
+               "max_abs_diff": float(diff.max()) if diff.size else 0.0,
+               "max_diff_vs_range": float(diff.max() / span) if span and diff.size else 0.0}
+        if a.ndim == 2 and a.shape[1] > 1:
+            row["argmax_agreement"] = float(np.mean(a.argmax(1) == b.argmax(1)))
+        same &= row["differing"] == 0
+        rows[name] = row
+    parts = []
+    for name, r in rows.items():
+        if "shape" in r:
+            parts.append(f"{name}: shape {r['shape']} vs {r['reference_shape']}")
+        elif exact:
+            parts.append(f"{name}: {r['differing']} of {r['elements']} elements differ")
+        else:
+            agree = (f", arg-max agrees on {r['argmax_agreement']:.1%} of rows"
+                     if "argmax_agreement" in r else "")
+            parts.append(f"{name}: max |diff| {r['max_abs_diff']:.3g} "
+                         f"({r['max_diff_vs_range']:.2%} of its range){agree}")
+    return same, {"outputs": rows, "summary": "; ".join(parts)}
+
+
+def _graph_to_json(graph) -> tuple[dict, dict]:
+    """(JSON-able description, {file name: array}) of a graph."""
+    consts = {f"constants/{k}.npy": np.asarray(a) for k, a in enumerate(graph.initializers.values())}
+    return {
+        "name": graph.name, "inputs": list(graph.inputs), "outputs": list(graph.outputs),
+        "nodes": [{"op": n.op, "inputs": list(n.inputs), "outputs": list(n.outputs),
+                   "attrs": _encode(n.attrs), "name": n.name} for n in graph.nodes],
+        "types": {k: [t.dtype, list(t.shape)] for k, t in graph.types.items()},
+        "initializers": {name: f"constants/{k}.npy" for k, name in enumerate(graph.initializers)},
+    }, consts
+
+
+def _graph_from_json(d: dict, read) -> "object":
+    from ..compiler.graph import Graph, Node, TensorType, constant
+
+    def attrs(a):
+        a = _decode(a)
+        if "epilogue" in a:
+            a["epilogue"] = tuple(tuple(s) for s in a["epilogue"])
+        return a
+
+    nodes = tuple(Node(n["op"], tuple(n["inputs"]), tuple(n["outputs"]), attrs(n["attrs"]),
+                       n["name"]) for n in d["nodes"])
+    inits = {name: constant(read(f)) for name, f in d["initializers"].items()}
+    types = {k: TensorType(t[0], tuple(t[1])) for k, t in d["types"].items()}
+    return Graph(d["name"], tuple(d["inputs"]), tuple(d["outputs"]), nodes, inits, types)
+
+
+class AccelModel:
+    """A quantized model partitioned between the accelerator and the CPU (module doc)."""
+
+    def __init__(self, graph, config: HwConfig, placements: dict, programs: dict,
+                 values: dict, image: np.ndarray, *, source: bytes | None = None,
+                 build_info: dict | None = None):
+        self.graph = graph
+        self.config = config
+        self.placements = placements  # node name -> Placement
+        self.programs = programs      # node name -> {insn_addr, insn_count, kind, spec, knobs, ...}
+        self.values = values          # value name -> {"addr", "shape" (packed)}
+        self.image = image            # DRAM bytes [0, len)
+        self.source = source
+        self.build_info = build_info or {}
+        self.report: list[dict] = []
+        self._executors: dict = {}
+
+    # ---- building --------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, graph, config=None, *, accelerate: bool = True, tune_top: int = 4,
+              progress=None, source: bytes | None = None) -> "AccelModel":
+        """Partition, compile and place a quantized graph (see the module docstring)."""
+        from ..compiler.expr import CompilerError
+        from ..compiler.partition import (Placement, annotate, compile_layer, layer_for,
+                                          packed_shape, regions)
+        from ..driver import Device
+
+        start = time.perf_counter()
+        cfg = HwConfig.load(config)
+        placements = annotate(graph, cfg, accelerate=accelerate)
+        accel = [n for n in graph.nodes if placements[n.name].target == "accel"]
+        compiled = {}
+        for k, node in enumerate(accel):
+            t0 = time.perf_counter()
+            layer = layer_for(node, graph, cfg)
+            try:
+                fn, knobs = compile_layer(layer, cfg, top=tune_top)
+            except CompilerError as e:
+                placements[node.name] = Placement("cpu", f"no accelerator schedule: {e}")
+                continue
+            compiled[node.name] = (layer, fn, knobs)
+            if progress:
+                progress(f"[{k + 1}/{len(accel)}] {node.name}: {layer.kind} {_spec_str(layer.spec)}"
+                         f" -> {_knobs_str(knobs)} ({time.perf_counter() - t0:.2f} s)")
+        region_of = regions(graph, placements)
+
+        # DRAM: constants, values and programs, each in its own buffer.
+        need = sum(l.weight.nbytes + l.bias.nbytes + l.scale.nbytes for l, _, _ in compiled.values())
+        for name in {i for n in graph.nodes if n.name in compiled for i in
+                     (n.inputs[0], n.outputs[0], *n.inputs[4:]) if i}:
+            need += int(np.prod(packed_shape(graph.types[name].shape, cfg)))
+        dev = Device(cfg, target="fsim", dram_size=_round_up(2 * need + (64 << 20), 1 << 20))
+        values: dict[str, object] = {}
+
+        def value_buffer(name):
+            if name not in values:
+                shape = packed_shape(graph.types[name].shape, cfg)
+                values[name] = (dev.alloc(int(np.prod(shape)), align=_ALIGN), shape)
+            return values[name][0]
+
+        programs = {}
+        for node in graph.nodes:
+            if node.name not in compiled:
+                continue
+            layer, fn, knobs = compiled[node.name]
+            align = [a for _, _, _, a in fn.arg_specs()]
+            bufs = [value_buffer(node.inputs[0]), dev.upload(layer.weight, align=align[1]),
+                    dev.upload(layer.bias, align=align[2]), dev.upload(layer.scale, align=align[3])]
+            if layer.residual:
+                bufs.append(value_buffer(node.inputs[4]))
+            bufs.append(value_buffer(node.outputs[0]))
+            fn.bind(dev, bufs)
+            prog = dev.build_program()
+            programs[node.name] = {
+                "insn_addr": prog.insn_addr, "insn_count": prog.insn_count, "kind": layer.kind,
+                "spec": _spec_dict(layer.spec), "knobs": asdict(knobs), "macs": layer.macs,
+                "region": region_of[node.name],
+            }
+        image = dev.executor.read_dram(0, dev.allocator.high_water)
+        info = {"nodes": len(graph.nodes), "accel_nodes": len(programs),
+                "regions": len(set(region_of.values())), "dram_bytes": int(image.size),
+                "instructions": sum(p["insn_count"] for p in programs.values()),
+                "total_s": time.perf_counter() - start}
+        return cls(graph, cfg, placements, programs,
+                   {k: {"addr": b.addr, "shape": list(s)} for k, (b, s) in values.items()},
+                   image, source=source, build_info=info)
+
+    @classmethod
+    def from_onnx(cls, model, config=None, *, input_shapes: dict | None = None,
+                  calibration=None, target: str = "fsim", tune_top: int = 4,
+                  progress=None) -> "AccelModel":
+        """Import an ONNX model (path, bytes or ModelProto), quantize it to int8 (with
+        ``calibration``: an .npz path or {input: samples}; a QDQ model needs none) and build
+        it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph)."""
+        from ..compiler.graph import import_onnx, optimize
+        from ..compiler.quantize import quantize_model
+        from .cpu import _model_bytes
+
+        start = time.perf_counter()
+        graph = optimize(import_onnx(model, input_shapes))
+        qgraph = quantize_model(graph, calibration)
+        if progress:
+            n = sum(node.op in ("QConv", "QGemm") for node in qgraph.nodes)
+            progress(f"quantized to int8: {n} integer conv/dense layers "
+                     f"({time.perf_counter() - start:.2f} s)")
+        built = cls.build(qgraph, config, accelerate=target != "cpu", tune_top=tune_top,
+                          progress=progress, source=_model_bytes(model))
+        built.build_info["target"] = target
+        built.build_info["total_s"] = time.perf_counter() - start
+        return built
+
+    def cpu_build(self) -> "AccelModel":
+        """The all-CPU build of the same quantized graph (no accelerator node)."""
+        return AccelModel.build(self.graph, self.config, accelerate=False, source=self.source)
+
+    # ---- saving and loading ----------------------------------------------------------------
+
+    def save(self, path) -> None:
+        graph_json, consts = _graph_to_json(self.graph)
+        manifest = {
+            "format": FORMAT, "version": VERSION, "config": self.config.to_dict(),
+            "graph": graph_json,
+            "placements": {k: [p.target, p.reason] for k, p in self.placements.items()},
+            "programs": self.programs, "values": self.values, "build": self.build_info,
+        }
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("manifest.json", json.dumps(manifest))
+            for name, a in consts.items():
+                z.writestr(name, _npy(a))
+            z.writestr("dram.npy", _npy(self.image))
+            if self.source is not None:
+                z.writestr("model.onnx", self.source)
+
+    @classmethod
+    def load(cls, path) -> "AccelModel":
+        from ..compiler.partition import Placement
+
+        try:
+            with zipfile.ZipFile(path) as z:
+                manifest = json.loads(z.read("manifest.json"))
+                if manifest.get("format") != FORMAT:
+                    raise ArtifactError(f"{path}: a {manifest.get('format')!r} model, not an "
+                                        f"accelerator build")
+                if manifest.get("version") != VERSION:
+                    raise ArtifactError(f"{path}: format version {manifest.get('version')}, "
+                                        f"this celosia reads {VERSION}; build it again")
+
+                def read(name):
+                    return np.load(io.BytesIO(z.read(name)), allow_pickle=False)
+
+                graph = _graph_from_json(manifest["graph"], read)
+                image = read("dram.npy")
+                source = z.read("model.onnx") if "model.onnx" in z.namelist() else None
+        except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as e:
+            raise ArtifactError(f"{path}: not a readable celosia model (truncated or corrupt "
+                                f"file?): {type(e).__name__}: {e}") from None
+        placements = {k: Placement(*v) for k, v in manifest["placements"].items()}
+        return cls(graph, HwConfig.from_dict(manifest["config"]), placements,
+                   manifest["programs"], manifest["values"], image, source=source,
+                   build_info=manifest.get("build"))
+
+    @property
+    def input_types(self) -> dict:
+        return {i: (self.graph.types[i].dtype, self.graph.types[i].shape) for i in self.graph.inputs}
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def _executor(self, target: str):
+        from ..sim.base import make_executor
+
+        ex = self._executors.get(target)
+        if ex is None:
+            ex = make_executor(target, self.config, _round_up(max(self.image.size, 1 << 16), 1 << 16))
+            ex.write_dram(0, self.image)
+            self._executors[target] = ex
+        return ex
+
+    def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
+        """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
+        from ..compiler.graph import InputShapeError
+        from ..compiler.graph_numpy import evaluate_node
+        from ..compiler.partition import pack_value, unpack_value
+
+        graph, cfg = self.graph, self.config
+        for name in graph.inputs:
+            if name not in feeds:
+                raise InputShapeError(f"input {name!r} ({graph.types[name]}) was not given")
+            a, t = np.asarray(feeds[name]), graph.types[name]
+            if tuple(a.shape) != t.shape or str(a.dtype) != t.dtype:
+                raise InputShapeError(
+                    f"input {name!r} is {a.dtype}[{','.join(map(str, a.shape))}] but the model "
+                    f"was built for {t}: pass an array of that shape and type, or build the "
+                    f"model again for the new shape (--input-shape)")
+        unknown = set(feeds) - set(graph.inputs)
+        if unknown:
+            raise InputShapeError(f"unknown inputs {sorted(unknown)}: the model's inputs are "
+                                  f"{list(graph.inputs)}")
+        ex = self._executor(target) if self.programs else None
+        host = {**graph.initializers, **{k: np.asarray(v) for k, v in feeds.items()}}
+        in_dram: set[str] = set()
+        clock_khz = cfg.clock_mhz * 1e3
+        report = []
+
+        def to_host(name):
+            if name and name not in host:
+                v = self.values[name]
+                raw = ex.read_dram(v["addr"], int(np.prod(v["shape"])))
+                host[name] = unpack_value(raw.view(np.int8).reshape(v["shape"]),
+                                          graph.types[name].shape)
+
+        for k, node in enumerate(graph.nodes):
+            row = {"node": node.name, "op": node.op, "target": "cpu", "cpu_ms": 0.0,
+                   "layout_ms": 0.0, "cycles": None, "accel_ms": None}
+            t0 = time.perf_counter()
+            prog = self.programs.get(node.name)
+            if prog is not None:
+                for name in (node.inputs[0], *node.inputs[4:]):
+                    if name and name not in in_dram:
+                        ex.write_dram(self.values[name]["addr"], pack_value(host[name], cfg))
+                        in_dram.add(name)
+                row["layout_ms"] = (time.perf_counter() - t0) * 1e3
+                counters = ex.run(prog["insn_addr"], prog["insn_count"])
+                out = node.outputs[0]
+                in_dram.add(out)
+                host.pop(out, None)
+                cycles = int(counters["cycles"]) if "cycles" in counters else None
+                macs = int(counters.get("macs", 0))
+                row.update(target="accel", region=prog["region"], cycles=cycles,
+                           accel_ms=cycles / clock_khz if cycles is not None else None,
+                           macs=macs, utilization=(macs / (cycles * cfg.macs_per_cycle)
+                                                   if cycles else None),
+                           sim_s=time.perf_counter() - t0)
+            else:
+                for name in node.inputs:
+                    to_host(name)
+                t1 = time.perf_counter()
+                results = evaluate_node(node, [host[i] if i else None for i in node.inputs])
+                row["layout_ms"] = (t1 - t0) * 1e3
+                row["cpu_ms"] = (time.perf_counter() - t1) * 1e3
+                row["reason"] = self.placements[node.name].reason
+                for name, value in zip(node.outputs, results):
+                    if name:
+                        host[name] = value
+                        in_dram.discard(name)
+            report.append(row)
+            if progress:
+                progress(_progress_line(k, len(graph.nodes), row))
+        for name in graph.outputs:
+            to_host(name)
+        self.report = report
+        return {name: host[name] for name in graph.outputs}
+
+    def summary(self) -> dict:
+        """Totals of the last run's report."""
+        rows = self.report
+        accel = [r for r in rows if r["target"] == "accel"]
+        timed = all(r["cycles"] is not None for r in accel)
+        cycles = sum(r["cycles"] for r in accel) if timed else None
+        macs = sum(r.get("macs", 0) for r in accel)
+        accel_ms = sum(r["accel_ms"] for r in accel) if timed else 0.0
+        cpu_ms = sum(r["cpu_ms"] for r in rows)
+        layout_ms = sum(r["layout_ms"] for r in rows)
+        total = accel_ms + cpu_ms + layout_ms
+        return {
+            "nodes": len(rows), "accel_nodes": len(accel), "cpu_nodes": len(rows) - len(accel),
+            "cycles": cycles, "accel_ms": accel_ms if timed else None, "cpu_ms": cpu_ms,
+            "layout_ms": layout_ms,
+            "latency_ms": total, "accel_share": accel_ms / total if total else 0.0,
+            "utilization": macs / (cycles * self.config.macs_per_cycle) if cycles else None,
+            "macs": macs,
+            "clock_mhz": self.config.clock_mhz,
+        }
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _spec_dict(spec) -> dict:
+    d = asdict(spec)
+    return d
+
+
+def _spec_str(spec) -> str:
+    from ..compiler.ops import ConvSpec
+
+    if isinstance(spec, ConvSpec):
+        return (f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.o} {spec.kh}x{spec.kw} "
+                f"s{spec.stride} p{spec.pad}")
+    return f"{spec.n}x{spec.k} -> {spec.o}"
+
+
+def _knobs_str(knobs) -> str:
+    return " ".join(f"{k}={v}" for k, v in asdict(knobs).items())
+
+
+def _progress_line(k: int, n: int, row: dict) -> str:
+    if row["target"] == "accel" and row["cycles"] is None:
+        return f"[{k + 1}/{n}] {row['node']} ({row['op']}) accel: {row['sim_s'] * 1e3:.1f} ms simulated"
+    if row["target"] == "accel":
+        util = row["utilization"]
+        return (f"[{k + 1}/{n}] {row['node']} ({row['op']}) accel: {row['cycles']:,} cycles = "
+                f"{row['accel_ms']:.3f} ms" + (f", utilisation {util:.0%}" if util is not None else ""))
+    return f"[{k + 1}/{n}] {row['node']} ({row['op']}) cpu: {row['cpu_ms']:.3f} ms"
