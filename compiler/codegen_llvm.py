@@ -31,7 +31,7 @@ import numpy as np
 from .cpu_threads import native_pool
 from .expr import CompilerError
 from .llvm_emit import emit_module, split_segments
-from .tir import ACCEL_CALLS, Buffer, Evaluate, Kernel, PrimFunc, verify, walk
+from .tir import ACCEL_CALLS, Buffer, Evaluate, Kernel, PrimFunc, Store, verify, walk
 
 __all__ = ["compile_cpu", "CpuKernel", "SavedSegment", "host_target", "cache_dir",
            "num_threads"]
@@ -174,11 +174,17 @@ class CpuKernel:
     def __init__(self, func: PrimFunc | None, llvm_ir: str | None, obj: bytes,
                  temps: list[Buffer], segments: list, cache_path: Path | None,
                  from_cache: bool, compile_seconds: float, *, name: str | None = None,
-                 params: list[Buffer] | None = None):
+                 params: list[Buffer] | None = None, written: list[int] | None = None):
         llvm = _llvm()
         self.func, self.llvm_ir, self.temps, self.segments = func, llvm_ir, temps, segments
         self.obj = obj
         self.params = list(func.params) if func is not None else list(params)
+        if func is not None:
+            stored = {n.buffer.name for n in walk(func.body) if isinstance(n, Store)}
+            written = [i for i, b in enumerate(self.params) if b.name in stored]
+        # Parameters the kernel writes: only they must not overlap another argument (the
+        # noalias parameters of llvm_emit allow read-only arguments to share memory).
+        self.written = tuple(written if written is not None else range(len(self.params)))
         self._name = func.name if func is not None else name
         self.cache_path, self.from_cache, self.compile_seconds = cache_path, from_cache, compile_seconds
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine())
@@ -206,6 +212,7 @@ class CpuKernel:
         def bufs(bs):
             return [[b.name, list(b.shape), b.dtype] for b in bs]
         return {"name": self.name, "params": bufs(self.params), "temps": bufs(self.temps),
+                "written": list(self.written),
                 "segments": [[s.symbol, e] for s, e in zip(self.segments, self._extents)],
                 "target": host_target().__dict__}
 
@@ -224,7 +231,8 @@ class CpuKernel:
             return [Buffer(n, tuple(shape), dtype) for n, shape, dtype in rows]
         segments = [SavedSegment(symbol, extent) for symbol, extent in record["segments"]]
         return cls(None, None, obj, bufs(record["temps"]), segments, None, True, 0.0,
-                   name=record["name"], params=bufs(record["params"]))
+                   name=record["name"], params=bufs(record["params"]),
+                   written=record.get("written"))
 
     def check_args(self, arrays) -> None:
         """Raise CompilerError unless ``arrays`` match the parameters one to one."""
@@ -245,12 +253,13 @@ class CpuKernel:
             if not a.flags.c_contiguous:
                 raise CompilerError(f"{where} must be C-contiguous; pass "
                                     f"np.ascontiguousarray(...)")
-        for i in range(len(arrays)):
-            for j in range(i):
-                if np.may_share_memory(arrays[i], arrays[j]):
+        for i in self.written:
+            for j in range(len(arrays)):
+                if j != i and np.may_share_memory(arrays[i], arrays[j]):
                     raise CompilerError(
-                        f"{fname}: arguments {j} ({params[j].name}) and {i} "
-                        f"({params[i].name}) share memory; the kernel assumes distinct arrays")
+                        f"{fname}: argument {i} ({params[i].name}), which the kernel writes, "
+                        f"shares memory with argument {j} ({params[j].name}); pass distinct "
+                        f"arrays")
 
     def __call__(self, *arrays: np.ndarray) -> None:
         self.check_args(arrays)

@@ -286,8 +286,21 @@ def test_wrong_arguments_are_clear_errors(args, message):
 def test_overlapping_arguments_are_rejected():
     kernel = _copy_kernel()
     x = np.zeros((3, 4), np.float32)
-    with pytest.raises(CompilerError, match="share memory"):
+    with pytest.raises(CompilerError, match=r"argument 1 \(out\), which the kernel writes, "
+                                            r"shares memory with argument 0 \(A\)"):
         kernel(x, x)
+
+
+def test_read_only_arguments_may_share_memory():
+    """A residual block reads one value as the convolution's input and as its residual."""
+    a = te.placeholder((3, 4), "float32", "A")
+    b = te.placeholder((3, 4), "float32", "B")
+    out = te.compute((3, 4), lambda i, j: a[i, j] * b[i, j], "out")
+    kernel = compile_cpu(lower(create_schedule(out), [a, b, out]))
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    y = np.zeros((3, 4), np.float32)
+    kernel(x, x, y)
+    np.testing.assert_array_equal(y, x * x)
 
 
 def test_accelerator_operations_and_reduction_loop_kinds_are_rejected():
