@@ -9,6 +9,10 @@ A kernel is ``fn(attrs, *inputs) -> array or tuple of arrays``; a missing option
 None. Attributes are in the importer's canonical form (see graph.py): explicit pads and
 strides, non-negative axes, shape-like inputs (Reshape's shape, Slice's starts, ...) turned
 into attributes.
+
+celosia's own quantized operators (QConv, QGemm, ...: graph_int.py) are not ONNX
+operators, so they are not in ``KERNELS``; ``evaluate_node`` and ``infer_node`` also
+dispatch to graph_int's tables.
 """
 
 from __future__ import annotations
@@ -256,6 +260,52 @@ def _hard_sigmoid(x, alpha, beta):
     return np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1).astype(x.dtype)
 
 
+def _per_axis(value, shape, attrs):
+    """A QuantizeLinear/DequantizeLinear scale or zero point broadcast to the input: one
+    value (per tensor), a 1-D tensor along ``axis`` (per axis), or blocks of ``block_size``
+    along ``axis`` (blocked: the input's shape with that axis divided, rounded up)."""
+    if value.size == 1 and (value.ndim <= 1 or not attrs["block_size"]):
+        return value.reshape(())
+    axis, block = attrs["axis"], attrs["block_size"]
+    if not block:
+        if value.ndim != 1 or value.shape[0] != shape[axis]:
+            raise ValueError(f"a per-axis scale or zero point must be 1-D of size "
+                             f"{shape[axis]} (axis {axis}), got shape {list(value.shape)}")
+        return value.reshape([-1 if d == axis else 1 for d in range(len(shape))])
+    want = list(shape)
+    want[axis] = -(-shape[axis] // block)
+    if list(value.shape) != want:
+        raise ValueError(f"a blocked scale or zero point must have shape {want} (block size "
+                         f"{block} on axis {axis}), got {list(value.shape)}")
+    return np.repeat(value, block, axis=axis).take(range(shape[axis]), axis=axis)
+
+
+def quantize_linear(attrs, x, scale, zero_point=None):
+    """ONNX QuantizeLinear to an integer type: saturate(rint(x / scale) + zero_point), the
+    division in ``precision`` (the scale's type unless the attribute says otherwise)."""
+    out = np.dtype(attrs["output_dtype"])
+    if zero_point is not None and zero_point.dtype != out:
+        raise ValueError(f"zero point is {zero_point.dtype} but the output is {out}")
+    precision = np.dtype(attrs["precision"])
+    q = np.rint(x.astype(precision) / _per_axis(scale, x.shape, attrs).astype(precision))
+    if zero_point is not None:
+        q = q + _per_axis(zero_point, x.shape, attrs).astype(np.float64)
+    info = np.iinfo(out)
+    return np.clip(q, info.min, info.max).astype(out)
+
+
+def dequantize_linear(attrs, x, scale, zero_point=None):
+    """ONNX DequantizeLinear: (x - zero_point) * scale, in float32 (or wider when the scale
+    is), cast to ``output_dtype``."""
+    if zero_point is not None and zero_point.dtype != x.dtype:
+        raise ValueError(f"zero point is {zero_point.dtype} but the input is {x.dtype}")
+    d = x.astype(np.int64)
+    if zero_point is not None:
+        d = d - _per_axis(zero_point, x.shape, attrs).astype(np.int64)
+    y = d.astype(np.result_type(np.float32, scale.dtype)) * _per_axis(scale, x.shape, attrs)
+    return y.astype(attrs["output_dtype"])
+
+
 def _selu(attrs, x):
     a = attrs.get("alpha", 1.67326319217681884765625)
     g = attrs.get("gamma", 1.05070102214813232421875)
@@ -315,6 +365,8 @@ KERNELS = {
     "Identity": lambda a, x: x,
     "Dropout": lambda a, x, *_: (x, np.ones(x.shape, bool)),  # inference: a copy
     "Cast": lambda a, x: x.astype(a["to"]),
+    "QuantizeLinear": quantize_linear,                       # integer types; per axis, blocked
+    "DequantizeLinear": dequantize_linear,
     # reductions
     "ReduceMean": _reduce(np.mean),
     "ReduceSum": _reduce(np.sum),
@@ -369,12 +421,22 @@ def apply_epilogue(y: np.ndarray, steps, inputs) -> np.ndarray:
     return y
 
 
+def _kernel(op: str):
+    """The kernel of an ONNX operator, or of one of celosia's quantized operators
+    (graph_int.py; they are not ONNX operators, so not in KERNELS)."""
+    kernel = KERNELS.get(op)
+    if kernel is None:
+        from .graph_int import QUANTIZED_KERNELS
+        kernel = QUANTIZED_KERNELS[op]
+    return kernel
+
+
 def evaluate_node(node: Node, inputs: list) -> tuple:
     """Run one node on numpy arrays (None for a missing optional input)."""
     epilogue = node.attrs.get("epilogue")
     own = inputs[:OWN_INPUTS[node.op]] if epilogue else inputs
     with np.errstate(all="ignore"):
-        result = KERNELS[node.op](node.attrs, *own)
+        result = _kernel(node.op)(node.attrs, *own)
         results = result if isinstance(result, tuple) else (result,)
         if epilogue:
             results = (apply_epilogue(results[0], epilogue, inputs),) + results[1:]
@@ -484,6 +546,9 @@ def infer_node(node: Node, types: list, values: list) -> list[TensorType]:
     known at compile time (None otherwise). Compute-heavy ops have a shape rule; the others
     run their kernel on zero-stride stand-ins, so shape and kernel always agree."""
     rule = _SHAPE_RULES.get(node.op)
+    if rule is None and node.op not in KERNELS:
+        from .graph_int import QUANTIZED_SHAPE_RULES
+        rule = QUANTIZED_SHAPE_RULES.get(node.op)
     if rule is not None:  # an epilogue keeps the output's type
         return rule(node, types)
     inputs = [v if v is not None else (None if t is None else stand_in(t))

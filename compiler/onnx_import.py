@@ -582,6 +582,42 @@ def _shape(ctx, node):
                  node.name)]
 
 
+def _quantize_axis(ctx, node):
+    """QuantizeLinear/DequantizeLinear ``axis`` made non-negative (it only matters for a
+    per-axis or blocked scale) and ``block_size`` explicit."""
+    rank, scale = _rank(ctx, node), ctx.types[node.inputs[1]]
+    axis, block = node.attrs.get("axis", 1), node.attrs.get("block_size", 0)
+    if scale.size != 1 or (block and len(scale.shape) > 1):
+        axis = _axis(node, axis, rank)
+    elif -rank <= axis < rank:
+        axis %= rank
+    return {"axis": axis, "block_size": block}
+
+
+def _quantize_linear(ctx, node):
+    """Explicit output type (the zero point's, else ``output_dtype``, else uint8) and
+    division precision (``precision``, else the scale's type), as numpy dtype names."""
+    zero = node.inputs[2] if len(node.inputs) > 2 else ""
+    if zero:
+        out = ctx.types[zero].dtype
+    elif node.attrs.get("output_dtype"):
+        out = _np_dtype(node.attrs["output_dtype"], f"node {node.name!r} output", ctx.where)
+    else:
+        out = "uint8"
+    precision = (_np_dtype(node.attrs["precision"], f"node {node.name!r} precision", ctx.where)
+                 if node.attrs.get("precision") else ctx.types[node.inputs[1]].dtype)
+    attrs = {**_quantize_axis(ctx, node), "output_dtype": out, "precision": precision}
+    return [Node(node.op, node.inputs, node.outputs, attrs, node.name)]
+
+
+def _dequantize_linear(ctx, node):
+    """Explicit output type (``output_dtype``, else the scale's type)."""
+    out = (_np_dtype(node.attrs["output_dtype"], f"node {node.name!r} output", ctx.where)
+           if node.attrs.get("output_dtype") else ctx.types[node.inputs[1]].dtype)
+    attrs = {**_quantize_axis(ctx, node), "output_dtype": out}
+    return [Node(node.op, node.inputs, node.outputs, attrs, node.name)]
+
+
 def _dropout(ctx, node):
     if len(node.outputs) > 1 and node.outputs[1]:
         return [Node("Dropout", node.inputs[:1], node.outputs, {}, node.name)]
@@ -601,4 +637,5 @@ _CANONICALIZE = {
         "Cast", node.inputs[:1], node.outputs, {"to": ctx.types[node.inputs[1]].dtype},
         node.name)],
     "Shape": _shape, "Range": _range, "PRelu": _prelu, "Dropout": _dropout,
+    "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear,
 }
