@@ -121,15 +121,23 @@ def cmd_verilog(args) -> int:
 
 # ---- whole models (compile, run) --------------------------------------------------------------
 
-MODEL_TARGETS = ("cpu",)
+MODEL_TARGETS = ("cpu", "fsim", "cycle", "rtl")
 
 
 def _check_model_target(target: str) -> None:
     if target not in MODEL_TARGETS:
-        raise CelosiaError(f"target {target!r} cannot build whole models yet: use --target cpu "
-                           f"(the accelerator targets fsim, cycle and rtl run whole models "
-                           f"once the accelerator build of graphs exists; `celosia exec` runs "
-                           f"program images on them)")
+        raise CelosiaError(f"unknown target {target!r}: whole models run on "
+                           f"{', '.join(MODEL_TARGETS)}")
+
+
+def _accel_build(args) -> bool:
+    """Whether compile/run builds the partitioned (quantized) model rather than the float
+    CPU build."""
+    if args.quantize not in (None, "int8"):
+        raise CelosiaError(f"--quantize {args.quantize!r}: only int8 is supported")
+    if args.calibration and not args.quantize:
+        raise CelosiaError("--calibration goes with --quantize int8")
+    return args.target != "cpu" or args.quantize is not None
 
 
 def _input_shapes(specs) -> dict | None:
@@ -160,6 +168,22 @@ def cmd_compile(args) -> int:
     if is_artifact(args.model):
         raise CelosiaError(f"{args.model} is a built model already (.cel); compile takes an "
                            f"ONNX model")
+    if _accel_build(args):
+        from .runtime.accel import AccelModel
+
+        model = AccelModel.from_onnx(args.model, _config(args.config),
+                                     input_shapes=_input_shapes(args.input_shape),
+                                     calibration=args.calibration, target=args.target,
+                                     progress=_progress(args.progress))
+        model.save(args.output)
+        info = model.build_info
+        print(f"wrote {args.output}: {info['nodes']} nodes, {info['accel_nodes']} on the "
+              f"accelerator in {info['regions']} regions, {info['instructions']:,} "
+              f"instructions, {info['dram_bytes']:,} bytes of DRAM image, in "
+              f"{info['total_s']:.2f} s; runs on {args.target}")
+        return 0
+    if args.config:
+        raise CelosiaError("--config applies to the accelerator targets (fsim, cycle, rtl)")
     model = CpuModel.build(args.model, _input_shapes(args.input_shape),
                            progress=_progress(args.progress))
     model.save(args.output)
@@ -238,14 +262,117 @@ def _compare_onnxruntime(model, feeds, outputs) -> tuple[bool, dict]:
     return ok, rows
 
 
+def _compares(spec, allowed) -> list[str]:
+    names = [c.strip() for c in (spec or "").split(",") if c.strip()]
+    for c in names:
+        if c not in allowed:
+            raise CelosiaError(f"--compare {spec!r}: {c!r} cannot be compared here; choose "
+                               f"from {', '.join(allowed)}")
+    return names
+
+
 def cmd_run(args) -> int:
+    from .runtime.cpu import is_artifact
+
+    _check_model_target(args.target)
+    accel_artifact = False
+    if is_artifact(args.model):
+        from .runtime.accel import is_accel_artifact
+
+        accel_artifact = is_accel_artifact(args.model)
+    if accel_artifact or _accel_build(args):
+        return _run_accel(args, accel_artifact)
+    return _run_cpu(args)
+
+
+def _run_accel(args, artifact: bool) -> int:
+    import numpy as np
+
+    from .runtime.accel import AccelModel, compare_outputs
+    from .runtime.report import format_table, plot_timeline, write_json
+
+    compares = _compares(args.compare, ("cpu", "onnxruntime"))
+    progress = _progress(args.progress)
+    if artifact:
+        if args.quantize or args.calibration or args.input_shape:
+            raise CelosiaError(f"{args.model} is built already: --quantize, --calibration and "
+                               f"--input-shape apply to ONNX models")
+        model = AccelModel.load(args.model)
+        if args.config and _config(args.config) != model.config:
+            raise CelosiaError(f"{args.model} was built for another configuration than "
+                               f"--config {args.config}; build it again with that --config")
+    else:
+        model = AccelModel.from_onnx(args.model, _config(args.config),
+                                     input_shapes=_input_shapes(args.input_shape),
+                                     calibration=args.calibration, target=args.target,
+                                     progress=progress)
+    if args.target == "cpu" and model.programs:
+        model = model.cpu_build()
+    feeds = _load_inputs(args.input, model)
+    target = "fsim" if args.target == "cpu" else args.target
+    outputs = model.run(feeds, target=target, progress=progress)
+    rows, summary = model.report, model.summary()
+    print(format_table(rows, summary))
+    ok, compared = True, {}
+    if "cpu" in compares:
+        same, detail = compare_outputs(outputs, model.cpu_build().run(feeds), exact=True)
+        compared["cpu"] = detail
+        ok &= same
+        print(f"vs the all-CPU build of the same quantized graph: "
+              f"{'identical' if same else 'DIFFERENT'}"
+              + ("" if same else f" ({detail['summary']})"))
+    if "onnxruntime" in compares:
+        theirs = _onnxruntime_outputs(model, feeds)
+        _, detail = compare_outputs(outputs, theirs, exact=False)
+        compared["onnxruntime"] = detail
+        print(f"vs onnxruntime (float): {detail['summary']}")
+    if args.output:
+        np.savez(args.output, **outputs)
+    if args.report:
+        write_json(args.report, {"model": str(args.model), "target": args.target,
+                                 "summary": summary, "nodes": rows, "build": model.build_info,
+                                 "compare": compared})
+    if args.timeline:
+        plot_timeline(rows, summary, args.timeline, title=f"{Path(args.model).name} on {args.target}")
+    shown = ", ".join(f"{n}: {a.dtype}[{','.join(map(str, a.shape))}]" for n, a in outputs.items())
+    written = [f for f in (args.output, args.report, args.timeline) if f]
+    print(f"ran {args.model} on {args.target}: {shown}"
+          + (f"; wrote {', '.join(written)}" if written else ""))
+    if not ok:
+        print("the accelerator build differs from the all-CPU build of the same graph",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _onnxruntime_outputs(model, feeds) -> dict:
+    try:
+        import onnxruntime as ort
+    except ModuleNotFoundError:
+        raise CelosiaError("--compare onnxruntime needs onnxruntime: pip install "
+                           "onnxruntime") from None
+    if model.source is None:
+        raise CelosiaError("--compare onnxruntime: this .cel holds no source model; build "
+                           "it again with `celosia compile`")
+    try:
+        session = ort.InferenceSession(model.source, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(None, feeds)))
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors, reported in one line
+        raise CelosiaError(f"--compare onnxruntime: onnxruntime failed: "
+                           f"{str(e).splitlines()[0]}") from None
+
+
+def _run_cpu(args) -> int:
     import numpy as np
 
     from .runtime.cpu import CpuModel
 
-    _check_model_target(args.target)
-    if args.compare not in (None, "onnxruntime"):
-        raise CelosiaError(f"--compare {args.compare!r}: only onnxruntime can be compared")
+    if _compares(args.compare, ("onnxruntime",)) == []:
+        args.compare = None
+    if args.config or args.timeline:
+        raise CelosiaError("--config and --timeline apply to the accelerator targets (fsim, "
+                           "cycle, rtl) and to --quantize int8 builds")
     model = CpuModel.open(args.model, _input_shapes(args.input_shape),
                           progress=_progress(args.progress))
     feeds = _load_inputs(args.input, model)
@@ -330,8 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="smaller problem sizes (smoke test)")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("demo", help="the main job: run the bundled example and show its result")
-    p.add_argument("--target", default="fsim", choices=["fsim", "cycle", "rtl"])
+    p = sub.add_parser("demo", help="the main job: the bundled digits CNN, int8 on the "
+                                     "accelerator against fp32 on the CPU and onnxruntime")
+    p.add_argument("--target", default="cycle", choices=["fsim", "cycle", "rtl"],
+                   help="the executor of the accelerator part (default: the cycle model)")
     config_option(p)
     p.add_argument("--out-dir", default="out", help="where to write the demo's files")
     p.set_defaults(func=cmd_demo)
@@ -341,29 +470,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="accel.v")
     p.set_defaults(func=cmd_verilog)
 
+    def model_options(p):
+        p.add_argument("--target", default="cpu", choices=MODEL_TARGETS,
+                       help="cpu (LLVM float build, or the all-CPU int8 build with --quantize), "
+                            "or an accelerator executor: fsim, cycle, rtl (default cpu)")
+        config_option(p)
+        p.add_argument("--quantize", metavar="int8",
+                       help="post-training int8 quantization (needed for the accelerator "
+                            "targets unless the model is a QDQ model)")
+        p.add_argument("--calibration", metavar="DATA.npz",
+                       help="calibration inputs for --quantize: one array per model input, "
+                            "named after it, samples along the first axis")
+        p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                       help="static shape of an input with dynamic dimensions (repeatable)")
+        p.add_argument("--progress", action="store_true",
+                       help="one line per layer compiled and per node run (stderr)")
+
     p = sub.add_parser("compile", help="build an ONNX model for a target into one file (.cel)")
     p.add_argument("model", help="ONNX model (.onnx)")
-    p.add_argument("--target", default="cpu", help="cpu (the only whole-model target so far)")
+    model_options(p)
     p.add_argument("-o", "--output", required=True, help="the built model (.cel)")
-    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
-                   help="static shape of an input with dynamic dimensions (repeatable)")
-    p.add_argument("--progress", action="store_true", help="one line per kernel compiled")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="run an ONNX model or a built one (.cel) on inputs")
     p.add_argument("model", help="ONNX model (.onnx; built first) or built model (.cel)")
-    p.add_argument("--target", default="cpu", help="cpu (the only whole-model target so far)")
+    model_options(p)
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="an input array (repeatable; NAME= may be left out for one input)")
     p.add_argument("--output", help="write the outputs, by their ONNX names (.npz)")
-    p.add_argument("--report", help="write per-node times and a summary (JSON)")
-    p.add_argument("--compare", metavar="onnxruntime",
-                   help="also run onnxruntime and print the largest differences (exit 1 "
-                        "when beyond rtol 1e-4)")
-    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
-                   help="ONNX models with dynamic dimensions: the input's static shape")
-    p.add_argument("--progress", action="store_true",
-                   help="one line per kernel compiled and per node run (stderr)")
+    p.add_argument("--report", help="write per-node figures and a summary (JSON)")
+    p.add_argument("--timeline", help="accelerator builds: draw the run's timeline (PNG)")
+    p.add_argument("--compare", metavar="cpu,onnxruntime",
+                   help="compare with the all-CPU build of the same quantized graph (must be "
+                        "identical: exit 1 otherwise) and/or onnxruntime's float result; float "
+                        "CPU builds compare with onnxruntime (exit 1 beyond rtol 1e-4)")
     p.set_defaults(func=cmd_run)
     return parser
 

@@ -16,7 +16,7 @@ once where the CPU reads it (layout conversions are placed only at region border
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -254,7 +254,9 @@ def compile_layer(layer: AccelLayer, cfg: HwConfig, *, top: int = 4):
     from .tune import tune_conv
 
     if layer.kind == "conv2d":
-        knobs, _ = tune_conv(cfg, layer.spec, top=top)
+        # The batch is the outermost host loop of the schedule: knobs found for one batch
+        # tile serve any batch (and the search stays cheap and its cache shared).
+        knobs, _ = tune_conv(cfg, replace(layer.spec, n=cfg.batch), top=top)
         return conv2d(cfg, layer.spec, knobs, name=layer.node), knobs
     knobs = dense_knobs(cfg, layer.spec)
     return dense(cfg, layer.spec, knobs, name=layer.node), knobs

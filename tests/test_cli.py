@@ -124,10 +124,19 @@ def test_bench_list_and_quick_run(tmp_path, capsys):
 
 
 def test_demo(tmp_path, capsys):
+    """The README's main job: the digits CNN, int8 on the cycle model, against fp32."""
     assert main(["demo", "--out-dir", str(tmp_path)]) == 0
-    assert "bit-exact" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "int8 accelerator vs int8 all-CPU build of the same graph: bit-exact" in out
+    assert "Softmax has no accelerator kernel" in out
     report = json.loads((tmp_path / "demo.json").read_text())
-    assert report["matches_numpy"] and report["counters"]["macs"] > 0
+    acc = report["accuracy"]
+    assert acc["fp32_cpu"] >= 0.97 and acc["int8_accelerator"] >= acc["fp32_cpu"] - 0.01
+    assert acc["fp32_onnxruntime"] == pytest.approx(acc["fp32_cpu"], abs=0.003)
+    assert report["int8_bit_exact_vs_cpu"] and report["summary"]["cycles"] > 0
+    assert {r["node"] for r in report["nodes"] if r["target"] == "accel"} == \
+        {"conv1", "conv2", "conv3", "fc"}
+    assert (tmp_path / "demo_timeline.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_exec_cycle_with_trace_and_timeline(gemm_image, tmp_path):

@@ -1,0 +1,146 @@
+"""Whole int8 models split between the accelerator and the CPU: bit-exact against the all-CPU
+build of the same quantized graph (digits CNN, ResNet-18, MobileNetV2 on fsim; the digits CNN
+on the cycle model and the RTL), int8 accuracy on the held-out digits, and fallbacks."""
+
+import numpy as np
+import pytest
+
+from celosia import HwConfig
+from celosia.runtime import digits, models
+from celosia.runtime.accel import AccelModel, compare_outputs
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="module")
+def split():
+    return digits.load_split()
+
+
+def _digits_model(split, n, config="default", target="fsim"):
+    calib, _ = split["calibration"]
+    return AccelModel.from_onnx(str(digits.model_path()), config,
+                                input_shapes={"image": (n, 1, 8, 8)},
+                                calibration={"image": calib}, target=target)
+
+
+def _bit_exact(model, feeds, target):
+    got = model.run(feeds, target=target)
+    same, detail = compare_outputs(got, model.cpu_build().run(feeds), exact=True)
+    assert same, detail["summary"]
+    return got
+
+
+def test_digits_int8_accuracy_within_a_point_of_fp32_and_bit_exact(split):
+    from celosia.runtime.cpu import CpuModel
+
+    x, y = split["test"]
+    fp32 = CpuModel.build(str(digits.model_path()), {"image": x.shape}).run({"image": x})
+    model = _digits_model(split, len(y))
+    places = {n: p.target for n, p in model.placements.items()}
+    assert sum(t == "accel" for t in places.values()) == 4  # three convolutions and the dense
+    got = _bit_exact(model, {"image": x}, "fsim")
+    acc32, acc8 = digits.accuracy(fp32["probs"], y), digits.accuracy(got["probs"], y)
+    assert acc32 >= 0.97
+    assert acc8 >= acc32 - 0.01, (acc8, acc32)
+
+
+def test_digits_on_the_cycle_model(split):
+    x, _ = split["test"]
+    model = _digits_model(split, 16, target="cycle")
+    _bit_exact(model, {"image": x[:16]}, "cycle")
+    s = model.summary()
+    assert s["cycles"] > 0 and 0 < s["utilization"] < 1 and s["accel_ms"] > 0
+
+
+def test_digits_on_the_rtl_agrees_with_the_cycle_model(split):
+    """The small configuration: the same DRAM programs on the RTL and the cycle model give
+    identical outputs (and identical to the CPU build) and identical per-node cycles."""
+    x, _ = split["test"]
+    model = _digits_model(split, 2, config="small", target="rtl")
+    feeds = {"image": x[:2]}
+    rtl = _bit_exact(model, feeds, "rtl")
+    rtl_cycles = [r["cycles"] for r in model.report if r["target"] == "accel"]
+    cyc = model.run(feeds, target="cycle")
+    assert [r["cycles"] for r in model.report if r["target"] == "accel"] == rtl_cycles
+    for name in rtl:
+        np.testing.assert_array_equal(rtl[name], cyc[name])
+
+
+def _random_image(shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def test_resnet18_small_image_bit_exact_on_fsim():
+    onnx_model = models.resnet18(image_size=32, num_classes=10)
+    calib = {"image": _random_image((2, 3, 32, 32), 1)}
+    model = AccelModel.from_onnx(onnx_model, HwConfig(), calibration=calib, target="fsim")
+    places = model.placements
+    convs = [n for n in model.graph.nodes if n.op == "QConv"]
+    assert len(convs) == 20 and all(places[n.name].target == "accel" for n in convs)
+    assert any(p.target == "cpu" and "MaxPool" in p.reason for p in places.values())
+    _bit_exact(model, {"image": _random_image((1, 3, 32, 32), 2)}, "fsim")
+
+
+def test_mobilenet_v2_depthwise_runs_on_the_cpu_and_is_bit_exact():
+    onnx_model = models.mobilenet_v2(image_size=32, num_classes=10)
+    calib = {"image": _random_image((2, 3, 32, 32), 3)}
+    model = AccelModel.from_onnx(onnx_model, HwConfig(), calibration=calib, target="fsim")
+    depthwise = [n for n in model.graph.nodes if n.op == "QConv" and n.attrs["group"] > 1]
+    assert depthwise
+    for n in depthwise:
+        p = model.placements[n.name]
+        assert p.target == "cpu" and "depthwise convolution" in p.reason
+    assert any(p.target == "accel" for p in model.placements.values())
+    _bit_exact(model, {"image": _random_image((1, 3, 32, 32), 4)}, "fsim")
+    rows = {r["node"]: r for r in model.report}
+    assert all("depthwise" in rows[n.name]["reason"] for n in depthwise)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["resnet18", "mobilenet_v2"])
+def test_imagenet_models_224_bit_exact_on_fsim(which):
+    onnx_model = getattr(models, which)(image_size=224)
+    calib = {"image": _random_image((2, 3, 224, 224), 5)}
+    model = AccelModel.from_onnx(onnx_model, HwConfig(), calibration=calib, target="fsim")
+    _bit_exact(model, {"image": _random_image((1, 3, 224, 224), 6)}, "fsim")
+
+
+def test_unsupported_parts_run_on_the_cpu():
+    """LeakyRelu cannot be an integer epilogue: its convolution stays a float node on the CPU
+    next to int8 layers on the accelerator, and the result is still identical to the CPU
+    build."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    w1 = numpy_helper.from_array(rng.normal(size=(16, 3, 3, 3)).astype(np.float32) * 0.3, "w1")
+    w2 = numpy_helper.from_array(rng.normal(size=(16, 16, 3, 3)).astype(np.float32) * 0.1, "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], name="conv_a"),
+             helper.make_node("LeakyRelu", ["a"], ["b"], alpha=0.1, name="leaky"),
+             helper.make_node("Conv", ["b", "w2"], ["c"], pads=[1, 1, 1, 1], name="conv_c"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])],
+                          [w1, w2])
+    onnx_model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx_model.ir_version = models.IR_VERSION
+    model = AccelModel.from_onnx(onnx_model, HwConfig(), target="fsim",
+                                 calibration={"x": _random_image((4, 3, 8, 8))})
+    where = {n.op: model.placements[n.name].target for n in model.graph.nodes}
+    assert where.get("QConv") == "accel"
+    assert "cpu" in where.values()
+    _bit_exact(model, {"x": _random_image((1, 3, 8, 8), 9)}, "fsim")
+
+
+def test_wrong_calibration_is_a_clear_error(tmp_path):
+    from celosia.compiler.graph import GraphError
+
+    path = tmp_path / "calib.npz"
+    np.savez(path, image=np.zeros((4, 3, 8, 8), np.float32))
+    with pytest.raises(GraphError, match=r"'image'.*input 'image' is float32\[1,1,8,8\]"):
+        AccelModel.from_onnx(str(digits.model_path()), HwConfig(),
+                             input_shapes={"image": (1, 1, 8, 8)}, calibration=str(path))
