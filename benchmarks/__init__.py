@@ -32,6 +32,9 @@ BENCHMARKS = {
     "cpu-resnet18": ("celosia.benchmarks.cpu_resnet18", "run",
                      "ResNet-18 fp32 224x224 CPU build: latency vs onnxruntime and numpy, "
                      "cold and warm compile time"),
+    "resnet18-e2e": ("celosia.benchmarks.resnet18_e2e", "run",
+                     "ResNet-18 int8 224x224 split between the accelerator (cycle model) and "
+                     "the CPU: latency, shares, speedup over the CPU build, simulation wall time"),
 }
 
 
