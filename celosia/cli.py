@@ -223,21 +223,7 @@ def _load_inputs(specs, model) -> dict:
 def _compare_onnxruntime(model, feeds, outputs) -> tuple[bool, dict]:
     import numpy as np
 
-    try:
-        import onnxruntime as ort
-    except ModuleNotFoundError:
-        raise CelosiaError("--compare onnxruntime needs onnxruntime: pip install "
-                           "onnxruntime") from None
-    if model.source is None:
-        raise CelosiaError("--compare onnxruntime: this .cel holds no source model; build "
-                           "it again with `celosia compile`")
-    try:
-        session = ort.InferenceSession(model.source, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        theirs = dict(zip(names, session.run(None, feeds)))
-    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors, reported in one line
-        raise CelosiaError(f"--compare onnxruntime: onnxruntime failed: "
-                           f"{str(e).splitlines()[0]}") from None
+    theirs = _onnxruntime_outputs(model, feeds)
     rows, ok = {}, True
     for name, ours in outputs.items():
         ref = np.asarray(theirs[name])

@@ -220,12 +220,18 @@ class AccelModel:
         """Import an ONNX model (path, bytes or ModelProto), quantize it to int8 (with
         ``calibration``: an .npz path or {input: samples}; a QDQ model needs none) and build
         it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph)."""
-        from ..compiler.graph import import_onnx, optimize
-        from ..compiler.quantize import quantize_model
+        from ..compiler.graph import import_onnx
+        from ..compiler.quantize import CalibrationError, quantize_model
         from .cpu import _model_bytes
 
         start = time.perf_counter()
-        graph = optimize(import_onnx(model, input_shapes))
+        graph = import_onnx(model, input_shapes)  # quantize_model optimizes (after from_qdq)
+        if calibration is None and not any(n.op in ("QuantizeLinear", "DequantizeLinear")
+                                           for n in graph.nodes):
+            raise CalibrationError(
+                "the accelerator runs int8 models: quantize this float model with --quantize "
+                "int8 --calibration DATA.npz (in Python: calibration={input: samples}), or "
+                "give a QDQ model from onnxruntime's quantizer")
         qgraph = quantize_model(graph, calibration)
         if progress:
             n = sum(node.op in ("QConv", "QGemm") for node in qgraph.nodes)

@@ -87,7 +87,8 @@ def test_bad_inputs_are_one_line_errors(files, tmp_path, capsys):
     _error(["run", onnx_path], capsys, "input 'image' (float32[1,3,32,32]) was not given")
     _error(["run", onnx_path, "--input", "image=nope.npy"], capsys, "no such file")
     _error(["run", onnx_path, "--target", "fsim", "--input", x], capsys,
-           "target 'fsim' cannot build whole models yet")
+           "the accelerator runs int8 models: quantize this float model with --quantize "
+           "int8 --calibration DATA.npz")
     _error(["compile", onnx_path, "--input-shape", "image=1,x", "-o", "y.cel"], capsys,
            "--input-shape")
     m = models.small_cnn()
