@@ -144,3 +144,41 @@ def test_wrong_calibration_is_a_clear_error(tmp_path):
     with pytest.raises(GraphError, match=r"'image'.*input 'image' is float32\[1,1,8,8\]"):
         AccelModel.from_onnx(str(digits.model_path()), HwConfig(),
                              input_shapes={"image": (1, 1, 8, 8)}, calibration=str(path))
+
+
+def test_qdq_model_from_onnxruntime_needs_no_calibration(tmp_path):
+    """onnxruntime's quantizer (QDQ, int8, symmetric): built for the accelerator without
+    calibration data, identical to the CPU build and within one output step of onnxruntime
+    running the same QDQ model."""
+    import logging
+
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    rng = np.random.default_rng(11)
+    data = [{"image": rng.normal(size=(1, 1, 8, 8)).astype(np.float32)} for _ in range(8)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(data)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    src, dst = tmp_path / "float.onnx", tmp_path / "qdq.onnx"
+    onnx.save(models.small_cnn(), src)
+    logging.disable(logging.WARNING)
+    try:
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        per_channel=True, extra_options={"ActivationSymmetric": True})
+    finally:
+        logging.disable(logging.NOTSET)
+    model = AccelModel.from_onnx(str(dst), HwConfig(), target="cycle")
+    assert sum(p.target == "accel" for p in model.placements.values()) == 3
+    x = {"image": _random_image((1, 1, 8, 8), 12)}
+    got = _bit_exact(model, x, "cycle")
+    want = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, x)[0]
+    assert np.abs(list(got.values())[0] - want).max() <= 1 / 127 + 1e-6
