@@ -5,8 +5,9 @@ leaf loops and the store of its body. A stage computed at another stage's loop i
 the start of that loop's body and computes only the region its consumers read there (bound
 inference over affine index expressions); its buffer, when on-chip, holds just that region
 and every access to it is shifted by the region's start. A reduction gets its initialisation
-before its outermost reduce loop. A tensorized loop nest is matched against the intrinsic
-and replaced by the intrinsic's micro-op call.
+before its outermost reduce loop (or, with ``init_in_reduce_loop``, inside it on its first
+iteration). A tensorized loop nest is matched against the intrinsic and replaced by the
+intrinsic's micro-op call.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .expr import (CompilerError, Const, Expr, Load, Reduce, Var, collect, from_
                    linear_form, simplify, substitute)
 from .schedule import Fuse, Schedule, Split, Stage
 from .te import Tensor
-from .tir import Allocate, Attr, Buffer, For, PrimFunc, Store, seq, verify
+from .tir import Allocate, Attr, Buffer, For, If, PrimFunc, Store, seq, verify
 
 __all__ = ["lower", "Region"]
 
@@ -223,11 +224,17 @@ class _Lowering:
                 return update
             iv = leaves[pos]
             inner = build(pos + 1)
+            if pos == reduce_pos and stage.init_inside:
+                first = If(iv.var.equal(0), self.init_nest(stage, pos + 1, tens_pos, init, values,
+                                                           out_buf, out_idx, extents))
+                inner = seq(first, inner)
             kind = "vthread" if iv in stage.vthreads else stage.loop_kinds.get(iv, "serial")
             nest = self.attached_at(stage, iv, For(iv.var, extents[iv], inner, kind))
+            if kind == "vthread" and stage.vthread_interleave.get(iv) == "thread":
+                nest = Attr("vthread_interleave", "thread", nest)
             for p in stage.pragmas.get(iv, []):
                 nest = Attr("pragma", p, nest)
-            if pos == reduce_pos:
+            if pos == reduce_pos and not stage.init_inside:
                 nest = seq(self.init_nest(stage, pos, tens_pos, init, values, out_buf, out_idx,
                                           extents), nest)
             return nest

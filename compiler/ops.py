@@ -149,11 +149,18 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     oh, ow, st, p = spec.oh, spec.ow, spec.stride, spec.pad
     data = te.placeholder((nb, cb, spec.h, spec.w, b, k), "int8", "data")
     kernel = te.placeholder((ob, cb, spec.kh, spec.kw, k, k), "int8", "kernel")
+    # A strided 1x1 convolution reads every st-th input row only: the input tile holds just
+    # those rows (a DMA with a row stride of st rows) instead of every row between them.
+    row_strided = spec.kh == 1 and st > 1 and not p
+    ys = 1 if row_strided else st
     if p:
         padded = te.compute((nb, cb, spec.h + 2 * p, spec.w + 2 * p, b, k),
                             lambda n, c, y, x, bb, kk: select(
                                 (y >= p) & (y < spec.h + p) & (x >= p) & (x < spec.w + p),
                                 data[n, c, y - p, x - p, bb, kk], 0), "data_pad")
+    elif row_strided:
+        padded = te.compute((nb, cb, oh, spec.w, b, k),
+                            lambda n, c, y, x, bb, kk: data[n, c, y * st, x, bb, kk], "data_rows")
     else:
         padded = data
     ci = te.reduce_axis(cb, "ci")
@@ -162,7 +169,7 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     conv = te.compute(
         (nb, ob, oh, ow, b, k),
         lambda n, o, y, x, bb, oo: te.sum(
-            padded[n, ci, y * st + dy, x * st + dx, bb, ki].astype("int32")
+            padded[n, ci, y * ys + dy, x * st + dx, bb, ki].astype("int32")
             * kernel[o, ci, dy, dx, oo, ki].astype("int32"), axis=[ci, dy, dx, ki]), "conv")
     bias = te.placeholder((ob, b, k), "int32", "bias") if spec.epilogue.bias else None
     scale = te.placeholder((ob, b, k), "int32", "scale") if spec.epilogue.scale else None
@@ -189,7 +196,7 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
         axis = co_o if knobs.vthread_axis == "co" else y_o
         _check_divides(f"vthreads on {knobs.vthread_axis}", axis.extent, knobs.vthreads)
         t, rest = s[out].split(axis, axis.extent // knobs.vthreads)
-        s[out].bind_vthread(t)
+        s[out].bind_vthread(t, interleave="thread")
         i = order.index(axis)
         order[i:i + 1] = [t, rest]
     s[out].reorder(*order)
@@ -205,7 +212,8 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     # write different accumulator rows (no read-after-write stalls in the GEMM pipeline).
     s[conv].reorder(ci_o, cn, cy, cc, ci_i, cdy, cdx, cx, cb_, co_, cki)
     s[conv].tensorize(cb_, gemm_intrinsic(cfg))
-    if p:
+    s[conv].init_in_reduce_loop()
+    if p or row_strided:
         s[padded].set_scope("inp")
         inp = padded
     else:
@@ -301,7 +309,7 @@ def dense(cfg: HwConfig, spec: DenseSpec, knobs: DenseKnobs, name: str = "dense"
     if knobs.vthreads > 1:
         _check_divides("vthreads", jo.extent, knobs.vthreads)
         t, rest = s[out].split(jo, jo.extent // knobs.vthreads)
-        s[out].bind_vthread(t)
+        s[out].bind_vthread(t, interleave="thread")
         order[1:2] = [t, rest]
     s[out].reorder(*order)
     for stage in (gemm, epi):
@@ -313,6 +321,7 @@ def dense(cfg: HwConfig, spec: DenseSpec, knobs: DenseKnobs, name: str = "dense"
     k_o, k_i = s[gemm].split(gko, knobs.tile_k)
     s[gemm].reorder(k_o, gi, gj, k_i, gb, go, gki)
     s[gemm].tensorize(gb, gemm_intrinsic(cfg))
+    s[gemm].init_in_reduce_loop()
     for t, scope in ((data, "inp"), (weight, "wgt")):
         cached = s.cache_read(t, scope, [gemm])
         s[cached].compute_at(s[gemm], k_o)

@@ -56,6 +56,8 @@ class Stage:
     pragmas: dict = field(default_factory=dict)  # IterVar -> list of pragma names
     tensorize_at: tuple | None = None  # (IterVar, intrinsic)
     vthreads: set = field(default_factory=set)  # IterVars bound to virtual threads
+    vthread_interleave: dict = field(default_factory=dict)  # IterVar -> "statement" | "thread"
+    init_inside: bool = False  # the reduction's initialisation in its outermost reduce loop
     loop_kinds: dict = field(default_factory=dict)  # IterVar -> parallel | vectorize | unroll
     read_map: dict = field(default_factory=dict)  # Tensor read -> Tensor to read instead
 
@@ -184,15 +186,31 @@ class Stage:
         self._leaf(iv, "tensorize")
         self.tensorize_at = (iv, intrinsic)
 
-    def bind_vthread(self, iv: IterVar) -> None:
+    def bind_vthread(self, iv: IterVar, interleave: str = "statement") -> None:
         """Run the iterations of ``iv`` as virtual threads: each gets its own copy of the
         on-chip buffers allocated inside it, and their instructions are interleaved so that one
-        thread's transfers overlap another's compute."""
+        thread's transfers overlap another's compute. ``interleave``: "statement" (each
+        statement followed by its copies for the other threads) or "thread" (consecutive
+        statements of one module kept together per thread; compiler/vthread.py)."""
         self._leaf(iv, "bind_vthread")
         if iv.kind != "data":
             raise CompilerError(f"bind_vthread {self.name}.{iv.name}: only data loops can be "
                                 f"virtual threads")
+        if interleave not in ("statement", "thread"):
+            raise CompilerError(f"bind_vthread {self.name}.{iv.name}: interleave must be "
+                                f"'statement' or 'thread', not {interleave!r}")
         self.vthreads.add(iv)
+        self.vthread_interleave[iv] = interleave
+
+    def init_in_reduce_loop(self) -> None:
+        """Put the reduction's initialisation inside its outermost reduce loop, run on that
+        loop's first iteration (``if r == 0``) right before the update, instead of before the
+        loop. With virtual threads this keeps each thread's reset next to its own first
+        update (a thread's reset then waits only for its own previous store)."""
+        self._compute_only("init_in_reduce_loop")
+        if not self.op.reduce_axes:
+            raise CompilerError(f"init_in_reduce_loop {self.name}: the stage is not a reduction")
+        self.init_inside = True
 
     def parallel(self, iv: IterVar) -> None:
         """CPU: run the iterations of ``iv`` on all cores (the outermost such loop of a

@@ -7,11 +7,25 @@ them, and each accelerator statement is repeated once per thread. With two threa
 program becomes "load A0, load A1, compute 0, compute 1, ...": while thread 1's data
 arrives, thread 0 computes, and the dependency tokens derived from the buffers' rows let
 the hardware overlap them.
+
+Two orders of interleaving. "statement" (the default): every statement is followed by its
+copies for the other threads ("load A0, load A1, load B0, load B1, compute 0, compute 1").
+"thread" (``bind_vthread(iv, interleave="thread")``, marked on the loop by an
+``Attr("vthread_interleave", "thread")``): consecutive statements of one module are kept
+together per thread ("load A0, load B0, load A1, load B1, compute 0, compute 1", and an ALU
+chain "SHR 0, MAX 0, MIN 0, SHR 1, MAX 1, MIN 1"), so that each thread's group is complete
+as early as possible: thread 0's compute waits only for thread 0's loads, and thread 0's
+store runs while thread 1's ALU chain does. A host loop over one module's statements (a
+copy row by row) counts as one statement. To form the groups, the allocations nested in a
+sequence are hoisted to its start, unless an earlier statement of the sequence used and
+released rows of the same scope (so no buffer needs more rows than before).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+from celosia.isa import MemType
 
 from .expr import Call, Const, Expr, Load, collect, free_vars, simplify, substitute
 from .tir import (Allocate, Attr, Buffer, Evaluate, For, If, Kernel, PrimFunc, Seq, Stmt, Store,
@@ -24,6 +38,11 @@ def inject_virtual_threads(func: PrimFunc) -> PrimFunc:
     copies: dict = {}  # buffer -> its per-thread copies
 
     def threads(s: Stmt):
+        if isinstance(s, Attr) and s.key == "vthread_interleave" and isinstance(s.body, For) \
+                and s.body.kind == "vthread":
+            loop = s.body
+            return _inject(rewrite(loop.body, threads), loop.var, loop.extent, {}, copies,
+                           major=s.value == "thread")
         if isinstance(s, For) and s.kind == "vthread":
             return _inject(rewrite(s.body, threads), s.var, s.extent, {}, copies)
         return None
@@ -66,30 +85,121 @@ def _loads(e: Expr):
     return collect(e, lambda n: isinstance(n, Load))
 
 
-def _inject(s: Stmt, var, n: int, buffers: dict, made: dict) -> Stmt:
+def _inject(s: Stmt, var, n: int, buffers: dict, made: dict, major: bool = False) -> Stmt:
     """The statement with ``n`` threads of ``var`` interleaved; ``buffers`` maps each
-    per-thread buffer to its copies (all copies made are recorded in ``made``)."""
+    per-thread buffer to its copies (all copies made are recorded in ``made``); ``major``:
+    thread-major groups (the module docstring)."""
     if isinstance(s, Allocate) and s.buffer.scope != "global":
-        copies = tuple(Buffer(f"{s.buffer.name}.t{t}", s.buffer.shape, s.buffer.dtype, s.buffer.scope)
-                       for t in range(n))
-        made[s.buffer] = copies
-        body = _inject(s.body, var, n, {**buffers, s.buffer: copies}, made)
+        copies = _copies(s.buffer, n, made)
+        body = _inject(s.body, var, n, {**buffers, s.buffer: copies}, made, major)
         for copy in reversed(copies):
             body = Allocate(copy, body)
         return body
     if not _uses(s, var, set(buffers)):
         return s
     if isinstance(s, Seq):
-        return seq(*(_inject(c, var, n, buffers, made) for c in s.stmts))
+        if major:
+            return _inject_groups(s, var, n, buffers, made)
+        return seq(*(_inject(c, var, n, buffers, made, major) for c in s.stmts))
     if isinstance(s, For) and s.kind != "vthread":
-        return replace(s, body=_inject(s.body, var, n, buffers, made))
+        return replace(s, body=_inject(s.body, var, n, buffers, made, major))
     if isinstance(s, Attr):
-        return replace(s, body=_inject(s.body, var, n, buffers, made))
+        return replace(s, body=_inject(s.body, var, n, buffers, made, major))
     if isinstance(s, If) and var not in free_vars(s.cond):
-        return replace(s, then=_inject(s.then, var, n, buffers, made),
-                       orelse=_inject(s.orelse, var, n, buffers, made) if s.orelse is not None else None)
+        return replace(s, then=_inject(s.then, var, n, buffers, made, major),
+                       orelse=_inject(s.orelse, var, n, buffers, made, major)
+                       if s.orelse is not None else None)
+    return _per_thread(s, var, n, buffers)
+
+
+def _copies(buf: Buffer, n: int, made: dict) -> tuple:
+    copies = tuple(Buffer(f"{buf.name}.t{t}", buf.shape, buf.dtype, buf.scope) for t in range(n))
+    made[buf] = copies
+    return copies
+
+
+def _per_thread(s: Stmt, var, n: int, buffers: dict) -> Stmt:
     return seq(*(substitute_stmt(s, {var: t}, {b: c[t] for b, c in buffers.items()})
                  for t in range(n)))
+
+
+def _inject_groups(s: Seq, var, n: int, buffers: dict, made: dict) -> Stmt:
+    """A sequence, thread-major: its nested allocations hoisted (where that costs no rows),
+    then each run of consecutive thread-dependent statements of one module emitted thread by
+    thread, and every other statement (loops) interleaved inside."""
+    hoisted, items = [], []
+    # Scopes whose rows an earlier statement of the sequence used and released: a later
+    # allocation in one of them reused those rows and is not hoisted above it.
+    released: set = set()
+
+    def flatten(c: Stmt):
+        if isinstance(c, Seq):
+            for x in c.stmts:
+                flatten(x)
+        elif isinstance(c, Attr) and c.key == "stage" and isinstance(c.body, (Seq, Allocate)):
+            flatten(c.body)  # the stage comment is dropped with its grouping
+        elif isinstance(c, Allocate) and c.buffer.scope != "global" \
+                and c.buffer.scope not in released:
+            hoisted.append(c.buffer)
+            flatten(c.body)
+            released.add(c.buffer.scope)
+        else:
+            items.append(c)
+            released.update(a.buffer.scope for a in walk(c) if isinstance(a, Allocate))
+
+    flatten(s)
+    buffers = dict(buffers)
+    for buf in hoisted:
+        buffers[buf] = _copies(buf, n, made)
+    out, run, run_module = [], [], None
+
+    def flush():
+        nonlocal run, run_module
+        for t in range(n):
+            sub = {b: c[t] for b, c in buffers.items()}
+            out.extend(substitute_stmt(c, {var: t}, sub) for c in run)
+        run, run_module = [], None
+
+    for c in items:
+        module = _module(c) if _uses(c, var, set(buffers)) else None
+        if module is None:
+            flush()
+            out.append(_inject(c, var, n, buffers, made, True))
+            continue
+        if module != run_module:
+            flush()
+        run.append(c)
+        run_module = module
+    flush()
+    body = seq(*out)
+    for buf in reversed(hoisted):
+        for copy in reversed(buffers[buf]):
+            body = Allocate(copy, body)
+    return body
+
+
+def _module(s: Stmt):
+    """The module that runs a statement ("load", "compute", "store") when all of its
+    accelerator statements run on that one module, else None (a loop over several)."""
+    if isinstance(s, Kernel):
+        return "compute"
+    if isinstance(s, Evaluate):
+        if s.call.name == "store_2d":
+            return "store"
+        if s.call.name == "load_2d":
+            mem_type = s.call.args[11]
+            if isinstance(mem_type, Const) and int(mem_type.value) in (MemType.INP, MemType.WGT):
+                return "load"
+            return "compute"  # ACC and ACC_8BIT loads run on compute
+        return None
+    if isinstance(s, (Attr, For)) and not (isinstance(s, For) and s.kind == "vthread"):
+        return _module(s.body)  # a host loop of one module's statements (a copy per row)
+    if isinstance(s, If) and s.orelse is None:
+        return _module(s.then)
+    if isinstance(s, Seq):
+        modules = {_module(c) for c in s.stmts}
+        return modules.pop() if len(modules) == 1 else None
+    return None
 
 
 def substitute_stmt(s: Stmt, values: dict, buffers: dict) -> Stmt:

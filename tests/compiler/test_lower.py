@@ -71,6 +71,42 @@ def test_interpreted_matmul_matches_numpy(seed):
     np.testing.assert_array_equal(cv, av.astype(np.int32) @ wv.astype(np.int32).T)
 
 
+def test_init_in_reduce_loop_runs_on_the_first_iteration():
+    a, w, c = _matmul()
+    s = create_schedule(c)
+    i, j = s[c].axes
+    io, ii = s[c].split(i, 4)
+    ro, ri = s[c].split(s[c].reduce_axes[0], 3)
+    s[c].reorder(io, ro, j, ii, ri)
+    s[c].init_in_reduce_loop()
+    f = lower(s, [a, w, c])
+    expected = textwrap.dedent("""\
+        def main(A: int8[8, 12], W: int8[6, 12], C: int32[8, 6]):
+          # stage C
+          for i.outer in range(2):
+            for r.outer in range(4):
+              if r.outer == 0:
+                for j in range(6):
+                  for i.inner in range(4):
+                    C[i.outer * 4 + i.inner, j] = 0
+              for j in range(6):
+                for i.inner in range(4):
+                  for r.inner in range(3):
+                    C[i.outer * 4 + i.inner, j] = C[i.outer * 4 + i.inner, j] + int32(A[i.outer * 4 + i.inner, r.outer * 3 + r.inner]) * int32(W[j, r.outer * 3 + r.inner])
+        """)
+    assert str(f) == expected
+    rng = np.random.default_rng(7)
+    av = rng.integers(-128, 128, (8, 12), dtype=np.int8)
+    wv = rng.integers(-128, 128, (6, 12), dtype=np.int8)
+    cv = np.full((8, 6), 99, np.int32)
+    interpret(f, av, wv, cv)
+    np.testing.assert_array_equal(cv, av.astype(np.int32) @ wv.astype(np.int32).T)
+    x = te.placeholder((2,), "int32", "X")
+    y = te.compute((2,), lambda v: x[v] + 1, "Y")
+    with pytest.raises(CompilerError, match="not a reduction"):
+        create_schedule(y)[y].init_in_reduce_loop()
+
+
 def test_padded_conv_through_an_attached_stage_matches_numpy():
     h, pad = 6, 1
     x = te.placeholder((h, h), "int8", "X")

@@ -21,7 +21,7 @@ CFG = HwConfig()
 L, C, S = Module.LOAD, Module.COMPUTE, Module.STORE
 
 
-def tiny_dense(vthreads: bool = False, intrinsic=None):
+def tiny_dense(vthreads: bool = False, intrinsic=None, interleave: str = "statement"):
     """(2 x 32) x (64 x 32)^T, output blocks tiled by 2, the GEMM tensorized."""
     data = te.placeholder((2, 2, 1, 16), "int8", "data")
     weight = te.placeholder((4, 2, 16, 16), "int8", "weight")
@@ -37,7 +37,7 @@ def tiny_dense(vthreads: bool = False, intrinsic=None):
     order = [jo, i, ji, b, o]
     if vthreads:
         jt, jo2 = s[res].split(jo, 1)
-        s[res].bind_vthread(jt)
+        s[res].bind_vthread(jt, interleave=interleave)
         order = [jt, jo2, i, ji, b, o]
     s[res].reorder(*order)
     s[g].compute_at(s[res], order[-5])
@@ -133,6 +133,51 @@ def test_virtual_threads_duplicate_buffers_and_interleave_statements():
     assert order == ["load data.inp.t0", "load data.inp.t1", "load weight.wgt.t0",
                      "load weight.wgt.t1", "gemm gemm.t0", "gemm gemm.t1"]
     assert "load_2d(weight, ko + j.outer.inner * 4 + 4, 1, 2, 2, 0, 0, 0, 0, weight.wgt.t1, 0, 1)" in text
+
+
+def _order(func):
+    """Loads and GEMMs in program order, as "load <buffer>" / "gemm <buffer>"."""
+    def target(line):
+        if line.startswith("load_2d"):
+            return "load " + line.split(", ")[-3]
+        return "gemm " + line.split(" on ")[1].split(",")[0]
+    return [target(l.strip()) for l in body(func).splitlines()
+            if l.strip().startswith(("load_2d", "kernel gemm on"))]
+
+
+def test_virtual_threads_thread_major_keep_each_threads_group_together():
+    """interleave="thread": a thread's loads are consecutive (its compute waits only for
+    them), the allocations are hoisted to the loop body, and no buffer needs more rows."""
+    func = inject_virtual_threads(form_gemm_kernels(inject_dma(
+        tiny_dense(vthreads=True, interleave="thread"))))
+    assert _order(func) == ["load data.inp.t0", "load weight.wgt.t0", "load data.inp.t1",
+                            "load weight.wgt.t1", "gemm gemm.t0", "gemm gemm.t1"]
+    text = body(func)
+    assert text.index("weight.wgt.t1 = alloc") < text.index("load_2d")
+    statement = plan_storage(inject_virtual_threads(form_gemm_kernels(inject_dma(
+        tiny_dense(True)))), CFG)
+    thread = plan_storage(func, CFG)
+    assert {b.name: r for b, r in thread.attrs["sram_base"].items()} == \
+        {b.name: r for b, r in statement.attrs["sram_base"].items()}
+
+
+def test_thread_major_conv_runs_each_threads_alu_chain_then_stores():
+    """conv2d with two threads: per step both threads' loads, then per thread its reset (on
+    the first step) and GEMM; after the reduction thread 0's whole ALU chain before thread
+    1's, so thread 0's store overlaps thread 1's ALU work."""
+    from celosia.compiler.ops import ConvKnobs, ConvSpec, Epilogue, conv2d
+
+    spec = ConvSpec(1, 32, 8, 8, 64, 3, 3, 1, 1, Epilogue(shift=8, relu=True))
+    text = str(conv2d(CFG, spec, ConvKnobs(4, 8, 2, 1, vthreads=2)))
+    ops = [l.strip().split(" on ")[0].replace("kernel ", "") + " " +
+           l.strip().split(" on ")[1].split(",")[0].split(" ")[0]
+           for l in text.splitlines() if l.strip().startswith("kernel ")]
+    assert ops == ["gemm_reset conv.t0", "gemm conv.t0", "gemm_reset conv.t1", "gemm conv.t1",
+                   "SHR imm=8 epilogue.t0", "MAX imm=0 epilogue.t0", "MIN imm=127 epilogue.t0",
+                   "SHR imm=8 epilogue.t1", "MAX imm=0 epilogue.t1", "MIN imm=127 epilogue.t1"]
+    assert text.count("if ci.outer == 0:") == 2
+    stores = [l.strip().split(",")[0] for l in text.splitlines() if "store_2d" in l]
+    assert stores == ["store_2d(epilogue.t0", "store_2d(epilogue.t1"]
 
 
 def test_plan_storage_places_buffers_and_reuses_rows_of_finished_ones():
