@@ -4,11 +4,13 @@ A run has two passes:
 
 1. **Values.** fsim's own token machine runs the program with the shared
    :class:`~celosia.sim.datapath.Datapath`, so the final DRAM, the counters, every
-   :class:`ProgramError` and every deadlock report are fsim's by construction. As each
-   instruction executes, :class:`~celosia.sim.cycle_timing.Timing` turns it into a plan:
-   the cycles from its start to its push, or for a LOAD that reads DRAM a
+   :class:`ProgramError` and every deadlock report are fsim's by construction.
+   :class:`~celosia.sim.cycle_timing.Timing` turns each instruction into a plan: the
+   cycles from its start to its push, or for a LOAD that reads DRAM a
    :class:`~celosia.sim.cycle_timing.ReadPlan` (its read bursts, timed as if the read
-   channel were free).
+   channel were free). Plans depend only on the instructions' fields, so they are computed
+   once per program (:class:`_Static`, kept with the decoded program for its later runs),
+   with the per-module lower bounds that enforce ``max_cycles`` during this pass.
 2. **Time.** :class:`_Schedule` places every instruction in time, following the RTL's rules
    (docs/microarchitecture.md): fetch (batches of 8 instructions read over the DRAM read
    channel, dispatch into bounded command queues), load, compute and store (in order, under
@@ -32,17 +34,20 @@ import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
-from celosia.isa import AluInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode, module_of
+from celosia.isa import AluInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode
 
 from .cycle_report import plot_timeline, timeline_stats, write_trace
 from .cycle_timing import NEVER, Timing
-from .fsim import TOKEN_QUEUES, FunctionalSimulator, _TokenMachine, load_program, pops_of, pushes_of
+from .datapath import single_threaded_blas
+from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine, load_program
 
 __all__ = ["CycleSimulator", "Timeline", "Timing", "plot_timeline"]
 
 _MODULE_NAMES = {Module.LOAD: "load", Module.COMPUTE: "compute", Module.STORE: "store"}
-# LOAD/STORE plans are memoised per run (at most this many).
+# LOAD/STORE plans are memoised per program (at most this many).
 _CACHED_PLANS = 4096
+# Timings (and program addresses) a program keeps its plans for.
+_CACHED_STATICS = 8
 
 
 class CycleSimulator(FunctionalSimulator):
@@ -80,9 +85,10 @@ class CycleSimulator(FunctionalSimulator):
         insns = load_program(self.dram, insn_addr, insn_count, self.config)
         self.datapath.reset_counters()
         self.timeline = None
-        plans, writes = self._execute(insns)
-        timeline = _Schedule(insns, plans, self.timing, insn_addr).run(self.max_cycles)
-        timeline.writes = writes
+        static = self._static(insns, insn_addr)
+        with single_threaded_blas():
+            self._execute(insns, static)
+        timeline = _Schedule(insns, static, self.timing, insn_addr).run(self.max_cycles)
         self.timeline = timeline
         stats = dict(self.datapath.counters)
         stats.update(timeline_stats(timeline, self.config, stats))
@@ -90,33 +96,63 @@ class CycleSimulator(FunctionalSimulator):
             write_trace(timeline, self.trace)
         return stats
 
-    def _execute(self, insns: list[Insn]) -> tuple[list, dict]:
-        """Pass 1: fsim's token machine and datapath, recording each instruction's plan.
+    def _static(self, insns: Program, insn_addr: int) -> "_Static":
+        """The program's plans and tables under this timing, computed on its first run."""
+        key = ("cycle", self.timing, insn_addr)
+        static = insns.cache.get(key)
+        if static is None:
+            if len(insns.cache) >= _CACHED_STATICS:
+                insns.cache.clear()
+            static = insns.cache[key] = _Static(insns, self.timing, self.config)
+        return static
+
+    def _execute(self, insns: Program, static: "_Static") -> None:
+        """Pass 1: fsim's token machine and datapath.
 
         Each module runs its instructions one after another, so the sum of their shortest
         durations bounds the run from below: crossing ``max_cycles`` stops the run before
-        the datapath does the work of an instruction that cannot fit. Also returns, per
-        STORE, its write beats and bursts."""
-        timing, datapath, cfg = self.timing, self.datapath, self.config
-        writes: dict = {}
-        limit = self.max_cycles
-        plans: list = [None] * len(insns)
-        lower = [0, 0, 0]
+        the datapath does the work of an instruction that cannot fit."""
+        datapath, limit = self.datapath, self.max_cycles
+        if static.max_lower <= limit:  # no instruction can cross the limit
+            execute = datapath.execute
+        else:
+            lower, modules = static.lower, static.module
+
+            def execute(index: int, insn: Insn) -> None:
+                if lower[index] > limit:
+                    raise SimulationLimitError(
+                        f"instruction {index}: the {_MODULE_NAMES[Module(modules[index])]} module "
+                        f"alone needs more than max_cycles={limit} cycles by this instruction; "
+                        f"raise max_cycles (--max-cycles) if the program is meant to run this "
+                        f"long")
+                datapath.execute(index, insn)
+
+        _TokenMachine(insns, self.config, execute).run()
+
+
+class _Static:
+    """What every run of one program under one timing shares: each instruction's plan
+    (cycle_timing.py), each STORE's write beats and bursts, each instruction's lower bound
+    (the shortest durations of its module's instructions up to it, each plus its push
+    cycle), the schedule's tables, and ``stats`` (the static part of the statistics, filled
+    by cycle_report.timeline_stats)."""
+
+    def __init__(self, insns: Program, timing: Timing, cfg: HwConfig):
+        n = len(insns)
         elem_bytes = {mt: cfg.elem_bytes(mt) for mt in MemType}
         mem_plans: dict = {}
-
-        def check(index: int, module: int, cycles: int) -> None:
-            if cycles > limit:
-                raise SimulationLimitError(
-                    f"instruction {index}: the {_MODULE_NAMES[Module(module)]} module alone "
-                    f"needs more than max_cycles={limit} cycles by this instruction; raise "
-                    f"max_cycles (--max-cycles) if the program is meant to run this long")
-
-        def execute(index: int, insn: Insn) -> None:
-            module = modules[index]
+        self.plans: list = [None] * n
+        self.writes: dict = {}
+        self.lower = [0] * n
+        self.module = insns.modules
+        self.pops, self.pushes = insns.pops, insns.pushes
+        self.seq: dict = {m: [] for m in range(3)}
+        self.local = [0] * n
+        lower = [0, 0, 0]
+        for j, insn in enumerate(insns):
+            m = self.module[j]
             if isinstance(insn, (GemmInsn, AluInsn)):
                 plan = timing.loop_plan(insn)
-                check(index, module, lower[module] + plan)
             elif isinstance(insn, MemInsn):
                 # LOAD/STORE plans depend on the fields other than sram_base and the flags
                 key = (insn.opcode, insn.mem_type, insn.dram_base, insn.y_size, insn.x_size,
@@ -129,19 +165,18 @@ class CycleSimulator(FunctionalSimulator):
                     if len(mem_plans) < _CACHED_PLANS:
                         mem_plans[key] = plan
                 if isinstance(plan, tuple):  # STORE: (push offset, write beats, bursts)
-                    writes[index] = plan[1:]
+                    self.writes[j] = plan[1:]
                     plan = plan[0]
             else:
                 plan = timing.plan(insn, cfg)
-            lower[module] += (plan if isinstance(plan, int) else plan.push) + 1
-            check(index, module, lower[module])
-            datapath.execute(index, insn)
-            plans[index] = plan
-
-        machine = _TokenMachine(insns, cfg, execute)
-        modules = machine.modules
-        machine.run()
-        return plans, writes
+            lower[m] += (plan if isinstance(plan, int) else plan.push) + 1
+            self.lower[j] = lower[m]
+            self.plans[j] = plan
+            self.local[j] = len(self.seq[m])
+            self.seq[m].append(j)
+        self.max_lower = max(self.lower)
+        self.arrays = None  # module, pop_q, push_q as arrays (Schedule._timeline)
+        self.stats = None
 
 
 @dataclass
@@ -182,6 +217,13 @@ class Timeline:
     reads: list  # (client, index, burst, request, grant, first beat, delta, bulk)
     #: per STORE instruction: (write beats, write bursts)
     writes: dict = None  # type: ignore[assignment]
+    #: what every run of the program shares (cycle._Static), or None
+    static: object = None
+    #: (12, n): free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2
+    #: rows), room_ready (2 rows); the per-instruction arrays above are its rows, or None
+    times: np.ndarray = None
+    #: (fetch bursts, 2): request and grant of each of fetch's read bursts, or None
+    fetch_reads: np.ndarray = None
 
     @property
     def cycles(self) -> int:
@@ -220,32 +262,20 @@ class Timeline:
 class _Schedule:
     """Pass 2: the times of every instruction (see the module docstring).
 
-    Units are generators. ``yield None``: blocked on an event registered in ``waiters``;
+    Units are generators. ``yield None``: blocked on an event, registered in the waiter
+    table of its kind (``w_*``: event -> unit; a unit waits for one event at a time);
     ``yield r``: a read burst whose ARVALID rises in cycle r, resumed with ``(bulk, g)``:
     granted in cycle g, and with ``bulk`` the rest of the instruction's bursts are granted
     as they are requested (nothing else can ask for the channel before they are done).
+    An event that happens wakes its waiter, if any, by appending it to ``runnable``.
     """
 
-    def __init__(self, insns: list[Insn], plans: list, timing: Timing, insn_addr: int):
+    def __init__(self, insns: list[Insn], static: _Static, timing: Timing, insn_addr: int):
         n = len(insns)
-        self.insns, self.plans, self.timing, self.insn_addr = insns, plans, timing, insn_addr
-        self.module = [int(module_of(i)) for i in insns]
-        self.seq = {m: [] for m in range(3)}
-        self.local = [0] * n
-        for j, m in enumerate(self.module):
-            self.local[j] = len(self.seq[m])
-            self.seq[m].append(j)
-        qid = {q: k for k, q in enumerate(TOKEN_QUEUES)}
-        flags: dict = {}
-        self.pops, self.pushes = [], []
-        for m, insn in zip(self.module, insns):
-            key = (m, insn.deps)
-            if key not in flags:
-                flags[key] = (tuple(qid[q] for q in pops_of(Module(m), insn)),
-                              tuple(qid[q] for q in pushes_of(Module(m), insn)))
-            pops, pushes = flags[key]
-            self.pops.append(pops)
-            self.pushes.append(pushes)
+        self.static = static
+        self.insns, self.plans, self.timing, self.insn_addr = insns, static.plans, timing, insn_addr
+        self.module, self.seq, self.local = static.module, static.seq, static.local
+        self.pops, self.pushes = static.pops, static.pushes
         neg = [-1] * n
         self.free, self.dispatch, self.avail = neg[:], neg[:], neg[:]
         self.start, self.done, self.push = neg[:], neg[:], neg[:]
@@ -257,42 +287,53 @@ class _Schedule:
         self.batches: list[tuple[int, int, int]] = []
         self.batch_req: list[int] = []
         self.reads: list = []
-        self.waiters: dict = {}
+        self.fetch_reads: list = []  # request, grant, request, grant, ...
+        # waiters: instruction readable in fetch's buffer ("a"), dispatched ("d"), started
+        # ("s"), per queue its k-th push and k-th pop, and fetch batch b requested
+        self.w_a: dict = {}
+        self.w_d: dict = {}
+        self.w_s: dict = {}
+        self.w_push: list[dict] = [{} for _ in TOKEN_QUEUES]
+        self.w_pop: list[dict] = [{} for _ in TOKEN_QUEUES]
+        self.w_batch: dict = {}
         self.runnable: list = []
         self.channel_free = 0  # the first cycle the read arbiter is idle
-
-    def _notify(self, key) -> None:
-        unit = self.waiters.pop(key, None)
-        if unit is not None:
-            self.runnable.append((unit, None))
 
     # ---- fetch: the DMA (read client 0) and the dispatcher ---------------------------------
 
     def _fetch_dma(self, me):
         t = self.timing
         n, L, size = len(self.insns), t.read_latency, t.fetch_insns
-        waiters, reads = self.waiters, self.reads
+        reads, avail, runnable, w_a = self.reads, self.avail, self.runnable, self.w_a
+        fetch_reads = self.fetch_reads
+        batch_req = self.batch_req
         first, b = 0, 0
         while first < n:
-            if b >= len(self.batch_req):
-                waiters[("batch", b)] = me
+            if b >= len(batch_req):
+                self.w_batch[b] = me
                 yield None
-            q = self.batch_req[b]
+            q = batch_req[b]
             count = min(size, n - first)
             batch = t.fetch_batch(self.insn_addr, first, count)
             self.batches.append((q, first, count))
+            insn_burst, insn_ready = batch.insn_burst, batch.insn_ready
             r, bound, k = q + 1, NEVER, 0
             for i in range(len(batch.span)):
                 _, g = yield r
                 f = max(g + 1 + L, bound)
                 reads.append((0, b, i, r, g, f, 0, False))
+                fetch_reads += (r, g)
                 x = f + batch.span[i]
                 self.channel_free = x + 1
                 r, bound = x + 1, x + batch.buf_after[i]
                 # the burst's instructions can be dispatched while the next burst waits
-                while k < count and batch.insn_burst[k] == i:
-                    self.avail[first + k] = f + batch.insn_ready[k]
-                    self._notify(("a", first + k))
+                while k < count and insn_burst[k] == i:
+                    j = first + k
+                    avail[j] = f + insn_ready[k]
+                    if w_a:
+                        u = w_a.pop(j, None)
+                        if u is not None:
+                            runnable.append((u, None))
                     k += 1
             first += count
             b += 1
@@ -300,56 +341,82 @@ class _Schedule:
     def _fetch_dispatch(self, me):
         t = self.timing
         n, depth, size = len(self.insns), t.cmd_queue_depth, t.fetch_insns
-        waiters, avail, start = self.waiters, self.avail, self.start
-        self.batch_req.append(t.FIRST_FETCH)
-        self._notify(("batch", 0))
+        avail, start, dispatch = self.avail, self.start, self.dispatch
+        module, local_of, seq = self.module, self.local, self.seq
+        runnable, w_d, w_batch, batch_req = self.runnable, self.w_d, self.w_batch, self.batch_req
+        batch_req.append(t.FIRST_FETCH)
+        u = w_batch.pop(0, None)
+        if u is not None:
+            runnable.append((u, None))
         last = -1
         for j in range(n):
             if avail[j] < 0:
-                waiters[("a", j)] = me
+                self.w_a[j] = me
                 yield None
-            d = max(avail[j], last + 1)
-            m, local = self.module[j], self.local[j]
+            d = avail[j]
+            if last >= d:
+                d = last + 1
+            local = local_of[j]
             if local >= depth:  # room once the instruction `depth` ahead has started
-                ahead = self.seq[m][local - depth]
+                ahead = seq[module[j]][local - depth]
                 if start[ahead] < 0:
-                    waiters[("s", ahead)] = me
+                    self.w_s[ahead] = me
                     yield None
-                d = max(d, start[ahead] + 1)
-            self.dispatch[j] = last = d
-            self._notify(("d", j))
+                if start[ahead] >= d:
+                    d = start[ahead] + 1
+            dispatch[j] = last = d
+            if w_d:
+                u = w_d.pop(j, None)
+                if u is not None:
+                    runnable.append((u, None))
             if (j + 1) % size == 0 and j + 1 < n:  # the batch is dispatched: request the next
-                self.batch_req.append(d + 1)
-                self._notify(("batch", len(self.batch_req) - 1))
+                batch_req.append(d + 1)
+                u = w_batch.pop(len(batch_req) - 1, None)
+                if u is not None:
+                    runnable.append((u, None))
 
     # ---- load, compute, store ---------------------------------------------------------------
 
     def _module(self, me, m: int):
         t = self.timing
         L, depth = t.read_latency, t.token_queue_depth
-        waiters, push_t, pop_t, reads = self.waiters, self.push_t, self.pop_t, self.reads
+        push_t, pop_t, reads, plans = self.push_t, self.pop_t, self.reads, self.plans
+        dispatch, start, done, push = self.dispatch, self.start, self.done, self.push
+        pops_of_, pushes_of_ = self.pops, self.pushes
+        tok_ready, room_ready = self.tok_ready, self.room_ready
+        runnable, w_s, w_push, w_pop = self.runnable, self.w_s, self.w_push, self.w_pop
         client = me  # read client id (load 1, compute 2; store never reads)
         free = 0
         for j in self.seq[m]:
-            if self.dispatch[j] < 0:
-                waiters[("d", j)] = me
+            if dispatch[j] < 0:
+                self.w_d[j] = me
                 yield None
-            s = max(free, self.dispatch[j] + 1)
-            for col, q in enumerate(self.pops[j]):
+            s = dispatch[j] + 1
+            if free > s:
+                s = free
+            pops = pops_of_[j]
+            for col, q in enumerate(pops):
                 k = len(pop_t[q])
                 if k >= len(push_t[q]):
-                    waiters[("push", q, k)] = me
+                    w_push[q][k] = me
                     yield None
                 ready = push_t[q][k] + 1
-                self.tok_ready[col][j] = ready
+                tok_ready[col][j] = ready
                 if ready > s:
                     s = ready
-            self.free[j], self.start[j] = free, s
-            self._notify(("s", j))
-            for q in self.pops[j]:
+            self.free[j] = free
+            start[j] = s
+            if w_s:
+                u = w_s.pop(j, None)
+                if u is not None:
+                    runnable.append((u, None))
+            for q in pops:
                 pop_t[q].append(s)
-                self._notify(("pop", q, len(pop_t[q]) - 1))
-            plan = self.plans[j]
+                if w_pop[q]:
+                    u = w_pop[q].pop(len(pop_t[q]) - 1, None)
+                    if u is not None:
+                        runnable.append((u, None))
+            plan = plans[j]
             if isinstance(plan, int):
                 p = s + plan
             else:  # a LOAD's bursts on the read channel
@@ -376,21 +443,25 @@ class _Schedule:
                     i += 1
                 self.rd_wait[j], self.rd_lat[j] = wait, lat
                 p = s + plan.push + delta
-            self.done[j] = p
-            for col, q in enumerate(self.pushes[j]):
+            done[j] = p
+            pushes = pushes_of_[j]
+            for col, q in enumerate(pushes):
                 k = len(push_t[q])
                 if k >= depth:  # room once the token `depth` ahead has been popped
                     if len(pop_t[q]) <= k - depth:
-                        waiters[("pop", q, k - depth)] = me
+                        w_pop[q][k - depth] = me
                         yield None
                     room = pop_t[q][k - depth] + 1
-                    self.room_ready[col][j] = room
+                    room_ready[col][j] = room
                     if room > p:
                         p = room
-            for q in self.pushes[j]:
+            for q in pushes:
                 push_t[q].append(p)
-                self._notify(("push", q, len(push_t[q]) - 1))
-            self.push[j] = p
+                if w_push[q]:
+                    u = w_push[q].pop(len(push_t[q]) - 1, None)
+                    if u is not None:
+                        runnable.append((u, None))
+            push[j] = p
             free = p + 1
 
     # ---- the loop -----------------------------------------------------------------------
@@ -400,11 +471,11 @@ class _Schedule:
                 self._module(2, int(Module.COMPUTE)), self._module(3, int(Module.STORE)),
                 self._fetch_dispatch(4)]
         # read clients of the arbiter: fetch 0, load 1, compute 2 (unit ids are the same)
-        self.runnable = [(u, None) for u in reversed(range(len(gens)))]
+        runnable = self.runnable
+        runnable.extend((u, None) for u in reversed(range(len(gens))))
         pending: dict[int, int] = {}
         finished = 0
         last = 2  # round robin: the first search starts at fetch
-        runnable = self.runnable
         while True:
             while runnable:
                 u, value = runnable.pop()
@@ -446,20 +517,28 @@ class _Schedule:
         return timeline
 
     def _timeline(self) -> Timeline:
-        def arr(values):
-            return np.asarray(values, dtype=np.int64)
+        st = self.static
+        if st.arrays is None:  # the program's tables as (read-only) arrays, once
+            def cols(seqs):
+                out = np.full((len(seqs), 2), -1, np.int64)
+                for j, qs in enumerate(seqs):
+                    out[j, :len(qs)] = qs
+                return out
 
-        def cols(seqs):
-            out = np.full((len(seqs), 2), -1, np.int64)
-            for j, qs in enumerate(seqs):
-                out[j, :len(qs)] = qs
-            return out
-
+            st.arrays = (np.asarray(self.module, dtype=np.int64), cols(self.pops),
+                         cols(self.pushes))
+            for a in st.arrays:
+                a.setflags(write=False)
+        module, pop_q, push_q = st.arrays
+        times = np.array((self.free, self.dispatch, self.avail, self.start, self.done,
+                          self.push, self.rd_wait, self.rd_lat, *self.tok_ready,
+                          *self.room_ready), dtype=np.int64)
+        free, dispatch, avail, start, done, push, rd_wait, rd_lat = times[:8]
         return Timeline(
-            insns=self.insns, plans=self.plans, timing=self.timing, insn_addr=self.insn_addr,
-            module=arr(self.module), free=arr(self.free), dispatch=arr(self.dispatch),
-            avail=arr(self.avail), start=arr(self.start), done=arr(self.done),
-            push=arr(self.push), rd_wait=arr(self.rd_wait), rd_lat=arr(self.rd_lat),
-            pop_q=cols(self.pops), push_q=cols(self.pushes),
-            tok_ready=arr(self.tok_ready).T.copy(), room_ready=arr(self.room_ready).T.copy(),
-            batches=arr(self.batches).reshape(-1, 3), reads=self.reads)
+            insns=self.insns, plans=list(self.plans), timing=self.timing,
+            insn_addr=self.insn_addr, module=module, free=free, dispatch=dispatch,
+            avail=avail, start=start, done=done, push=push, rd_wait=rd_wait, rd_lat=rd_lat,
+            pop_q=pop_q, push_q=push_q, tok_ready=times[8:10].T, room_ready=times[10:12].T,
+            batches=np.array(self.batches, dtype=np.int64).reshape(-1, 3), reads=self.reads,
+            writes=dict(st.writes), static=st, times=times,
+            fetch_reads=np.array(self.fetch_reads, dtype=np.int64).reshape(-1, 2))

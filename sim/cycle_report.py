@@ -36,98 +36,236 @@ _LOAD_BYTES = {MemType.UOP: "uop", MemType.INP: "inp", MemType.WGT: "wgt", MemTy
 _TIDS = {"fetch": 0, "load": 1, "compute": 2, "store": 3, "dram read": 4, "dram write": 5}
 
 
-def _split(begin: np.ndarray, ready: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Cycles of [begin, end) spent before ``ready``, and the new begin."""
-    mid = np.minimum(np.maximum(ready, begin), end)
-    return mid - begin, mid
-
-
-def _waits(tl, mask):
-    """Per instruction of ``mask``: (command-queue wait, [(queue ids, token waits)] per
-    pop column, [(queue ids, room waits)] per push column)."""
-    ready_cmd = tl.dispatch[mask] + 1
-    begin, start = tl.free[mask], tl.start[mask]
-    cmd, begin = _split(begin, ready_cmd, start)
-    tokens = []
-    for col in range(2):
-        wait, begin = _split(begin, tl.tok_ready[mask, col], start)
-        tokens.append((tl.pop_q[mask, col], wait))
-    begin, push = tl.done[mask], tl.push[mask]
-    rooms = []
-    for col in range(2):
-        wait, begin = _split(begin, tl.room_ready[mask, col], push)
-        rooms.append((tl.push_q[mask, col], wait))
-    return cmd, tokens, rooms
-
-
 def _overlap(a0, a1, b0, b1) -> int:
-    """Total length of the intersection of two sets of disjoint intervals [a0, a1) and
-    [b0, b1) (each set sorted)."""
-    total = 0
-    for s, e in zip(b0.tolist(), b1.tolist()):
-        if e <= s:
-            continue
-        lo = int(np.searchsorted(a1, s, side="right"))
-        hi = int(np.searchsorted(a0, e, side="left"))
-        if hi > lo:
-            total += int((np.minimum(a1[lo:hi], e) - np.maximum(a0[lo:hi], s)).clip(0).sum())
-    return total
+    """Total length of the intersection of two sets of intervals [a0, a1) and [b0, b1): the
+    first disjoint, sorted, and starting at or before every b0 (fetch's gaps: the first
+    begins in cycle 0), the second with b1 >= b0. With F(t) the length of the first set
+    before t, each [b0, b1) adds F(b1) - F(b0)."""
+    if not b0.size:
+        return 0
+    length = np.cumsum(a1 - a0)  # length[k]: of the intervals up to k
+    t = np.concatenate((b1, b0))
+    k = np.searchsorted(a0, t, side="right") - 1  # the last interval beginning by t
+    before = length[k] - np.maximum(a1[k] - t, 0)
+    return int(before[:b0.size].sum() - before[b0.size:].sum())
+
+
+class _StaticStats:
+    """The parts of the statistics fixed by the program and the timing (computed on the
+    first run and kept in the program's cycle._Static)."""
+
+    def __init__(self, tl):
+        n = len(tl.insns)
+        rows = np.arange(n)
+
+        def onehot(ids, width):  # (n,) ids, -1 for none -> (n, width) 0/1
+            hot = np.zeros((n, width + 1), np.int64)
+            hot[rows, np.where(ids < 0, width, ids)] = 1
+            return hot[:, :width]
+
+        self.module_hot = onehot(tl.module, 3)
+        # (2n, 4): an instruction's wait for its first / second popped (pushed) queue, laid
+        # end to end, times this gives the waits per queue
+        self.pop_hot = np.concatenate([onehot(tl.pop_q[:, col], 4) for col in range(2)])
+        self.push_hot = np.concatenate([onehot(tl.push_q[:, col], 4) for col in range(2)])
+        writes = tl.writes or {}
+        w_index = np.array(sorted(writes), np.int64)
+        w_info = np.array([writes[j] for j in w_index.tolist()], np.int64).reshape(-1, 2)
+        self.write_wait = np.zeros(n, np.int64)
+        self.write_wait[w_index] = w_info[:, 1] * tl.timing.write_latency
+        self.write_beats = int(w_info[:, 0].sum())
+        read_plans = [p for p in tl.plans if not isinstance(p, int)]
+        fetch = [tl.timing.fetch_batch(tl.insn_addr, first, min(tl.timing.fetch_insns,
+                                                                n - first))
+                 for first in range(0, n, tl.timing.fetch_insns)]
+        self.read_beats = (sum(sum(b.burst_beats) for b in fetch)
+                           + sum(p.beats for p in read_plans))
+        self.read_bursts = sum(len(b.span) for b in fetch) + sum(p.n for p in read_plans)
+        # LOAD: mem_type, STORE: 8 + mem_type
+        mem = np.array([int(i.mem_type) + (8 * int(i.opcode)) if isinstance(i, MemInsn) else -1
+                        for i in tl.insns], np.int64)
+        self.mem_types = [int(mt) for mt in _LOAD_BYTES] + [8 + int(MemType.OUT)]
+        self.mem_hot = np.stack([mem == k for k in self.mem_types], axis=1).astype(np.int64)
+        # the same as lists, for _sums_python
+        self.module = tl.module.tolist()
+        self.pops = [tuple(q for q in row if q >= 0) for row in tl.pop_q.tolist()]
+        self.pushes = [tuple(q for q in row if q >= 0) for row in tl.push_q.tolist()]
+        self.write_wait_list = self.write_wait.tolist()
+        index = {k: i for i, k in enumerate(self.mem_types)}
+        self.mem_index = [index.get(k, -1) for k in mem.tolist()]
+
+
+# Statistics keys per module, in the order of the dictionary: busy, command queue empty,
+# token waits (per popped queue), push waits (per pushed queue), DRAM, bus (not store), idle.
+_MODULE_KEYS = {
+    name: (f"{name}_busy_cycles", f"{name}_stall_cmdq_empty_cycles",
+           [(q, f"{name}_stall_token_{_QUEUE_ENDS[q][0]}_cycles") for q in _POPS[name]],
+           [(q, f"{name}_stall_push_{_QUEUE_ENDS[q][1]}_cycles") for q in _PUSHES[name]],
+           f"{name}_stall_dram_cycles",
+           f"{name}_stall_bus_cycles" if name != "store" else None,
+           f"{name}_idle_cycles")
+    for name in MODULES}
+_CMDQ_FULL_KEYS = [f"fetch_stall_cmdq_full_{name}_cycles" for name in MODULES]
+_BYTES_KEYS = [(f"{key}_load_bytes", f"{key}_load_bytes_per_cycle") for key in _LOAD_BYTES.values()]
+
+# rows of Timeline.times
+_FREE, _DISPATCH, _AVAIL, _START, _DONE, _PUSH, _RD_WAIT, _RD_LAT = range(8)
+_TOK = [8, 9]
+_ROOM = [10, 11]
+
+
+def _times(tl) -> np.ndarray:
+    if tl.times is not None:
+        return tl.times
+    return np.array([tl.free, tl.dispatch, tl.avail, tl.start, tl.done, tl.push, tl.rd_wait,
+                     tl.rd_lat, *tl.tok_ready.T, *tl.room_ready.T], np.int64)
+
+
+def _chain(begin_and_ready: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Waits attributed in order: from row 0 (the begin) to ``end``, each cycle goes to the
+    first of rows 1.. (ready cycles) not yet reached. Returns one row of waits per ready
+    row. (Clamping each ready cycle in turn between the previous clamp and ``end`` gives
+    the running maximum clamped to ``end``; ``end`` is never before the begin.)"""
+    mids = np.maximum.accumulate(begin_and_ready, axis=0)
+    np.minimum(mids, end, out=mids)
+    return np.diff(mids, axis=0)
+
+
+def _sums_numpy(tl, static):
+    """(data wait, fetch bus, per-module sums (busy, command queue, dram, bus, fetch room),
+    token waits per queue, room waits per queue, cycles run per memory type of
+    _StaticStats.mem_types) with numpy over all instructions at once: per-instruction
+    quantities, summed per module or queue by products with 0/1 matrices fixed by the
+    program."""
+    n = len(tl.insns)
+    times = _times(tl)
+    dispatch, start, push = times[_DISPATCH], times[_START], times[_PUSH]
+    # fetch: one busy cycle per dispatch; the gap before each dispatch is first waiting for
+    # the instruction's bytes (behind another client's burst: bus; else DRAM), then for
+    # room in its module's command queue.
+    gap = np.empty((2, n), np.int64)
+    gap[0, 0] = 0
+    np.add(dispatch[:-1], 1, out=gap[0, 1:])
+    gap[1] = times[_AVAIL]
+    data_wait = _chain(gap, dispatch)[0]
+    data_end = gap[0] + data_wait
+    fetch_bursts = _fetch_bursts(tl)
+    fetch_bus = _overlap(gap[0], data_end, fetch_bursts[:, 0], fetch_bursts[:, 1])
+    # Waits before the start (command queue, then each popped queue in order) and after
+    # DONE (each pushed queue in order).
+    pre = times[[_FREE, _DISPATCH, *_TOK]]
+    pre[1] += 1  # an instruction can start the cycle after its dispatch
+    cmd_tok = _chain(pre, start)  # rows: command queue, first token, second token
+    room = _chain(times[[_DONE, *_ROOM]], push)
+    token_q = cmd_tok[1:].reshape(-1) @ static.pop_hot  # per queue
+    room_q = room.reshape(-1) @ static.push_hot
+    per = np.empty((5, n), np.int64)  # busy, command queue, dram, bus, fetch room
+    np.add(times[_RD_LAT], static.write_wait, out=per[2])
+    per[0] = times[_DONE] - start - times[_RD_WAIT] - per[2] + 1  # + the push cycle
+    per[1] = cmd_tok[0]
+    per[3] = times[_RD_WAIT]
+    per[4] = dispatch - data_end
+    ran = (push + 1 - start) @ static.mem_hot
+    return (int(data_wait.sum()), fetch_bus, (per @ static.module_hot).tolist(),
+            token_q.tolist(), room_q.tolist(), ran.tolist())
+
+
+def _sums_python(tl, static):
+    """_sums_numpy one instruction at a time, on Python ints: faster for short programs
+    (below _PYTHON_STATS instructions), where numpy's per-call cost dominates."""
+    free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok0, tok1, room0, room1 = \
+        _times(tl).tolist()
+    pops, pushes = static.pops, static.pushes
+    module, write_wait, mem_index = static.module, static.write_wait_list, static.mem_index
+    per = [[0, 0, 0] for _ in range(5)]  # busy, command queue, dram, bus, fetch room
+    busy, cmdq, dram_of, bus_of, fetch_room = per
+    token_q, room_q = [0] * 4, [0] * 4
+    ran = [0] * len(static.mem_types)
+    data_wait = 0
+    gap_begin = 0
+    gaps = []  # (begin, end) of each wait for instruction bytes
+    for j in range(len(module)):
+        m, d, s = module[j], dispatch[j], start[j]
+        mid = min(max(avail[j], gap_begin), d)
+        data_wait += mid - gap_begin
+        gaps.append((gap_begin, mid))
+        fetch_room[m] += d - mid
+        gap_begin = d + 1
+        b = free[j]
+        mid = min(max(d + 1, b), s)
+        cmdq[m] += mid - b
+        for q, ready in zip(pops[j], (tok0[j], tok1[j])):
+            b, mid = mid, min(max(ready, mid), s)
+            token_q[q] += mid - b
+        p = push[j]
+        mid = done[j]
+        for q, ready in zip(pushes[j], (room0[j], room1[j])):
+            b, mid = mid, min(max(ready, mid), p)
+            room_q[q] += mid - b
+        dram = rd_lat[j] + write_wait[j]
+        dram_of[m] += dram
+        bus_of[m] += rd_wait[j]
+        busy[m] += done[j] - s - rd_wait[j] - dram + 1
+        if mem_index[j] >= 0:
+            ran[mem_index[j]] += p + 1 - s
+    fetch_bus = 0
+    for r, g in _fetch_bursts(tl).tolist():
+        for a0, a1 in gaps:  # disjoint and sorted
+            if a0 >= g:
+                break
+            if a1 > r:
+                fetch_bus += min(a1, g) - max(a0, r)
+    return data_wait, fetch_bus, per, token_q, room_q, ran
+
+
+# Programs shorter than this get their statistics from _sums_python, longer ones from
+# _sums_numpy (the same numbers).
+_PYTHON_STATS = 48
+
+
+def _fetch_bursts(tl) -> np.ndarray:
+    """(bursts, 2): request and grant of each of fetch's read bursts."""
+    if tl.fetch_reads is not None:
+        return tl.fetch_reads
+    return np.array([(r, g) for client, _, _, r, g, *_ in tl.reads if client == 0],
+                    np.int64).reshape(-1, 2)
 
 
 def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     """The flat name -> number statistics of one run; ``counters`` are the datapath's."""
-    t = tl.timing
     cycles = tl.cycles
     stats: dict = {"cycles": cycles, "time_us": cycles / cfg.clock_mhz}
     n = len(tl.insns)
-    bursts = tl.read_bursts()
-    fetch_bursts = bursts[bursts[:, 0] == 0]
+    static = getattr(tl.static, "stats", None)
+    if static is None:
+        static = _StaticStats(tl)
+        if tl.static is not None:
+            tl.static.stats = static
+    sums = _sums_python if n < _PYTHON_STATS else _sums_numpy
+    data_wait, fetch_bus, per_module, token_q, room_q, ran = sums(tl, static)
 
-    # fetch: one busy cycle per dispatch; the gap before each dispatch is first waiting for
-    # the instruction's bytes (behind another client's burst: bus; else DRAM), then for
-    # room in its module's command queue.
-    gap_begin = np.concatenate(([0], tl.dispatch[:-1] + 1))
-    data_wait, data_end = _split(gap_begin, tl.avail, tl.dispatch)
-    room_wait = tl.dispatch - gap_begin - data_wait
-    fetch_bus = _overlap(gap_begin, data_end, fetch_bursts[:, 2], fetch_bursts[:, 3])
     stats["fetch_busy_cycles"] = n
-    stats["fetch_stall_dram_cycles"] = int(data_wait.sum()) - fetch_bus
+    stats["fetch_stall_dram_cycles"] = data_wait - fetch_bus
     stats["fetch_stall_bus_cycles"] = fetch_bus
-    for m, name in enumerate(MODULES):
-        stats[f"fetch_stall_cmdq_full_{name}_cycles"] = int(room_wait[tl.module == m].sum())
+    for key, value in zip(_CMDQ_FULL_KEYS, per_module[4]):
+        stats[key] = value
     stats["fetch_idle_cycles"] = cycles - int(tl.dispatch[-1]) - 1
-
-    writes = tl.writes or {}
-    w_index = np.array(sorted(writes), np.int64)
-    w_info = np.array([writes[j] for j in w_index.tolist()], np.int64).reshape(-1, 2)
-    write_wait = np.zeros(n, np.int64)
-    write_wait[w_index] = w_info[:, 1] * t.write_latency
     for m, name in enumerate(MODULES):
-        mask = tl.module == m
-        cmd, tokens, rooms = _waits(tl, mask)
-        run = tl.done[mask] - tl.start[mask]
-        bus, dram = tl.rd_wait[mask], tl.rd_lat[mask] + write_wait[mask]
-        busy = run - bus - dram + 1  # + the push cycle
-        row = {f"{name}_busy_cycles": int(busy.sum()),
-               f"{name}_stall_cmdq_empty_cycles": int(cmd.sum())}
-        for q in _POPS[name]:
-            row[f"{name}_stall_token_{_QUEUE_ENDS[q][0]}_cycles"] = int(
-                sum(w[qs == q].sum() for qs, w in tokens))
-        for q in _PUSHES[name]:
-            row[f"{name}_stall_push_{_QUEUE_ENDS[q][1]}_cycles"] = int(
-                sum(w[qs == q].sum() for qs, w in rooms))
-        row[f"{name}_stall_dram_cycles"] = int(dram.sum())
-        if name != "store":  # store alone uses the write channel: it never waits for it
-            row[f"{name}_stall_bus_cycles"] = int(bus.sum())
-        row[f"{name}_idle_cycles"] = cycles - sum(row.values())
+        busy, cmdq, tokens, rooms, dram, bus, idle = _MODULE_KEYS[name]
+        row = [(busy, per_module[0][m]), (cmdq, per_module[1][m])]
+        row += [(key, token_q[q]) for q, key in tokens]
+        row += [(key, room_q[q]) for q, key in rooms]
+        row.append((dram, per_module[2][m]))
+        if bus is not None:  # store alone uses the write channel: it never waits for it
+            row.append((bus, per_module[3][m]))
         stats.update(row)
+        total = sum(value for _, value in row)
+        stats[idle] = cycles - total
 
     stats["gemm_utilization"] = (counters["macs"] / (cycles * cfg.macs_per_cycle)
                                  if cycles else 0.0)
     # DRAM traffic: bytes the program asked for (no padding, no alignment) and beats used.
-    fetch_beats = sum(sum(tl._batch(b).burst_beats) for b in range(len(tl.batches)))
-    read_beats = fetch_beats + sum(p.beats for p in tl.plans if not isinstance(p, int))
-    write_beats = int(w_info[:, 0].sum())
+    read_beats, write_beats = static.read_beats, static.write_beats
     fetch_bytes = n * 16
     read_bytes = fetch_bytes + sum(counters[f"{key}_load_bytes"] for key in _LOAD_BYTES.values())
     write_bytes = counters["out_store_bytes"]
@@ -137,20 +275,16 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
         "dram_write_bytes": write_bytes,
         "dram_read_beats": read_beats,
         "dram_write_beats": write_beats,
-        "dram_read_bursts": int(bursts.shape[0]),
+        "dram_read_bursts": static.read_bursts,
         "dram_read_bytes_per_cycle": read_bytes / cycles if cycles else 0.0,
         "dram_write_bytes_per_cycle": write_bytes / cycles if cycles else 0.0,
         "dram_read_channel_utilization": read_beats / cycles if cycles else 0.0,
         "dram_write_channel_utilization": write_beats / cycles if cycles else 0.0,
     })
     # Achieved bandwidth of each buffer type: its bytes over the cycles its instructions ran.
-    mem = np.array([int(i.mem_type) + (8 * int(i.opcode)) if isinstance(i, MemInsn) else -1
-                    for i in tl.insns], np.int64)  # LOAD: mem_type, STORE: 8 + mem_type
-    ran = tl.push + 1 - tl.start
-    for mem_type, key in _LOAD_BYTES.items():
-        c = int(ran[mem == int(mem_type)].sum())
-        stats[f"{key}_load_bytes_per_cycle"] = counters[f"{key}_load_bytes"] / c if c else 0.0
-    c = int(ran[mem == 8 + int(MemType.OUT)].sum())
+    for c, (key, rate) in zip(ran, _BYTES_KEYS):
+        stats[rate] = counters[key] / c if c else 0.0
+    c = ran[-1]
     stats["out_store_bytes_per_cycle"] = write_bytes / c if c else 0.0
     return stats
 

@@ -2,10 +2,16 @@
 
 This is ISA.md section 4 as numpy code. The functional simulator runs it under the token
 protocol; the cycle model runs the same code and adds time. One GEMM or ALU instruction
-runs as batched array operations over all of its micro-op executions at once.
+runs as batched array operations over all of its micro-op executions at once: GEMMs as
+float32 BLAS matrix products that are exact (see Datapath._compile_gemm_grid), ALU
+instructions in place on views of ACC. Instructions are compiled into kernels once and the
+kernels kept for later runs of the same program.
 """
 
 from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -17,7 +23,7 @@ from celosia.isa import (
     module_of,
 )
 
-__all__ = ["Datapath", "check_insn", "COUNTER_NAMES"]
+__all__ = ["Datapath", "check_insn", "COUNTER_NAMES", "single_threaded_blas"]
 
 # Counters every executor reports (bytes exclude padding, as VTA's simulator counts them).
 COUNTER_NAMES = (
@@ -35,6 +41,55 @@ _MODULE_COUNTER = {Module.LOAD: "load_insns", Module.COMPUTE: "compute_insns",
                    Module.STORE: "store_insns"}
 # Micro-op executions processed per batch: bounds the temporary arrays of one instruction.
 _CHUNK = 1 << 18
+# Instructions of at most this many executions are compiled into kernels that keep their
+# index arrays; larger ones compute them in chunks on every run.
+_KERNEL_EXECS = 1 << 20
+# Kernels kept per datapath (by count, and by the bytes of their index arrays).
+_KERNELS = 1024
+_KERNEL_BYTES = 256 << 20
+_CACHED_MEM_KERNELS = 4096
+# int8 x int8 products a float32 matrix product may sum exactly (1024 x 2^14 = 2^24).
+_EXACT_TERMS = 1024
+
+
+# ---- BLAS threads -------------------------------------------------------------------------
+
+_blas_lock = threading.Lock()
+_blas = {"libs": None, "depth": 0, "saved": []}
+
+
+@contextmanager
+def single_threaded_blas():
+    """Run the block with numpy's BLAS on one thread (restored afterwards).
+
+    The GEMM matrices of one instruction are small (a few million multiply-adds): a second
+    BLAS thread gains little on an idle machine, and on a busy one (the benchmark machines
+    have 2 shared cores) OpenBLAS threads spin waiting for each other and a run takes several
+    times longer. Uses threadpoolctl (a dependency of scikit-learn) when it is installed;
+    nesting and concurrent runs are counted, so the count is restored once, by the last."""
+    with _blas_lock:
+        if _blas["libs"] is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+
+                _blas["libs"] = ThreadpoolController().select(user_api="blas").lib_controllers
+            except Exception:  # not installed, or an unknown BLAS: leave threads alone
+                _blas["libs"] = []
+        if _blas["depth"] == 0:
+            _blas["saved"] = [lib.get_num_threads() for lib in _blas["libs"]]
+            for lib, n in zip(_blas["libs"], _blas["saved"]):
+                if n != 1:
+                    lib.set_num_threads(1)
+        _blas["depth"] += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas["depth"] -= 1
+            if _blas["depth"] == 0:
+                for lib, n in zip(_blas["libs"], _blas["saved"]):
+                    if n != 1:
+                        lib.set_num_threads(n)
 
 
 def check_insn(insn: Insn, index: int, cfg: HwConfig, dram_size: int) -> None:
@@ -93,7 +148,15 @@ def _check_mem(insn: MemInsn, index: int, cfg: HwConfig, dram_size: int) -> None
 
 
 class Datapath:
-    """On-chip buffers plus DRAM, and the functional semantics of every instruction."""
+    """On-chip buffers plus DRAM, and the functional semantics of every instruction.
+
+    Each GEMM, ALU, LOAD and STORE is *compiled* the first time it runs into a kernel (index
+    arrays, slices and array views over the buffers and DRAM; see ``_compile_*``) and the
+    kernel is kept for the next run of the same instruction with the same micro-ops: a model
+    runs the same program for every inference. A kernel depends only on the instruction's
+    fields and its micro-op words, never on data, and every check that can fail (micro-op
+    ranges, the execution limit) runs before it, every time.
+    """
 
     def __init__(self, cfg: HwConfig, dram: np.ndarray, *, max_uop_execs: int = 1 << 34):
         self.cfg = cfg
@@ -113,8 +176,15 @@ class Datapath:
         self.out = self.out_raw.view(np.int8).reshape(cfg.acc_depth, b, n)
         self._raw = {MemType.UOP: self.uop_raw, MemType.INP: self.inp_raw,
                      MemType.WGT: self.wgt_raw, MemType.ACC: self.acc_raw}
+        self._macs_per_uop = cfg.macs_per_cycle
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
         self.uop_execs = 0
+        # Kernels: by instruction object (checked by identity and micro-op words), and by
+        # the instruction's semantic fields (shared by equal instructions of a program).
+        self._by_insn: dict = {}
+        self._by_fields: dict = {}
+        self._kernel_bytes = 0
+        self._mem_by_insn: dict = {}
 
     def reset_counters(self) -> None:
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
@@ -148,9 +218,22 @@ class Datapath:
         return as_strided(self.dram[start:], shape=(insn.y_size, insn.x_size * eb),
                           strides=(insn.x_stride * eb, 1))
 
-    def load(self, insn: MemInsn) -> None:
+    def _mem_kernel(self, insn: MemInsn):
+        """(copies, counter, bytes) of a LOAD or STORE: ``dst[...] = src`` for each
+        (dst, src) of ``copies`` in order, both views (src 0 for padding)."""
+        entry = self._mem_by_insn.get(id(insn))
+        if entry is not None and entry[0] is insn and entry[1] is self.dram:
+            return entry[2]
+        kernel = self._compile_load(insn) if insn.opcode == Opcode.LOAD \
+            else self._compile_store(insn)
+        if len(self._mem_by_insn) >= _CACHED_MEM_KERNELS:
+            self._mem_by_insn.clear()
+        self._mem_by_insn[id(insn)] = (insn, self.dram, kernel)
+        return kernel
+
+    def _compile_load(self, insn: MemInsn):
         if insn.x_size == 0:
-            return
+            return (), None, 0
         cfg = self.cfg
         rows = insn.y_pad_0 + insn.y_size + insn.y_pad_1
         width = insn.x_pad_0 + insn.x_size + insn.x_pad_1
@@ -158,42 +241,61 @@ class Datapath:
             eb = cfg.out_elem_bytes
             # Explicit lane counts: -1 cannot be inferred when y_size (or every row) is 0.
             block = self.acc[insn.sram_base:insn.sram_base + rows * width].reshape(rows, width, eb)
-            data = self._dram_rows(insn, eb).view(np.int8).reshape(insn.y_size, insn.x_size, eb)
+            data = (self._dram_rows(insn, eb).view(np.int8).reshape(insn.y_size, insn.x_size, eb)
+                    if insn.y_size else None)
         else:
             eb = cfg.elem_bytes(insn.mem_type)
             raw = self._raw[insn.mem_type]
             block = raw[insn.sram_base:insn.sram_base + rows * width].reshape(rows, width, eb)
-            data = self._dram_rows(insn, eb).reshape(insn.y_size, insn.x_size, eb)
+            data = (self._dram_rows(insn, eb).reshape(insn.y_size, insn.x_size, eb)
+                    if insn.y_size else None)
         y0, y1 = insn.y_pad_0, insn.y_pad_0 + insn.y_size
         x0, x1 = insn.x_pad_0, insn.x_pad_0 + insn.x_size
-        block[:y0] = 0
-        block[y1:] = 0
-        block[y0:y1, :x0] = 0
-        block[y0:y1, x1:] = 0
-        block[y0:y1, x0:x1] = data
-        self.counters[_LOAD_COUNTER[insn.mem_type]] += insn.x_size * insn.y_size * eb
+        copies = []
+        if insn.y_size == 0 or (x0 == 0 and x1 == width):
+            if y0:
+                copies.append((block[:y0], 0))
+            if y1 < rows:
+                copies.append((block[y1:], 0))
+        else:  # padded rows and columns: clear the whole block, then copy the data
+            copies.append((block, 0))
+        if insn.y_size:
+            copies.append((block[y0:y1, x0:x1], data))
+        return tuple(copies), _LOAD_COUNTER[insn.mem_type], insn.x_size * insn.y_size * eb
 
-    def store(self, insn: MemInsn) -> None:
+    def _compile_store(self, insn: MemInsn):
         if insn.x_size == 0 or insn.y_size == 0:
-            return
+            return (), None, 0
         eb = self.cfg.out_elem_bytes
         count = insn.y_size * insn.x_size
         src = self.out_raw[insn.sram_base:insn.sram_base + count].reshape(insn.y_size, -1)
         dst = self._dram_rows(insn, eb)
         if insn.x_stride >= insn.x_size:
-            dst[...] = src
+            copies = ((dst, src),)
         else:  # rows overlap in DRAM: later rows win, as in program order
-            for r in range(insn.y_size):
-                dst[r] = src[r]
-        self.counters["out_store_bytes"] += count * eb
+            copies = tuple((dst[r], src[r]) for r in range(insn.y_size))
+        return copies, "out_store_bytes", count * eb
+
+    def load(self, insn: MemInsn) -> None:
+        copies, counter, nbytes = self._mem_kernel(insn)
+        for dst, src in copies:
+            dst[...] = src
+        if counter is not None:
+            self.counters[counter] += nbytes
+
+    def store(self, insn: MemInsn) -> None:
+        copies, counter, nbytes = self._mem_kernel(insn)
+        for dst, src in copies:
+            dst[...] = src
+        if counter is not None:
+            self.counters[counter] += nbytes
 
     # ---- micro-coded instructions ----------------------------------------------------
 
-    def _uops(self, index: int, insn, kind: str):
-        """The micro-op fields (dst, src, wgt) of an instruction, after counting its executions
-        against the run's limit and checking every index it will use against its buffer;
-        None when it executes nothing."""
-        cfg = self.cfg
+    def _kernel(self, index: int, insn, kind: str):
+        """The compiled kernel of a GEMM or ALU instruction (a function of no arguments),
+        after counting its executions against the run's limit; None when it executes
+        nothing. Compiling checks every index the instruction will use (_uops)."""
         total = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
         if total == 0:
             return None
@@ -203,6 +305,38 @@ class Datapath:
                 f"instruction {index}: {kind} would bring the micro-op executions of this run to "
                 f"{self.uop_execs}, past the limit of {self.max_uop_execs}; raise max_uop_execs "
                 f"if the program is meant to be this long")
+        words = self.uop[insn.uop_bgn:insn.uop_end].tobytes()
+        entry = self._by_insn.get(id(insn))
+        if entry is not None and entry[0] is insn and entry[1] == words:
+            return entry[2]
+        if kind == "GEMM":
+            fields = (kind, insn.reset, insn.iter_out, insn.iter_in, insn.dst_factor_out,
+                      insn.dst_factor_in, insn.src_factor_out, insn.src_factor_in,
+                      insn.wgt_factor_out, insn.wgt_factor_in, words)
+        else:
+            fields = (kind, insn.alu_op, insn.use_imm, insn.imm, insn.iter_out, insn.iter_in,
+                      insn.dst_factor_out, insn.dst_factor_in, insn.src_factor_out,
+                      insn.src_factor_in, words)
+        kernel = self._by_fields.get(fields)
+        if kernel is None:
+            uops = self._uops(index, insn, kind)
+            kernel, nbytes = (self._compile_gemm(insn, *uops) if kind == "GEMM"
+                              else self._compile_alu(insn, *uops))
+            if self._kernel_bytes + nbytes > _KERNEL_BYTES or len(self._by_fields) >= _KERNELS:
+                self._by_fields.clear()
+                self._by_insn.clear()
+                self._kernel_bytes = 0
+            self._by_fields[fields] = kernel
+            self._kernel_bytes += nbytes
+        if len(self._by_insn) >= _KERNELS:
+            self._by_insn.clear()
+        self._by_insn[id(insn)] = (insn, words, kernel)
+        return kernel
+
+    def _uops(self, index: int, insn, kind: str):
+        """The micro-op fields (dst, src, wgt) of an instruction, after checking every index
+        it will use against its buffer."""
+        cfg = self.cfg
         dst0, src0, wgt0 = decode_uops(self.uop[insn.uop_bgn:insn.uop_end], cfg)
         limits = [("dst", "ACC", cfg.acc_depth, insn.dst_factor_out, insn.dst_factor_in, dst0)]
         if kind == "GEMM":
@@ -235,6 +369,17 @@ class Datapath:
             yield dst, src, wgt
 
     @staticmethod
+    def _indices(insn, dst0, src0, wgt0):
+        """(dst, src, wgt) index arrays of all executions in order (wgt None for ALU)."""
+        i = np.arange(insn.iter_out, dtype=np.int64)[:, None, None]
+        j = np.arange(insn.iter_in, dtype=np.int64)[:, None]
+        dst = (dst0 + i * insn.dst_factor_out + j * insn.dst_factor_in).reshape(-1)
+        src = (src0 + i * insn.src_factor_out + j * insn.src_factor_in).reshape(-1)
+        wgt = ((wgt0 + i * insn.wgt_factor_out + j * insn.wgt_factor_in).reshape(-1)
+               if isinstance(insn, GemmInsn) else None)
+        return dst, src, wgt
+
+    @staticmethod
     def _report_range(index, insn, kind, field, buf, depth, f_out, f_in, base):
         for ii in range(insn.iter_out):
             for jj in range(insn.iter_in):
@@ -247,18 +392,40 @@ class Datapath:
                                f"uses {buf} row {int(idx[u])} as {field}, outside the {buf} buffer "
                                f"({depth} rows)")
 
+    # ---- GEMM -------------------------------------------------------------------------
+
     def gemm(self, index: int, insn: GemmInsn) -> None:
-        fields = self._uops(index, insn, "GEMM")
-        if fields is None:
+        kernel = self._kernel(index, insn, "GEMM")
+        if kernel is None:
             return
-        cfg = self.cfg
         if not insn.reset:
-            n = insn.iter_out * insn.iter_in * fields[0].size
+            n = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
             self.counters["gemm_uops"] += n
-            self.counters["macs"] += n * cfg.macs_per_cycle
-            if self._gemm_grid(insn, *fields):
-                return
-        for dst, src, wgt in self._chunks(insn, *fields):
+            self.counters["macs"] += n * self._macs_per_uop
+        kernel()
+
+    def _compile_gemm(self, insn: GemmInsn, dst0, src0, wgt0):
+        """(kernel, bytes it holds) of a GEMM: the grid kernel when it applies, else the
+        general one (products grouped by weight row, summed per ACC row)."""
+        total = insn.iter_out * insn.iter_in * dst0.size
+        if insn.reset:
+            if total > _KERNEL_EXECS:
+                return (lambda: self._gemm_general(insn, dst0, src0, wgt0)), 0
+            dst = np.unique(self._indices(insn, dst0, src0, wgt0)[0])
+            rows = _rows(dst)
+            acc, out = self.acc, self.out
+
+            def reset():
+                acc[rows] = 0
+                out[rows] = 0
+            return reset, dst.nbytes
+        grid = self._compile_gemm_grid(insn, dst0, src0, wgt0)
+        if grid is not None:
+            return grid
+        return (lambda: self._gemm_general(insn, dst0, src0, wgt0)), 0
+
+    def _gemm_general(self, insn: GemmInsn, dst0, src0, wgt0) -> None:
+        for dst, src, wgt in self._chunks(insn, dst0, src0, wgt0):
             if insn.reset:
                 self.acc[dst] = 0
                 self.out[dst] = 0
@@ -279,71 +446,199 @@ class Datapath:
         self.acc[rows] = new.reshape(-1, cfg.batch, cfg.block)
         self.out[rows] = new.astype(np.int8).reshape(-1, cfg.batch, cfg.block)
 
-    def _gemm_grid(self, insn: GemmInsn, dst0, src0, wgt0) -> bool:
-        """The usual tensorized GEMM as a few large matrix products; False if it does not apply.
+    def _compile_gemm_grid(self, insn: GemmInsn, dst0, src0, wgt0):
+        """The usual tensorized GEMM as a few large float32 matrix products; None if it does
+        not apply.
 
-        It applies when the weight rows do not move with the loops and the micro-ops fall into
-        equal-sized groups sharing a dst row whose updated rows never collide. Each group's
-        micro-ops then form one long dot product (im2col), computed in float32 over slices of
-        at most 1024 products, where every partial sum is an exact integer (< 2^24).
+        It applies when the weight rows do not move with the loops and the micro-ops fall
+        into G equal-sized groups of g sharing a dst row, whose R = iter_out x iter_in
+        updated rows never collide (G x R distinct ACC rows). Then ACC row (group, r) gets
+        exactly the g products of its group at iteration r, and
+        ``ACC[rows] += X (R*BATCH, g*BLOCK) @ W (g*BLOCK, G*BLOCK)`` (im2col), with X the
+        input rows side by side and W the group's weights stacked.
+
+        Exactness: every product is an int8 x int8 in [-2^14, 2^14], and each float32 matrix
+        product sums at most 1024 of them (K is cut into slices of 1024 // BLOCK micro-ops),
+        so every partial sum BLAS forms (in float32 arithmetic, in any order and with or
+        without FMA) is an integer of magnitude at most 1024 x 2^14 = 2^24: exact in
+        float32's 24-bit significand (test_float32_alone_would_not_be_exact shows that the
+        slicing is needed: 1041 products of 127 x 127 already round). Each
+        slice's result is therefore the exact integer sum, converted to int32 exactly; the
+        slices and the old ACC value are then added in int32, i.e. modulo 2^32. Sequential
+        execution adds the same products to each row in program order with 32-bit
+        wrap-around, and addition modulo 2^32 is associative and commutative, so the final
+        ACC (and OUT, its low byte) is bit-identical whatever the order: a row accumulated by
+        many micro-ops of the instruction gets all of them. GEMM reads only INP and WGT,
+        which it never writes, so no execution sees another's result.
         """
         if insn.wgt_factor_out or insn.wgt_factor_in:
-            return False
+            return None
+        cfg = self.cfg
+        batch, block = cfg.batch, cfg.block
         k = dst0.size
-        rows_per_uop = insn.iter_out * insn.iter_in
-        if k * rows_per_uop > 4 * _CHUNK:
-            return False
+        R = insn.iter_out * insn.iter_in
+        if k * R > _KERNEL_EXECS or block > _EXACT_TERMS:
+            return None
         order = np.argsort(dst0, kind="stable")
         d = dst0[order]
         starts = np.flatnonzero(np.concatenate(([True], d[1:] != d[:-1])))
-        groups = starts.size
-        g = k // groups
-        if k % groups or np.any(np.diff(np.append(starts, k)) != g):
-            return False
+        G = starts.size
+        g = k // G
+        if k % G or np.any(np.diff(np.append(starts, k)) != g):
+            return None
         i = np.arange(insn.iter_out, dtype=np.int64)[:, None]
         j = np.arange(insn.iter_in, dtype=np.int64)[None, :]
         off_dst = (i * insn.dst_factor_out + j * insn.dst_factor_in).reshape(-1)
-        rows = d[starts][:, None] + off_dst[None, :]  # (groups, R)
-        # Updated rows must not collide; cheap when each group's rows are increasing and the
-        # groups' row ranges follow one another.
-        flat = rows.reshape(-1)
-        if not (flat.size < 2 or bool(np.all(flat[1:] > flat[:-1]))) \
-                and np.unique(flat).size != flat.size:
-            return False
+        rows = (d[starts][:, None] + off_dst[None, :]).reshape(-1)  # (G * R), group-major
+        if not (rows.size < 2 or bool(np.all(rows[1:] > rows[:-1]))) \
+                and np.unique(rows).size != rows.size:
+            return None
         off_src = (i * insn.src_factor_out + j * insn.src_factor_in).reshape(-1)
-        src_g = src0[order].reshape(groups, g)
-        wgt_g = wgt0[order].reshape(groups, g)
-        batch, block = self.cfg.batch, self.cfg.block
-        per_slice = max(1, 1024 // block)
+        src_g = src0[order].reshape(G, g)
+        wgt_g = wgt0[order].reshape(G, g)
         # Usually every group reads the same input rows (all output channel blocks of a
         # convolution see the same input): gather them once and multiply by all groups'
         # weights side by side.
         shared = bool(np.all(src_g == src_g[:1]))
-        total = None
+        per_slice = _EXACT_TERMS // block
+        slices = []
+        nbytes = rows.nbytes
         for u0 in range(0, g, per_slice):
-            s = src_g[:1 if shared else groups, u0:u0 + per_slice]
-            gc = s.shape[1]
-            x = self.inp[s[:, None, :] + off_src[None, :, None]]  # (groups|1, R, gc, B, C) int8
-            x = x.transpose(0, 1, 3, 2, 4).reshape(s.shape[0], rows_per_uop * batch, gc * block)
-            w = self.wgt[wgt_g[:, u0:u0 + per_slice]]  # (groups, gc, O, C)
-            w = w.transpose(0, 1, 3, 2).reshape(groups, gc * block, block)
-            if shared:  # (R*B, K) x (K, groups*O)
-                w = w.transpose(1, 0, 2).reshape(gc * block, groups * block)
-                part = np.matmul(x[0].astype(np.float32), w.astype(np.float32))
-                part = part.reshape(rows_per_uop * batch, groups, block).transpose(1, 0, 2)
+            s = src_g[:1 if shared else G, u0:u0 + per_slice]
+            x_rows = (off_src[None, :, None] + s[:, None, :]).reshape(-1)  # (G|1, R, gs)
+            w_rows = wgt_g[:, u0:u0 + per_slice].reshape(-1)  # (G, gs)
+            slices.append((s.shape[1], _rows(x_rows), _rows(w_rows)))
+            nbytes += x_rows.nbytes + w_rows.nbytes
+        dst = _rows(rows)
+        inp2 = self.inp_raw.view(np.int8)  # (depth, BATCH * BLOCK)
+        wgt2 = self.wgt_raw.view(np.int8)  # (depth, BLOCK * BLOCK)
+        acc, out = self.acc, self.out
+        f32 = np.float32
+
+        # Per slice, the last weights seen (their bytes) and their float32 W^T: the WGT
+        # rows of a layer are loaded once and used by many GEMMs.
+        w_memo = [[None, None] for _ in slices]
+
+        def gemm_grid():
+            total = None
+            for (gs, xs, ws), memo in zip(slices, w_memo):
+                x = inp2[xs] if isinstance(xs, slice) else inp2.take(xs, axis=0)
+                w = wgt2[ws] if isinstance(ws, slice) else wgt2.take(ws, axis=0)
+                key = w.tobytes()
+                if key != memo[0]:  # W^T (G*O, gs*C): rows (group, output lane)
+                    wt = w.astype(f32).reshape(G, gs, block, block).transpose(0, 2, 1, 3)
+                    memo[:] = key, wt.reshape(G * block, gs * block)
+                wt = memo[1]
+                if shared:  # X (R*B, gs*C) @ W (gs*C, G*O); BLAS reads W^T transposed
+                    if batch == 1:
+                        xf = x.reshape(R, gs * block).astype(f32)
+                    else:
+                        xf = np.empty((R, batch, gs, block), f32)
+                        np.copyto(xf, x.reshape(R, gs, batch, block).transpose(0, 2, 1, 3))
+                        xf = xf.reshape(R * batch, gs * block)
+                    part = np.matmul(xf, wt.T)
+                else:  # per group: X (G, R*B, gs*C) @ W (G, gs*C, O)
+                    xf = np.empty((G, R, batch, gs, block), f32)
+                    np.copyto(xf, x.reshape(G, R, gs, batch, block).transpose(0, 1, 3, 2, 4))
+                    part = np.matmul(xf.reshape(G, R * batch, gs * block),
+                                     wt.reshape(G, block, gs * block).transpose(0, 2, 1))
+                part = part.astype(np.int32)  # exact: |part| <= 2^24
+                if total is None:
+                    total = part
+                else:
+                    total += part  # int32 arrays wrap: addition modulo 2^32
+            if shared:  # (R, B, G, O) -> (G, R, B, O), the order of ``rows``
+                total = total.reshape(R, batch, G, block).transpose(2, 0, 1, 3)
             else:
-                part = np.matmul(x.astype(np.float32), w.astype(np.float32))  # (groups, R*B, O)
-            part = part.astype(np.int64)
-            total = part if total is None else total + part
-        self._accumulate(rows.reshape(-1), total.reshape(groups * rows_per_uop, -1))
-        return True
+                total = total.reshape(G, R, batch, block)
+            if isinstance(dst, slice):  # consecutive rows: a view of ACC
+                a = acc[dst]
+                view = a.reshape(G, R, batch, block)  # contiguous: still a view
+                view += total  # in place, modulo 2^32
+                np.copyto(out[dst], a, casting="unsafe")  # the low byte, as astype(int8)
+            else:
+                new = acc[dst] + total.reshape(G * R, batch, block)
+                acc[dst] = new
+                out[dst] = new.astype(np.int8)
+
+        return gemm_grid, nbytes
+
+    # ---- ALU --------------------------------------------------------------------------
 
     def alu(self, index: int, insn: AluInsn) -> None:
-        fields = self._uops(index, insn, "ALU")
-        if fields is None:
+        kernel = self._kernel(index, insn, "ALU")
+        if kernel is None:
             return
-        for dst, src, _ in self._chunks(insn, *fields):
-            self.counters["alu_uops"] += dst.size
+        self.counters["alu_uops"] += insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+        kernel()
+
+    def _compile_alu(self, insn: AluInsn, dst0, src0, wgt0):
+        """(kernel, bytes it holds) of an ALU instruction: its executions cut into batches
+        that give the same result computed at once as one after another (_hazard_free_end),
+        each batch's rows as a slice (a view of ACC, updated in place) when they are evenly
+        spaced, else as index arrays."""
+        total = insn.iter_out * insn.iter_in * dst0.size
+        if total > _KERNEL_EXECS:
+            return (lambda: self._alu_general(insn, dst0, src0, wgt0)), 0
+        dst, src, _ = self._indices(insn, dst0, src0, wgt0)
+        use_src = not insn.use_imm
+        batches = []
+        nbytes = 0
+        start = 0
+        while start < total:
+            # batches never cross a multiple of _CHUNK (each search is over one chunk)
+            stop = min(total, (start // _CHUNK + 1) * _CHUNK)
+            end = _hazard_free_end(dst[:stop], src[:stop] if use_src else None, start)
+            d = _rows(dst[start:end], step=True)
+            s = _rows(src[start:end], step=True, repeat=True) if use_src else None
+            batches.append((d, s))
+            nbytes += sum(x.nbytes for x in (d, s) if isinstance(x, np.ndarray))
+            start = end
+        acc, out = self.acc, self.out
+        y_imm = np.int32(insn.imm)
+        if insn.alu_op != AluOp.SHR:
+            ufunc = _ALU_UFUNCS[insn.alu_op]
+        elif not insn.use_imm:
+            ufunc = None  # SHR by a tensor of amounts: _shr_tensor
+        elif insn.imm >= 0:  # SHR by a constant: right, or left when negative (capped at 31)
+            ufunc, y_imm = np.right_shift, min(insn.imm, 31)
+        else:
+            ufunc, y_imm = np.left_shift, min(-insn.imm, 31)
+        plan = []
+        for d, s in batches:
+            # rows by slice: views of ACC and OUT, updated in place; else index arrays
+            view = isinstance(d, slice)
+            x, o = (acc[d], out[d]) if view else (d, None)
+            if s is None:
+                y, gather = y_imm, None
+            elif isinstance(s, slice):
+                y, gather = acc[s], None
+            else:
+                y, gather = None, s
+            plan.append((view, x, o, y, gather))
+
+        def alu_kernel():
+            for view, x, o, y, gather in plan:
+                if gather is not None:
+                    y = acc[gather]
+                if view:
+                    # ufuncs read overlapping inputs as if copied first: the batch reads
+                    # every x and y before it writes, as _hazard_free_end assumes
+                    if ufunc is not None:
+                        ufunc(x, y, out=x)
+                    else:
+                        x[...] = _shr_tensor(x, y)
+                    np.copyto(o, x, casting="unsafe")  # the low byte, as astype(int8)
+                else:
+                    v = acc[x]
+                    r = ufunc(v, y, out=v) if ufunc is not None else _shr_tensor(v, y)
+                    acc[x] = r
+                    out[x] = r.astype(np.int8)
+
+        return alu_kernel, nbytes
+
+    def _alu_general(self, insn: AluInsn, dst0, src0, wgt0) -> None:
+        for dst, src, _ in self._chunks(insn, dst0, src0, wgt0):
             start = 0
             while start < dst.size:
                 end = _hazard_free_end(dst, None if insn.use_imm else src, start)
@@ -368,12 +663,39 @@ class Datapath:
             elif insn.use_imm:  # SHR by a constant: right, or left when negative (capped at 31)
                 r = x >> min(int(y), 31) if y >= 0 else x << min(-int(y), 31)
             else:
-                y64 = y.astype(np.int64)
-                x64 = x.astype(np.int64)
-                r = np.where(y64 >= 0, x64 >> np.minimum(y64, 31), x64 << np.minimum(-y64, 31))
+                r = _shr_tensor(x, y)
         r = r.astype(np.int32)
         self.acc[dst] = r
         self.out[dst] = r.astype(np.int8)
+
+
+# ALU operations as int32 ufuncs (int32 array arithmetic wraps like the hardware); SHR is
+# a right or left shift by a constant, or _shr_tensor.
+_ALU_UFUNCS = {AluOp.MIN: np.minimum, AluOp.MAX: np.maximum, AluOp.ADD: np.add,
+               AluOp.MUL: np.multiply}
+
+
+def _shr_tensor(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """x >> y lane by lane, left by -y when y < 0, amounts capped at 31 (int64: negating
+    -2^31); the low 32 bits."""
+    y64 = y.astype(np.int64)
+    x64 = x.astype(np.int64)
+    return np.where(y64 >= 0, x64 >> np.minimum(y64, 31),
+                    x64 << np.minimum(-y64, 31)).astype(np.int32)
+
+
+def _rows(idx: np.ndarray, *, step: bool = False, repeat: bool = False):
+    """Row indices (at least one) as a slice when they are consecutive (a view instead of a
+    gather; with ``step`` also evenly spaced, with ``repeat`` also one row repeated, which
+    broadcasts), else as an index array."""
+    lo = int(idx[0])
+    if idx.size == 1:
+        return slice(lo, lo + 1)
+    gap = int(idx[1]) - lo
+    if gap == 1 or (step and gap > 0) or (repeat and gap == 0):
+        if bool(np.all(np.diff(idx) == gap)):
+            return slice(lo, lo + 1) if gap == 0 else slice(lo, int(idx[-1]) + 1, gap)
+    return np.ascontiguousarray(idx, dtype=np.intp)
 
 
 def _block_products(inp: np.ndarray, wgt: np.ndarray, src: np.ndarray, wgt_idx: np.ndarray,

@@ -24,9 +24,10 @@ from celosia.errors import DeadlockError, ProgramError
 from celosia.isa import INSN_BYTES, FinishInsn, Insn, Module, decode_program, module_of
 
 from .base import Executor
-from .datapath import Datapath, check_insn
+from .datapath import Datapath, check_insn, single_threaded_blas
 
-__all__ = ["FunctionalSimulator", "load_program", "TOKEN_QUEUES", "pops_of", "pushes_of"]
+__all__ = ["FunctionalSimulator", "Program", "load_program", "TOKEN_QUEUES", "pops_of",
+           "pushes_of"]
 
 # The four token queues, named (from, to).
 L2C, C2L, C2S, S2C = "load->compute", "compute->load", "compute->store", "store->compute"
@@ -52,13 +53,36 @@ def pushes_of(module: Module, insn: Insn) -> tuple[str, ...]:
     return tuple(q for q, on in ((C2L, insn.push_prev), (C2S, insn.push_next)) if on)
 
 
+class Program(list):
+    """A decoded and checked program: its instructions (a list), plus what every run of it
+    reuses: each instruction's module and token queues (indices into TOKEN_QUEUES, in
+    pops_of/pushes_of order), and ``cache``, where executors keep what they derive from the
+    program (the cycle model's plans)."""
+
+    def __init__(self, insns):
+        super().__init__(insns)
+        qid = {q: k for k, q in enumerate(TOKEN_QUEUES)}
+        self.modules = [int(module_of(insn)) for insn in self]
+        flags: dict = {}
+        self.pops, self.pushes = [], []
+        for m, insn in zip(self.modules, self):
+            key = (m, insn.deps)
+            if key not in flags:
+                flags[key] = (tuple(qid[q] for q in pops_of(Module(m), insn)),
+                              tuple(qid[q] for q in pushes_of(Module(m), insn)))
+            pops, pushes = flags[key]
+            self.pops.append(pops)
+            self.pushes.append(pushes)
+        self.cache: dict = {}
+
+
 # The last few programs decoded and checked, by (configuration, DRAM size, program bytes):
 # a model runs the same program image for every inference.
 _PROGRAMS: dict = {}
 _PROGRAM_CACHE_SIZE = 8
 
 
-def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfig) -> list[Insn]:
+def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfig) -> Program:
     """Decode the program in DRAM and check every rule its fields decide (ISA.md section 4)."""
     if insn_addr % INSN_BYTES:
         raise ProgramError(None, f"insn_addr={insn_addr} is not {INSN_BYTES}-byte aligned")
@@ -79,10 +103,11 @@ def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfi
         check_insn(insn, index, cfg, dram.size)
     if not isinstance(insns[-1], FinishInsn):
         raise ProgramError(len(insns) - 1, "the program does not end with FINISH")
+    program = Program(insns)
     if len(_PROGRAMS) >= _PROGRAM_CACHE_SIZE:
         _PROGRAMS.pop(next(iter(_PROGRAMS)))
-    _PROGRAMS[key] = insns
-    return insns
+    _PROGRAMS[key] = program
+    return program
 
 
 class FunctionalSimulator(Executor):
@@ -106,79 +131,86 @@ class FunctionalSimulator(Executor):
     def run(self, insn_addr: int, insn_count: int) -> dict:
         insns = load_program(self.dram, insn_addr, insn_count, self.config)
         self.datapath.reset_counters()
-        _TokenMachine(insns, self.config, self.datapath.execute).run()
+        with single_threaded_blas():
+            _TokenMachine(insns, self.config, self.datapath.execute).run()
         return dict(self.datapath.counters)
 
 
 class _TokenMachine:
-    """Fetch plus three in-order modules under the token protocol, without time."""
+    """Fetch plus three in-order modules under the token protocol, without time.
+
+    Modules are numbered as Module (load 0, compute 1, store 2), token queues as
+    TOKEN_QUEUES (0-3)."""
 
     def __init__(self, insns: list[Insn], cfg: HwConfig, execute):
+        if not isinstance(insns, Program):
+            insns = Program(insns)
         self.insns = insns
         self.execute = execute
         self.cmd_depth = cfg.cmd_queue_depth
         self.token_depth = cfg.token_queue_depth
-        self.modules = [module_of(insn) for insn in insns]
-        self.cmdq = {m: deque() for m in Module}
-        self.tokens = dict.fromkeys(TOKEN_QUEUES, 0)
-        self.pending_push = dict.fromkeys(Module, ())
-        self.pending_index = dict.fromkeys(Module)  # the instruction whose pushes wait
+        self.modules = insns.modules
+        self.pops, self.pushes = insns.pops, insns.pushes
+        self.cmdq = [deque(), deque(), deque()]
+        self.tokens = [0, 0, 0, 0]
+        self.pending_push = [(), (), ()]
+        self.pending_index = [None, None, None]  # the instruction whose pushes wait
         self.pc = 0
 
     def _fetch(self) -> bool:
         moved = False
         n = len(self.insns)
+        modules, cmdq, depth = self.modules, self.cmdq, self.cmd_depth
         while self.pc < n:
-            q = self.cmdq[self.modules[self.pc]]
-            if len(q) >= self.cmd_depth:
+            q = cmdq[modules[self.pc]]
+            if len(q) >= depth:
                 break
             q.append(self.pc)
             self.pc += 1
             moved = True
         return moved
 
-    def _try_push(self, module: Module) -> bool:
-        queues = self.pending_push[module]
-        if any(self.tokens[q] >= self.token_depth for q in queues):
-            return False
-        for q in queues:
-            self.tokens[q] += 1
-        self.pending_push[module] = ()
-        return True
-
-    def _step(self, module: Module) -> bool:
+    def _step(self, module: int) -> bool:
         """Run the module as far as it can go; whether it moved."""
         moved = False
         q = self.cmdq[module]
+        tokens, depth = self.tokens, self.token_depth
+        insns, pops_of_, pushes_of_, execute = self.insns, self.pops, self.pushes, self.execute
+        n = len(insns)
         while True:
-            if self.pending_push[module]:
-                if not self._try_push(module):
-                    return moved
+            pending = self.pending_push[module]
+            if pending:
+                for t in pending:
+                    if tokens[t] >= depth:
+                        return moved
+                for t in pending:
+                    tokens[t] += 1
+                self.pending_push[module] = ()
                 moved = True
             if not q:
                 return moved
             index = q[0]
-            insn = self.insns[index]
-            pops = pops_of(module, insn)
-            if any(self.tokens[p] == 0 for p in pops):
-                return moved
+            pops = pops_of_[index]
             for p in pops:
-                self.tokens[p] -= 1
+                if tokens[p] == 0:
+                    return moved
+            for p in pops:
+                tokens[p] -= 1
             q.popleft()
-            self.execute(index, insn)
-            self.pending_push[module] = pushes_of(module, insn)
+            execute(index, insns[index])
+            self.pending_push[module] = pushes_of_[index]
             self.pending_index[module] = index
             moved = True
-            if len(q) < self.cmd_depth and self.pc < len(self.insns):
+            if len(q) < self.cmd_depth and self.pc < n:
                 self._fetch()
 
     def run(self) -> None:
+        n = len(self.insns)
         while True:
             moved = self._fetch()
-            for module in Module:
+            for module in range(3):
                 moved |= self._step(module)
-            if self.pc == len(self.insns) and not any(self.cmdq.values()) \
-                    and not any(self.pending_push.values()):
+            if self.pc == n and not any(self.cmdq) and not any(self.pending_push):
                 return
             if not moved:
                 raise DeadlockError(self._waiting())
@@ -188,17 +220,18 @@ class _TokenMachine:
         for module in Module:
             name = _MODULE_NAMES[module]
             if self.pending_push[module]:
-                full = [q for q in self.pending_push[module] if self.tokens[q] >= self.token_depth]
+                full = [TOKEN_QUEUES[q] for q in self.pending_push[module]
+                        if self.tokens[q] >= self.token_depth]
                 waiting.append((name, self.pending_index[module], "room to push (it has "
                                 "completed) into " + ", ".join(f"{q} (full, {self.token_depth} tokens)"
                                                          for q in full)))
             elif self.cmdq[module]:
                 index = self.cmdq[module][0]
-                empty = [q for q in pops_of(module, self.insns[index]) if self.tokens[q] == 0]
+                empty = [TOKEN_QUEUES[q] for q in self.pops[index] if self.tokens[q] == 0]
                 waiting.append((name, index, "a token on " + " and ".join(
                     f"{q} (empty)" for q in empty)))
         if self.pc < len(self.insns):
-            target = _MODULE_NAMES[self.modules[self.pc]]
+            target = _MODULE_NAMES[Module(self.modules[self.pc])]
             waiting.append(("fetch", self.pc, f"room in the {target} command queue "
                                               f"(full, {self.cmd_depth} instructions)"))
         return waiting

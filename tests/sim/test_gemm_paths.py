@@ -1,15 +1,19 @@
-"""The GEMM fast path (grouped im2col products) against the general path and a naive loop."""
+"""The datapath's GEMM and ALU kernels (sim/datapath.py) against naive loops: the grid kernel
+(float32 im2col products, exact by construction), the general kernel, and the ALU's in-place
+batches, on random and adversarial operands (extreme int8 values, reductions longer than one
+exact float32 slice, repeated destination rows, ACC values that wrap)."""
 
 import numpy as np
 import pytest
 
 from celosia import HwConfig
-from celosia.isa import GemmInsn, Uop, encode_uops
-from celosia.sim.datapath import Datapath
+from celosia.isa import AluInsn, AluOp, GemmInsn, Uop, encode_uops
+from celosia.sim.datapath import Datapath, single_threaded_blas
 
 CONFIGS = [HwConfig(), HwConfig.preset("small"),
            HwConfig(log_batch=1, log_block=3, log_inp_buff_size=12, log_wgt_buff_size=13,
                     log_acc_buff_size=13, log_uop_buff_size=10)]
+IDS = ["default", "small", "batch2_block8"]
 
 
 def _naive(dp: Datapath, insn: GemmInsn, uops: list[Uop]):
@@ -56,13 +60,20 @@ def _random_case(cfg, rng, grid: bool):
     return dp, insn, uops
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["default", "small", "batch2_block8"])
+def _kernel_name(dp: Datapath, insn) -> str:
+    kind = "GEMM" if isinstance(insn, GemmInsn) else "ALU"
+    return dp._kernel(0, insn, kind).__name__
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
 @pytest.mark.parametrize("grid", [True, False], ids=["grid", "general"])
 def test_gemm_matches_naive(cfg, grid):
     rng = np.random.default_rng(7)
     for _ in range(6):
         dp, insn, uops = _random_case(cfg, rng, grid)
         want_acc, want_out = _naive(dp, insn, uops)
+        if grid:
+            assert _kernel_name(dp, insn) == "gemm_grid"
         dp.gemm(0, insn)
         np.testing.assert_array_equal(dp.acc, want_acc)
         np.testing.assert_array_equal(dp.out, want_out)
@@ -72,5 +83,209 @@ def test_grid_path_is_taken_for_tensorized_loops():
     cfg = HwConfig()
     rng = np.random.default_rng(1)
     dp, insn, uops = _random_case(cfg, rng, grid=True)
-    fields = tuple(np.array(v) for v in zip(*[(u.dst, u.src, u.wgt) for u in uops]))
-    assert dp._gemm_grid(insn, *fields)
+    assert _kernel_name(dp, insn) == "gemm_grid"
+
+
+# ---- adversarial GEMMs ------------------------------------------------------------------
+
+
+def _grid_case(cfg, rng, *, groups, per, io, ii, shared, fill, acc_fill, gaps=False):
+    """A grid GEMM: ``groups`` dst groups of ``per`` micro-ops each (``per * BLOCK``
+    products summed per lane, i.e. several exact float32 slices when that passes 1024),
+    over an (io, ii) loop; src rows equal across groups when ``shared``; dst rows with gaps
+    between groups (ACC rows by index) when ``gaps``."""
+    dp = Datapath(cfg, np.zeros(64, np.uint8))
+    dp.inp[:] = fill(rng, dp.inp.shape)
+    dp.wgt[:] = fill(rng, dp.wgt.shape)
+    dp.acc[:] = acc_fill(rng, dp.acc.shape)
+    rows = io * ii
+    src_rows = [int(v) for v in rng.integers(0, cfg.inp_depth - 2 * rows, per)]
+    uops = []
+    for g in range(groups):
+        srcs = (src_rows if shared
+                else [int(v) for v in rng.integers(0, cfg.inp_depth - 2 * rows, per)])
+        dst = g * rows * (2 if gaps else 1)
+        uops += [Uop(dst, s, int(rng.integers(0, cfg.wgt_depth))) for s in srcs]
+    order = rng.permutation(len(uops))
+    uops = [uops[k] for k in order]
+    insn = GemmInsn(uop_bgn=0, uop_end=len(uops), iter_out=io, iter_in=ii,
+                    dst_factor_out=ii, dst_factor_in=1, src_factor_out=ii, src_factor_in=1)
+    dp.uop[:len(uops)] = encode_uops(uops, cfg)
+    return dp, insn, uops
+
+
+def _extremes(rng, shape):
+    """Only -128 and 127 (the largest products, odd and even)."""
+    return np.where(rng.random(shape) < 0.5, -128, 127)
+
+
+def _all(value):
+    return lambda rng, shape: np.full(shape, value)
+
+
+ACC_FILLS = {
+    "random": lambda rng, shape: rng.integers(-2**31, 2**31, shape),
+    "near_max": lambda rng, shape: np.full(shape, 2**31 - 5),
+    "near_min": lambda rng, shape: np.full(shape, -2**31 + 5),
+}
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2]], ids=[IDS[0], IDS[2]])
+@pytest.mark.parametrize("fill", ["all_minus128", "all_127", "extremes"])
+@pytest.mark.parametrize("acc_fill", sorted(ACC_FILLS))
+def test_grid_long_reductions_are_exact(cfg, fill, acc_fill):
+    """Rows accumulating 2000-2400 extreme products each (several float32 slices of 1024),
+    into ACC values that wrap: bit-identical to sequential int64 arithmetic mod 2^32."""
+    fills = {"all_minus128": _all(-128), "all_127": _all(127), "extremes": _extremes}
+    rng = np.random.default_rng(11)
+    per = min(2400 // cfg.block, cfg.uop_depth - 6)  # 2400 (default) or 2000 products a lane
+    groups = 2 if 2 * per <= cfg.uop_depth else 1
+    assert per * cfg.block > 1024  # more than one exact float32 slice
+    for shared, gaps, io, ii in ((True, False, 2, 3), (False, True, 1, 4), (True, True, 3, 1)):
+        dp, insn, uops = _grid_case(cfg, rng, groups=groups, per=per, io=io, ii=ii, shared=shared,
+                                    fill=fills[fill], acc_fill=ACC_FILLS[acc_fill], gaps=gaps)
+        assert _kernel_name(dp, insn) == "gemm_grid"
+        want_acc, want_out = _naive(dp, insn, uops)
+        dp.gemm(0, insn)
+        np.testing.assert_array_equal(dp.acc, want_acc)
+        np.testing.assert_array_equal(dp.out, want_out)
+
+
+def test_float32_alone_would_not_be_exact():
+    """The slices matter: 1041 products of 127 x 127 sum to an odd number above 2^24, which
+    float32 cannot hold, so one float32 product over them cannot be exact."""
+    x = np.full((1, 1041), 127, np.float32)
+    assert 1041 * 127 * 127 > 2**24 and int((x @ x.T)[0, 0]) != 1041 * 127 * 127
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_gemm_repeated_rows_general_kernel(cfg):
+    """Micro-ops and loop iterations hitting the same ACC rows (not a grid): the general
+    kernel sums every product into its row, with wrap-around."""
+    rng = np.random.default_rng(3)
+    for trial in range(4):
+        dp = Datapath(cfg, np.zeros(64, np.uint8))
+        dp.inp[:] = _extremes(rng, dp.inp.shape)
+        dp.wgt[:] = _extremes(rng, dp.wgt.shape)
+        dp.acc[:] = ACC_FILLS["near_max" if trial % 2 else "near_min"](rng, dp.acc.shape)
+        uops = [Uop(int(rng.integers(0, 3)), int(rng.integers(0, 8)), int(rng.integers(0, 8)))
+                for _ in range(40)]
+        insn = GemmInsn(uop_bgn=0, uop_end=len(uops), iter_out=3, iter_in=2,
+                        dst_factor_out=0, dst_factor_in=1, src_factor_out=1, src_factor_in=0,
+                        wgt_factor_out=trial % 2, wgt_factor_in=0)
+        dp.uop[:len(uops)] = encode_uops(uops, cfg)
+        want_acc, want_out = _naive(dp, insn, uops)
+        dp.gemm(0, insn)
+        np.testing.assert_array_equal(dp.acc, want_acc)
+        np.testing.assert_array_equal(dp.out, want_out)
+
+
+def test_kernels_follow_new_uops_and_weights():
+    """A kernel is kept per instruction and micro-op words, and the grid kernel's float32
+    weights per WGT contents: new micro-ops or new weights are used at once."""
+    cfg = HwConfig()
+    rng = np.random.default_rng(5)
+    dp, insn, uops = _grid_case(cfg, rng, groups=3, per=7, io=2, ii=2, shared=True,
+                                fill=lambda r, s: r.integers(-128, 128, s),
+                                acc_fill=ACC_FILLS["random"])
+    for step in range(4):
+        if step == 1:  # new weights in the same rows
+            dp.wgt[:] = rng.integers(-128, 128, dp.wgt.shape)
+        if step == 2:  # new micro-ops (same count) for the same instruction
+            uops = [Uop(u.dst, u.src, (u.wgt + 1) % cfg.wgt_depth) for u in uops]
+            dp.uop[:len(uops)] = encode_uops(uops, cfg)
+        if step == 3:
+            dp.inp[:] = rng.integers(-128, 128, dp.inp.shape)
+        want_acc, want_out = _naive(dp, insn, uops)
+        dp.gemm(0, insn)
+        np.testing.assert_array_equal(dp.acc, want_acc)
+        np.testing.assert_array_equal(dp.out, want_out)
+
+
+# ---- ALU kernels --------------------------------------------------------------------------
+
+
+def _wrap(v):
+    return (np.asarray(v, dtype=np.int64) + 2**31) % 2**32 - 2**31
+
+
+def _alu_lane(op, x, y):
+    if op == AluOp.MIN:
+        return min(x, y)
+    if op == AluOp.MAX:
+        return max(x, y)
+    if op == AluOp.ADD:
+        return int(_wrap(x + y))
+    if op == AluOp.MUL:
+        return int(_wrap(x * y))
+    if y >= 0:
+        return x >> min(y, 31)
+    return int(_wrap(x << min(-y, 31)))
+
+
+def _naive_alu(dp: Datapath, insn: AluInsn, uops: list[Uop]):
+    acc = dp.acc.astype(np.int64).reshape(dp.acc.shape[0], -1).tolist()
+    out = dp.out.copy().reshape(dp.out.shape[0], -1)
+    for i in range(insn.iter_out):
+        for j in range(insn.iter_in):
+            for u in uops:
+                a = u.dst + i * insn.dst_factor_out + j * insn.dst_factor_in
+                s = u.src + i * insn.src_factor_out + j * insn.src_factor_in
+                ys = [insn.imm] * len(acc[a]) if insn.use_imm else acc[s]
+                acc[a] = [_alu_lane(insn.alu_op, x, y) for x, y in zip(acc[a], ys)]
+                out[a] = np.array(acc[a], np.int64).astype(np.int8)
+    return np.array(acc, np.int64).astype(np.int32).reshape(dp.acc.shape), out.reshape(dp.out.shape)
+
+
+ALU_CASES = [
+    # (uops as (dst, src), iter_out, iter_in, dst_f_out, dst_f_in, src_f_out, src_f_in)
+    ([(0, 0)], 3, 40, 40, 1, 40, 1),  # in place over 120 consecutive rows (views)
+    ([(3, 3)], 1, 30, 0, 3, 0, 3),  # in place with a stride of 3 (strided views)
+    ([(0, 100)], 1, 50, 0, 1, 0, 0),  # every row reads one source row (broadcast)
+    ([(10, 0)], 1, 50, 0, 1, 0, 1),  # ranges overlap: reads rows written earlier
+    ([(0, 5)], 1, 50, 0, 1, 0, 1),  # reads rows written later in the same batch
+    ([(1, 0)], 1, 60, 0, 1, 0, 1),  # a chain: each row reads the one just written
+    ([(7, 7), (7, 7)], 2, 3, 0, 0, 0, 0),  # the same row, again and again
+    ([(4, 9), (2, 4), (9, 2)], 3, 4, 1, 0, 0, 1),  # scattered rows, index arrays
+]
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[1], CONFIGS[2]], ids=[IDS[1], IDS[2]])
+@pytest.mark.parametrize("op", list(AluOp))
+@pytest.mark.parametrize("use_imm", [False, True], ids=["tensor", "imm"])
+def test_alu_kernels_match_naive(cfg, op, use_imm):
+    rng = np.random.default_rng(int(op) * 2 + use_imm)
+    edge = np.array([2**31 - 1, -2**31, -1, 0, 1, 31, 32, -33, 65536, 46341], np.int64)
+    for case in ALU_CASES:
+        pairs, io, ii, dfo, dfi, sfo, sfi = case
+        dp = Datapath(cfg, np.zeros(64, np.uint8))
+        shape = dp.acc.shape
+        dp.acc[:] = np.where(rng.random(shape) < 0.3, rng.choice(edge, shape),
+                             rng.integers(-2**31, 2**31, shape))
+        if op == AluOp.SHR and not use_imm:  # amounts of every sign and size
+            dp.acc[:] = rng.integers(-40, 40, shape)
+        dp.out[:] = rng.integers(-128, 128, dp.out.shape)
+        uops = [Uop(d, s) for d, s in pairs]
+        dp.uop[:len(uops)] = encode_uops(uops, cfg)
+        for imm in ([-40, -31, -1, 0, 3, 31, 32767, -32768] if use_imm else [0]):
+            insn = AluInsn(alu_op=op, use_imm=use_imm, imm=imm, uop_bgn=0, uop_end=len(uops),
+                           iter_out=io, iter_in=ii, dst_factor_out=dfo, dst_factor_in=dfi,
+                           src_factor_out=sfo, src_factor_in=sfi)
+            want_acc, want_out = _naive_alu(dp, insn, uops)
+            dp.alu(0, insn)
+            np.testing.assert_array_equal(dp.acc, want_acc, err_msg=f"{case} imm={imm}")
+            np.testing.assert_array_equal(dp.out, want_out, err_msg=f"{case} imm={imm}")
+
+
+# ---- BLAS threads -------------------------------------------------------------------------
+
+
+def test_single_threaded_blas_restores_the_thread_count():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    controller = threadpoolctl.ThreadpoolController().select(user_api="blas")
+    before = [lib.get_num_threads() for lib in controller.lib_controllers]
+    with single_threaded_blas():
+        with single_threaded_blas():  # nested: restored once, by the outer
+            assert all(lib.get_num_threads() == 1 for lib in controller.lib_controllers)
+        assert all(lib.get_num_threads() == 1 for lib in controller.lib_controllers)
+    assert [lib.get_num_threads() for lib in controller.lib_controllers] == before
