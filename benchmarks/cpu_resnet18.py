@@ -1,18 +1,24 @@
 """`celosia bench cpu-resnet18`: ResNet-18 (fp32, batch 1, 224x224) built for the CPU.
 
 Latency of celosia's CPU build against onnxruntime (default session options, intra-op
-threads = the CPUs this process may use, as celosia's kernels use) and against the numpy
-reference executor, measured in the same run in alternating blocks (so a noisy, shared
+threads = the CPUs this process may use, as celosia's kernels use), against the numpy
+reference executor and, where `apache-tvm` is installed, against TVM's own LLVM build of
+the same ONNX model (Relax frontend, TVM's default CPU pipeline, target llvm with the host
+CPU, TVM_NUM_THREADS = celosia's threads; untuned: no MetaSchedule, which would take
+hours). All are measured in the same run in alternating blocks (so a noisy, shared
 machine slows all of them alike, while neither runtime's spinning worker threads steal a
-core from the other); medians. Compile time cold (a fresh kernel cache)
-and warm (the same cache again). The outputs are checked against onnxruntime.
+core from the other); medians. Compile time cold (a fresh kernel cache) and warm (the
+same cache again). The outputs of celosia and TVM are checked against onnxruntime.
 
 Metrics: latency_ms, onnxruntime_ms, numpy_ms, ratio_vs_onnxruntime (ours / theirs; the
-goal is at most 1.5), speedup_vs_numpy, compile_s, warm_compile_s.
+goal is at most 1.5), speedup_vs_numpy, compile_s, warm_compile_s; with TVM also tvm_ms,
+ratio_vs_tvm (ours / TVM's) and tvm_compile_s (ONNX import + build). The JSON's "tvm" says
+which TVM was measured, or why not (not installed, or the one-line reason it failed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -21,9 +27,63 @@ import numpy as np
 
 from celosia.errors import CelosiaError
 
+TVM_NOT_INSTALLED = "not installed (pip install apache-tvm)"
+
 
 def _median_ms(samples) -> float:
     return float(np.median(samples) * 1e3)
+
+
+def _agrees(ours, theirs) -> bool:
+    return np.allclose(ours, theirs, rtol=1e-4, atol=1e-5 * np.abs(theirs).max())
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def _build_tvm(model):
+    """TVM's untuned LLVM build of `model`: (run(x) -> output, compile seconds, description)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+    from tvm.target.codegen import llvm_get_system_cpu
+
+    t0 = time.perf_counter()
+    cpu = llvm_get_system_cpu()
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+    mod = relax.transform.DecomposeOpsForInference()(from_onnx(model))
+    executable = tvm.compile(mod, target, relax_pipeline=relax.get_default_pipeline(target))
+    main = relax.VirtualMachine(executable, tvm.cpu())["main"]
+    compile_s = time.perf_counter() - t0
+    description = (f"apache-tvm {tvm.__version__}, untuned (no MetaSchedule): Relax ONNX "
+                   f"frontend, default CPU pipeline, target llvm -mcpu={cpu}")
+    return (lambda x: main(tvm.runtime.tensor(x)).numpy()), compile_s, description
+
+
+def _tvm(model, x, expected):
+    """(run, compile seconds, description) of TVM's build, or (None, None, why not)."""
+    try:
+        run, compile_s, description = _build_tvm(model)
+        out = run(x)
+    except Exception as e:  # TVM failing to import, build or run this model is a result
+        if isinstance(e, ModuleNotFoundError) and e.name == "tvm":
+            return None, None, TVM_NOT_INSTALLED
+        lines = str(e).strip().splitlines()
+        return None, None, f"failed: {type(e).__name__}: {lines[0] if lines else ''}"
+    if not _agrees(out, expected):
+        return None, None, (f"failed: output differs from onnxruntime's by up to "
+                            f"{float(np.abs(out - expected).max()):.3g}")
+    return run, compile_s, description
 
 
 def run(quick: bool = False) -> dict:
@@ -42,21 +102,14 @@ def run(quick: bool = False) -> dict:
     x = np.random.default_rng(0).normal(size=(1, 3, 224, 224)).astype(np.float32)
     feeds = {"image": x}
 
-    saved = os.environ.get("CELOSIA_CACHE")
-    with tempfile.TemporaryDirectory(prefix="celosia-bench-cache-") as cache:
-        os.environ["CELOSIA_CACHE"] = cache
-        try:
-            t0 = time.perf_counter()
-            CpuModel.build(data)
-            compile_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            built = CpuModel.build(data)
-            warm_compile_s = time.perf_counter() - t0
-        finally:
-            if saved is None:
-                os.environ.pop("CELOSIA_CACHE", None)
-            else:
-                os.environ["CELOSIA_CACHE"] = saved
+    with tempfile.TemporaryDirectory(prefix="celosia-bench-cache-") as cache, \
+            _env("CELOSIA_CACHE", cache):
+        t0 = time.perf_counter()
+        CpuModel.build(data)
+        compile_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        built = CpuModel.build(data)
+        warm_compile_s = time.perf_counter() - t0
 
     threads = num_threads()
     options = ort.SessionOptions()
@@ -67,53 +120,72 @@ def run(quick: bool = False) -> dict:
     (ours,) = built.run(feeds).values()
     (theirs,) = session.run(None, feeds)
     max_diff = float(np.abs(ours - theirs).max())
-    if not np.allclose(ours, theirs, rtol=1e-4, atol=1e-5 * np.abs(theirs).max()):
+    if not _agrees(ours, theirs):
         raise CelosiaError(f"cpu-resnet18: celosia's output differs from onnxruntime's by "
                            f"up to {max_diff:.3g}")
 
-    # Alternating blocks of runs, a pause before each: both runtimes keep worker threads
-    # spinning for a while after a call, which would steal a core from the other if calls
-    # were interleaved one by one.
-    blocks, per_block = (3, 4) if quick else (8, 6)
-    t_ours, t_ort, t_np = [], [], []
-    clock = time.perf_counter
-    for _ in range(blocks):
-        for fn, samples in ((lambda: built.run(feeds), t_ours),
-                            (lambda: session.run(None, feeds), t_ort)):
-            time.sleep(0.05)
-            fn()  # warm-up after the pause
-            for _ in range(per_block):
+    with _env("TVM_NUM_THREADS", str(threads)):  # read when TVM's thread pool starts
+        tvm_run, tvm_compile_s, tvm_status = _tvm(model, x, theirs)
+
+        # Alternating blocks of runs, a pause before each: both runtimes keep worker
+        # threads spinning for a while after a call, which would steal a core from the
+        # other if calls were interleaved one by one. The slow executors (numpy, untuned
+        # TVM: 0.1 to 2 s a run) run once per block.
+        blocks, per_block = (3, 4) if quick else (8, 6)
+        t_ours, t_ort, t_np, t_tvm = [], [], [], []
+        fast = ((lambda: built.run(feeds), t_ours), (lambda: session.run(None, feeds), t_ort))
+        slow = [(lambda: reference.run(feeds), t_np)]
+        if tvm_run:
+            slow.append((lambda: tvm_run(x), t_tvm))
+        clock = time.perf_counter
+        for _ in range(blocks):
+            for fn, samples in fast:
+                time.sleep(0.05)
+                fn()  # warm-up after the pause
+                for _ in range(per_block):
+                    t0 = clock()
+                    fn()
+                    samples.append(clock() - t0)
+            for fn, samples in slow:
+                time.sleep(0.05)
                 t0 = clock()
                 fn()
                 samples.append(clock() - t0)
-        time.sleep(0.05)
-        t0 = clock()
-        reference.run(feeds)
-        t_np.append(clock() - t0)
     reps = blocks * per_block
     built.run(feeds, profile=True)
     report = built.report()
 
     latency, ort_ms, np_ms = _median_ms(t_ours), _median_ms(t_ort), _median_ms(t_np)
+    metrics = {
+        "latency_ms": latency,
+        "onnxruntime_ms": ort_ms,
+        "numpy_ms": np_ms,
+        "ratio_vs_onnxruntime": latency / ort_ms,
+        "speedup_vs_numpy": np_ms / latency,
+        "compile_s": compile_s,
+        "warm_compile_s": warm_compile_s,
+    }
+    min_ms = {"celosia": min(t_ours) * 1e3, "onnxruntime": min(t_ort) * 1e3,
+              "numpy": min(t_np) * 1e3}
+    tvm_text = f"TVM: {tvm_status}"
+    if tvm_run:
+        tvm_ms = _median_ms(t_tvm)
+        metrics.update(tvm_ms=tvm_ms, ratio_vs_tvm=latency / tvm_ms, tvm_compile_s=tvm_compile_s)
+        min_ms["tvm"] = min(t_tvm) * 1e3
+        tvm_text = f"TVM untuned {tvm_ms:.2f} ms, compile {tvm_compile_s:.2f} s"
     print(f"  celosia {latency:.2f} ms, onnxruntime {ort_ms:.2f} ms, numpy {np_ms:.2f} ms "
-          f"({threads} threads); compile {compile_s:.2f} s cold, {warm_compile_s:.2f} s warm",
-          flush=True)
+          f"({threads} threads); compile {compile_s:.2f} s cold, {warm_compile_s:.2f} s warm; "
+          f"{tvm_text}", flush=True)
     return {
-        "metrics": {
-            "latency_ms": latency,
-            "onnxruntime_ms": ort_ms,
-            "numpy_ms": np_ms,
-            "ratio_vs_onnxruntime": latency / ort_ms,
-            "speedup_vs_numpy": np_ms / latency,
-            "compile_s": compile_s,
-            "warm_compile_s": warm_compile_s,
-        },
+        "metrics": metrics,
         "threads": threads,
         "repetitions": reps,
-        "min_ms": {"celosia": min(t_ours) * 1e3, "onnxruntime": min(t_ort) * 1e3,
-                   "numpy": min(t_np) * 1e3},
+        "min_ms": min_ms,
         "max_abs_diff_vs_onnxruntime": max_diff,
+        "tvm": tvm_status,
         "build": built.build_info,
         "profile_summary": report["summary"],
-        "note": "medians of interleaved runs in one process; ratio = celosia / onnxruntime",
+        "note": "medians of interleaved runs in one process (numpy and TVM: one run per "
+                "block); ratio = celosia / onnxruntime, ratio_vs_tvm = celosia / TVM "
+                "(an untuned TVM build)",
     }
