@@ -1,4 +1,5 @@
-"""float32 operators for the CPU and the schedules that make them fast (after TVM's x86 ones).
+"""Operators for the CPU and the schedules that make them fast (after TVM's x86 ones):
+float32, and int8 with exact integer results.
 
 Convolutions work on channel-blocked tensors: data NCHW{c}c (``[N, C // c, H, W, c]``),
 kernels OIHW{i}i{o}o (``[O // o, I // i, KH, KW, i, o]``), outputs NCHW{o}o. The hot loop
@@ -7,6 +8,21 @@ registers (``o`` = 16 floats is one AVX-512 register): for each input channel, k
 and column it loads one vector of weights and broadcasts one input value per column. Dense
 layers pack their weights ``[N // n, K, n]`` the same way. Each operator takes an optional
 fused epilogue: a bias per output channel, a residual tensor added, then ReLU or a clip.
+
+int8. Convolutions and dense layers also take int8 data and weights; the result is the
+exact integer sum wrapped to int32 (``requantize`` then gives the int8 output of graph_int's
+QConv/QGemm). A dense layer accumulates in int32. A convolution, the hot loop, runs on
+the float32 FMA units instead: a product of two int8 values is an integer of magnitude at
+most 2**14, so a float32 sum of up to ``EXACT_TERMS`` = 1024 of them never leaves the
+integers float32 represents exactly (2**24), in any order. The input channel blocks are
+cut into chunks of at most 1024 products per output (``.part``, float32 in registers), each
+chunk converted to int32 and added, wrapping (``.acc``); with a single chunk (3x3 kernels
+up to 64 input channels in blocks of 16, 1x1 kernels up to 1024, depthwise kernels always)
+the float sum is converted directly. The int8 data is widened to float32 in the padding stage
+(always a stage for int8: a 1x1 kernel's holds only the pixels its strides read), so the
+hot loop is the float convolution's -- one ``vfmadd231ps`` with a broadcast from memory per
+column -- with int8 weights converted once per vector (``vpmovsxbd``, ``vcvtdq2ps``). An
+int32 multiply-add would take two instructions (``vpmulld``, ``vpaddd``) per column.
 
     x = te.placeholder((1, 4, 56, 56, 16), "float32", "x")
     w = te.placeholder((4, 4, 3, 3, 16, 16), "float32", "w")
@@ -25,13 +41,15 @@ from . import te
 from .expr import CompilerError, all_of, as_expr, max_expr, min_expr, select
 from .schedule import Schedule, create_schedule
 
-__all__ = ["conv2d_nchwc", "schedule_conv2d_nchwc", "depthwise_conv2d_nchwc",
+__all__ = ["conv2d_nchwc", "schedule_conv2d_nchwc", "depthwise_conv2d_nchwc", "requantize",
            "schedule_depthwise_conv2d_nchwc", "pack_depthwise_weight", "dense", "schedule_dense", "relu",
            "add", "max_pool2d_nchwc", "global_avg_pool_nchwc", "schedule_elementwise",
            "pack_conv_weight", "pack_dense_weight", "pack_nchwc", "unpack_nchwc",
-           "channel_block", "ACTIVATIONS"]
+           "channel_block", "ACTIVATIONS", "EXACT_TERMS"]
 
 ACTIVATIONS = (None, "relu", "relu6")
+# int8 x int8 products summed in float32 stay exact integers up to this many (2**24 / 2**14).
+EXACT_TERMS = 1024
 _CONV_TAG, _DENSE_TAG, _DW_TAG = "conv2d_nchwc", "dense_packed", "depthwise_nchwc"
 
 
@@ -92,6 +110,69 @@ def _padded_source(data: te.Tensor, pads, out_hw, strides, spans, fill, name):
         f"{name}.pad")
 
 
+def _quantized(data: te.Tensor, weight: te.Tensor, name: str) -> bool:
+    """Whether the operands are int8 (else float32; anything else is an error)."""
+    if data.dtype == weight.dtype and data.dtype in ("float32", "int8"):
+        return data.dtype == "int8"
+    raise CompilerError(f"{name}: data and kernel must be both float32 or both int8, not "
+                        f"{data.dtype} and {weight.dtype}")
+
+
+def _exact_chunk(name: str, blocks: int, terms_per_block: int) -> int:
+    """How many of ``blocks`` input channel blocks an int8 convolution sums per float32
+    chunk (a divisor of ``blocks``): at most EXACT_TERMS products."""
+    if terms_per_block > EXACT_TERMS:
+        raise CompilerError(f"{name}: an int8 window of {terms_per_block} products per "
+                            f"channel block is more than float32 sums exactly "
+                            f"({EXACT_TERMS}); use a smaller channel block")
+    return _largest_divisor(blocks, EXACT_TERMS // terms_per_block)
+
+
+def _conv_source(data: te.Tensor, pads, out_hw, strides, spans, name):
+    """(what the windows read, the strides to read it with). float32: the data, padded
+    when there is padding (``_padded_source``). int8: always a stage widened to float32 (see
+    the module docstring); for a 1x1 kernel it holds only the pixels the strided windows
+    read, so a strided 1x1 convolution (a downsampling shortcut) reads it with strides 1."""
+    if data.dtype == "float32":
+        return _padded_source(data, pads, out_hw, strides, spans, 0.0, name), strides
+    n, cc, h, w, cb = data.shape
+    pt, pl = pads[0], pads[1]
+    if spans == (1, 1):
+        step, shape, read_strides = strides, (n, cc, *out_hw), (1, 1)
+    else:
+        step = (1, 1)
+        shape = (n, cc, (out_hw[0] - 1) * strides[0] + spans[0],
+                 (out_hw[1] - 1) * strides[1] + spans[1])
+        read_strides = strides
+
+    def widened(b, c, y, x, ci):
+        iy, ix = y * step[0] - pt, x * step[1] - pl
+        conds = []  # bounds checks only where some window leaves the input
+        if pt:
+            conds.append(iy >= 0)
+        if (shape[2] - 1) * step[0] - pt >= h:
+            conds.append(iy < h)
+        if pl:
+            conds.append(ix >= 0)
+        if (shape[3] - 1) * step[1] - pl >= w:
+            conds.append(ix < w)
+        v = data[b, c, iy, ix, ci].astype("float32")
+        return select(all_of(*conds), v, as_expr(0.0)) if conds else v
+
+    return te.compute((*shape, cb), widened, f"{name}.pad"), read_strides
+
+
+def requantize(value, multiplier, shift, lo, hi, residual=None):
+    """The int8 output of graph_int's QConv/QGemm from ``value`` = accumulator + bias
+    (int32): ``(value * multiplier) >> shift`` (wrapping multiply, arithmetic shift), plus
+    the int8 ``residual`` (wrapping), clipped to [lo, hi] and narrowed to int8. ``shift``,
+    ``lo`` and ``hi`` are ints or int32 expressions (read from a tensor at run time)."""
+    t = (value * multiplier) >> shift
+    if residual is not None:
+        t = t + residual.astype("int32")
+    return min_expr(max_expr(t, lo), hi).astype("int8")
+
+
 def _conv_geometry(name, h, w, kh, kw, stride, padding, dilation):
     strides = _pair(stride, "stride", name, 1)
     dil = _pair(dilation, "dilation", name, 1)
@@ -105,14 +186,17 @@ def _conv_geometry(name, h, w, kh, kw, stride, padding, dilation):
     return strides, dil, pads, spans, (oh, ow)
 
 
-def _output_stage(acc, out_shape, bias, residual, activation, epilogue, name, tag):
+def _output_stage(acc, out_shape, bias, residual, activation, epilogue, name, tag,
+                  value_type="float32"):
+    """The output stage: the accumulator (as ``value_type``: int32 for int8 operators),
+    bias, residual, activation, then the epilogue."""
     for what, t, shape in (("bias", bias, (out_shape[1], out_shape[4])),
                            ("residual", residual, out_shape)):
         if t is not None and tuple(t.shape) != shape:
             raise CompilerError(f"{name}: {what} must have shape {shape}, not {t.shape}")
 
     def out(b, c, y, x, co):
-        v = acc[b, c, y, x, co]
+        v = acc[b, c, y, x, co].astype(value_type)
         if bias is not None:
             v = v + bias[c, co]
         if residual is not None:
@@ -132,7 +216,9 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padding=0, dil
     (rows, columns); ``padding`` an int, a pair or (top, left, bottom, right). With
     ``groups`` > 1 each group's channels must be whole blocks on both sides. ``bias`` is
     ``[OC//ob, ob]``, ``residual`` has the output's shape; ``activation`` is None, "relu" or
-    "relu6"; ``epilogue(value, (b, c, y, x, co))`` returns the final value (applied last)."""
+    "relu6"; ``epilogue(value, (b, c, y, x, co))`` returns the final value (applied last).
+    With int8 data and kernel the value is the int32 sum (bias int32; see the module
+    docstring: at most EXACT_TERMS products per window and channel block)."""
     if data.ndim != 5 or weight.ndim != 6:
         raise CompilerError(f"{name}: data must be [N, C//c, H, W, c] and the kernel "
                             f"[O//o, I//i, KH, KW, i, o], not {data.shape} and {weight.shape}")
@@ -143,21 +229,34 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padding=0, dil
         raise CompilerError(f"{name}: the kernel {weight.shape} with groups={groups} expects "
                             f"{icc_g * groups * cb_w} input channels in blocks of {cb_w}; the "
                             f"data {data.shape} has {icc * cb} in blocks of {cb}")
+    quantized = _quantized(data, weight, name)
     strides, dil, pads, spans, (oh, ow) = _conv_geometry(name, h, w, kh, kw, stride, padding,
                                                          dilation)
-    src = _padded_source(data, pads, (oh, ow), strides, spans, 0.0, name)
-    rc, ry, rx, ri = (te.reduce_axis(icc_g, "rc"), te.reduce_axis(kh, "ry"),
+    src, strides = _conv_source(data, pads, (oh, ow), strides, spans, name)
+    chunk = _exact_chunk(name, icc_g, kh * kw * cb) if quantized else icc_g
+    rc, ry, rx, ri = (te.reduce_axis(chunk, "rc"), te.reduce_axis(kh, "ry"),
                       te.reduce_axis(kw, "rx"), te.reduce_axis(cb, "ri"))
     occ_g = occ // groups
     out_shape = (n, occ, oh, ow, ob)
 
-    def channel(c):
-        return rc if groups == 1 else (c // occ_g) * icc_g + rc
+    def window(b, c, y, x, co, q):
+        """The products of one chunk (``q``) of input channel blocks, float32."""
+        k = rc if chunk == icc_g else q * chunk + rc
+        channel = k if groups == 1 else (c // occ_g) * icc_g + k
+        return te.sum(src[b, channel, y * strides[0] + ry * dil[0], x * strides[1] + rx * dil[1],
+                          ri] * weight[c, k, ry, rx, ri, co].astype("float32"),
+                      axis=[rc, ry, rx, ri])
 
-    conv = te.compute(out_shape, lambda b, c, y, x, co: te.sum(
-        src[b, channel(c), y * strides[0] + ry * dil[0], x * strides[1] + rx * dil[1], ri]
-        * weight[c, rc, ry, rx, ri, co], axis=[rc, ry, rx, ri]), f"{name}.acc", tag=_CONV_TAG)
-    return _output_stage(conv, out_shape, bias, residual, activation, epilogue, name, _CONV_TAG)
+    if chunk == icc_g:
+        conv = te.compute(out_shape, lambda b, c, y, x, co: window(b, c, y, x, co, 0),
+                          f"{name}.acc", tag=_CONV_TAG)
+    else:  # int8: float32 chunks, each exact, summed as int32
+        part = te.compute(out_shape + (icc_g // chunk,), window, f"{name}.part", tag=_CONV_TAG)
+        rq = te.reduce_axis(icc_g // chunk, "rq")
+        conv = te.compute(out_shape, lambda b, c, y, x, co: te.sum(
+            part[b, c, y, x, co, rq].astype("int32"), axis=[rq]), f"{name}.acc", tag=_CONV_TAG)
+    return _output_stage(conv, out_shape, bias, residual, activation, epilogue, name, _CONV_TAG,
+                         "int32" if quantized else "float32")
 
 
 def depthwise_conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padding=0,
@@ -166,7 +265,7 @@ def depthwise_conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padd
                            epilogue=None, name: str = "dwconv") -> te.Tensor:
     """Depthwise convolution (one filter per channel) of ``[N, C//c, H, W, c]`` with a kernel
     ``[C//c, KH, KW, c]`` (``pack_depthwise_weight``): ``[N, C//c, OH, OW, c]``. The other
-    arguments are those of ``conv2d_nchwc``."""
+    arguments (and int8 operands) are those of ``conv2d_nchwc``."""
     if data.ndim != 5 or weight.ndim != 4:
         raise CompilerError(f"{name}: data must be [N, C//c, H, W, c] and the kernel "
                             f"[C//c, KH, KW, c], not {data.shape} and {weight.shape}")
@@ -175,33 +274,40 @@ def depthwise_conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padd
     if (cc_w, cb_w) != (cc, cb):
         raise CompilerError(f"{name}: the kernel {weight.shape} does not match the data "
                             f"{data.shape}")
+    quantized = _quantized(data, weight, name)
+    if quantized:  # each output sums one window: it must fit in one chunk
+        _exact_chunk(name, 1, kh * kw)
     strides, dil, pads, spans, (oh, ow) = _conv_geometry(name, h, w, kh, kw, stride, padding,
                                                          dilation)
-    src = _padded_source(data, pads, (oh, ow), strides, spans, 0.0, name)
+    src, strides = _conv_source(data, pads, (oh, ow), strides, spans, name)
     ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     out_shape = (n, cc, oh, ow, cb)
     conv = te.compute(out_shape, lambda b, c, y, x, ci: te.sum(
         src[b, c, y * strides[0] + ry * dil[0], x * strides[1] + rx * dil[1], ci]
-        * weight[c, ry, rx, ci], axis=[ry, rx]), f"{name}.acc", tag=_DW_TAG)
-    return _output_stage(conv, out_shape, bias, residual, activation, epilogue, name, _DW_TAG)
+        * weight[c, ry, rx, ci].astype("float32"), axis=[ry, rx]), f"{name}.acc", tag=_DW_TAG)
+    return _output_stage(conv, out_shape, bias, residual, activation, epilogue, name, _DW_TAG,
+                         "int32" if quantized else "float32")
 
 
 def dense(data: te.Tensor, weight: te.Tensor, *, bias: te.Tensor | None = None,
           activation: str | None = None, epilogue=None, name: str = "dense") -> te.Tensor:
     """``data [M, K]`` times packed weights ``[N//nb, K, nb]`` (row j of the plain ``[N, K]``
     weights is ``weight[j // nb, :, j % nb]``), plus ``bias [N]``: ``[M, N]``;
-    ``epilogue(value, (i, j))`` returns the final value (applied last)."""
+    ``epilogue(value, (i, j))`` returns the final value (applied last). int8 data and
+    weights accumulate in int32 (bias int32)."""
     m, k = data.shape
     nbk, k_w, nb = weight.shape
     if k_w != k:
         raise CompilerError(f"{name}: the weights {weight.shape} take {k_w} inputs, the data "
                             f"{data.shape} has {k}")
+    acc_type = "int32" if _quantized(data, weight, name) else "float32"
     n = nbk * nb
     if bias is not None and tuple(bias.shape) != (n,):
         raise CompilerError(f"{name}: bias must have shape ({n},), not {bias.shape}")
     r = te.reduce_axis(k, "k")
-    acc = te.compute((m, n), lambda i, j: te.sum(data[i, r] * weight[j // nb, r, j % nb], axis=[r]),
-                     f"{name}.acc", tag=_DENSE_TAG)
+    acc = te.compute((m, n), lambda i, j: te.sum(
+        data[i, r].astype(acc_type) * weight[j // nb, r, j % nb].astype(acc_type), axis=[r]),
+        f"{name}.acc", tag=_DENSE_TAG)
 
     def out(i, j):
         v = _epilogue(acc[i, j] + bias[j] if bias is not None else acc[i, j], activation)
@@ -268,11 +374,13 @@ def schedule_conv2d_nchwc(out: te.Tensor, *, reg_n: int | None = None,
     """The schedule of ``conv2d_nchwc``: the padded input computed first (rows in parallel),
     then per (image, output channel block, output row) -- in parallel -- and per chunk of
     ``reg_n`` output columns, the accumulator ``reg_n x ob`` in registers over the input
-    channel blocks, kernel rows and columns and channels of a block."""
+    channel blocks, kernel rows and columns and channels of a block (int8 in chunks: the
+    float32 ``reg_n x ob`` of a chunk of channel blocks, added to the int32 one)."""
     if out.op.tag != _CONV_TAG:
         raise CompilerError(f"schedule_conv2d_nchwc: {out.name} was not made by conv2d_nchwc")
     s = create_schedule(out)
     acc = s[_stage_named(s, out, ".acc").tensor]
+    part = _stage_named(s, out, ".part")
     pad = _stage_named(s, out, ".pad")
     _, _, _, ow, ob = out.shape
     reg_n = reg_n or _largest_divisor(ow, 28 if ob <= 8 else 14)
@@ -292,12 +400,24 @@ def schedule_conv2d_nchwc(out: te.Tensor, *, reg_n: int | None = None,
     o.vectorize(co)
     acc.set_scope("local")
     acc.compute_at(o, xo)
-    ab, ac, ay, ax, aco, rc, ry, rx, ri = acc.leaves
-    acc.reorder(ab, ac, ay, rc, ry, rx, ri, ax, aco)
+    hot = acc  # the stage of the multiply-add loop
+    if part is not None:  # int8 in chunks: each chunk's float32 sums, then added as int32
+        ab, ac, ay, ax, aco, rq = acc.leaves
+        acc.reorder(ab, ac, ay, rq, ax, aco)
+        acc.unroll(ax)
+        acc.vectorize(aco)
+        part.set_scope("local")
+        part.compute_at(acc, rq)
+        hot = part
+        pb, pc, py, px, pco, pq, rc, ry, rx, ri = part.leaves
+        part.reorder(pb, pc, py, pq, rc, ry, rx, ri, px, pco)
+    else:
+        ab, ac, ay, px, pco, rc, ry, rx, ri = acc.leaves
+        acc.reorder(ab, ac, ay, rc, ry, rx, ri, px, pco)
     if unroll_kw:
-        acc.unroll(rx)
-    acc.unroll(ax)
-    acc.vectorize(aco)
+        hot.unroll(rx)
+    hot.unroll(px)
+    hot.vectorize(pco)
     return s
 
 
@@ -341,7 +461,7 @@ def schedule_dense(out: te.Tensor, *, rows: int | None = None) -> Schedule:
     s = create_schedule(out)
     acc = s[_stage_named(s, out, ".acc").tensor]
     m, n = out.shape
-    nb = acc.op.body.source.b.source.shape[2]  # the packed weights' block
+    nb = te.inputs_of(acc.op)[1].shape[2]  # the packed weights' block
     rows = rows or _largest_divisor(m, 8 if nb <= 32 else 4)
     o = s[out]
     i, j = o.leaves

@@ -1,7 +1,8 @@
 """Lowering an optimized graph to a CPU program: compiled LLVM kernels, layout changes and
-numpy fallbacks, in the graph's order.
+numpy fallbacks, in the graph's order. Float graphs and quantized ones (compiler/quantize.py)
+alike: the integer operators of graph_int.py have kernels that agree with it bit for bit.
 
-    program = lower_graph(optimize(import_onnx("model.onnx")))
+    program = lower_graph(optimize(import_onnx("model.onnx")))   # or a quantized graph
     program.steps      # [{"kind": "kernel", "node": ..., "kernel": key, "args": [...]}, ...]
     program.kernels    # {spec key: CpuKernel}
 
@@ -18,11 +19,16 @@ Steps (each JSON-able; values by name, a blocked value named ``NAME@nchw16c``):
 - ``kernel``: a compiled kernel (graph_cpu_kernels) on ``args`` (inputs..., output).
 - ``numpy``: ``graph_numpy.evaluate_node`` on plain inputs (any operator without a kernel).
 - ``view``: the output is the input's memory with another shape (Reshape, Flatten, ...).
-- ``pack`` / ``unpack``: layout conversion (kernels for float32, op ``pack``/``unpack``);
-  ``concat``: channel concatenation of blocked values of one block.
+- ``concat``: channel concatenation of blocked values of one block.
+
+Layout conversions are kernel steps too (ops ``pack`` / ``unpack``, any dtype). int8
+activations follow the float32 rules: QConv reads and writes NCHW{c}c with the blocks a
+Conv would use, int8 max pooling and QGlobalAveragePool stay blocked, so a chain of
+quantized layers never transposes either.
 
 Weights are packed once here (``program.constants``); the hot operators (convolution,
-dense, pooling, element-wise float32) are compiled, anything else falls back to numpy.
+dense, pooling, element-wise float32; QConv, QGemm, int8 MaxPool and Relu,
+QGlobalAveragePool, Quantize, Dequantize) are compiled, anything else falls back to numpy.
 """
 
 from __future__ import annotations
@@ -33,19 +39,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cpu_schedules import (channel_block, pack_conv_weight, pack_dense_weight,
+from .cpu_schedules import (EXACT_TERMS, channel_block, pack_conv_weight, pack_dense_weight,
                             pack_depthwise_weight)
 from .graph import Graph, Node
-from .graph_cpu_kernels import (BINARY, UNARY, average_pool_reciprocals, compile_spec,
-                                spec_key)
+from .graph_cpu_kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY,
+                                average_pool_reciprocals, compile_spec, spec_key)
 from .graph_numpy import OWN_INPUTS
 
 __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 
-F32 = "float32"
+F32, I8 = "float32", "int8"
 _VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Neg", "Abs",
                   "Exp", "Clip")
+_ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
+                   "Quantize": ("scale",), "Dequantize": ("scale",)}
+_POOL_DTYPES = {"MaxPool": (F32, I8), "AveragePool": (F32,), "GlobalAveragePool": (F32,),
+                "QGlobalAveragePool": (I8,)}
+
+
+def _requantizes(attrs) -> bool:
+    """Whether a QConv/QGemm's epilogue attributes are valid (else the numpy step reports
+    them at run time, as graph_numpy would)."""
+    return 0 <= int(attrs["shift"]) <= 31 and -128 <= int(attrs["lo"]) <= int(attrs["hi"]) <= 127
 
 
 def _output_block(channels: int, width: int) -> int:
@@ -144,19 +160,17 @@ class _Lowering:
         n, c, h, w = self.type(v).shape
         if h * w == 1:
             self.step("view", None, [src], [out])
-        elif self.type(v).dtype == F32:
-            self.kernel(None, {"op": "unpack", "shape": self.values[src]["shape"]}, [src, out],
-                        out)
         else:
-            self.step("unpack", None, [src], [out])
+            self.kernel(None, {"op": "unpack", "shape": self.values[src]["shape"],
+                               "dtype": self.type(v).dtype}, [src, out], out)
         return out
 
     def blocked(self, v: str, block: int) -> str:
         """``v`` (a 4-D value) in NCHW{block}c, converted if needed."""
         if self.is_const(v):
             from .cpu_schedules import pack_nchwc
-            return self.add_const(blocked_name(v, block),
-                                  pack_nchwc(np.asarray(self.const(v), np.float32), block))
+            return self.add_const(blocked_name(v, block), pack_nchwc(
+                np.asarray(self.const(v), self.type(v).dtype), block))
         have = self.versions[v]
         if block in have:
             return have[block]
@@ -165,11 +179,9 @@ class _Lowering:
         n, c, h, w = self.type(v).shape
         if h * w == 1 or block == 1:
             self.step("view", None, [src], [out])
-        elif self.type(v).dtype == F32:
-            self.kernel(None, {"op": "pack", "shape": [n, c, h, w], "block": block}, [src, out],
-                        out)
         else:
-            self.step("pack", None, [src], [out], block=block)
+            self.kernel(None, {"op": "pack", "shape": [n, c, h, w], "block": block,
+                               "dtype": self.type(v).dtype}, [src, out], out)
         return out
 
     # ---- kernels ------------------------------------------------------------------------
@@ -183,11 +195,11 @@ class _Lowering:
             return
         self.step("kernel", node, args, [out], kernel=key)
 
-    def operand(self, v: str, out_type, layout: str, block: int = 0):
-        """(kind, program value or None) of an element-wise operand of an output of type
-        ``out_type``, or None when its broadcast has no kernel form."""
+    def operand(self, v: str, out_type, layout: str, block: int = 0, dtype: str = F32):
+        """(kind, program value or None) of an element-wise operand of ``dtype`` for an
+        output of type ``out_type``, or None when its broadcast has no kernel form."""
         t = self.type(v)
-        if t.dtype != F32:
+        if t.dtype != dtype:
             return None
         if self.is_const(v):
             a = np.asarray(self.const(v))
@@ -200,7 +212,7 @@ class _Lowering:
             channel_axis = rank - 1 if layout == "dense" else 1
             if rank >= 2 and all(d == 1 for i, d in enumerate(shape) if i != channel_axis) \
                     and shape[channel_axis] == out_type.shape[channel_axis]:
-                vec = a.reshape(-1).astype(np.float32)
+                vec = a.reshape(-1).astype(dtype)
                 name = f"{v}@channel{block or ''}"
                 if layout == "blocked":
                     vec = vec.reshape(-1, block)
@@ -210,7 +222,7 @@ class _Lowering:
             full = a.reshape(out_type.shape)
             if layout == "blocked":
                 return "full", self.blocked(v, block)
-            return "full", self.add_const(v, np.asarray(full, np.float32))
+            return "full", self.add_const(v, np.asarray(full, dtype))
         if t.shape != out_type.shape:
             return None
         return "full", self.blocked(v, block) if layout == "blocked" else self.plain(v)
@@ -235,43 +247,91 @@ class _Lowering:
 
     # ---- operators ----------------------------------------------------------------------
 
+    def conv_layout(self, node: Node, weight: np.ndarray, exact_terms: int | None = None):
+        """(depthwise, input block, output block, packed weight name, spec) of a Conv or
+        QConv node with the OIHW ``weight`` (the spec holds its geometry); int8 windows
+        (``exact_terms`` = EXACT_TERMS) sum at most that many products per input block in
+        float32 (cpu_schedules), which bounds the block: None when not even one channel
+        fits."""
+        x, w, a = node.inputs[0], node.inputs[1], node.attrs
+        out_t = self.type(node.outputs[0])
+        c, m, g = self.type(x).shape[1], out_t.shape[1], a["group"]
+        depthwise = g > 1 and g == c == m
+        have = self.current_block(x)
+        taps = weight.shape[2] * weight.shape[3]
+        limit = None if exact_terms is None else exact_terms // taps
+        if limit == 0:
+            return None
+
+        def fits(block):
+            return bool(block) and (limit is None or block <= limit)
+        if depthwise:  # one channel per window: any block fits
+            cb = ob = have if have and c % have == 0 else channel_block(c)
+            packed = pack_depthwise_weight(weight, cb)
+        else:
+            cb = have if fits(have) and (c // g) % have == 0 \
+                else channel_block(c // g, min(16, limit or 16))
+            if have == 0 and g == 1 and c <= 4 and fits(c):
+                cb = c  # a thin input (an image): all its channels in one block
+            ob = _output_block(m // g, out_t.shape[3])
+            packed = pack_conv_weight(weight, cb, ob)
+        wname = self.add_const(f"{w}@{'dw' if depthwise else 'oihw'}{cb}i{ob}o", packed)
+        pads = a["pads"]
+        spec = {"weight": list(packed.shape), "strides": list(a["strides"]),
+                "pads": [pads[0], pads[1], pads[2], pads[3]], "dilations": list(a["dilations"])}
+        if not depthwise:
+            spec["groups"] = g
+        return depthwise, cb, ob, wname, spec
+
+    def channel_const(self, v: str, block: int, dtype: str) -> str:
+        """A per-channel constant as ``[C//block, block]``."""
+        return self.add_const(f"{v}@channel{block}",
+                              np.asarray(self.const(v), dtype).reshape(-1, block))
+
     def conv(self, node: Node) -> bool:
         x, w, b = (list(node.inputs) + ["", ""])[:3]
-        tx, a = self.type(x), node.attrs
+        tx = self.type(x)
         if len(tx.shape) != 4 or tx.dtype != F32 or not self.is_const(w) \
                 or (b and not self.is_const(b)):
             return False
         out_t = self.type(node.outputs[0])
-        c, m, g = tx.shape[1], out_t.shape[1], a["group"]
-        weight = np.asarray(self.const(w), np.float32)
-        depthwise = g > 1 and g == c == m
-        have = self.current_block(x)
-        if depthwise:
-            cb = ob = have if have and c % have == 0 else channel_block(c)
-            packed = pack_depthwise_weight(weight, cb)
-        else:
-            cb = have if have and (c // g) % have == 0 else channel_block(c // g)
-            if have == 0 and g == 1 and c <= 4:
-                cb = c  # a thin input (an image): all its channels in one block
-            ob = _output_block(m // g, out_t.shape[3])
-            packed = pack_conv_weight(weight, cb, ob)
+        depthwise, cb, ob, wname, geometry = self.conv_layout(
+            node, np.asarray(self.const(w), np.float32))
         epi = self.epilogue(node, out_t, "blocked", ob)
         if epi is None:
             return False
         data = self.blocked(x, cb)
-        wname = self.add_const(f"{w}@{'dw' if depthwise else 'oihw'}{cb}i{ob}o", packed)
-        args = [data, wname]
-        if b:
-            args.append(self.add_const(f"{b}@channel{ob}",
-                                       np.asarray(self.const(b), np.float32).reshape(-1, ob)))
-        args += epi[1]
-        pads = a["pads"]
-        spec = {"op": "dwconv" if depthwise else "conv",
-                "data": self.values[data]["shape"], "weight": list(packed.shape),
-                "strides": list(a["strides"]), "pads": [pads[0], pads[1], pads[2], pads[3]],
-                "dilations": list(a["dilations"]), "bias": bool(b), "epilogue": epi[0]}
-        if not depthwise:
-            spec["groups"] = g
+        args = [data, wname] + ([self.channel_const(b, ob, F32)] if b else []) + epi[1]
+        spec = {"op": "dwconv" if depthwise else "conv", "data": self.values[data]["shape"],
+                **geometry, "bias": bool(b), "epilogue": epi[0]}
+        out = self.produce(node.outputs[0], ob)
+        self.kernel(node, spec, args + [out], out)
+        return True
+
+    def requant_const(self, node: Node) -> str:
+        """A QConv/QGemm's [shift, lo, hi], an operand of its kernel."""
+        a = node.attrs
+        return self.add_const(f"{node.name}@requant",
+                              np.array([a["shift"], a["lo"], a["hi"]], np.int32))
+
+    def qconv(self, node: Node) -> bool:
+        x, w, bias, multiplier = node.inputs[:4]
+        residual = node.inputs[4] if len(node.inputs) > 4 else ""
+        if len(self.type(x).shape) != 4 or self.type(x).dtype != I8 \
+                or not all(self.is_const(v) for v in (w, bias, multiplier)) \
+                or not _requantizes(node.attrs):
+            return False
+        layout = self.conv_layout(node, np.asarray(self.const(w), np.int8), EXACT_TERMS)
+        if layout is None:
+            return False
+        depthwise, cb, ob, wname, geometry = layout
+        data = self.blocked(x, cb)
+        args = [data, wname, self.channel_const(bias, ob, "int32"),
+                self.channel_const(multiplier, ob, "int32"), self.requant_const(node)]
+        if residual:
+            args.append(self.blocked(residual, ob))
+        spec = {"op": "qdwconv" if depthwise else "qconv", "data": self.values[data]["shape"],
+                **geometry, "residual": bool(residual)}
         out = self.produce(node.outputs[0], ob)
         self.kernel(node, spec, args + [out], out)
         return True
@@ -333,6 +393,30 @@ class _Lowering:
             self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
         return True
 
+    def qgemm(self, node: Node) -> bool:
+        x, w, bias, multiplier = node.inputs[:4]
+        residual = node.inputs[4] if len(node.inputs) > 4 else ""
+        tx = self.type(x)
+        if len(tx.shape) != 2 or tx.dtype != I8 \
+                or not all(self.is_const(v) for v in (w, bias, multiplier)) \
+                or not _requantizes(node.attrs):
+            return False
+        (m, k), n = tx.shape, self.type(w).shape[0]
+        nb = channel_block(n)
+        args = [self.plain(x),
+                self.add_const(f"{w}@dense{nb}",
+                               pack_dense_weight(np.asarray(self.const(w), np.int8), nb)),
+                self.add_const(bias, np.asarray(self.const(bias), np.int32)),
+                self.add_const(multiplier, np.asarray(self.const(multiplier), np.int32)),
+                self.requant_const(node)]
+        if residual:
+            args.append(self.plain(residual))
+        spec = {"op": "qdense", "data": [m, k], "weight": [n // nb, k, nb],
+                "residual": bool(residual)}
+        out = self.produce(node.outputs[0], 0)
+        self.kernel(node, spec, args + [out], out)
+        return True
+
     def view_of(self, src: str, shape, name: str) -> str:
         out = self.define(name, self.values[src]["dtype"], shape)
         self.step("view", None, [src], [out])
@@ -341,8 +425,9 @@ class _Lowering:
     def pool(self, node: Node) -> bool:
         x = node.inputs[0]
         tx, a = self.type(x), node.attrs
-        if len(tx.shape) != 4 or tx.dtype != F32 or len([o for o in node.outputs if o]) != 1 \
-                or not node.outputs[0]:
+        if len(tx.shape) != 4 or tx.dtype not in _POOL_DTYPES[node.op] \
+                or len([o for o in node.outputs if o]) != 1 or not node.outputs[0] \
+                or (node.op == "QGlobalAveragePool" and not 1 <= int(a["shift"]) <= 31):
             return False
         block = self.current_block(x) or channel_block(tx.shape[1])
         data = self.blocked(x, block)
@@ -351,7 +436,12 @@ class _Lowering:
         if node.op == "GlobalAveragePool":
             self.kernel(node, {"op": "gap", "data": self.values[data]["shape"]}, [data, out], out)
             return True
-        spec = {"op": "maxpool" if node.op == "MaxPool" else "avgpool",
+        if node.op == "QGlobalAveragePool":
+            self.kernel(node, {"op": "qgap", "data": self.values[data]["shape"],
+                               "multiplier": int(a["multiplier"]), "shift": int(a["shift"])},
+                        [data, out], out)
+            return True
+        spec = {"op": "maxpool" if node.op == "MaxPool" else "avgpool", "dtype": tx.dtype,
                 "data": self.values[data]["shape"], "out": self.values[out]["shape"],
                 "kernel": list(a["kernel_shape"]), "strides": list(a["strides"]),
                 "pads": list(a["pads"]), "dilations": list(a["dilations"])}
@@ -366,7 +456,7 @@ class _Lowering:
 
     def eltwise(self, node: Node) -> bool:
         out_t = self.type(node.outputs[0])
-        if out_t.dtype != F32 or len(node.outputs) != 1 or not out_t.shape:
+        if len(node.outputs) != 1 or not out_t.shape:
             return False
         if node.op == "Clip":
             operands, params = node.inputs[:1], []
@@ -374,14 +464,17 @@ class _Lowering:
                 if v and not self.is_const(v):
                     return False
                 params.append(float(np.asarray(self.const(v)).reshape(-1)[0]) if v else None)
-        elif node.op in _ELTWISE_UNARY:
+        elif node.op in _ELTWISE_UNARY or node.op in CONVERT:
             operands = node.inputs[:1]
-            params = [float(node.attrs[k]) for k in {"LeakyRelu": ("alpha",),
-                                                     "HardSigmoid": ("alpha", "beta")
-                                                     }.get(node.op, ()) if k in node.attrs]
+            params = [float(node.attrs[k]) for k in _ELTWISE_PARAMS.get(node.op, ())
+                      if k in node.attrs]
         else:
             operands, params = node.inputs, []
         if not any(not self.is_const(v) for v in operands):
+            return False
+        dtype = self.type(operands[0]).dtype
+        if dtype not in ELTWISE_DTYPES.get(node.op, (F32,)) \
+                or (node.op not in CONVERT and out_t.dtype != dtype):
             return False
         # Blocked when a 4-D operand of the output's shape is blocked already.
         block = 0
@@ -392,7 +485,7 @@ class _Lowering:
         layout = "blocked" if block else "plain"
         kinds, args = [], []
         for v in operands:
-            got = self.operand(v, out_t, layout, block)
+            got = self.operand(v, out_t, layout, block, dtype)
             if got is None or (got[0] == "channel" and layout == "plain"
                                and len(out_t.shape) != 4):
                 return False
@@ -401,7 +494,7 @@ class _Lowering:
                 args.append(got[1])
         out = self.produce(node.outputs[0], block)
         spec = {"op": "eltwise", "fn": node.op, "params": params, "layout": layout,
-                "shape": self.values[out]["shape"], "operands": kinds}
+                "shape": self.values[out]["shape"], "operands": kinds, "dtype": dtype}
         self.kernel(node, spec, args + [out], out)
         return True
 
@@ -437,10 +530,11 @@ class _Lowering:
             self.produce(v, 0)
         handlers = {"Conv": self.conv, "Gemm": self.dense, "MatMul": self.dense,
                     "MaxPool": self.pool, "AveragePool": self.pool,
-                    "GlobalAveragePool": self.pool, "Concat": self.concat}
+                    "GlobalAveragePool": self.pool, "Concat": self.concat,
+                    "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool}
         for op in _VIEW_OPS:
             handlers[op] = self.view
-        for op in tuple(BINARY) + _ELTWISE_UNARY:
+        for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
             handlers[op] = self.eltwise
         for node in g.nodes:
             if node.op == "Dropout" and len([o for o in node.outputs if o]) > 1:

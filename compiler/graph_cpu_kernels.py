@@ -12,6 +12,21 @@ same shape share one kernel:
 the loop IR; ``compile_spec(spec)`` compiles it for the host CPU. Parameters come in the
 order: data (and weights), bias, the epilogue's tensor operands in step order, output.
 
+Quantized operators (graph_int.py), bit-exact with its numpy kernels:
+
+    {"op": "qconv" | "qdwconv", ...the geometry of "conv" | "dwconv"..., "residual": True}
+    {"op": "qdense", "data": [M, K], "weight": [N//n, K, n], "residual": False}
+    {"op": "qgap", "data": [N, C//c, H, W, c], "multiplier": 16644, "shift": 23}
+
+QConv and QGemm kernels take data, weight, bias, multiplier, ``requant`` (int32 [shift, lo,
+hi]: run-time operands, so layers of one shape share a kernel) [, residual], output: int8
+data and weights, int32 bias and multipliers (``[C//c, c]`` blocked, ``[N]`` dense), the
+integer sums wrapping to int32 as graph_int's ``wrap``. Pooling, ``pack`` and ``unpack`` specs
+carry the ``"dtype"`` of their data (``maxpool``: float32 or int8, the padding being the
+type's minimum; ``avgpool``: float32; layouts: any), and ``eltwise`` that of its operands:
+float32 for the float operators, int8 for Relu, and the conversions ``Quantize`` (float32
+-> int8) and ``Dequantize`` (int8 or int32 -> float32) with their ``params`` [scale].
+
 Operand kinds (of an epilogue ``Add``/``Mul`` or an element-wise operand): ``"full"`` (the
 output's shape and layout), ``"channel"`` (one value per channel: ``[C//c, c]`` blocked,
 ``[N]`` for a dense output's columns, ``[C]`` for a plain 4-D tensor) or ``["scalar", v]``
@@ -35,14 +50,15 @@ import numpy as np
 
 from . import te
 from .codegen_llvm import CpuKernel, cache_dir, compile_cpu, host_target
-from .cpu_schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc,
+from .cpu_schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
                             schedule_conv2d_nchwc, schedule_dense,
                             schedule_depthwise_conv2d_nchwc, schedule_elementwise)
 from .expr import CompilerError, all_of, as_expr, exp, max_expr, min_expr, select
 from .lower import lower
 from .schedule import create_schedule
 
-__all__ = ["UNARY", "BINARY", "build_function", "compile_spec", "spec_key", "kernel_cache_dir"]
+__all__ = ["UNARY", "BINARY", "CONVERT", "ELTWISE_DTYPES", "build_function", "compile_spec",
+           "spec_key", "kernel_cache_dir"]
 
 F32 = "float32"
 
@@ -62,9 +78,10 @@ def _hard_sigmoid(v, alpha, beta):
     return _clip(v * as_expr(float(alpha)) + as_expr(float(beta)), 0.0, 1.0)
 
 
-# name -> fn(value, *params): the graph's float32 unary operators and epilogue steps
+# name -> fn(value, *params): the graph's float32 unary operators and epilogue steps (Relu
+# on int8 too)
 UNARY = {
-    "Relu": lambda v: max_expr(v, as_expr(0.0)),
+    "Relu": lambda v: max_expr(v, as_expr(0, v)),
     "Clip": _clip,
     "LeakyRelu": lambda v, alpha=0.01: select(v < as_expr(0.0), v * as_expr(float(alpha)), v),
     "HardSigmoid": lambda v, alpha=0.2, beta=0.5: _hard_sigmoid(v, alpha, beta),
@@ -84,6 +101,31 @@ BINARY = {
     "Max": max_expr,
     "Min": min_expr,
 }
+
+
+def _quantize(v, scale):
+    """graph_int's Quantize: ``clip(rint(v / float32(scale)), -128, 127)`` in float32, NaN
+    to 0 as numpy's cast gives. Clipping first is the same (rint is monotonic and keeps
+    integers): the positive part clipped to 127 plus the negative part clipped to -128,
+    each 0 for NaN (``max_expr(0, q)`` is ``q > 0 ? q : 0``; min and max, unlike a select
+    reading memory in a branch, keep the loop vectorised). rint is adding and subtracting
+    1.5 * 2**23, which rounds any |x| <= 2**22 to an integer, half to even (LLVM keeps the
+    two operations: no fast-math)."""
+    q = v / as_expr(float(np.float32(scale)))
+    zero = as_expr(0.0)
+    q = (min_expr(max_expr(zero, q), as_expr(127.0))
+         + max_expr(min_expr(zero, q), as_expr(-128.0)))
+    magic = as_expr(1.5 * 2.0 ** 23)
+    return ((q + magic) - magic).astype("int8")
+
+
+# name -> fn(value, *params): element-wise type conversions (quantized graphs)
+CONVERT = {
+    "Quantize": _quantize,
+    "Dequantize": lambda v, scale: v.astype(F32) * as_expr(float(np.float32(scale))),
+}
+# The operand types of the element-wise kernels (float32 for the other operators).
+ELTWISE_DTYPES = {"Relu": (F32, "int8"), "Quantize": (F32,), "Dequantize": ("int8", "int32")}
 
 
 # ---- operands ------------------------------------------------------------------------------
@@ -112,9 +154,9 @@ def _operand_read(kind, tensor, layout: str, idx):
     return tensor[idx[1]]
 
 
-def _operand_placeholders(kinds, layout, out_shape, prefix):
+def _operand_placeholders(kinds, layout, out_shape, prefix, dtype=F32):
     return [None if _operand_shape(k, layout, out_shape) is None else
-            te.placeholder(_operand_shape(k, layout, out_shape), F32, f"{prefix}{n}")
+            te.placeholder(_operand_shape(k, layout, out_shape), dtype, f"{prefix}{n}")
             for n, k in enumerate(kinds)]
 
 
@@ -138,12 +180,14 @@ def _epilogue_fn(steps, tensors, layout):
 
 
 def _conv(spec):
-    depthwise = spec["op"] == "dwconv"
-    x = te.placeholder(tuple(spec["data"]), F32, "data")
-    w = te.placeholder(tuple(spec["weight"]), F32, "weight")
-    n, _, _, _, _ = x.shape
+    """``conv`` and ``dwconv`` (float32, bias and epilogue), ``qconv`` and ``qdwconv`` (int8,
+    requantized)."""
+    depthwise = spec["op"] in ("dwconv", "qdwconv")
+    quantized = spec["op"] in ("qconv", "qdwconv")
+    dtype = "int8" if quantized else F32
+    x = te.placeholder(tuple(spec["data"]), dtype, "data")
+    w = te.placeholder(tuple(spec["weight"]), dtype, "weight")
     occ, ob = (w.shape[0], w.shape[3]) if depthwise else (w.shape[0], w.shape[5])
-    b = te.placeholder((occ, ob), F32, "bias") if spec["bias"] else None
     # The output shape is needed for operand placeholders: build once without epilogue.
     kw = dict(stride=tuple(spec["strides"]), padding=tuple(spec["pads"]),
               dilation=tuple(spec["dilations"]))
@@ -151,32 +195,60 @@ def _conv(spec):
         kw["groups"] = spec["groups"]
     make = depthwise_conv2d_nchwc if depthwise else conv2d_nchwc
     shape = make(x, w, **kw).shape
-    steps = spec["epilogue"]
-    ops = _operand_placeholders([s[1] if s[0] in BINARY else 0 for s in steps], "blocked",
-                                shape, "operand")
-    y = make(x, w, bias=b, epilogue=_epilogue_fn(steps, ops, "blocked"), name="out", **kw)
+    if quantized:
+        b = te.placeholder((occ, ob), "int32", "bias")
+        multiplier = te.placeholder((occ, ob), "int32", "multiplier")
+        rq = te.placeholder((3,), "int32", "requant")
+        ops = [te.placeholder(shape, "int8", "residual")] if spec["residual"] else []
+
+        def epilogue(v, idx):
+            return requantize(v, multiplier[idx[1], idx[4]], rq[0], rq[1], rq[2],
+                              ops[0][idx] if ops else None)
+        params = [b, multiplier, rq] + ops
+    else:
+        b = te.placeholder((occ, ob), F32, "bias") if spec["bias"] else None
+        steps = spec["epilogue"]
+        ops = _operand_placeholders([s[1] if s[0] in BINARY else 0 for s in steps], "blocked",
+                                    shape, "operand")
+        epilogue = _epilogue_fn(steps, ops, "blocked")
+        params = ([b] if b is not None else []) + [t for t in ops if t is not None]
+    y = make(x, w, bias=b, epilogue=epilogue, name="out", **kw)
     s = (schedule_depthwise_conv2d_nchwc if depthwise else schedule_conv2d_nchwc)(y)
-    args = [x, w] + ([b] if b is not None else []) + [t for t in ops if t is not None] + [y]
-    return s, args
+    return s, [x, w] + params + [y]
 
 
 def _dense(spec):
-    x = te.placeholder(tuple(spec["data"]), F32, "data")
-    w = te.placeholder(tuple(spec["weight"]), F32, "weight")
+    """``dense`` (float32, bias and epilogue) and ``qdense`` (int8, requantized)."""
+    quantized = spec["op"] == "qdense"
+    dtype = "int8" if quantized else F32
+    x = te.placeholder(tuple(spec["data"]), dtype, "data")
+    w = te.placeholder(tuple(spec["weight"]), dtype, "weight")
     n = w.shape[0] * w.shape[2]
-    b = te.placeholder((n,), F32, "bias") if spec["bias"] else None
     shape = (x.shape[0], n)
-    steps = spec["epilogue"]
-    ops = _operand_placeholders([s[1] if s[0] in BINARY else 0 for s in steps], "dense",
-                                shape, "operand")
-    y = dense(x, w, bias=b, epilogue=_epilogue_fn(steps, ops, "dense"), name="out")
-    args = [x, w] + ([b] if b is not None else []) + [t for t in ops if t is not None] + [y]
-    return schedule_dense(y), args
+    if quantized:
+        b = te.placeholder((n,), "int32", "bias")
+        multiplier = te.placeholder((n,), "int32", "multiplier")
+        rq = te.placeholder((3,), "int32", "requant")
+        ops = [te.placeholder(shape, "int8", "residual")] if spec["residual"] else []
+
+        def epilogue(v, idx):
+            return requantize(v, multiplier[idx[1]], rq[0], rq[1], rq[2],
+                              ops[0][idx] if ops else None)
+        params = [b, multiplier, rq] + ops
+    else:
+        b = te.placeholder((n,), F32, "bias") if spec["bias"] else None
+        steps = spec["epilogue"]
+        ops = _operand_placeholders([s[1] if s[0] in BINARY else 0 for s in steps], "dense",
+                                    shape, "operand")
+        epilogue = _epilogue_fn(steps, ops, "dense")
+        params = ([b] if b is not None else []) + [t for t in ops if t is not None]
+    y = dense(x, w, bias=b, epilogue=epilogue, name="out")
+    return schedule_dense(y), [x, w] + params + [y]
 
 
 def _eltwise(spec):
     shape, layout, kinds = tuple(spec["shape"]), spec["layout"], spec["operands"]
-    ops = _operand_placeholders(kinds, layout, shape, "x")
+    ops = _operand_placeholders(kinds, layout, shape, "x", spec["dtype"])
     fn, params = spec["fn"], spec["params"]
 
     def body(*idx):
@@ -186,7 +258,7 @@ def _eltwise(spec):
             for other in vals[1:]:
                 v = BINARY[fn](v, other)
             return v
-        return UNARY[fn](vals[0], *params)
+        return {**UNARY, **CONVERT}[fn](vals[0], *params)
 
     y = te.compute(shape, body, "out")
     return schedule_elementwise(y), [t for t in ops if t is not None] + [y]
@@ -213,16 +285,19 @@ def _window_reads(spec, x, b, c, y, xx, ci, fill):
             if (ow - 1) * sw + dx * dw - pl >= w:
                 conds.append(ix < w)
             v = x[b, c, iy, ix, ci]
-            reads.append(select(all_of(*conds), v, as_expr(fill)) if conds else v)
+            reads.append(select(all_of(*conds), v, as_expr(fill, v)) if conds else v)
     return reads
 
 
 def _pool(spec):
-    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    """``maxpool`` (float32 or int8; padding is -inf or -128) and ``avgpool`` (float32)."""
+    x = te.placeholder(tuple(spec["data"]), spec["dtype"], "data")
     out = tuple(spec["out"])
     if spec["op"] == "maxpool":
+        fill = float("-inf") if x.dtype == F32 else int(np.iinfo(x.dtype).min)
+
         def body(b, c, y, xx, ci):
-            reads = _window_reads(spec, x, b, c, y, xx, ci, float("-inf"))
+            reads = _window_reads(spec, x, b, c, y, xx, ci, fill)
             v = reads[0]
             for r in reads[1:]:
                 v = max_expr(v, r)
@@ -241,14 +316,29 @@ def _pool(spec):
     return schedule_elementwise(y), [x, recip, y]
 
 
+def _requantized_average(total, multiplier: int, shift: int):
+    """graph_int's QGlobalAveragePool from the int32 sum: ``(total * multiplier +
+    2**(shift-1)) >> shift`` (wrapping), clipped to int8."""
+    m = (multiplier + 2**31) % 2**32 - 2**31  # a product wraps alike with m mod 2**32
+    t = (total * m + (1 << (shift - 1))) >> shift
+    return min_expr(max_expr(t, -128), 127).astype("int8")
+
+
 def _global_avg_pool(spec):
-    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    """``gap`` (float32: the mean) and ``qgap`` (int8: the requantized sum)."""
+    quantized = spec["op"] == "qgap"
+    x = te.placeholder(tuple(spec["data"]), "int8" if quantized else F32, "data")
     n, cc, h, w, cb = x.shape
     ry, rx = te.reduce_axis(h, "ry"), te.reduce_axis(w, "rx")
-    total = te.compute((n, cc, cb), lambda b, c, ci: te.sum(x[b, c, ry, rx, ci], axis=[ry, rx]),
-                       "sum")
-    y = te.compute((n, cc, 1, 1, cb), lambda b, c, i, j, ci: total[b, c, ci]
-                   * as_expr(1.0 / (h * w)), "out")
+    acc = "int32" if quantized else F32
+    total = te.compute((n, cc, cb), lambda b, c, ci: te.sum(x[b, c, ry, rx, ci].astype(acc),
+                                                            axis=[ry, rx]), "sum")
+    if quantized:
+        y = te.compute((n, cc, 1, 1, cb), lambda b, c, i, j, ci: _requantized_average(
+            total[b, c, ci], spec["multiplier"], spec["shift"]), "out")
+    else:
+        y = te.compute((n, cc, 1, 1, cb), lambda b, c, i, j, ci: total[b, c, ci]
+                       * as_expr(1.0 / (h * w)), "out")
     s = create_schedule(y)
     st = s[total]
     sb, sc, sci, sry, srx = st.leaves
@@ -263,8 +353,8 @@ def _global_avg_pool(spec):
 
 def _layout(spec):
     """NCHW <-> NCHW{c}c copies (``pack``: ``shape`` is the plain one; ``unpack``: the
-    blocked one)."""
-    x = te.placeholder(tuple(spec["shape"]), F32, "data")
+    blocked one) of values of any ``dtype``."""
+    x = te.placeholder(tuple(spec["shape"]), spec["dtype"], "data")
     if spec["op"] == "pack":
         n, c, h, w = x.shape
         b = spec["block"]
@@ -276,8 +366,10 @@ def _layout(spec):
     return schedule_elementwise(y), [x, y]
 
 
-_BUILDERS = {"pack": _layout, "unpack": _layout, "conv": _conv, "dwconv": _conv, "dense": _dense, "eltwise": _eltwise,
-             "maxpool": _pool, "avgpool": _pool, "gap": _global_avg_pool}
+_BUILDERS = {"pack": _layout, "unpack": _layout, "conv": _conv, "dwconv": _conv,
+             "dense": _dense, "eltwise": _eltwise, "maxpool": _pool, "avgpool": _pool,
+             "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
+             "qgap": _global_avg_pool}
 
 
 def build_function(spec: dict):

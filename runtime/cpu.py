@@ -1,6 +1,8 @@
-"""CPU builds of whole models: build from ONNX, save and load ``.cel`` files, run.
+"""CPU builds of whole models: build from ONNX or from a graph, save and load ``.cel`` files,
+run.
 
     model = CpuModel.build("resnet18.onnx")            # import, optimize, lower, compile
+    model = CpuModel.from_graph(quantize_model(onnx_model, calibration))   # int8, bit-exact
     model.save("resnet18.cel")
     model = CpuModel.load("resnet18.cel")              # no compilation: object code inside
     outputs = model.run({"image": x})                  # {ONNX output name: array}
@@ -9,7 +11,9 @@
 The pipeline, top to bottom:
 
 1. ``import_onnx`` (static shapes; ``input_shapes`` for dynamic dimensions) and
-   ``optimize`` (constant folding, BN folding, epilogue fusion): graph_passes.py.
+   ``optimize`` (constant folding, BN folding, epilogue fusion): graph_passes.py. This is
+   ``build``; ``from_graph`` starts at step 2 with a graph made elsewhere, e.g. a quantized
+   graph (compiler/quantize.py), whose outputs equal graph_numpy.run_graph's bit for bit.
 2. ``lower_graph``: layouts, packed weights, one step per node (graph_cpu.py).
 3. ``compile_program``: each distinct kernel spec compiled once, through the kernel cache
    (graph_cpu_kernels.py, codegen_llvm.py).
@@ -17,13 +21,16 @@ The pipeline, top to bottom:
 
 A ``.cel`` file is a zip archive (stored, not compressed):
 
-    manifest.json        format, version, host CPU, the program (values, steps), kernel records
+    manifest.json        format, version, host CPU, origin, the program (values, steps),
+                         kernel records, build info
     constants/N.npy      packed weights and other constants
     kernels/KEY.o        object code per kernel, KEY = the hash of its spec and compiler
-    model.onnx           the source model (for --compare and rebuilding)
+    model.onnx           the source model, when there is one (for --compare and rebuilding)
 
-Loading checks the format, version and CPU; a truncated or corrupt file is an
-``ArtifactError`` naming the file.
+``origin`` (version 2) says what the model was built from: ``{"from": "onnx" | "graph",
+"quantized": bool}`` (a graph with graph_int's integer operators). Loading checks the
+format, version (1 or 2: version 1 files, all built from ONNX, load too) and CPU; a
+truncated or corrupt file is an ``ArtifactError`` naming the file.
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ from ..errors import CelosiaError
 __all__ = ["CpuModel", "ArtifactError", "FORMAT", "VERSION", "is_artifact"]
 
 FORMAT = "celosia-cpu"
-VERSION = 1
+VERSION = 2
+_READS = (1, 2)  # version 1 has no "origin": built from ONNX
 
 
 class ArtifactError(CelosiaError):
@@ -86,10 +94,12 @@ def _decode(v):
 class CpuModel:
     """A whole model compiled for this CPU (see the module docstring)."""
 
-    def __init__(self, program, *, source: bytes | None = None, build_info: dict | None = None):
+    def __init__(self, program, *, source: bytes | None = None, build_info: dict | None = None,
+                 origin: dict | None = None):
         self.program = program
         self.source = source
         self.build_info = build_info or {}
+        self.origin = origin or {}
         self._executor = None
 
     # ---- building, saving, loading ---------------------------------------------------------
@@ -98,19 +108,36 @@ class CpuModel:
     def build(cls, model, input_shapes: dict | None = None, *, progress=None) -> "CpuModel":
         """Import (a path, bytes or onnx.ModelProto), optimize, lower and compile."""
         from ..compiler.graph import import_onnx, optimize
-        from ..compiler.graph_cpu import compile_program, lower_graph
 
         start = time.perf_counter()
         graph = optimize(import_onnx(model, input_shapes))
+        imported = time.perf_counter()
+        built = cls.from_graph(graph, progress=progress, source=_model_bytes(model))
+        built.origin["from"] = "onnx"
+        built.build_info["import_s"] = imported - start
+        built.build_info["total_s"] = time.perf_counter() - start
+        return built
+
+    @classmethod
+    def from_graph(cls, graph, *, progress=None, source: bytes | None = None) -> "CpuModel":
+        """Lower and compile a graph: an optimized float graph or a quantized one
+        (``quantize_model``/``quantize_graph``), whose integer operators become kernels that
+        agree with graph_numpy bit for bit; operators without a kernel run as numpy steps.
+        ``source``: the ONNX model's bytes, kept in the .cel (``--compare onnxruntime``)."""
+        from ..compiler.graph_cpu import compile_program, lower_graph
+        from ..compiler.graph_int import QUANTIZED_KERNELS
+
+        start = time.perf_counter()
         program = lower_graph(graph)
         lowered = time.perf_counter()
         stats = compile_program(program, progress=progress)
-        source = _model_bytes(model)
         info = {"nodes": len(graph.nodes), "steps": len(program.steps),
                 "kernels": stats["kernels"], "kernels_cached": stats["cached"],
                 "lower_s": lowered - start, "compile_s": stats["seconds"],
                 "total_s": time.perf_counter() - start}
-        return cls(program, source=source, build_info=info)
+        origin = {"from": "graph",
+                  "quantized": any(n.op in QUANTIZED_KERNELS for n in graph.nodes)}
+        return cls(program, source=source, build_info=info, origin=origin)
 
     @classmethod
     def open(cls, path, input_shapes: dict | None = None, *, progress=None) -> "CpuModel":
@@ -130,6 +157,7 @@ class CpuModel:
         constants = {name: f"constants/{n}.npy" for n, name in enumerate(p.constants)}
         manifest = {
             "format": FORMAT, "version": VERSION, "target": host_target().__dict__,
+            "origin": self.origin,
             "program": {"name": p.name, "inputs": p.inputs, "outputs": p.outputs,
                         "values": p.values, "steps": _encode(p.steps), "specs": p.specs},
             "kernels": {key: k.record() for key, k in p.kernels.items()},
@@ -165,10 +193,14 @@ class CpuModel:
                 if manifest.get("format") != FORMAT:
                     raise ArtifactError(f"{path}: not a celosia CPU model (format "
                                         f"{manifest.get('format')!r})")
-                if manifest.get("version") != VERSION:
+                origin = manifest.get("origin", {"from": "onnx", "quantized": False})
+                if manifest.get("version") not in _READS:
+                    how = ("CpuModel.from_graph" if origin.get("from") == "graph"
+                           else "`celosia compile`")
                     raise ArtifactError(f"{path}: format version {manifest.get('version')}, "
-                                        f"this celosia reads version {VERSION}; build it again "
-                                        f"with `celosia compile`")
+                                        f"this celosia reads versions "
+                                        f"{', '.join(map(str, _READS))}; build it again "
+                                        f"with {how}")
                 target = host_target().__dict__
                 if manifest["target"] != target:
                     raise ArtifactError(f"{path}: built for {manifest['target'].get('cpu')} "
@@ -185,12 +217,12 @@ class CpuModel:
         except CompilerError as e:
             raise ArtifactError(f"{path}: {e}") from None
         except (zipfile.BadZipFile, zlib.error, KeyError, ValueError, EOFError, OSError,
-                TypeError) as e:
+                TypeError, AttributeError) as e:
             raise ArtifactError(f"{path}: not a complete celosia model (truncated or corrupt: "
                                 f"{e}); build it again with `celosia compile`") from None
         program = CpuProgram(prog["name"], prog["inputs"], prog["outputs"], prog["values"],
                              constants, _decode(prog["steps"]), prog["specs"], kernels)
-        return cls(program, source=source, build_info=manifest.get("build", {}))
+        return cls(program, source=source, build_info=manifest.get("build", {}), origin=origin)
 
     # ---- running -----------------------------------------------------------------------------
 
@@ -225,8 +257,8 @@ class CpuModel:
         summary.update({"arena_bytes": ex.arena_bytes, "unshared_bytes": ex.unshared_bytes,
                         "kernels": len(self.program.kernels),
                         "kernel_steps": self.program.kernel_steps()})
-        return {"model": self.program.name, "target": "cpu", "nodes": ex.last_profile,
-                "summary": summary, "build": self.build_info}
+        return {"model": self.program.name, "target": "cpu", "origin": self.origin,
+                "nodes": ex.last_profile, "summary": summary, "build": self.build_info}
 
 
 def _model_bytes(model) -> bytes | None:

@@ -75,17 +75,22 @@ def plan_memory(program) -> tuple[dict, int, int]:
 
 
 def summarize_profile(profile: list[dict], top: int = 5) -> dict:
-    """Total milliseconds, per-kind and per-op totals, and the slowest nodes."""
+    """Total milliseconds, per-kind and per-op totals, what each kind of step runs ({kind:
+    {op: steps}}: which operators are compiled kernels and which numpy), and the slowest
+    nodes."""
     total = sum(p["ms"] for p in profile)
     by_op: dict = {}
     by_kind: dict = {}
+    kinds: dict = {}
     for p in profile:
         by_op[p["op"]] = by_op.get(p["op"], 0.0) + p["ms"]
         by_kind[p["kind"]] = by_kind.get(p["kind"], 0.0) + p["ms"]
+        steps = kinds.setdefault(p["kind"], {})
+        steps[p["op"]] = steps.get(p["op"], 0) + 1
     ops = sorted(by_op.items(), key=lambda kv: -kv[1])
     slow = sorted(profile, key=lambda p: -p["ms"])[:top]
     return {"total_ms": total, "steps": len(profile),
-            "by_kind_ms": by_kind,
+            "by_kind_ms": by_kind, "kinds": kinds,
             "top_ops": [{"op": op, "ms": ms, "share": ms / total if total else 0.0}
                         for op, ms in ops[:top]],
             "slowest_nodes": [{"node": p["node"], "op": p["op"], "ms": p["ms"]} for p in slow]}
@@ -120,15 +125,6 @@ class GraphExecutor:
             return None  # the output already is the input's memory
         ins = [arr[v] if v else None for v in s["inputs"]]
         outs = [arr[o] if o else None for o in s["outputs"]]
-        if kind == "pack":
-            x, y = ins[0], outs[0]
-            n, c, h, w = x.shape
-            b = s["block"]
-            return lambda: np.copyto(y, x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
-        if kind == "unpack":
-            x, y = ins[0], outs[0]
-            n, cc, h, w, b = x.shape
-            return lambda: np.copyto(y.reshape(n, cc, b, h, w), x.transpose(0, 1, 4, 2, 3))
         if kind == "concat":
             return lambda: np.concatenate(ins, axis=1, out=outs[0])
         if kind == "numpy":
