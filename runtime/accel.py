@@ -129,14 +129,15 @@ class AccelModel:
     """A quantized model partitioned between the accelerator and the CPU (module doc)."""
 
     def __init__(self, graph, config: HwConfig, placements: dict, programs: dict,
-                 values: dict, image: np.ndarray, *, source: bytes | None = None,
-                 build_info: dict | None = None):
+                 values: dict, image: np.ndarray, *, segments: list | None = None,
+                 source: bytes | None = None, build_info: dict | None = None):
         self.graph = graph
         self.config = config
         self.placements = placements  # node name -> Placement
         self.programs = programs      # node name -> {insn_addr, insn_count, kind, spec, knobs, ...}
         self.values = values          # value name -> {"addr", "shape" (packed)}
         self.image = image            # DRAM bytes [0, len)
+        self.segments = segments or []  # [(node names, CpuModel)]: compiled CPU parts
         self.source = source
         self.build_info = build_info or {}
         self.report: list[dict] = []
@@ -205,13 +206,16 @@ class AccelModel:
                 "region": region_of[node.name],
             }
         image = dev.executor.read_dram(0, dev.allocator.high_water)
+        t0 = time.perf_counter()
+        segments = _cpu_segments(graph, placements, progress)
         info = {"nodes": len(graph.nodes), "accel_nodes": len(programs),
+                "cpu_segments": len(segments), "cpu_compile_s": time.perf_counter() - t0,
                 "regions": len(set(region_of.values())), "dram_bytes": int(image.size),
                 "instructions": sum(p["insn_count"] for p in programs.values()),
                 "total_s": time.perf_counter() - start}
         return cls(graph, cfg, placements, programs,
                    {k: {"addr": b.addr, "shape": list(s)} for k, (b, s) in values.items()},
-                   image, source=source, build_info=info)
+                   image, segments=segments, source=source, build_info=info)
 
     @classmethod
     def from_onnx(cls, model, config=None, *, input_shapes: dict | None = None,
@@ -244,7 +248,8 @@ class AccelModel:
         return built
 
     def cpu_build(self) -> "AccelModel":
-        """The all-CPU build of the same quantized graph (no accelerator node)."""
+        """The all-CPU build of the same quantized graph: no accelerator node, the whole
+        graph one compiled CPU segment (LLVM kernels, runtime/cpu.py)."""
         return AccelModel.build(self.graph, self.config, accelerate=False, source=self.source)
 
     # ---- saving and loading ----------------------------------------------------------------
@@ -256,12 +261,15 @@ class AccelModel:
             "graph": graph_json,
             "placements": {k: [p.target, p.reason] for k, p in self.placements.items()},
             "programs": self.programs, "values": self.values, "build": self.build_info,
+            "segments": [names for names, _ in self.segments],
         }
         with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
             z.writestr("manifest.json", json.dumps(manifest))
             for name, a in consts.items():
                 z.writestr(name, _npy(a))
             z.writestr("dram.npy", _npy(self.image))
+            for k, (_, cpu) in enumerate(self.segments):
+                z.writestr(f"cpu/{k}.cel", _cpu_bytes(cpu))
             if self.source is not None:
                 z.writestr("model.onnx", self.source)
 
@@ -284,14 +292,16 @@ class AccelModel:
 
                 graph = _graph_from_json(manifest["graph"], read)
                 image = read("dram.npy")
+                segments = [(names, _cpu_from_bytes(z.read(f"cpu/{k}.cel"), path))
+                            for k, names in enumerate(manifest["segments"])]
                 source = z.read("model.onnx") if "model.onnx" in z.namelist() else None
         except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as e:
             raise ArtifactError(f"{path}: not a readable celosia model (truncated or corrupt "
                                 f"file?): {type(e).__name__}: {e}") from None
         placements = {k: Placement(*v) for k, v in manifest["placements"].items()}
         return cls(graph, HwConfig.from_dict(manifest["config"]), placements,
-                   manifest["programs"], manifest["values"], image, source=source,
-                   build_info=manifest.get("build"))
+                   manifest["programs"], manifest["values"], image, segments=segments,
+                   source=source, build_info=manifest.get("build"))
 
     @property
     def input_types(self) -> dict:
@@ -312,7 +322,6 @@ class AccelModel:
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
         from ..compiler.graph import InputShapeError
-        from ..compiler.graph_numpy import evaluate_node
         from ..compiler.partition import pack_value, unpack_value
 
         graph, cfg = self.graph, self.config
@@ -333,7 +342,6 @@ class AccelModel:
         host = {**graph.initializers, **{k: np.asarray(v) for k, v in feeds.items()}}
         in_dram: set[str] = set()
         clock_khz = cfg.clock_mhz * 1e3
-        report = []
 
         def to_host(name):
             if name and name not in host:
@@ -342,9 +350,25 @@ class AccelModel:
                 host[name] = unpack_value(raw.view(np.int8).reshape(v["shape"]),
                                           graph.types[name].shape)
 
+        segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
+        rows: dict[str, dict] = {}
+        for node in graph.nodes:
+            rows[node.name] = {"node": node.name, "op": node.op, "target": "cpu",
+                               "cpu_ms": 0.0, "layout_ms": 0.0, "cycles": None,
+                               "accel_ms": None}
+            if node.name not in self.programs:
+                rows[node.name]["reason"] = self.placements[node.name].reason
+        done = 0
+
+        def shown(upto):
+            nonlocal done
+            for node in graph.nodes[done:upto]:
+                if progress:
+                    progress(_progress_line(done, len(graph.nodes), rows[node.name]))
+                done += 1
+
         for k, node in enumerate(graph.nodes):
-            row = {"node": node.name, "op": node.op, "target": "cpu", "cpu_ms": 0.0,
-                   "layout_ms": 0.0, "cycles": None, "accel_ms": None}
+            row = rows[node.name]
             t0 = time.perf_counter()
             prog = self.programs.get(node.name)
             if prog is not None:
@@ -364,24 +388,23 @@ class AccelModel:
                            macs=macs, utilization=(macs / (cycles * cfg.macs_per_cycle)
                                                    if cycles else None),
                            sim_s=time.perf_counter() - t0)
-            else:
-                for name in node.inputs:
+                shown(k + 1)
+            elif node.name in segment_of:
+                # A compiled CPU segment: the CPU nodes from here to the next accelerator node.
+                names, cpu = segment_of[node.name]
+                for name in cpu.program.inputs:
                     to_host(name)
-                t1 = time.perf_counter()
-                results = evaluate_node(node, [host[i] if i else None for i in node.inputs])
-                row["layout_ms"] = (t1 - t0) * 1e3
-                row["cpu_ms"] = (time.perf_counter() - t1) * 1e3
-                row["reason"] = self.placements[node.name].reason
-                for name, value in zip(node.outputs, results):
-                    if name:
-                        host[name] = value
-                        in_dram.discard(name)
-            report.append(row)
-            if progress:
-                progress(_progress_line(k, len(graph.nodes), row))
+                layout = (time.perf_counter() - t0) * 1e3
+                results = cpu.run({name: host[name] for name in cpu.program.inputs},
+                                  profile=True)
+                _attribute_profile(cpu.profile, names, rows, layout)
+                for name, value in results.items():
+                    host[name] = value
+                    in_dram.discard(name)
+                shown(k + len(names))
         for name in graph.outputs:
             to_host(name)
-        self.report = report
+        self.report = [rows[n.name] for n in graph.nodes]
         return {name: host[name] for name in graph.outputs}
 
     def summary(self) -> dict:
@@ -404,6 +427,88 @@ class AccelModel:
             "macs": macs,
             "clock_mhz": self.config.clock_mhz,
         }
+
+
+def _cpu_segments(graph, placements: dict, progress=None) -> list:
+    """The CPU nodes as compiled segments: each maximal run of consecutive CPU nodes (in the
+    graph's order) becomes a graph of its own, built with CpuModel.from_graph; its inputs
+    are the values it reads from outside, its outputs those read after it."""
+    from ..compiler.graph import Graph
+    from .cpu import CpuModel
+
+    runs, current = [], []
+    for node in graph.nodes:
+        if placements[node.name].target == "cpu":
+            current.append(node)
+        elif current:
+            runs.append(current)
+            current = []
+    if current:
+        runs.append(current)
+    segments = []
+    for k, nodes in enumerate(runs):
+        start = graph.nodes.index(nodes[0])
+        later = {i for n in graph.nodes[start + len(nodes):] for i in n.inputs if i}
+        later |= set(graph.outputs)
+        produced = {o for n in nodes for o in n.outputs if o}
+        reads = [i for n in nodes for i in n.inputs if i]
+        inputs = list(dict.fromkeys(i for i in reads
+                                    if i not in produced and i not in graph.initializers))
+        outputs = [o for n in nodes for o in n.outputs if o and o in later]
+        if not outputs:
+            continue
+        inits = {i: graph.initializers[i] for i in reads if i in graph.initializers}
+        types = {v: graph.types[v] for v in (*inputs, *produced, *inits)}
+        sub = Graph(f"{graph.name}_cpu{k}", tuple(inputs), tuple(outputs), tuple(nodes),
+                    inits, types)
+        t0 = time.perf_counter()
+        cpu = CpuModel.from_graph(sub)
+        if progress:
+            progress(f"cpu segment {k}: {len(nodes)} nodes ({', '.join(n.name for n in nodes[:4])}"
+                     f"{', ...' if len(nodes) > 4 else ''}) compiled in "
+                     f"{time.perf_counter() - t0:.2f} s")
+        segments.append(([n.name for n in nodes], cpu))
+    return segments
+
+
+def _attribute_profile(profile: list[dict], names: list[str], rows: dict, layout_ms: float):
+    """Per-node CPU times from a segment's profile; its layout steps (pack, unpack: named
+    after a value, not a node) and reading inputs back from DRAM count as layout time of
+    the next node (the last for trailing ones)."""
+    pending = layout_ms
+    known = set(names)
+    for step in profile:
+        if step["node"] in known:
+            row = rows[step["node"]]
+            row["cpu_ms"] += step["ms"]
+            row["layout_ms"] += pending
+            pending = 0.0
+        else:
+            pending += step["ms"]
+    rows[names[-1]]["layout_ms"] += pending
+
+
+def _cpu_bytes(cpu) -> bytes:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="celosia-") as d:
+        path = Path(d) / "segment.cel"
+        cpu.save(path)
+        return path.read_bytes()
+
+
+def _cpu_from_bytes(data: bytes, where):
+    import tempfile
+
+    from .cpu import CpuModel
+
+    with tempfile.TemporaryDirectory(prefix="celosia-") as d:
+        path = Path(d) / "segment.cel"
+        path.write_bytes(data)
+        try:
+            return CpuModel.load(path)
+        except ArtifactError as e:
+            raise ArtifactError(f"{where}: its CPU part: {str(e).split(': ', 1)[-1]}") from None
 
 
 def _round_up(n: int, m: int) -> int:
