@@ -10,6 +10,7 @@ kernels kept for later runs of the same program.
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 
@@ -23,7 +24,8 @@ from celosia.isa import (
     module_of,
 )
 
-__all__ = ["Datapath", "check_insn", "COUNTER_NAMES", "single_threaded_blas"]
+__all__ = ["Datapath", "check_insn", "COUNTER_NAMES", "single_threaded_blas",
+           "numpy_blas_controllers"]
 
 # Counters every executor reports (bytes exclude padding, as VTA's simulator counts them).
 COUNTER_NAMES = (
@@ -58,6 +60,22 @@ _blas_lock = threading.Lock()
 _blas = {"libs": None, "depth": 0, "saved": []}
 
 
+def numpy_blas_controllers() -> list:
+    """threadpoolctl's controllers of the BLAS numpy itself uses (the one its matmul calls;
+    scipy and others may load BLAS libraries of their own later), or of every BLAS loaded
+    if none sits in numpy's directories; [] without threadpoolctl."""
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        libs = ThreadpoolController().select(user_api="blas").lib_controllers
+    except Exception:  # not installed, or an unknown BLAS: leave threads alone
+        return []
+    root = os.path.dirname(os.path.dirname(np.__file__))
+    own = [lib for lib in libs if os.path.basename(os.path.dirname(lib.filepath)) in
+           ("numpy.libs", ".libs") and lib.filepath.startswith(root)]
+    return own or libs
+
+
 @contextmanager
 def single_threaded_blas():
     """Run the block with numpy's BLAS on one thread (restored afterwards).
@@ -69,12 +87,7 @@ def single_threaded_blas():
     nesting and concurrent runs are counted, so the count is restored once, by the last."""
     with _blas_lock:
         if _blas["libs"] is None:
-            try:
-                from threadpoolctl import ThreadpoolController
-
-                _blas["libs"] = ThreadpoolController().select(user_api="blas").lib_controllers
-            except Exception:  # not installed, or an unknown BLAS: leave threads alone
-                _blas["libs"] = []
+            _blas["libs"] = numpy_blas_controllers()
         if _blas["depth"] == 0:
             _blas["saved"] = [lib.get_num_threads() for lib in _blas["libs"]]
             for lib, n in zip(_blas["libs"], _blas["saved"]):

@@ -8,7 +8,7 @@ import pytest
 
 from celosia import HwConfig
 from celosia.isa import AluInsn, AluOp, GemmInsn, Uop, encode_uops
-from celosia.sim.datapath import Datapath, single_threaded_blas
+from celosia.sim.datapath import Datapath, numpy_blas_controllers, single_threaded_blas
 
 CONFIGS = [HwConfig(), HwConfig.preset("small"),
            HwConfig(log_batch=1, log_block=3, log_inp_buff_size=12, log_wgt_buff_size=13,
@@ -281,11 +281,14 @@ def test_alu_kernels_match_naive(cfg, op, use_imm):
 
 
 def test_single_threaded_blas_restores_the_thread_count():
-    threadpoolctl = pytest.importorskip("threadpoolctl")
-    controller = threadpoolctl.ThreadpoolController().select(user_api="blas")
-    before = [lib.get_num_threads() for lib in controller.lib_controllers]
+    pytest.importorskip("threadpoolctl")
+    import scipy.linalg  # noqa: F401 - loads a second OpenBLAS, which is not numpy's
+
+    libs = numpy_blas_controllers()
+    assert libs and all("numpy" in lib.filepath for lib in libs)
+    before = [lib.get_num_threads() for lib in libs]
     with single_threaded_blas():
         with single_threaded_blas():  # nested: restored once, by the outer
-            assert all(lib.get_num_threads() == 1 for lib in controller.lib_controllers)
-        assert all(lib.get_num_threads() == 1 for lib in controller.lib_controllers)
-    assert [lib.get_num_threads() for lib in controller.lib_controllers] == before
+            assert all(lib.get_num_threads() == 1 for lib in libs)
+        assert all(lib.get_num_threads() == 1 for lib in libs)
+    assert [lib.get_num_threads() for lib in libs] == before
