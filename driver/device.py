@@ -289,18 +289,30 @@ class Device:
             self.free(buf)
         return self.alloc(max(_MIN_STAGING, 1 << (nbytes - 1).bit_length()), align=64)
 
-    def _place(self, stream: InsnStream) -> tuple[int, int]:
-        """Finalise ``stream`` and write its micro-ops and instructions into DRAM;
-        returns (insn_addr, insn_count)."""
+    def _write_program(self, stream: InsnStream, buffer) -> tuple[DramBuffer, int]:
+        """Finalise ``stream`` and write its micro-ops and instructions into DRAM, into the
+        buffers ``buffer(kind, nbytes)`` gives for ``"uop"`` and ``"insn"``; returns (the
+        instruction buffer, the instruction count)."""
         uops = stream.uop_staging()
-        self._uop_buf = self._grow(self._uop_buf, max(uops.nbytes, 4))
-        insns = stream.finalize(self._uop_buf.addr)
+        uop_buf = buffer("uop", max(uops.nbytes, 4))
+        insns = stream.finalize(uop_buf.addr)
         program = encode_program(insns, self.config)
-        self._insn_buf = self._grow(self._insn_buf, program.nbytes)
+        insn_buf = buffer("insn", program.nbytes)
         if uops.size:
-            self._uop_buf.write(uops.astype("<u4"))
-        self._insn_buf.write(program)
-        return self._insn_buf.addr, len(insns)
+            uop_buf.write(uops.astype("<u4"))
+        insn_buf.write(program)
+        return insn_buf, len(insns)
+
+    def _place(self, stream: InsnStream) -> tuple[int, int]:
+        """Finalise ``stream`` into the staging area that every synchronize reuses;
+        returns (insn_addr, insn_count)."""
+        def staging(kind, nbytes):
+            attr = f"_{kind}_buf"
+            setattr(self, attr, self._grow(getattr(self, attr), nbytes))
+            return getattr(self, attr)
+
+        insn_buf, count = self._write_program(stream, staging)
+        return insn_buf.addr, count
 
     def build_program(self) -> "Program":
         """Close the pending stream into a resident program: its micro-ops and instructions
@@ -309,18 +321,17 @@ class Device:
         ``run_program``. The stream is reset for the next program."""
         if self._stream.empty:
             raise CelosiaError("build_program: the stream is empty; there is no program to build")
+        owned = []
+
+        def own(kind, nbytes):
+            owned.append(self.alloc(nbytes, align=64))
+            return owned[-1]
+
         try:
-            uops = self._stream.uop_staging()
-            uop_buf = self.alloc(max(uops.nbytes, 4), align=64)
-            insns = self._stream.finalize(uop_buf.addr)
-            program = encode_program(insns, self.config)
-            insn_buf = self.alloc(program.nbytes, align=64)
-            if uops.size:
-                uop_buf.write(uops.astype("<u4"))
-            insn_buf.write(program)
+            insn_buf, count = self._write_program(self._stream, own)
         finally:
             self._stream.reset()
-        return Program(insn_buf.addr, len(insns), (insn_buf, uop_buf))
+        return Program(insn_buf.addr, count, tuple(owned))
 
     def run_program(self, program: "Program") -> dict:
         """Run a resident program (``build_program``) to completion; its counters."""
