@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from .graph import Node, NodeError, TensorType
-from .graph_numpy import conv, pool_output_shape
+from .graph_numpy import _conv_types, conv
 
 __all__ = ["QUANTIZED_KERNELS", "QUANTIZED_SHAPE_RULES", "wrap"]
 
@@ -139,14 +139,11 @@ def _qconv_types(node: Node, types):
     x, w, a = types[0], types[1], node.attrs
     if x.dtype != "int8" or w.dtype != "int8" or len(x.shape) != 4 or len(w.shape) != 4:
         raise NodeError(node, f"input {x} and weight {w} must be 4-D int8")
-    if x.shape[1] != w.shape[1] * a["group"] or w.shape[0] % a["group"]:
+    if w.shape[0] % a["group"]:
         raise NodeError(node, f"input has {x.shape[1]} channels but weight {w} with "
                               f"group={a['group']} expects {w.shape[1] * a['group']}")
-    out = pool_output_shape(x.shape[2:], a["kernel_shape"], a["strides"], a["dilations"],
-                            a["pads"])
-    if min(out) < 1:
-        raise NodeError(node, f"kernel {a['kernel_shape']} does not fit the input {x}")
-    shape = (x.shape[0], w.shape[0], *out)
+    (t,) = _conv_types(node, types)  # channels, window and output shape as for Conv
+    shape = t.shape
     _check_epilogue_operands(node, types, w.shape[0], shape)
     return [TensorType("int8", shape)]
 

@@ -24,7 +24,8 @@ from celosia.config import HwConfig
 
 from .expr import CompilerError
 from .graph import Graph, Node
-from .ops import ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels
+from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_nchw, pack_oihw,
+                  pad_channels, unpack_nchw)
 
 __all__ = ["Placement", "annotate", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_knobs", "compile_layer",
@@ -139,8 +140,7 @@ def pack_value(x: np.ndarray, cfg: HwConfig) -> np.ndarray:
     b, k = cfg.batch, cfg.block
     x = pad_channels(x, 1, k)
     if x.ndim == 4:
-        n, c, h, w = x.shape
-        return np.ascontiguousarray(x.reshape(n // b, b, c // k, k, h, w).transpose(0, 2, 4, 5, 1, 3))
+        return pack_nchw(x, b, k)
     n, c = x.shape
     return np.ascontiguousarray(x.reshape(n // b, b, c // k, k).transpose(0, 2, 1, 3))
 
@@ -148,8 +148,7 @@ def pack_value(x: np.ndarray, cfg: HwConfig) -> np.ndarray:
 def unpack_value(p: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The packed layout -> NCHW (or [N, C]) of ``shape`` (padding channels dropped)."""
     if p.ndim == 6:
-        nb, cb, h, w, b, k = p.shape
-        x = p.transpose(0, 4, 1, 5, 2, 3).reshape(nb * b, cb * k, h, w)
+        x = unpack_nchw(p)
     else:
         nb, cb, b, k = p.shape
         x = p.transpose(0, 2, 1, 3).reshape(nb * b, cb * k)
@@ -216,15 +215,12 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
 # ---- schedules -------------------------------------------------------------------------------
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def dense_knobs(cfg: HwConfig, spec: DenseSpec):
     """Knobs for a dense layer: among the tiles whose buffers fit, the least DRAM traffic
     (weights are reloaded once per batch tile, inputs once per output tile), then the
     largest tiles; two virtual threads where the output tiles pair up."""
     from .ops import DenseKnobs
+    from .tune import _divisors
 
     b, k = cfg.batch, cfg.block
     nb, kb, ob = spec.n // b, spec.k // k, spec.o // k
