@@ -51,7 +51,6 @@ __all__ = ["AccelModel", "FORMAT", "VERSION", "is_accel_artifact", "compare_outp
 
 FORMAT = "celosia-accel"
 VERSION = 1
-_ALIGN = 256  # every value buffer: a multiple of any element size (BATCH x BLOCK x 4 bytes)
 
 
 def is_accel_artifact(path) -> bool:
@@ -178,13 +177,18 @@ class AccelModel:
         for name in {i for n in graph.nodes if n.name in compiled for i in
                      (n.inputs[0], n.outputs[0], *n.inputs[4:]) if i}:
             need += int(np.prod(packed_shape(graph.types[name].shape, cfg)))
-        dev = Device(cfg, target="fsim", dram_size=_round_up(2 * need + (64 << 20), 1 << 20))
+        # A device only to place programs and data (nothing runs on it); none for an all-CPU
+        # build.
+        dev = Device(cfg, target="fsim", dram_size=_round_up(2 * need + (64 << 20), 1 << 20)) \
+            if compiled else None
         values: dict[str, object] = {}
 
-        def value_buffer(name):
+        def value_buffer(name, align):
+            # A value is one element size wherever it is used (BATCH x BLOCK int8 bytes), so
+            # its first user's alignment holds for every user.
             if name not in values:
                 shape = packed_shape(graph.types[name].shape, cfg)
-                values[name] = (dev.alloc(int(np.prod(shape)), align=_ALIGN), shape)
+                values[name] = (dev.alloc(int(np.prod(shape)), align=align), shape)
             return values[name][0]
 
         programs = {}
@@ -193,19 +197,21 @@ class AccelModel:
                 continue
             layer, fn, knobs = compiled[node.name]
             align = [a for _, _, _, a in fn.arg_specs()]
-            bufs = [value_buffer(node.inputs[0]), dev.upload(layer.weight, align=align[1]),
+            bufs = [value_buffer(node.inputs[0], align[0]),
+                    dev.upload(layer.weight, align=align[1]),
                     dev.upload(layer.bias, align=align[2]), dev.upload(layer.scale, align=align[3])]
             if layer.residual:
-                bufs.append(value_buffer(node.inputs[4]))
-            bufs.append(value_buffer(node.outputs[0]))
+                bufs.append(value_buffer(node.inputs[4], align[4]))
+            bufs.append(value_buffer(node.outputs[0], align[-1]))
             fn.bind(dev, bufs)
             prog = dev.build_program()
             programs[node.name] = {
                 "insn_addr": prog.insn_addr, "insn_count": prog.insn_count, "kind": layer.kind,
-                "spec": _spec_dict(layer.spec), "knobs": asdict(knobs), "macs": layer.macs,
+                "spec": asdict(layer.spec), "knobs": asdict(knobs), "macs": layer.macs,
                 "region": region_of[node.name],
             }
-        image = dev.executor.read_dram(0, dev.allocator.high_water)
+        image = (dev.executor.read_dram(0, dev.allocator.high_water) if dev is not None
+                 else np.zeros(0, np.uint8))
         t0 = time.perf_counter()
         segments = _cpu_segments(graph, placements, progress)
         info = {"nodes": len(graph.nodes), "accel_nodes": len(programs),
@@ -519,11 +525,6 @@ def _npy(a: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
     return buf.getvalue()
-
-
-def _spec_dict(spec) -> dict:
-    d = asdict(spec)
-    return d
 
 
 def _spec_str(spec) -> str:
