@@ -292,8 +292,11 @@ def _run_accel(args, artifact: bool) -> int:
                                      input_shapes=_input_shapes(args.input_shape),
                                      calibration=args.calibration, target=args.target,
                                      progress=progress)
-    if args.target == "cpu" and model.programs:
-        model = model.cpu_build()
+    cpu = None
+    if args.target == "cpu" or "cpu" in compares:  # the all-CPU build, made at most once
+        cpu = model if not model.programs else model.cpu_build()
+    if args.target == "cpu":
+        model = cpu
     feeds = _load_inputs(args.input, model)
     target = "fsim" if args.target == "cpu" else args.target
     outputs = model.run(feeds, target=target, progress=progress)
@@ -301,7 +304,7 @@ def _run_accel(args, artifact: bool) -> int:
     print(format_table(rows, summary))
     ok, compared = True, {}
     if "cpu" in compares:
-        same, detail = compare_outputs(outputs, model.cpu_build().run(feeds), exact=True)
+        same, detail = compare_outputs(outputs, cpu.run(feeds), exact=True)
         compared["cpu"] = detail
         ok &= same
         print(f"vs the all-CPU build of the same quantized graph: "
@@ -354,8 +357,7 @@ def _run_cpu(args) -> int:
 
     from .runtime.cpu import CpuModel
 
-    if _compares(args.compare, ("onnxruntime",)) == []:
-        args.compare = None
+    compare = bool(_compares(args.compare, ("onnxruntime",)))
     if args.config or args.timeline:
         raise CelosiaError("--config and --timeline apply to the accelerator targets (fsim, "
                            "cycle, rtl) and to --quantize int8 builds")
@@ -370,7 +372,7 @@ def _run_cpu(args) -> int:
         np.savez(args.output, **outputs)
     report = model.report() if timed else None
     ok = True
-    if args.compare:
+    if compare:
         ok, rows = _compare_onnxruntime(model, feeds, outputs)
         for name, row in rows.items():
             if "max_abs_diff" not in row:
