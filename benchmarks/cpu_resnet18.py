@@ -92,8 +92,8 @@ def run(quick: bool = False) -> dict:
     except ModuleNotFoundError:
         raise CelosiaError("cpu-resnet18 compares with onnxruntime: pip install "
                            "onnxruntime") from None
-    from celosia.compiler.codegen_llvm import num_threads
-    from celosia.runtime import models
+    from celosia.compiler.cpu.host import num_threads
+    from celosia.models import zoo as models
     from celosia.runtime.cpu import CpuModel
     from celosia.runtime.reference import ReferenceModel
 

@@ -1,7 +1,7 @@
 """`celosia bench resnet18-e2e`: ResNet-18 at 224x224, int8, split between the accelerator
 (cycle model, default configuration) and the CPU, end to end.
 
-The model (runtime/models.py, random weights) is quantized from a few random calibration
+The model (models/zoo.py, random weights) is quantized from a few random calibration
 images, partitioned and compiled (schedule search on the cycle model, cached on disk), then
 one image runs through the whole model on the cycle model. Figures:
 
@@ -28,7 +28,7 @@ from celosia.errors import CelosiaError
 
 
 def run(quick: bool = False) -> dict:
-    from celosia.runtime import models
+    from celosia.models import zoo as models
     from celosia.runtime.accel import AccelModel, compare_outputs
     from celosia.runtime.cpu import CpuModel
     from celosia.runtime.report import format_table

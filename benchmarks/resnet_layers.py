@@ -28,8 +28,8 @@ LAYERS = [
 
 
 def run(quick: bool = False) -> dict:
-    from celosia.compiler.ops import ConvSpec, Epilogue
-    from celosia.compiler.tune import tune_conv
+    from celosia.compiler.accel.ops import ConvSpec, Epilogue
+    from celosia.compiler.accel.tune import tune_conv
 
     cfg = HwConfig()
     layers = LAYERS[-3:] if quick else LAYERS
@@ -65,7 +65,7 @@ def run(quick: bool = False) -> dict:
 
 def _check(cfg, spec, knobs) -> None:
     """The chosen schedule computes the layer bit-exactly (on fsim)."""
-    from celosia.compiler.ops import conv2d, conv2d_reference, pack_nchw, pack_oihw, unpack_nchw
+    from celosia.compiler.accel.ops import conv2d, conv2d_reference, pack_nchw, pack_oihw, unpack_nchw
     from celosia.driver import Device
 
     rng = np.random.default_rng(0)

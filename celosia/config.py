@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
-from functools import cached_property
 from pathlib import Path
 
 from .errors import CelosiaError
@@ -327,39 +326,6 @@ class HwConfig:
     def macs_per_cycle(self) -> int:
         """Multiply-accumulates the GEMM core does for one micro-op."""
         return self.batch * self.block * self.block
-
-    @cached_property
-    def layout(self):
-        """The bit layout of every instruction field for this configuration."""
-        from .isa import InsnLayout
-
-        return InsnLayout.for_config(self)
-
-    def elem_bytes(self, mem_type) -> int:
-        """Bytes of one element of a LOAD/STORE memory type (dram_base counts these)."""
-        from .isa import MemType
-
-        return {
-            MemType.UOP: 4,
-            MemType.WGT: self.wgt_elem_bytes,
-            MemType.INP: self.inp_elem_bytes,
-            MemType.ACC: self.acc_elem_bytes,
-            MemType.OUT: self.out_elem_bytes,
-            MemType.ACC_8BIT: self.out_elem_bytes,
-        }[MemType(mem_type)]
-
-    def depth(self, mem_type) -> int:
-        """Elements in the on-chip buffer a memory type addresses."""
-        from .isa import MemType
-
-        return {
-            MemType.UOP: self.uop_depth,
-            MemType.WGT: self.wgt_depth,
-            MemType.INP: self.inp_depth,
-            MemType.ACC: self.acc_depth,
-            MemType.OUT: self.acc_depth,
-            MemType.ACC_8BIT: self.acc_depth,
-        }[MemType(mem_type)]
 
     def describe(self) -> str:
         """A human-readable summary (``celosia config show``)."""

@@ -1,7 +1,7 @@
 """`celosia demo`: a real model, split between the accelerator and the CPU, simulated.
 
-The bundled CNN (runtime/data/digits_cnn.onnx, trained by ``python -m
-celosia.runtime.train_digits``) classifies the handwritten digits that ship with
+The bundled CNN (models/data/digits_cnn.onnx, trained by ``python -m
+celosia.models.train_digits``) classifies the handwritten digits that ship with
 scikit-learn. The demo
 
 1. runs the float model on the CPU (celosia's LLVM build) and with onnxruntime,
@@ -20,13 +20,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 
 from .config import HwConfig
 
 
 def run_demo(*, target: str = "cycle", config: HwConfig | None = None, out_dir: str = "out") -> int:
-    from .runtime import digits
+    from .models import digits
     from .runtime.accel import AccelModel, compare_outputs
     from .runtime.cpu import CpuModel
     from .runtime.report import format_table, plot_timeline, write_json

@@ -33,3 +33,7 @@ class DeadlockError(ProgramError):
 
 class SimulationLimitError(CelosiaError):
     """A simulation ran past its cycle or time limit."""
+
+
+class CompilerError(CelosiaError):
+    """A model or program the compiler cannot handle: says what, where, and what to do."""

@@ -8,6 +8,7 @@ codec serves every valid configuration.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, fields, replace
 from typing import Iterable, Union
 
@@ -26,7 +27,7 @@ from .config import (
 from .errors import CelosiaError, ProgramError
 
 __all__ = [
-    "Opcode", "MemType", "AluOp", "Module",
+    "Opcode", "MemType", "AluOp", "Module", "insn_layout", "elem_bytes", "buffer_depth",
     "MemInsn", "GemmInsn", "AluInsn", "FinishInsn", "Insn", "Uop",
     "InsnLayout", "EncodeError", "DecodeError",
     "encode", "decode", "encode_program", "decode_program", "disassemble", "module_of",
@@ -231,8 +232,34 @@ class InsnLayout:
         return self.gemm
 
 
-def _layout(cfg: HwConfig) -> InsnLayout:
-    return cfg.layout
+@functools.cache
+def insn_layout(cfg: HwConfig) -> InsnLayout:
+    """The bit layout of every instruction field for this configuration."""
+    return InsnLayout.for_config(cfg)
+
+
+def elem_bytes(cfg: HwConfig, mem_type) -> int:
+    """Bytes of one element of a LOAD/STORE memory type (dram_base counts these)."""
+    return {
+        MemType.UOP: 4,
+        MemType.WGT: cfg.wgt_elem_bytes,
+        MemType.INP: cfg.inp_elem_bytes,
+        MemType.ACC: cfg.acc_elem_bytes,
+        MemType.OUT: cfg.out_elem_bytes,
+        MemType.ACC_8BIT: cfg.out_elem_bytes,
+    }[MemType(mem_type)]
+
+
+def buffer_depth(cfg: HwConfig, mem_type) -> int:
+    """Elements in the on-chip buffer a memory type addresses."""
+    return {
+        MemType.UOP: cfg.uop_depth,
+        MemType.WGT: cfg.wgt_depth,
+        MemType.INP: cfg.inp_depth,
+        MemType.ACC: cfg.acc_depth,
+        MemType.OUT: cfg.acc_depth,
+        MemType.ACC_8BIT: cfg.acc_depth,
+    }[MemType(mem_type)]
 
 
 # ---- encoding -----------------------------------------------------------------------------
@@ -247,10 +274,10 @@ def _field_values(insn: Insn) -> dict:
 def encode(insn: Insn, cfg: HwConfig) -> int:
     """The instruction as a 128-bit integer (bit 0 = LSB of the first little-endian word)."""
     if isinstance(insn, FinishInsn):
-        spec = {k: v for k, v in _layout(cfg).gemm.items() if k in
+        spec = {k: v for k, v in insn_layout(cfg).gemm.items() if k in
                 ("opcode", "pop_prev", "pop_next", "push_prev", "push_next")}
     else:
-        spec = _layout(cfg).fields_of(insn.opcode)
+        spec = insn_layout(cfg).fields_of(insn.opcode)
     word = 0
     for name, value in _field_values(insn).items():
         if name not in spec:
@@ -278,7 +305,7 @@ def _get(word: int, spec: dict, name: str) -> int:
 
 def decode(word: int, cfg: HwConfig, index: int | None = None) -> Insn:
     """The instruction a 128-bit integer holds; DecodeError for a bad opcode or memory type."""
-    lay = _layout(cfg)
+    lay = insn_layout(cfg)
     opcode = word & 0b111
     deps = dict(
         pop_prev=bool(word >> 3 & 1), pop_next=bool(word >> 4 & 1),
@@ -335,7 +362,7 @@ def decode_program(data: bytes | np.ndarray, cfg: HwConfig) -> list[Insn]:
 
 def encode_uops(uops: Iterable[Uop], cfg: HwConfig) -> np.ndarray:
     """Micro-ops as a uint32 array (one little-endian word each)."""
-    spec = _layout(cfg).uop
+    spec = insn_layout(cfg).uop
     out = []
     for u in uops:
         word = 0
@@ -351,7 +378,7 @@ def encode_uops(uops: Iterable[Uop], cfg: HwConfig) -> np.ndarray:
 
 def decode_uops(words: np.ndarray, cfg: HwConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dst, src, wgt) index arrays of an array of micro-op words (vectorised)."""
-    spec = _layout(cfg).uop
+    spec = insn_layout(cfg).uop
     w = np.asarray(words, dtype=np.uint32).astype(np.int64)
     return tuple(
         (w >> spec[name][0]) & ((1 << spec[name][1]) - 1) for name in ("dst", "src", "wgt")

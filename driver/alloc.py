@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from celosia.errors import CelosiaError
-from celosia.isa import MemType
+from celosia.isa import MemType, elem_bytes
 
 if TYPE_CHECKING:
     from celosia.config import HwConfig
@@ -98,7 +98,7 @@ class DramBuffer:
     def elem_offset(self, mem_type: MemType) -> int:
         """The buffer's address in elements of ``mem_type`` (what ``dram_base`` counts)."""
         mem_type = MemType(mem_type)
-        eb = self._config.elem_bytes(mem_type)
+        eb = elem_bytes(self._config, mem_type)
         if self.addr % eb:
             raise AllocationError(
                 f"buffer at 0x{self.addr:x} is not aligned to the {eb}-byte {mem_type.name} "

@@ -31,7 +31,8 @@ import numpy as np
 from celosia.config import MEM_DRAM_BITS, MEM_PAD_BITS, MEM_SIZE_BITS, HwConfig
 from celosia.errors import CelosiaError
 from celosia.image import ProgramImage
-from celosia.isa import AluOp, Insn, MemInsn, MemType, Opcode, disassemble, encode_program
+from celosia.isa import (AluOp, Insn, MemInsn, MemType, Opcode, buffer_depth, disassemble,
+                         elem_bytes, encode_program)
 from celosia.sim.base import Executor, make_executor
 
 from .alloc import DramAllocator, DramBuffer
@@ -136,7 +137,7 @@ class Device:
                    x_size: int, y_size: int, x_stride: int) -> int:
         """The instruction's dram_base, after checking every row lies inside ``buf``."""
         elem_offset = _int(call, "elem_offset", elem_offset, 0, (1 << MEM_DRAM_BITS) - 1)
-        eb = self.config.elem_bytes(mem_type)
+        eb = elem_bytes(self.config, mem_type)
         if buf.addr % eb:
             raise CelosiaError(
                 f"{call}: {buf!r} is not aligned to the {eb}-byte {mem_type.name} element; "
@@ -154,7 +155,7 @@ class Device:
         return base
 
     def _check_sram(self, call: str, mem_type: MemType, sram_index, rows: int) -> int:
-        depth = self.config.depth(mem_type)
+        depth = buffer_depth(self.config, mem_type)
         buffer = {MemType.ACC_8BIT: "ACC"}.get(mem_type, mem_type.name)
         sram_index = _int(call, "sram_index", sram_index, 0, depth - 1)
         if sram_index + rows > depth:

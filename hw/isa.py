@@ -1,6 +1,6 @@
 """The ISA as Amaranth shapes: enum mirrors of celosia.isa and instruction field layouts.
 
-Values come from celosia.isa and bit positions from ``HwConfig.layout``, so the RTL cannot
+Values come from celosia.isa and bit positions from ``celosia.isa.insn_layout``, so the RTL cannot
 drift from the encoder: nothing here restates a number from ISA.md.
 """
 
@@ -84,7 +84,7 @@ class InsnLayouts:
     """View layouts of a 128-bit instruction as LOAD/STORE, GEMM or ALU, and of a micro-op."""
 
     def __init__(self, cfg: HwConfig):
-        lay = cfg.layout
+        lay = isa.insn_layout(cfg)
         common = {"opcode": Opcode}
         self.mem = _flexible(lay.mem, common | {"mem_type": MemType})
         self.gemm = _flexible(lay.gemm, common)

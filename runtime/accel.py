@@ -44,7 +44,6 @@ from pathlib import Path
 import numpy as np
 
 from ..config import HwConfig
-from ..errors import CelosiaError
 from .cpu import ArtifactError, _decode, _encode
 
 __all__ = ["AccelModel", "FORMAT", "VERSION", "is_accel_artifact", "compare_outputs"]
@@ -109,7 +108,7 @@ def _graph_to_json(graph) -> tuple[dict, dict]:
 
 
 def _graph_from_json(d: dict, read) -> "object":
-    from ..compiler.graph import Graph, Node, TensorType, constant
+    from ..compiler.graph.ir import Graph, Node, TensorType, constant
 
     def attrs(a):
         a = _decode(a)
@@ -148,9 +147,16 @@ class AccelModel:
     def build(cls, graph, config=None, *, accelerate: bool = True, tune_top: int = 4,
               progress=None, source: bytes | None = None) -> "AccelModel":
         """Partition, compile and place a quantized graph (see the module docstring)."""
-        from ..compiler.expr import CompilerError
-        from ..compiler.partition import (Placement, annotate, compile_layer, layer_for,
-                                          packed_shape, regions)
+        from celosia.errors import CompilerError
+
+        from ..compiler.accel.partition import (
+            Placement,
+            annotate,
+            compile_layer,
+            layer_for,
+            packed_shape,
+            regions,
+        )
         from ..driver import Device
 
         start = time.perf_counter()
@@ -230,8 +236,9 @@ class AccelModel:
         """Import an ONNX model (path, bytes or ModelProto), quantize it to int8 (with
         ``calibration``: an .npz path or {input: samples}; a QDQ model needs none) and build
         it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph)."""
-        from ..compiler.graph import import_onnx
-        from ..compiler.quantize import CalibrationError, quantize_model
+        from ..compiler.frontend.onnx import import_onnx
+        from ..compiler.graph.quantize import CalibrationError
+        from ..compiler.pipeline import quantize_model
         from .cpu import _model_bytes
 
         start = time.perf_counter()
@@ -281,7 +288,7 @@ class AccelModel:
 
     @classmethod
     def load(cls, path) -> "AccelModel":
-        from ..compiler.partition import Placement
+        from ..compiler.accel.partition import Placement
 
         try:
             with zipfile.ZipFile(path) as z:
@@ -327,8 +334,8 @@ class AccelModel:
 
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
-        from ..compiler.graph import InputShapeError
-        from ..compiler.partition import pack_value, unpack_value
+        from ..compiler.accel.partition import pack_value, unpack_value
+        from ..compiler.graph.ir import InputShapeError
 
         graph, cfg = self.graph, self.config
         for name in graph.inputs:
@@ -439,7 +446,7 @@ def _cpu_segments(graph, placements: dict, progress=None) -> list:
     """The CPU nodes as compiled segments: each maximal run of consecutive CPU nodes (in the
     graph's order) becomes a graph of its own, built with CpuModel.from_graph; its inputs
     are the values it reads from outside, its outputs those read after it."""
-    from ..compiler.graph import Graph
+    from ..compiler.graph.ir import Graph
     from .cpu import CpuModel
 
     runs, current = [], []
@@ -528,7 +535,7 @@ def _npy(a: np.ndarray) -> bytes:
 
 
 def _spec_str(spec) -> str:
-    from ..compiler.ops import ConvSpec
+    from ..compiler.accel.ops import ConvSpec
 
     if isinstance(spec, ConvSpec):
         return (f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.o} {spec.kh}x{spec.kw} "

@@ -107,7 +107,8 @@ class CpuModel:
     @classmethod
     def build(cls, model, input_shapes: dict | None = None, *, progress=None) -> "CpuModel":
         """Import (a path, bytes or onnx.ModelProto), optimize, lower and compile."""
-        from ..compiler.graph import import_onnx, optimize
+        from ..compiler.frontend.onnx import import_onnx
+        from ..compiler.graph.passes import optimize
 
         start = time.perf_counter()
         graph = optimize(import_onnx(model, input_shapes))
@@ -124,8 +125,8 @@ class CpuModel:
         (``quantize_model``/``quantize_graph``), whose integer operators become kernels that
         agree with graph_numpy bit for bit; operators without a kernel run as numpy steps.
         ``source``: the ONNX model's bytes, kept in the .cel (``--compare onnxruntime``)."""
-        from ..compiler.graph_cpu import compile_program, lower_graph
-        from ..compiler.graph_int import QUANTIZED_KERNELS
+        from ..compiler.cpu.lowering import compile_program, lower_graph
+        from ..compiler.graph.qops import QUANTIZED_KERNELS
 
         start = time.perf_counter()
         program = lower_graph(graph)
@@ -151,7 +152,7 @@ class CpuModel:
 
     def save(self, path) -> None:
         """Write a .cel file (see the module docstring)."""
-        from ..compiler.codegen_llvm import host_target
+        from ..compiler.cpu.host import host_target
 
         p = self.program
         constants = {name: f"constants/{n}.npy" for n, name in enumerate(p.constants)}
@@ -180,9 +181,11 @@ class CpuModel:
     @classmethod
     def load(cls, path) -> "CpuModel":
         """Load a .cel file: its kernels come from their object code, nothing compiles."""
-        from ..compiler.codegen_llvm import CpuKernel, host_target
-        from ..compiler.expr import CompilerError
-        from ..compiler.graph_cpu import CpuProgram
+        from celosia.errors import CompilerError
+
+        from ..compiler.cpu.codegen import CpuKernel
+        from ..compiler.cpu.host import host_target
+        from ..compiler.cpu.lowering import CpuProgram
 
         path = Path(path)
         if not path.exists():

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from ..compiler.graph import InputShapeError, Node, NodeError
-from ..compiler.graph_numpy import evaluate_node
+from ..compiler.graph.ir import InputShapeError, Node, NodeError
+from ..compiler.graph.reference import evaluate_node
 
 __all__ = ["GraphExecutor", "plan_memory", "summarize_profile"]
 

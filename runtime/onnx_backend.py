@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
-from ..compiler.graph import DynamicShapeError
+from ..compiler.graph.ir import DynamicShapeError
 from .reference import ReferenceModel
 
 __all__ = ["CelosiaBackend", "CelosiaRep"]

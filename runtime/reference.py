@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compiler.graph import Graph, import_onnx
-from ..compiler.graph_numpy import run_graph
-from ..compiler.graph_passes import optimize as optimize_graph
+from ..compiler.graph.ir import Graph
+from ..compiler.frontend.onnx import import_onnx
+from ..compiler.graph.reference import run_graph
+from ..compiler.graph.passes import optimize as optimize_graph
 
 __all__ = ["ReferenceModel"]
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
-from celosia.isa import AluInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode
+from celosia.isa import AluInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode, elem_bytes
 
 from .cycle_report import plot_timeline, timeline_stats, write_trace
 from .cycle_timing import NEVER, Timing
@@ -139,7 +139,7 @@ class _Static:
 
     def __init__(self, insns: Program, timing: Timing, cfg: HwConfig):
         n = len(insns)
-        elem_bytes = {mt: cfg.elem_bytes(mt) for mt in MemType}
+        bytes_of = {mt: elem_bytes(cfg, mt) for mt in MemType}
         mem_plans: dict = {}
         self.plans: list = [None] * n
         self.writes: dict = {}
@@ -159,7 +159,7 @@ class _Static:
                        insn.x_stride, insn.y_pad_0, insn.y_pad_1, insn.x_pad_0, insn.x_pad_1)
                 plan = mem_plans.get(key)
                 if plan is None:
-                    eb = elem_bytes[insn.mem_type]
+                    eb = bytes_of[insn.mem_type]
                     plan = (timing.store_plan(insn, eb) if insn.opcode == Opcode.STORE
                             else timing.load_plan(insn, eb))
                     if len(mem_plans) < _CACHED_PLANS:

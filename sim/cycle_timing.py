@@ -27,7 +27,8 @@ import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError
-from celosia.isa import INSN_BYTES, AluInsn, FinishInsn, GemmInsn, Insn, MemInsn, Opcode
+from celosia.isa import (INSN_BYTES, AluInsn, FinishInsn, GemmInsn, Insn, MemInsn, Opcode,
+                         elem_bytes)
 
 __all__ = ["Timing", "ReadPlan", "FetchBatch", "NEVER"]
 
@@ -323,7 +324,7 @@ class Timing:
     def plan(self, insn: Insn, cfg: HwConfig):
         """The plan of any instruction."""
         if isinstance(insn, MemInsn):
-            eb = cfg.elem_bytes(insn.mem_type)
+            eb = elem_bytes(cfg, insn.mem_type)
             if insn.opcode == Opcode.STORE:
                 return self.store_plan(insn, eb)[0]
             return self.load_plan(insn, eb)

@@ -21,7 +21,7 @@ from celosia.config import HwConfig
 from celosia.errors import ProgramError, SimulationLimitError
 from celosia.isa import (
     AluInsn, AluOp, FinishInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode, decode_uops,
-    module_of,
+    buffer_depth, elem_bytes, module_of,
 )
 
 __all__ = ["Datapath", "check_insn", "COUNTER_NAMES", "single_threaded_blas",
@@ -140,7 +140,7 @@ def _check_mem(insn: MemInsn, index: int, cfg: HwConfig, dram_size: int) -> None
                                       "x_pad_1)")
     if insn.x_size == 0:
         return  # a pure dependency no-op: touches no memory
-    depth = cfg.depth(insn.mem_type)
+    depth = buffer_depth(cfg, insn.mem_type)
     if insn.opcode == Opcode.LOAD:
         count = (insn.y_pad_0 + insn.y_size + insn.y_pad_1) * (insn.x_pad_0 + insn.x_size + insn.x_pad_1)
     else:
@@ -151,7 +151,7 @@ def _check_mem(insn: MemInsn, index: int, cfg: HwConfig, dram_size: int) -> None
             index, f"{name} {insn.mem_type.name} touches {buf} rows [{insn.sram_base}, "
                    f"{insn.sram_base + count}), past the end of the {buf} buffer ({depth} rows)")
     if insn.y_size:
-        eb = cfg.elem_bytes(insn.mem_type)
+        eb = elem_bytes(cfg, insn.mem_type)
         last = (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * eb
         if last > dram_size:
             raise ProgramError(
@@ -257,7 +257,7 @@ class Datapath:
             data = (self._dram_rows(insn, eb).view(np.int8).reshape(insn.y_size, insn.x_size, eb)
                     if insn.y_size else None)
         else:
-            eb = cfg.elem_bytes(insn.mem_type)
+            eb = elem_bytes(cfg, insn.mem_type)
             raw = self._raw[insn.mem_type]
             block = raw[insn.sram_base:insn.sram_base + rows * width].reshape(rows, width, eb)
             data = (self._dram_rows(insn, eb).reshape(insn.y_size, insn.x_size, eb)

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from celosia import PRESETS, ConfigError, HwConfig
-from celosia.isa import MemType
+from celosia.isa import MemType, buffer_depth, elem_bytes
 
 
 def test_defaults_match_isa_md():
@@ -20,8 +20,8 @@ def test_defaults_match_isa_md():
         (8192, 2048, 1024, 2048, 2048)
     assert (cfg.uop_elem_bytes, cfg.inp_elem_bytes, cfg.wgt_elem_bytes, cfg.acc_elem_bytes,
             cfg.out_elem_bytes) == (4, 16, 256, 64, 16)
-    assert [cfg.elem_bytes(t) for t in MemType] == [4, 256, 16, 64, 16, 16]
-    assert [cfg.depth(t) for t in MemType] == [8192, 1024, 2048, 2048, 2048, 2048]
+    assert [elem_bytes(cfg, t) for t in MemType] == [4, 256, 16, 64, 16, 16]
+    assert [buffer_depth(cfg, t) for t in MemType] == [8192, 1024, 2048, 2048, 2048, 2048]
     assert (cfg.bus_bytes, cfg.clock_mhz, cfg.token_queue_depth) == (8, 100.0, 8)
     assert (cfg.uop_dst_bits, cfg.uop_src_bits, cfg.uop_wgt_bits) == (11, 11, 10)
     assert cfg.macs_per_cycle == 256

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from celosia import HwConfig
 from celosia.isa import (
     AluInsn, AluOp, DecodeError, EncodeError, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop,
-    decode, decode_program, decode_uops, disassemble, encode, encode_program, encode_uops,
+    decode, decode_program, insn_layout, decode_uops, disassemble, encode, encode_program, encode_uops,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "sim"))
@@ -114,7 +114,7 @@ def test_round_trip(name):
 
 def test_default_field_positions_match_isa_md():
     """Bit positions of ISA.md section 2's tables (default configuration)."""
-    lay = HwConfig().layout
+    lay = insn_layout(HwConfig())
     assert lay.mem["mem_type"] == (7, 3) and lay.mem["sram_base"] == (10, 16)
     assert lay.mem["dram_base"] == (26, 32) and lay.mem["y_size"] == (64, 16)
     assert lay.mem["x_size"] == (80, 16) and lay.mem["x_stride"] == (96, 16)
@@ -145,7 +145,7 @@ def test_decode_rejects_undefined_opcode_and_memory_type():
 @pytest.mark.parametrize("name", ["default", "small"])
 def test_encode_rejects_out_of_range_fields(name):
     cfg = CONFIGS[name]
-    lay = cfg.layout
+    lay = insn_layout(cfg)
     base = {"mem": MemInsn(opcode=Opcode.LOAD, mem_type=MemType.INP), "gemm": GemmInsn(),
             "alu": AluInsn()}
     for kind, insn in base.items():

@@ -9,6 +9,7 @@ default preset.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from celosia.config import HwConfig
 from celosia.image import ProgramImage
 from celosia.isa import (
     AluInsn, AluOp, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop, encode_program,
-    encode_uops,
+    elem_bytes, encode_uops,
 )
 from celosia.sim.base import make_executor
 from hw_programs import gemm_program
@@ -92,7 +93,7 @@ def _image(cfg, insns, *, insn_addr=0x3000, dram_size=1 << 14, uops=()):
 
 def _probes(cfg):
     """Programs that each exercise one timing rule (docs/microarchitecture.md)."""
-    eb = cfg.elem_bytes
+    eb = functools.partial(elem_bytes, cfg)
     burst = min(4096, 256 * cfg.bus_bytes)
     # a row whose bytes cross a burst boundary: the DMA splits it in two bursts
     cross = {mt: (burst - 2 * eb(mt)) // eb(mt) for mt in MemType}
@@ -219,7 +220,7 @@ def test_driver_workloads(cfg, which, tmp_path):
 
 @pytest.mark.parametrize("vthreads", [1, 2])
 def test_compiled_conv2d(vthreads, tmp_path):
-    from celosia.compiler.ops import (ConvKnobs, ConvSpec, Epilogue, conv2d, pack_bias,
+    from celosia.compiler.accel.ops import (ConvKnobs, ConvSpec, Epilogue, conv2d, pack_bias,
                                       pack_nchw, pack_oihw)
 
     cfg = SMALL

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from celosia import HwConfig
-from celosia.compiler.graph import Graph, Node, TensorType, constant
-from celosia.compiler.ops import (ConvSpec, DenseSpec, Epilogue, conv2d_reference,
+from celosia.compiler.graph.ir import Graph, Node, TensorType, constant
+from celosia.compiler.accel.ops import (ConvSpec, DenseSpec, Epilogue, conv2d_reference,
                                   dense_reference)
-from celosia.compiler.partition import annotate, pack_value, packed_shape, regions, unpack_value
+from celosia.compiler.accel.partition import annotate, pack_value, packed_shape, regions, unpack_value
 from celosia.runtime.accel import AccelModel, compare_outputs, is_accel_artifact
 from celosia.runtime.cpu import ArtifactError
 
@@ -158,7 +158,7 @@ def test_artifact_round_trip(tmp_path):
 
 
 def test_bad_inputs_are_clear_errors():
-    from celosia.compiler.graph import InputShapeError
+    from celosia.compiler.graph.ir import InputShapeError
 
     model = AccelModel.build(_residual_net(), "default")
     with pytest.raises(InputShapeError, match="was not given"):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from celosia.cli import main
-from celosia.runtime import digits
+from celosia.models import digits
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ import pytest
 from onnx import helper
 
 from celosia.cli import main
-from celosia.runtime import models
+from celosia.models import zoo as models
 
 
 @pytest.fixture(autouse=True)

@@ -7,12 +7,13 @@ numpy steps."""
 import numpy as np
 import pytest
 
-from celosia.compiler import graph_cpu_kernels
-from celosia.compiler.graph import (Graph, Node, NodeError, TensorType, constant, import_onnx,
-                                    optimize)
-from celosia.compiler.graph_numpy import infer_node, run_graph
-from celosia.compiler.quantize import quantize_model
-from celosia.runtime import digits, models
+from celosia.compiler.cpu import kernels as graph_cpu_kernels
+from celosia.compiler.graph.ir import Graph, Node, NodeError, TensorType, constant
+from celosia.compiler.frontend.onnx import import_onnx
+from celosia.compiler.graph.passes import optimize
+from celosia.compiler.graph.reference import infer_node, run_graph
+from celosia.compiler.pipeline import quantize_model
+from celosia.models import digits, zoo as models
 from celosia.runtime.cpu import ArtifactError, CpuModel
 
 I32 = np.iinfo(np.int32)
@@ -288,7 +289,7 @@ def test_quantized_cel_round_trip_loads_without_compiling(digits_int8, tmp_path,
         raise AssertionError("loading a .cel must not compile")
     monkeypatch.setattr(graph_cpu_kernels, "compile_spec", no_compile)
     monkeypatch.setattr(graph_cpu_kernels, "build_function", no_compile)
-    monkeypatch.setattr("celosia.compiler.codegen_llvm._compile_object", no_compile)
+    monkeypatch.setattr("celosia.compiler.cpu.codegen._compile_object", no_compile)
     loaded = CpuModel.load(tmp_path / "q.cel")
     x = digits.load_split()["test"][0][:16]
     want = run_graph(graph, {"image": x})

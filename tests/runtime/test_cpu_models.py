@@ -6,10 +6,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from celosia.compiler import graph_cpu_kernels
-from celosia.compiler.graph import InputShapeError, ModelLoadError, UnsupportedOperatorError
+from celosia.compiler.cpu import kernels as graph_cpu_kernels
+from celosia.compiler.graph.ir import InputShapeError, ModelLoadError, UnsupportedOperatorError
 from celosia.errors import CelosiaError
-from celosia.runtime import models
+from celosia.models import zoo as models
 from celosia.runtime.cpu import ArtifactError, CpuModel
 from celosia.runtime.executor import plan_memory
 
@@ -127,7 +127,7 @@ def test_cel_round_trip_loads_without_compiling(tmp_path, monkeypatch):
         raise AssertionError("loading a .cel must not compile")
     monkeypatch.setattr(graph_cpu_kernels, "compile_spec", no_compile)
     monkeypatch.setattr(graph_cpu_kernels, "build_function", no_compile)
-    monkeypatch.setattr("celosia.compiler.codegen_llvm._compile_object", no_compile)
+    monkeypatch.setattr("celosia.compiler.cpu.codegen._compile_object", no_compile)
     loaded = CpuModel.load(tmp_path / "m.cel")
     got = loaded.run({"image": x})
     assert list(got) == list(want)

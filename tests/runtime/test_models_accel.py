@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from celosia import HwConfig
-from celosia.runtime import digits, models
+from celosia.models import digits, zoo as models
 from celosia.runtime.accel import AccelModel, compare_outputs
 
 
@@ -137,7 +137,7 @@ def test_unsupported_parts_run_on_the_cpu():
 
 
 def test_wrong_calibration_is_a_clear_error(tmp_path):
-    from celosia.compiler.graph import GraphError
+    from celosia.compiler.graph.ir import GraphError
 
     path = tmp_path / "calib.npz"
     np.savez(path, image=np.zeros((4, 3, 8, 8), np.float32))

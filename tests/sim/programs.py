@@ -30,7 +30,7 @@ from celosia.config import HwConfig
 from celosia.image import ProgramImage
 from celosia.isa import (
     AluInsn, AluOp, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop, encode_program,
-    encode_uops,
+    elem_bytes, encode_uops,
 )
 
 __all__ = ["ProgramBuilder", "RandomProgram", "random_program"]
@@ -125,7 +125,7 @@ class _Generator:
         self.src = {}
         for mt, n in ((MemType.INP, 3 * self.win["inp"] + 16), (MemType.WGT, 2 * self.win["wgt"] + 8),
                       (MemType.ACC, 2 * self.win["acc"] + 8), (MemType.ACC_8BIT, 2 * self.win["acc"] + 8)):
-            eb = cfg.elem_bytes(mt)
+            eb = elem_bytes(cfg, mt)
             if mt == MemType.ACC:
                 values = self.nprng.integers(-2**31, 2**31, n * eb // 4, dtype=np.int64)
                 tame = self.nprng.random(values.size) < 0.5  # small values too, for SHR/MUL/MIN

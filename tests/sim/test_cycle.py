@@ -11,7 +11,7 @@ from programs import ProgramBuilder, random_program
 from celosia import HwConfig
 from celosia.errors import CelosiaError, DeadlockError, ProgramError, SimulationLimitError
 from celosia.isa import (
-    AluInsn, AluOp, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop, module_of,
+    AluInsn, AluOp, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop, elem_bytes, module_of,
 )
 from celosia.sim.base import run_image
 from celosia.sim.cycle import CycleSimulator, Timing, plot_timeline
@@ -118,7 +118,7 @@ def test_racy_program_values_follow_fsim():
 
 def single_load_image(cfg, mt, x, y=1, stride=None, **pads):
     b = ProgramBuilder(cfg)
-    eb = cfg.elem_bytes(mt)
+    eb = elem_bytes(cfg, mt)
     base = b.data(np.arange(eb * (x + 4) * y, dtype=np.int64).astype(np.uint8), eb) // eb
     b.emit(load(mt, 0, base, x, y, stride, **pads))
     b.emit(FinishInsn())
@@ -135,7 +135,7 @@ def test_single_load_closed_form(mt, x):
     image = single_load_image(cfg, mt, x)
     sim, stats = both(image)
     t, tl = sim.timing, sim.timeline
-    L, eb = t.read_latency, cfg.elem_bytes(mt)
+    L, eb = t.read_latency, elem_bytes(cfg, mt)
     beats = -(-x * eb // cfg.bus_bytes)
     per_elem = x if eb < cfg.bus_bytes else beats
     assert tl.push[0] - tl.start[0] == per_elem + L + 7
@@ -189,7 +189,7 @@ def test_load_plans_row_by_row_and_vectorised_agree():
                            x_stride=rng.randrange(400), y_pad_0=rng.randrange(3),
                            y_pad_1=rng.randrange(3), x_pad_0=rng.randrange(3),
                            x_pad_1=rng.randrange(3))
-            eb = cfg.elem_bytes(mt)
+            eb = elem_bytes(cfg, mt)
             rows = t._load_plan_rows(insn, eb)
             saved, ct._PY_ROWS = ct._PY_ROWS, -1
             try:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from celosia import HwConfig
-from celosia.isa import AluInsn, AluOp, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop
+from celosia.isa import (AluInsn, AluOp, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop,
+    buffer_depth, elem_bytes)
 from celosia.sim.fsim import FunctionalSimulator
 from programs import ProgramBuilder, random_program
 from reference import RefRace, run_reference
@@ -298,8 +299,8 @@ def test_load_every_padding(mt):
     cfg = DEFAULT
     rng = np.random.default_rng(int(mt))
     cases = PADS + [tuple(int(v) for v in rng.integers(0, 16, 4)) for _ in range(20)]
-    eb = cfg.elem_bytes(mt)
-    depth = cfg.depth(mt)
+    eb = elem_bytes(cfg, mt)
+    depth = buffer_depth(cfg, mt)
     b = ProgramBuilder(cfg)
     src = b.data(rng.integers(0, 256, 40 * eb, dtype=np.uint8), eb) // eb
     if mt == MemType.UOP:  # micro-op words are data here; keep them any 32-bit value
@@ -322,7 +323,7 @@ def test_loads_overlapping_and_zero_strides(cfg):
     rng = np.random.default_rng(3)
     b = ProgramBuilder(cfg)
     for mt in (MemType.INP, MemType.WGT, MemType.ACC, MemType.ACC_8BIT, MemType.UOP):
-        eb = cfg.elem_bytes(mt)
+        eb = elem_bytes(cfg, mt)
         src = b.data(rng.integers(0, 256, 16 * eb, dtype=np.uint8), eb) // eb
         b.emit(_load(mt, 0, src, 3, 4, stride=1))  # rows overlap in DRAM
         b.emit(_load(mt, 12, src, 3, 4, stride=0))  # the same row three times
@@ -338,7 +339,7 @@ def test_zero_size_noops_and_pad_only_loads():
     b = ProgramBuilder(cfg)
     rng = np.random.default_rng(5)
     for mt in (MemType.INP, MemType.WGT, MemType.ACC, MemType.ACC_8BIT, MemType.UOP):
-        eb = cfg.elem_bytes(mt)
+        eb = elem_bytes(cfg, mt)
         src = b.data(rng.integers(1, 256, 8 * eb, dtype=np.uint8), eb) // eb
         b.emit(_load(mt, 0, src, 2, 4))
         b.emit(_load(mt, 0xFFFF, 0xFFFFFFFF, 0xFFFF, 0, stride=0xFFFF, pads=(15, 15, 15, 15)))

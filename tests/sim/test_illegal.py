@@ -7,7 +7,8 @@ import pytest
 
 from celosia import DeadlockError, HwConfig, ProgramError
 from celosia.image import ProgramImage
-from celosia.isa import AluInsn, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop
+from celosia.isa import (AluInsn, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop,
+                         buffer_depth, elem_bytes, insn_layout)
 from celosia.sim.base import run_image
 from programs import ProgramBuilder
 from reference import RefDeadlock, RefIllegal, run_reference
@@ -86,7 +87,7 @@ def test_undefined_memory_type(opcode, mem_type):
 
 @pytest.mark.parametrize("alu_op", [5, 6, 7])
 def test_undefined_alu_opcode(alu_op):
-    lay = SMALL.layout.alu["alu_op"]
+    lay = insn_layout(SMALL).alu["alu_op"]
     img = patch(program(AluInsn(uop_bgn=0, uop_end=0), FIN), 0, lay[0], lay[1], alu_op)
     expect_illegal(img, 0, f"ALU opcode {alu_op} is not defined")
 
@@ -122,7 +123,7 @@ def test_store_padding_is_illegal_even_for_a_noop():
                                 MemType.ACC_8BIT])
 @pytest.mark.parametrize("how", ["base", "rows", "pads"])
 def test_load_past_buffer_end(mt, how):
-    depth = SMALL.depth(mt)
+    depth = buffer_depth(SMALL, mt)
     buf = "ACC" if mt == MemType.ACC_8BIT else mt.name
     if how == "base":  # the last row fits; one more does not
         ok, bad = load(mt, sram=depth - 1), load(mt, sram=depth)
@@ -147,7 +148,7 @@ def test_store_past_out_end():
                                 MemType.ACC_8BIT, MemType.OUT])
 def test_dram_access_outside_dram(mt):
     size = 1 << 16
-    eb = SMALL.elem_bytes(mt)
+    eb = elem_bytes(SMALL, mt)
     make = store if mt == MemType.OUT else (lambda **kw: load(mt, **kw))
     last = size // eb  # elements in DRAM
     ok = make(dram=last - 10, y=3, x=2, stride=4)  # ends exactly at the end of DRAM

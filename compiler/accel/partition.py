@@ -1,0 +1,266 @@
+"""Partitioning a quantized graph between the accelerator and the CPU.
+
+``annotate`` decides, node by node, what the configured accelerator can run: a ``QConv``
+with groups = 1, no dilation, one stride and one padding for both axes, and a ``QGemm``,
+each with its fused bias, per-channel requantization, residual add and clip (the ALU
+epilogue of compiler/ops.py executes exactly the integer arithmetic that
+compiler/graph_int.py defines). Everything else stays on the CPU, with the reason.
+
+``regions`` merges accelerator nodes connected by values into regions: inside a region
+values stay in DRAM in the packed layout NCHW{BATCH}n{BLOCK}c (channels padded to BLOCK)
+and are never transposed; a value is packed once where it enters a region and unpacked
+once where the CPU reads it (layout conversions are placed only at region borders).
+
+``layer_for`` gives the accelerator operator (spec, packed constants) for a node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from celosia.config import HwConfig
+from celosia.errors import CompilerError
+
+from ..graph.ir import Graph, Node
+from .ops import (
+    ConvSpec,
+    DenseSpec,
+    Epilogue,
+    pack_bias,
+    pack_nchw,
+    pack_oihw,
+    pad_channels,
+    unpack_nchw,
+)
+
+__all__ = ["Placement", "annotate", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
+           "dense_knobs", "compile_layer",
+           "packed_shape", "pack_value", "unpack_value"]
+
+ACCEL_OPS = ("QConv", "QGemm")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a node runs (``"accel"`` or ``"cpu"``) and why."""
+
+    target: str
+    reason: str
+
+
+def _conv_problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
+    a = node.attrs
+    x = graph.types[node.inputs[0]]
+    if len(x.shape) != 4:
+        return f"{len(x.shape) - 2}-D convolution (the accelerator runs 2-D ones)"
+    if a.get("group", 1) != 1:
+        kind = "depthwise" if a["group"] == x.shape[1] else "grouped"
+        return f"{kind} convolution (groups={a['group']}): the GEMM core takes groups=1"
+    if any(d != 1 for d in a.get("dilations", (1, 1))):
+        return f"dilations {list(a['dilations'])}: the accelerator has no dilated convolution"
+    strides = list(a.get("strides", (1, 1)))
+    if strides[0] != strides[1]:
+        return f"strides {strides} differ per axis"
+    pads = list(a.get("pads", (0, 0, 0, 0)))
+    if len(set(pads)) != 1:
+        return f"asymmetric padding {pads}"
+    if x.shape[0] % cfg.batch:
+        return f"batch {x.shape[0]} is not a multiple of BATCH={cfg.batch}"
+    return None
+
+
+def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
+    if node.op not in ACCEL_OPS:
+        return f"{node.op} has no accelerator kernel"
+    for i in node.inputs[1:4]:
+        if not graph.is_constant(i):
+            return f"{node.op} with a weight, bias or multiplier computed at run time"
+    if node.op == "QConv":
+        return _conv_problem(node, graph, cfg)
+    n = graph.types[node.inputs[0]].shape[0]
+    if n % cfg.batch:
+        return f"batch {n} is not a multiple of BATCH={cfg.batch}"
+    return None
+
+
+def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[str, Placement]:
+    """A Placement per node name. With ``accelerate=False`` every node is on the CPU (the
+    all-CPU build of the same quantized graph)."""
+    out = {}
+    for node in graph.nodes:
+        problem = "all-CPU build" if not accelerate else _problem(node, graph, cfg)
+        if problem is None:
+            what = "conv2d" if node.op == "QConv" else "dense"
+            out[node.name] = Placement("accel", f"{what} with its fused epilogue")
+        else:
+            out[node.name] = Placement("cpu", problem)
+    return out
+
+
+def regions(graph: Graph, placements: dict[str, Placement]) -> dict[str, int]:
+    """Region number (0, 1, ...) of each accelerator node: nodes joined by a value that
+    one produces and the other reads (as data or residual) share a region."""
+    parent: dict[str, str] = {}
+
+    def find(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    accel = [n for n in graph.nodes if placements[n.name].target == "accel"]
+    for n in accel:
+        parent[n.name] = n.name
+    producer = {o: n for n in accel for o in n.outputs}
+    for n in accel:
+        for i in (n.inputs[0],) + tuple(n.inputs[4:]):
+            if i in producer:
+                parent[find(n.name)] = find(producer[i].name)
+    numbers: dict[str, int] = {}
+    out = {}
+    for n in accel:
+        root = find(n.name)
+        out[n.name] = numbers.setdefault(root, len(numbers))
+    return out
+
+
+# ---- layouts ---------------------------------------------------------------------------------
+
+
+def _ceil(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def packed_shape(shape: tuple[int, ...], cfg: HwConfig) -> tuple[int, ...]:
+    """The accelerator layout of an int8 NCHW (or [N, C]) value, channels padded."""
+    b, k = cfg.batch, cfg.block
+    if len(shape) == 4:
+        n, c, h, w = shape
+        return (n // b, _ceil(c, k) // k, h, w, b, k)
+    n, c = shape
+    return (n // b, _ceil(c, k) // k, b, k)
+
+
+def pack_value(x: np.ndarray, cfg: HwConfig) -> np.ndarray:
+    """NCHW (or [N, C]) int8 -> the packed layout, channels zero-padded to BLOCK."""
+    b, k = cfg.batch, cfg.block
+    x = pad_channels(x, 1, k)
+    if x.ndim == 4:
+        return pack_nchw(x, b, k)
+    n, c = x.shape
+    return np.ascontiguousarray(x.reshape(n // b, b, c // k, k).transpose(0, 2, 1, 3))
+
+
+def unpack_value(p: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The packed layout -> NCHW (or [N, C]) of ``shape`` (padding channels dropped)."""
+    if p.ndim == 6:
+        x = unpack_nchw(p)
+    else:
+        nb, cb, b, k = p.shape
+        x = p.transpose(0, 2, 1, 3).reshape(nb * b, cb * k)
+    return np.ascontiguousarray(x[:, :shape[1]])
+
+
+# ---- accelerator layers ----------------------------------------------------------------------
+
+
+@dataclass
+class AccelLayer:
+    """One accelerator node: its operator spec and its constant operands, packed."""
+
+    node: str
+    kind: str  # "conv2d" or "dense"
+    spec: ConvSpec | DenseSpec
+    weight: np.ndarray
+    bias: np.ndarray
+    scale: np.ndarray
+    residual: bool
+
+    @property
+    def macs(self) -> int:
+        return self.spec.macs
+
+
+def _epilogue(node: Node) -> Epilogue:
+    a = node.attrs
+    shift = int(a["shift"])
+    if not 0 <= shift <= 31:
+        raise CompilerError(f"node {node.name!r}: shift {shift} is outside [0, 31]")
+    return Epilogue(bias=True, scale=True, shift=shift, residual=len(node.inputs) > 4 and
+                    bool(node.inputs[4]), lo=int(a["lo"]), hi=int(a["hi"]))
+
+
+def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
+    """The accelerator operator of a QConv or QGemm node (see ``annotate``)."""
+    b, k = cfg.batch, cfg.block
+    x_t = graph.types[node.inputs[0]]
+    w, bias, mult = (np.asarray(graph.initializers[i]) for i in node.inputs[1:4])
+    epi = _epilogue(node)
+    o = w.shape[0]
+    op = _ceil(o, k)
+    bias_p = pack_bias(pad_channels(bias.astype(np.int32), 0, k), b, k)
+    scale_p = pack_bias(pad_channels(mult.astype(np.int32), 0, k), b, k)
+    if node.op == "QConv":
+        n, c, h, wd = x_t.shape
+        kh, kw = w.shape[2:]
+        spec = ConvSpec(n=n, c=_ceil(c, k), h=h, w=wd, o=op, kh=kh, kw=kw,
+                        stride=int(node.attrs.get("strides", (1, 1))[0]),
+                        pad=int(node.attrs.get("pads", (0, 0, 0, 0))[0]), epilogue=epi)
+        weight = pack_oihw(pad_channels(pad_channels(w, 0, k), 1, k), k)
+        kind = "conv2d"
+    else:
+        n, kdim = x_t.shape
+        spec = DenseSpec(n=n, k=_ceil(kdim, k), o=op, epilogue=epi)
+        wp = pad_channels(pad_channels(w, 0, k), 1, k)
+        weight = np.ascontiguousarray(wp.reshape(op // k, k, spec.k // k, k).transpose(0, 2, 1, 3))
+        kind = "dense"
+    return AccelLayer(node.name, kind, spec, weight.astype(np.int8), bias_p, scale_p,
+                      epi.residual)
+
+
+# ---- schedules -------------------------------------------------------------------------------
+
+
+def dense_knobs(cfg: HwConfig, spec: DenseSpec):
+    """Knobs for a dense layer: among the tiles whose buffers fit, the least DRAM traffic
+    (weights are reloaded once per batch tile, inputs once per output tile), then the
+    largest tiles; two virtual threads where the output tiles pair up."""
+    from .ops import DenseKnobs
+    from .tune import _divisors
+
+    b, k = cfg.batch, cfg.block
+    nb, kb, ob = spec.n // b, spec.k // k, spec.o // k
+    extra = 1 + spec.epilogue.bias + spec.epilogue.scale + spec.epilogue.residual
+    best = None
+    for tn in _divisors(nb):
+        for to in _divisors(ob):
+            for tk in _divisors(kb):
+                vt = 2 if (ob // to) % 2 == 0 else 1
+                rows = {"inp": vt * tn * tk, "wgt": vt * to * tk, "acc": vt * tn * to * extra}
+                if rows["inp"] > cfg.inp_depth or rows["wgt"] > cfg.wgt_depth or \
+                        rows["acc"] > cfg.acc_depth or tn * to * tk > cfg.uop_depth // 2:
+                    continue
+                traffic = (nb // tn) * ob * kb * k * k + (ob // to) * nb * kb * b * k
+                key = (traffic, -(tn * to * tk))
+                if best is None or key < best[0]:
+                    best = (key, DenseKnobs(tile_n=tn, tile_o=to, tile_k=tk, vthreads=vt))
+    if best is None:
+        raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
+    return best[1]
+
+
+def compile_layer(layer: AccelLayer, cfg: HwConfig, *, top: int = 4):
+    """(AcceleratorFunction, knobs) for a layer: conv2d knobs searched on the cycle model
+    (compiler/tune.py, cached on disk), dense knobs by ``dense_knobs``."""
+    from .ops import conv2d, dense
+    from .tune import tune_conv
+
+    if layer.kind == "conv2d":
+        # The batch is the outermost host loop of the schedule: knobs found for one batch
+        # tile serve any batch (and the search stays cheap and its cache shared).
+        knobs, _ = tune_conv(cfg, replace(layer.spec, n=cfg.batch), top=top)
+        return conv2d(cfg, layer.spec, knobs, name=layer.node), knobs
+    knobs = dense_knobs(cfg, layer.spec)
+    return dense(cfg, layer.spec, knobs, name=layer.node), knobs

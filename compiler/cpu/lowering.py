@@ -1,0 +1,586 @@
+"""Lowering an optimized graph to a CPU program: compiled LLVM kernels, layout changes and
+numpy fallbacks, in the graph's order. Float graphs and quantized ones (compiler/quantize.py)
+alike: the integer operators of graph_int.py have kernels that agree with it bit for bit.
+
+    program = lower_graph(optimize(import_onnx("model.onnx")))   # or a quantized graph
+    program.steps      # [{"kind": "kernel", "node": ..., "kernel": key, "args": [...]}, ...]
+    program.kernels    # {spec key: CpuKernel}
+
+Layouts. A 4-D activation that a convolution reads or writes lives channel-blocked,
+NCHW{c}c (``[N, C//c, H, W, c]``, c = ``channel_block(C)``): convolutions, pooling and
+element-wise nodes between them (residual adds, activations) stay blocked, so a chain of
+convolutions never transposes. A value is converted only where a node needs the other
+layout: a ``pack`` step (plain -> blocked) where a model input enters a convolution, an
+``unpack`` where a blocked value meets a node without a blocked kernel or is a graph output
+(a ``view`` when H = W = 1, where both layouts are the same memory).
+
+Steps (each JSON-able; values by name, a blocked value named ``NAME@nchw16c``):
+
+- ``kernel``: a compiled kernel (graph_cpu_kernels) on ``args`` (inputs..., output).
+- ``numpy``: ``graph_numpy.evaluate_node`` on plain inputs (any operator without a kernel).
+- ``view``: the output is the input's memory with another shape (Reshape, Flatten, ...).
+- ``concat``: channel concatenation of blocked values of one block.
+
+Layout conversions are kernel steps too (ops ``pack`` / ``unpack``, any dtype). int8
+activations follow the float32 rules: QConv reads and writes NCHW{c}c with the blocks a
+Conv would use, int8 max pooling and QGlobalAveragePool stay blocked, so a chain of
+quantized layers never transposes either.
+
+Weights are packed once here (``program.constants``); the hot operators (convolution,
+dense, pooling, element-wise float32; QConv, QGemm, int8 MaxPool and Relu,
+QGlobalAveragePool, Quantize, Dequantize) are compiled, anything else falls back to numpy.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..graph.ir import Graph, Node
+from ..graph.ops import OWN_INPUTS
+from .kernels import (
+    BINARY,
+    CONVERT,
+    ELTWISE_DTYPES,
+    UNARY,
+    average_pool_reciprocals,
+    compile_spec,
+    spec_key,
+)
+from .schedules import (
+    EXACT_TERMS,
+    channel_block,
+    pack_conv_weight,
+    pack_dense_weight,
+    pack_depthwise_weight,
+)
+
+__all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
+
+F32, I8 = "float32", "int8"
+_VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
+_ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Neg", "Abs",
+                  "Exp", "Clip")
+_ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
+                   "Quantize": ("scale",), "Dequantize": ("scale",)}
+_POOL_DTYPES = {"MaxPool": (F32, I8), "AveragePool": (F32,), "GlobalAveragePool": (F32,),
+                "QGlobalAveragePool": (I8,)}
+
+
+def _requantizes(attrs) -> bool:
+    """Whether a QConv/QGemm's epilogue attributes are valid (else the numpy step reports
+    them at run time, as graph_numpy would)."""
+    return 0 <= int(attrs["shift"]) <= 31 and -128 <= int(attrs["lo"]) <= int(attrs["hi"]) <= 127
+
+
+def _output_block(channels: int, width: int) -> int:
+    """A convolution's output channel block: 16 (one AVX-512 register of floats), or 32
+    for a narrow output (width < 14), whose register tile of ``width`` columns would
+    otherwise hold too few independent accumulators to hide the FMA latency."""
+    if width < 14 and channels % 32 == 0:
+        return 32
+    return channel_block(channels)
+
+
+def blocked_name(value: str, block: int) -> str:
+    return f"{value}@nchw{block}c"
+
+
+@dataclass
+class CpuProgram:
+    """A graph lowered for the CPU: steps over named values (see the module docstring).
+
+    ``values`` maps each run-time value to ``{"dtype", "shape"}`` (its physical shape);
+    ``constants`` holds packed weights and the initializers numpy steps read; ``specs``
+    maps a kernel key to its spec, ``kernels`` a key to the compiled kernel."""
+
+    name: str
+    inputs: list
+    outputs: list
+    values: dict
+    constants: dict
+    steps: list
+    specs: dict
+    kernels: dict = field(default_factory=dict)
+
+    def kernel_steps(self) -> int:
+        return sum(s["kind"] == "kernel" for s in self.steps)
+
+
+class _Lowering:
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.values: dict = {}
+        self.constants: dict = {}
+        self.steps: list = []
+        self.specs: dict = {}
+        self.versions: dict = {}  # graph value -> {block: program value}; 0 = plain
+
+    # ---- values and layouts ---------------------------------------------------------------
+
+    def type(self, v):
+        return self.g.types[v]
+
+    def is_const(self, v) -> bool:
+        return v in self.g.initializers
+
+    def const(self, v) -> np.ndarray:
+        return self.g.initializers[v]
+
+    def add_const(self, name: str, array) -> str:
+        if name not in self.constants:
+            self.constants[name] = np.ascontiguousarray(array)
+        return name
+
+    def define(self, name: str, dtype: str, shape) -> str:
+        self.values[name] = {"dtype": dtype, "shape": [int(d) for d in shape]}
+        return name
+
+    def produce(self, v: str, block: int) -> str:
+        """The program value a node writes for graph value ``v`` in layout ``block``."""
+        t = self.type(v)
+        if block:
+            n, c, h, w = t.shape
+            name = self.define(blocked_name(v, block), t.dtype, (n, c // block, h, w, block))
+        else:
+            name = self.define(v, t.dtype, t.shape)
+        self.versions.setdefault(v, {})[block] = name
+        return name
+
+    def current_block(self, v: str) -> int | None:
+        """The block of the layout ``v`` was produced in (0: plain), None for constants."""
+        if self.is_const(v):
+            return None
+        return next(iter(self.versions[v]))
+
+    def step(self, kind, node: Node | None, inputs, outputs, **extra) -> None:
+        self.steps.append({"kind": kind, "node": node.name if node else outputs[0],
+                           "op": node.op if node else kind, "inputs": list(inputs),
+                           "outputs": list(outputs), **extra})
+
+    def plain(self, v: str) -> str:
+        if self.is_const(v):
+            return self.add_const(v, self.const(v))
+        have = self.versions[v]
+        if 0 in have:
+            return have[0]
+        block, src = next(iter(have.items()))
+        out = self.produce(v, 0)
+        n, c, h, w = self.type(v).shape
+        if h * w == 1:
+            self.step("view", None, [src], [out])
+        else:
+            self.kernel(None, {"op": "unpack", "shape": self.values[src]["shape"],
+                               "dtype": self.type(v).dtype}, [src, out], out)
+        return out
+
+    def blocked(self, v: str, block: int) -> str:
+        """``v`` (a 4-D value) in NCHW{block}c, converted if needed."""
+        if self.is_const(v):
+            from .schedules import pack_nchwc
+            return self.add_const(blocked_name(v, block), pack_nchwc(
+                np.asarray(self.const(v), self.type(v).dtype), block))
+        have = self.versions[v]
+        if block in have:
+            return have[block]
+        src = self.plain(v)
+        out = self.produce(v, block)
+        n, c, h, w = self.type(v).shape
+        if h * w == 1 or block == 1:
+            self.step("view", None, [src], [out])
+        else:
+            self.kernel(None, {"op": "pack", "shape": [n, c, h, w], "block": block,
+                               "dtype": self.type(v).dtype}, [src, out], out)
+        return out
+
+    # ---- kernels ------------------------------------------------------------------------
+
+    def kernel(self, node: Node | None, spec: dict, args: list, out: str) -> None:
+        key = spec_key(spec)
+        self.specs[key] = spec
+        if node is None:  # a layout change: named after the value it makes
+            self.steps.append({"kind": "kernel", "node": out, "op": spec["op"],
+                               "inputs": list(args), "outputs": [out], "kernel": key})
+            return
+        self.step("kernel", node, args, [out], kernel=key)
+
+    def operand(self, v: str, out_type, layout: str, block: int = 0, dtype: str = F32):
+        """(kind, program value or None) of an element-wise operand of ``dtype`` for an
+        output of type ``out_type``, or None when its broadcast has no kernel form."""
+        t = self.type(v)
+        if t.dtype != dtype:
+            return None
+        if self.is_const(v):
+            a = np.asarray(self.const(v))
+            if a.size == 1:
+                return ["scalar", float(a.reshape(-1)[0])], None
+            rank = len(out_type.shape)
+            shape = (1,) * (rank - a.ndim) + a.shape
+            if a.ndim > rank:
+                return None
+            channel_axis = rank - 1 if layout == "dense" else 1
+            if rank >= 2 and all(d == 1 for i, d in enumerate(shape) if i != channel_axis) \
+                    and shape[channel_axis] == out_type.shape[channel_axis]:
+                vec = a.reshape(-1).astype(dtype)
+                name = f"{v}@channel{block or ''}"
+                if layout == "blocked":
+                    vec = vec.reshape(-1, block)
+                return "channel", self.add_const(name, vec)
+            if tuple(shape) != tuple(out_type.shape):
+                return None
+            full = a.reshape(out_type.shape)
+            if layout == "blocked":
+                return "full", self.blocked(v, block)
+            return "full", self.add_const(v, np.asarray(full, dtype))
+        if t.shape != out_type.shape:
+            return None
+        return "full", self.blocked(v, block) if layout == "blocked" else self.plain(v)
+
+    def epilogue(self, node: Node, out_type, layout: str, block: int = 0):
+        """(spec steps, operand values) of a fused node's epilogue, or None."""
+        steps, args = [], []
+        for op, *rest in node.attrs.get("epilogue", ()):
+            if op in BINARY:
+                got = self.operand(node.inputs[rest[0]], out_type, layout, block)
+                if got is None:
+                    return None
+                kind, value = got
+                steps.append([op, kind])
+                if value is not None:
+                    args.append(value)
+            elif op in UNARY:
+                steps.append([op, *[None if a is None else float(a) for a in rest]])
+            else:
+                return None
+        return steps, args
+
+    # ---- operators ----------------------------------------------------------------------
+
+    def conv_layout(self, node: Node, weight: np.ndarray, exact_terms: int | None = None):
+        """(depthwise, input block, output block, packed weight name, spec) of a Conv or
+        QConv node with the OIHW ``weight`` (the spec holds its geometry); int8 windows
+        (``exact_terms`` = EXACT_TERMS) sum at most that many products per input block in
+        float32 (cpu_schedules), which bounds the block: None when not even one channel
+        fits."""
+        x, w, a = node.inputs[0], node.inputs[1], node.attrs
+        out_t = self.type(node.outputs[0])
+        c, m, g = self.type(x).shape[1], out_t.shape[1], a["group"]
+        depthwise = g > 1 and g == c == m
+        have = self.current_block(x)
+        taps = weight.shape[2] * weight.shape[3]
+        limit = None if exact_terms is None else exact_terms // taps
+        if limit == 0:
+            return None
+
+        def fits(block):
+            return bool(block) and (limit is None or block <= limit)
+        if depthwise:  # one channel per window: any block fits
+            cb = ob = have if have and c % have == 0 else channel_block(c)
+            packed = pack_depthwise_weight(weight, cb)
+        else:
+            cb = have if fits(have) and (c // g) % have == 0 \
+                else channel_block(c // g, min(16, limit or 16))
+            if have == 0 and g == 1 and c <= 4 and fits(c):
+                cb = c  # a thin input (an image): all its channels in one block
+            ob = _output_block(m // g, out_t.shape[3])
+            packed = pack_conv_weight(weight, cb, ob)
+        wname = self.add_const(f"{w}@{'dw' if depthwise else 'oihw'}{cb}i{ob}o", packed)
+        pads = a["pads"]
+        spec = {"weight": list(packed.shape), "strides": list(a["strides"]),
+                "pads": [pads[0], pads[1], pads[2], pads[3]], "dilations": list(a["dilations"])}
+        if not depthwise:
+            spec["groups"] = g
+        return depthwise, cb, ob, wname, spec
+
+    def channel_const(self, v: str, block: int, dtype: str) -> str:
+        """A per-channel constant as ``[C//block, block]``."""
+        return self.add_const(f"{v}@channel{block}",
+                              np.asarray(self.const(v), dtype).reshape(-1, block))
+
+    def conv(self, node: Node) -> bool:
+        x, w, b = (list(node.inputs) + ["", ""])[:3]
+        tx = self.type(x)
+        if len(tx.shape) != 4 or tx.dtype != F32 or not self.is_const(w) \
+                or (b and not self.is_const(b)):
+            return False
+        out_t = self.type(node.outputs[0])
+        depthwise, cb, ob, wname, geometry = self.conv_layout(
+            node, np.asarray(self.const(w), np.float32))
+        epi = self.epilogue(node, out_t, "blocked", ob)
+        if epi is None:
+            return False
+        data = self.blocked(x, cb)
+        args = [data, wname] + ([self.channel_const(b, ob, F32)] if b else []) + epi[1]
+        spec = {"op": "dwconv" if depthwise else "conv", "data": self.values[data]["shape"],
+                **geometry, "bias": bool(b), "epilogue": epi[0]}
+        out = self.produce(node.outputs[0], ob)
+        self.kernel(node, spec, args + [out], out)
+        return True
+
+    def requant_const(self, node: Node) -> str:
+        """A QConv/QGemm's [shift, lo, hi], an operand of its kernel."""
+        a = node.attrs
+        return self.add_const(f"{node.name}@requant",
+                              np.array([a["shift"], a["lo"], a["hi"]], np.int32))
+
+    def qconv(self, node: Node) -> bool:
+        x, w, bias, multiplier = node.inputs[:4]
+        residual = node.inputs[4] if len(node.inputs) > 4 else ""
+        if len(self.type(x).shape) != 4 or self.type(x).dtype != I8 \
+                or not all(self.is_const(v) for v in (w, bias, multiplier)) \
+                or not _requantizes(node.attrs):
+            return False
+        layout = self.conv_layout(node, np.asarray(self.const(w), np.int8), EXACT_TERMS)
+        if layout is None:
+            return False
+        depthwise, cb, ob, wname, geometry = layout
+        data = self.blocked(x, cb)
+        args = [data, wname, self.channel_const(bias, ob, "int32"),
+                self.channel_const(multiplier, ob, "int32"), self.requant_const(node)]
+        if residual:
+            args.append(self.blocked(residual, ob))
+        spec = {"op": "qdwconv" if depthwise else "qconv", "data": self.values[data]["shape"],
+                **geometry, "residual": bool(residual)}
+        out = self.produce(node.outputs[0], ob)
+        self.kernel(node, spec, args + [out], out)
+        return True
+
+    def dense(self, node: Node) -> bool:
+        a_in, b_in = node.inputs[0], node.inputs[1]
+        c_in = node.inputs[2] if node.op == "Gemm" and len(node.inputs) > 2 else ""
+        ta, at = self.type(a_in), node.attrs
+        if ta.dtype != F32 or not self.is_const(b_in) or self.type(b_in).dtype != F32 \
+                or len(self.type(b_in).shape) != 2:
+            return False
+        out_t = self.type(node.outputs[0])
+        if node.op == "Gemm":
+            if at.get("transA", 0) or at.get("alpha", 1.0) != 1.0 \
+                    or (c_in and at.get("beta", 1.0) != 1.0):
+                return False
+            wt = np.asarray(self.const(b_in), np.float32)
+            wt = wt if at.get("transB", 0) else wt.T
+        else:
+            if len(ta.shape) < 2:
+                return False
+            wt = np.asarray(self.const(b_in), np.float32).T
+        n, k = wt.shape
+        m = math.prod(ta.shape[:-1])
+        from ..graph.ir import TensorType
+        flat_t = TensorType(F32, (m, n))
+        if tuple(out_t.shape) != (m, n) and node.attrs.get("epilogue"):
+            return False  # operands of a batched MatMul's epilogue: keep it simple
+        nb = channel_block(n)
+        steps, args = [], []
+        bias = False
+        if c_in:
+            got = self.operand(c_in, flat_t, "dense")
+            if got is None:
+                return False
+            kind, value = got
+            if kind == "channel":
+                bias, args = True, [value]
+            else:
+                steps.append(["Add", kind])
+                args += [value] if value is not None else []
+        epi = self.epilogue(node, flat_t, "dense")
+        if epi is None:
+            return False
+        steps += epi[0]
+        args += epi[1]
+        data = self.plain(a_in)
+        if ta.shape != (m, k):
+            data = self.view_of(data, (m, k), f"{a_in}@2d")
+        packed = self.add_const(f"{b_in}@dense{nb}", pack_dense_weight(wt, nb))
+        spec = {"op": "dense", "data": [m, k], "weight": [n // nb, k, nb], "bias": bias,
+                "epilogue": steps}
+        if tuple(out_t.shape) == (m, n):
+            out = self.produce(node.outputs[0], 0)
+            self.kernel(node, spec, [data, packed] + args + [out], out)
+        else:
+            flat = self.define(f"{node.outputs[0]}@2d", F32, (m, n))
+            self.kernel(node, spec, [data, packed] + args + [flat], flat)
+            self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
+        return True
+
+    def qgemm(self, node: Node) -> bool:
+        x, w, bias, multiplier = node.inputs[:4]
+        residual = node.inputs[4] if len(node.inputs) > 4 else ""
+        tx = self.type(x)
+        if len(tx.shape) != 2 or tx.dtype != I8 \
+                or not all(self.is_const(v) for v in (w, bias, multiplier)) \
+                or not _requantizes(node.attrs):
+            return False
+        (m, k), n = tx.shape, self.type(w).shape[0]
+        nb = channel_block(n)
+        args = [self.plain(x),
+                self.add_const(f"{w}@dense{nb}",
+                               pack_dense_weight(np.asarray(self.const(w), np.int8), nb)),
+                self.add_const(bias, np.asarray(self.const(bias), np.int32)),
+                self.add_const(multiplier, np.asarray(self.const(multiplier), np.int32)),
+                self.requant_const(node)]
+        if residual:
+            args.append(self.plain(residual))
+        spec = {"op": "qdense", "data": [m, k], "weight": [n // nb, k, nb],
+                "residual": bool(residual)}
+        out = self.produce(node.outputs[0], 0)
+        self.kernel(node, spec, args + [out], out)
+        return True
+
+    def view_of(self, src: str, shape, name: str) -> str:
+        out = self.define(name, self.values[src]["dtype"], shape)
+        self.step("view", None, [src], [out])
+        return out
+
+    def pool(self, node: Node) -> bool:
+        x = node.inputs[0]
+        tx, a = self.type(x), node.attrs
+        if len(tx.shape) != 4 or tx.dtype not in _POOL_DTYPES[node.op] \
+                or len([o for o in node.outputs if o]) != 1 or not node.outputs[0] \
+                or (node.op == "QGlobalAveragePool" and not 1 <= int(a["shift"]) <= 31):
+            return False
+        block = self.current_block(x) or channel_block(tx.shape[1])
+        data = self.blocked(x, block)
+        out_t = self.type(node.outputs[0])
+        out = self.produce(node.outputs[0], block)
+        if node.op == "GlobalAveragePool":
+            self.kernel(node, {"op": "gap", "data": self.values[data]["shape"]}, [data, out], out)
+            return True
+        if node.op == "QGlobalAveragePool":
+            self.kernel(node, {"op": "qgap", "data": self.values[data]["shape"],
+                               "multiplier": int(a["multiplier"]), "shift": int(a["shift"])},
+                        [data, out], out)
+            return True
+        spec = {"op": "maxpool" if node.op == "MaxPool" else "avgpool", "dtype": tx.dtype,
+                "data": self.values[data]["shape"], "out": self.values[out]["shape"],
+                "kernel": list(a["kernel_shape"]), "strides": list(a["strides"]),
+                "pads": list(a["pads"]), "dilations": list(a["dilations"])}
+        args = [data]
+        if node.op == "AveragePool":
+            recip = average_pool_reciprocals(tx.shape[2:], out_t.shape[2:], a["kernel_shape"],
+                                             a["strides"], a["dilations"], a["pads"],
+                                             bool(a["count_include_pad"]))
+            args.append(self.add_const(f"{node.name}@recip", recip))
+        self.kernel(node, spec, args + [out], out)
+        return True
+
+    def eltwise(self, node: Node) -> bool:
+        out_t = self.type(node.outputs[0])
+        if len(node.outputs) != 1 or not out_t.shape:
+            return False
+        if node.op == "Clip":
+            operands, params = node.inputs[:1], []
+            for v in (list(node.inputs[1:]) + ["", ""])[:2]:
+                if v and not self.is_const(v):
+                    return False
+                params.append(float(np.asarray(self.const(v)).reshape(-1)[0]) if v else None)
+        elif node.op in _ELTWISE_UNARY or node.op in CONVERT:
+            operands = node.inputs[:1]
+            params = [float(node.attrs[k]) for k in _ELTWISE_PARAMS.get(node.op, ())
+                      if k in node.attrs]
+        else:
+            operands, params = node.inputs, []
+        if not any(not self.is_const(v) for v in operands):
+            return False
+        dtype = self.type(operands[0]).dtype
+        if dtype not in ELTWISE_DTYPES.get(node.op, (F32,)) \
+                or (node.op not in CONVERT and out_t.dtype != dtype):
+            return False
+        # Blocked when a 4-D operand of the output's shape is blocked already.
+        block = 0
+        if len(out_t.shape) == 4:
+            for v in operands:
+                if not self.is_const(v) and self.type(v).shape == out_t.shape:
+                    block = block or self.current_block(v)
+        layout = "blocked" if block else "plain"
+        kinds, args = [], []
+        for v in operands:
+            got = self.operand(v, out_t, layout, block, dtype)
+            if got is None or (got[0] == "channel" and layout == "plain"
+                               and len(out_t.shape) != 4):
+                return False
+            kinds.append(got[0])
+            if got[1] is not None:
+                args.append(got[1])
+        out = self.produce(node.outputs[0], block)
+        spec = {"op": "eltwise", "fn": node.op, "params": params, "layout": layout,
+                "shape": self.values[out]["shape"], "operands": kinds, "dtype": dtype}
+        self.kernel(node, spec, args + [out], out)
+        return True
+
+    def view(self, node: Node) -> bool:
+        if len([o for o in node.outputs if o]) != 1 or not node.outputs[0] \
+                or self.is_const(node.inputs[0]):
+            return False
+        src = self.plain(node.inputs[0])
+        self.step("view", node, [src], [self.produce(node.outputs[0], 0)])
+        return True
+
+    def concat(self, node: Node) -> bool:
+        out_t = self.type(node.outputs[0])
+        if len(out_t.shape) != 4 or node.attrs["axis"] != 1 \
+                or any(self.is_const(v) for v in node.inputs):
+            return False
+        common = set.intersection(*(set(self.versions[v]) for v in node.inputs)) - {0}
+        if not common:
+            return False
+        block = max(common)
+        args = [self.blocked(v, block) for v in node.inputs]
+        self.step("concat", node, args, [self.produce(node.outputs[0], block)])
+        return True
+
+    def fallback(self, node: Node) -> None:
+        inputs = [self.plain(v) if v else "" for v in node.inputs]
+        outputs = [self.produce(o, 0) if o else "" for o in node.outputs]
+        self.step("numpy", node, inputs, outputs, attrs=node.attrs)
+
+    def run(self) -> CpuProgram:
+        g = self.g
+        for v in g.inputs:
+            self.produce(v, 0)
+        handlers = {"Conv": self.conv, "Gemm": self.dense, "MatMul": self.dense,
+                    "MaxPool": self.pool, "AveragePool": self.pool,
+                    "GlobalAveragePool": self.pool, "Concat": self.concat,
+                    "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool}
+        for op in _VIEW_OPS:
+            handlers[op] = self.view
+        for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
+            handlers[op] = self.eltwise
+        for node in g.nodes:
+            if node.op == "Dropout" and len([o for o in node.outputs if o]) > 1:
+                handler = None
+            elif node.attrs.get("epilogue") and node.op not in OWN_INPUTS:
+                handler = None
+            else:
+                handler = handlers.get(node.op)
+            if handler is None or not handler(node):
+                self.fallback(node)
+        outputs = [self.plain(o) for o in g.outputs]
+        return CpuProgram(g.name, list(g.inputs), outputs, self.values, self.constants,
+                          self.steps, self.specs)
+
+
+def lower_graph(graph: Graph) -> CpuProgram:
+    """The CPU program of an optimized graph (kernels not compiled yet)."""
+    return _Lowering(graph).run()
+
+
+def compile_program(program: CpuProgram, *, progress=None) -> dict:
+    """Compile every kernel of ``program`` (each spec once) into ``program.kernels``;
+    returns {"kernels": count, "cached": from cache, "seconds": total}."""
+    start, cached = time.perf_counter(), 0
+    for n, (key, spec) in enumerate(program.specs.items()):
+        if key in program.kernels:
+            continue
+        t0 = time.perf_counter()
+        kernel = compile_spec(spec)
+        program.kernels[key] = kernel
+        cached += kernel.from_cache
+        if progress:
+            progress(f"[{n + 1}/{len(program.specs)}] {spec['op']} "
+                     f"{'cached' if kernel.from_cache else 'compiled'} in "
+                     f"{time.perf_counter() - t0:.2f} s")
+    return {"kernels": len(program.specs), "cached": cached,
+            "seconds": time.perf_counter() - start}

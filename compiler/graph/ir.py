@@ -1,0 +1,256 @@
+"""The graph IR: a model as a list of operator nodes over named tensors of static shape.
+
+Import (``import_onnx``, in onnx_import.py) gives a :class:`Graph`; passes (graph_passes.py,
+``optimize``) rewrite it Graph -> Graph; ``celosia.compiler.graph.ops.run_graph`` executes it
+on numpy arrays and is the definition of each operator's meaning.
+
+- Operators keep their ONNX names and attributes (plain Python values: int, float, str,
+  lists of them, numpy arrays for tensor attributes). The importer makes the attributes
+  explicit where a backend would otherwise have to repeat ONNX's rules: Conv and pooling get
+  ``kernel_shape``, ``strides``, ``dilations`` and explicit ``pads`` (no ``auto_pad``), axes
+  are non-negative, opset-11 Softmax is rewritten to the opset-13 form.
+- Every value has a static :class:`TensorType` (numpy dtype name + shape); initializers
+  are read-only numpy arrays. A missing optional input is the empty name "".
+- A fused node carries ``epilogue``: a tuple of steps applied in order to its (single)
+  output, each ``(op, *args)``: ("Relu",), ("Clip", lo, hi), ("LeakyRelu", alpha),
+  ("HardSigmoid", alpha, beta), ("HardSwish",), ("Sigmoid",), and ("Add", i) / ("Mul", i)
+  with the node's input number i (a bias or a residual, broadcast to the output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from celosia.errors import CompilerError
+
+__all__ = ["TensorType", "Node", "Graph", "print_graph", "print_node", "verify_graph", "GraphError",
+           "ModelLoadError", "UnsupportedOpsetError", "UnsupportedOperatorError",
+           "DynamicShapeError", "InputShapeError", "NodeError", "EPILOGUE_UNARY",
+           "EPILOGUE_BINARY"]
+
+# Epilogue steps: element-wise ops a Conv/Gemm/MatMul may apply to its output in place.
+EPILOGUE_UNARY = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid")
+EPILOGUE_BINARY = ("Add", "Mul")
+
+
+# ---- errors a user can cause ---------------------------------------------------------------
+
+
+class GraphError(CompilerError):
+    """A model the graph compiler cannot take: says what, where and what to do."""
+
+
+class ModelLoadError(GraphError):
+    """The file is missing, truncated or not an ONNX model."""
+
+
+class UnsupportedOpsetError(GraphError):
+    """The model's default-domain opset is outside what the importer handles."""
+
+
+class UnsupportedOperatorError(GraphError):
+    """Every node the importer has no implementation for, listed in one message."""
+
+    def __init__(self, nodes: list[tuple[str, str, str]]):
+        self.nodes = nodes  # (node name, op type, detail)
+        listed = "; ".join(f"{name!r} ({op}{', ' + detail if detail else ''})"
+                           for name, op, detail in nodes)
+        super().__init__(f"{len(nodes)} unsupported node{'s' if len(nodes) > 1 else ''}: "
+                         f"{listed}. Supported operators: see celosia.compiler.frontend.onnx."
+                         f"SUPPORTED_OPS; re-export the model without them or file an issue")
+
+
+class DynamicShapeError(GraphError):
+    """A shape the importer cannot make static: names the input or node."""
+
+
+class InputShapeError(GraphError):
+    """An input given at run time does not match the graph's input type."""
+
+
+class NodeError(GraphError):
+    """A node whose attributes or input shapes are invalid."""
+
+    def __init__(self, node: "Node", message: str):
+        self.node = node
+        super().__init__(f"node {node.name!r} ({node.op}): {message}")
+
+
+# ---- the IR --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """A numpy dtype name and a static shape."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(str(d) for d in self.shape)}]"
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operator: ``op`` (ONNX op type), input and output value names, attributes."""
+
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict = field(default_factory=dict, hash=False, compare=False)
+    name: str = ""
+
+    def attr(self, key: str, default=None):
+        return self.attrs.get(key, default)
+
+    def with_attrs(self, **changes) -> "Node":
+        return replace(self, attrs={**self.attrs, **changes})
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Nodes in a topological order, typed values, and constant tensors (initializers).
+
+    ``types`` holds a type for every value: inputs, initializers and node outputs.
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    nodes: tuple[Node, ...]
+    initializers: dict = field(hash=False, compare=False)
+    types: dict = field(hash=False, compare=False)
+
+    def __str__(self) -> str:
+        return print_graph(self)
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        users: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    users.setdefault(i, []).append(n)
+        return users
+
+    def is_constant(self, value: str) -> bool:
+        return value in self.initializers
+
+    def with_nodes(self, nodes, initializers=None, types=None) -> "Graph":
+        """A graph with other nodes (and initializers/types); values no one uses are kept
+        until ``remove_dead_code``."""
+        return replace(self, nodes=tuple(nodes),
+                       initializers=self.initializers if initializers is None else initializers,
+                       types=self.types if types is None else types)
+
+
+def constant(array) -> np.ndarray:
+    """A read-only copy of an array, as initializers are stored."""
+    a = np.array(array, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+# ---- printer ---------------------------------------------------------------------------------
+
+
+def _attr_str(value) -> str:
+    if isinstance(value, np.ndarray):
+        return _array_str(value)
+    if isinstance(value, float):
+        return str(np.float32(value))  # shortest text that reads back as the same float32
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_attr_str(v) for v in value) + "]"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+def _array_str(a: np.ndarray) -> str:
+    t = f"{a.dtype}[{','.join(map(str, a.shape))}]"
+    if a.size <= 8:
+        text = np.array2string(a.reshape(-1), separator=",", precision=6,
+                               max_line_width=1 << 20)
+        return f"{t} {text.replace(' ', '')}"
+    return t
+
+
+def _epilogue_str(steps, inputs) -> str:
+    parts = []
+    for op, *args in steps:
+        if op in EPILOGUE_BINARY:
+            parts.append(f"{op}(%{inputs[args[0]]})")
+        elif args:
+            parts.append(f"{op}({','.join(_attr_str(a) for a in args)})")
+        else:
+            parts.append(op)
+    return "[" + ", ".join(parts) + "]"
+
+
+def print_node(node: Node, types: dict) -> str:
+    outs = ", ".join(f"%{o}" if o else "_" for o in node.outputs)
+    args = ", ".join(f"%{i}" if i else "_" for i in node.inputs)
+    attrs = ", ".join(
+        f"{k}={_epilogue_str(v, node.inputs) if k == 'epilogue' else _attr_str(v)}"
+        for k, v in node.attrs.items())
+    result = ", ".join(str(types[o]) if o in types else "?" for o in node.outputs if o)
+    return f"{outs} = {node.op}({args})" + (f" {{{attrs}}}" if attrs else "") + f" : {result}"
+
+
+def print_graph(graph: Graph) -> str:
+    """One line per value or node; used in tests and error reports."""
+    params = ", ".join(f"%{i}: {graph.types[i]}" for i in graph.inputs)
+    lines = [f"graph {graph.name}({params}) {{"]
+    for name, a in graph.initializers.items():
+        lines.append(f"  %{name} = const {_array_str(a)}")
+    lines += ["  " + print_node(n, graph.types) for n in graph.nodes]
+    lines.append("  return " + ", ".join(f"%{o}" for o in graph.outputs))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+# ---- verifier --------------------------------------------------------------------------------
+
+
+def verify_graph(graph: Graph) -> None:
+    """Check single assignment, definition before use, types for every value, and that
+    initializers agree with their types. Raises GraphError naming the first problem."""
+
+    defined = set(graph.inputs)
+    for name, a in graph.initializers.items():
+        if name in defined:
+            raise GraphError(f"value {name!r} is both an input and an initializer")
+        t = graph.types.get(name)
+        if t is None or t.shape != a.shape or t.dtype != str(a.dtype):
+            raise GraphError(f"initializer {name!r} is {a.dtype}{list(a.shape)} but typed {t}")
+        defined.add(name)
+    for i in graph.inputs:
+        if i not in graph.types:
+            raise GraphError(f"input {i!r} has no type")
+    for node in graph.nodes:
+        for i in node.inputs:
+            if i and i not in defined:
+                raise GraphError(f"node {node.name!r} ({node.op}) reads {i!r} before it is "
+                                 "defined")
+        for o in node.outputs:
+            if not o:
+                continue
+            if o in defined:
+                raise GraphError(f"node {node.name!r} ({node.op}) redefines {o!r}")
+            if o not in graph.types:
+                raise GraphError(f"node {node.name!r} ({node.op}) output {o!r} has no type")
+            defined.add(o)
+        for step in node.attrs.get("epilogue", ()):
+            if step[0] in EPILOGUE_BINARY and not 0 <= step[1] < len(node.inputs):
+                raise GraphError(f"node {node.name!r} epilogue {step} names no input")
+    for o in graph.outputs:
+        if o not in defined:
+            raise GraphError(f"graph output {o!r} is never defined")

@@ -1,0 +1,284 @@
+"""Graph passes, each Graph -> Graph, and the pipeline ``optimize`` that runs them in order.
+
+Every pass keeps the graph's meaning (run_graph gives the same outputs, up to float
+rounding where weights are rescaled) and its inputs and outputs; tests/compiler/
+test_graph_passes.py checks each one numerically and structurally.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ir import EPILOGUE_BINARY, Graph, Node, TensorType, constant, verify_graph
+from .ops import OWN_INPUTS
+from .reference import evaluate_node, stand_in
+
+__all__ = ["fold_constants", "eliminate_identities", "fold_batch_norm", "fuse_epilogues",
+           "remove_dead_code", "optimize", "PIPELINE"]
+
+# A folded constant larger than this (elements) stays a node: folding would only grow the
+# model (a broadcast of a scalar to a feature map).
+FOLD_LIMIT = 1 << 22
+_STATIC_SHAPE_OPS = ("Shape", "Size")
+
+
+def _fresh(name: str, taken) -> str:
+    k, new = 0, name
+    while new in taken:
+        k += 1
+        new = f"{name}_{k}"
+    return new
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """Evaluate every node whose inputs are all constants (and Shape/Size, whose inputs'
+    shapes are static): their outputs become initializers."""
+    inits = dict(graph.initializers)
+    nodes = []
+    for node in graph.nodes:
+        foldable = node.op in _STATIC_SHAPE_OPS or all(not i or i in inits for i in node.inputs)
+        if foldable and all(graph.types[o].size <= FOLD_LIMIT for o in node.outputs if o):
+            args = [None if not i else inits.get(i) for i in node.inputs]
+            if node.op in _STATIC_SHAPE_OPS:  # only the input's static shape matters
+                args = [stand_in(graph.types[node.inputs[0]])]
+            for o, v in zip(node.outputs, evaluate_node(node, args)):
+                if o:
+                    inits[o] = constant(v)
+            continue
+        nodes.append(node)
+    return graph.with_nodes(nodes, initializers=inits)
+
+
+def eliminate_identities(graph: Graph) -> Graph:
+    """Identity (and a Dropout without its mask) is a copy: readers use its input instead.
+    One whose output is a graph output stays (the name must survive)."""
+    rename: dict[str, str] = {}
+    nodes = []
+    for node in graph.nodes:
+        node = _renamed(node, rename)
+        copy = node.op == "Identity" or (node.op == "Dropout" and len(node.outputs) == 1)
+        if copy and node.outputs[0] not in graph.outputs:
+            rename[node.outputs[0]] = node.inputs[0]
+            continue
+        nodes.append(node)
+    return graph.with_nodes(nodes)
+
+
+def _renamed(node: Node, rename: dict) -> Node:
+    if not any(i in rename for i in node.inputs):
+        return node
+    return Node(node.op, tuple(rename.get(i, i) for i in node.inputs), node.outputs,
+                node.attrs, node.name)
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    """Inference BatchNormalization with constant parameters: folded into the weights and
+    bias of the Conv or Gemm before it when that node feeds only the BN; otherwise a
+    per-channel scale and shift (Mul, Add) that fusion can absorb."""
+    inits, types = dict(graph.initializers), dict(graph.types)
+    users, producers = graph.consumers(), graph.producers()
+    removed: set[str] = set()
+    replaced: dict[str, Node] = {}  # producer node name -> folded node
+    extra: dict[str, list[Node]] = {}  # BN name -> nodes that replace it
+    for bn in graph.nodes:
+        if bn.op != "BatchNormalization" or bn.attrs.get("training_mode") or \
+                not all(i in inits for i in bn.inputs[1:5]):
+            continue
+        x = bn.inputs[0]
+        dtype = np.dtype(types[x].dtype)
+        scale, bias, mean, var = (inits[i].astype(np.float64) for i in bn.inputs[1:5])
+        k = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+        shift = bias - mean * k
+        prod = producers.get(x)
+        if prod is not None and len(users.get(x, ())) == 1 and x not in graph.outputs and \
+                not prod.attrs.get("epilogue") and _foldable_into(prod, inits):
+            replaced[prod.name] = _fold_into(prod, bn, k, shift, inits, types, dtype)
+            removed.add(bn.name)
+            continue
+        rank = len(types[x].shape)
+        shape = (-1,) + (1,) * (rank - 2)
+        names = [_fresh(f"{bn.name}/{s}", types) for s in ("scale", "shift", "scaled")]
+        for name, v in zip(names, (k, shift)):
+            inits[name] = constant(v.reshape(shape).astype(dtype))
+            types[name] = TensorType(str(dtype), inits[name].shape)
+        types[names[2]] = types[x]
+        extra[bn.name] = [Node("Mul", (x, names[0]), (names[2],), {}, bn.name + "/scale"),
+                          Node("Add", (names[2], names[1]), bn.outputs[:1], {},
+                               bn.name + "/shift")]
+    nodes = []
+    for node in graph.nodes:
+        if node.name in removed:
+            continue
+        nodes += extra.get(node.name, [replaced.get(node.name, node)])
+    return graph.with_nodes(nodes, initializers=inits, types=types)
+
+
+def _foldable_into(node: Node, inits) -> bool:
+    if node.op == "Conv":
+        return node.inputs[1] in inits and (len(node.inputs) < 3 or not node.inputs[2]
+                                            or node.inputs[2] in inits)
+    if node.op == "Gemm":
+        return not node.attrs["transA"] and node.inputs[1] in inits and (
+            len(node.inputs) < 3 or not node.inputs[2] or node.inputs[2] in inits)
+    return False
+
+
+def _fold_into(node, bn, k, shift, inits, types, dtype) -> Node:
+    """The Conv/Gemm ``node`` with the BN's per-output-channel scale k and shift folded in."""
+    w = inits[node.inputs[1]].astype(np.float64)
+    b = inits[node.inputs[2]].astype(np.float64) if len(node.inputs) > 2 and node.inputs[2] \
+        else np.zeros(())
+    attrs = dict(node.attrs)
+    if node.op == "Conv":
+        w = w * k.reshape(-1, *[1] * (w.ndim - 1))
+        b = b * k + shift
+    else:  # Gemm: output columns are the channels; Y = alpha*A@B + beta*C
+        w = w * (k[:, None] if attrs["transB"] else k[None, :]) * attrs["alpha"]
+        b = b * attrs["beta"] * k + shift
+        attrs.update(alpha=1.0, beta=1.0)
+    names = [_fresh(f"{node.inputs[1]}/bn", types), _fresh(f"{bn.name}/bias", types)]
+    for name, v in zip(names, (w, b)):
+        inits[name] = constant(v.astype(dtype))
+        types[name] = TensorType(str(dtype), inits[name].shape)
+    return Node(node.op, (node.inputs[0], *names), bn.outputs[:1], attrs, node.name)
+
+
+def _unary_step(node: Node, inits):
+    """The epilogue step of an element-wise node on one operand, or None."""
+    if node.op in ("Relu", "HardSwish", "Sigmoid"):
+        return (node.op,)
+    if node.op == "LeakyRelu":
+        return ("LeakyRelu", float(node.attrs.get("alpha", 0.01)))
+    if node.op == "HardSigmoid":
+        return ("HardSigmoid", float(node.attrs.get("alpha", 0.2)),
+                float(node.attrs.get("beta", 0.5)))
+    if node.op == "Clip":
+        bounds = []
+        for i in node.inputs[1:3]:
+            if i and (i not in inits or inits[i].size != 1):
+                return None
+            bounds.append(inits[i].item() if i else None)
+        bounds += [None] * (2 - len(bounds))
+        return ("Clip", *bounds)
+    return None
+
+
+def fuse_epilogues(graph: Graph) -> Graph:
+    """A Conv/Gemm/MatMul followed by a chain of element-wise ops on its output alone (bias
+    or residual Add, Mul by a broadcast operand, Relu, Clip, LeakyRelu, HardSigmoid,
+    HardSwish, Sigmoid) becomes one node with an ``epilogue``; a constant per-channel Add
+    right after a bias-less Conv or C-less Gemm becomes its bias."""
+    users = graph.consumers()
+    inits, types = dict(graph.initializers), dict(graph.types)
+    absorbed: set[str] = set()
+    placed: dict[str, Node] = {}  # name of the chain's last node -> the fused node
+    for node in graph.nodes:
+        if node.op not in OWN_INPUTS or node.name in absorbed or node.attrs.get("epilogue"):
+            continue
+        inputs = list(node.inputs) + [""] * (OWN_INPUTS[node.op] - len(node.inputs))
+        attrs, steps, out, last = dict(node.attrs), [], node.outputs[0], None
+        while out not in graph.outputs and len(users.get(out, ())) == 1:
+            nxt = users[out][0]
+            if nxt.name in absorbed:  # already the epilogue of the other operand's producer
+                break
+            step = _unary_step(nxt, inits) if nxt.inputs[0] == out else None
+            if nxt.op in EPILOGUE_BINARY and len(nxt.inputs) == 2 and out in nxt.inputs:
+                other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
+                t, ot = types[out], types[other]
+                if other == out or ot.dtype != t.dtype or \
+                        np.broadcast_shapes(t.shape, ot.shape) != t.shape:
+                    break
+                bias = _as_bias(node, other, inits, t, steps, inputs)
+                if nxt.op == "Add" and bias is not None:
+                    name = _fresh(f"{other}/bias", types)
+                    inits[name] = constant(bias)
+                    types[name] = TensorType(t.dtype, bias.shape)
+                    inputs[2] = name
+                    if node.op == "Gemm":
+                        attrs["beta"] = 1.0
+                else:
+                    inputs.append(other)
+                    steps.append((nxt.op, len(inputs) - 1))
+            elif step is not None:
+                steps.append(step)
+            else:
+                break
+            absorbed.add(nxt.name)
+            out, last = nxt.outputs[0], nxt
+        if last is None:
+            continue
+        if steps:
+            attrs["epilogue"] = tuple(steps)
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        placed[last.name] = Node(node.op, tuple(inputs), (out,), attrs, node.name)
+        absorbed.add(node.name)
+    nodes = [placed.get(n.name, n) for n in graph.nodes
+             if n.name not in absorbed or n.name in placed]
+    return graph.with_nodes(nodes, initializers=inits, types=types)
+
+
+def _as_bias(node, other, inits, out_type, steps, inputs):
+    """A constant added straight after a node that has no bias, reshaped as its bias."""
+    if steps or other not in inits or (len(inputs) > 2 and inputs[2]):
+        return None
+    c = inits[other]
+    if node.op == "Conv":
+        channels = out_type.shape[1]
+        want = [1] * len(out_type.shape)
+        want[1] = channels
+        lead = len(out_type.shape) - c.ndim
+        padded = (1,) * lead + c.shape
+        if all(d == 1 or (i == 1 and d == channels) for i, d in enumerate(padded)) \
+                and lead <= 1:
+            return np.broadcast_to(c.reshape(-1), (channels,)).copy()
+        return None
+    if node.op == "Gemm":
+        return c.copy()
+    return None
+
+
+def remove_dead_code(graph: Graph) -> Graph:
+    """Drop nodes no output depends on, unused initializers and types, and outputs of a
+    node nobody reads beyond its first (MaxPool's indices)."""
+    live = set(graph.outputs)
+    kept = []
+    for node in reversed(graph.nodes):
+        if not any(o in live for o in node.outputs if o):
+            continue
+        outs = tuple(o if k == 0 or o in live else "" for k, o in enumerate(node.outputs))
+        while len(outs) > 1 and not outs[-1]:
+            outs = outs[:-1]
+        if outs != node.outputs:
+            node = Node(node.op, node.inputs, outs, node.attrs, node.name)
+        kept.append(node)
+        live.update(i for i in node.inputs if i)
+    kept.reverse()
+    live.update(graph.inputs)
+    inits = {k: v for k, v in graph.initializers.items() if k in live}
+    types = {k: v for k, v in graph.types.items() if k in live}
+    return graph.with_nodes(kept, initializers=inits, types=types)
+
+
+# The pipeline, in order. Each entry: (name, pass); optimize verifies the graph after each.
+PIPELINE = (
+    # Shape arithmetic (Shape -> Gather -> Unsqueeze -> Concat -> Reshape) and weight
+    # preprocessing on constants become initializers; BN folding needs constant weights.
+    ("fold_constants", fold_constants),
+    # Copies would hide a Conv -> BN or Conv -> Relu pair from the passes below.
+    ("eliminate_identities", eliminate_identities),
+    # Before fusion: the Relu after a BN must see the Conv as its producer.
+    ("fold_batch_norm", fold_batch_norm),
+    # Bias, residual and activation into the producing Conv/Gemm/MatMul.
+    ("fuse_epilogues", fuse_epilogues),
+    # Last: the weights BN folding replaced, the shape tensors folding consumed.
+    ("remove_dead_code", remove_dead_code),
+)
+
+
+def optimize(graph: Graph, passes=PIPELINE) -> Graph:
+    """Run the passes in order, verifying the graph after each."""
+    for _, p in passes:
+        graph = p(graph)
+        verify_graph(graph)
+    return graph

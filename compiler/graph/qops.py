@@ -1,0 +1,161 @@
+"""numpy kernels of the quantized operators: the integer meaning of a quantized graph.
+
+compiler/quantize.py rewrites a float graph into one whose Conv/Gemm layers are ``QConv``
+and ``QGemm`` on int8 values. These operators are celosia's own (not ONNX operators: they
+are deliberately absent from ``graph_numpy.KERNELS`` and so from
+``onnx_import.SUPPORTED_OPS``); ``graph_numpy.evaluate_node`` and ``infer_node`` dispatch to
+the tables here, so ``run_graph`` executes a quantized graph like any other. The
+accelerator executes QConv/QGemm with the same integer arithmetic, bit for bit, so these
+kernels are the oracle of the accelerator build as well as its CPU fallback.
+
+Integer arithmetic is int32 with two's-complement wrap-around (computed in int64 and wrapped
+by ``wrap``); right shifts are arithmetic (floor).
+
+- ``Quantize(x float32) -> int8``, attr ``scale``: ``clip(rint(x / float32(scale)), -128,
+  127)`` computed in float32 (rint rounds half to even).
+- ``Dequantize(x int8 or int32) -> float32``, attr ``scale``: ``float32(x) * float32(scale)``.
+- ``QConv(x int8 NCHW, w int8 OIHW, bias int32[O], multiplier int32[O] [, residual int8])``,
+  attrs ``kernel_shape, strides, pads, dilations, group`` (as Conv), ``shift`` (0..31),
+  ``lo, hi`` (int8 bounds) and ``scale`` (the output's scale, informational)::
+
+      acc = wrap(conv(x, w))                 exact integer convolution, zero padding
+      t = wrap(acc + bias[o]); t = wrap(t * multiplier[o]); t = t >> shift
+      t = wrap(t + residual)                 when the residual input is given
+      y = int8(clip(t, lo, hi))
+
+- ``QGemm(x int8[N,K], w int8[O,K], bias, multiplier [, residual int8[N,O]])``: the same
+  epilogue on ``acc = x @ w.T``.
+- ``QGlobalAveragePool(x int8 NCHW) -> int8[N,C,1,1]``, attrs ``multiplier``, ``shift``,
+  ``scale`` (the input's scale, which the output keeps)::
+
+      y = clip(((sum over H,W of x) * multiplier + 2**(shift-1)) >> shift, -128, 127)
+
+  with ``multiplier / 2**shift ~ 1/(H*W)``: the added half makes the floor shift round to
+  nearest (half up). quantize.py picks the shift so that no step can overflow int32.
+
+Integer convolutions and products run as float64 BLAS calls on the int8 values: every
+product and partial sum is an integer below 2**53 in magnitude (|x*w| <= 2**14, and a
+sum of fewer than 2**39 of them), so float64 computes them exactly in any order; the
+result is converted to int64 and wrapped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ir import Node, NodeError, TensorType
+from .ops import conv, conv_types
+
+__all__ = ["QUANTIZED_KERNELS", "QUANTIZED_SHAPE_RULES", "wrap"]
+
+
+def wrap(x: np.ndarray) -> np.ndarray:
+    """int64 values wrapped to int32's range (two's complement), still as int64."""
+    return (np.asarray(x, dtype=np.int64) + 2**31) % 2**32 - 2**31
+
+
+def _requantize(acc: np.ndarray, bias: np.ndarray, multiplier: np.ndarray, shift: int,
+               lo: int, hi: int, residual: np.ndarray | None = None) -> np.ndarray:
+    """The QConv/QGemm epilogue on int64 accumulators whose axis 1 is the output channel."""
+    shape = (1, -1) + (1,) * (acc.ndim - 2)
+    t = wrap(acc + bias.astype(np.int64).reshape(shape))
+    t = wrap(t * multiplier.astype(np.int64).reshape(shape))
+    t = t >> shift
+    if residual is not None:
+        t = wrap(t + residual.astype(np.int64))
+    return np.clip(t, lo, hi).astype(np.int8)
+
+
+def _epilogue_args(attrs):
+    shift, lo, hi = int(attrs["shift"]), int(attrs["lo"]), int(attrs["hi"])
+    if not 0 <= shift <= 31 or not -128 <= lo <= hi <= 127:
+        raise ValueError(f"shift {shift} must be in [0, 31] and lo {lo} <= hi {hi} within "
+                         "[-128, 127]")
+    return shift, lo, hi
+
+
+def _int8(*arrays):
+    for a in arrays:
+        if a is not None and a.dtype != np.int8:
+            raise ValueError(f"expects int8 operands, got {a.dtype}")
+
+
+def qconv(attrs, x, w, bias, multiplier, residual=None):
+    _int8(x, w, residual)
+    shift, lo, hi = _epilogue_args(attrs)
+    acc = conv(attrs, x.astype(np.float64), w.astype(np.float64))
+    return _requantize(wrap(acc.astype(np.int64)), bias, multiplier, shift, lo, hi, residual)
+
+
+def qgemm(attrs, x, w, bias, multiplier, residual=None):
+    _int8(x, w, residual)
+    shift, lo, hi = _epilogue_args(attrs)
+    acc = x.astype(np.float64) @ w.astype(np.float64).T
+    return _requantize(wrap(acc.astype(np.int64)), bias, multiplier, shift, lo, hi, residual)
+
+
+def qglobal_average_pool(attrs, x):
+    _int8(x)
+    shift, multiplier = int(attrs["shift"]), int(attrs["multiplier"])
+    if not 1 <= shift <= 31:
+        raise ValueError(f"shift {shift} must be in [1, 31]")
+    total = x.astype(np.int64).sum(axis=tuple(range(2, x.ndim)), keepdims=True)
+    t = wrap(wrap(total * multiplier) + (1 << (shift - 1))) >> shift
+    return np.clip(t, -128, 127).astype(np.int8)
+
+
+def quantize(attrs, x):
+    q = np.rint(x.astype(np.float32) / np.float32(attrs["scale"]))
+    return np.clip(q, -128, 127).astype(np.int8)
+
+
+def dequantize(attrs, x):
+    return x.astype(np.float32) * np.float32(attrs["scale"])
+
+
+QUANTIZED_KERNELS = {
+    "Quantize": quantize,
+    "Dequantize": dequantize,
+    "QConv": qconv,
+    "QGemm": qgemm,
+    "QGlobalAveragePool": qglobal_average_pool,
+}
+
+
+# ---- shape rules (infer_node): the kernels above are too costly to run on stand-ins ------
+
+
+def _check_epilogue_operands(node: Node, types, channels: int, out_shape):
+    for k, what in ((2, "bias"), (3, "multiplier")):
+        t = types[k] if k < len(types) else None
+        if t is None or t.dtype != "int32" or t.shape != (channels,):
+            raise NodeError(node, f"{what} must be int32[{channels}], got {t}")
+    if len(types) > 4 and types[4] is not None and types[4] != TensorType("int8", out_shape):
+        raise NodeError(node, f"residual must be int8[{','.join(map(str, out_shape))}], got "
+                              f"{types[4]}")
+
+
+def _qconv_types(node: Node, types):
+    x, w, a = types[0], types[1], node.attrs
+    if x.dtype != "int8" or w.dtype != "int8" or len(x.shape) != 4 or len(w.shape) != 4:
+        raise NodeError(node, f"input {x} and weight {w} must be 4-D int8")
+    if w.shape[0] % a["group"]:
+        raise NodeError(node, f"input has {x.shape[1]} channels but weight {w} with "
+                              f"group={a['group']} expects {w.shape[1] * a['group']}")
+    (t,) = conv_types(node, types)  # channels, window and output shape as for Conv
+    shape = t.shape
+    _check_epilogue_operands(node, types, w.shape[0], shape)
+    return [TensorType("int8", shape)]
+
+
+def _qgemm_types(node: Node, types):
+    x, w = types[0], types[1]
+    if x.dtype != "int8" or w.dtype != "int8" or len(x.shape) != 2 or len(w.shape) != 2 \
+            or x.shape[1] != w.shape[1]:
+        raise NodeError(node, f"input {x} and weight {w} must be int8 [N,K] and [O,K]")
+    shape = (x.shape[0], w.shape[0])
+    _check_epilogue_operands(node, types, w.shape[0], shape)
+    return [TensorType("int8", shape)]
+
+
+QUANTIZED_SHAPE_RULES = {"QConv": _qconv_types, "QGemm": _qgemm_types}

@@ -1,0 +1,767 @@
+"""Post-training int8 quantization: a float graph becomes a *quantized graph* of integer
+operators (graph_int.py) that numpy and the accelerator execute bit for bit alike.
+
+Two ways in:
+
+- ``quantize_graph(graph, calibration)``: a float graph, optimized (``optimize``: BatchNorm
+  folded, Relu/Clip and bias/residual Adds fused into Conv/Gemm epilogues), and sample
+  inputs. The float graph runs on the samples; every value's max |x| gives its scale.
+- ``from_qdq(graph)``: a QDQ model (QuantizeLinear/DequantizeLinear around float operators,
+  as onnxruntime's ``quantize_static`` writes them): the scales are in the model.
+
+``quantize_model`` does either, from an ONNX model or a graph.
+
+Scales are symmetric, zero points are 0: a value v of scale s is stored as int8
+``q = clip(rint(v / s), -128, 127)``, ``s = max|v| / 127`` over the calibration samples.
+
+A Conv (2-D), Gemm (no transA) or MatMul ([N,K] by a constant [K,O]) with a constant
+weight becomes QConv/QGemm when its epilogue has only constant per-channel Adds (a bias),
+at most one residual Add, then Relu/Clip steps (together one clamp [lo, hi]):
+
+- weights: per output channel (``per_channel``; else one scale) ``s_w[o] = max|w[o]|/127``,
+  ``w_q = rint(w / s_w)``; Gemm's alpha is folded into w, its beta into the bias.
+- the accumulator ``acc`` has scale ``s_in * s_w[o]``; ``bias_q = rint(b / (s_in*s_w[o]))``.
+- requantization to the output scale: ``r[o] = s_in * s_w[o] / s_out ~ multiplier[o] /
+  2**shift`` with one shift per node, the largest in 0..31 such that every multiplier fits
+  int32 and ``|multiplier[o]| * A[o] < 2**31``, where A[o] bounds |acc + bias|: twice the
+  calibration maximum (a safety margin), never less than |bias| nor than ``128 / r[o]``
+  (the accumulator that fills the output range: a channel that was ~0 on the samples
+  stays safe), and never more than the worst case ``128 * sum|w_q[o]| + |bias|``
+  (from_qdq, without samples, uses the worst case). Then ``(acc + bias) * multiplier``
+  cannot wrap on data like the calibration's.
+- rounding: the shift floors. Adding ``2**(shift-1)`` before it would round to nearest;
+  ``rint(2**(shift-1) / multiplier[o])`` is added to the bias instead (the accelerator's
+  epilogue has no rounding step), so ``(acc + bias) * multiplier >> shift`` rounds to
+  nearest up to ``|multiplier|/2**(shift+1) = r/2`` of an output step.
+- a residual is added after the shift, in the output's scale: the residual value and the
+  node's output share one scale (values are merged with union-find; the shared scale is
+  the largest calibrated range of them / 127). A quantized node producing such a value
+  simply requantizes to the shared scale; a float one gets a Quantize to it.
+- Relu gives ``lo = 0``; Clip(a, b) gives ``lo, hi = clip(rint(a/s_out)), clip(rint(b/s_out))``
+  within [-128, 127]; no activation gives [-128, 127].
+
+MaxPool, Flatten, Reshape, Relu and Identity on an int8 value stay int8 in the same scale
+(so does a Concat of int8 values that already share one scale); GlobalAveragePool becomes
+QGlobalAveragePool. Every other node stays float: a Dequantize is inserted before it for an
+int8 input, and a Quantize after a float value only where a quantized node reads it. Graph
+inputs and outputs keep their names and float types (a final Dequantize writes an output).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ir import Graph, GraphError, Node, TensorType, constant, verify_graph
+from .ops import KERNELS, OWN_INPUTS
+from .passes import remove_dead_code
+from .reference import apply_epilogue, evaluate_node
+
+__all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
+           "CalibrationError", "MARGIN"]
+
+# A[o], the bound on |acc + bias| the shift is chosen for, is MARGIN times the calibration
+# maximum: inputs somewhat beyond the samples still do not wrap.
+MARGIN = 2.0
+# Ops that keep their int8 input's scale (they only move or select values, or clamp at 0).
+_SAME_SCALE = ("MaxPool", "Flatten", "Reshape", "Relu", "Identity")
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def is_qdq(graph: Graph) -> bool:
+    """Whether a graph is a QDQ model (QuantizeLinear/DequantizeLinear nodes): ``from_qdq``
+    turns it into a quantized graph, with no calibration."""
+    return any(n.op in _QDQ_OPS for n in graph.nodes)
+
+
+class CalibrationError(GraphError):
+    """Calibration samples that do not fit the graph: says which input, expected vs got."""
+
+
+# ---- calibration samples ---------------------------------------------------------------------
+
+
+def calibration_from_npz(path, graph: Graph) -> list[dict]:
+    """Samples from an ``.npz`` holding one array per graph input, named after it, each
+    with a leading axis of samples: ``[samples, *input shape]``, or samples along the
+    input's batch axis ``[samples, *input shape[1:]]`` (grouped into the model's batch; the
+    last group completed with the first samples again). Raises CalibrationError naming the
+    array and what was expected."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise CalibrationError(f"{path}: not a readable .npz file ({type(e).__name__}: {e}); "
+                               "write one with numpy.savez(path, **{input name: samples})"
+                               ) from None
+    return _samples_from_arrays(arrays, graph, str(path))
+
+
+def _samples_from_arrays(arrays: dict, graph: Graph, where: str) -> list[dict]:
+    names = list(graph.inputs)
+    unknown = sorted(set(arrays) - set(names))
+    missing = [n for n in names if n not in arrays]
+    if unknown or missing:
+        raise CalibrationError(
+            f"{where}: " + "; ".join(filter(None, [
+                f"arrays {unknown} name no input of the graph" if unknown else "",
+                f"no array for the inputs {missing}" if missing else ""]))
+            + f". The graph's inputs are {names}: give one array per input, named after it")
+    per_input = {}
+    for name in names:
+        t = graph.types[name]
+        a = _as_input_dtype(np.asarray(arrays[name]), t, where, name)
+        rank, shape = len(t.shape), tuple(t.shape)
+        expected = (f"[samples,{','.join(map(str, shape))}]" +
+                    (f" or [samples,{','.join(map(str, shape[1:]))}] (along the batch axis, "
+                     f"grouped by {shape[0]})" if rank else ""))
+        got = f"{a.dtype}[{','.join(map(str, a.shape))}]"
+        if a.ndim not in (rank, rank + 1):
+            raise CalibrationError(f"{where}: array {name!r} is {got}, of rank {a.ndim}, but "
+                                   f"input {name!r} is {t}: expected rank {rank + 1} or {rank} "
+                                   f"({expected})")
+        if a.shape == shape:
+            samples = [a]
+        elif a.ndim == rank + 1 and a.shape[1:] == shape:
+            samples = list(a)
+        elif rank and a.ndim == rank and a.shape[1:] == shape[1:] and shape[0]:
+            # Along the batch axis: batches of the model's size, the last one completed with
+            # the first samples again (the maxima calibration records do not change).
+            index = np.arange(-(-a.shape[0] // shape[0]) * shape[0]) % max(a.shape[0], 1)
+            samples = [a[index[k:k + shape[0]]] for k in range(0, len(index), shape[0])]
+        else:
+            raise CalibrationError(f"{where}: array {name!r} is {got} but input {name!r} is "
+                                   f"{t}: expected {expected}")
+        if not samples:
+            raise CalibrationError(f"{where}: array {name!r} holds no samples")
+        per_input[name] = samples
+    counts = {n: len(s) for n, s in per_input.items()}
+    if len(set(counts.values())) > 1:
+        raise CalibrationError(f"{where}: the inputs have different numbers of samples "
+                               f"{counts}; give every input the same number")
+    return [{n: per_input[n][k] for n in names} for k in range(counts[names[0]])]
+
+
+def _as_input_dtype(a: np.ndarray, t: TensorType, where: str, name: str) -> np.ndarray:
+    want = np.dtype(t.dtype)
+    if a.dtype == want:
+        return a
+    if a.dtype.kind == "f" and want.kind == "f":
+        return a.astype(want)
+    raise CalibrationError(f"{where}: array {name!r} is {a.dtype} but input {name!r} is "
+                           f"{t.dtype}: store the samples as the model takes them "
+                           f"(preprocessed, {t.dtype})")
+
+
+def _samples(graph: Graph, calibration) -> list[dict]:
+    """Calibration in any accepted form (module doc of quantize_graph) as a list of feeds."""
+    if calibration is None:
+        raise CalibrationError("a float model needs calibration samples to choose its int8 "
+                               "scales: pass a list of {input: array} feeds, a dict of "
+                               "sample arrays or an .npz path")
+    if isinstance(calibration, (str, os.PathLike)):
+        samples = calibration_from_npz(calibration, graph)
+    elif isinstance(calibration, dict):
+        samples = _samples_from_arrays(calibration, graph, "calibration")
+    else:
+        samples = [s for k, feeds in enumerate(calibration)
+                   for s in _samples_from_arrays(feeds, graph, f"calibration sample {k}")]
+    if not samples:
+        raise CalibrationError("no calibration samples were given")
+    return samples
+
+
+# ---- which nodes become integer ones ---------------------------------------------------------
+
+
+@dataclass
+class _Layer:
+    """A Conv/Gemm/MatMul that becomes QConv/QGemm, in float64: ``weight`` [O, ...] with
+    Gemm's alpha folded in, ``bias`` [O] (its own bias and the epilogue's constant Adds;
+    ``added`` is the part from the epilogue), the residual value (or ""), and its
+    activations as one clamp [lo, hi] (infinite when absent)."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    added: np.ndarray
+    residual: str
+    lo: float
+    hi: float
+
+
+def _per_channel(c: np.ndarray, out_shape, channel_axis: int):
+    """A constant broadcast along the output channel only, as a vector [O], or None."""
+    channels = out_shape[channel_axis]
+    if c.ndim > len(out_shape):
+        return None
+    padded = (1,) * (len(out_shape) - c.ndim) + c.shape
+    if any(d != 1 and (k != channel_axis or d != channels) for k, d in enumerate(padded)):
+        return None
+    return np.broadcast_to(c.astype(np.float64).reshape(-1), (channels,)).copy()
+
+
+def _clamp(steps):
+    """The Relu/Clip steps as one clamp (lo, hi): a composition of clamps is a clamp."""
+    lo, hi = -math.inf, math.inf
+    for op, *args in steps:
+        a, b = (0.0, math.inf) if op == "Relu" else (
+            -math.inf if args[0] is None else float(args[0]),
+            math.inf if len(args) < 2 or args[1] is None else float(args[1]))
+        lo, hi = min(max(lo, a), b), min(max(hi, a), b)
+    return lo, hi
+
+
+def _layer_form(graph: Graph, node: Node) -> _Layer | None:
+    """The node as a _Layer, or None when it has to stay float."""
+    if node.op not in OWN_INPUTS or not node.outputs:
+        return None
+    types, inits = graph.types, graph.initializers
+    own = OWN_INPUTS[node.op]
+    ins = list(node.inputs) + [""] * (own - len(node.inputs))
+    x, out = types[ins[0]], types[node.outputs[0]]
+    w = inits.get(ins[1])
+    if x.dtype != "float32" or out.dtype != "float32" or w is None or w.ndim not in (2, 4) \
+            or ins[0] in inits or (ins[2] and ins[2] not in inits):
+        return None
+    c = inits[ins[2]] if ins[2] else None
+    if node.op == "Conv":
+        if w.ndim != 4 or len(x.shape) != 4:
+            return None
+        weight = w.astype(np.float64)
+        bias = np.zeros(w.shape[0]) if c is None else c.astype(np.float64).reshape(-1)
+    elif node.op == "Gemm":
+        a = node.attrs
+        if a["transA"] or w.ndim != 2:
+            return None
+        weight = (w if a["transB"] else w.T).astype(np.float64) * a["alpha"]
+        bias = np.zeros(weight.shape[0]) if c is None else _per_channel(c, out.shape, 1)
+        if bias is None:
+            return None
+        bias = bias * a["beta"]
+    else:  # MatMul
+        if w.ndim != 2 or len(x.shape) != 2:
+            return None
+        weight, bias = w.T.astype(np.float64), np.zeros(w.shape[1])
+    added, residual, activations = np.zeros_like(bias), "", []
+    for op, *args in node.attrs.get("epilogue", ()):
+        if op in ("Relu", "Clip"):
+            activations.append((op, *args))
+            continue
+        if op != "Add" or activations:  # an Add after the activation cannot be expressed
+            return None
+        operand = node.inputs[args[0]]
+        if operand in inits:
+            vector = _per_channel(inits[operand], out.shape, 1)
+            if vector is None:
+                return None
+            added = added + vector
+        elif residual or types[operand] != out:
+            return None
+        else:
+            residual = operand
+    return _Layer(weight, bias + added, added, residual, *_clamp(activations))
+
+
+class _Classes:
+    """Union-find over value names: values that must share one scale."""
+
+    def __init__(self):
+        self.parent: dict[str, str] = {}
+
+    def find(self, v: str) -> str:
+        self.parent.setdefault(v, v)
+        while self.parent[v] != v:
+            self.parent[v] = self.parent[self.parent[v]]
+            v = self.parent[v]
+        return v
+
+    def union(self, a: str, b: str) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+@dataclass
+class _Plan:
+    layers: dict      # node name -> _Layer
+    kinds: dict       # node name -> "layer" | "same" | "pool" for the nodes made integer
+    int8: set         # values the quantized graph holds as int8
+    classes: _Classes
+
+
+def _plan(graph: Graph) -> _Plan:
+    plan = _Plan({}, {}, set(), _Classes())
+    for node in graph.nodes:
+        layer = _layer_form(graph, node)
+        out = node.outputs[0] if node.outputs else ""
+        int8_in = bool(node.inputs) and all(i in plan.int8 for i in node.inputs)
+        if layer is not None:
+            plan.layers[node.name], plan.kinds[node.name] = layer, "layer"
+            if layer.residual:
+                plan.classes.union(layer.residual, out)
+        elif len(node.outputs) == 1 and int8_in and (
+                node.op in _SAME_SCALE or (node.op == "Concat" and len(
+                    {plan.classes.find(i) for i in node.inputs}) == 1)):
+            plan.kinds[node.name] = "same"
+            plan.classes.union(node.inputs[0], out)
+        elif node.op == "GlobalAveragePool" and int8_in and len(graph.types[out].shape) == 4:
+            plan.kinds[node.name] = "pool"
+            plan.classes.union(node.inputs[0], out)
+        else:
+            continue
+        plan.int8.add(out)
+    return plan
+
+
+# ---- calibration -----------------------------------------------------------------------------
+
+
+def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
+    """Run the float graph on every sample: max |x| of the ``needed`` values, and per layer
+    the per-channel max |acc + bias| in float (its output before residual and activation)."""
+    maxabs = dict.fromkeys(needed, 0.0)
+    pre = {name: np.zeros(len(layer.bias)) for name, layer in plan.layers.items()}
+    last_use = {i: k for k, node in enumerate(graph.nodes) for i in node.inputs}
+    keep = set(graph.initializers)
+    for feeds in samples:
+        env = {**graph.initializers, **feeds}
+        for name in needed & set(feeds):
+            maxabs[name] = max(maxabs[name], float(np.abs(feeds[name]).max(initial=0)))
+        for k, node in enumerate(graph.nodes):
+            ins = [env[i] if i else None for i in node.inputs]
+            layer = plan.layers.get(node.name)
+            if layer is None:
+                results = evaluate_node(node, ins)
+            else:
+                with np.errstate(all="ignore"):
+                    y = KERNELS[node.op](node.attrs, *ins[:OWN_INPUTS[node.op]])
+                    before = np.abs(y + layer.added.reshape((1, -1) + (1,) * (y.ndim - 2)))
+                    axes = tuple(d for d in range(y.ndim) if d != 1)
+                    pre[node.name] = np.maximum(pre[node.name], before.max(axis=axes))
+                    results = (apply_epilogue(y, node.attrs.get("epilogue", ()), ins),)
+            for o, v in zip(node.outputs, results):
+                if o:
+                    env[o] = v
+                    if o in maxabs:
+                        maxabs[o] = max(maxabs[o], float(np.abs(v).max(initial=0)))
+            for i in node.inputs:
+                if i and last_use.get(i) == k and i not in keep:
+                    env.pop(i, None)
+    return maxabs, pre
+
+
+# ---- integer parameters ----------------------------------------------------------------------
+
+
+def _scale(max_abs: float) -> float:
+    """The symmetric scale of a range, as the float32 the kernels use (1/127 for a value
+    that was always 0: any scale represents it)."""
+    return float(np.float32(max_abs / 127 if max_abs > 0 else 1 / 127))
+
+
+def _quantize_weights(weight: np.ndarray, per_channel: bool):
+    """(w_q int8, s_w [O] float64): symmetric, per output channel or one for all."""
+    o = weight.shape[0]
+    top = np.abs(weight.reshape(o, -1)).max(axis=1)
+    if not per_channel:
+        top = np.full(o, top.max())
+    scales = np.where(top > 0, top / 127, 1 / 127)
+    w_q = np.clip(np.rint(weight / scales.reshape((-1,) + (1,) * (weight.ndim - 1))),
+                  -127, 127).astype(np.int8)
+    return w_q, scales
+
+
+def _requantization(ratio, bias_q, w_q, calibrated=None):
+    """(multiplier int32[O], bias int32[O] with the rounding term, shift), or None when no
+    shift in 0..31 makes the node fit int32 (module doc)."""
+    worst_acc = 128.0 * np.abs(w_q.reshape(len(ratio), -1).astype(np.float64)).sum(axis=1)
+    for shift in range(31, -1, -1):
+        m = np.rint(ratio * 2.0 ** shift)
+        if np.abs(m).max(initial=0) >= 2**31:
+            continue
+        half = np.rint(2.0 ** (shift - 1) / np.where(m == 0, np.inf, m)) if shift else 0.0
+        bias = bias_q + half
+        bound = worst_acc + np.abs(bias)
+        if calibrated is not None:
+            floor = np.maximum(np.abs(bias), 128 / np.abs(ratio))
+            bound = np.minimum(bound, np.maximum(MARGIN * calibrated, floor))
+        if (np.abs(bias) < 2**31).all() and (np.abs(m) * np.maximum(bound, 1) < 2**31).all():
+            return m.astype(np.int32), bias.astype(np.int32), shift
+    return None
+
+
+def _clamp_q(lo: float, hi: float, s_out: float) -> tuple[int, int]:
+    def q(v, default):
+        return default if math.isinf(v) else int(np.clip(np.rint(v / s_out), -128, 127))
+    return q(lo, -128), q(hi, 127)
+
+
+def _pool_params(hw: int) -> tuple[int, int]:
+    """(multiplier, shift) of QGlobalAveragePool over hw elements: the largest shift with
+    which ``sum * multiplier + 2**(shift-1)`` stays within int32 for any int8 input."""
+    for shift in range(31, 0, -1):
+        m = round(2**shift / hw)
+        if m >= 1 and 128 * hw * m + 2 ** (shift - 1) < 2**31:
+            return m, shift
+    raise GraphError(f"global average pool over {hw} elements cannot be done in int32")
+
+
+class _Builder:
+    """New nodes, initializers and types. A node that replaces one of the graph's keeps its
+    name; new values and nodes get fresh names."""
+
+    def __init__(self, graph: Graph):
+        self.inits, self.types = dict(graph.initializers), dict(graph.types)
+        self.nodes: list[Node] = []
+        self.node_names = {n.name for n in graph.nodes}
+
+    def value(self, base: str, t: TensorType) -> str:
+        k, name = 0, base
+        while name in self.types:
+            k += 1
+            name = f"{base}_{k}"
+        self.types[name] = t
+        return name
+
+    def const(self, base: str, array: np.ndarray) -> str:
+        name = self.value(base, TensorType(str(array.dtype), array.shape))
+        self.inits[name] = constant(array)
+        return name
+
+    def add(self, op, inputs, outputs, attrs, base: str, *, fresh: bool = True) -> None:
+        """A node named ``base`` (``fresh=False``: it replaces the graph's node of that
+        name) or a fresh name made from it."""
+        k, name = 0, base
+        while fresh and name in self.node_names:
+            k += 1
+            name = f"{base}_{k}"
+        self.node_names.add(name)
+        self.nodes.append(Node(op, tuple(inputs), tuple(outputs), attrs, name))
+
+    def graph(self, graph: Graph) -> Graph:
+        g = remove_dead_code(graph.with_nodes(self.nodes, self.inits, self.types))
+        verify_graph(g)
+        return g
+
+
+def _emit_layer(b: _Builder, node: Node, x_q: str, w_q, params, clamp, s_out: float,
+                out: str, residual: str = "") -> None:
+    """A QConv/QGemm in place of ``node``: params = (multiplier, bias, shift), clamp =
+    (lo, hi)."""
+    (mult, bias, shift), (lo, hi), base = params, clamp, node.name
+    inputs = [x_q, b.const(f"{base}/weight_int8", w_q), b.const(f"{base}/bias_int32", bias),
+              b.const(f"{base}/multiplier", mult)] + ([residual] if residual else [])
+    attrs = {"shift": int(shift), "lo": int(lo), "hi": int(hi), "scale": float(s_out)}
+    if node.op == "Conv":
+        attrs = {k: node.attrs[k] for k in ("kernel_shape", "strides", "pads", "dilations",
+                                            "group")} | attrs
+    b.add("QConv" if node.op == "Conv" else "QGemm", inputs, [out], attrs, base, fresh=False)
+
+
+# ---- quantize_graph --------------------------------------------------------------------------
+
+
+def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True) -> Graph:
+    """The quantized graph of an optimized float graph (module doc).
+
+    ``calibration``: a list of feeds ({input name: array of the input's type}), one dict of
+    arrays (one sample, or samples along a leading axis as in ``calibration_from_npz``), or
+    an .npz path. Inputs and outputs keep their names and types.
+    """
+    samples = _samples(graph, calibration)
+    plan = _plan(graph)
+    layer_inputs = {n.inputs[0] for n in graph.nodes if n.name in plan.layers}
+    residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
+    needed = plan.int8 | layer_inputs | residuals
+    maxabs, pre = _calibrate(graph, samples, plan, needed)
+    top: dict[str, float] = {}
+    for v in needed:
+        root = plan.classes.find(v)
+        top[root] = max(top.get(root, 0.0), maxabs[v])
+
+    def scale(v):
+        return _scale(top[plan.classes.find(v)])
+
+    b = _Builder(graph)
+    int8_name = {}
+    for v in sorted(plan.int8):
+        t = TensorType("int8", graph.types[v].shape)
+        if v in graph.outputs:  # the output's name is for the float result
+            int8_name[v] = b.value(f"{v}/int8", t)
+        else:
+            int8_name[v] = v
+            b.types[v] = t
+    quantized, dequantized = {}, {}
+
+    def as_int8(v):
+        if v in plan.int8:
+            return int8_name[v]
+        if v not in quantized:
+            quantized[v] = b.value(f"{v}/int8", TensorType("int8", graph.types[v].shape))
+            b.add("Quantize", [v], [quantized[v]], {"scale": scale(v)}, f"{v}/quantize")
+        return quantized[v]
+
+    def as_float(v):
+        if v not in plan.int8:
+            return v
+        if v not in dequantized:
+            dequantized[v] = v if v in graph.outputs else b.value(f"{v}/float", graph.types[v])
+            b.add("Dequantize", [int8_name[v]], [dequantized[v]], {"scale": scale(v)},
+                  f"{v}/dequantize")
+        return dequantized[v]
+
+    for node in graph.nodes:
+        kind = plan.kinds.get(node.name)
+        if kind == "layer":
+            layer, out = plan.layers[node.name], node.outputs[0]
+            s_in, s_out = scale(node.inputs[0]), scale(out)
+            w_q, s_w = _quantize_weights(layer.weight, per_channel)
+            acc_scale = s_in * s_w
+            bias_q = np.rint(layer.bias / acc_scale)
+            params = _requantization(acc_scale / s_out, bias_q, w_q, pre[node.name] / acc_scale)
+            if params is None:
+                raise GraphError(f"node {node.name!r} ({node.op}): its requantization (scales "
+                                 f"in {s_in:g}, out {s_out:g}, weights up to {s_w.max():g}) "
+                                 "does not fit int32 for any shift; is the calibration data "
+                                 "representative (an output range of almost 0)?")
+            x_q = as_int8(node.inputs[0])
+            residual = as_int8(layer.residual) if layer.residual else ""
+            _emit_layer(b, node, x_q, w_q, params, _clamp_q(layer.lo, layer.hi, s_out), s_out,
+                        int8_name[out], residual)
+        elif kind == "same":
+            b.add(node.op, [as_int8(i) for i in node.inputs], [int8_name[node.outputs[0]]],
+                  node.attrs, node.name, fresh=False)
+        elif kind == "pool":
+            x = node.inputs[0]
+            m, shift = _pool_params(math.prod(graph.types[x].shape[2:]))
+            b.add("QGlobalAveragePool", [as_int8(x)], [int8_name[node.outputs[0]]],
+                  {"multiplier": m, "shift": shift, "scale": scale(x)}, node.name, fresh=False)
+        else:
+            b.add(node.op, [as_float(i) if i else "" for i in node.inputs], node.outputs,
+                  node.attrs, node.name, fresh=False)
+    for o in graph.outputs:
+        as_float(o)
+    return b.graph(graph)
+
+
+# ---- from_qdq --------------------------------------------------------------------------------
+
+
+def _is_zero(graph: Graph, name: str, dtype: str) -> bool:
+    """An absent zero point, or a constant one of ``dtype`` that is all zeros."""
+    if not name:
+        return True
+    z = graph.initializers.get(name)
+    return z is not None and str(z.dtype) == dtype and not z.any()
+
+
+def _tensor_scale(graph: Graph, node: Node) -> float | None:
+    """The positive per-tensor scale of a Q/DQ node, when constant."""
+    s = graph.initializers.get(node.inputs[1])
+    if s is None or s.size != 1 or not s.reshape(()) > 0:
+        return None
+    return float(s.reshape(()))
+
+
+def _dq_int8(graph: Graph, producers, value: str):
+    """(int8 value, scale) when ``value`` is DequantizeLinear(int8, per-tensor, zero 0)."""
+    dq = producers.get(value)
+    if dq is None or dq.op != "DequantizeLinear" or graph.types[dq.inputs[0]].dtype != "int8":
+        return None
+    s = _tensor_scale(graph, dq)
+    zero = dq.inputs[2] if len(dq.inputs) > 2 else ""
+    if s is None or not _is_zero(graph, zero, "int8"):
+        return None
+    return dq.inputs[0], s
+
+
+def _dq_constant(graph: Graph, producers, value: str, dtype: str, axis: int):
+    """(integers, scale per element of ``axis``) when ``value`` is DequantizeLinear of a
+    constant of ``dtype`` with a zero point of 0 and a per-tensor scale or one per index
+    of ``axis``."""
+    dq = producers.get(value)
+    if dq is None or dq.op != "DequantizeLinear":
+        return None
+    q, s = (graph.initializers.get(i) for i in dq.inputs[:2])
+    zero = dq.inputs[2] if len(dq.inputs) > 2 else ""
+    if q is None or s is None or str(q.dtype) != dtype or not _is_zero(graph, zero, dtype) \
+            or dq.attrs["block_size"] or not (s > 0).all():
+        return None
+    if s.size == 1:
+        return q, np.full(q.shape[axis], float(s.reshape(())))
+    if s.ndim != 1 or dq.attrs["axis"] != axis:
+        return None
+    return q, s.astype(np.float64)
+
+
+def _qdq_weight(graph: Graph, producers, node: Node):
+    """(w_q int8 [O, ...], s_w [O]) of a Conv/Gemm/MatMul in a QDQ graph, or None: the
+    weight's DequantizeLinear, or a float constant (optimize folded the DequantizeLinear;
+    quantized again per channel, which gives back symmetric max-scaled int8 weights such as
+    onnxruntime's exactly)."""
+    w = node.inputs[1]
+    transposed = node.op == "MatMul" or (node.op == "Gemm" and not node.attrs["transB"])
+    found = _dq_constant(graph, producers, w, "int8", 1 if transposed else 0)
+    if found is not None:
+        w_q, s_w = found
+        return (w_q.T if transposed else w_q), s_w
+    f = graph.initializers.get(w)
+    if f is None or f.dtype != np.float32:
+        return None
+    return _quantize_weights((f.T if transposed else f).astype(np.float64), True)
+
+
+def _qdq_bias(graph: Graph, producers, node: Node, out_shape):
+    """The float64 bias [O] of a Conv/Gemm: DequantizeLinear(const int32 [O]), or a
+    constant (Conv: [O]; Gemm: C broadcast along the output channels), or None."""
+    channels = out_shape[1]
+    name = node.inputs[2] if len(node.inputs) > 2 and node.op != "MatMul" else ""
+    if not name:
+        return np.zeros(channels)
+    found = _dq_constant(graph, producers, name, "int32", 0)
+    if found is not None:
+        q, s = found
+        return q.astype(np.float64) * s if q.shape == (channels,) else None
+    c = graph.initializers.get(name)
+    if c is None:
+        return None
+    if node.op == "Conv":
+        return c.astype(np.float64) if c.shape == (channels,) else None
+    return _per_channel(c, out_shape, 1)
+
+
+def _activation(graph: Graph, node: Node):
+    if node.op == "Relu":
+        return ("Relu",)
+    if node.op == "Clip":
+        bounds = [graph.initializers.get(i) if i else None for i in node.inputs[1:3]]
+        if any(i and (v is None or v.size != 1) for i, v in zip(node.inputs[1:3], bounds)):
+            return None
+        return ("Clip", *[None if v is None else float(v.reshape(())) for v in bounds])
+    return None
+
+
+def _qdq_output(graph: Graph, users, value: str, steps: list):
+    """Follow single-reader Relu/Clip nodes from ``value`` to a QuantizeLinear(int8,
+    per-tensor, zero 0): (the nodes passed, the QuantizeLinear, its scale), or None."""
+    passed = []
+    while value not in graph.outputs and len(users.get(value, ())) == 1:
+        nxt = users[value][0]
+        step = _activation(graph, nxt) if nxt.inputs[0] == value else None
+        if nxt.op == "QuantizeLinear" and nxt.inputs[0] == value:
+            s = _tensor_scale(graph, nxt)
+            zero = nxt.inputs[2] if len(nxt.inputs) > 2 else ""
+            if s is None or nxt.attrs["output_dtype"] != "int8" or \
+                    not _is_zero(graph, zero, "int8"):
+                return None
+            return passed, nxt, s
+        if step is None:
+            return None
+        steps.append(step)
+        passed.append(nxt)
+        value = nxt.outputs[0]
+    return None
+
+
+@dataclass
+class _Rewrite:
+    """A node of a QDQ graph made integer: it reads the int8 ``x_q`` and writes ``output``,
+    the int8 value of the QuantizeLinear it absorbs (with the Relu/Clip nodes before it,
+    ``absorbed``). ``layer``: (w_q, (multiplier, bias, shift), (lo, hi), output scale) of a
+    QConv/QGemm; None for an op that keeps its scale."""
+
+    x_q: str
+    output: str
+    absorbed: list
+    layer: tuple | None = None
+
+
+def _qdq_layer(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
+    """A DQ -> Conv/Gemm/MatMul [-> Relu/Clip] -> Q pattern as a QConv/QGemm, or None."""
+    a = node.attrs
+    if node.op not in OWN_INPUTS or len(node.outputs) != 1 or \
+            (node.op == "Gemm" and a["transA"]):
+        return None
+    out_t = graph.types[node.outputs[0]]
+    steps = list(a.get("epilogue", ()))
+    if any(s[0] not in ("Relu", "Clip") for s in steps) or out_t.dtype != "float32" or \
+            len(out_t.shape) != (4 if node.op == "Conv" else 2):
+        return None
+    x = _dq_int8(graph, producers, node.inputs[0])
+    weight = _qdq_weight(graph, producers, node)
+    if x is None or weight is None:
+        return None
+    (x_q, s_x), (w_q, s_w) = x, weight
+    bias = _qdq_bias(graph, producers, node, out_t.shape)
+    found = _qdq_output(graph, users, node.outputs[0], steps)
+    if bias is None or found is None or w_q.shape[0] != out_t.shape[1]:
+        return None
+    passed, q, s_y = found
+    ratio = s_x * s_w / s_y
+    if node.op == "Gemm":
+        ratio, bias = ratio * a["alpha"], bias * a["beta"]
+    params = _requantization(ratio, np.rint(bias / (s_x * s_w)), w_q)
+    if params is None:
+        return None
+    return _Rewrite(x_q, q.outputs[0], passed + [q],
+                    (w_q, params, _clamp_q(*_clamp(steps), s_y), s_y))
+
+
+def _qdq_same_scale(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
+    """DQ -> MaxPool/Flatten/Reshape/Relu/Identity -> Q of the same scale, all int8 with
+    zero points 0, as the op on the int8 values, or None. It computes exactly what the
+    float ops do: Q(DQ(v)) = v, and these ops commute with a positive scale."""
+    if node.op not in _SAME_SCALE or len(node.outputs) != 1 or len(node.inputs) != 1:
+        return None
+    x = _dq_int8(graph, producers, node.inputs[0])
+    found = _qdq_output(graph, users, node.outputs[0], [])
+    if x is None or found is None or found[0] or np.float32(found[2]) != np.float32(x[1]):
+        return None
+    return _Rewrite(x[0], found[1].outputs[0], [found[1]])
+
+
+def from_qdq(graph: Graph) -> Graph:
+    """Rewrite a QDQ graph's int8 patterns into integer operators:
+
+    - ``DequantizeLinear(x int8) -> Conv/Gemm/MatMul [-> Relu/Clip] -> QuantizeLinear(int8)``
+      with a weight DequantizeLinear(const int8, per tensor or per output channel) and a
+      bias constant or DequantizeLinear(const int32) becomes QConv/QGemm: ``multiplier /
+      2**shift ~ s_x * s_w[o] / s_y``, the shift chosen for the worst case ``128 *
+      sum|w_q[o]| + |bias|`` (there are no samples), rounding folded into the bias.
+    - ``DequantizeLinear -> MaxPool/Flatten/Reshape/Relu/Identity -> QuantizeLinear`` of the
+      same scale runs on the int8 values.
+
+    All zero points must be 0 (symmetric int8). Everything else (uint8, nonzero zero
+    points, other operators) stays as it is: float operators between their
+    QuantizeLinear/DequantizeLinear nodes, correct and run on the CPU.
+
+    Works on the graph as imported (weights behind their DequantizeLinear, used as they
+    are) and on an optimized one (optimize folds the weights' DequantizeLinear into float
+    constants, which are quantized again per output channel).
+    """
+    producers, users = graph.producers(), graph.consumers()
+    rewrites: dict[str, _Rewrite] = {}
+    absorbed: set[str] = set()
+    for node in graph.nodes:
+        if node.name in absorbed:
+            continue
+        rewrite = _qdq_layer(graph, producers, users, node) or \
+            _qdq_same_scale(graph, producers, users, node)
+        if rewrite is not None:
+            rewrites[node.name] = rewrite
+            absorbed.update(n.name for n in rewrite.absorbed)
+    b = _Builder(graph)
+    for node in graph.nodes:
+        r = rewrites.get(node.name)
+        if node.name in absorbed:
+            continue
+        if r is None:
+            b.nodes.append(node)
+        elif r.layer is None:
+            b.add(node.op, [r.x_q], [r.output], node.attrs, node.name, fresh=False)
+        else:
+            w_q, params, clamp, scale = r.layer
+            _emit_layer(b, node, r.x_q, w_q, params, clamp, scale, r.output)
+    return b.graph(graph)

@@ -1,0 +1,36 @@
+"""The path a model takes through the compiler, as one function per step a caller chooses.
+
+``import_onnx`` (frontend) -> ``optimize`` (graph passes) -> ``quantize_graph`` or
+``from_qdq`` (graph level) -> a backend: ``celosia.compiler.cpu.lowering`` for the CPU build,
+``celosia.compiler.accel.partition`` to place and compile layers on the accelerator (the
+runtime, ``celosia.runtime``, drives these and runs the result).
+
+This module is the only one that reaches both the frontend and the graph level: it is where a
+model file becomes a quantized graph.
+"""
+
+from __future__ import annotations
+
+from .frontend.onnx import import_onnx
+from .graph.ir import Graph
+from .graph.passes import optimize
+from .graph.quantize import from_qdq, is_qdq, quantize_graph
+
+__all__ = ["quantize_model"]
+
+
+def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True,
+                   input_shapes: dict | None = None) -> Graph:
+    """The quantized graph of an ONNX model (path, bytes, ModelProto; imported with
+    ``input_shapes``) or of a graph (imported, optimized or not).
+
+    A model with QuantizeLinear/DequantizeLinear nodes is a QDQ model: ``from_qdq``, then
+    ``optimize`` for the float rest (``calibration`` is not needed). Otherwise ``optimize``
+    then ``quantize_graph`` with ``calibration`` (feeds, a dict of sample arrays or an .npz
+    path).
+    """
+    graph = model_or_graph if isinstance(model_or_graph, Graph) else \
+        import_onnx(model_or_graph, input_shapes)
+    if is_qdq(graph):
+        return optimize(from_qdq(graph))
+    return quantize_graph(optimize(graph), calibration, per_channel=per_channel)

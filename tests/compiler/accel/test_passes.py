@@ -1,0 +1,218 @@
+"""Accelerator passes, each on a small function: the IR before, and the IR expected after."""
+
+import textwrap
+
+import pytest
+
+from celosia import HwConfig
+from celosia.compiler.tensor import te
+from celosia.compiler.accel.codegen import AccelOp, insert_dependencies
+from celosia.errors import CompilerError
+from celosia.compiler.accel.dma import inject_dma
+from celosia.compiler.accel.intrin import gemm_intrinsic
+from celosia.compiler.accel.tensorize import form_gemm_kernels
+from celosia.compiler.tensor.lower import lower
+from celosia.compiler.tensor.schedule import create_schedule
+from celosia.compiler.accel.storage import plan_storage
+from celosia.compiler.accel.vthread import inject_virtual_threads
+from celosia.isa import Module
+
+CFG = HwConfig()
+L, C, S = Module.LOAD, Module.COMPUTE, Module.STORE
+
+
+def tiny_dense(vthreads: bool = False, intrinsic=None, interleave: str = "statement"):
+    """(2 x 32) x (64 x 32)^T, output blocks tiled by 2, the GEMM tensorized."""
+    data = te.placeholder((2, 2, 1, 16), "int8", "data")
+    weight = te.placeholder((4, 2, 16, 16), "int8", "weight")
+    ko, ki = te.reduce_axis(2, "ko"), te.reduce_axis(16, "ki")
+    g = te.compute((2, 4, 1, 16), lambda i, j, b, o: te.sum(
+        data[i, ko, b, ki].astype("int32") * weight[j, ko, o, ki].astype("int32"), axis=[ko, ki]),
+        "gemm")
+    res = te.compute(g.shape, lambda i, j, b, o: g[i, j, b, o].astype("int8"), "res")
+    s = create_schedule(res)
+    s[g].set_scope("acc")
+    i, j, b, o = s[res].axes
+    jo, ji = s[res].split(j, 2)
+    order = [jo, i, ji, b, o]
+    if vthreads:
+        jt, jo2 = s[res].split(jo, 1)
+        s[res].bind_vthread(jt, interleave=interleave)
+        order = [jt, jo2, i, ji, b, o]
+    s[res].reorder(*order)
+    s[g].compute_at(s[res], order[-5])
+    s[res].pragma(order[-4], "dma_copy")
+    gi, gj, gb, go = s[g].axes
+    gko, gki = s[g].reduce_axes
+    s[g].reorder(gko, gi, gj, gb, go, gki)
+    s[g].tensorize(gb, intrinsic or gemm_intrinsic(CFG))
+    for t, scope in ((data, "inp"), (weight, "wgt")):
+        cached = s.cache_read(t, scope, [g])
+        s[cached].compute_at(s[g], gko)
+        s[cached].pragma(s[cached].axes[0], "dma_copy")
+    return lower(s, [data, weight, res], "tiny")
+
+
+def body(func) -> str:
+    """The printed function without its signature line, dedented."""
+    return textwrap.dedent(str(func).split("\n", 1)[1])
+
+
+def test_tensorize_lowers_to_micro_op_calls():
+    assert body(tiny_dense()) == textwrap.dedent("""\
+          # stage res
+          for j.outer in range(2):
+            gemm = alloc(2, 2, 1, 16; int32, acc)
+            # stage gemm
+            for i in range(2):
+              for j in range(2):
+                uop_gemm(gemm, i * 2 + j, 1)
+            for ko in range(2):
+              data.inp = alloc(2, 1, 1, 16; int8, inp)
+              # stage data.inp
+              # pragma dma_copy
+              for ax0 in range(2):
+                for ax1 in range(1):
+                  for ax2 in range(1):
+                    for ax3 in range(16):
+                      data.inp[ax0, ax1, ax2, ax3] = data[ax0, ko + ax1, ax2, ax3]
+              weight.wgt = alloc(2, 1, 16, 16; int8, wgt)
+              # stage weight.wgt
+              # pragma dma_copy
+              for ax0_1 in range(2):
+                for ax1_1 in range(1):
+                  for ax2_1 in range(16):
+                    for ax3_1 in range(16):
+                      weight.wgt[ax0_1, ax1_1, ax2_1, ax3_1] = weight[j.outer * 2 + ax0_1, ko + ax1_1, ax2_1, ax3_1]
+              for i in range(2):
+                for j in range(2):
+                  uop_gemm(gemm, i * 2 + j, 0, data.inp, i, weight.wgt, j)
+            # pragma dma_copy
+            for i_1 in range(2):
+              for j.inner in range(2):
+                for b in range(1):
+                  for o in range(16):
+                    res[i_1, j.outer * 2 + j.inner, b, o] = int8(gemm[i_1, j.inner, b, o])
+        """)
+
+
+def test_inject_dma_then_form_gemm_kernels():
+    after = form_gemm_kernels(inject_dma(tiny_dense()))
+    assert body(after) == textwrap.dedent("""\
+          # stage res
+          for j.outer in range(2):
+            gemm = alloc(2, 2, 1, 16; int32, acc)
+            # stage gemm
+            kernel gemm_reset on gemm loops[i<2 j<2]:
+              uop(i * 2 + j, 0, 0)
+            for ko in range(2):
+              data.inp = alloc(2, 1, 1, 16; int8, inp)
+              # stage data.inp
+              load_2d(data, ko, 1, 2, 2, 0, 0, 0, 0, data.inp, 0, 2)
+              weight.wgt = alloc(2, 1, 16, 16; int8, wgt)
+              # stage weight.wgt
+              load_2d(weight, ko + j.outer * 4, 1, 2, 2, 0, 0, 0, 0, weight.wgt, 0, 1)
+              kernel gemm on gemm, data.inp, weight.wgt loops[i<2 j<2]:
+                uop(i * 2 + j, i, j)
+            store_2d(gemm, 0, res, j.outer * 2, 2, 2, 4)
+        """)
+
+
+def test_virtual_threads_duplicate_buffers_and_interleave_statements():
+    after = inject_virtual_threads(form_gemm_kernels(inject_dma(tiny_dense(vthreads=True))))
+    text = body(after)
+    # Each thread has its own buffers; within the ko loop, both threads load, then both compute.
+    for name in ("gemm.t0", "gemm.t1", "data.inp.t0", "data.inp.t1", "weight.wgt.t0", "weight.wgt.t1"):
+        assert f"{name} = alloc" in text
+    def target(line):
+        if line.startswith("load_2d"):
+            return "load " + line.split(", ")[-3]
+        return "gemm " + line.split(" on ")[1].split(",")[0]
+    order = [target(l.strip()) for l in text.splitlines()
+             if l.strip().startswith(("load_2d", "kernel gemm on"))]
+    assert order == ["load data.inp.t0", "load data.inp.t1", "load weight.wgt.t0",
+                     "load weight.wgt.t1", "gemm gemm.t0", "gemm gemm.t1"]
+    assert "load_2d(weight, ko + j.outer.inner * 4 + 4, 1, 2, 2, 0, 0, 0, 0, weight.wgt.t1, 0, 1)" in text
+
+
+def _order(func):
+    """Loads and GEMMs in program order, as "load <buffer>" / "gemm <buffer>"."""
+    def target(line):
+        if line.startswith("load_2d"):
+            return "load " + line.split(", ")[-3]
+        return "gemm " + line.split(" on ")[1].split(",")[0]
+    return [target(l.strip()) for l in body(func).splitlines()
+            if l.strip().startswith(("load_2d", "kernel gemm on"))]
+
+
+def test_virtual_threads_thread_major_keep_each_threads_group_together():
+    """interleave="thread": a thread's loads are consecutive (its compute waits only for
+    them), the allocations are hoisted to the loop body, and no buffer needs more rows."""
+    func = inject_virtual_threads(form_gemm_kernels(inject_dma(
+        tiny_dense(vthreads=True, interleave="thread"))))
+    assert _order(func) == ["load data.inp.t0", "load weight.wgt.t0", "load data.inp.t1",
+                            "load weight.wgt.t1", "gemm gemm.t0", "gemm gemm.t1"]
+    text = body(func)
+    assert text.index("weight.wgt.t1 = alloc") < text.index("load_2d")
+    statement = plan_storage(inject_virtual_threads(form_gemm_kernels(inject_dma(
+        tiny_dense(True)))), CFG)
+    thread = plan_storage(func, CFG)
+    assert {b.name: r for b, r in thread.attrs["sram_base"].items()} == \
+        {b.name: r for b, r in statement.attrs["sram_base"].items()}
+
+
+def test_thread_major_conv_runs_each_threads_alu_chain_then_stores():
+    """conv2d with two threads: per step both threads' loads, then per thread its reset (on
+    the first step) and GEMM; after the reduction thread 0's whole ALU chain before thread
+    1's, so thread 0's store overlaps thread 1's ALU work."""
+    from celosia.compiler.accel.ops import ConvKnobs, ConvSpec, Epilogue, conv2d
+
+    spec = ConvSpec(1, 32, 8, 8, 64, 3, 3, 1, 1, Epilogue(shift=8, relu=True))
+    text = str(conv2d(CFG, spec, ConvKnobs(4, 8, 2, 1, vthreads=2)))
+    ops = [l.strip().split(" on ")[0].replace("kernel ", "") + " " +
+           l.strip().split(" on ")[1].split(",")[0].split(" ")[0]
+           for l in text.splitlines() if l.strip().startswith("kernel ")]
+    assert ops == ["gemm_reset conv.t0", "gemm conv.t0", "gemm_reset conv.t1", "gemm conv.t1",
+                   "SHR imm=8 epilogue.t0", "MAX imm=0 epilogue.t0", "MIN imm=127 epilogue.t0",
+                   "SHR imm=8 epilogue.t1", "MAX imm=0 epilogue.t1", "MIN imm=127 epilogue.t1"]
+    assert text.count("if ci.outer == 0:") == 2
+    stores = [l.strip().split(",")[0] for l in text.splitlines() if "store_2d" in l]
+    assert stores == ["store_2d(epilogue.t0", "store_2d(epilogue.t1"]
+
+
+def test_plan_storage_places_buffers_and_reuses_rows_of_finished_ones():
+    func = plan_storage(inject_virtual_threads(form_gemm_kernels(inject_dma(tiny_dense(True)))), CFG)
+    base = {b.name: row for b, row in func.attrs["sram_base"].items()}
+    assert base == {"gemm.t0": 0, "gemm.t1": 4, "data.inp.t0": 0, "data.inp.t1": 2,
+                    "weight.wgt.t0": 0, "weight.wgt.t1": 2}
+
+
+def test_tensorize_mismatch_says_what_differs():
+    other = gemm_intrinsic(HwConfig(log_block=3, log_inp_buff_size=12, log_wgt_buff_size=14,
+                                    log_acc_buff_size=14))
+    with pytest.raises(CompilerError, match=r"loop o \(data, 16 iterations\) plays gemm's axis o \(data, 8\)|"
+                                            r"last 2 dimensions must be \(1, 8\)"):
+        tiny_dense(intrinsic=other)
+
+
+def _op(module, *access):
+    return AccelOp(module, f"{module.name.lower()}", lambda dev: None, list(access))
+
+
+def test_dependencies_before_and_after():
+    """load A, load B, compute on A, compute on B, store, then reload A: tokens exactly where
+    a module must wait for another."""
+    ops = [
+        _op(L, ("inp", 0, 4, True)),                               # 0 load tile A
+        _op(L, ("inp", 4, 8, True)),                               # 1 load tile B
+        _op(C, ("inp", 0, 4, False), ("out", 0, 4, True)),         # 2 compute A
+        _op(C, ("inp", 4, 8, False), ("out", 4, 8, True)),         # 3 compute B
+        _op(S, ("out", 0, 8, False)),                              # 4 store both
+        _op(L, ("inp", 0, 4, True)),                               # 5 reload A (WAR on 2)
+        _op(C, ("inp", 0, 4, False), ("out", 0, 4, True)),         # 6 compute A (RAW 5, WAR 4)
+    ]
+    insert_dependencies(ops, CFG)
+    assert [sorted(m.name for m in o.pushes) for o in ops] == [
+        ["COMPUTE"], ["COMPUTE"], ["LOAD"], ["STORE"], ["COMPUTE"], ["COMPUTE"], []]
+    assert [{m.name: n for m, n in o.pops.items()} for o in ops] == [
+        {}, {}, {"LOAD": 1}, {"LOAD": 1}, {"COMPUTE": 1}, {"COMPUTE": 1}, {"LOAD": 1, "STORE": 1}]
