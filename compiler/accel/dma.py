@@ -19,24 +19,8 @@ from dataclasses import dataclass
 from celosia.errors import CompilerError
 from celosia.isa import MemType
 
-from ..tensor.expr import (
-    Bin,
-    Call,
-    Cast,
-    Const,
-    Expr,
-    Load,
-    Select,
-    Var,
-    as_expr,
-    expr_str,
-    free_vars,
-    linear_form,
-    max_expr,
-    min_expr,
-    simplify,
-    substitute,
-)
+from ..tensor.expr import (Bin, Call, Cast, Const, Expr, Load, Select, Var, as_expr, expr_str,
+                           free_vars, linear_form, max_expr, min_expr, simplify, substitute)
 from ..tensor.tir import Attr, Evaluate, For, PrimFunc, Store, transform
 from .intrin import element_index
 

@@ -17,19 +17,8 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..tensor import te
-from ..tensor.expr import (
-    Bin,
-    Call,
-    Cast,
-    Const,
-    Expr,
-    Load,
-    Reduce,
-    Var,
-    collect,
-    expr_str,
-    simplify,
-)
+from ..tensor.expr import (Bin, Call, Cast, Const, Expr, Load, Reduce, Var, collect, expr_str,
+                           simplify)
 from ..tensor.tir import Buffer, Evaluate
 
 __all__ = ["TensorIntrinsic", "gemm_intrinsic", "element_index"]

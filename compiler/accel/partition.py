@@ -24,16 +24,8 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..graph.ir import Graph, Node
-from .ops import (
-    ConvSpec,
-    DenseSpec,
-    Epilogue,
-    pack_bias,
-    pack_nchw,
-    pack_oihw,
-    pad_channels,
-    unpack_nchw,
-)
+from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_nchw, pack_oihw, pad_channels,
+                  unpack_nchw)
 
 __all__ = ["Placement", "annotate", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_knobs", "compile_layer",

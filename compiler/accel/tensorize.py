@@ -17,20 +17,8 @@ from celosia.errors import CompilerError
 from celosia.isa import AluOp
 
 from ..tensor.expr import Bin, Call, Cast, Const, Expr, Load, expr_str, linear_form, simplify
-from ..tensor.tir import (
-    Attr,
-    Evaluate,
-    For,
-    Kernel,
-    PrimFunc,
-    Seq,
-    Stmt,
-    Store,
-    rewrite,
-    seq,
-    transform,
-    walk,
-)
+from ..tensor.tir import (Attr, Evaluate, For, Kernel, PrimFunc, Seq, Stmt, Store, rewrite, seq,
+                          transform, walk)
 from .intrin import element_index
 
 __all__ = ["form_gemm_kernels", "inject_alu", "MAX_KERNEL_LOOPS"]

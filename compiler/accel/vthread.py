@@ -28,22 +28,8 @@ from dataclasses import replace
 from celosia.isa import MemType
 
 from ..tensor.expr import Call, Const, Expr, Load, collect, free_vars, simplify, substitute
-from ..tensor.tir import (
-    Allocate,
-    Attr,
-    Buffer,
-    Evaluate,
-    For,
-    If,
-    Kernel,
-    PrimFunc,
-    Seq,
-    Stmt,
-    Store,
-    rewrite,
-    seq,
-    walk,
-)
+from ..tensor.tir import (Allocate, Attr, Buffer, Evaluate, For, If, Kernel, PrimFunc, Seq, Stmt,
+                          Store, rewrite, seq, walk)
 
 __all__ = ["inject_virtual_threads", "substitute_stmt"]
 

@@ -28,23 +28,8 @@ import llvmlite.ir as ir
 
 from celosia.errors import CompilerError
 
-from ..tensor.expr import (
-    MATH_CALLS,
-    Bin,
-    Call,
-    Cast,
-    Const,
-    Expr,
-    Load,
-    Select,
-    Var,
-    collect,
-    free_vars,
-    from_linear,
-    linear_form,
-    simplify,
-    substitute,
-)
+from ..tensor.expr import (MATH_CALLS, Bin, Call, Cast, Const, Expr, Load, Select, Var, collect,
+                           free_vars, from_linear, linear_form, simplify, substitute)
 from ..tensor.tir import Allocate, Attr, Buffer, Evaluate, For, If, PrimFunc, Seq, Stmt, Store, seq
 
 __all__ = ["Segment", "split_segments", "emit_module", "LOOP_KINDS", "MAX_VECTOR_LANES"]

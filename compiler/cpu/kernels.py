@@ -56,16 +56,9 @@ from ..tensor.lower import lower
 from ..tensor.schedule import create_schedule
 from .codegen import CpuKernel, compile_cpu
 from .host import cache_dir, host_target
-from .schedules import (
-    conv2d_nchwc,
-    dense,
-    depthwise_conv2d_nchwc,
-    requantize,
-    schedule_conv2d_nchwc,
-    schedule_dense,
-    schedule_depthwise_conv2d_nchwc,
-    schedule_elementwise,
-)
+from .schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
+                        schedule_conv2d_nchwc, schedule_dense, schedule_depthwise_conv2d_nchwc,
+                        schedule_elementwise)
 
 __all__ = ["UNARY", "BINARY", "CONVERT", "ELTWISE_DTYPES", "build_function", "compile_spec",
            "spec_key", "kernel_cache_dir"]

@@ -41,22 +41,10 @@ import numpy as np
 
 from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
-from .kernels import (
-    BINARY,
-    CONVERT,
-    ELTWISE_DTYPES,
-    UNARY,
-    average_pool_reciprocals,
-    compile_spec,
-    spec_key,
-)
-from .schedules import (
-    EXACT_TERMS,
-    channel_block,
-    pack_conv_weight,
-    pack_dense_weight,
-    pack_depthwise_weight,
-)
+from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
+                      compile_spec, spec_key)
+from .schedules import (EXACT_TERMS, channel_block, pack_conv_weight, pack_dense_weight,
+                        pack_depthwise_weight)
 
 __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 

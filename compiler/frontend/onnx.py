@@ -19,20 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..graph.ir import (
-    DynamicShapeError,
-    Graph,
-    GraphError,
-    InputShapeError,
-    ModelLoadError,
-    Node,
-    NodeError,
-    TensorType,
-    UnsupportedOperatorError,
-    UnsupportedOpsetError,
-    constant,
-    verify_graph,
-)
+from ..graph.ir import (DynamicShapeError, Graph, GraphError, InputShapeError, ModelLoadError, Node,
+                        NodeError, TensorType, UnsupportedOperatorError, UnsupportedOpsetError,
+                        constant, verify_graph)
 from ..graph.ops import KERNELS
 from ..graph.reference import evaluate_node, infer_node, stand_in
 from .canonical import CANONICALIZE

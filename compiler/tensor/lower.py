@@ -16,18 +16,8 @@ from dataclasses import dataclass
 
 from celosia.errors import CompilerError
 
-from .expr import (
-    Const,
-    Expr,
-    Load,
-    Reduce,
-    Var,
-    collect,
-    from_linear,
-    linear_form,
-    simplify,
-    substitute,
-)
+from .expr import (Const, Expr, Load, Reduce, Var, collect, from_linear, linear_form, simplify,
+                   substitute)
 from .schedule import Fuse, Schedule, Split, Stage
 from .te import Tensor
 from .tir import Allocate, Attr, Buffer, For, If, PrimFunc, Store, seq, verify

@@ -13,20 +13,8 @@ import numpy as np
 
 from celosia.errors import CompilerError
 
-from .expr import (
-    MATH_CALLS,
-    Bin,
-    Call,
-    Cast,
-    Const,
-    Expr,
-    Load,
-    Select,
-    Var,
-    collect,
-    display_names,
-    expr_str,
-)
+from .expr import (MATH_CALLS, Bin, Call, Cast, Const, Expr, Load, Select, Var, collect,
+                   display_names, expr_str)
 
 __all__ = ["Buffer", "Stmt", "For", "Seq", "Store", "Allocate", "Attr", "If", "Evaluate", "Kernel",
            "PrimFunc", "seq", "print_func", "print_stmt", "verify", "interpret", "walk",
