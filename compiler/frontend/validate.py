@@ -1,0 +1,108 @@
+"""onnx's own validation of a model, with its verdicts as celosia's one-line errors.
+
+``check_with_onnx`` runs onnx's checker (``check_model``: structure, SSA form and topological
+order, each node against its opset's schema, tensors' data sizes) and then onnx's strict
+type and shape inference (what ``check_model(full_check=True)`` adds: input ranks and element
+types each operator allows). Its failures become a :class:`NodeError`-like
+:class:`ModelCheckError` naming the file and the node (name and operator).
+
+Two adjustments, made on the proto for the duration of the check only:
+
+- unnamed nodes get the names celosia gives them (``node_names``), so the error can name them;
+- the checker wants a ``shape`` on every graph input and output, which onnxruntime and celosia
+  do not (celosia infers its outputs' types; an input without one is a dynamic input, which
+  ``--input-shape`` fixes), so a missing one is filled in as a scalar for ``check_model``
+  alone. The inference that follows sees the model as it is.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+
+from ..graph.ir import GraphError
+
+__all__ = ["ModelCheckError", "check_with_onnx", "node_names"]
+
+
+class ModelCheckError(GraphError):
+    """A model onnx's checker or its strict shape inference rejects."""
+
+
+def node_names(graph) -> list[str]:
+    """The name of every node as celosia reports it: its own, else ``{op}_{index}``, made
+    unique with trailing underscores."""
+    used, names = set(), []
+    for k, n in enumerate(graph.node):
+        name = n.name or f"{n.op_type}_{k}"
+        while name in used:
+            name += "_"
+        used.add(name)
+        names.append(name)
+    return names
+
+
+@contextmanager
+def _prepared(proto, names):
+    """Unnamed nodes named as celosia names them; yields the graph inputs' and outputs' tensor
+    types that have no shape. Restores the names on the way out."""
+    g = proto.graph
+    renamed = [(n, n.name) for n, name in zip(g.node, names) if n.name != name]
+    for n, name in zip(g.node, names):
+        n.name = name
+    shapeless = [v.type.tensor_type for v in list(g.input) + list(g.output)
+                 if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    try:
+        yield shapeless
+    finally:
+        for n, old in renamed:
+            n.name = old
+
+
+_NODE_CONTEXT = (re.compile(r"Bad node spec for node\. Name: (.*?) OpType: (\S+)"),
+                 re.compile(r"\(op_type:(\S+?), node name: (.*?)\)"))
+
+
+def _verdict(e: Exception, where: str, stage: str) -> ModelCheckError:
+    text = str(e).strip()
+    name = op = None
+    m = _NODE_CONTEXT[0].search(text)
+    if m:
+        name, op = m.groups()
+    else:
+        m = _NODE_CONTEXT[1].search(text)
+        if m:
+            op, name = m.groups()
+    # The first line that says what is wrong, without onnx's context and error-kind tags.
+    lines = [ln for ln in text.splitlines() if ln.strip() and "==> Context" not in ln]
+    detail = lines[0] if lines else type(e).__name__
+    detail = _NODE_CONTEXT[1].sub("", detail)
+    detail = re.sub(r"\[\w+Error\]\s*|Inference error\(s\):\s*|^:\s*", "", detail).strip(" :")
+    if name is not None:
+        return ModelCheckError(f"{where}: node {name!r} ({op}): {detail} ({stage}); fix the "
+                               "node or re-export the model")
+    return ModelCheckError(f"{where}: {detail} ({stage}); the file is corrupt or its exporter "
+                           "wrote an invalid model: re-export it")
+
+
+def check_with_onnx(proto, where: str) -> None:
+    """Raise ModelCheckError if onnx's checker or strict shape inference rejects ``proto``."""
+    import onnx.checker
+    import onnx.shape_inference
+
+    names = node_names(proto.graph)
+    with _prepared(proto, names) as shapeless:
+        try:
+            for t in shapeless:
+                t.shape.SetInParent()
+            try:
+                onnx.checker.check_model(proto)
+            finally:
+                for t in shapeless:
+                    t.ClearField("shape")
+        except Exception as e:  # noqa: BLE001 - every failure of the checker is its verdict
+            raise _verdict(e, where, "onnx checker") from None
+        try:
+            onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+        except Exception as e:  # noqa: BLE001 - likewise for strict inference
+            raise _verdict(e, where, "onnx shape inference") from None
