@@ -39,7 +39,7 @@ from .canonical import CANONICALIZE
 from .dtypes import np_dtype
 from .specs import check_ranks, nbytes, output_bounds, read_node
 from .tensors import check_size, read_tensor
-from .validate import check_with_onnx, node_names
+from .validate import check_text, check_with_onnx, node_names
 
 __all__ = ["import_onnx", "SUPPORTED_OPS", "MIN_OPSET", "MAX_OPSET", "MAX_OP_VERSION"]
 
@@ -143,6 +143,7 @@ def import_onnx(model, input_shapes: dict | None = None, *, bind_inputs: dict | 
     Raises a GraphError subclass for every model it cannot take, its message naming the file.
     """
     proto, where, base_dir = _load(model)
+    check_text(proto, where)
     try:
         return _import(proto, where, base_dir, input_shapes, bind_inputs)
     except GraphError as e:

@@ -40,7 +40,8 @@ class Attr:
     rank r ("spatial": r-2, "pads": 2(r-2), "rank": r); ``axis``: the value(s) are axes of
     input 0 ("in": [-r, r), "flatten": [-r, r], "out": axes of the output of Unsqueeze);
     ``dtype``: an ONNX element-type code of a type celosia supports; ``unique``: no value
-    twice.
+    twice; ``required``: every opset requires it; ``outputs``: an int that equals the node's
+    number of outputs, or ints with one value per output.
     """
 
     kind: str
@@ -50,6 +51,8 @@ class Attr:
     axis: str | None = None
     dtype: bool = False
     unique: bool = False
+    required: bool = False
+    outputs: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ _WINDOW = {"kernel_shape": Attr("ints", low=1, length="spatial"),
            "dilations": Attr("ints", low=1, length="spatial"),
            "pads": Attr("ints", low=0, length="pads"),
            "auto_pad": Attr("string", choices=_AUTO_PAD)}
+_KERNEL = {"kernel_shape": Attr("ints", low=1, length="spatial", required=True)}
 _REDUCE = OpSpec("data axes?", "reduced", {
     "axes": Attr("ints", axis="in", unique=True), "keepdims": Attr("int", choices=_BOOL),
     "noop_with_empty_axes": Attr("int", choices=_BOOL)})
@@ -83,11 +87,12 @@ _QUANTIZE = {"axis": Attr("int"), "block_size": Attr("int", low=0),
              "output_dtype": Attr("int", dtype=True)}
 
 SPECS: dict[str, OpSpec] = {
-    "Conv": OpSpec("x w b?", "y", {**_WINDOW, "group": Attr("int", low=1),
-                                   "kernel_shape": Attr("ints", low=1, length="spatial")}),
-    "MaxPool": OpSpec("x", "y indices?", {**_WINDOW, "ceil_mode": Attr("int", choices=_BOOL),
+    "Conv": OpSpec("x w b?", "y", {**_WINDOW, "group": Attr("int", low=1)}),
+    "MaxPool": OpSpec("x", "y indices?", {**_WINDOW, **_KERNEL,
+                                          "ceil_mode": Attr("int", choices=_BOOL),
                                           "storage_order": Attr("int", choices=_BOOL)}),
-    "AveragePool": OpSpec("x", "y", {**_WINDOW, "ceil_mode": Attr("int", choices=_BOOL),
+    "AveragePool": OpSpec("x", "y", {**_WINDOW, **_KERNEL,
+                                     "ceil_mode": Attr("int", choices=_BOOL),
                                      "count_include_pad": Attr("int", choices=_BOOL)}),
     "GlobalAveragePool": OpSpec("x", "y"), "GlobalMaxPool": OpSpec("x", "y"),
     "Gemm": OpSpec("a b c?", "y", {"alpha": Attr("float"), "beta": Attr("float"),
@@ -112,7 +117,7 @@ SPECS: dict[str, OpSpec] = {
     "Selu": OpSpec("x", "y", {"alpha": Attr("float"), "gamma": Attr("float")}),
     "Dropout": OpSpec("data ratio? training_mode?", "output mask?", {
         "ratio": Attr("float", low=0.0), "seed": Attr("int")}),
-    "Cast": OpSpec("x", "y", {"to": Attr("int", dtype=True), **_CAST_EXTRA}),
+    "Cast": OpSpec("x", "y", {"to": Attr("int", dtype=True, required=True), **_CAST_EXTRA}),
     "CastLike": OpSpec("x target_type", "y", _CAST_EXTRA),
     "QuantizeLinear": OpSpec("x scale zero_point?", "y", {
         **_QUANTIZE, "saturate": Attr("int", choices=_BOOL),
@@ -127,10 +132,12 @@ SPECS: dict[str, OpSpec] = {
     "Squeeze": OpSpec("data axes?", "squeezed", {"axes": Attr("ints", axis="in", unique=True)}),
     "Unsqueeze": OpSpec("data axes?", "expanded", {"axes": Attr("ints", axis="out",
                                                                  unique=True)}),
-    "Concat": OpSpec("inputs...", "concat_result", {"axis": Attr("int", axis="in")}),
+    "Concat": OpSpec("inputs...", "concat_result", {"axis": Attr("int", axis="in",
+                                                                    required=True)}),
     "Split": OpSpec("x split?", "outputs...", {"axis": Attr("int", axis="in"),
-                                               "split": Attr("ints", low=0),
-                                               "num_outputs": Attr("int", low=1)}),
+                                               "split": Attr("ints", low=0, outputs=True),
+                                               "num_outputs": Attr("int", low=1,
+                                                                   outputs=True)}),
     "Slice": OpSpec("data starts ends axes? steps?", "output"),
     "Pad": OpSpec("data pads constant_value? axes?", "output", {
         "mode": Attr("string", choices=("constant", "reflect", "edge", "wrap"))}),
@@ -191,6 +198,9 @@ def _in_range(node, key, spec: Attr, value) -> None:
                               f"{', '.join(map(repr, spec.choices))}")
     if spec.unique and len(set(values)) != len(values):
         raise NodeError(node, f"attribute {key!r} = {value} names a value twice")
+    if spec.outputs and (value if spec.kind == "int" else len(values)) != len(node.outputs):
+        raise NodeError(node, f"attribute {key!r} = {value} does not match its "
+                              f"{len(node.outputs)} outputs")
     if spec.dtype:
         for v in values:
             if not supported_elem_type(v):
@@ -239,6 +249,10 @@ def read_node(proto, name: str, where: str) -> Node:
         attrs[a.name] = _attr_value(node, a, spec.attrs[a.name], where)
         if spec.attrs[a.name].kind in ("int", "ints", "float", "floats", "string", "strings"):
             _in_range(node, a.name, spec.attrs[a.name], attrs[a.name])
+    missing = [k for k, rule in spec.attrs.items() if rule.required and k not in attrs]
+    if missing:
+        raise NodeError(node, f"attribute {missing[0]!r} is required but missing; re-export the "
+                              "model")
     return Node(op, node.inputs, node.outputs, attrs, name)
 
 

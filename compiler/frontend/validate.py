@@ -20,13 +20,46 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 
-from ..graph.ir import GraphError
+from ..graph.ir import GraphError, ModelLoadError
 
-__all__ = ["ModelCheckError", "check_with_onnx", "node_names"]
+__all__ = ["ModelCheckError", "check_text", "check_with_onnx", "node_names"]
 
 
 class ModelCheckError(GraphError):
     """A model onnx's checker or its strict shape inference rejects."""
+
+
+def check_text(proto, where: str) -> None:
+    """Every string field of the model is UTF-8. protobuf parses a file without looking, and
+    then hands out bytes (upb) or raises UnicodeDecodeError wherever such a name is read; a
+    corrupt name is found here, before anything reads one."""
+    from google.protobuf.descriptor import FieldDescriptor as FD
+
+    def repeated(fd):  # protobuf 6 dropped ``label``; older ones lack ``is_repeated``
+        flag = getattr(fd, "is_repeated", None)
+        return flag if flag is not None else fd.label == FD.LABEL_REPEATED
+
+    def walk(msg, path):
+        for fd, value in msg.ListFields():
+            many = repeated(fd)
+            values = value if many else [value]
+            if fd.type == FD.TYPE_MESSAGE:
+                for k, item in enumerate(values):
+                    walk(item, f"{path}.{fd.name}[{k}]" if many else f"{path}.{fd.name}")
+            elif fd.type == FD.TYPE_STRING:
+                try:  # upb gives bytes for a string that is not UTF-8; others raise
+                    bad = any(not isinstance(v, str) for v in values)
+                except UnicodeDecodeError:
+                    bad = True
+                if bad:
+                    raise ModelLoadError(f"{where}: {path}.{fd.name} is not UTF-8 text; the "
+                                         "file is corrupt, re-export the model")
+
+    try:
+        walk(proto, "model")
+    except UnicodeDecodeError:  # raised while listing a message's fields
+        raise ModelLoadError(f"{where}: a name in the model is not UTF-8 text; the file is "
+                             "corrupt, re-export the model") from None
 
 
 def node_names(graph) -> list[str]:
