@@ -190,7 +190,7 @@ def _split(ctx, node):
     axis = _axis(node, node.attrs.get("axis", 0), len(shape))
     sizes = node.attrs.get("split")
     if sizes is None and len(node.inputs) > 1 and node.inputs[1]:
-        sizes = [int(x) for x in ctx.value(node, 1, "split")]
+        sizes = _ints(ctx, node, 1, "split")
     if sizes is None:
         n = node.attrs.get("num_outputs", len(node.outputs))
         each = -(-shape[axis] // n)
@@ -205,13 +205,13 @@ def _split(ctx, node):
 
 def _slice(ctx, node):
     shape = ctx.types[node.inputs[0]].shape
-    starts = [int(x) for x in ctx.value(node, 1, "starts")]
-    ends = [int(x) for x in ctx.value(node, 2, "ends")]
-    axes = ctx.value(node, 3, "axes")
-    axes = list(range(len(starts))) if axes is None else [_axis(node, int(x), len(shape))
+    starts = _ints(ctx, node, 1, "starts", required=True)
+    ends = _ints(ctx, node, 2, "ends", required=True)
+    axes = _ints(ctx, node, 3, "axes")
+    axes = list(range(len(starts))) if axes is None else [_axis(node, x, len(shape))
                                                           for x in axes]
-    steps = ctx.value(node, 4, "steps")
-    steps = [1] * len(starts) if steps is None else [int(x) for x in steps]
+    steps = _ints(ctx, node, 4, "steps")
+    steps = [1] * len(starts) if steps is None else steps
     if 0 in steps:
         raise NodeError(node, "a step of 0")
     if not len(starts) == len(ends) == len(axes) == len(steps) or len(set(axes)) < len(axes):
@@ -223,7 +223,7 @@ def _slice(ctx, node):
 
 def _pad(ctx, node):
     rank = _rank(ctx, node)
-    pads = [int(x) for x in ctx.value(node, 1, "pads")]
+    pads = _ints(ctx, node, 1, "pads", required=True)
     axes = ctx.value(node, 3, "axes")
     if axes is not None:
         full = [0] * (2 * rank)

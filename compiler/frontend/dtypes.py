@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 
 from ..graph.ir import GraphError
 
@@ -28,8 +28,8 @@ def np_dtype(elem_type, what, where) -> str:
     dtype = _dtype(elem_type)
     if dtype is None:
         try:
-            name = helper.tensor_dtype_to_string(int(elem_type))
-        except Exception:
+            name = TensorProto.DataType.Name(int(elem_type))
+        except ValueError:
             name = f"code {elem_type} (not an ONNX element type)"
         raise GraphError(f"{where}: {what} has element type {name}, which celosia does not "
                          "support (bool, integers and float16/32/64 are)")

@@ -38,7 +38,7 @@ from ..graph.reference import evaluate_node, infer_node, stand_in
 from .canonical import CANONICALIZE
 from .dtypes import np_dtype
 from .specs import check_ranks, nbytes, output_bounds, read_node
-from .tensors import check_size, read_tensor
+from .tensors import check_size, inline_external_data, read_tensor
 from .validate import check_text, check_with_onnx, node_names
 
 __all__ = ["import_onnx", "SUPPORTED_OPS", "MIN_OPSET", "MAX_OPSET", "MAX_OP_VERSION"]
@@ -107,15 +107,21 @@ def _upgrade(model, opset, where):
     return model, MIN_OPSET
 
 
+def _shown(text: str) -> str:
+    """Text from the file as it may appear in a one-line message (corrupt files hold
+    newlines and control characters in names)."""
+    return text if text.isprintable() else repr(text)
+
+
 def _check_operators(model, opset, where):
     import onnx.defs
 
     bad = []
     for name, n in zip(node_names(model.graph), model.graph.node):
         if n.domain not in ("", "ai.onnx"):
-            bad.append((name, n.op_type, f"domain {n.domain}"))
+            bad.append((name, _shown(n.op_type), f"domain {_shown(n.domain)}"))
         elif n.op_type not in SUPPORTED_OPS:
-            bad.append((name, n.op_type, ""))
+            bad.append((name, _shown(n.op_type), ""))
         else:
             try:
                 version = onnx.defs.get_schema(n.op_type, opset).since_version
@@ -145,7 +151,8 @@ def import_onnx(model, input_shapes: dict | None = None, *, bind_inputs: dict | 
     proto, where, base_dir = _load(model)
     check_text(proto, where)
     try:
-        return _import(proto, where, base_dir, input_shapes, bind_inputs)
+        inline_external_data(proto, where, base_dir)
+        return _import(proto, where, input_shapes, bind_inputs)
     except GraphError as e:
         # Errors raised below the file level (a node's, a value's) name the file too.
         if not str(e).startswith(f"{where}:"):
@@ -158,9 +165,14 @@ def _validated(proto, where):
     strict inference, at an opset from MIN_OPSET on: (proto, opset, source opset, nodes)."""
     source_opset = _default_opset(proto, where)
     _check_operators(proto, source_opset, where)
-    for vi in proto.graph.input:  # element types first: onnx's inference only says "unknown"
+    for vi in proto.graph.input:  # onnx's inference says only "unknown" or "differ" of these
         if vi.type.HasField("tensor_type"):
-            np_dtype(vi.type.tensor_type.elem_type, f"input {vi.name!r}", where)
+            t = vi.type.tensor_type
+            np_dtype(t.elem_type, f"input {vi.name!r}", where)
+            if any(d.HasField("dim_value") and d.dim_value < 0 for d in t.shape.dim):
+                dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+                raise InputShapeError(f"{where}: input {vi.name!r} is {_dims_str(dims)}: a "
+                                      "size is negative; fix the model's input")
     if source_opset >= MIN_OPSET:
         # The table describes these opsets: its messages (which say what to do) come first.
         nodes = _read_nodes(proto.graph, where)
@@ -177,13 +189,12 @@ def _read_nodes(g, where) -> list[Node]:
     return [read_node(n, name, where) for name, n in zip(node_names(g), g.node)]
 
 
-def _import(proto, where, base_dir, input_shapes, bind_inputs) -> Graph:
+def _import(proto, where, input_shapes, bind_inputs) -> Graph:
     proto, opset, source_opset, nodes = _validated(proto, where)
     g = proto.graph
     ctx = _Importer(opset, where, source_opset)
     for init in g.initializer:
-        ctx.add_constant(init.name, read_tensor(init, f"initializer {init.name!r}", where,
-                                                base_dir))
+        ctx.add_constant(init.name, read_tensor(init, f"initializer {init.name!r}", where))
     bind_inputs = dict(bind_inputs or {})
     shapes = dict(input_shapes or {})
     names = [i.name for i in g.input if i.name not in ctx.values]

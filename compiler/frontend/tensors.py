@@ -16,7 +16,7 @@ from celosia.limits import ResourceLimitError, check_bytes
 from ..graph.ir import GraphError, ModelLoadError
 from .dtypes import np_dtype
 
-__all__ = ["TensorTooLargeError", "check_size", "read_tensor"]
+__all__ = ["TensorTooLargeError", "check_size", "read_tensor", "inline_external_data"]
 
 
 class TensorTooLargeError(GraphError, ResourceLimitError):
@@ -64,6 +64,17 @@ def read_tensor(t: TensorProto, what: str, where: str, base_dir: Path | None = N
                              f"{expected}; the file is truncated or corrupt")
     check_size(nbytes, shown)
     return numpy_helper.to_array(t).astype(dtype, copy=False)
+
+
+def inline_external_data(proto, where: str, base_dir: Path | None) -> None:
+    """Initializers stored in external files read (after the checks of ``read_tensor``) into
+    the model, as onnx.load does unchecked, so onnx's checker sees an ordinary model."""
+    for t in proto.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            a = read_tensor(t, f"initializer {t.name!r}", where, base_dir)
+            t.data_location = TensorProto.DEFAULT
+            del t.external_data[:]
+            t.raw_data = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
 
 
 def _read_external(t, dtype, dims, nbytes, shown, base_dir) -> np.ndarray:

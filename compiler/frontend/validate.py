@@ -9,10 +9,11 @@ types each operator allows). Its failures become a :class:`NodeError`-like
 Two adjustments, made on the proto for the duration of the check only:
 
 - unnamed nodes get the names celosia gives them (``node_names``), so the error can name them;
-- the checker wants a ``shape`` on every graph input and output, which onnxruntime and celosia
-  do not (celosia infers its outputs' types; an input without one is a dynamic input, which
-  ``--input-shape`` fixes), so a missing one is filled in as a scalar for ``check_model``
-  alone. The inference that follows sees the model as it is.
+- the checker wants a tensor type with an element type and a ``shape`` on every graph input
+  and output, which onnxruntime and celosia do not (celosia infers its outputs' types; an
+  input without a shape is a dynamic input, which ``--input-shape`` fixes), so a missing one
+  is filled in (a float scalar) for ``check_model`` alone. The inference that follows sees
+  the model as it is.
 """
 
 from __future__ import annotations
@@ -77,40 +78,41 @@ def node_names(graph) -> list[str]:
 
 @contextmanager
 def _prepared(proto, names):
-    """Unnamed nodes named as celosia names them; yields the graph inputs' and outputs' tensor
-    types that have no shape. Restores the names on the way out."""
+    """Unnamed nodes named as celosia names them; yields the graph inputs and outputs whose
+    type, element type or shape is missing. Restores the names on the way out."""
     g = proto.graph
     renamed = [(n, n.name) for n, name in zip(g.node, names) if n.name != name]
     for n, name in zip(g.node, names):
         n.name = name
-    shapeless = [v.type.tensor_type for v in list(g.input) + list(g.output)
-                 if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    untyped = [v for v in list(g.input) + list(g.output) if not (
+        v.type.HasField("tensor_type") and v.type.tensor_type.HasField("elem_type")
+        and v.type.tensor_type.HasField("shape"))]
     try:
-        yield shapeless
+        yield untyped
     finally:
         for n, old in renamed:
             n.name = old
 
 
-_NODE_CONTEXT = (re.compile(r"Bad node spec for node\. Name: (.*?) OpType: (\S+)"),
+_NODE_CONTEXT = (re.compile(r"[Nn]ame: (.*?) OpType: (\S+)"),
                  re.compile(r"\(op_type:(\S+?), node name: (.*?)\)"))
 
 
 def _verdict(e: Exception, where: str, stage: str) -> ModelCheckError:
-    text = str(e).strip()
+    text = str(e).split("==> Context")[0]
     name = op = None
-    m = _NODE_CONTEXT[0].search(text)
+    m = _NODE_CONTEXT[0].search(str(e))
     if m:
         name, op = m.groups()
     else:
         m = _NODE_CONTEXT[1].search(text)
         if m:
             op, name = m.groups()
-    # The first line that says what is wrong, without onnx's context and error-kind tags.
-    lines = [ln for ln in text.splitlines() if ln.strip() and "==> Context" not in ln]
-    detail = lines[0] if lines else type(e).__name__
+    # What is wrong on one line, without onnx's error-kind tags and repeated node context.
+    detail = " ".join(text.split())
     detail = _NODE_CONTEXT[1].sub("", detail)
-    detail = re.sub(r"\[\w+Error\]\s*|Inference error\(s\):\s*|^:\s*", "", detail).strip(" :")
+    detail = re.sub(r"\[\w+Error\]\s*|Inference error\(s\):\s*", "", detail)
+    detail = " ".join(detail.split()).strip(" :") or type(e).__name__
     if name is not None:
         return ModelCheckError(f"{where}: node {name!r} ({op}): {detail} ({stage}); fix the "
                                "node or re-export the model")
@@ -124,15 +126,19 @@ def check_with_onnx(proto, where: str) -> None:
     import onnx.shape_inference
 
     names = node_names(proto.graph)
-    with _prepared(proto, names) as shapeless:
+    with _prepared(proto, names) as untyped:
         try:
-            for t in shapeless:
+            saved = [v.type.SerializeToString() for v in untyped]
+            for v in untyped:  # what the checker wants, for it alone (the module's doc)
+                t = v.type.tensor_type
+                if not t.HasField("elem_type"):
+                    t.elem_type = 1
                 t.shape.SetInParent()
             try:
                 onnx.checker.check_model(proto)
             finally:
-                for t in shapeless:
-                    t.ClearField("shape")
+                for v, old in zip(untyped, saved):
+                    v.type.ParseFromString(old) if old else v.ClearField("type")
         except Exception as e:  # noqa: BLE001 - every failure of the checker is its verdict
             raise _verdict(e, where, "onnx checker") from None
         try:

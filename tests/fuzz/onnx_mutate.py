@@ -70,11 +70,14 @@ def attr_value(m, rng):
         return add_attr(m, rng)
     n = _pick(rng, nodes)
     a = _pick(rng, n.attribute)
+    # Half the time a plausible value (a valid model more often, to compare with
+    # onnxruntime), else one from the edges.
+    ints = [0, 1, 2, 3, -1] if rng.random() < 0.5 else EDGE_INTS
     if a.type == AttributeProto.INT:
-        a.i = _pick(rng, EDGE_INTS) if rng.random() < 0.7 else a.i + rng.choice([-1, 1])
+        a.i = _pick(rng, ints) if rng.random() < 0.7 else a.i + rng.choice([-1, 1])
     elif a.type == AttributeProto.INTS and len(a.ints):
         k = rng.randrange(len(a.ints))
-        a.ints[k] = _pick(rng, EDGE_INTS)
+        a.ints[k] = _pick(rng, ints)
         if rng.random() < 0.3:
             a.ints.append(_pick(rng, EDGE_INTS)) if rng.random() < 0.5 else a.ints.pop()
     elif a.type == AttributeProto.FLOAT:
@@ -218,8 +221,13 @@ def init_data(m, rng):
         if a.size:
             flat = a.reshape(-1)
             k = rng.randrange(flat.size)
-            flat[k] = rng.choice([0, -1, 1e30, np.nan, 2**40, -7]) if a.dtype.kind == "f" \
-                else rng.choice([0, -1, 2**31 - 1, -(2**31), 100, 5])
+            if a.dtype.kind == "f":
+                flat[k] = rng.choice([0, -1, 1e30, np.nan, 2**40, -7])
+            elif a.dtype.kind in "iu":
+                info = np.iinfo(a.dtype)
+                flat[k] = rng.choice([0, 1, 5, info.max, info.min])
+            else:
+                flat[k] = not flat[k]
             t.CopyFrom(onnx.numpy_helper.from_array(a, t.name))
     elif choice < 0.65:
         t.data_location = TensorProto.EXTERNAL
