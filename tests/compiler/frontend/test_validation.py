@@ -96,7 +96,7 @@ def test_lengths_and_axes_against_the_rank():
                                         "which needs 2"):
         check_ranks(node, 4)
     node = Node("Softmax", ("x",), ("y",), {"axis": 2}, "s")
-    with pytest.raises(NodeError, match="axis 2 is out of range for rank 2 \(\[-2, 1\]\)"):
+    with pytest.raises(NodeError, match=r"axis 2 is out of range for rank 2 \(\[-2, 1\]\)"):
         check_ranks(node, 2)
     check_ranks(Node("Flatten", ("x",), ("y",), {"axis": 2}, "f"), 2)  # axis == rank is fine
     with pytest.raises(NodeError, match="names an axis twice"):
