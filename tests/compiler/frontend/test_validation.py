@@ -265,6 +265,13 @@ def test_sizes_checked_before_allocation(monkeypatch):
         assert f"node 'n' ({op}) output" in text and "CELOSIA_MAX_BYTES" in text, text
 
 
+def test_group_divides_the_output_channels():
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="c", group=2)],
+              [vi("x", [1, 2, 5, 5])], inits=[init("w", np.ones((3, 1, 3, 3), np.float32))])
+    assert "node 'c' (Conv): weight float32[3,1,3,3] has 3 output channels, which group=2 " \
+           "does not divide" in error(m)
+
+
 def test_valid_models_still_import_and_run():
     m = conv(strides=[2, 2], pads=[1, 1, 1, 1])
     g = import_onnx(m)
