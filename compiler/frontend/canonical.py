@@ -14,6 +14,7 @@ import numpy as np
 from ..graph.ir import Node, NodeError
 from ..graph.ops import KERNELS
 from .dtypes import np_dtype
+from .tensors import check_size
 
 __all__ = ["CANONICALIZE"]
 
@@ -54,6 +55,11 @@ def _window_attrs(ctx, node, kernel):
 
 def _conv(ctx, node):
     kernel = list(node.attrs.get("kernel_shape") or ctx.types[node.inputs[1]].shape[2:])
+    weight = ctx.types[node.inputs[1]].shape[2:]
+    if len(kernel) != _rank(ctx, node) - 2 or min(kernel, default=0) < 1 or (
+            len(weight) == len(kernel) and list(weight) != kernel):
+        raise NodeError(node, f"kernel {kernel} (from the weight {ctx.types[node.inputs[1]]}) "
+                              f"does not suit the input {ctx.types[node.inputs[0]]}")
     attrs = _window_attrs(ctx, node, kernel)
     attrs["group"] = attrs.pop("group", 1)
     return [Node("Conv", node.inputs, node.outputs, attrs, node.name)]
@@ -114,7 +120,7 @@ def _flatten(ctx, node):
 
 
 def _reshape(ctx, node):
-    target = [int(d) for d in ctx.value(node, 1, "shape")]
+    target = _ints(ctx, node, 1, "shape", required=True)
     in_shape = ctx.types[node.inputs[0]].shape
     if not node.attrs.get("allowzero", 0):
         target = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
@@ -163,7 +169,7 @@ def _squeeze(ctx, node):
 def _unsqueeze(ctx, node):
     axes = node.attrs.get("axes")
     if axes is None:
-        axes = [int(x) for x in np.reshape(ctx.value(node, 1, "axes"), -1)]
+        axes = _ints(ctx, node, 1, "axes", required=True)
     rank = _rank(ctx, node) + len(axes)
     return [Node("Unsqueeze", node.inputs[:1], node.outputs,
                  {"axes": sorted(_axis(node, x, rank) for x in axes)}, node.name)]
@@ -184,39 +190,46 @@ def _split(ctx, node):
     axis = _axis(node, node.attrs.get("axis", 0), len(shape))
     sizes = node.attrs.get("split")
     if sizes is None and len(node.inputs) > 1 and node.inputs[1]:
-        sizes = [int(x) for x in ctx.value(node, 1, "split")]
+        sizes = _ints(ctx, node, 1, "split")
     if sizes is None:
         n = node.attrs.get("num_outputs", len(node.outputs))
         each = -(-shape[axis] // n)
         sizes = [min(each, shape[axis] - k * each) for k in range(n)]
-    if sum(sizes) != shape[axis]:
-        raise NodeError(node, f"split sizes {sizes} do not add up to {shape[axis]}")
+    if sum(sizes) != shape[axis] or min(sizes, default=0) < 0 or len(sizes) != len(
+            node.outputs):
+        raise NodeError(node, f"split sizes {sizes} are not {len(node.outputs)} sizes >= 0 "
+                              f"that add up to {shape[axis]}")
     return [Node("Split", node.inputs[:1], node.outputs, {"axis": axis, "split": list(sizes)},
                  node.name)]
 
 
 def _slice(ctx, node):
     shape = ctx.types[node.inputs[0]].shape
-    starts = [int(x) for x in ctx.value(node, 1, "starts")]
-    ends = [int(x) for x in ctx.value(node, 2, "ends")]
-    axes = ctx.value(node, 3, "axes")
-    axes = list(range(len(starts))) if axes is None else [_axis(node, int(x), len(shape))
+    starts = _ints(ctx, node, 1, "starts", required=True)
+    ends = _ints(ctx, node, 2, "ends", required=True)
+    axes = _ints(ctx, node, 3, "axes")
+    axes = list(range(len(starts))) if axes is None else [_axis(node, x, len(shape))
                                                           for x in axes]
-    steps = ctx.value(node, 4, "steps")
-    steps = [1] * len(starts) if steps is None else [int(x) for x in steps]
+    steps = _ints(ctx, node, 4, "steps")
+    steps = [1] * len(starts) if steps is None else steps
     if 0 in steps:
         raise NodeError(node, "a step of 0")
+    if not len(starts) == len(ends) == len(axes) == len(steps) or len(set(axes)) < len(axes):
+        raise NodeError(node, f"starts {starts}, ends {ends}, axes {axes} and steps {steps} "
+                              "must have one value each per axis, each axis once")
     return [Node("Slice", node.inputs[:1], node.outputs,
                  {"starts": starts, "ends": ends, "axes": axes, "steps": steps}, node.name)]
 
 
 def _pad(ctx, node):
     rank = _rank(ctx, node)
-    pads = [int(x) for x in ctx.value(node, 1, "pads")]
+    pads = _ints(ctx, node, 1, "pads", required=True)
     axes = ctx.value(node, 3, "axes")
     if axes is not None:
         full = [0] * (2 * rank)
-        axes = [_axis(node, int(x), rank) for x in axes]
+        axes = [_axis(node, int(x), rank) for x in np.reshape(axes, -1)]
+        if len(pads) != 2 * len(axes):
+            raise NodeError(node, f"{len(pads)} pads for {len(axes)} axes")
         for k, ax in enumerate(axes):
             full[ax], full[ax + rank] = pads[k], pads[k + len(axes)]
         pads = full
@@ -225,24 +238,41 @@ def _pad(ctx, node):
     attrs = {"mode": node.attrs.get("mode", "constant"), "pads": pads}
     value = node.inputs[2] if len(node.inputs) > 2 else ""
     if value in ctx.values:
+        if ctx.values[value].size != 1:
+            raise NodeError(node, f"constant_value {ctx.types[value]} is not one value")
         attrs["value"] = np.asarray(ctx.values[value]).item()
     elif value:  # a fill value known only at run time stays an input
         return [Node("Pad", (node.inputs[0], value), node.outputs, attrs, node.name)]
     return [Node("Pad", node.inputs[:1], node.outputs, attrs, node.name)]
 
 
+def _ints(ctx, node, index, what, required=False) -> list[int] | None:
+    """A shape-like input's compile-time value as a list of ints (None if it is absent)."""
+    v = ctx.value(node, index, what)
+    if v is None:
+        if required:
+            raise NodeError(node, f"its {what} is required: give it as input {index}")
+        return None
+    return [int(x) for x in np.reshape(v, -1)]
+
+
 def _from_value(key, index, what):
     def canon(ctx, node):
-        v = [int(x) for x in np.reshape(ctx.value(node, index, what), -1)]
+        v = _ints(ctx, node, index, what, required=True)
         return [Node(node.op, node.inputs[:index], node.outputs, {**node.attrs, key: v},
                      node.name)]
     return canon
 
 
 def _constant_of_shape(ctx, node):
-    shape = [int(x) for x in ctx.value(node, 0, "shape")]
+    shape = _ints(ctx, node, 0, "shape", required=True)
     v = node.attrs.get("value")
+    if min(shape, default=0) < 0 or (v is not None and v.size != 1):
+        raise NodeError(node, f"shape {shape} has a negative size, or value {v} is not one "
+                              "value")
     value = np.zeros((), np.float32) if v is None else np.reshape(v, ())
+    check_size(math.prod(shape) * value.itemsize, f"{ctx.where}: node {node.name!r} "
+                                                  f"(ConstantOfShape) output {shape}")
     return [Node("Constant", (), node.outputs, {"value": np.full(shape, value)}, node.name)]
 
 
@@ -261,6 +291,14 @@ def _prelu(ctx, node):
 def _range(ctx, node):
     start, limit, delta = (ctx.value(node, i, w) for i, w in enumerate(("start", "limit",
                                                                          "delta")))
+    if any(v.size != 1 for v in (start, limit, delta)):
+        raise NodeError(node, "start, limit and delta must be scalars")
+    s, lim, d = (float(np.reshape(v, ()).item()) for v in (start, limit, delta))
+    span = (lim - s) / d if d else math.nan
+    if not math.isfinite(span):
+        raise NodeError(node, f"Range({start}, {limit}, {delta}) has no finite length")
+    check_size(max(math.ceil(span), 0) * start.itemsize,
+               f"{ctx.where}: node {node.name!r} (Range) output")
     return [Node("Constant", (), node.outputs,
                  {"value": KERNELS["Range"]({}, start, limit, delta)}, node.name)]
 

@@ -26,6 +26,9 @@ from ..graph.ops import KERNELS
 from ..graph.reference import evaluate_node, infer_node, stand_in
 from .canonical import CANONICALIZE
 from .dtypes import np_dtype
+from .specs import check_ranks, nbytes, output_bounds, read_node
+from .tensors import check_size, inline_external_data, read_tensor
+from .validate import check_text, check_with_onnx, node_names
 
 __all__ = ["import_onnx", "SUPPORTED_OPS", "MIN_OPSET", "MAX_OPSET", "MAX_OP_VERSION"]
 
@@ -42,18 +45,20 @@ _SHAPE_OPS = ("Shape", "Size")
 
 
 def _load(model):
+    """(ModelProto, how errors name it, the folder external data may come from or None)."""
     import onnx
     from google.protobuf.message import DecodeError
 
     if isinstance(model, onnx.ModelProto):
-        return model, "<model>"
+        return model, "<model>", None
     where = str(model) if isinstance(model, (str, os.PathLike)) else "<bytes>"
     try:
         if isinstance(model, (bytes, bytearray)):
-            return onnx.load_from_string(bytes(model)), where
+            return onnx.load_from_string(bytes(model)), where, None
         if not Path(model).is_file():
             raise ModelLoadError(f"{where}: no such file")
-        return onnx.load(str(model)), where
+        # External data is read by tensors.read_tensor, which checks where it points first.
+        return onnx.load(str(model), load_external_data=False), where, Path(model).parent
     except ModelLoadError:
         raise
     except (DecodeError, RuntimeError, ValueError, OSError, UnicodeDecodeError) as e:
@@ -62,23 +67,23 @@ def _load(model):
 
 
 def _default_opset(model, where) -> int:
+    import onnx.defs
+
     versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
     if not versions:
         raise UnsupportedOpsetError(f"{where}: the model imports no default-domain (ai.onnx) "
                                     "opset; re-export it with an opset from 11 to 21")
+    latest = onnx.defs.onnx_opset_version()
+    if not 1 <= versions[0] <= latest:
+        raise UnsupportedOpsetError(
+            f"{where}: opset {versions[0]} is not one this onnx (1 to {latest}) knows; "
+            f"re-export the model with an opset from {MIN_OPSET} to {MAX_OPSET}")
     return versions[0]
 
 
 def _upgrade(model, opset, where):
-    import onnx
-    import onnx.defs
     import onnx.version_converter
 
-    latest = onnx.defs.onnx_opset_version()
-    if opset > latest:
-        raise UnsupportedOpsetError(
-            f"{where}: opset {opset} is newer than this onnx ({latest}) knows; re-export the "
-            f"model with an opset from {MIN_OPSET} to {MAX_OPSET}")
     if opset >= MIN_OPSET:
         return model, opset
     try:
@@ -91,22 +96,29 @@ def _upgrade(model, opset, where):
     return model, MIN_OPSET
 
 
+def _shown(text: str) -> str:
+    """Text from the file as it may appear in a one-line message (corrupt files hold
+    newlines and control characters in names)."""
+    return text if text.isprintable() else repr(text)
+
+
 def _check_operators(model, opset, where):
     import onnx.defs
 
     bad = []
-    for k, n in enumerate(model.graph.node):
-        name = n.name or f"{n.op_type}_{k}"
+    for name, n in zip(node_names(model.graph), model.graph.node):
         if n.domain not in ("", "ai.onnx"):
-            bad.append((name, n.op_type, f"domain {n.domain}"))
+            bad.append((name, _shown(n.op_type), f"domain {_shown(n.domain)}"))
         elif n.op_type not in SUPPORTED_OPS:
-            bad.append((name, n.op_type, ""))
+            bad.append((name, _shown(n.op_type), ""))
         else:
             try:
                 version = onnx.defs.get_schema(n.op_type, opset).since_version
             except Exception:
                 version = None
-            if version is None or version > MAX_OP_VERSION:
+            if version is None:
+                bad.append((name, n.op_type, f"not an operator of opset {opset}"))
+            elif version > MAX_OP_VERSION:
                 bad.append((name, n.op_type, f"version {version} is newer than the importer "
                                              f"knows ({MAX_OP_VERSION})"))
     if bad:
@@ -123,22 +135,55 @@ def import_onnx(model, input_shapes: dict | None = None, *, bind_inputs: dict | 
     ``input_shapes`` ({input name: shape}) fixes inputs whose shapes are dynamic in the
     model (or overrides them). ``bind_inputs`` ({input name: array}) turns inputs into
     constants, for inputs that hold shapes (a Reshape's target given as an input).
-    Raises a GraphError subclass for every model it cannot take.
+    Raises a GraphError subclass for every model it cannot take, its message naming the file.
     """
-    from onnx import helper, numpy_helper
+    proto, where, base_dir = _load(model)
+    check_text(proto, where)
+    try:
+        inline_external_data(proto, where, base_dir)
+        return _import(proto, where, input_shapes, bind_inputs)
+    except GraphError as e:
+        # Errors raised below the file level (a node's, a value's) name the file too.
+        if not str(e).startswith(f"{where}:"):
+            e.args = (f"{where}: {e}",)
+        raise
 
-    proto, where = _load(model)
+
+def _validated(proto, where):
+    """The model checked by celosia's operator table (specs.py) and by onnx's checker and
+    strict inference, at an opset from MIN_OPSET on: (proto, opset, source opset, nodes)."""
     source_opset = _default_opset(proto, where)
+    _check_operators(proto, source_opset, where)
+    for vi in proto.graph.input:  # onnx's inference says only "unknown" or "differ" of these
+        if vi.type.HasField("tensor_type"):
+            t = vi.type.tensor_type
+            np_dtype(t.elem_type, f"input {vi.name!r}", where)
+            if any(d.HasField("dim_value") and d.dim_value < 0 for d in t.shape.dim):
+                dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+                raise InputShapeError(f"{where}: input {vi.name!r} is {_dims_str(dims)}: a "
+                                      "size is negative; fix the model's input")
+    if source_opset >= MIN_OPSET:
+        # The table describes these opsets: its messages (which say what to do) come first.
+        nodes = _read_nodes(proto.graph, where)
+        check_with_onnx(proto, where)
+        return proto, source_opset, source_opset, nodes
+    # An older model is held to its own opset's schema before the converter touches it.
+    check_with_onnx(proto, where)
     proto, opset = _upgrade(proto, source_opset, where)
     _check_operators(proto, opset, where)
+    return proto, opset, source_opset, _read_nodes(proto.graph, where)
+
+
+def _read_nodes(g, where) -> list[Node]:
+    return [read_node(n, name, where) for name, n in zip(node_names(g), g.node)]
+
+
+def _import(proto, where, input_shapes, bind_inputs) -> Graph:
+    proto, opset, source_opset, nodes = _validated(proto, where)
     g = proto.graph
     ctx = _Importer(opset, where, source_opset)
-    try:
-        for init in g.initializer:
-            ctx.add_constant(init.name, numpy_helper.to_array(init))
-    except Exception as e:
-        raise ModelLoadError(f"{where}: initializer {init.name!r} cannot be read "
-                             f"({type(e).__name__}: {e}); is the file truncated?") from None
+    for init in g.initializer:
+        ctx.add_constant(init.name, read_tensor(init, f"initializer {init.name!r}", where))
     bind_inputs = dict(bind_inputs or {})
     shapes = dict(input_shapes or {})
     names = [i.name for i in g.input if i.name not in ctx.values]
@@ -176,6 +221,7 @@ def import_onnx(model, input_shapes: dict | None = None, *, bind_inputs: dict | 
             continue
         else:
             shape = tuple(dims)
+        _check_input_shape(vi.name, dtype, shape, where)
         ctx.inputs.append(vi.name)
         ctx.types[vi.name] = TensorType(dtype, shape)
         ctx.depends[vi.name] = frozenset([vi.name])
@@ -188,18 +234,11 @@ def import_onnx(model, input_shapes: dict | None = None, *, bind_inputs: dict | 
             f"{where}: inputs with dynamic shapes: {listed}. celosia compiles static shapes: "
             f"give each one (input_shapes={{name: shape}}; command line: --input-shape "
             f"{example})")
-    used = set()
-    for k, n in enumerate(g.node):
-        name = n.name or f"{n.op_type}_{k}"
-        while name in used:
-            name += "_"
-        used.add(name)
-        attrs = {a.name: _attr_value(a, helper, numpy_helper) for a in n.attribute}
-        node = Node(n.op_type, tuple(n.input), tuple(n.output), attrs, name)
+    for node in nodes:
         for i in node.inputs:
             if i and i not in ctx.types:
                 raise ModelLoadError(
-                    f"{where}: node {name!r} ({n.op_type}) reads {i!r}, which no input, "
+                    f"{where}: node {node.name!r} ({node.op}) reads {i!r}, which no input, "
                     "initializer or earlier node defines (nodes out of order, or a "
                     "truncated file)")
         ctx.add_node(node)
@@ -219,15 +258,12 @@ def _dims_str(dims) -> str:
     return "[" + ",".join("?" if d is None else str(d) for d in dims) + "]"  # N for dim_param
 
 
-def _attr_value(a, helper, numpy_helper):
-    v = helper.get_attribute_value(a)
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, list):
-        return [x.decode() if isinstance(x, bytes) else x for x in v]
-    if hasattr(v, "dims") and hasattr(v, "data_type"):  # a TensorProto
-        return numpy_helper.to_array(v)
-    return v
+def _check_input_shape(name, dtype, shape, where):
+    if any(d < 0 for d in shape):
+        raise InputShapeError(f"{where}: input {name!r} is {_dims_str(shape)}: a size is "
+                              "negative; fix the model's input or give --input-shape")
+    check_size(nbytes(shape, np.dtype(dtype).itemsize),
+               f"{where}: input {name!r} {dtype}{_dims_str(shape)}")
 
 
 class _Importer:
@@ -243,6 +279,7 @@ class _Importer:
         self.depends: dict[str, frozenset] = {}  # value -> the graph inputs it depends on
 
     def add_constant(self, name, array):
+        check_size(array.nbytes, f"{self.where}: constant {name!r}")
         a = constant(array)
         if a.dtype.kind not in "biuf":
             raise GraphError(f"{self.where}: constant {name!r} has dtype {a.dtype}, which "
@@ -266,6 +303,8 @@ class _Importer:
         return self.values[name]
 
     def add_node(self, node: Node):
+        if node.inputs and node.inputs[0]:
+            check_ranks(node, len(self.types[node.inputs[0]].shape))
         canon = CANONICALIZE.get(node.op)
         nodes = canon(self, node) if canon else [node]
         for n in nodes:
@@ -277,7 +316,15 @@ class _Importer:
             return
         types = [self.types[i] if i else None for i in node.inputs]
         values = [self.values.get(i) if i else None for i in node.inputs]
+        # Sizes are checked before a kernel allocates them: those known from the attributes
+        # and input types first (inference runs some kernels), then the inferred ones (before
+        # constant folding runs the node).
+        for shape, itemsize in output_bounds(node, types):
+            self._check_size(node, node.outputs[0], f"[{','.join(map(str, shape))}]",
+                             nbytes(shape, itemsize))
         out_types = infer_node(node, types, values)
+        for o, t in zip(node.outputs, out_types):
+            self._check_size(node, o, str(t), nbytes(t.shape, np.dtype(t.dtype).itemsize))
         deps = frozenset().union(*(self.depends.get(i, ()) for i in node.inputs))
         for o, t in zip(node.outputs, out_types):
             if o:
@@ -292,6 +339,11 @@ class _Importer:
                 if o:
                     self.values[o] = v
         self.nodes.append(node)
+
+
+    def _check_size(self, node, output, shown, size):
+        check_size(size, f"{self.where}: node {node.name!r} ({node.op}) output {output!r} "
+                         f"{shown}")
 
 
 def _constant_value(node: Node) -> np.ndarray:

@@ -421,6 +421,9 @@ def conv_types(node, types):
     if x.shape[1] != w.shape[1] * a["group"]:
         raise NodeError(node, f"input has {x.shape[1]} channels but weight {w} with "
                               f"group={a['group']} expects {w.shape[1] * a['group']}")
+    if w.shape[0] % a["group"]:
+        raise NodeError(node, f"weight {w} has {w.shape[0]} output channels, which "
+                              f"group={a['group']} does not divide")
     out = pool_output_shape(x.shape[2:], a["kernel_shape"], a["strides"], a["dilations"],
                             a["pads"])
     if min(out) < 1:
