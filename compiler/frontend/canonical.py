@@ -390,8 +390,9 @@ def _group_norm(ctx, node):
     """Scale and bias per channel (opset 21); opset 18's per-group ones (G values) are
     repeated C/G times by nodes in front (folded when they are constants)."""
     a = {"epsilon": 1e-5, **node.attrs}
-    if "num_groups" not in a:
-        raise NodeError(node, "num_groups is required")
+    if "num_groups" not in a or len(node.inputs) < 3 or not all(node.inputs[:3]) \
+            or _rank(ctx, node) < 2:
+        raise NodeError(node, "needs num_groups and the inputs X [N, C, ...], scale, bias")
     a["stash_type"] = _stash_type(ctx, node, a)
     groups, channels = a["num_groups"], ctx.types[node.inputs[0]].shape[1]
     if groups < 1 or channels % groups:

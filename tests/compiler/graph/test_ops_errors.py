@@ -45,6 +45,8 @@ _BAD = [
     ("GroupNormalization", ["x", "s", "b"], {"x": X},
      {"s": np.ones(4, np.float32), "b": np.zeros(4, np.float32)}, {"num_groups": 2}, 18,
      r"scale and bias must have shape \[2\]"),
+    ("GroupNormalization", ["x", "s"], {"x": X}, {"s": np.ones(2, np.float32)},
+     {"num_groups": 2}, 18, r"needs num_groups and the inputs X \[N, C, ...\], scale, bias"),
     ("ScatterND", ["x", "i", "u"], {"x": X},
      {"i": np.zeros((2, 1), I64), "u": np.zeros((3, 5, 6), np.float32)}, {}, 13,
      r"updates float32\[3,5,6\] must have shape \[2, 4, 5, 6\]"),
