@@ -65,12 +65,10 @@ def test_nearest(shape, scales, sizes, coordinates, nearest_mode, opset):
 
 
 @pytest.mark.parametrize("shape, scales, sizes", _GEOMETRIES)
-@pytest.mark.parametrize("coordinates", _COORDINATES + ["half_pixel_symmetric"])
+@pytest.mark.parametrize("coordinates, opset", [  # half_pixel_symmetric is opset 19
+    (c, v) for c in _COORDINATES for v in (11, 19)] + [("half_pixel_symmetric", 19)])
 @pytest.mark.parametrize("mode", ["linear", "cubic"])
-@pytest.mark.parametrize("opset", [11, 19])
 def test_linear_and_cubic(shape, scales, sizes, coordinates, mode, opset):
-    if coordinates == "half_pixel_symmetric" and opset < 19:
-        opset = 19  # the mode is new in opset 19
     attrs = {"mode": mode, "coordinate_transformation_mode": coordinates}
     _resize(_x(shape), scales, sizes, attrs, opset, roi=_roi(coordinates, len(shape)))
 
