@@ -374,3 +374,309 @@ CANONICALIZE = {
     "Shape": _shape, "Range": _range, "PRelu": _prelu, "Dropout": _dropout,
     "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear,
 }
+
+
+# ---- operators of issue #12: normalizations, activations, indexing, Resize, ConvTranspose --
+
+
+def _attrs(node, defaults, **choices):
+    """The node's attributes with ``defaults`` filled in; each keyword names an attribute
+    and the values it may take."""
+    a = {**defaults, **node.attrs}
+    for key, allowed in choices.items():
+        if a.get(key) not in allowed:
+            raise NodeError(node, f"{key}={a.get(key)!r} is not one of {list(allowed)}")
+    return a
+
+
+def _with_defaults(defaults, **choices):
+    def canon(ctx, node):
+        return [Node(node.op, node.inputs, node.outputs, _attrs(node, defaults, **choices),
+                     node.name)]
+    return canon
+
+
+def _optional_value(ctx, node, index, what):
+    """A compile-time input that may be absent or empty (None then)."""
+    v = ctx.value(node, index, what)
+    return None if v is None or np.size(v) == 0 else np.asarray(v)
+
+
+def _scalar(ctx, node, index, what, default=None):
+    v = _optional_value(ctx, node, index, what)
+    if v is None:
+        if default is None:
+            raise NodeError(node, f"its {what} input is required")
+        return default
+    if v.size != 1:
+        raise NodeError(node, f"its {what} must be one value, got shape {list(v.shape)}")
+    return v.reshape(-1)[0].item()
+
+
+def _stash_type(ctx, node, a):
+    return np_dtype(a.get("stash_type", 1), f"node {node.name!r} stash_type", ctx.where)
+
+
+def _layer_norm(ctx, node):
+    a = {"axis": -1, "epsilon": 1e-5, **node.attrs}
+    a["axis"] = _axis(node, a["axis"], _rank(ctx, node))
+    a["stash_type"] = _stash_type(ctx, node, a)
+    return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+
+
+def _group_norm(ctx, node):
+    """Scale and bias per channel (opset 21); opset 18's per-group ones (G values) are
+    repeated C/G times by nodes in front (folded when they are constants)."""
+    a = {"epsilon": 1e-5, **node.attrs}
+    if "num_groups" not in a or len(node.inputs) < 3 or not all(node.inputs[:3]) \
+            or _rank(ctx, node) < 2:
+        raise NodeError(node, "needs num_groups and the inputs X [N, C, ...], scale, bias")
+    a["stash_type"] = _stash_type(ctx, node, a)
+    groups, channels = a["num_groups"], ctx.types[node.inputs[0]].shape[1]
+    if groups < 1 or channels % groups:
+        raise NodeError(node, f"{channels} channels do not split into num_groups={groups}")
+    want = channels if ctx.opset >= 21 else groups
+    for v in node.inputs[1:3]:
+        if ctx.types[v].shape != (want,):
+            raise NodeError(node, f"scale and bias must have shape [{want}] (opset "
+                                  f"{ctx.opset}), {v!r} is {ctx.types[v]}")
+    if ctx.opset >= 21:
+        return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+    nodes, inputs = [], [node.inputs[0]]
+    for v, what in zip(node.inputs[1:3], ("scale", "bias")):
+        out = f"{node.outputs[0]}/{what}"
+        nodes += [Node("Reshape", (v,), (out + "/g1",), {"shape": [groups, 1]},
+                       f"{node.name}/{what}/reshape"),
+                  Node("Expand", (out + "/g1",), (out + "/gc",),
+                       {"shape": [groups, channels // groups]}, f"{node.name}/{what}/expand"),
+                  Node("Reshape", (out + "/gc",), (out,), {"shape": [channels]},
+                       f"{node.name}/{what}/flatten")]
+        inputs.append(out)
+    return nodes + [Node(node.op, tuple(inputs), node.outputs, a, node.name)]
+
+
+def _lp_norm(ctx, node):
+    a = _attrs(node, {"axis": -1, "p": 2}, p=(1, 2))
+    a["axis"] = _axis(node, a["axis"], _rank(ctx, node))
+    return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+
+
+def _arg_extreme(ctx, node):
+    a = {"axis": 0, "keepdims": 1, "select_last_index": 0, **node.attrs}
+    a["axis"] = _axis(node, a["axis"], _rank(ctx, node))
+    return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+
+
+def _top_k(ctx, node):
+    a = {"axis": -1, "largest": 1, "sorted": 1, **node.attrs}
+    a["axis"] = _axis(node, a["axis"], _rank(ctx, node))
+    a["k"] = int(_scalar(ctx, node, 1, "K"))
+    return [Node("TopK", node.inputs[:1], node.outputs, a, node.name)]
+
+
+def _cum_sum(ctx, node):
+    a = {"exclusive": 0, "reverse": 0, **node.attrs}
+    a["axis"] = _axis(node, int(_scalar(ctx, node, 1, "axis")), _rank(ctx, node))
+    return [Node("CumSum", node.inputs[:1], node.outputs, a, node.name)]
+
+
+_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _scatter_elements(ctx, node):
+    a = _attrs(node, {"axis": 0, "reduction": "none"}, reduction=_REDUCTIONS)
+    a["axis"] = _axis(node, a["axis"], _rank(ctx, node))
+    return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+
+
+def _trilu(ctx, node):
+    if _rank(ctx, node) < 2:
+        raise NodeError(node, f"input {ctx.types[node.inputs[0]]} must have rank >= 2")
+    a = {"upper": 1, **node.attrs, "k": int(_scalar(ctx, node, 1, "k", 0))}
+    return [Node("Trilu", node.inputs[:1], node.outputs, a, node.name)]
+
+
+def _einsum(ctx, node):
+    if not isinstance(node.attrs.get("equation"), str):
+        raise NodeError(node, "the equation attribute is required")
+    return [node]
+
+
+def _non_zero(ctx, node):
+    ctx.value(node, 0, "input")  # the output's size is the count of nonzero values
+    return [node]
+
+
+def _one_hot(ctx, node):
+    rank = _rank(ctx, node) + 1
+    depth = _scalar(ctx, node, 1, "depth")
+    if depth < 1:
+        raise NodeError(node, f"depth {depth} must be positive")
+    a = {"axis": _axis(node, node.attrs.get("axis", -1), rank), "depth": int(depth)}
+    if ctx.types[node.inputs[2]].size != 2:
+        raise NodeError(node, f"values must hold [off, on], got {ctx.types[node.inputs[2]]}")
+    return [Node("OneHot", (node.inputs[0], node.inputs[2]), node.outputs, a, node.name)]
+
+
+def _blocks(ctx, node):
+    if _rank(ctx, node) != 4:
+        raise NodeError(node, f"input {ctx.types[node.inputs[0]]} must be 4-D")
+    a = _attrs(node, {"mode": "DCR"}, mode=("DCR", "CRD"))
+    if a.get("blocksize", 0) < 1:
+        raise NodeError(node, "blocksize must be a positive integer")
+    return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+
+
+def _conv_transpose(ctx, node):
+    """Explicit kernel_shape, strides, pads, dilations, output_padding, group;
+    ``output_shape`` and ``auto_pad`` become pads (ONNX's total_padding rule; a larger
+    output_shape gives negative pads, extra zeros)."""
+    x, w = ctx.types[node.inputs[0]].shape, ctx.types[node.inputs[1]].shape
+    nd = len(x) - 2
+    a = dict(node.attrs)
+    kernel = list(a.pop("kernel_shape", None) or w[2:])
+    strides = list(a.pop("strides", [1] * nd))
+    dil = list(a.pop("dilations", [1] * nd))
+    out_pad = list(a.pop("output_padding", [0] * nd))
+    auto, pads = a.pop("auto_pad", "NOTSET"), list(a.pop("pads", [0] * (2 * nd)))
+    out_shape = a.pop("output_shape", None)
+    if out_shape is not None and len(out_shape) == nd + 2:  # given with N and C
+        out_shape = out_shape[2:]
+    if out_shape is None and auto in ("SAME_UPPER", "SAME_LOWER"):
+        out_shape = [x[2 + i] * strides[i] for i in range(nd)]
+    if auto == "VALID":
+        pads = [0] * (2 * nd)
+    if out_shape is not None:
+        if len(out_shape) != nd:
+            raise NodeError(node, f"output_shape {out_shape} must have {nd} sizes")
+        for i in range(nd):
+            total = (strides[i] * (x[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1
+                     - out_shape[i])
+            if auto == "SAME_UPPER":  # halves rounded toward zero, as onnxruntime
+                pads[i] = int(total / 2)
+                pads[i + nd] = total - pads[i]
+            else:
+                pads[i], pads[i + nd] = total - total // 2, total // 2
+    if [len(kernel), len(strides), len(dil), len(out_pad), len(pads)] != [nd] * 4 + [2 * nd]:
+        raise NodeError(node, f"kernel_shape {kernel}, strides {strides}, dilations {dil}, "
+                              f"output_padding {out_pad} and pads {pads} do not fit a "
+                              f"{nd}-d input")
+    a.update(kernel_shape=kernel, strides=strides, pads=pads, dilations=dil,
+             output_padding=out_pad, group=a.get("group", 1))
+    return [Node("ConvTranspose", node.inputs, node.outputs, a, node.name)]
+
+
+_RESIZE = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel",
+           "nearest_mode": "round_prefer_floor", "cubic_coeff_a": -0.75, "exclude_outside": 0,
+           "extrapolation_value": 0.0, "antialias": 0}
+_RESIZE_CHOICES = {
+    "mode": ("nearest", "linear", "cubic"),
+    "coordinate_transformation_mode": (
+        "half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+        "asymmetric", "tf_crop_and_resize", "tf_half_pixel_for_nn"),
+    "nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),
+    "keep_aspect_ratio_policy": ("stretch", "not_larger", "not_smaller"),
+}
+
+
+def _resize_shape(node, in_shape, axes, scales, sizes, policy):
+    """(output sizes, scales) for every axis from the given scales or sizes. Sizes from
+    scales are floor(float32(scale) * size), as onnxruntime computes them; scales from
+    sizes are the exact ratios (the kernel rounds them to its coordinate type)."""
+    f32, rank = np.float32, len(in_shape)
+    out, factors = list(in_shape), [1.0] * rank
+    if sizes is not None:
+        ratio = {ax: s / max(in_shape[ax], 1) for ax, s in zip(axes, sizes)}
+        if policy != "stretch":  # one factor for every axis, the sizes rounded
+            keep = (min if policy == "not_larger" else max)(ratio.values())
+            ratio = dict.fromkeys(axes, keep)
+            sizes = [int(math.floor(keep * in_shape[ax] + 0.5)) for ax in axes]
+        for ax, s in zip(axes, sizes):
+            out[ax], factors[ax] = int(s), float(ratio[ax])
+    else:
+        for ax, s in zip(axes, scales):
+            if not s > 0:
+                raise NodeError(node, f"scale {s} on axis {ax} must be positive")
+            out[ax], factors[ax] = int(f32(s) * f32(in_shape[ax])), float(f32(s))
+    if min(out, default=0) < 0:
+        raise NodeError(node, f"output sizes {out} must not be negative")
+    return out, factors
+
+
+def _resize(ctx, node):
+    in_shape = ctx.types[node.inputs[0]].shape
+    rank = len(in_shape)
+    legacy = {}
+    if ctx.source_opset < 11 and "coordinate_transformation_mode" not in node.attrs:
+        # Made by onnx's version converter from an opset-10 Resize or an Upsample, which
+        # it does not give their asymmetric coordinates: the opset-11 default would shift
+        # the picture by half a pixel.
+        legacy = {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    node = Node(node.op, node.inputs, node.outputs, {**legacy, **node.attrs}, node.name)
+    a = _attrs(node, {**_RESIZE, "keep_aspect_ratio_policy": "stretch"}, **_RESIZE_CHOICES)
+    policy = a.pop("keep_aspect_ratio_policy")
+    axes = a.pop("axes", None)
+    axes = list(range(rank)) if axes is None else [_axis(node, x, rank) for x in axes]
+    if len(set(axes)) != len(axes):
+        raise NodeError(node, f"axes {axes} repeat an axis")
+    scales = _optional_value(ctx, node, 2, "scales")
+    sizes = _optional_value(ctx, node, 3, "sizes")
+    if (scales is None) == (sizes is None):
+        raise NodeError(node, "exactly one of scales and sizes must be given")
+    given = scales if sizes is None else sizes
+    if given.size != len(axes):
+        raise NodeError(node, f"{given.size} scales or sizes for {len(axes)} axes")
+    out, factors = _resize_shape(node, in_shape, axes, None if scales is None else
+                                 [float(s) for s in scales], None if sizes is None else
+                                 [int(s) for s in sizes], policy)
+    a.update(sizes=out, scales=factors)
+    if a["coordinate_transformation_mode"] == "tf_crop_and_resize":
+        roi = _optional_value(ctx, node, 1, "roi")
+        if roi is None or roi.size != 2 * len(axes):
+            raise NodeError(node, f"tf_crop_and_resize needs a roi of {2 * len(axes)} values")
+        full = [0.0] * rank + [1.0] * rank
+        for k, ax in enumerate(axes):
+            full[ax], full[ax + rank] = float(roi[k]), float(roi[k + len(axes)])
+        a["roi"] = full
+    return [Node("Resize", node.inputs[:1], node.outputs, a, node.name)]
+
+
+def _upsample(ctx, node):
+    """Upsample (deprecated since opset 10) is Resize with asymmetric coordinates and
+    the floor of them for nearest."""
+    mode = {"bilinear": "linear"}.get(node.attrs.get("mode", "nearest"),
+                                      node.attrs.get("mode", "nearest"))
+    scales = node.attrs.get("scales")
+    if scales is None:
+        scales = [float(s) for s in np.reshape(ctx.value(node, 1, "scales"), -1)]
+    in_shape = ctx.types[node.inputs[0]].shape
+    if len(scales) != len(in_shape) or mode not in ("nearest", "linear"):
+        raise NodeError(node, f"scales {list(scales)} must have one value per axis and mode "
+                              f"{mode!r} be nearest or linear")
+    out, factors = _resize_shape(node, in_shape, range(len(in_shape)), scales, None,
+                                 "stretch")
+    a = {**_RESIZE, "mode": mode, "coordinate_transformation_mode": "asymmetric",
+         "nearest_mode": "floor", "sizes": out, "scales": factors}
+    return [Node("Resize", node.inputs[:1], node.outputs, a, node.name)]
+
+
+CANONICALIZE.update({
+    "LayerNormalization": _layer_norm, "GroupNormalization": _group_norm,
+    "InstanceNormalization": _with_defaults({"epsilon": 1e-5}),
+    "LpNormalization": _lp_norm, "Hardmax": _softmax,
+    "Gelu": _with_defaults({"approximate": "none"}, approximate=("none", "tanh")),
+    "Celu": _with_defaults({"alpha": 1.0}), "ThresholdedRelu": _with_defaults({"alpha": 1.0}),
+    "Shrink": _with_defaults({"bias": 0.0, "lambd": 0.5}),
+    "Mod": _with_defaults({"fmod": 0}, fmod=(0, 1)),
+    "IsInf": _with_defaults({"detect_negative": 1, "detect_positive": 1}),
+    "BitShift": _with_defaults({}, direction=("LEFT", "RIGHT")),
+    "ReduceL1": _reduce, "ReduceL2": _reduce, "ReduceLogSum": _reduce,
+    "ReduceLogSumExp": _reduce, "ReduceSumSquare": _reduce,
+    "ArgMax": _arg_extreme, "ArgMin": _arg_extreme, "TopK": _top_k, "CumSum": _cum_sum,
+    "GatherElements": _with_axis(0), "ScatterElements": _scatter_elements,
+    "GatherND": _with_defaults({"batch_dims": 0}),
+    "ScatterND": _with_defaults({"reduction": "none"}, reduction=_REDUCTIONS),
+    "Trilu": _trilu, "NonZero": _non_zero, "OneHot": _one_hot, "Einsum": _einsum,
+    "DepthToSpace": _blocks, "SpaceToDepth": _blocks,
+    "ConvTranspose": _conv_transpose, "Resize": _resize, "Upsample": _upsample,
+})

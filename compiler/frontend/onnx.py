@@ -34,8 +34,9 @@ __all__ = ["import_onnx", "SUPPORTED_OPS", "MIN_OPSET", "MAX_OPSET", "MAX_OP_VER
 
 MIN_OPSET, MAX_OPSET = 11, 21
 MAX_OP_VERSION = 28
-# Ops rewritten at import: Constant becomes an initializer, CastLike a Cast.
-_IMPORT_ONLY = ("Constant", "CastLike")
+# Ops rewritten at import: Constant becomes an initializer, CastLike a Cast, Upsample a
+# Resize (canonical.py).
+_IMPORT_ONLY = ("Constant", "CastLike", "Upsample")
 SUPPORTED_OPS = tuple(sorted(set(KERNELS) | set(_IMPORT_ONLY)))
 # Ops always evaluated at compile time when their input's shape is static.
 _SHAPE_OPS = ("Shape", "Size")

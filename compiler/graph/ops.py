@@ -3,7 +3,10 @@
 ``KERNELS`` maps an operator to its kernel, ``SHAPE_RULES`` the compute-heavy ones to a rule
 for their output type (the others' types come from running the kernel on zero-stride
 stand-ins: reference.py). reference.py runs them; qops.py holds celosia's own quantized
-operators.
+operators. The operators added later live in modules by kind (ops_math.py: element-wise
+math, reductions, TopK, Einsum; ops_nn.py: normalizations, activations, ConvTranspose;
+ops_tensor.py: gathers, scatters, data movement; ops_resize.py: Resize), which import
+nothing of this module; their tables are merged into these two at the end.
 
 A kernel is ``fn(attrs, *inputs) -> array or tuple of arrays``; a missing optional input is
 None. Attributes are in the importer's canonical form (see graph.py): explicit pads and
@@ -22,6 +25,7 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from . import ops_math, ops_nn, ops_resize, ops_tensor
 from .ir import NodeError, TensorType
 
 __all__ = ["KERNELS", "SHAPE_RULES", "OWN_INPUTS", "pool_output_shape", "conv", "conv_types",
@@ -465,3 +469,16 @@ def _matmul_types(node, types):
 
 SHAPE_RULES = {"Conv": conv_types, "MaxPool": _pool_types, "AveragePool": _pool_types,
                 "Gemm": _gemm_types, "MatMul": _matmul_types}
+
+
+def _merge(table: dict, *groups: dict) -> None:
+    for group in groups:
+        both = set(table) & set(group)
+        if both:
+            raise RuntimeError(f"operators defined twice: {sorted(both)}")
+        table.update(group)
+
+
+_GROUPS = (ops_math, ops_nn, ops_tensor, ops_resize)
+_merge(KERNELS, *(g.KERNELS for g in _GROUPS))
+_merge(SHAPE_RULES, *(g.SHAPE_RULES for g in _GROUPS))

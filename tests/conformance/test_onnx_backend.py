@@ -21,8 +21,13 @@ EXCLUDED = {
     r"^test_cast_e8m0": "exotic dtype",
     r"^test_(de)?quantizelinear_(e4m3fn|e5m2|float4e2m1|u?int4|u?int2)": "exotic dtype",
     r"bfloat16": "exotic dtype",
+    r"_bf16": "exotic dtype",
     # Dropout in training mode draws random masks: no fixed expected output.
     r"^test_training_dropout": "random",
+    # align_corners with a non-integral scaled size (4 x 0.6 = 2.4): onnx's reference maps
+    # by the unrounded size, onnxruntime (whose answer celosia follows) by the output size
+    # it makes, which keeps the corners on the corners.
+    r"^test_resize_downsample_scales_(linear|cubic)_align_corners": "onnxruntime's meaning",
     # Tensors only: no strings, sequences or optionals.
     r"^test_equal_string": "string tensors",
     r"^test_identity_sequence": "sequence type",

@@ -70,14 +70,15 @@ def test_unsupported_operator():
     m = models.small_cnn()
     for k, node in enumerate(m.graph.node):
         if node.op_type == "Softmax":
-            m.graph.node[k].CopyFrom(helper.make_node("Hardmax", node.input, node.output,
-                                                      name="head"))
+            m.graph.node[k].CopyFrom(helper.make_node("MeanVarianceNormalization", node.input,
+                                                      node.output, name="head"))
         if node.op_type == "MaxPool":
             m.graph.node[k].CopyFrom(helper.make_node("LpPool", node.input, node.output,
                                                       name="pool", kernel_shape=[2, 2],
                                                       strides=[2, 2]))
     with pytest.raises(UnsupportedOperatorError,
-                       match=r"2 unsupported nodes: 'pool' \(LpPool\); 'head' \(Hardmax\)"):
+                       match=r"2 unsupported nodes: 'pool' \(LpPool\); 'head' "
+                             r"\(MeanVarianceNormalization\)"):
         ReferenceModel.load(m)
 
 
