@@ -28,7 +28,8 @@ from ..graph.ir import Node, NodeError
 from .dtypes import supported_elem_type
 from .tensors import read_tensor
 
-__all__ = ["Attr", "OpSpec", "SPECS", "read_node", "check_ranks", "output_bounds"]
+__all__ = ["Attr", "OpSpec", "SPECS", "read_node", "check_ranks", "check_value",
+           "output_bounds"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,9 @@ class Attr:
     input 0 ("in": [-r, r), "flatten": [-r, r], "out": axes of the output of Unsqueeze);
     ``dtype``: an ONNX element-type code of a type celosia supports; ``unique``: no value
     twice; ``required``: every opset requires it; ``outputs``: an int that equals the node's
-    number of outputs, or ints with one value per output.
+    number of outputs, or ints with one value per output; ``below``: each value is less than
+    the largest of these attributes' values at its position (absent ones count as 1, the
+    default of strides and dilations).
     """
 
     kind: str
@@ -53,16 +56,20 @@ class Attr:
     unique: bool = False
     required: bool = False
     outputs: bool = False
+    below: tuple = ()
 
 
 @dataclass(frozen=True)
 class OpSpec:
     """An operator's inputs and outputs (space-separated names; ``?`` optional, ``...`` one or
-    more) and its attributes."""
+    more), its attributes, and ``values``: rules, as for attributes, for inputs whose value
+    the importer reads at compile time (TopK's k, OneHot's depth; ``check_value``), an
+    "int" being one value (a scalar or a one-element tensor)."""
 
     inputs: str
     outputs: str
     attrs: dict = field(default_factory=dict)
+    values: dict = field(default_factory=dict)
 
 
 _BOOL = (0, 1)
@@ -154,6 +161,89 @@ SPECS: dict[str, OpSpec] = {
         "sparse_value": Attr("sparse_tensor")}),
 }
 
+# ---- the operators of issue #12 (graph/ops_math.py, ops_nn.py, ops_tensor.py, ops_resize.py) --
+
+_FLOAT_STASH = Attr("int", choices=(1, 10, 11))  # float32, float16, float64: what to compute in
+_AXIS = {"axis": Attr("int", axis="in")}
+_ARG = OpSpec("data", "reduced", {**_AXIS, "keepdims": Attr("int", choices=_BOOL),
+                                  "select_last_index": Attr("int", choices=_BOOL)})
+_BLOCKS = {"blocksize": Attr("int", low=1, required=True),
+           "mode": Attr("string", choices=("DCR", "CRD"))}
+_SCATTER_REDUCTION = Attr("string", choices=("none", "add", "mul", "max", "min"))
+_RESIZE_MODES = {
+    "mode": Attr("string", choices=("nearest", "linear", "cubic")),
+    "coordinate_transformation_mode": Attr("string", choices=(
+        "half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+        "asymmetric", "tf_crop_and_resize", "tf_half_pixel_for_nn")),
+    "nearest_mode": Attr("string", choices=("round_prefer_floor", "round_prefer_ceil", "floor",
+                                            "ceil")),
+    "keep_aspect_ratio_policy": Attr("string", choices=("stretch", "not_larger",
+                                                        "not_smaller")),
+    "cubic_coeff_a": Attr("float"), "extrapolation_value": Attr("float"),
+    "exclude_outside": Attr("int", choices=_BOOL), "antialias": Attr("int", choices=_BOOL),
+    "axes": Attr("ints", axis="in", unique=True)}
+
+SPECS.update({
+    # normalizations
+    "LayerNormalization": OpSpec("x scale b?", "y mean? inv_std_dev?", {
+        **_AXIS, "epsilon": Attr("float"), "stash_type": _FLOAT_STASH}),
+    "GroupNormalization": OpSpec("x scale bias", "y", {
+        "num_groups": Attr("int", low=1, required=True), "epsilon": Attr("float"),
+        "stash_type": _FLOAT_STASH}),
+    "InstanceNormalization": OpSpec("input scale b", "output", {"epsilon": Attr("float")}),
+    "LpNormalization": OpSpec("input", "output", {**_AXIS, "p": Attr("int", choices=(1, 2))}),
+    "Hardmax": OpSpec("input", "output", _AXIS),
+    # activations and element-wise math
+    "Gelu": OpSpec("x", "y", {"approximate": Attr("string", choices=("none", "tanh"))}),
+    "Celu": _ALPHA, "ThresholdedRelu": _ALPHA,
+    "Shrink": OpSpec("input", "output", {"bias": Attr("float"), "lambd": Attr("float")}),
+    **{op: _UNARY for op in ("Erf", "Sin", "Cos", "Round", "Sign", "Mish", "IsNaN")},
+    "IsInf": OpSpec("x", "y", {"detect_negative": Attr("int", choices=_BOOL),
+                               "detect_positive": Attr("int", choices=_BOOL)}),
+    "Mod": OpSpec("a b", "c", {"fmod": Attr("int", choices=_BOOL)}),
+    **{op: _BINARY for op in ("GreaterOrEqual", "LessOrEqual", "Xor")},
+    "BitShift": OpSpec("x y", "z", {"direction": Attr("string", choices=("LEFT", "RIGHT"),
+                                                      required=True)}),
+    # reductions, selections, scans
+    **{op: _REDUCE for op in ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+                              "ReduceSumSquare")},
+    "ArgMax": _ARG, "ArgMin": _ARG,
+    "TopK": OpSpec("x k", "values indices", {
+        **_AXIS, "largest": Attr("int", choices=_BOOL), "sorted": Attr("int", choices=_BOOL)},
+        values={"k": Attr("int", low=0)}),
+    "CumSum": OpSpec("x axis", "y", {"exclusive": Attr("int", choices=_BOOL),
+                                     "reverse": Attr("int", choices=_BOOL)},
+                     values={"axis": Attr("int", axis="in")}),
+    "Einsum": OpSpec("inputs...", "output", {"equation": Attr("string", required=True)}),
+    # indexing and data movement
+    "GatherElements": OpSpec("data indices", "output", _AXIS),
+    "GatherND": OpSpec("data indices", "output", {"batch_dims": Attr("int", low=0)}),
+    "ScatterElements": OpSpec("data indices updates", "output", {
+        **_AXIS, "reduction": _SCATTER_REDUCTION}),
+    "ScatterND": OpSpec("data indices updates", "output", {"reduction": _SCATTER_REDUCTION}),
+    "Trilu": OpSpec("input k?", "output", {"upper": Attr("int", choices=_BOOL)},
+                    values={"k": Attr("int")}),
+    "NonZero": OpSpec("x", "y"),
+    "OneHot": OpSpec("indices depth values", "output", {"axis": Attr("int", axis="out")},
+                     values={"depth": Attr("int", low=1)}),
+    "DepthToSpace": OpSpec("input", "output", _BLOCKS),
+    "SpaceToDepth": OpSpec("input", "output", _BLOCKS),  # mode: opset 28
+    # ConvTranspose: output_padding below the stride or the dilation (ONNX, onnxruntime);
+    # output_shape gives the spatial sizes (onnx's inference takes nothing else).
+    "ConvTranspose": OpSpec("x w b?", "y", {
+        **_WINDOW, "group": Attr("int", low=1),
+        "output_padding": Attr("ints", low=0, length="spatial",
+                               below=("strides", "dilations")),
+        "output_shape": Attr("ints", low=1, length="spatial")}),
+    "Resize": OpSpec("x roi? scales? sizes?", "y", _RESIZE_MODES,
+                     values={"sizes": Attr("ints", low=0)}),
+    # Upsample (opsets 7 to 9; onnx's version converter makes it a Resize): the scales are
+    # an attribute before opset 9, an input since.
+    "Upsample": OpSpec("x scales?", "y", {
+        "mode": Attr("string", choices=("nearest", "linear", "bilinear")),
+        "scales": Attr("floats", low=1)}),
+})
+
 # AttributeProto.type -> the kind it holds, and the field its value is in.
 _KINDS = {1: ("float", "f"), 2: ("int", "i"), 3: ("string", "s"), 4: ("tensor", "t"),
           5: ("graph", "g"), 6: ("floats", "floats"), 7: ("ints", "ints"),
@@ -230,27 +320,11 @@ def _attr_value(node, a, spec: Attr, where):
     return list(value) if kind in ("ints", "floats") else value
 
 
-def _from_schema(op: str) -> OpSpec:
-    """A spec read off onnx's latest schema (arity and attribute kinds, no ranges), for an
-    operator supported without an entry in SPECS yet; the table test asks for one."""
-    import onnx.defs
-
-    schema = onnx.defs.get_schema(op)
-    option = onnx.defs.OpSchema.FormalParameterOption
-
-    def names(params):
-        return " ".join(p.name + {option.Optional: "?", option.Variadic: "..."}.get(p.option, "")
-                        for p in params)
-    kinds = {t: kind for t, (kind, _) in _KINDS.items()}
-    return OpSpec(names(schema.inputs), names(schema.outputs),
-                  {k: Attr(kinds.get(int(a.type), "?")) for k, a in schema.attributes.items()})
-
-
 def read_node(proto, name: str, where: str) -> Node:
     """The graph Node of an ONNX NodeProto of a supported operator, after checking its arity
     and each attribute's kind and value against ``SPECS``."""
     op = proto.op_type
-    spec = SPECS.get(op) or _from_schema(op)
+    spec = SPECS[op]
     node = Node(op, tuple(proto.input), tuple(proto.output), {}, name)
     _arity(node, spec.inputs, node.inputs, "input")
     _arity(node, spec.outputs, node.outputs, "output")
@@ -274,28 +348,67 @@ def read_node(proto, name: str, where: str) -> Node:
 
 def check_ranks(node: Node, rank: int) -> None:
     """The attribute rules that need input 0's rank: lengths and axes (``Attr.length``,
-    ``Attr.axis``)."""
+    ``Attr.axis``), then the bounds by other attributes (``Attr.below``)."""
     spec = SPECS.get(node.op)
     if spec is None:
         return
     for key, rule in spec.attrs.items():
-        if key not in node.attrs or (rule.length is None and rule.axis is None):
-            continue
-        value = node.attrs[key]
-        values = value if isinstance(value, list) else [value]
-        want = {"spatial": rank - 2, "pads": 2 * (rank - 2), "rank": rank}.get(rule.length)
-        if want is not None and len(values) != want:
-            raise NodeError(node, f"attribute {key!r} has {len(values)} values but the input "
-                                  f"has rank {rank}, which needs {want}")
-        if rule.axis:
-            r = rank + len(values) if rule.axis == "out" else rank
-            hi = r + 1 if rule.axis == "flatten" else r
-            bad = [v for v in values if not -r <= v < max(hi, 1)]
-            if bad:
-                raise NodeError(node, f"attribute {key!r} = {value}: axis {bad[0]} is out of "
-                                      f"range for rank {r} ([{-r}, {hi - 1}])")
-            if rule.unique and len({v % max(r, 1) for v in values}) != len(values):
-                raise NodeError(node, f"attribute {key!r} = {value} names an axis twice")
+        if key in node.attrs and (rule.length is not None or rule.axis is not None):
+            _check_shaped(node, f"attribute {key!r}", rule, node.attrs[key], rank)
+    for key, rule in spec.attrs.items():
+        if key in node.attrs and rule.below:
+            _check_below(node, key, rule.below)
+
+
+def _check_shaped(node, what, rule: Attr, value, rank) -> None:
+    values = value if isinstance(value, list) else [value]
+    want = {"spatial": rank - 2, "pads": 2 * (rank - 2), "rank": rank}.get(rule.length)
+    if want is not None and len(values) != want:
+        raise NodeError(node, f"{what} has {len(values)} values but the input has rank {rank}, "
+                              f"which needs {want}")
+    if rule.axis:
+        r = rank + len(values) if rule.axis == "out" else rank
+        hi = r + 1 if rule.axis == "flatten" else r
+        bad = [v for v in values if not -r <= v < max(hi, 1)]
+        if bad:
+            raise NodeError(node, f"{what} = {value}: axis {bad[0]} is out of range for rank "
+                                  f"{r} ([{-r}, {hi - 1}])")
+        if rule.unique and len({v % max(r, 1) for v in values}) != len(values):
+            raise NodeError(node, f"{what} = {value} names an axis twice")
+
+
+def _check_below(node, key, bounds) -> None:
+    for i, v in enumerate(node.attrs[key]):
+        limit = max(node.attrs[b][i] if b in node.attrs else 1 for b in bounds)
+        if v >= limit:
+            shown = " and ".join(f"{b} = {node.attrs.get(b, 'absent (1)')}" for b in bounds)
+            raise NodeError(node, f"attribute {key!r} = {node.attrs[key]}: value {v} at {i} "
+                                  f"must be less than {limit}, the largest of {shown} there")
+
+
+def check_value(node: Node, index: int, value, rank: int):
+    """Hold a compile-time input value to the operator's rule for that input
+    (``OpSpec.values``), if it has one; ``rank`` is input 0's. Returns the value."""
+    spec = SPECS.get(node.op)
+    names = spec.inputs.split() if spec else []
+    name = names[index].rstrip("?") if index < len(names) else None
+    rule = spec.values.get(name) if spec else None
+    if rule is None or value is None:
+        return value
+    flat = np.reshape(value, -1)
+    what = f"input {index} ({name})"
+    if rule.kind == "int" and flat.size != 1:
+        raise NodeError(node, f"{what} must hold one value, not {list(np.shape(value))}; "
+                              "give a scalar or a one-element tensor")
+    if flat.dtype.kind == "f" and not np.all(np.isfinite(flat)):
+        raise NodeError(node, f"{what} = {flat.tolist()} is not finite")
+    numbers = [int(v) if flat.dtype.kind in "biu" else float(v) for v in flat]
+    shown = numbers[0] if rule.kind == "int" else numbers
+    if rule.low is not None and any(v < rule.low for v in numbers):
+        raise NodeError(node, f"{what} = {shown}: every value must be at least {rule.low}")
+    if rule.length is not None or rule.axis is not None:
+        _check_shaped(node, what, rule, shown, rank)
+    return value
 
 
 # ---- output sizes known before a kernel runs -------------------------------------------------

@@ -13,7 +13,12 @@ Two adjustments, made on the proto for the duration of the check only:
   and output, which onnxruntime and celosia do not (celosia infers its outputs' types; an
   input without a shape is a dynamic input, which ``--input-shape`` fixes), so a missing one
   is filled in (a float scalar) for ``check_model`` alone. The inference that follows sees
-  the model as it is.
+  the model as it is;
+- onnx deprecated GroupNormalization-18 (opsets 18 to 20: scale and bias per group) and its
+  checker rejects any node of it, but exporters wrote it and onnxruntime runs it, and so
+  does celosia (canonical.py). For both checks such a node stands in as ``Identity(X)``,
+  which has its output's type; celosia's operator table and canonical form check the node
+  itself.
 """
 
 from __future__ import annotations
@@ -76,20 +81,49 @@ def node_names(graph) -> list[str]:
     return names
 
 
+# Deprecated operator versions celosia takes (see the module docstring).
+_KEPT_DEPRECATED = ("GroupNormalization",)
+
+
+def _deprecated_kept(proto) -> list:
+    import onnx.defs
+
+    versions = [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")]
+    found = []
+    for n in proto.graph.node:
+        if n.op_type in _KEPT_DEPRECATED and n.domain in ("", "ai.onnx") and versions:
+            try:
+                deprecated = onnx.defs.get_schema(n.op_type, versions[0]).deprecated
+            except onnx.defs.SchemaError:
+                continue
+            if deprecated:
+                found.append(n)
+    return found
+
+
 @contextmanager
 def _prepared(proto, names):
-    """Unnamed nodes named as celosia names them; yields the graph inputs and outputs whose
-    type, element type or shape is missing. Restores the names on the way out."""
+    """Unnamed nodes named as celosia names them, deprecated nodes celosia takes as their
+    stand-ins; yields the graph inputs and outputs whose type, element type or shape is
+    missing. Restores the names and nodes on the way out."""
     g = proto.graph
     renamed = [(n, n.name) for n, name in zip(g.node, names) if n.name != name]
     for n, name in zip(g.node, names):
         n.name = name
+    kept = [(n, n.SerializeToString()) for n in _deprecated_kept(proto)]
+    for n, _ in kept:
+        x = n.input[0] if n.input else ""
+        n.op_type = "Identity"
+        del n.input[:], n.attribute[:], n.output[1:]
+        n.input.append(x)
     untyped = [v for v in list(g.input) + list(g.output) if not (
         v.type.HasField("tensor_type") and v.type.tensor_type.HasField("elem_type")
         and v.type.tensor_type.HasField("shape"))]
     try:
         yield untyped
     finally:
+        for n, old in kept:
+            n.ParseFromString(old)
         for n, old in renamed:
             n.name = old
 
