@@ -590,8 +590,9 @@ def _resize(ctx, node):
     policy = a.pop("keep_aspect_ratio_policy")
     axes = a.pop("axes", None)
     axes = list(range(rank)) if axes is None else [_axis(node, x, rank) for x in axes]
-    scales = _optional_value(ctx, node, 2, "scales")
-    sizes = _optional_value(ctx, node, 3, "sizes")
+    # Shape-like inputs are read flat, as Reshape's shape and the others are.
+    scales, sizes = (None if v is None else v.reshape(-1) for v in (
+        _optional_value(ctx, node, 2, "scales"), _optional_value(ctx, node, 3, "sizes")))
     if (scales is None) == (sizes is None):
         raise NodeError(node, "exactly one of scales and sizes must be given")
     given = scales if sizes is None else sizes
@@ -603,6 +604,7 @@ def _resize(ctx, node):
     a.update(sizes=out, scales=factors)
     if a["coordinate_transformation_mode"] == "tf_crop_and_resize":
         roi = _optional_value(ctx, node, 1, "roi")
+        roi = None if roi is None else roi.reshape(-1)
         if roi is None or roi.size != 2 * len(axes):
             raise NodeError(node, f"tf_crop_and_resize needs a roi of {2 * len(axes)} values")
         full = [0.0] * rank + [1.0] * rank

@@ -13,8 +13,8 @@ its own opset's schema on top of it.
   are read);
 - ``check_ranks`` checks what needs the input's rank (lengths, axes) once its type is known;
 - ``output_bounds`` gives, for operators whose output can outgrow their inputs (broadcasts,
-  Expand, Tile, Gather, Pad, Cast), the output sizes to check against celosia.limits before a
-  kernel runs.
+  Expand, Tile, Gather, GatherND, OneHot, Pad, Cast), the output sizes to check against
+  celosia.limits before a kernel runs.
 """
 
 from __future__ import annotations
@@ -457,6 +457,19 @@ def _pad(node, types):
              np.dtype(types[0].dtype).itemsize)]
 
 
+def _gather_nd(node, types):
+    data, indices, b = types[0].shape, types[1].shape, node.attrs.get("batch_dims", 0)
+    if not indices or indices[-1] > len(data) - b:
+        return []  # the kernel says what is wrong
+    return [(indices[:-1] + data[b + indices[-1]:], np.dtype(types[0].dtype).itemsize)]
+
+
+def _one_hot(node, types):
+    indices, axis = types[0].shape, node.attrs["axis"]
+    return [(indices[:axis] + (node.attrs["depth"],) + indices[axis:],
+             np.dtype(types[1].dtype).itemsize)]
+
+
 def _dtype_attr(key):
     return lambda node, types: np.dtype(node.attrs[key]).itemsize
 
@@ -464,8 +477,10 @@ def _dtype_attr(key):
 _BOUNDS = {
     **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean",
                                  "Equal", "Less", "Greater", "And", "Or", "Where", "PRelu",
-                                 "Clip")},
+                                 "Clip", "Mod", "GreaterOrEqual", "LessOrEqual", "Xor",
+                                 "BitShift")},
     "Expand": _expand, "Tile": _tile, "Gather": _gather, "Pad": _pad,
+    "GatherND": _gather_nd, "OneHot": _one_hot,
     "Cast": _same_as(0, _dtype_attr("to")),
     "QuantizeLinear": _same_as(0, _dtype_attr("output_dtype")),
     "DequantizeLinear": _same_as(0, _dtype_attr("output_dtype")),

@@ -97,8 +97,10 @@ def gelu(attrs, x):
 
 
 def celu(attrs, x):
-    alpha = x.dtype.type(attrs.get("alpha", 1.0))
-    return (np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha))).astype(x.dtype)
+    # exp(x / alpha) - 1 as ONNX's function body and onnxruntime compute it (not expm1,
+    # which differs where x / alpha is tiny: a huge alpha).
+    alpha, one = x.dtype.type(attrs.get("alpha", 1.0)), x.dtype.type(1)
+    return (np.maximum(x, 0) + np.minimum(0, alpha * (np.exp(x / alpha) - one))).astype(x.dtype)
 
 
 def shrink(attrs, x):
@@ -120,34 +122,46 @@ def conv_transpose_output_size(in_sizes, kernel, strides, dilations, pads, outpu
 def conv_transpose(attrs, x, w, b=None):
     """The gradient of a convolution: each input pixel scatters ``w``'s window into the
     output. One batched GEMM per kernel position (BLAS) adds the contributions of that
-    tap at its strided positions; the padding is cropped afterwards."""
+    tap at its strided positions, those inside the output only: the memory is the
+    output's however large the strides or pads (a negative pad, from an output_shape
+    larger than the operator makes, leaves zeros)."""
     kernel, strides, dil = attrs["kernel_shape"], attrs["strides"], attrs["dilations"]
     pads, g, nd = attrs["pads"], attrs["group"], len(attrs["kernel_shape"])
     n, c, in_sizes = x.shape[0], x.shape[1], x.shape[2:]
     cg, mg = c // g, w.shape[1]
-    # A negative pad (an output_shape larger than the operator makes) adds zeros: ``lead``
-    # of them before the first tap's position, ``tail`` after the output padding.
-    lead = [max(-pads[i], 0) for i in range(nd)]
-    full = [lead[i] + (in_sizes[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1
-            + attrs["output_padding"][i] + max(-pads[i + nd], 0) for i in range(nd)]
-    out = np.zeros((n, g, mg, *full), x.dtype)
+    sizes = conv_transpose_output_size(in_sizes, kernel, strides, dil, pads,
+                                       attrs["output_padding"])
+    out = np.zeros((n, g, mg, *sizes), x.dtype)
     # [n, g, pixels, cg] @ [g, cg, mg] for each tap.
     xt = x.reshape(n, g, cg, -1).transpose(0, 1, 3, 2)
     wg = w.reshape(g, cg, mg, *kernel)
     for tap in np.ndindex(*kernel):
+        reads, writes = _tap_window(tap, in_sizes, sizes, strides, dil, pads)
+        if reads is None:
+            continue
         y = np.matmul(xt, wg[(slice(None),) * 3 + tap])
         y = y.transpose(0, 1, 3, 2).reshape(n, g, mg, *in_sizes)
-        first = [lead[i] + tap[i] * dil[i] for i in range(nd)]
-        where = tuple(slice(first[i], first[i] + (in_sizes[i] - 1) * strides[i] + 1, strides[i])
-                      for i in range(nd))
-        out[(slice(None),) * 3 + where] += y
-    sizes = conv_transpose_output_size(in_sizes, kernel, strides, dil, pads,
-                                       attrs["output_padding"])
-    crop = tuple(slice(lead[i] + pads[i], lead[i] + pads[i] + sizes[i]) for i in range(nd))
-    y = out.reshape(n, g * mg, *full)[(slice(None), slice(None)) + crop]
+        out[(slice(None),) * 3 + writes] += y[(slice(None),) * 3 + reads]
+    y = out.reshape(n, g * mg, *sizes)
     if b is not None:
         y = y + _channel(b, x.ndim)
     return np.ascontiguousarray(y, dtype=x.dtype)
+
+
+def _tap_window(tap, in_sizes, sizes, strides, dil, pads):
+    """(input slices, output slices) of one kernel tap: input pixel i lands on output
+    position i * stride + tap * dilation - pad_begin, kept where that is inside the
+    output; (None, None) when no pixel is."""
+    reads, writes = [], []
+    for d, (size_in, size_out, s) in enumerate(zip(in_sizes, sizes, strides)):
+        first = tap[d] * dil[d] - pads[d]
+        lo = max(0, -(first // s))  # the first i with first + i * s >= 0
+        hi = min(size_in, -(-(size_out - first) // s))  # past the last i inside
+        if lo >= hi:
+            return None, None
+        reads.append(slice(lo, hi))
+        writes.append(slice(first + lo * s, first + (hi - 1) * s + 1, s))
+    return tuple(reads), tuple(writes)
 
 
 def _broadcasts_to(shape, target) -> bool:
@@ -171,6 +185,19 @@ def _conv_transpose_types(node, types):
         raise NodeError(node, f"output size {sizes} is empty: the pads {a['pads']} crop more "
                               "than the transposed convolution produces")
     return [TensorType(x.dtype, (x.shape[0], w.shape[1] * a["group"], *sizes))]
+
+
+def _instance_norm_types(node, types):
+    """The input's type; scale and bias are one value per channel (the kernel would
+    broadcast others into a larger output)."""
+    x = types[0]
+    if len(x.shape) < 3:
+        raise NodeError(node, f"input {x} must be [N, C, D1, ...]")
+    for t in types[1:3]:
+        if t.shape != x.shape[1:2]:
+            raise NodeError(node, f"scale and bias must have shape [{x.shape[1]}] (one value "
+                                  f"per channel of {x}), not {t}")
+    return [x]
 
 
 def _layer_norm_types(node, types):
@@ -200,4 +227,5 @@ KERNELS = {
     "ConvTranspose": conv_transpose,
 }
 
-SHAPE_RULES = {"ConvTranspose": _conv_transpose_types, "LayerNormalization": _layer_norm_types}
+SHAPE_RULES = {"ConvTranspose": _conv_transpose_types, "LayerNormalization": _layer_norm_types,
+               "InstanceNormalization": _instance_norm_types}

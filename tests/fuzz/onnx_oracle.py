@@ -29,9 +29,26 @@ def random_feeds(graph, seed: int) -> dict:
     return feeds
 
 
+def _crashes_onnxruntime(data: bytes) -> bool:
+    """Models that kill onnxruntime's process (a segmentation fault) instead of failing:
+    no comparison there. LayerNormalization with its optional bias named "" (onnxruntime
+    issue 18967, still in 1.32)."""
+    import onnx
+
+    try:
+        nodes = onnx.load_from_string(data).graph.node
+    except Exception:  # noqa: BLE001 - onnxruntime reports what it cannot parse
+        return False
+    return any(n.op_type == "LayerNormalization" and len(n.input) > 2 and not n.input[2]
+               for n in nodes)
+
+
 def _onnxruntime(data: bytes, feeds: dict):
     """onnxruntime's outputs, or None where it does not accept the model or the inputs."""
     import onnxruntime as ort
+
+    if _crashes_onnxruntime(data):
+        return None
 
     options = ort.SessionOptions()
     options.log_severity_level = 4
@@ -56,11 +73,27 @@ def _extreme(graph) -> bool:
     return False
 
 
-def _differs(ours: np.ndarray, theirs: np.ndarray, extreme: bool) -> str | None:
+def _huge_float_attribute(graph) -> bool:
+    """Whether a float attribute is non-finite or huge (Resize's cubic_coeff_a = 1e30): the
+    result is then a sum of huge terms that cancel, its value whatever the order and
+    precision of the arithmetic leave (onnxruntime computes cubic weights in float32,
+    celosia in float64); only shapes and types are compared."""
+    for node in graph.nodes:
+        for v in node.attrs.values():
+            for x in (v if isinstance(v, list) else [v]):
+                if isinstance(x, float) and not abs(x) < 1e20:
+                    return True
+    return False
+
+
+def _differs(ours: np.ndarray, theirs: np.ndarray, extreme: bool,
+             values: bool = True) -> str | None:
     if ours.shape != theirs.shape:
         return f"shape {ours.shape} vs onnxruntime {theirs.shape}"
     if ours.dtype != theirs.dtype:
         return f"dtype {ours.dtype} vs onnxruntime {theirs.dtype}"
+    if not values:
+        return None
     if ours.dtype.kind in "biu":  # NaN or infinity made integer is unspecified
         return None if extreme or np.array_equal(ours, theirs) else "integer values differ"
     a, b = ours.astype(np.float64), theirs.astype(np.float64)
@@ -104,7 +137,8 @@ def check_case(data: bytes, input_shapes, seed: int, compare: bool = True) -> tu
     for name, value in ours.items():
         if name not in theirs:
             return "crashed", f"output {name!r} is not among onnxruntime's {list(theirs)}"
-        why = _differs(np.asarray(value), np.asarray(theirs[name]), _extreme(graph))
+        why = _differs(np.asarray(value), np.asarray(theirs[name]), _extreme(graph),
+                       values=not _huge_float_attribute(graph))
         if why:
             return "crashed", f"output {name!r} differs from onnxruntime: {why}"
     return "compared", ""

@@ -90,12 +90,91 @@ OP_CASES = {
                                                        .reshape(2, 3))}, 1, 17),
 }
 
+# The operators of issue #12. "" is an input left out (Resize's roi and scales).
+_R = np.random.default_rng(2)
+_X3 = ("x", F, [2, 3, 4])
+OP_CASES.update({
+    # normalizations
+    "LayerNormalization": ([_X3, _c("s", _R.normal(size=4).astype(np.float32)),
+                            _c("b", np.full(4, 0.1, np.float32))],
+                           {"axis": -1, "epsilon": 1e-3, "stash_type": 1}, 3, 17),
+    # opset 18: onnxruntime has no opset-21 kernel to compare with
+    "GroupNormalization": ([_X, _c("s", np.array([1.5, 0.5], np.float32)),
+                            _c("b", np.array([0.1, -0.2], np.float32))],
+                           {"num_groups": 2, "epsilon": 1e-3}, 1, 18),
+    "InstanceNormalization": ([_X, _c("s", np.array([1.5, 0.5], np.float32)),
+                               _c("b", np.array([0.1, -0.2], np.float32))],
+                              {"epsilon": 1e-3}, 1, 17),
+    "LpNormalization": ([_V], {"axis": 1, "p": 1}, 1, 17),
+    "Hardmax": ([_X3], {"axis": 1}, 1, 17),
+    "Hardmax/11": ([_X3], {"axis": 1}, 1, 11),
+    # activations and element-wise math
+    "Gelu": ([_V], {"approximate": "tanh"}, 1, 20),
+    "Celu": ([_V], {"alpha": 0.7}, 1, 17), "ThresholdedRelu": ([_V], {"alpha": 0.3}, 1, 17),
+    "Shrink": ([_V], {"bias": 0.2, "lambd": 0.4}, 1, 17),
+    **{op: ([_V], {}, 1, 18) for op in ("Erf", "Sin", "Cos", "Round", "Sign", "Mish",
+                                        "IsNaN")},
+    "IsInf": ([_V], {"detect_negative": 0}, 1, 17),
+    "Mod": ([("a", TensorProto.INT32, [2, 3]), _c("b", np.array([2, 3, -5], np.int32))],
+            {"fmod": 0}, 1, 13),
+    "Mod/fmod": ([_V, _c("b", np.array([0.5, -2.0, 3.0], np.float32))], {"fmod": 1}, 1, 13),
+    **{op: ([_V, ("b", F, [3])], {}, 1, 16) for op in ("GreaterOrEqual", "LessOrEqual")},
+    "Xor": ([("a", B, [2, 3]), ("b", B, [3])], {}, 1, 17),
+    "BitShift": ([("x", U8, [2, 3]), _c("y", np.array([1, 2, 7], np.uint8))],
+                 {"direction": "LEFT"}, 1, 17),
+    # reductions, selections, scans
+    **{op: ([_X3], {"axes": [1], "keepdims": 0}, 1, 13) for op in (
+        "ReduceL1", "ReduceL2", "ReduceSumSquare")},
+    **{op: ([("x", F, [2, 3, 4]), _c("axes", np.array([0, -1]))], {"keepdims": 1}, 1, 18)
+       for op in ("ReduceLogSumExp", "ReduceLogSum")},
+    "ArgMax": ([_X3], {"axis": 1, "keepdims": 0, "select_last_index": 1}, 1, 13),
+    "ArgMin": ([_X3], {"axis": -1, "keepdims": 1}, 1, 13),
+    "TopK": ([("x", F, [2, 5]), _c("k", np.array([3]))], {"axis": 1, "largest": 0}, 2, 17),
+    "CumSum": ([_V, _c("a", np.array(1))], {"exclusive": 1, "reverse": 1}, 1, 14),
+    "Einsum": ([("a", F, [2, 3]), ("b", F, [3, 4])], {"equation": "ij,jk->ik"}, 1, 12),
+    # indexing and data movement
+    "GatherElements": ([("x", F, [3, 4]), _c("i", np.array([[0, 2, 1, 3], [1, 0, 2, -1]]))],
+                       {"axis": 1}, 1, 13),
+    "GatherND": ([_X3, _c("i", np.array([[0, 1], [1, 2]]))], {"batch_dims": 0}, 1, 13),
+    "ScatterElements": ([("x", F, [3, 4]), _c("i", np.array([[0, 1], [2, 0]])),
+                         ("u", F, [2, 2])], {"axis": 0, "reduction": "add"}, 1, 18),
+    "ScatterND": ([("x", F, [4, 3]), _c("i", np.array([[1], [3]])), ("u", F, [2, 3])],
+                  {"reduction": "none"}, 1, 18),
+    "Trilu": ([("x", F, [3, 4]), _c("k", np.array(1))], {"upper": 0}, 1, 14),
+    "NonZero": ([_c("x", np.array([[0, 1, 0], [2, 0, 3]], np.float32))], {}, 1, 13),
+    "OneHot": ([("i", I64, [2, 3]), _c("d", np.array(4)),
+                _c("v", np.array([0.0, 1.0], np.float32))], {"axis": -1}, 1, 11),
+    "DepthToSpace": ([("x", F, [1, 8, 2, 3])], {"blocksize": 2, "mode": "CRD"}, 1, 13),
+    "SpaceToDepth": ([("x", F, [1, 2, 4, 6])], {"blocksize": 2}, 1, 13),
+    # ConvTranspose and Resize
+    "ConvTranspose": ([_X, _c("w", _R.normal(size=(2, 3, 3, 3)).astype(np.float32)),
+                       _c("b", np.ones(3, np.float32))],
+                      {"strides": [2, 1], "pads": [1, 0, 0, 1], "output_padding": [1, 0],
+                       "dilations": [1, 1], "group": 1}, 1, 17),
+    "ConvTranspose/shape": ([_X, _c("w", _R.normal(size=(2, 2, 3, 3)).astype(np.float32))],
+                            {"strides": [2, 2], "output_shape": [10, 10],
+                             "kernel_shape": [3, 3], "auto_pad": "SAME_UPPER"}, 1, 17),
+    "Resize": ([_X, "", _c("s", np.array([1, 1, 2, 1.5], np.float32))],
+               {"mode": "linear", "coordinate_transformation_mode": "half_pixel"}, 1, 13),
+    "Resize/sizes": ([_X, "", "", _c("sz", np.array([3, 7]))],
+                     {"mode": "nearest", "axes": [2, 3], "nearest_mode": "ceil",
+                      "coordinate_transformation_mode": "asymmetric"}, 1, 18),
+    "Resize/cubic": ([_X, "", _c("s", np.array([1, 1, 0.6, 0.8], np.float32))],
+                     {"mode": "cubic", "antialias": 1, "cubic_coeff_a": -0.5,
+                      "exclude_outside": 1}, 1, 19),
+    # opset 9: onnx's version converter makes it a Resize
+    "Upsample": ([_X, _c("s", np.array([1, 1, 2, 2], np.float32))], {"mode": "nearest"}, 1, 9),
+})
+
 
 def _model(op_key, case):
     inputs, attrs, n_out, opset = case
     op = op_key.split("/")[0]
     graph_inputs, inits, names = [], [], []
     for spec in inputs:
+        if spec == "":
+            names.append("")
+            continue
         if len(spec) == 3:
             graph_inputs.append(helper.make_tensor_value_info(*spec))
         else:
