@@ -72,6 +72,7 @@ class OpSpec:
     values: dict = field(default_factory=dict)
 
 
+MAX_RANK = 64  # numpy's limit on an array's dimensions
 _BOOL = (0, 1)
 _AUTO_PAD = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _WINDOW = {"kernel_shape": Attr("ints", low=1, length="spatial"),
@@ -286,6 +287,11 @@ def _in_range(node, key, spec: Attr, value) -> None:
     if spec.choices and any(v not in spec.choices for v in values):
         raise NodeError(node, f"attribute {key!r} = {value!r} is not one of "
                               f"{', '.join(map(repr, spec.choices))}")
+    if spec.axis and any(not -MAX_RANK <= v <= MAX_RANK for v in values):
+        # Known before any rank is: onnx's inference crashes the process on some (a
+        # LayerNormalization axis of 2^31).
+        raise NodeError(node, f"attribute {key!r} = {value} cannot be an axis: tensors have at "
+                              f"most {MAX_RANK} dimensions")
     if spec.unique and len(set(values)) != len(values):
         raise NodeError(node, f"attribute {key!r} = {value} names a value twice")
     if spec.outputs and (value if spec.kind == "int" else len(values)) != len(node.outputs):

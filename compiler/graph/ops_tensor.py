@@ -98,6 +98,14 @@ def space_to_depth(attrs, x):
     return y.transpose(perm).reshape(n, c * bs * bs, h // bs, w // bs)
 
 
+def trilu(attrs, x):
+    # A diagonal past the matrix keeps everything or nothing: clamped there, so numpy's
+    # index arithmetic cannot overflow (k = -2^63).
+    rows, cols = x.shape[-2:]
+    k = min(max(attrs.get("k", 0), -rows), cols)
+    return (np.triu if attrs.get("upper", 1) else np.tril)(x, k)
+
+
 def one_hot(attrs, indices, values):
     depth, axis = attrs["depth"], attrs["axis"]
     i = np.asarray(indices).astype(np.int64)  # float indices are truncated
@@ -131,7 +139,7 @@ KERNELS = {
     "GatherND": gather_nd,
     "ScatterElements": scatter_elements,                    # reduction none/add/mul/max/min
     "ScatterND": scatter_nd,
-    "Trilu": lambda a, x: (np.triu if a.get("upper", 1) else np.tril)(x, a.get("k", 0)),
+    "Trilu": trilu,
     # The positions of the nonzero values: the output's size depends on the values, so
     # the importer needs the input at compile time (frontend/canonical.py).
     "NonZero": lambda a, x: np.array(np.nonzero(np.atleast_1d(x)), dtype=np.int64),

@@ -17,11 +17,22 @@ from onnx import AttributeProto, TensorProto, helper
 EDGE_INTS = [0, 1, -1, 2, 3, -2, 7, 2**31, -(2**31), 2**62, 65536]
 EDGE_FLOATS = [0.0, -1.0, 1e30, -1e-30, float("nan"), float("inf"), float("-inf"), 0.5]
 EDGE_STRINGS = [b"", b"NOTSET", b"SAME_UPPER", b"VALID", b"reflect", b"edge", b"\xff\xfe\x00",
-                b"constant", b"x" * 300]
+                b"constant", b"x" * 300,
+                # values of the operators of issue #12, valid for some and not others
+                b"linear", b"cubic", b"align_corners", b"tf_crop_and_resize", b"floor",
+                b"not_larger", b"tanh", b"CRD", b"RIGHT", b"add", b"max", b"ij,jk->ik",
+                b"i...,j->...", b"ii->i"]
 ATTR_NAMES = ["axis", "axes", "perm", "strides", "pads", "kernel_shape", "dilations", "group",
               "to", "alpha", "beta", "mode", "keepdims", "transA", "value", "split",
               "num_outputs", "auto_pad", "ceil_mode", "epsilon", "start", "end", "allowzero",
-              "noop_with_empty_axes", "block_size", "output_dtype", "seed", "bogus"]
+              "noop_with_empty_axes", "block_size", "output_dtype", "seed", "bogus",
+              # attributes of the operators of issue #12
+              "output_padding", "output_shape", "coordinate_transformation_mode",
+              "nearest_mode", "cubic_coeff_a", "exclude_outside", "antialias",
+              "keep_aspect_ratio_policy", "num_groups", "stash_type", "p", "approximate",
+              "fmod", "direction", "select_last_index", "largest", "sorted", "exclusive",
+              "reverse", "batch_dims", "reduction", "upper", "blocksize", "equation",
+              "detect_negative", "lambd", "bias"]
 _TYPED = [AttributeProto.INT, AttributeProto.INTS, AttributeProto.FLOAT, AttributeProto.FLOATS,
           AttributeProto.STRING, AttributeProto.STRINGS, AttributeProto.TENSOR]
 

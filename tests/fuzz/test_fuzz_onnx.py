@@ -149,6 +149,7 @@ def _write_cases(tmp_path, names, cases) -> list[dict]:
     for name in names:
         data, shapes = all_seeds[name]
         model = parse(data)
+        stem = name.replace("/", "_")  # "Mod/fmod": one file name
         inputs = []
         for vi in model.graph.input:
             if vi.name in {t.name for t in model.graph.initializer}:
@@ -157,12 +158,12 @@ def _write_cases(tmp_path, names, cases) -> list[dict]:
             shape = (shapes or {}).get(vi.name) or [d.dim_value for d in t.shape.dim]
             from onnx import helper
             dtype = helper.tensor_dtype_to_np_dtype(t.elem_type)
-            path = tmp_path / f"{name}.{vi.name}.npy"
+            path = tmp_path / f"{stem}.{vi.name}.npy"
             np.save(path, np.ones(shape, dtype))
             inputs.append(f"{vi.name}={path}")
         for case in cases:
             mutated, what = mutate(data, case_seed(name, case))
-            path = tmp_path / f"{name}-{case}.onnx"
+            path = tmp_path / f"{stem}-{case}.onnx"
             path.write_bytes(mutated)
             shape_args = [f"--input-shape={k}={','.join(map(str, v))}"
                           for k, v in (shapes or {}).items()]

@@ -11,7 +11,7 @@ import pytest
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from celosia.compiler.frontend.onnx import MIN_OPSET, SUPPORTED_OPS, import_onnx
-from celosia.compiler.frontend.specs import SPECS, check_ranks, read_node
+from celosia.compiler.frontend.specs import SPECS, check_ranks, check_value, read_node
 from celosia.compiler.frontend.tensors import TensorTooLargeError, read_tensor
 from celosia.compiler.graph.ir import GraphError, ModelLoadError, Node, NodeError
 from celosia.compiler.graph.reference import run_graph
@@ -73,6 +73,129 @@ def test_every_supported_operator_has_a_spec_with_every_schema_attribute():
                 continue
             missing = set(schema.attributes) - set(SPECS[op].attrs)
             assert not missing, f"{op} (opset {version}) attributes {missing} not in SPECS"
+
+
+def test_every_spec_takes_the_inputs_and_outputs_of_every_schema():
+    """The table's arity covers each version's (a superset over opsets), except
+    BatchNormalization's training outputs of opsets 9 to 13 (celosia takes inference
+    models)."""
+    for op in SUPPORTED_OPS:
+        for kind, names in (("input", SPECS[op].inputs), ("output", SPECS[op].outputs)):
+            parts = names.split()
+            least = sum(not p.endswith("?") for p in parts)
+            most = None if parts and parts[-1].endswith("...") else len(parts)
+            for version in range(MIN_OPSET if op != "Upsample" else 7,
+                                 onnx.defs.onnx_opset_version() + 1):
+                try:
+                    schema = onnx.defs.get_schema(op, version)
+                except onnx.defs.SchemaError:
+                    continue
+                lo, hi = ((schema.min_input, schema.max_input) if kind == "input"
+                          else (schema.min_output, schema.max_output))
+                if (op, kind) == ("BatchNormalization", "output") and version < 14:
+                    hi = 3
+                assert least <= lo and (most is None or most >= hi), (op, version, kind)
+
+
+def test_issue_12_operators_attribute_rules():
+    """Ranges, choices and cross-attribute rules of the operators of issue #12, by the
+    table alone (read_node, check_ranks)."""
+    def read(op, inputs=("x",), outputs=("y",), **attrs):
+        return read_node(helper.make_node(op, list(inputs), list(outputs), name="n",
+                                          **attrs), "n", "<m>")
+    bad = [
+        (("Resize", ("x", "", "s")), {"mode": "bicubic"}, "'mode' = 'bicubic' is not one of"),
+        (("Resize", ("x", "", "s")), {"coordinate_transformation_mode": "half"}, "not one of"),
+        (("Resize", ("x", "", "s")), {"antialias": 2}, "'antialias' = 2 is not one of 0, 1"),
+        (("Gelu",), {"approximate": "erf"}, "'approximate' = 'erf' is not one of 'none'"),
+        (("LpNormalization",), {"p": 3}, "'p' = 3 is not one of 1, 2"),
+        (("LayerNormalization", ("x", "s")), {"stash_type": 7},
+         "'stash_type' = 7 is not one of 1, 10, 11"),
+        (("GroupNormalization", ("x", "s", "b")), {"num_groups": 0}, "at least 1"),
+        (("GroupNormalization", ("x", "s", "b")), {}, "'num_groups' is required"),
+        (("DepthToSpace",), {"blocksize": 2, "mode": "RCD"}, "not one of 'DCR', 'CRD'"),
+        (("SpaceToDepth",), {}, "'blocksize' is required"),
+        (("ScatterND", ("x", "i", "u")), {"reduction": "sum"}, "not one of 'none', 'add'"),
+        (("GatherND", ("x", "i")), {"batch_dims": -1}, "'batch_dims' = -1: every value"),
+        (("BitShift", ("x", "y")), {}, "'direction' is required"),
+        (("Mod", ("a", "b")), {"fmod": 2}, "'fmod' = 2 is not one of 0, 1"),
+        (("ConvTranspose", ("x", "w")), {"strides": [1, 0]}, "'strides' = [1, 0]: every"),
+        (("ConvTranspose", ("x", "w")), {"output_shape": [0, 3]}, "at least 1"),
+        (("TopK", ("x", "k"), ("v",)), {}, "has 1 output but TopK takes 2 (values, indices)"),
+        (("Einsum", ("a", "b")), {}, "'equation' is required"),
+        (("Upsample",), {"mode": "cubic"}, "not one of 'nearest', 'linear', 'bilinear'"),
+    ]
+    for args, attrs, message in bad:
+        with pytest.raises(NodeError, match=re.escape(message)):
+            read(*args, **attrs)
+    # Lengths, axes and bounds need the input's rank.
+    for op, inputs, attrs, rank, message in [
+        ("ConvTranspose", ("x", "w"), {"output_padding": [1, 0], "strides": [1, 2]}, 4,
+         "'output_padding' = [1, 0]: value 1 at 0 must be less than 1, the largest of "
+         "strides = [1, 2] and dilations = absent (1) there"),
+        ("ConvTranspose", ("x", "w"), {"output_padding": [0]}, 4,
+         "'output_padding' has 1 values but the input has rank 4, which needs 2"),
+        ("ConvTranspose", ("x", "w"), {"output_shape": [1, 1, 6, 6]}, 4,
+         "'output_shape' has 4 values"),
+        ("Resize", ("x", "", "s"), {"axes": [1, -2]}, 3, "names an axis twice"),
+        ("ArgMax", ("x",), {"axis": 3}, 3, "axis 3 is out of range for rank 3"),
+        ("OneHot", ("i", "d", "v"), {"axis": -3}, 1, "axis -3 is out of range for rank 2"),
+        ("LayerNormalization", ("x", "s"), {"axis": -4}, 3, "out of range for rank 3"),
+    ]:
+        with pytest.raises(NodeError, match=re.escape(message)):
+            check_ranks(read(op, inputs, **attrs), rank)
+    ok = read("ConvTranspose", ("x", "w"), strides=[2, 1], dilations=[1, 3],
+              output_padding=[1, 2])
+    check_ranks(ok, 4)  # below the stride on one axis, the dilation on the other
+    check_ranks(read("OneHot", ("i", "d", "v"), axis=-2), 1)  # an axis of the output
+
+
+def test_compile_time_inputs_held_to_the_table():
+    """check_value: TopK's k, OneHot's depth, CumSum's axis, Resize's sizes."""
+    node = Node("TopK", ("x", "k"), ("v", "i"), {}, "t")
+    assert check_value(node, 1, np.array([0]), 2).tolist() == [0]
+    for value, message in [(np.array([-1]), r"input 1 \(k\) = -1: every value must be at "
+                                            "least 0"),
+                           (np.array([1, 2]), r"input 1 \(k\) must hold one value, not \[2\]")]:
+        with pytest.raises(NodeError, match=message):
+            check_value(node, 1, value, 2)
+    check_value(node, 0, np.array([-5.0]), 2)  # no rule for x
+    with pytest.raises(NodeError, match=r"input 1 \(axis\) = -3: axis -3 is out of range"):
+        check_value(Node("CumSum", ("x", "a"), ("y",), {}, "c"), 1, np.array(-3), 2)
+    with pytest.raises(NodeError, match="not finite"):
+        check_value(Node("OneHot", ("i", "d", "v"), ("y",), {}, "o"), 1,
+                    np.array(np.nan, np.float32), 1)
+    with pytest.raises(NodeError, match=r"input 3 \(sizes\) = \[2, -1\]"):
+        check_value(Node("Resize", ("x", "", "", "s"), ("y",), {}, "r"), 3,
+                    np.array([2, -1]), 2)
+
+
+def test_deprecated_group_normalization_18_is_taken():
+    """onnx's checker rejects every GroupNormalization-18 node (deprecated); onnxruntime
+    runs them, and so does celosia. The node stands in as an Identity for onnx's checks
+    only: the model is left as it was, the table still holds the node, and the checker
+    still sees the rest."""
+    scale = init("s", np.array([1.0, 2.0], np.float32))
+    bias = init("b", np.array([0.0, 1.0], np.float32))
+
+    def group_norm(**attrs):
+        return model([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"],
+                                       name="g", **attrs)],
+                     [vi("x", [1, 4, 3])], inits=[scale, bias], opset=18)
+    m = group_norm(num_groups=2)
+    before = m.SerializeToString()
+    g = import_onnx(m)
+    assert m.SerializeToString() == before and g.types["y"].shape == (1, 4, 3)
+    x = np.random.default_rng(0).normal(size=(1, 4, 3)).astype(np.float32)
+    groups = x.reshape(1, 2, 6)
+    want = ((groups - groups.mean(-1, keepdims=True))
+            / np.sqrt(groups.var(-1, keepdims=True) + 1e-5)).reshape(1, 4, 3)
+    want = want * np.repeat([1.0, 2.0], 2)[:, None] + np.repeat([0.0, 1.0], 2)[:, None]
+    np.testing.assert_allclose(run_graph(g, {"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+    assert "'num_groups' = 0: every value must be at least 1" in error(group_norm(num_groups=0))
+    m = group_norm(num_groups=2)
+    m.graph.node.append(helper.make_node("Relu", ["nowhere"], ["z"], name="r"))
+    assert "node 'r' (Relu)" in error(m) and "(onnx checker)" in error(m)
 
 
 @pytest.mark.parametrize("attrs, message", [
