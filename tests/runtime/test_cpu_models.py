@@ -199,8 +199,8 @@ def test_bad_models_are_clear_errors(tmp_path):
     m = models.small_cnn()
     for k, node in enumerate(m.graph.node):
         if node.op_type == "Softmax":
-            m.graph.node[k].CopyFrom(helper.make_node("Hardmax", node.input, node.output,
+            m.graph.node[k].CopyFrom(helper.make_node("Det", node.input, node.output,
                                                       name="head"))
-    with pytest.raises(UnsupportedOperatorError, match=r"'head' \(Hardmax\)") as e:
+    with pytest.raises(UnsupportedOperatorError, match=r"'head' \(Det\)") as e:
         CpuModel.build(m)
     assert isinstance(e.value, CelosiaError)
