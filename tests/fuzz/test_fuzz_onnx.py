@@ -1,5 +1,5 @@
 """Mutation fuzzing of the ONNX frontend (issue #18): valid models (the zoo's small CNN and
-MobileNetV2, the digits CNN, one small graph per supported operator: onnx_seeds.py) mutated
+MobileNetV2, the digits CNN, small graphs of every supported operator: onnx_seeds.py) mutated
 at the protobuf level and byte level (onnx_mutate.py), then
 
 - in-process: ``import_onnx`` gives a graph that runs on ``run_graph`` and matches
@@ -10,9 +10,9 @@ at the protobuf level and byte level (onnx_mutate.py), then
   (cli_batch.py runs a batch of them per process, since start-up dominates).
 
 Every case is ``(seed model, case number)``: ``onnx_mutate.mutate(data, case)`` rebuilds it.
-The default run takes a fast subset (about 2,000 in-process cases and 100 command lines,
-~15 s); ``-m slow`` runs about 37,000 in-process cases and 1,200 command lines (a few
-minutes).
+The default run takes a fast subset (about 2,900 in-process cases and 100 command lines,
+~10 s); ``-m slow`` runs about 56,000 in-process cases and 1,800 command lines (a minute or
+two).
 """
 
 from __future__ import annotations
