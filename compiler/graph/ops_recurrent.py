@@ -137,7 +137,7 @@ def _run(op, attrs, x, w, r, b=None, seq_lens=None, h0=None, c0=None, p=None):
         for t in (range(t_len - 1, -1, -1) if dr.reverse else range(t_len)):
             h_new, c_new = _STEPS[op](attrs, dr, peep, xw[t], h, c)
             if active is None:
-                h, c = h_new, c_new
+                h, c = h_new, (c if c_new is None else c_new)
             else:
                 h = np.where(active[t], h_new, h)
                 c = c if c_new is None else np.where(active[t], c_new, c)
