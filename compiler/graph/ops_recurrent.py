@@ -61,11 +61,15 @@ class _Direction:
             fn = ACTIVATIONS[attrs["activations"][k]][0]
             alpha = dtype.type(attrs["activation_alpha"][k])
             beta = dtype.type(attrs["activation_beta"][k])
-            self.acts.append(lambda x, fn=fn, a=alpha, b=beta: fn(x, a, b).astype(dtype))
+            self.acts.append(lambda x, fn=fn, a=alpha, b=beta: fn(x, a, b).astype(dtype,
+                                                                                 copy=False))
         clip = attrs["clip"]
         self.clip = (lambda v: v) if clip is None else (
             lambda v, c=dtype.type(clip): np.clip(v, -c, c))
-        self.r = r[d]
+        self.r_t = np.ascontiguousarray(r[d].T)  # [H, G*H]: h @ r_t, row-major
+        # GRU multiplies by its z/r and its h columns apart: each block contiguous
+        self.r_zr, self.r_h = (np.ascontiguousarray(self.r_t[:, :2 * h]),
+                               np.ascontiguousarray(self.r_t[:, 2 * h:]))
         bias = np.zeros(2 * g * h, dtype) if b is None else b[d]
         self.wb, self.rb = bias[:g * h], bias[g * h:]
         self.reverse = attrs["direction"] == "reverse" or d == 1
@@ -74,37 +78,39 @@ class _Direction:
 def _lstm_step(attrs, dr: _Direction, p, xw, h, c):
     hs = attrs["hidden_size"]
     f_act, g_act, h_act = dr.acts
-    z = xw + h @ dr.r.T  # gate inputs [B, 4H], biases already in xw
+    z = xw + h @ dr.r_t  # gate inputs [B, 4H] (i, o, f, c), biases already in xw
+    if p is None:  # i, o and f through f in one call
+        z = dr.clip(z)
+        ifo = f_act(z[:, :3 * hs])
+        i, o, f = ifo[:, :hs], ifo[:, hs:2 * hs], ifo[:, 2 * hs:]
+        f = 1 - i if attrs["input_forget"] else f
+        c_new = f * c + i * g_act(z[:, 3 * hs:])
+        return o * h_act(c_new), c_new
+    # Peepholes: i and f see the previous cell, o the new one (before their clip).
     zi, zo, zf, zc = (z[:, k * hs:(k + 1) * hs] for k in range(4))
-    if p is not None:
-        zi = zi + p[:hs] * c
-        zf = zf + p[2 * hs:] * c
-    i = f_act(dr.clip(zi))
-    f = 1 - i if attrs["input_forget"] else f_act(dr.clip(zf))
+    i = f_act(dr.clip(zi + p[:hs] * c))
+    f = 1 - i if attrs["input_forget"] else f_act(dr.clip(zf + p[2 * hs:] * c))
     c_new = f * c + i * g_act(dr.clip(zc))
-    if p is not None:
-        zo = zo + p[hs:2 * hs] * c_new
-    h_new = f_act(dr.clip(zo)) * h_act(c_new)
-    return h_new, c_new
+    o = f_act(dr.clip(zo + p[hs:2 * hs] * c_new))
+    return o * h_act(c_new), c_new
 
 
 def _gru_step(attrs, dr: _Direction, p, xw, h, c):
     hs = attrs["hidden_size"]
     f_act, g_act = dr.acts
-    r_zr, r_h = dr.r[:2 * hs], dr.r[2 * hs:]
-    zr = xw[:, :2 * hs] + h @ r_zr.T + dr.rb[:2 * hs]
-    z = f_act(dr.clip(zr[:, :hs]))
-    r = f_act(dr.clip(zr[:, hs:]))
+    zr = f_act(dr.clip(xw[:, :2 * hs] + h @ dr.r_zr + dr.rb[:2 * hs]))
+    z, r = zr[:, :hs], zr[:, hs:]
+    r_h = dr.r_h
     if attrs["linear_before_reset"]:
-        pre = xw[:, 2 * hs:] + r * (h @ r_h.T + dr.rb[2 * hs:])
+        pre = xw[:, 2 * hs:] + r * (h @ r_h + dr.rb[2 * hs:])
     else:
-        pre = xw[:, 2 * hs:] + (r * h) @ r_h.T + dr.rb[2 * hs:]
+        pre = xw[:, 2 * hs:] + (r * h) @ r_h + dr.rb[2 * hs:]
     hh = g_act(dr.clip(pre))
     return (1 - z) * hh + z * h, None
 
 
 def _rnn_step(attrs, dr: _Direction, p, xw, h, c):
-    return dr.acts[0](dr.clip(xw + h @ dr.r.T)), None
+    return dr.acts[0](dr.clip(xw + h @ dr.r_t)), None
 
 
 _STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}

@@ -407,3 +407,35 @@ def test_run_time_failure_inside_a_body_names_the_body_node():
     g = import_onnx(m, bind_inputs={"n": np.int64(5)})
     with pytest.raises(NodeError, match=r"node 'loop/body/Gather_0' \(Gather\): failed at run"):
         run_graph(g, {"x": np.zeros(3, np.float32)})
+
+
+def test_passes_run_inside_bodies(tmp_path):
+    """A Scan body with its own weights: shape arithmetic folded, the MatMul's bias and Relu
+    fused into it, the Identity bypassed, all inside the body."""
+    rng = np.random.default_rng(9)
+    w = rng.normal(size=(4, 4)).astype(np.float32)
+    b = rng.normal(size=4).astype(np.float32)
+    nodes = [helper.make_node("Shape", ["x_t"], ["shp"]),
+             helper.make_node("Reshape", ["x_t", "shp"], ["x_r"]),
+             helper.make_node("Identity", ["x_r"], ["x_i"]),
+             helper.make_node("Add", ["h", "x_i"], ["hx"]),
+             helper.make_node("MatMul", ["hx", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["mb"]),
+             helper.make_node("Relu", ["mb"], ["h_next"]),
+             helper.make_node("Identity", ["h_next"], ["y_t"])]
+    sb = body(nodes, [vi("h", [2, 4]), vi("x_t", [2, 4])], [vi("h_next", [2, 4]),
+                                                             vi("y_t", [2, 4])],
+              [const("w", w), const("b", b)])
+    scan = helper.make_node("Scan", ["h0", "xs"], ["h", "ys"], name="scan", body=sb,
+                            num_scan_inputs=1)
+    m = model([scan], [vi("h0", [2, 4]), vi("xs", [5, 2, 4])], [vi("h", None), vi("ys", None)])
+    feeds = {"h0": rng.normal(size=(2, 4)).astype(np.float32),
+             "xs": rng.normal(size=(5, 2, 4)).astype(np.float32)}
+    opt = check_everywhere(m, feeds, tmp_path)
+    (node,) = opt.nodes
+    inner = node.attrs["body"]
+    assert [n.op for n in inner.nodes] == ["Reshape", "Add", "MatMul", "Identity"]
+    (matmul,) = [n for n in inner.nodes if n.op == "MatMul"]
+    assert [s[0] for s in matmul.attrs["epilogue"]] == ["Add", "Relu"]
+    assert set(inner.initializers) == {"w", "b"}
+    verify_graph(opt)

@@ -201,3 +201,45 @@ def test_sequence_lengths_out_of_range_at_run_time():
     with pytest.raises(NodeError, match=r"node 'rnn' \(RNN\): failed at run time: "
                                         r"sequence_lens \[7, 1, 1\] must be within \[0, 6\]"):
         run_graph(import_onnx(m), {"X": x_input()})
+
+
+def test_torch_exported_lstm_and_gru(tmp_path):
+    """A stacked bidirectional batch-first LSTM, a GRU (linear_before_reset, as PyTorch
+    exports it) and a Linear, exported by PyTorch: the CPU build gives PyTorch's and
+    onnxruntime's outputs."""
+    torch = pytest.importorskip("torch")
+    import io
+    import warnings
+
+    class Recognizer(torch.nn.Module):  # the recurrent half of a CRNN
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(8, 16, num_layers=2, bidirectional=True,
+                                      batch_first=True)
+            self.gru = torch.nn.GRU(32, 12)
+            self.fc = torch.nn.Linear(12, 5)
+
+        def forward(self, x):
+            y, _ = self.lstm(x)
+            z, h = self.gru(y.transpose(0, 1))
+            return self.fc(z), h
+
+    torch.manual_seed(0)
+    net = Recognizer().eval()
+    x = torch.randn(2, 7, 8)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (x,), buf, dynamo=False, input_names=["x"],
+                          output_names=["y", "h"], opset_version=17)
+    built = CpuModel.build(buf.getvalue())
+    got = built.run({"x": x.numpy()})
+    with torch.no_grad():
+        want_y, want_h = (t.numpy() for t in net(x))
+    np.testing.assert_allclose(got["y"], want_y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["h"], want_h, rtol=1e-5, atol=1e-6)
+    import onnx
+    assert_close(got, onnxruntime_run(onnx.load_from_string(buf.getvalue()),
+                                      {"x": x.numpy()}))
+    kinds = [(s["op"], s["kind"]) for s in built.program.steps if s["op"] in ("LSTM", "GRU")]
+    assert kinds == [("LSTM", "numpy"), ("LSTM", "numpy"), ("GRU", "numpy")]
