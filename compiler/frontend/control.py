@@ -5,7 +5,10 @@ Control flow: each subgraph is imported as a body (``ctx.import_body``: the oute
 visible, its inputs typed from the node's inputs); the enclosing values the bodies read
 become the node's last inputs, the same ``outer`` list in every body of the node (ir.py).
 
-- If: inputs ``(cond, *captured)``, attributes ``then_branch``, ``else_branch``.
+- If: inputs ``(cond, *captured)``, attributes ``then_branch``, ``else_branch``. An If
+  whose condition is known while importing (shape tests, constants) becomes the nodes of
+  its taken branch; the other branch is not imported (it may not even be valid for these
+  shapes, as exporters' shape-dependent branches often are not).
 - Loop: inputs ``(M or "", cond or "", *initial carried values, *captured)``, ``body``.
   Scan outputs need a compile-time trip count and a body that cannot stop early.
 - Scan: explicit ``num_scan_inputs``, ``scan_input_directions``, ``scan_output_directions``
@@ -20,8 +23,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ..graph.ir import Graph, Node, NodeError
 from ..graph.ops_control import body_input_types, static_trip_count
+from ..graph.passes import inline_branch
 from ..graph.ops_recurrent import ACTIVATIONS, DEFAULT_ACTIVATIONS, GATES
 
 __all__ = ["CONTROL_CANONICALIZE"]
@@ -57,6 +63,18 @@ def _input_types(ctx, inputs):
 
 
 def _if(ctx, node):
+    cond = ctx.values.get(node.inputs[0])
+    if cond is not None:
+        key = "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch"
+        (branch,), captured = _share_outer(
+            ctx, [ctx.import_body(node.attrs[key], [], f"{node.name}/{key}")])
+        holder = Node("If", (node.inputs[0], *captured), node.outputs, {key: branch},
+                      node.name)
+        constants: dict = {}
+        nodes = inline_branch(holder, branch, constants, ctx.types)
+        for name, a in constants.items():
+            ctx.add_constant(name, a)
+        return nodes
     then_b = ctx.import_body(node.attrs["then_branch"], [], f"{node.name}/then_branch")
     else_b = ctx.import_body(node.attrs["else_branch"], [], f"{node.name}/else_branch")
     (then_b, else_b), captured = _share_outer(ctx, [then_b, else_b])

@@ -35,7 +35,7 @@ from .ops import OWN_INPUTS
 from .reference import evaluate_node, stand_in
 
 __all__ = ["fold_constants", "eliminate_identities", "fold_batch_norm", "fuse_epilogues",
-           "remove_dead_code", "optimize", "PIPELINE"]
+           "remove_dead_code", "optimize", "PIPELINE", "inline_branch"]
 
 # A folded constant larger than this (elements) stays a node: folding would only grow the
 # model (a broadcast of a scalar to a feature map).
@@ -63,7 +63,7 @@ def fold_constants(graph: Graph) -> Graph:
         if node.op == "If" and node.inputs[0] in inits:
             taken = "then_branch" if bool(np.asarray(inits[node.inputs[0]]).reshape(-1)[0]) \
                 else "else_branch"
-            work.extendleft(reversed(_inline(node, node.attrs[taken], inits, types)))
+            work.extendleft(reversed(inline_branch(node, node.attrs[taken], inits, types)))
             continue
         foldable = node.op in _STATIC_SHAPE_OPS or all(not i or i in inits for i in node.inputs)
         if foldable and all(types[o].size <= FOLD_LIMIT for o in node.outputs if o):
@@ -78,7 +78,7 @@ def fold_constants(graph: Graph) -> Graph:
     return graph.with_nodes(nodes, initializers=inits, types=types)
 
 
-def _inline(node: Node, branch: Graph, inits: dict, types: dict) -> list[Node]:
+def inline_branch(node: Node, branch: Graph, inits: dict, types: dict) -> list[Node]:
     """The nodes of an If's branch in the enclosing graph: its outer values are the If's
     captured inputs, its outputs the If's outputs, its other values renamed where their
     names are taken (``inits`` and ``types`` get the branch's constants and types)."""

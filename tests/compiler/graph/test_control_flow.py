@@ -95,9 +95,14 @@ def if_model(cond_node):
                  [const("w", w), const("zero", np.float32(0))])
 
 
-def test_if_run_time_condition(tmp_path):
+def run_time_if_model():
     m = if_model(helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0))
     m.graph.node.insert(1, helper.make_node("Greater", ["s", "zero"], ["c"]))
+    return m
+
+
+def test_if_run_time_condition(tmp_path):
+    m = run_time_if_model()
     rng = np.random.default_rng(0)
     taken = set()
     for _ in range(6):
@@ -112,10 +117,22 @@ def test_if_run_time_condition(tmp_path):
 
 @pytest.mark.parametrize("value", [True, False])
 def test_if_compile_time_condition_inlines_the_branch(value, tmp_path):
+    """At import (only the taken branch is imported) and in fold_constants (a condition
+    that folding makes constant)."""
     m = if_model(helper.make_node("Constant", [], ["c"], value=const("c", np.array(value))))
     x = np.random.default_rng(1).normal(size=(3, 4)).astype(np.float32)
+    assert not any(n.op == "If" for n in import_onnx(m).nodes)
     opt = check_everywhere(m, {"x": x}, tmp_path)
     assert not any(n.op == "If" for n in opt.nodes)
+    # A graph made elsewhere whose condition is a constant: fold_constants inlines.
+    g = import_onnx(run_time_if_model())
+    nodes = [n for n in g.nodes if n.op == "If"]
+    inits = {**g.initializers, "c": np.array(value)}
+    g = g.with_nodes(nodes, initializers=inits)
+    folded = remove_dead_code(fold_constants(g))
+    assert not any(n.op == "If" for n in folded.nodes)
+    verify_graph(folded)
+    assert_same(run_graph(folded, {"x": x}), run_graph(optimize(import_onnx(m)), {"x": x}))
     ops = [n.op for n in opt.nodes]
     # then: Add+Relu fused into nothing (no Conv/MatMul), x passed through an Identity;
     # else: Mul, Sub, and the constant 2 folded into the output.
@@ -145,13 +162,12 @@ def test_if_branches_of_different_shapes():
 
 
 def test_printer_shows_bodies_and_verifier_checks_them():
-    m = if_model(helper.make_node("Constant", [], ["c"], value=const("c", np.array(True))))
-    g = import_onnx(m)
+    g = import_onnx(run_time_if_model())
     text = print_graph(g).splitlines()
-    assert text[4] == "  %y, %z = If(%c, %x, %w) : float32[3,4], float32[3,4]"
-    assert text[5] == "    then_branch = graph if/then_branch(outer %x: float32[3,4], " \
+    assert text[5] == "  %y, %z = If(%c, %x, %w) : float32[3,4], float32[3,4]"
+    assert text[6] == "    then_branch = graph if/then_branch(outer %x: float32[3,4], " \
                       "%w: float32[3,4]) {"
-    assert text[6] == "      %t0 = Add(%x, %w) : float32[3,4]"
+    assert text[7] == "      %t0 = Add(%x, %w) : float32[3,4]"
     assert "    else_branch = graph if/else_branch(outer %x: float32[3,4], " \
            "%w: float32[3,4]) {" in text
     verify_graph(g)
@@ -439,3 +455,25 @@ def test_passes_run_inside_bodies(tmp_path):
     assert [s[0] for s in matmul.attrs["epilogue"]] == ["Add", "Relu"]
     assert set(inner.initializers) == {"w", "b"}
     verify_graph(opt)
+
+
+def test_if_on_a_shape_imports_only_the_taken_branch():
+    """Exporters test shapes with If; the branch not taken may be invalid for the shapes
+    given (here a Squeeze of an axis of size 2): it is not imported."""
+    then_b = body([helper.make_node("Squeeze", ["x", "axis0"], ["t"])], [], [vi("t", None)])
+    else_b = body([helper.make_node("Relu", ["x"], ["e"])], [], [vi("e", None)])
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["d0"], axis=0),
+             helper.make_node("Equal", ["d0", "one"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_b,
+                              else_branch=else_b)]
+    m = model(nodes, [vi("x", ["n", 3])], [vi("y", None)],
+              [const("zero", np.int64(0)), const("one", np.int64(1)),
+               const("axis0", np.array([0], np.int64))])
+    g = import_onnx(m, {"x": (2, 3)})
+    assert [n.op for n in g.nodes] == ["Shape", "Gather", "Equal", "Relu"]
+    g = import_onnx(m, {"x": (1, 3)})
+    assert g.types["y"].shape == (3,)
+    x = np.random.default_rng(10).normal(size=(2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(run_graph(optimize(import_onnx(m, {"x": (2, 3)})),
+                                            {"x": x})["y"], np.maximum(x, 0))
