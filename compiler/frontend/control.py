@@ -39,6 +39,14 @@ def _axis(node, axis, rank, what):
     return axis + rank if axis < 0 else axis
 
 
+def _graph_attr(node, key):
+    """A subgraph attribute (an onnx GraphProto), required."""
+    g = node.attrs.get(key)
+    if g is None or not hasattr(g, "node"):
+        raise NodeError(node, f"attribute {key} (a graph) is required")
+    return g
+
+
 def _share_outer(ctx, bodies: list[Graph]) -> tuple[list[Graph], tuple[str, ...]]:
     """The bodies with one ``outer`` list (the union, in order of first reading) and the
     enclosing names it passes. A body that does not read an outer value but defines a value
@@ -63,11 +71,12 @@ def _input_types(ctx, inputs):
 
 
 def _if(ctx, node):
+    protos = {key: _graph_attr(node, key) for key in ("then_branch", "else_branch")}
     cond = ctx.values.get(node.inputs[0])
     if cond is not None:
         key = "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch"
         (branch,), captured = _share_outer(
-            ctx, [ctx.import_body(node.attrs[key], [], f"{node.name}/{key}")])
+            ctx, [ctx.import_body(protos[key], [], f"{node.name}/{key}")])
         holder = Node("If", (node.inputs[0], *captured), node.outputs, {key: branch},
                       node.name)
         constants: dict = {}
@@ -75,19 +84,21 @@ def _if(ctx, node):
         for name, a in constants.items():
             ctx.add_constant(name, a)
         return nodes
-    then_b = ctx.import_body(node.attrs["then_branch"], [], f"{node.name}/then_branch")
-    else_b = ctx.import_body(node.attrs["else_branch"], [], f"{node.name}/else_branch")
+    then_b = ctx.import_body(protos["then_branch"], [], f"{node.name}/then_branch")
+    else_b = ctx.import_body(protos["else_branch"], [], f"{node.name}/else_branch")
     (then_b, else_b), captured = _share_outer(ctx, [then_b, else_b])
     return [Node("If", (node.inputs[0], *captured), node.outputs,
                  {"then_branch": then_b, "else_branch": else_b}, node.name)]
 
 
 def _loop(ctx, node):
-    proto = node.attrs["body"]
+    proto = _graph_attr(node, "body")
     inputs = (tuple(node.inputs) + ("", ""))[:max(2, len(node.inputs))]
     if len(inputs) != len(proto.input):
         raise NodeError(node, f"its body takes {len(proto.input)} inputs (iteration, "
                               f"condition, carried values), the node passes {len(inputs)}")
+    if not all(inputs[2:]):
+        raise NodeError(node, "every initial carried value is required (an input is empty)")
     types = body_input_types("Loop", {}, _input_types(ctx, inputs))
     (body,), captured = _share_outer(ctx, [ctx.import_body(proto, types, f"{node.name}/body")])
     n_state = len(body.inputs) - 2
@@ -112,6 +123,8 @@ def _scan(ctx, node):
     if not 0 < m <= len(node.inputs):
         raise NodeError(node, f"num_scan_inputs {m} does not fit its {len(node.inputs)} "
                               "inputs")
+    if not all(node.inputs):
+        raise NodeError(node, "every state and scan input is required (an input is empty)")
     in_types = _input_types(ctx, node.inputs)
     in_axes = [_axis(node, x, len(t.shape), "scan input axis") for x, t in
                zip(a.get("scan_input_axes", [0] * m), in_types[n_state:])]
@@ -121,7 +134,7 @@ def _scan(ctx, node):
     attrs = {"num_scan_inputs": m, "scan_input_directions": in_dirs,
              "scan_input_axes": in_axes}
     types = body_input_types("Scan", attrs, in_types)
-    (body,), captured = _share_outer(ctx, [ctx.import_body(a["body"], types,
+    (body,), captured = _share_outer(ctx, [ctx.import_body(_graph_attr(node, "body"), types,
                                                            f"{node.name}/body")])
     k = len(body.outputs) - n_state
     out_types = [body.types[o] for o in body.outputs[n_state:]]

@@ -477,3 +477,21 @@ def test_if_on_a_shape_imports_only_the_taken_branch():
     x = np.random.default_rng(10).normal(size=(2, 3)).astype(np.float32)
     np.testing.assert_array_equal(run_graph(optimize(import_onnx(m, {"x": (2, 3)})),
                                             {"x": x})["y"], np.maximum(x, 0))
+
+
+def test_malformed_control_flow_nodes_are_node_errors():
+    b = body([helper.make_node("Identity", ["cond"], ["c"])],
+             [vi("i", [], I64), vi("cond", [], B)], [vi("c", [], B)])
+    cases = [
+        (helper.make_node("If", ["c"], ["y"], name="bad", then_branch=b), r"If\): attribute "
+         "else_branch \\(a graph\\) is required"),
+        (helper.make_node("Loop", ["M", "", "x"], ["y"], name="bad", body=b),
+         r"Loop\): its body takes 2 inputs .* the node passes 3"),
+        (helper.make_node("Scan", ["x"], ["y"], name="bad", body=b),
+         r"Scan\): num_scan_inputs is required"),
+    ]
+    for node, message in cases:
+        m = model([node], [vi("x", [2]), vi("c", [], B)], [vi("y", None)],
+                  [const("M", np.int64(2))])
+        with pytest.raises(NodeError, match=r"node 'bad' \(" + message):
+            import_onnx(m)
