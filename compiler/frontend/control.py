@@ -21,6 +21,7 @@ become the node's last inputs, the same ``outer`` list in every body of the node
 
 from __future__ import annotations
 
+from collections import ChainMap
 from dataclasses import replace
 
 import numpy as np
@@ -79,8 +80,10 @@ def _if(ctx, node):
             ctx, [ctx.import_body(protos[key], [], f"{node.name}/{key}")])
         holder = Node("If", (node.inputs[0], *captured), node.outputs, {key: branch},
                       node.name)
+        # Names in scope, and the If's outputs (typed only after this), are taken.
+        taken = ChainMap({o: None for o in node.outputs if o}, ctx.types)
         constants: dict = {}
-        nodes = inline_branch(holder, branch, constants, ctx.types)
+        nodes = inline_branch(holder, branch, constants, taken)
         for name, a in constants.items():
             ctx.add_constant(name, a)
         return nodes

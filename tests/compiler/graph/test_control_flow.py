@@ -495,3 +495,18 @@ def test_malformed_control_flow_nodes_are_node_errors():
                   [const("M", np.int64(2))])
         with pytest.raises(NodeError, match=r"node 'bad' \(" + message):
             import_onnx(m)
+
+
+def test_inlined_branch_values_get_fresh_names():
+    """A branch value named like the If's own output (or any enclosing value) is renamed
+    when the branch is inlined at import."""
+    then_b = body([helper.make_node("Neg", ["x"], ["y"]),
+                   helper.make_node("Exp", ["y"], ["x2"])], [], [vi("x2", None)])
+    nodes = [helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_b,
+                              else_branch=then_b)]
+    m = model(nodes, [vi("x", [3])], [vi("y", None)], [const("c", np.array(True))])
+    g = import_onnx(m)
+    verify_graph(g)
+    assert [n.outputs for n in g.nodes] == [("y_1",), ("y",)]
+    x = np.arange(3, dtype=np.float32)
+    np.testing.assert_allclose(run_graph(g, {"x": x})["y"], np.exp(-x))

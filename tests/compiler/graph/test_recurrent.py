@@ -174,15 +174,17 @@ def test_batch_first_layout(op):
     np.testing.assert_allclose(got["Y_h"], want["Y_h"].swapaxes(0, 1), rtol=1e-5, atol=2e-6)
 
 
-def test_cpu_build_and_cel_round_trip(tmp_path):
-    m = recurrent_model("LSTM", "bidirectional", seq_lens=[SEQ, 3, 5], peepholes=True)
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_cpu_build_and_cel_round_trip(op, direction, tmp_path):
+    m = recurrent_model(op, direction, seq_lens=[SEQ, 3, 5], peepholes=op == "LSTM")
     feeds = {"X": x_input()}
     want = onnxruntime_run(m, feeds)
     built = CpuModel.build(m)
-    assert {s["op"]: s["kind"] for s in built.program.steps}["LSTM"] == "numpy"
+    assert {s["op"]: s["kind"] for s in built.program.steps}[op] == "numpy"
     assert_close(built.run(feeds), want)
-    built.save(tmp_path / "lstm.cel")
-    assert_close(CpuModel.load(tmp_path / "lstm.cel").run(feeds), want)
+    built.save(tmp_path / "rnn.cel")
+    assert_close(CpuModel.load(tmp_path / "rnn.cel").run(feeds), want)
 
 
 def test_wrong_shapes_name_the_input():
