@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..compiler.graph.ir import Graph, Node, TensorType, constant
 from ..errors import CelosiaError
 
 __all__ = ["CpuModel", "ArtifactError", "FORMAT", "VERSION", "is_artifact"]
@@ -74,6 +75,8 @@ def _encode(v):
         return {"__ndarray__": v.tolist(), "dtype": str(v.dtype), "shape": list(v.shape)}
     if isinstance(v, np.generic):
         return v.item()
+    if isinstance(v, Graph):
+        return {"__graph__": encode_graph(v)}
     if isinstance(v, (list, tuple)):
         return [_encode(x) for x in v]
     if isinstance(v, dict):
@@ -85,10 +88,33 @@ def _decode(v):
     if isinstance(v, dict):
         if "__ndarray__" in v:
             return np.array(v["__ndarray__"], dtype=v["dtype"]).reshape(v["shape"])
+        if "__graph__" in v:
+            return decode_graph(v["__graph__"])
         return {k: _decode(x) for k, x in v.items()}
     if isinstance(v, list):
         return [_decode(x) for x in v]
     return v
+
+
+def encode_graph(g: Graph) -> dict:
+    """A graph held by a node's attribute (If's branches, Loop's and Scan's bodies) as
+    JSON-able data; its nodes' attributes (and nested bodies) encoded like a step's."""
+    return {"name": g.name, "inputs": list(g.inputs), "outputs": list(g.outputs),
+            "outer": list(g.outer),
+            "nodes": [{"op": n.op, "inputs": list(n.inputs), "outputs": list(n.outputs),
+                       "attrs": _encode(n.attrs), "name": n.name} for n in g.nodes],
+            "initializers": {k: _encode(a) for k, a in g.initializers.items()},
+            "types": {k: [t.dtype, list(t.shape)] for k, t in g.types.items()}}
+
+
+def decode_graph(d: dict) -> Graph:
+    """The inverse of ``encode_graph``."""
+    nodes = tuple(Node(n["op"], tuple(n["inputs"]), tuple(n["outputs"]), _decode(n["attrs"]),
+                       n["name"]) for n in d["nodes"])
+    inits = {k: constant(_decode(a)) for k, a in d["initializers"].items()}
+    types = {k: TensorType(dtype, tuple(shape)) for k, (dtype, shape) in d["types"].items()}
+    return Graph(d["name"], tuple(d["inputs"]), tuple(d["outputs"]), nodes, inits, types,
+                 tuple(d["outer"]))
 
 
 class CpuModel:

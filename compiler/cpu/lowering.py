@@ -119,6 +119,8 @@ class _Lowering:
         return self.g.initializers[v]
 
     def add_const(self, name: str, array) -> str:
+        if name in self.g.outputs:  # the output itself is a run-time value (run(): a copy)
+            name += "@const"
         if name not in self.constants:
             self.constants[name] = np.ascontiguousarray(array)
         return name
@@ -524,6 +526,16 @@ class _Lowering:
         outputs = [self.produce(o, 0) if o else "" for o in node.outputs]
         self.step("numpy", node, inputs, outputs, attrs=node.attrs)
 
+    def output(self, v: str) -> str:
+        """A graph output in its plain layout; a constant one (an If's folded branch, a
+        folded shape) is copied into a value, since outputs are read from the arena."""
+        if not self.is_const(v):
+            return self.plain(v)
+        src = self.plain(v)
+        copy = Node("Identity", (src,), (v,), {}, f"{v}@copy")
+        self.step("numpy", copy, [src], [self.produce(v, 0)], attrs={})
+        return v
+
     def run(self) -> CpuProgram:
         g = self.g
         for v in g.inputs:
@@ -545,7 +557,7 @@ class _Lowering:
                 handler = handlers.get(node.op)
             if handler is None or not handler(node):
                 self.fallback(node)
-        outputs = [self.plain(o) for o in g.outputs]
+        outputs = [self.output(o) for o in g.outputs]
         return CpuProgram(g.name, list(g.inputs), outputs, self.values, self.constants,
                           self.steps, self.specs)
 

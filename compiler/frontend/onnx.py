@@ -15,6 +15,7 @@ latest) is taken node by node when each node's operator version is at most
 from __future__ import annotations
 
 import os
+from collections import ChainMap
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,8 @@ from ..graph.ir import (DynamicShapeError, Graph, GraphError, InputShapeError, M
                         NodeError, TensorType, UnsupportedOperatorError, UnsupportedOpsetError,
                         constant, verify_graph)
 from ..graph.ops import KERNELS
+from ..graph.ops_control import CONTROL_OPS
+from ..graph.ops_recurrent import RECURRENT_KERNELS
 from ..graph.reference import evaluate_node, infer_node, stand_in
 from .canonical import CANONICALIZE
 from .dtypes import np_dtype
@@ -37,7 +40,8 @@ MAX_OP_VERSION = 28
 # Ops rewritten at import: Constant becomes an initializer, CastLike a Cast, Upsample a
 # Resize (canonical.py).
 _IMPORT_ONLY = ("Constant", "CastLike", "Upsample")
-SUPPORTED_OPS = tuple(sorted(set(KERNELS) | set(_IMPORT_ONLY)))
+SUPPORTED_OPS = tuple(sorted(set(KERNELS) | set(_IMPORT_ONLY) | set(RECURRENT_KERNELS)
+                             | set(CONTROL_OPS)))
 # Ops always evaluated at compile time when their input's shape is static.
 _SHAPE_OPS = ("Shape", "Size")
 
@@ -107,7 +111,7 @@ def _check_operators(model, opset, where):
     import onnx.defs
 
     bad = []
-    for name, n in zip(node_names(model.graph), model.graph.node):
+    for name, n in _all_nodes(model.graph):
         if n.domain not in ("", "ai.onnx"):
             bad.append((name, _shown(n.op_type), f"domain {_shown(n.domain)}"))
         elif n.op_type not in SUPPORTED_OPS:
@@ -124,6 +128,17 @@ def _check_operators(model, opset, where):
                                              f"knows ({MAX_OP_VERSION})"))
     if bad:
         raise UnsupportedOperatorError(bad)
+
+
+def _all_nodes(graph, prefix=""):
+    """(name, NodeProto) of every node, including those of subgraphs (If's branches,
+    Loop's and Scan's bodies), named as the importer names them (``loop/body/add``)."""
+    for name, n in zip(node_names(graph), graph.node):
+        name = prefix + name
+        yield name, n
+        for a in n.attribute:
+            if a.HasField("g"):
+                yield from _all_nodes(a.g, f"{name}/{a.name}/")
 
 
 # ---- the import ------------------------------------------------------------------------------
@@ -268,16 +283,70 @@ def _check_input_shape(name, dtype, shape, where):
 
 
 class _Importer:
-    """The state of one import: types and compile-time-known values of every name so far."""
+    """The state of one import: types and compile-time-known values of every name so far.
 
-    def __init__(self, opset, where, source_opset):
+    A body (a subgraph) is imported by a child whose lookups fall through to its parent's
+    names (``ChainMap``): the outer scope is visible, and what the child defines stays its
+    own."""
+
+    def __init__(self, opset, where, source_opset, parent: "_Importer | None" = None):
         self.opset, self.where, self.source_opset = opset, where, source_opset
         self.inputs: list[str] = []
         self.nodes: list[Node] = []
-        self.types: dict[str, TensorType] = {}
-        self.values: dict[str, np.ndarray] = {}
         self.initializers: dict[str, np.ndarray] = {}
-        self.depends: dict[str, frozenset] = {}  # value -> the graph inputs it depends on
+        if parent is None:
+            self.types: dict[str, TensorType] = {}
+            self.values: dict[str, np.ndarray] = {}
+            self.depends: dict[str, frozenset] = {}  # value -> the graph inputs it depends on
+        else:
+            self.types = ChainMap({}, parent.types)
+            self.values = ChainMap({}, parent.values)
+            self.depends = ChainMap({}, parent.depends)
+
+    def import_body(self, proto, input_types: list, name: str) -> Graph:
+        """A subgraph (onnx GraphProto) as a body Graph: its inputs typed ``input_types``
+        (the declared types only checked), its nodes named ``name/...``, and the enclosing
+        values it reads as its ``outer`` list (in the order first read)."""
+        from onnx import helper, numpy_helper
+
+        child = _Importer(self.opset, self.where, self.source_opset, parent=self)
+        for init in proto.initializer:
+            child.add_constant(init.name, numpy_helper.to_array(init))
+        if len(proto.input) != len(input_types):
+            raise GraphError(f"{self.where}: {name} has {len(proto.input)} inputs where "
+                             f"{len(input_types)} are expected")
+        for vi, t in zip(proto.input, input_types):
+            declared = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+            if declared and np_dtype(declared, f"{name} input {vi.name!r}", self.where) != \
+                    t.dtype:
+                raise GraphError(f"{self.where}: {name} declares input {vi.name!r} as "
+                                 f"{np_dtype(declared, '', self.where)} but receives {t}")
+            child.inputs.append(vi.name)
+            child.types[vi.name] = t
+            child.depends[vi.name] = frozenset()
+        used: set[str] = set()
+        for k, n in enumerate(proto.node):
+            node_name = f"{name}/{n.name or f'{n.op_type}_{k}'}"
+            while node_name in used:
+                node_name += "_"
+            used.add(node_name)
+            attrs = {a.name: _attr_value(a, helper, numpy_helper) for a in n.attribute}
+            node = Node(n.op_type, tuple(n.input), tuple(n.output), attrs, node_name)
+            for i in node.inputs:
+                if i and i not in child.types:
+                    raise ModelLoadError(f"{self.where}: node {node_name!r} ({n.op_type}) "
+                                         f"reads {i!r}, which nothing in its scope defines")
+            child.add_node(node)
+        outputs = tuple(o.name for o in proto.output)
+        for o in outputs:
+            if o not in child.types:
+                raise ModelLoadError(f"{self.where}: {name} output {o!r} is never computed")
+        local = child.types.maps[0]
+        read = [i for n in child.nodes for i in n.inputs] + list(outputs)
+        outer = tuple(dict.fromkeys(i for i in read if i and i not in local))
+        types = {**local, **{o: self.types[o] for o in outer}}
+        return Graph(name, tuple(child.inputs), outputs, tuple(child.nodes),
+                     child.initializers, types, outer)
 
     def add_constant(self, name, array):
         check_size(array.nbytes, f"{self.where}: constant {name!r}")

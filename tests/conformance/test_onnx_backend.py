@@ -32,15 +32,32 @@ EXCLUDED = {
     r"^test_equal_string": "string tensors",
     r"^test_identity_sequence": "sequence type",
     r"^test_identity_opt": "optional type",
+    # A Slice in a Loop body whose starts are the iteration number: its shape is known only
+    # at run time (the static importer asks for constant starts).
+    r"^test_loop11_": "run-time shaped Slice in a loop body",
+    # Opset-8 Scan has a batch axis; onnx's version converter makes it a Scan-9 without
+    # one (and drops the axis from the model's inputs), so the case's batched data no
+    # longer fits.
+    r"^test_scan_sum_": "opset-8 Scan (batch axis)",
 }
 
 
 def _ops(case):
+    """The operators of a case, including those in subgraphs (If, Loop and Scan bodies)."""
     if case.model is not None:
         model = case.model
     else:
         model = onnx.load(os.path.join(case.model_dir, "model.onnx"))
-    return {n.op_type for n in model.graph.node}, model
+
+    def ops(graph):
+        found = set()
+        for n in graph.node:
+            found.add(n.op_type)
+            for a in n.attribute:
+                if a.HasField("g"):
+                    found |= ops(a.g)
+        return found
+    return ops(model.graph), model
 
 
 def _included():
