@@ -307,11 +307,10 @@ class _Importer:
         """A subgraph (onnx GraphProto) as a body Graph: its inputs typed ``input_types``
         (the declared types only checked), its nodes named ``name/...``, and the enclosing
         values it reads as its ``outer`` list (in the order first read)."""
-        from onnx import helper, numpy_helper
-
         child = _Importer(self.opset, self.where, self.source_opset, parent=self)
         for init in proto.initializer:
-            child.add_constant(init.name, numpy_helper.to_array(init))
+            child.add_constant(init.name, read_tensor(init, f"{name} initializer {init.name!r}",
+                                                      self.where))
         if len(proto.input) != len(input_types):
             raise GraphError(f"{self.where}: {name} has {len(proto.input)} inputs where "
                              f"{len(input_types)} are expected")
@@ -324,14 +323,9 @@ class _Importer:
             child.inputs.append(vi.name)
             child.types[vi.name] = t
             child.depends[vi.name] = frozenset()
-        used: set[str] = set()
-        for k, n in enumerate(proto.node):
-            node_name = f"{name}/{n.name or f'{n.op_type}_{k}'}"
-            while node_name in used:
-                node_name += "_"
-            used.add(node_name)
-            attrs = {a.name: _attr_value(a, helper, numpy_helper) for a in n.attribute}
-            node = Node(n.op_type, tuple(n.input), tuple(n.output), attrs, node_name)
+        for local_name, n in zip(node_names(proto), proto.node):
+            node_name = f"{name}/{local_name}"
+            node = read_node(n, node_name, self.where)
             for i in node.inputs:
                 if i and i not in child.types:
                     raise ModelLoadError(f"{self.where}: node {node_name!r} ({n.op_type}) "

@@ -166,22 +166,27 @@ _ARTICLE = {"int": "an int", "ints": "a list of ints", "float": "a float",
 
 
 def _arity(node: Node, names: str, given: tuple, what: str) -> None:
+    """Hold a node's inputs (or outputs) to ``names``: ``x`` required, ``x?`` optional (may
+    be given as an empty name), ``x...`` one or more, ``x...?`` zero or more (last only)."""
     parts = names.split()
-    required = [p for p in parts if not p.endswith("?")]
-    variadic = bool(parts) and parts[-1].endswith("...")
+    variadic = bool(parts) and parts[-1].rstrip("?").endswith("...")
+    fixed = parts[:-1] if variadic else parts
+    least = max((k + 1 for k, p in enumerate(fixed) if not p.endswith("?")), default=0)
+    if variadic and not parts[-1].endswith("?"):
+        least = len(fixed) + 1
     most = None if variadic else len(parts)
     listed = ", ".join(parts) or "none"
-    if len(given) < len(required) or (most is not None and len(given) > most):
-        count = f"{len(required)}" if most == len(required) else (
-            f"{len(required)} or more" if most is None else f"{len(required)} to {most}")
+    if len(given) < least or (most is not None and len(given) > most):
+        count = f"{least}" if most == least else (
+            f"{least} or more" if most is None else f"{least} to {most}")
         raise NodeError(node, f"has {len(given)} {what}{'s' * (len(given) != 1)} but "
                               f"{node.op} takes {count} "
                               f"({listed}); fix the node's {what} list")
-    for k, name in enumerate(given[:len(required)]):
-        if not name:
-            raise NodeError(node, f"{what} {k} ({parts[min(k, len(parts) - 1)].rstrip('.')}) "
-                                  f"is required but empty; connect a value to it")
-    if variadic and not all(given):
+    for k, name in enumerate(given[:len(fixed)]):
+        if not name and not fixed[k].endswith("?"):
+            raise NodeError(node, f"{what} {k} ({fixed[k]}) is required but empty; connect a "
+                                  "value to it")
+    if variadic and not all(given[len(fixed):]):
         raise NodeError(node, f"an empty {what} name among its {what}s ({listed}); connect a "
                               "value to each")
 
@@ -239,7 +244,8 @@ def _from_schema(op: str) -> OpSpec:
     option = onnx.defs.OpSchema.FormalParameterOption
 
     def names(params):
-        return " ".join(p.name + {option.Optional: "?", option.Variadic: "..."}.get(p.option, "")
+        return " ".join(p.name + {option.Optional: "?", option.Variadic:
+                                  "..." if p.min_arity else "...?"}.get(p.option, "")
                         for p in params)
     kinds = {t: kind for t, (kind, _) in _KINDS.items()}
     return OpSpec(names(schema.inputs), names(schema.outputs),

@@ -480,8 +480,8 @@ def test_if_on_a_shape_imports_only_the_taken_branch():
 
 
 def test_malformed_control_flow_nodes_are_node_errors():
-    b = body([helper.make_node("Identity", ["cond"], ["c"])],
-             [vi("i", [], I64), vi("cond", [], B)], [vi("c", [], B)])
+    b = body([helper.make_node("Identity", ["cond"], ["c_out"])],
+             [vi("i", [], I64), vi("cond", [], B)], [vi("c_out", [], B)])
     cases = [
         (helper.make_node("If", ["c"], ["y"], name="bad", then_branch=b), r"If\): attribute "
          "else_branch \\(a graph\\) is required"),
