@@ -40,7 +40,7 @@ def _conv_bn(cin, cout, k=1, stride=1, groups=1, act=None):
 
 def _export_image_model(module, batch, image_size, output_names, dynamic):
     import torch
-    calibrate_batchnorm(module, lambda: (torch.randn(4, 3, image_size, image_size),))
+    calibrate_batchnorm(module, lambda: (torch.randn(2, 3, image_size, image_size),), passes=3)
     example = (torch.randn(batch, 3, image_size, image_size),)
     axes = ({name: {0: "batch"} for name in ["image", *output_names]} if dynamic else None)
     return export(module, example, ["image"], output_names, axes)
