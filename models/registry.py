@@ -172,7 +172,7 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in [
              dict(width=96), dict(width=192), _ocr(48, "width"), "wheel",
              ("rapidocr_onnxruntime",), dynamic=True, install=EXTRA),
     ZooEntry("silero_vad", "Silero VAD v6 (pretrained; If, LSTM)", real.silero_vad,
-             dict(samples=512), dict(samples=512), real.silero_feeds, "wheel",
+             dict(samples=512, batch=2), dict(samples=512), real.silero_feeds, "wheel",
              ("silero_vad",), dynamic=True, install=EXTRA),
     ZooEntry("minilm_l6", "all-MiniLM-L6-v2 sentence embeddings (pretrained)", real.minilm_l6,
              dict(seq=16, batch=2), dict(seq=128), torch_transformers.bert_feeds, "wheel",
