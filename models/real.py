@@ -106,4 +106,5 @@ def minilm_l6(seq=128, batch=1):
                       {"input_ids": axes, "attention_mask": axes,
                        "sentence_embedding": {0: "batch"}})
 
-    return cached(minilm_l6, args, make)
+    from . import torch_transformers
+    return cached(minilm_l6, args, make, uses=(torch_transformers,))

@@ -4,8 +4,9 @@ Real models come from PyTorch's legacy (TorchScript) exporter at opset 17, some 
 dynamic batch axis; :func:`export` does exactly that. Exporting takes a second or more per
 model (and importing torch a few), so :func:`cached` keeps each file under
 ``$CELOSIA_CACHE/models`` (default ``~/.cache/celosia/models``), keyed by the builder, its
-arguments, the torch and onnx versions and the source of the module that defines the
-architecture: editing a builder makes a new file rather than reusing a stale one.
+arguments, the torch and onnx versions and the source of the modules that define the
+architecture and the export: editing a builder makes a new file rather than reusing a
+stale one.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ def cache_dir() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "celosia") / "models"
 
 
-def _key(builder, args: dict, extra: dict) -> str:
-    source = inspect.getsource(inspect.getmodule(builder))
+def _key(builder, args: dict, extra: dict, uses: tuple) -> str:
+    # The exporter's settings (this module), the builder's module and any other module
+    # that defines part of the architecture.
+    modules = [inspect.getmodule(_key), inspect.getmodule(builder), *uses]
+    source = "".join(inspect.getsource(m) for m in modules)
     record = {"builder": f"{builder.__module__}.{builder.__qualname__}", "args": args,
               "source": hashlib.sha256(source.encode()).hexdigest(), **extra}
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
@@ -46,15 +50,15 @@ def torch_version() -> str | None:
         return None
 
 
-def cached(builder, args: dict, make):
+def cached(builder, args: dict, make, uses: tuple = ()):
     """The ONNX model ``make()`` returns, from the cache when it was made before with the
-    same builder, arguments and versions of torch and onnx. ``make`` returns a
-    ModelProto."""
+    same builder, arguments, sources and versions of torch and onnx. ``make`` returns a
+    ModelProto; ``uses``: further modules whose source the model depends on."""
     import onnx
 
     versions = {"onnx": onnx.__version__, "torch": torch_version()}
     name = builder.__name__
-    path = cache_dir() / f"{name}-{_key(builder, args, versions)[:20]}.onnx"
+    path = cache_dir() / f"{name}-{_key(builder, args, versions, uses)[:20]}.onnx"
     if path.exists():
         try:
             return onnx.load(str(path))
