@@ -14,6 +14,13 @@ same step, so they never overlap (the kernels assume distinct arrays).
 Since every value has a fixed address, each compiled step is bound once (its arguments
 checked once, ``CpuKernel.bind``): running a step is a call into machine code. Graph
 inputs are copied into their place; outputs are copied out.
+
+Run-time-shaped segments. A value whose size is only known at run time (None in its
+program shape: downstream of a node whose shape depends on values, compiler/graph/
+dynamic.py) has no place in the arena: the numpy step that makes it stores a fresh array
+for this run, steps read it by name, and it is dropped after its last reader. A numpy step
+that turns such values back into a static one (a ReduceSum, a Shape) writes into the
+arena after checking the size its type promises, so the static steps after it stay bound.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ import time
 
 import numpy as np
 
-from ..compiler.graph.ir import InputShapeError, Node, NodeError
-from ..compiler.graph.reference import evaluate_node
+from ..compiler.graph.ir import InputShapeError, Node, NodeError, TensorType
+from ..compiler.graph.reference import evaluate_node, fits
 
 __all__ = ["GraphExecutor", "plan_memory", "summarize_profile"]
 
@@ -32,6 +39,11 @@ ALIGN = 64  # bytes: a cache line, one AVX-512 vector
 
 def _nbytes(info: dict) -> int:
     return int(np.prod(info["shape"], dtype=np.int64)) * np.dtype(info["dtype"]).itemsize
+
+
+def run_time_shaped(info: dict) -> bool:
+    """Whether a program value's size is only known at run time (not in the arena)."""
+    return None in info["shape"]
 
 
 def plan_memory(program) -> tuple[dict, int, int]:
@@ -47,7 +59,7 @@ def plan_memory(program) -> tuple[dict, int, int]:
             if v in root:
                 last[root[v]] = max(last[root[v]], k)
         for o in s["outputs"]:
-            if not o:
+            if not o or run_time_shaped(program.values[o]):
                 continue
             if s["kind"] == "view":
                 root[o] = root[s["inputs"][0]]
@@ -55,7 +67,8 @@ def plan_memory(program) -> tuple[dict, int, int]:
             else:
                 root[o], first[o], last[o] = o, k, k
     for o in program.outputs:
-        last[root[o]] = n_steps
+        if o in root:
+            last[root[o]] = n_steps
     storages = sorted(first, key=lambda v: (-_nbytes(program.values[v]), first[v]))
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
     offsets = {}
@@ -112,8 +125,23 @@ class GraphExecutor:
                 .reshape(info["shape"])
         for name, a in program.constants.items():
             self.arrays[name] = a
+        self._dynamic = {v for v, info in program.values.items() if run_time_shaped(info)}
+        self._drop = self._last_readers()
         self._calls = [self._bind(s) for s in program.steps]
         self.last_profile: list[dict] = []
+
+    def _last_readers(self) -> list[list[str]]:
+        """Per step, the run-time-shaped values it is the last reader of (dropped after)."""
+        last = {}
+        for k, s in enumerate(self.program.steps):
+            for v in s["inputs"]:
+                if v in self._dynamic:
+                    last[v] = k
+        drop = [[] for _ in self.program.steps]
+        for v, k in last.items():
+            if v not in self.program.outputs:
+                drop[k].append(v)
+        return drop
 
     # ---- steps ------------------------------------------------------------------------------
 
@@ -123,6 +151,9 @@ class GraphExecutor:
             return self.program.kernels[s["kernel"]].bind(*(arr[v] for v in s["inputs"]))
         if kind == "view":
             return None  # the output already is the input's memory
+        if kind == "numpy" and self._dynamic & set(s["inputs"] + s["outputs"]):
+            return self._bind_run_time_shaped(
+                Node(s["op"], tuple(s["inputs"]), tuple(s["outputs"]), s["attrs"], s["node"]))
         ins = [arr[v] if v else None for v in s["inputs"]]
         outs = [arr[o] if o else None for o in s["outputs"]]
         if kind == "concat":
@@ -140,6 +171,30 @@ class GraphExecutor:
                         np.copyto(y, r)
             return run
         raise ValueError(f"unknown step kind {kind!r}")
+
+    def _bind_run_time_shaped(self, node: Node):
+        """A numpy step of a run-time-shaped segment: inputs looked up when it runs."""
+        arr, values, arena = self.arrays, self.program.values, self._arena
+
+        def run():
+            ins = [arr[v] if v else None for v in node.inputs]
+            try:
+                results = evaluate_node(node, ins)
+            except (ValueError, IndexError, TypeError) as e:
+                raise NodeError(node, f"failed at run time: {e}") from None
+            for o, r in zip(node.outputs, results):
+                if not o:
+                    continue
+                t = TensorType(values[o]["dtype"], tuple(values[o]["shape"]))
+                if not fits(r.shape, t) or str(r.dtype) != t.dtype:
+                    raise NodeError(node, f"gives {o!r} as {r.dtype}"
+                                          f"[{','.join(map(str, r.shape))}] at run time, where "
+                                          f"the model types it {t}")
+                if o in self._dynamic:  # its own array (a view could see the arena change)
+                    arr[o] = r.copy() if np.may_share_memory(r, arena) else r
+                else:
+                    np.copyto(arr[o], r)
+        return run
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -177,13 +232,23 @@ class GraphExecutor:
         self.check_feeds(feeds)
         for name in self.program.inputs:
             np.copyto(self.arrays[name], feeds[name])
-        if profile or progress:
-            self._run_timed(progress)
-        else:
-            for call in self._calls:
-                if call is not None:
-                    call()
-        return {o: self.arrays[o].copy() for o in self.program.outputs}
+        try:
+            if profile or progress:
+                self._run_timed(progress)
+            elif self._dynamic:
+                for call, drop in zip(self._calls, self._drop):
+                    if call is not None:
+                        call()
+                    for v in drop:
+                        self.arrays.pop(v, None)
+            else:
+                for call in self._calls:
+                    if call is not None:
+                        call()
+            return {o: self.arrays[o].copy() for o in self.program.outputs}
+        finally:
+            for v in self._dynamic:
+                self.arrays.pop(v, None)
 
     def _run_timed(self, progress) -> None:
         records, n = [], len(self._calls)
@@ -194,10 +259,15 @@ class GraphExecutor:
                 call()
             ms = (clock() - t0) * 1e3
             out = s["outputs"][0] if s["outputs"] else ""
+            shape = list(self.arrays[out].shape) if out in self.arrays else \
+                self.program.values[out]["shape"] if out else []
+            for v in self._drop[k]:
+                self.arrays.pop(v, None)
             rec = {"node": s["node"], "op": s["op"], "kind": s["kind"], "ms": ms,
-                   "shape": self.program.values[out]["shape"] if out else []}
+                   "shape": shape}
             records.append(rec)
             if progress:
                 progress(f"[{k + 1:>{len(str(n))}}/{n}] {s['node']:<24} {s['op']:<18} "
                          f"{s['kind']:<7} {ms:8.3f} ms  {rec['shape']}")
         self.last_profile = records
+
