@@ -16,9 +16,9 @@ from __future__ import annotations
 __all__ = ["declared_dims", "dims_str", "is_dynamic", "shape_problem", "suggest",
            "shape_flags", "shape_kwargs", "FILL_SIZES"]
 
-# Sizes tried for the dynamic dims after the first (a batch gets 1): small first, then the
-# sizes image models are commonly built for.
-FILL_SIZES = (1, 32, 64, 224, 640)
+# Sizes tried for the dynamic dims after the first (a batch gets 1): one that fits most
+# image models' strides and windows, then 1, then the sizes image models are built for.
+FILL_SIZES = (32, 1, 64, 224, 640)
 
 
 def declared_dims(value_info) -> list | None:

@@ -43,7 +43,8 @@ from .dtypes import np_dtype
 from .inputs import (declared_dims, dims_str, is_dynamic, shape_flags, shape_kwargs,
                      shape_problem, suggest)
 
-__all__ = ["import_onnx", "declared_inputs", "SUPPORTED_OPS", "MIN_OPSET", "MAX_OPSET", "MAX_OP_VERSION"]
+__all__ = ["import_onnx", "declared_inputs", "SUPPORTED_OPS", "MIN_OPSET", "MAX_OPSET",
+           "MAX_OP_VERSION"]
 
 MIN_OPSET, MAX_OPSET = 11, 21
 MAX_OP_VERSION = 28
