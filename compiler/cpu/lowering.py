@@ -135,8 +135,9 @@ class _Lowering:
         return self.g.initializers[v]
 
     def add_const(self, name: str, array) -> str:
-        if name not in self.constants:
-            self.constants[name] = np.ascontiguousarray(array)
+        if name not in self.constants:  # (ascontiguousarray would make a scalar 1-D)
+            a = np.asarray(array)
+            self.constants[name] = a if a.flags.c_contiguous else a.copy(order="C")
         return name
 
     def define(self, name: str, dtype: str, shape) -> str:

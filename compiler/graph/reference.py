@@ -12,6 +12,8 @@ against the sizes its type does promise.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .dynamic import RUNTIME_TYPES, UNKNOWN_DIM_TYPES, is_runtime_form, runtime_kernel
@@ -184,7 +186,9 @@ def _infer_by_substitution(node: Node, types: list, values: list) -> list[Tensor
                     TensorType(t.dtype, tuple(s if d is None else d for d in t.shape))
                     for t in types]
         try:
-            runs.append(_infer_static(node, concrete, values))
+            with warnings.catch_warnings():  # a mean of 0 elements, ...: only sizes matter
+                warnings.simplefilter("ignore")
+                runs.append(_infer_static(node, concrete, values))
         except NodeError as e:
             first_error = first_error or e
     if not runs:
