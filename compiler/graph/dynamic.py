@@ -23,7 +23,11 @@ Types downstream of such a node have unknown dims: ``TensorType.shape`` holds No
   running its kernel on stand-ins of several sizes (reference.infer_node).
 
 An operator added elsewhere whose output shape depends on its inputs' values (TopK's k,
-NonZero, If/Loop) registers itself with :func:`register_runtime_form`.
+NonZero, If/Loop) registers itself with :func:`register_runtime_form`; NonZero and TopK
+are listed here already (their types: NonZero [rank, ?], TopK ? along its axis), so their
+kernels only need to take ONNX's inputs. If and Loop type their outputs with
+:func:`join_types` (branches that differ in a size give None there) and list their
+condition / trip count in ``value_inputs``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from .ir import DynamicShapeError, NodeError, TensorType
 from .ops import KERNELS, pool_output_shape
 
 __all__ = ["VALUE_SHAPED", "RUNTIME_KERNELS", "RUNTIME_TYPES", "UNKNOWN_DIM_TYPES",
-           "register_runtime_form", "is_runtime_form", "runtime_kernel", "broadcast_dims"]
+           "register_runtime_form", "is_runtime_form", "runtime_kernel", "broadcast_dims",
+           "join_types"]
 
 _REDUCE = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd")
 
@@ -300,6 +305,15 @@ def register_runtime_form(op: str, value_inputs: tuple[int, ...], types, kernel=
     RUNTIME_TYPES[op] = types
     if kernel is not None:
         RUNTIME_KERNELS[op] = kernel
+
+
+def join_types(a: TensorType, b: TensorType) -> TensorType:
+    """The type of a value that is either ``a`` or ``b`` (If's branches, a Loop's carried
+    value before and after an iteration): sizes that differ become None. The rank and the
+    dtype must agree (the graph IR always knows the rank)."""
+    if a.dtype != b.dtype or len(a.shape) != len(b.shape):
+        raise DynamicShapeError(f"a value is {a} or {b}: celosia needs one dtype and rank")
+    return TensorType(a.dtype, tuple(x if x == y else None for x, y in zip(a.shape, b.shape)))
 
 
 # ---- shape rules that take unknown dims ------------------------------------------------------

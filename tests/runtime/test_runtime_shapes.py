@@ -214,3 +214,38 @@ def test_bad_run_time_values_are_node_errors():
     assert isinstance(e.value, CelosiaError)
     with pytest.raises(NodeError, match=r"node 'r' \(Reshape\): failed at run time"):
         CpuModel.build(model).run(feeds)
+
+
+def test_an_operator_added_elsewhere_runs_by_its_registered_types(monkeypatch):
+    """The machinery other operators rely on: NonZero (listed in dynamic.VALUE_SHAPED with
+    its type rule) needs only a kernel on ONNX's inputs; its output and what reads it run
+    as a run-time-shaped segment of the CPU build, and If's branches join their types."""
+    from celosia.compiler.graph import ops
+    from celosia.compiler.graph.dynamic import join_types
+    from celosia.compiler.graph.ir import Graph
+
+    monkeypatch.setitem(ops.KERNELS, "NonZero", lambda a, x: np.array(np.nonzero(x)))
+    x_t = TensorType("float32", (3, 4))
+    nz = Node("NonZero", ("x",), ("idx",), {"runtime_shape": 1}, "nz")
+    (idx_t,) = infer_node(nz, [x_t], [None])
+    assert str(idx_t) == "int64[2,?]"
+    tr = Node("Transpose", ("idx",), ("pairs",), {"perm": [1, 0]}, "tr")
+    (pairs_t,) = infer_node(tr, [idx_t], [None])
+    cast = Node("Cast", ("pairs",), ("f",), {"to": "float32"}, "cast")
+    (f_t,) = infer_node(cast, [pairs_t], [None])
+    total = Node("ReduceSum", ("f",), ("y",), {"axes": None, "keepdims": 0}, "sum")
+    (y_t,) = infer_node(total, [f_t], [None])
+    assert (str(pairs_t), str(y_t)) == ("int64[?,2]", "float32[]")
+    graph = Graph("g", ("x",), ("pairs", "y"), (nz, tr, cast, total), {},
+                  {"x": x_t, "idx": idx_t, "pairs": pairs_t, "f": f_t, "y": y_t})
+    verify_graph(graph)
+    cpu = CpuModel.from_graph(graph)
+    rng = np.random.default_rng(3)
+    for density in (0.0, 0.3, 1.0):
+        x = (rng.random((3, 4)) < density).astype(np.float32)
+        want = np.argwhere(x)
+        for got in (run_graph(graph, {"x": x}), cpu.run({"x": x})):
+            np.testing.assert_array_equal(got["pairs"], want)
+            assert got["y"] == np.float32(want.sum())
+    a, b = TensorType("float32", (1, 4, 3)), TensorType("float32", (1, 5, 3))
+    assert str(join_types(a, b)) == "float32[1,?,3]"
