@@ -169,3 +169,22 @@ def test_input_npz_names_its_arrays(files, capsys):
     err = one_line_error(["run", str(files / "paddle.onnx"), "--input",
                           str(files / "bad.npz")], capsys)
     assert "holds arrays ['image'] that name no input; the model's inputs are x" in err
+
+
+def test_accelerator_builds_take_shapes_from_the_arrays_and_hint_a_rebuild(files, capsys):
+    np.savez(files / "calib.npz", x=np.random.default_rng(5).normal(
+        size=(4, 3, 8, 12)).astype(np.float32))
+    build = ["--target", "fsim", "--quantize", "int8", "--calibration", str(files / "calib.npz")]
+    # No --input-shape: the [-1,3,-1,-1] model is built for the array given.
+    assert main(["run", str(files / "paddle.onnx"), *build, "--input", str(files / "a.npy"),
+                 "--compare", "cpu"]) == 0
+    assert "identical" in capsys.readouterr().out
+    cel = files / "acc.cel"
+    compile_ = ["compile", str(files / "paddle.onnx"), *build, "-o", str(cel)]
+    assert main(compile_ + ["--input-shape", "x=1,3,8,12"]) == 0
+    run = ["run", str(cel), "--target", "fsim", "--input", str(files / "b.npy")]
+    err = one_line_error(run, capsys)
+    flags = re.search(r"add (--input-shape \S+) to the `celosia compile` that built it",
+                      err).group(1)
+    assert flags == "--input-shape x=2,3,8,12"
+    assert main(compile_ + shlex.split(flags)) == 0 and main(run) == 0
