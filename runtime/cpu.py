@@ -165,12 +165,19 @@ class CpuModel:
         not all given shapes is a DynamicCpuModel (a build per input shape, up to
         ``max_builds``, made when a run brings that shape)."""
         if is_artifact(path):
-            if input_shapes:
-                shapes = _flags(input_shapes)
-                raise ArtifactError(f"{path}: a built model has fixed input shapes; build "
-                                    f"it for these: `celosia compile {path} {shapes} -o "
-                                    f"{path}`")
-            return cls.load(path)
+            model = cls.load(path)
+            types = model.input_types
+            if any(tuple(s) != types.get(n, (None, None))[1]
+                   for n, s in (input_shapes or {}).items()):
+                how = (f"build it for these: `celosia compile {path} {_flags(input_shapes)} "
+                       f"-o {path}`" if model.source is not None and
+                       model.origin.get("from", "onnx") == "onnx"
+                       else "compile the ONNX model with --input-shape instead")
+                built = ", ".join(f"{n}: {d}[{','.join(map(str, s))}]"
+                                  for n, (d, s) in types.items())
+                raise ArtifactError(f"{path} was built for other input shapes ({built}); "
+                                    f"{how}")
+            return model
         from ..compiler.frontend.inputs import is_dynamic
         from ..compiler.frontend.onnx import declared_inputs
 

@@ -33,8 +33,8 @@ class DynamicCpuModel:
 
     def __init__(self, path, declared: dict, fixed: dict | None = None, *, build, source,
                  progress=None, max_builds: int = MAX_BUILDS):
-        if max_builds < 1:
-            raise ValueError("max_builds must be at least 1")
+        if not isinstance(max_builds, int) or max_builds < 1:
+            raise ValueError(f"max_builds must be a positive integer, not {max_builds!r}")
         self.path = str(path)
         self.source, self._build = source, build
         self.declared = declared  # {name: (dtype, dims)}

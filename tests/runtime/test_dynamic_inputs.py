@@ -188,3 +188,15 @@ def test_accelerator_builds_take_shapes_from_the_arrays_and_hint_a_rebuild(files
                       err).group(1)
     assert flags == "--input-shape x=2,3,8,12"
     assert main(compile_ + shlex.split(flags)) == 0 and main(run) == 0
+
+
+def test_a_cel_run_with_other_input_shapes_prints_the_command(files, capsys):
+    cel = files / "p8b.cel"
+    assert main(["compile", str(files / "paddle.onnx"), "--input-shape", "x=1,3,8,12", "-o",
+                 str(cel)]) == 0
+    same = ["run", str(cel), "--input-shape", "x=1,3,8,12", "--input", str(files / "a.npy")]
+    assert main(same) == 0  # the shapes it was built for: nothing to do
+    other = ["run", str(cel), "--input-shape", "x=1,3,5,7", "--input", str(files / "c.npy")]
+    err = one_line_error(other, capsys)
+    assert "built for other input shapes (x: float32[1,3,8,12])" in err
+    assert main(command(err)) == 0 and main(other) == 0
