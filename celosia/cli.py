@@ -239,8 +239,11 @@ def _load_inputs(specs, names) -> dict:
                                    f"model's inputs are {', '.join(names)}")
             feeds[name if sep else names[0]] = loaded
             continue
-        with loaded:
-            arrays = {k: loaded[k] for k in loaded.files}
+        try:
+            with loaded:
+                arrays = {k: loaded[k] for k in loaded.files}
+        except (ValueError, OSError, EOFError) as e:  # object arrays, a truncated member
+            raise CelosiaError(f"--input {spec!r}: {file} cannot be read ({e})") from None
         if sep:  # NAME=FILE.npz: the array of that name, or its only one
             arrays = {name: arrays[name] if name in arrays else
                       next(iter(arrays.values())) if len(arrays) == 1 else None}

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from ..compiler.graph.ir import InputShapeError, Node, NodeError, TensorType
-from ..compiler.graph.reference import evaluate_node, fits
+from ..compiler.graph.reference import KERNEL_ERRORS, evaluate_node, fits
 
 __all__ = ["GraphExecutor", "plan_memory", "summarize_profile"]
 
@@ -164,7 +164,7 @@ class GraphExecutor:
             def run():
                 try:
                     results = evaluate_node(node, ins)
-                except (ValueError, IndexError, TypeError) as e:
+                except KERNEL_ERRORS as e:
                     raise NodeError(node, f"failed at run time: {e}") from None
                 for y, r in zip(outs, results):
                     if y is not None:
@@ -180,7 +180,7 @@ class GraphExecutor:
             ins = [arr[v] if v else None for v in node.inputs]
             try:
                 results = evaluate_node(node, ins)
-            except (ValueError, IndexError, TypeError) as e:
+            except KERNEL_ERRORS as e:
                 raise NodeError(node, f"failed at run time: {e}") from None
             for o, r in zip(node.outputs, results):
                 if not o:

@@ -59,14 +59,19 @@ class DynamicCpuModel:
     def shapes_for(self, feeds: dict) -> dict:
         """The input shapes of the build that runs ``feeds``: the dynamic inputs' arrays'
         shapes (InputShapeError for an array that does not fit what the model declares)."""
+        unknown = sorted(set(feeds) - set(self.declared))
+        if unknown:
+            raise InputShapeError(f"unknown input{'s' if len(unknown) > 1 else ''} "
+                                  f"{', '.join(map(repr, unknown))}: the model's inputs are "
+                                  f"{', '.join(self.declared)}")
         shapes = {}
         for name, (dtype, dims) in self.declared.items():
             if name in self.fixed or not is_dynamic(dims):
                 continue
             a = feeds.get(name)
             if a is None:
-                raise InputShapeError(f"input {name!r} ({dtype}{dims_str(dims)}) was not "
-                                      "given")
+                shown = dims_str(dims) if dims is not None else " of unknown rank"
+                raise InputShapeError(f"input {name!r} ({dtype}{shown}) was not given")
             if not isinstance(a, np.ndarray):
                 raise InputShapeError(f"input {name!r} must be a numpy array, not "
                                       f"{type(a).__name__}")

@@ -235,7 +235,7 @@ def _add_inputs(ctx, g, shapes, bind_inputs, try_shapes) -> None:
         declared[vi.name] = declared_dims(vi)
     for name, array in bind_inputs.items():
         ctx.add_constant(name, np.asarray(array))
-    given = {n: tuple(int(d) for d in s) for n, s in shapes.items() if n in declared}
+    given = {n: _shape(n, s) for n, s in shapes.items() if n in declared}
     problems = [p for n, s in given.items() if (p := shape_problem(n, declared[n], s))]
     missing = [n for n, d in declared.items() if n not in given and is_dynamic(d)]
     if problems or missing:
@@ -244,6 +244,14 @@ def _add_inputs(ctx, g, shapes, bind_inputs, try_shapes) -> None:
         ctx.inputs.append(name)
         ctx.types[name] = TensorType(dtypes[name], given[name] if name in given else tuple(dims))
         ctx.depends[name] = frozenset([name])
+
+
+def _shape(name, shape) -> tuple:
+    try:
+        return tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise InputShapeError(f"input_shapes[{name!r}] is {shape!r}: give a sequence of "
+                              "integers, e.g. (1, 3, 224, 224)") from None
 
 
 def _input_error(where, declared, given, problems, missing, try_shapes) -> GraphError:
@@ -264,6 +272,9 @@ def _input_error(where, declared, given, problems, missing, try_shapes) -> Graph
     elif shapes:
         text += (f": pass e.g. {shape_flags(shapes)} (Python: {shape_kwargs(shapes)}), "
                  "with your data's sizes in the dynamic dims")
+    elif try_shapes and not error:  # nothing to try: an input of unknown rank
+        text += (": pass each input's shape with --input-shape NAME=D1,D2,... (Python: "
+                 "input_shapes={NAME: shape}), the shape of your data")
     elif try_shapes:
         text += (": pass each input's sizes with --input-shape NAME=D1,D2,... (Python: "
                  "input_shapes={NAME: shape}); none of the sizes celosia tried imports "

@@ -22,7 +22,11 @@ from .ops import KERNELS, OWN_INPUTS, SHAPE_RULES, Lazy, clip, hard_sigmoid, sig
 from .qops import QUANTIZED_KERNELS, QUANTIZED_SHAPE_RULES
 
 __all__ = ["run_graph", "evaluate_node", "infer_node", "apply_epilogue", "stand_in", "fits",
-           "check_result"]
+           "check_result", "KERNEL_ERRORS"]
+
+# What a kernel raises on values it cannot take (an index out of range, a Range of step 0,
+# a size too large for memory): reported as a NodeError naming the node.
+KERNEL_ERRORS = (ValueError, IndexError, TypeError, ZeroDivisionError, MemoryError)
 
 
 def apply_epilogue(y: np.ndarray, steps, inputs) -> np.ndarray:
@@ -107,7 +111,7 @@ def run_graph(graph: Graph, feeds: dict) -> dict:
     for k, node in enumerate(graph.nodes):
         try:
             results = evaluate_node(node, [env[i] if i else None for i in node.inputs])
-        except (ValueError, IndexError, TypeError) as e:  # e.g. a Gather index out of range
+        except KERNEL_ERRORS as e:  # e.g. a Gather index out of range
             raise NodeError(node, f"failed at run time: {e}") from None
         run_time_shaped = not all(types[v].static for v in node.inputs + node.outputs if v)
         for name, value in zip(node.outputs, results):
@@ -165,7 +169,7 @@ def _infer_static(node: Node, types: list, values: list) -> list[TensorType]:
               for v, t in zip(values, types)]
     try:
         results = evaluate_node(node, inputs)
-    except (ValueError, IndexError, TypeError) as e:
+    except KERNEL_ERRORS as e:
         shown = ", ".join(str(t) if t else "_" for t in types)
         raise NodeError(node, f"invalid for inputs ({shown}): {e}") from None
     return [TensorType(str(r.dtype), tuple(int(d) for d in r.shape)) for r in results]
