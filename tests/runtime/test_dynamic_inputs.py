@@ -56,8 +56,7 @@ def onnxruntime_y(path, x):
 
 def command(message: str) -> list[str]:
     """The `celosia ...` command a message prints, as argv for main()."""
-    argv = shlex.split(re.search(r"`celosia ([^`]*)`", message).group(1))
-    return argv
+    return shlex.split(re.search(r"`celosia ([^`]*)`", message).group(1))
 
 
 def one_line_error(argv, capsys) -> str:

@@ -9,10 +9,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from celosia.compiler.frontend.onnx import import_onnx
-from celosia.compiler.graph.ir import NodeError, TensorType, verify_graph
+from celosia.compiler.graph.ir import Node, NodeError, TensorType, verify_graph
 from celosia.compiler.graph.passes import optimize
 from celosia.compiler.graph.reference import infer_node, run_graph
-from celosia.compiler.graph.ir import Node
 from celosia.errors import CelosiaError
 from celosia.runtime.cpu import CpuModel
 
@@ -65,13 +64,12 @@ def reshape_from_values(rng):
 def range_expand_tile(rng):
     # Range(0, n) -> Expand to [k, n] -> Tile by run-time repeats -> float, ReduceSum.
     nodes = [node("Range", ["zero", "n", "one"], ["r"]),
-             node("Concat", ["k", "n1"], ["shape"], axis=0),
              node("Unsqueeze", ["n", "axis0"], ["n1"]),
+             node("Concat", ["k", "n1"], ["shape"], axis=0),
              node("Expand", ["r", "shape"], ["e"]),
              node("Tile", ["e", "reps"], ["t"]),
              node("Cast", ["t"], ["f"], to=TensorProto.FLOAT),
              node("ReduceSum", ["f", "axis0"], ["y"], keepdims=0)]
-    nodes.insert(1, nodes.pop(2))  # Unsqueeze before the Concat that reads it
     m = make_model(nodes, [vi("n", [], I64), vi("k", [1], I64), vi("reps", [2], I64)],
                    [vi("t", None, I64), vi("y", None)],
                    [const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64)),
