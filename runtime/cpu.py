@@ -296,12 +296,14 @@ class CpuModel:
         what to pass (another dtype, or the size a fixed dim has), or, when only dims the
         model declares dynamic differ, the command that rebuilds it for those arrays."""
         from ..compiler.frontend.inputs import dims_str, is_dynamic, shape_problem
-        from ..compiler.graph.ir import InputShapeError
+        from ..compiler.graph.ir import InputShapeError, TensorType
+        from ..compiler.graph.reference import fits
 
         declared = self.origin.get("inputs")
         wrong = {n: feeds[n] for n, (dtype, shape) in self.input_types.items()
-                 if isinstance(feeds.get(n), np.ndarray)
-                 and (feeds[n].shape != shape or str(feeds[n].dtype) != dtype)}
+                 if isinstance(feeds.get(n), np.ndarray) and (
+                     not fits(feeds[n].shape, TensorType(dtype, shape))
+                     or str(feeds[n].dtype) != dtype)}
         for name, a in wrong.items():  # absent or not arrays: the executor's check says so
             dtype, shape = self.input_types[name]
             built = f"{self.path} was" if self.path else "the model was"

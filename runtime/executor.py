@@ -46,6 +46,10 @@ def run_time_shaped(info: dict) -> bool:
     return None in info["shape"]
 
 
+def _type(info: dict) -> TensorType:
+    return TensorType(info["dtype"], tuple(info["shape"]))
+
+
 def plan_memory(program) -> tuple[dict, int, int]:
     """({value: byte offset in the arena}, arena bytes, bytes without reuse). Constants
     are not in the arena."""
@@ -53,7 +57,8 @@ def plan_memory(program) -> tuple[dict, int, int]:
     root = {}  # value -> the value whose storage it uses
     first, last = {}, {}
     for v in program.inputs:
-        root[v], first[v], last[v] = v, -1, -1
+        if not run_time_shaped(program.values[v]):
+            root[v], first[v], last[v] = v, -1, -1
     for k, s in enumerate(program.steps):
         for v in s["inputs"]:
             if v in root:
@@ -185,7 +190,7 @@ class GraphExecutor:
             for o, r in zip(node.outputs, results):
                 if not o:
                     continue
-                t = TensorType(values[o]["dtype"], tuple(values[o]["shape"]))
+                t = _type(values[o])
                 if not fits(r.shape, t) or str(r.dtype) != t.dtype:
                     raise NodeError(node, f"gives {o!r} as {r.dtype}"
                                           f"[{','.join(map(str, r.shape))}] at run time, where "
@@ -206,32 +211,31 @@ class GraphExecutor:
                                   f"{', '.join(map(repr, unknown))}: the model's inputs are "
                                   f"{', '.join(self.describe_inputs())}")
         for name in p.inputs:
-            info = p.values[name]
-            shown = f"{info['dtype']}[{','.join(map(str, info['shape']))}]"
+            t = _type(p.values[name])
             if name not in feeds:
-                raise InputShapeError(f"input {name!r} ({shown}) was not given")
+                raise InputShapeError(f"input {name!r} ({t}) was not given")
             a = feeds[name]
             if not isinstance(a, np.ndarray):
                 raise InputShapeError(f"input {name!r} must be a numpy array, not "
                                       f"{type(a).__name__}")
-            if list(a.shape) != info["shape"] or str(a.dtype) != info["dtype"]:
+            if not fits(a.shape, t) or str(a.dtype) != t.dtype:
+                # (CpuModel.check_shapes says first whether a rebuild could take it)
                 raise InputShapeError(
                     f"input {name!r} is {a.dtype}[{','.join(map(str, a.shape))}] but the model "
-                    f"was built for {shown}: pass an array of that shape and type, or build "
-                    f"the model again with --input-shape {name}="
-                    f"{','.join(map(str, a.shape))}")
+                    f"was built for {t}: pass an array of that shape and type")
 
     def describe_inputs(self) -> list[str]:
-        p = self.program
-        return [f"{n} ({p.values[n]['dtype']}[{','.join(map(str, p.values[n]['shape']))}])"
-                for n in p.inputs]
+        return [f"{n} ({_type(self.program.values[n])})" for n in self.program.inputs]
 
     def run(self, feeds: dict, *, profile: bool = False, progress=None) -> dict:
         """Outputs by name (fresh arrays). With ``profile`` (or ``progress``, a function
         called with one line per step) each step is timed into ``last_profile``."""
         self.check_feeds(feeds)
         for name in self.program.inputs:
-            np.copyto(self.arrays[name], feeds[name])
+            if name in self._dynamic:  # read, never written, by numpy steps: no copy
+                self.arrays[name] = feeds[name]
+            else:
+                np.copyto(self.arrays[name], feeds[name])
         try:
             if profile or progress:
                 self._run_timed(progress)

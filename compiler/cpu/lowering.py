@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..graph.ir import Graph, GraphError, Node
+from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
 from .kernels import (
     BINARY,
@@ -555,10 +555,6 @@ class _Lowering:
             handlers[op] = self.view
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
             handlers[op] = self.eltwise
-        for v in g.inputs:
-            if not self.type(v).static:
-                raise GraphError(f"input {v!r} is {self.type(v)}: a CPU build has static "
-                                 "input shapes; import the model with its input shapes")
         for node in g.nodes:
             if not all(self.type(v).static for v in node.inputs + node.outputs if v):
                 handler = None  # a size only known at run time: a run-time-shaped step

@@ -247,3 +247,31 @@ def test_an_operator_added_elsewhere_runs_by_its_registered_types(monkeypatch):
             assert got["y"] == np.float32(want.sum())
     a, b = TensorType("float32", (1, 4, 3)), TensorType("float32", (1, 5, 3))
     assert str(join_types(a, b)) == "float32[1,?,3]"
+
+
+def test_a_run_time_sized_value_crosses_an_accelerator_region():
+    """Partitioned int8 build: the run-time Reshape stays on the CPU, the Conv runs on the
+    accelerator (fsim), and the CPU segment after it takes the run-time-sized value as an
+    input of its own (outside its arena); bit-exact with the all-CPU build."""
+    from celosia.runtime.accel import AccelModel
+
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(16, 16, 3, 3)).astype(np.float32)
+    nodes = [node("Reshape", ["x", "s"], ["r"]),
+             node("Conv", ["x2", "w"], ["c"], pads=[1, 1, 1, 1]),
+             node("Add", ["c", "r"], ["y"])]
+    model = make_model(nodes, [vi("x", [1, 1024]), vi("s", [4], I64), vi("x2", [1, 16, 8, 8])],
+                       [vi("y", None)], [const("w", w)])
+    calibration = {"x": rng.normal(size=(2, 1024)).astype(np.float32),
+                   "s": np.array([[1, 16, 8, 8]] * 2), "x2": rng.normal(size=(2, 16, 8, 8))
+                   .astype(np.float32)}
+    accel = AccelModel.from_onnx(model, "default", calibration=calibration, target="fsim")
+    assert accel.placements["c"].target == "accel" and accel.placements["r"].target == "cpu"
+    cpu = accel.cpu_build()
+    for s in ([1, 16, 8, 8], [16, 1, 8, 8]):  # r broadcast onto c: y is [1|16,16,8,8]
+        feeds = {"x": rng.normal(size=(1, 1024)).astype(np.float32),
+                 "s": np.array(s, np.int64), "x2": rng.normal(size=(1, 16, 8, 8))
+                 .astype(np.float32)}
+        ours = accel.run(feeds, target="fsim")["y"]
+        assert ours.shape == (s[0], 16, 8, 8)
+        np.testing.assert_array_equal(ours, cpu.run(feeds, target="fsim")["y"])
