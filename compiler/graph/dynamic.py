@@ -256,7 +256,7 @@ def _unsqueeze_types(node, types, values):
 def _reduce_types(node, types, values):
     x, a = types[0], node.attrs
     n = _length(node, types, 1, "axes") if len(node.inputs) > 1 and node.inputs[1] else 0
-    if n == 0 and a.get("noop_with_empty_axes", 0) and len(node.inputs) < 2:
+    if n == 0 and a.get("noop_with_empty_axes", 0):  # no axes: the input itself
         return [x]
     if a.get("keepdims", 1):
         return [TensorType(x.dtype, (None,) * len(x.shape))]
