@@ -171,7 +171,7 @@ def cmd_compile(args) -> int:
         from .runtime.accel import AccelModel
 
         model = AccelModel.from_onnx(args.model, _config(args.config),
-                                     input_shapes=_input_shapes(args.input_shape),
+                                     input_shapes=_shapes_from_inputs(args),
                                      calibration=args.calibration, target=args.target,
                                      progress=_progress(args.progress))
         model.save(args.output)
@@ -375,16 +375,31 @@ def _run_accel(args, artifact: bool) -> int:
 
 def _shapes_from_inputs(args) -> dict | None:
     """--input-shape, and for an ONNX model's dynamic inputs not given one, the shapes of
-    the --input arrays (a build needs static shapes: the arrays say which)."""
+    the --input arrays, else of the --calibration samples (a build needs static shapes: the
+    data says which)."""
+    import numpy as np
+
     from .compiler.frontend.inputs import is_dynamic
     from .compiler.frontend.onnx import declared_inputs
 
     shapes = _input_shapes(args.input_shape) or {}
     declared = declared_inputs(args.model)
     wanted = [n for n, (_, d) in declared.items() if n not in shapes and is_dynamic(d)]
-    if wanted and args.input:
+    if wanted and getattr(args, "input", None):
         feeds = _load_inputs(args.input, declared)
         shapes.update((n, feeds[n].shape) for n in wanted if n in feeds)
+    elif wanted and args.calibration:
+        try:
+            with np.load(args.calibration, allow_pickle=False) as samples:
+                arrays = {n: samples[n].shape for n in wanted if n in samples.files}
+        except (ValueError, OSError, EOFError):
+            arrays = {}  # the calibration loader reports an unreadable file
+        for n, shape in arrays.items():
+            dims = declared[n][1]
+            if dims is not None and len(shape) == len(dims) + 1:  # [samples, *shape]
+                shapes[n] = shape[1:]
+            elif dims is not None and len(shape) == len(dims) and shape:  # along the batch
+                shapes[n] = (dims[0] if isinstance(dims[0], int) else 1, *shape[1:])
     return shapes or None
 
 
