@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import time
 import zipfile
 import zlib
@@ -136,7 +137,9 @@ class CpuModel:
         if self.source is None or self.origin.get("from", "onnx") != "onnx":
             raise ArtifactError("this model was not built from an ONNX model it keeps; build "
                                 "the ONNX model with CpuModel.build(path, input_shapes)")
-        return CpuModel.build(self.source, input_shapes, progress=progress)
+        model = CpuModel.build(self.source, input_shapes, progress=progress)
+        model.source_path = self.source_path
+        return model
 
     @classmethod
     def from_graph(cls, graph, *, progress=None, source: bytes | None = None) -> "CpuModel":
@@ -169,8 +172,8 @@ class CpuModel:
             types = model.input_types
             if any(tuple(s) != types.get(n, (None, None))[1]
                    for n, s in (input_shapes or {}).items()):
-                how = (f"build it for these: `celosia compile {path} {_flags(input_shapes)} "
-                       f"-o {path}`" if model.source is not None and
+                how = (f"build it for these: `celosia compile {_q(path)} "
+                       f"{_flags(input_shapes)} -o {_q(path)}`" if model.source is not None and
                        model.origin.get("from", "onnx") == "onnx"
                        else "compile the ONNX model with --input-shape instead")
                 built = ", ".join(f"{n}: {d}[{','.join(map(str, s))}]"
@@ -333,10 +336,12 @@ class CpuModel:
         python = "model.rebuild({" + ", ".join(f"{n!r}: {tuple(s)!r}" for n, s in
                                                shapes.items()) + "})"
         if self.path and self.source is not None:
-            return f"`celosia compile {self.path} {flags} -o {self.path}` (Python: {python})"
+            return f"`celosia compile {_q(self.path)} {flags} -o {_q(self.path)}` (Python: " \
+                   f"{python})"
         if self.source_path:
-            out = str(Path(self.source_path).with_suffix(".cel"))
-            return f"`celosia compile {self.source_path} {flags} -o {out}` (Python: {python})"
+            out = Path(self.source_path).with_suffix(".cel")
+            return f"`celosia compile {_q(self.source_path)} {flags} -o {_q(out)}` (Python: " \
+                   f"{python})"
         return python
 
     @property
@@ -363,6 +368,11 @@ def _model_bytes(model) -> bytes | None:
         return Path(model).read_bytes()
     serialize = getattr(model, "SerializeToString", None)
     return serialize() if serialize else None
+
+
+def _q(path) -> str:
+    """A path as a shell word (a command in a message must work when pasted)."""
+    return shlex.quote(str(path))
 
 
 def _flags(shapes: dict) -> str:
