@@ -201,7 +201,7 @@ def _recompile(args) -> int:
     from .runtime.accel import is_accel_artifact
     from .runtime.cpu import CpuModel
 
-    if is_accel_artifact(args.model) or args.target != "cpu" or args.quantize:
+    if is_accel_artifact(args.model) or args.target != "cpu" or args.quantize or args.config:
         raise CelosiaError(f"{args.model} is a built model already (.cel); compile takes an "
                            f"ONNX model (or a CPU .cel to build again for --input-shape)")
     old = CpuModel.load(args.model)
