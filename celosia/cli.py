@@ -166,13 +166,12 @@ def cmd_compile(args) -> int:
 
     _check_model_target(args.target)
     if is_artifact(args.model):
-        raise CelosiaError(f"{args.model} is a built model already (.cel); compile takes an "
-                           f"ONNX model")
+        return _recompile(args)
     if _accel_build(args):
         from .runtime.accel import AccelModel
 
         model = AccelModel.from_onnx(args.model, _config(args.config),
-                                     input_shapes=_input_shapes(args.input_shape),
+                                     input_shapes=_shapes_from_inputs(args),
                                      calibration=args.calibration, target=args.target,
                                      progress=_progress(args.progress))
         model.save(args.output)
@@ -196,27 +195,67 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _load_inputs(specs, model) -> dict:
+def _recompile(args) -> int:
+    """`celosia compile MODEL.cel`: a CPU build again from the ONNX model it keeps, for the
+    shapes given (the command a wrong-shape run of a .cel prints)."""
+    from .runtime.accel import is_accel_artifact
+    from .runtime.cpu import CpuModel
+
+    if is_accel_artifact(args.model) or args.target != "cpu" or args.quantize or args.config:
+        raise CelosiaError(f"{args.model} is a built model already (.cel); compile takes an "
+                           f"ONNX model (or a CPU .cel to build again for --input-shape)")
+    old = CpuModel.load(args.model)
+    if old.source is None or old.origin.get("from", "onnx") != "onnx":
+        raise CelosiaError(f"{args.model} holds no ONNX model to build again from; compile "
+                           f"the ONNX model")
+    model = old.rebuild(_input_shapes(args.input_shape) or {}, progress=_progress(args.progress))
+    model.save(args.output)
+    types = ", ".join(f"{n}: {d}[{','.join(map(str, s))}]" for n, (d, s) in
+                      model.input_types.items())
+    print(f"wrote {args.output}: built again from the ONNX model in {args.model} in "
+          f"{model.build_info['total_s']:.2f} s; inputs {types}")
+    return 0
+
+
+def _load_inputs(specs, names) -> dict:
+    """The arrays of --input NAME=FILE.npy (NAME= optional for one input) and --input
+    FILE.npz (arrays named after the inputs; one array for a one-input model)."""
     import numpy as np
 
     feeds = {}
-    names = list(model.input_types)
+    names = list(names)
     for spec in specs or ():
         name, sep, file = spec.rpartition("=")
-        if not sep:
-            if len(names) != 1:
-                raise CelosiaError(f"--input {spec!r}: name the input (NAME=FILE.npy); the "
-                                   f"model's inputs are {', '.join(names)}")
-            name = names[0]
         try:
-            feeds[name] = np.load(file, allow_pickle=False)
+            loaded = np.load(file, allow_pickle=False)
         except FileNotFoundError:
             raise CelosiaError(f"--input {spec!r}: no such file {file!r}") from None
         except (ValueError, OSError, EOFError) as e:
-            raise CelosiaError(f"--input {spec!r}: {file} is not a .npy array ({e})") from None
-        if not isinstance(feeds[name], np.ndarray):
-            raise CelosiaError(f"--input {spec!r}: {file} holds several arrays; save one "
-                               f"array with np.save")
+            raise CelosiaError(f"--input {spec!r}: {file} is not a .npy or .npz file "
+                               f"({e})") from None
+        if isinstance(loaded, np.ndarray):
+            if not sep and len(names) != 1:
+                raise CelosiaError(f"--input {spec!r}: name the input (NAME=FILE.npy); the "
+                                   f"model's inputs are {', '.join(names)}")
+            feeds[name if sep else names[0]] = loaded
+            continue
+        try:
+            with loaded:
+                arrays = {k: loaded[k] for k in loaded.files}
+        except (ValueError, OSError, EOFError) as e:  # object arrays, a truncated member
+            raise CelosiaError(f"--input {spec!r}: {file} cannot be read ({e})") from None
+        if sep:  # NAME=FILE.npz: the array of that name, or its only one
+            arrays = {name: arrays[name] if name in arrays else
+                      next(iter(arrays.values())) if len(arrays) == 1 else None}
+            if arrays[name] is None:
+                raise CelosiaError(f"--input {spec!r}: {file} has no array named {name!r}")
+        elif len(arrays) == 1 and len(names) == 1:
+            arrays = {names[0]: next(iter(arrays.values()))}
+        unknown = sorted(set(arrays) - set(names))
+        if unknown:
+            raise CelosiaError(f"--input {spec!r}: {file} holds arrays {unknown} that name no "
+                               f"input; the model's inputs are {', '.join(names)}")
+        feeds.update(arrays)
     return feeds
 
 
@@ -289,7 +328,7 @@ def _run_accel(args, artifact: bool) -> int:
                                f"--config {args.config}; build it again with that --config")
     else:
         model = AccelModel.from_onnx(args.model, _config(args.config),
-                                     input_shapes=_input_shapes(args.input_shape),
+                                     input_shapes=_shapes_from_inputs(args),
                                      calibration=args.calibration, target=args.target,
                                      progress=progress)
     cpu = None
@@ -297,7 +336,7 @@ def _run_accel(args, artifact: bool) -> int:
         cpu = model if not model.programs else model.cpu_build()
     if args.target == "cpu":
         model = cpu
-    feeds = _load_inputs(args.input, model)
+    feeds = _load_inputs(args.input, model.input_types)
     target = "fsim" if args.target == "cpu" else args.target
     outputs = model.run(feeds, target=target, progress=progress)
     rows, summary = model.report, model.summary()
@@ -334,6 +373,36 @@ def _run_accel(args, artifact: bool) -> int:
     return 0
 
 
+def _shapes_from_inputs(args) -> dict | None:
+    """--input-shape, and for an ONNX model's dynamic inputs not given one, the shapes of
+    the --input arrays, else of the --calibration samples (a build needs static shapes: the
+    data says which)."""
+    import numpy as np
+
+    from .compiler.frontend.inputs import is_dynamic
+    from .compiler.frontend.onnx import declared_inputs
+
+    shapes = _input_shapes(args.input_shape) or {}
+    declared = declared_inputs(args.model)
+    wanted = [n for n, (_, d) in declared.items() if n not in shapes and is_dynamic(d)]
+    if wanted and getattr(args, "input", None):
+        feeds = _load_inputs(args.input, declared)
+        shapes.update((n, feeds[n].shape) for n in wanted if n in feeds)
+    elif wanted and args.calibration:
+        try:
+            with np.load(args.calibration, allow_pickle=False) as samples:
+                arrays = {n: samples[n].shape for n in wanted if n in samples.files}
+        except (ValueError, OSError, EOFError):
+            arrays = {}  # the calibration loader reports an unreadable file
+        for n, shape in arrays.items():
+            dims = declared[n][1]
+            if dims is not None and len(shape) == len(dims) + 1:  # [samples, *shape]
+                shapes[n] = shape[1:]
+            elif dims is not None and len(shape) == len(dims) and shape:  # along the batch
+                shapes[n] = (dims[0] if isinstance(dims[0], int) else 1, *shape[1:])
+    return shapes or None
+
+
 def _onnxruntime_outputs(model, feeds) -> dict:
     try:
         import onnxruntime as ort
@@ -356,6 +425,7 @@ def _run_cpu(args) -> int:
     import numpy as np
 
     from .runtime.cpu import CpuModel
+    from .runtime.specialize import DynamicCpuModel
 
     compare = bool(_compares(args.compare, ("onnxruntime",)))
     if args.config or args.timeline:
@@ -363,11 +433,16 @@ def _run_cpu(args) -> int:
                            "cycle, rtl) and to --quantize int8 builds")
     model = CpuModel.open(args.model, _input_shapes(args.input_shape),
                           progress=_progress(args.progress))
-    feeds = _load_inputs(args.input, model)
+    feeds = _load_inputs(args.input, model.input_types)
     timed = bool(args.report or args.progress)
     if args.report:
         model.run(feeds)  # warm-up: the report times a steady run
     outputs = model.run(feeds, profile=timed, progress=_progress(args.progress))
+    if isinstance(model, DynamicCpuModel):
+        shapes = ", ".join(f"{n}: {d}[{','.join(map(str, model.last.input_types[n][1]))}]"
+                           for n, (d, _) in model.input_types.items())
+        print(f"built {args.model} for the arrays given ({shapes}): the model's inputs "
+              f"have dynamic dims")
     if args.output:
         np.savez(args.output, **outputs)
     report = model.report() if timed else None
@@ -470,12 +545,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="calibration inputs for --quantize: one array per model input, "
                             "named after it, samples along the first axis")
         p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
-                       help="static shape of an input with dynamic dimensions (repeatable)")
+                       help="static shape of an input with dynamic dimensions (repeatable); "
+                            "`run` takes them from the --input arrays when left out")
         p.add_argument("--progress", action="store_true",
                        help="one line per layer compiled and per node run (stderr)")
 
     p = sub.add_parser("compile", help="build an ONNX model for a target into one file (.cel)")
-    p.add_argument("model", help="ONNX model (.onnx)")
+    p.add_argument("model", help="ONNX model (.onnx), or a CPU .cel to build again from the "
+                                 "ONNX model it keeps (for other --input-shape)")
     model_options(p)
     p.add_argument("-o", "--output", required=True, help="the built model (.cel)")
     p.set_defaults(func=cmd_compile)
@@ -484,7 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="ONNX model (.onnx; built first) or built model (.cel)")
     model_options(p)
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
-                   help="an input array (repeatable; NAME= may be left out for one input)")
+                   help="an input array (repeatable; NAME= may be left out for one input), "
+                        "or FILE.npz with arrays named after the inputs")
     p.add_argument("--output", help="write the outputs, by their ONNX names (.npz)")
     p.add_argument("--report", help="write per-node figures and a summary (JSON)")
     p.add_argument("--timeline", help="accelerator builds: draw the run's timeline (PNG)")

@@ -332,6 +332,24 @@ class AccelModel:
             self._executors[target] = ex
         return ex
 
+    def _shape_advice(self, name: str, a: np.ndarray) -> str:
+        """What to do about an input array of another shape: a rebuild only where the ONNX
+        model (kept as ``source``) declares the dims that differ dynamic."""
+        from ..compiler.frontend.inputs import is_dynamic, shape_flags, shape_problem
+        from ..compiler.frontend.onnx import declared_inputs
+        from ..errors import CelosiaError
+
+        try:
+            dims = declared_inputs(self.source).get(name) if self.source else None
+        except CelosiaError:
+            dims = None
+        t = self.graph.types[name]
+        if str(a.dtype) != t.dtype or dims is None or not is_dynamic(dims[1]) or \
+                shape_problem(name, dims[1], a.shape):
+            return "pass an array of that shape and type"
+        return (f"pass an array of that shape, or build the model again for this one: add "
+                f"{shape_flags({name: a.shape})} to the `celosia compile` that built it")
+
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
         from ..compiler.accel.partition import pack_value, unpack_value
@@ -345,8 +363,7 @@ class AccelModel:
             if tuple(a.shape) != t.shape or str(a.dtype) != t.dtype:
                 raise InputShapeError(
                     f"input {name!r} is {a.dtype}[{','.join(map(str, a.shape))}] but the model "
-                    f"was built for {t}: pass an array of that shape and type, or build the "
-                    f"model again for the new shape (--input-shape)")
+                    f"was built for {t}: {self._shape_advice(name, a)}")
         unknown = set(feeds) - set(graph.inputs)
         if unknown:
             raise InputShapeError(f"unknown inputs {sorted(unknown)}: the model's inputs are "

@@ -28,15 +28,23 @@ A ``.cel`` file is a zip archive (stored, not compressed):
     model.onnx           the source model, when there is one (for --compare and rebuilding)
 
 ``origin`` (version 2) says what the model was built from: ``{"from": "onnx" | "graph",
-"quantized": bool}`` (a graph with graph_int's integer operators). Loading checks the
-format, version (1 or 2: version 1 files, all built from ONNX, load too) and CPU; a
-truncated or corrupt file is an ``ArtifactError`` naming the file.
+"quantized": bool}`` (a graph with graph_int's integer operators); a build from ONNX also
+records ``"inputs"``, each input's dims as the model declares them (ints fixed, strings
+dynamic: frontend/inputs.py), so an input of another size is told whether a rebuild can
+take it and the command that does. Loading checks the format, version (1 or 2: version 1
+files, all built from ONNX, load too) and CPU; a truncated or corrupt file is an
+``ArtifactError`` naming the file.
+
+An ONNX model with dynamic input dims and no shapes given opens (``CpuModel.open``) as a
+:class:`~celosia.runtime.specialize.DynamicCpuModel`: a build per input shape, made from the
+arrays of the first run of that shape.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import shlex
 import time
 import zipfile
 import zlib
@@ -127,13 +135,15 @@ class CpuModel:
         self.build_info = build_info or {}
         self.origin = origin or {}
         self._executor = None
+        self.path = None         # the .cel it was loaded from
+        self.source_path = None  # the ONNX file it was built from
 
     # ---- building, saving, loading ---------------------------------------------------------
 
     @classmethod
     def build(cls, model, input_shapes: dict | None = None, *, progress=None) -> "CpuModel":
         """Import (a path, bytes or onnx.ModelProto), optimize, lower and compile."""
-        from ..compiler.frontend.onnx import import_onnx
+        from ..compiler.frontend.onnx import declared_inputs, import_onnx
         from ..compiler.graph.passes import optimize
 
         start = time.perf_counter()
@@ -141,9 +151,21 @@ class CpuModel:
         imported = time.perf_counter()
         built = cls.from_graph(graph, progress=progress, source=_model_bytes(model))
         built.origin["from"] = "onnx"
+        built.origin["inputs"] = {n: dims for n, (_, dims) in declared_inputs(model).items()}
         built.build_info["import_s"] = imported - start
         built.build_info["total_s"] = time.perf_counter() - start
+        if isinstance(model, (str, Path)):
+            built.source_path = str(model)
         return built
+
+    def rebuild(self, input_shapes: dict, *, progress=None) -> "CpuModel":
+        """The same ONNX model built for other input shapes (from the source it keeps)."""
+        if self.source is None or self.origin.get("from", "onnx") != "onnx":
+            raise ArtifactError("this model was not built from an ONNX model it keeps; build "
+                                "the ONNX model with CpuModel.build(path, input_shapes)")
+        model = CpuModel.build(self.source, input_shapes, progress=progress)
+        model.source_path = self.source_path
+        return model
 
     @classmethod
     def from_graph(cls, graph, *, progress=None, source: bytes | None = None) -> "CpuModel":
@@ -167,14 +189,35 @@ class CpuModel:
         return cls(program, source=source, build_info=info, origin=origin)
 
     @classmethod
-    def open(cls, path, input_shapes: dict | None = None, *, progress=None) -> "CpuModel":
-        """A .cel file loaded, or an ONNX file built."""
+    def open(cls, path, input_shapes: dict | None = None, *, progress=None, max_builds=None):
+        """A .cel file loaded, or an ONNX file built; an ONNX file whose dynamic inputs are
+        not all given shapes is a DynamicCpuModel (a build per input shape, up to
+        ``max_builds``, made when a run brings that shape)."""
         if is_artifact(path):
-            if input_shapes:
-                raise ArtifactError(f"{path}: a built model has fixed input shapes; pass "
-                                    f"--input-shape when compiling the ONNX model instead")
-            return cls.load(path)
-        return cls.build(path, input_shapes, progress=progress)
+            model = cls.load(path)
+            types = model.input_types
+            if any(tuple(s) != types.get(n, (None, None))[1]
+                   for n, s in (input_shapes or {}).items()):
+                how = (f"build it for these: `celosia compile {_q(path)} "
+                       f"{_flags(input_shapes)} -o {_q(path)}`" if model.source is not None and
+                       model.origin.get("from", "onnx") == "onnx"
+                       else "compile the ONNX model with --input-shape instead")
+                built = ", ".join(f"{n}: {d}[{','.join(map(str, s))}]"
+                                  for n, (d, s) in types.items())
+                raise ArtifactError(f"{path} was built for other input shapes ({built}); "
+                                    f"{how}")
+            return model
+        from ..compiler.frontend.inputs import is_dynamic
+        from ..compiler.frontend.onnx import declared_inputs
+
+        declared = declared_inputs(path)
+        if all(n in (input_shapes or {}) or not is_dynamic(d) for n, (_, d) in declared.items()):
+            return cls.build(path, input_shapes, progress=progress)
+        from .specialize import DynamicCpuModel
+
+        return DynamicCpuModel(path, declared, input_shapes, build=cls.build,
+                               source=_model_bytes(path), progress=progress,
+                               **({} if max_builds is None else {"max_builds": max_builds}))
 
     def save(self, path) -> None:
         """Write a .cel file (see the module docstring)."""
@@ -251,7 +294,9 @@ class CpuModel:
                                 f"{e}); build it again with `celosia compile`") from None
         program = CpuProgram(prog["name"], prog["inputs"], prog["outputs"], prog["values"],
                              constants, _decode(prog["steps"]), prog["specs"], kernels)
-        return cls(program, source=source, build_info=manifest.get("build", {}), origin=origin)
+        model = cls(program, source=source, build_info=manifest.get("build", {}), origin=origin)
+        model.path = str(path)
+        return model
 
     # ---- running -----------------------------------------------------------------------------
 
@@ -270,8 +315,60 @@ class CpuModel:
 
     def run(self, feeds: dict, *, profile: bool = False, progress=None) -> dict:
         """{output name: array}; with ``profile`` (or ``progress``) per-node times go to
-        ``self.profile``. A missing, unknown or mistyped input raises InputShapeError."""
+        ``self.profile``. A missing, unknown or mistyped input raises InputShapeError, with
+        what to pass or the command that rebuilds the model for that shape."""
+        self.check_shapes(feeds)
         return self.executor.run(feeds, profile=profile, progress=progress)
+
+    def check_shapes(self, feeds: dict) -> None:
+        """An InputShapeError for arrays of another shape or dtype than the build takes:
+        what to pass (another dtype, or the size a fixed dim has), or, when only dims the
+        model declares dynamic differ, the command that rebuilds it for those arrays."""
+        from ..compiler.frontend.inputs import dims_str, is_dynamic, shape_problem
+        from ..compiler.graph.ir import InputShapeError, TensorType
+        from ..compiler.graph.reference import fits
+
+        declared = self.origin.get("inputs")
+        wrong = {n: feeds[n] for n, (dtype, shape) in self.input_types.items()
+                 if isinstance(feeds.get(n), np.ndarray) and (
+                     not fits(feeds[n].shape, TensorType(dtype, shape))
+                     or str(feeds[n].dtype) != dtype)}
+        for name, a in wrong.items():  # absent or not arrays: the executor's check says so
+            dtype, shape = self.input_types[name]
+            built = f"{self.path} was" if self.path else "the model was"
+            text = (f"input {name!r} is {a.dtype}{dims_str(a.shape)} but {built} built for "
+                    f"{dtype}{dims_str(shape)}")
+            if str(a.dtype) != dtype:
+                raise InputShapeError(f"{text}: pass a {dtype} array (numpy: "
+                                      f"a.astype('{dtype}'))")
+            if declared is None or name not in declared:  # no record (from_graph, version 1)
+                raise InputShapeError(f"{text}: pass an array of shape {dims_str(shape)}")
+            if shape_problem(name, declared[name], a.shape):
+                raise InputShapeError(f"{text}, where the ONNX model fixes the sizes that "
+                                      f"differ ({dims_str(declared[name])}): pass an array "
+                                      f"of shape {dims_str(shape)}")
+        if wrong:
+            shapes = {n: tuple(wrong[n].shape) if n in wrong else s
+                      for n, (_, s) in self.input_types.items() if is_dynamic(declared.get(n))}
+            listed = "; ".join(f"{n!r} is {dims_str(a.shape)}, built for "
+                               f"{dims_str(self.input_types[n][1])}, declared "
+                               f"{dims_str(declared[n])}" for n, a in wrong.items())
+            raise InputShapeError(f"{self.path or 'the model'} was built for other sizes of "
+                                  f"dynamic dims ({listed}); rebuild it for these arrays: "
+                                  f"{self._rebuild_command(shapes)}")
+
+    def _rebuild_command(self, shapes: dict) -> str:
+        flags = _flags(shapes)
+        python = "model.rebuild({" + ", ".join(f"{n!r}: {tuple(s)!r}" for n, s in
+                                               shapes.items()) + "})"
+        if self.path and self.source is not None:
+            return f"`celosia compile {_q(self.path)} {flags} -o {_q(self.path)}` (Python: " \
+                   f"{python})"
+        if self.source_path:
+            out = Path(self.source_path).with_suffix(".cel")
+            return f"`celosia compile {_q(self.source_path)} {flags} -o {_q(out)}` (Python: " \
+                   f"{python})"
+        return python
 
     @property
     def profile(self) -> list[dict]:
@@ -297,3 +394,14 @@ def _model_bytes(model) -> bytes | None:
         return Path(model).read_bytes()
     serialize = getattr(model, "SerializeToString", None)
     return serialize() if serialize else None
+
+
+def _q(path) -> str:
+    """A path as a shell word (a command in a message must work when pasted)."""
+    return shlex.quote(str(path))
+
+
+def _flags(shapes: dict) -> str:
+    from ..compiler.frontend.inputs import shape_flags
+
+    return shape_flags(shapes)

@@ -18,6 +18,10 @@ Steps (each JSON-able; values by name, a blocked value named ``NAME@nchw16c``):
 
 - ``kernel``: a compiled kernel (graph_cpu_kernels) on ``args`` (inputs..., output).
 - ``numpy``: ``graph_numpy.evaluate_node`` on plain inputs (any operator without a kernel).
+  Every node that reads or writes a value of a size only known at run time (None in its
+  type, graph/dynamic.py) is a numpy step: such values have ``None`` in their program
+  shape, live outside the arena and are made by each run (the run-time-shaped segments;
+  runtime/executor.py).
 - ``view``: the output is the input's memory with another shape (Reshape, Flatten, ...).
 - ``concat``: channel concatenation of blocked values of one block.
 
@@ -121,12 +125,15 @@ class _Lowering:
     def add_const(self, name: str, array) -> str:
         if name in self.g.outputs:  # the output itself is a run-time value (run(): a copy)
             name += "@const"
-        if name not in self.constants:
-            self.constants[name] = np.ascontiguousarray(array)
+        if name not in self.constants:  # (ascontiguousarray would make a scalar 1-D)
+            a = np.asarray(array)
+            self.constants[name] = a if a.flags.c_contiguous else a.copy(order="C")
         return name
 
     def define(self, name: str, dtype: str, shape) -> str:
-        self.values[name] = {"dtype": dtype, "shape": [int(d) for d in shape]}
+        """A program value; None in ``shape`` for a size only known at run time."""
+        self.values[name] = {"dtype": dtype,
+                             "shape": [None if d is None else int(d) for d in shape]}
         return name
 
     def produce(self, v: str, block: int) -> str:
@@ -549,7 +556,9 @@ class _Lowering:
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
             handlers[op] = self.eltwise
         for node in g.nodes:
-            if node.op == "Dropout" and len([o for o in node.outputs if o]) > 1:
+            if not all(self.type(v).static for v in node.inputs + node.outputs if v):
+                handler = None  # a size only known at run time: a run-time-shaped step
+            elif node.op == "Dropout" and len([o for o in node.outputs if o]) > 1:
                 handler = None
             elif node.attrs.get("epilogue") and node.op not in OWN_INPUTS:
                 handler = None

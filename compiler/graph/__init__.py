@@ -11,6 +11,7 @@ backends compile.
   graphs held by node attributes, run by reference.py).
 - qops.py: celosia's own quantized operators (QConv, QGemm, requantization) in integer numpy.
 - reference.py: the executor that runs a graph by those definitions (the oracle).
+- dynamic.py: sizes only known at run time: nodes kept in ONNX's form, their kernels/types.
 - passes.py, quantize.py: graph -> graph rewrites.
 
 May import: nothing else in the compiler. The graph level knows no backend and no file format.

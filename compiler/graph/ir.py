@@ -1,4 +1,4 @@
-"""The graph IR: a model as a list of operator nodes over named tensors of static shape.
+"""The graph IR: a model as a list of operator nodes over named tensors of known rank.
 
 Import (``import_onnx``, in onnx_import.py) gives a :class:`Graph`; passes (graph_passes.py,
 ``optimize``) rewrite it Graph -> Graph; ``celosia.compiler.graph.ops.run_graph`` executes it
@@ -9,8 +9,10 @@ on numpy arrays and is the definition of each operator's meaning.
   explicit where a backend would otherwise have to repeat ONNX's rules: Conv and pooling get
   ``kernel_shape``, ``strides``, ``dilations`` and explicit ``pads`` (no ``auto_pad``), axes
   are non-negative, opset-11 Softmax is rewritten to the opset-13 form.
-- Every value has a static :class:`TensorType` (numpy dtype name + shape); initializers
-  are read-only numpy arrays. A missing optional input is the empty name "".
+- Every value has a :class:`TensorType` (numpy dtype name + shape); a dim is an int, or
+  None where the size is only known at run time (downstream of a node whose output shape
+  depends on values: dynamic.py). Inputs and initializers are static; initializers are
+  read-only numpy arrays. A missing optional input is the empty name "".
 - A node may hold graphs in its attributes (If's ``then_branch``/``else_branch``, Loop's and
   Scan's ``body``): a *body* reads its own inputs and, by name, values of the enclosing
   graph, listed in its ``outer``. The node passes those values explicitly: its inputs are
@@ -58,19 +60,34 @@ class UnsupportedOpsetError(GraphError):
 
 
 class UnsupportedOperatorError(GraphError):
-    """Every node the importer has no implementation for, listed in one message."""
+    """Every node the importer has no implementation for, in one message grouped by
+    operator (how many, the first few node names), with what to do."""
+
+    SHOWN = 3  # node names shown per operator
 
     def __init__(self, nodes: list[tuple[str, str, str]]):
         self.nodes = nodes  # (node name, op type, detail)
-        listed = "; ".join(f"{name!r} ({op}{', ' + detail if detail else ''})"
-                           for name, op, detail in nodes)
-        super().__init__(f"{len(nodes)} unsupported node{'s' if len(nodes) > 1 else ''}: "
-                         f"{listed}. Supported operators: see celosia.compiler.frontend.onnx."
-                         f"SUPPORTED_OPS; re-export the model without them or file an issue")
+        groups: dict[tuple[str, str], list[str]] = {}
+        for name, op, detail in nodes:
+            groups.setdefault((op, detail), []).append(name)
+        parts = []
+        for (op, detail), names in groups.items():
+            shown = ", ".join(map(repr, names[:self.SHOWN]))
+            more = f" and {len(names) - self.SHOWN} more" if len(names) > self.SHOWN else ""
+            what = f"{op} ({detail})" if detail else op
+            parts.append(f"{what}: {len(names)} node{'s' if len(names) > 1 else ''} "
+                         f"({shown}{more})")
+        super().__init__(
+            f"{len(nodes)} unsupported node{'s' if len(nodes) > 1 else ''}: "
+            f"{'; '.join(parts)}. celosia takes the operators listed in "
+            f"celosia.compiler.frontend.onnx.SUPPORTED_OPS (docs/graph.md): re-export the "
+            f"model without these operators (e.g. another opset or exporter option), or "
+            f"file an issue naming them")
 
 
 class DynamicShapeError(GraphError):
-    """A shape the importer cannot make static: names the input or node."""
+    """A shape the importer needs and cannot know: a dynamic input not given (names the
+    input and a shape that imports), or a rank only known at run time (names the node)."""
 
 
 class InputShapeError(GraphError):
@@ -90,17 +107,24 @@ class NodeError(GraphError):
 
 @dataclass(frozen=True)
 class TensorType:
-    """A numpy dtype name and a static shape."""
+    """A numpy dtype name and a shape: a tuple of sizes, None for a size only known at run
+    time (the rank is always known)."""
 
     dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[int | None, ...]
 
     def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(str(d) for d in self.shape)}]"
+        return f"{self.dtype}[{','.join('?' if d is None else str(d) for d in self.shape)}]"
 
     @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+    def static(self) -> bool:
+        """Whether every size is known before run time."""
+        return None not in self.shape
+
+    @property
+    def size(self) -> int | None:
+        """Elements, None when a size is only known at run time."""
+        return int(np.prod(self.shape, dtype=np.int64)) if self.static else None
 
 
 @dataclass(frozen=True)
@@ -269,9 +293,10 @@ def print_graph(graph: Graph) -> str:
 
 
 def verify_graph(graph: Graph) -> None:
-    """Check single assignment, definition before use, types for every value, and that
-    initializers agree with their types; the same in every body, whose ``outer`` values
-    its node passes with types that agree. Raises GraphError naming the first problem."""
+    """Check single assignment, definition before use, a well-formed type for every value
+    (sizes non-negative or None), and that initializers agree with their types; the same in
+    every body, whose ``outer`` values its node passes with types that agree. Raises
+    GraphError naming the first problem."""
 
     defined = set(graph.inputs) | set(graph.outer)
     if len(defined) != len(graph.inputs) + len(graph.outer):
@@ -289,6 +314,11 @@ def verify_graph(graph: Graph) -> None:
     for i in graph.inputs:
         if i not in graph.types:
             raise GraphError(f"input {i!r} has no type")
+    for name, t in graph.types.items():
+        if not all(d is None or (isinstance(d, (int, np.integer)) and d >= 0)
+                   for d in t.shape):
+            raise GraphError(f"value {name!r} has the type {t}: sizes are non-negative "
+                             "integers, or None when only known at run time")
     for node in graph.nodes:
         for i in node.inputs:
             if i and i not in defined:

@@ -65,15 +65,25 @@ def fold_constants(graph: Graph) -> Graph:
                 else "else_branch"
             work.extendleft(reversed(inline_branch(node, node.attrs[taken], inits, types)))
             continue
-        foldable = node.op in _STATIC_SHAPE_OPS or all(not i or i in inits for i in node.inputs)
-        if foldable and all(types[o].size <= FOLD_LIMIT for o in node.outputs if o):
+        if node.op in _STATIC_SHAPE_OPS:  # only the input's shape matters: static or not
+            foldable = types[node.inputs[0]].static
+        else:
+            foldable = all(not i or i in inits for i in node.inputs)
+        # A size only known at run time (a node in run-time form) is known once its inputs
+        # are: fold it, and retype the value with the size it has.
+        small = all(not types[o].static or types[o].size <= FOLD_LIMIT
+                    for o in node.outputs if o)
+        if foldable and small:
             args = [None if not i else inits.get(i) for i in node.inputs]
-            if node.op in _STATIC_SHAPE_OPS:  # only the input's static shape matters
+            if node.op in _STATIC_SHAPE_OPS:
                 args = [stand_in(types[node.inputs[0]])]
-            for o, v in zip(node.outputs, evaluate_node(node, args)):
-                if o:
-                    inits[o] = constant(v)
-            continue
+            results = evaluate_node(node, args)
+            if all(r.size <= FOLD_LIMIT for r in results):
+                for o, v in zip(node.outputs, results):
+                    if o:
+                        inits[o] = constant(v)
+                        types[o] = TensorType(str(v.dtype), v.shape)
+                continue
         nodes.append(node)
     return graph.with_nodes(nodes, initializers=inits, types=types)
 
@@ -247,9 +257,9 @@ def fuse_epilogues(graph: Graph) -> Graph:
             if nxt.op in EPILOGUE_BINARY and len(nxt.inputs) == 2 and out in nxt.inputs:
                 other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
                 t, ot = types[out], types[other]
-                if other == out or ot.dtype != t.dtype or \
+                if other == out or ot.dtype != t.dtype or not (t.static and ot.static) or \
                         np.broadcast_shapes(t.shape, ot.shape) != t.shape:
-                    break
+                    break  # (an operand of run-time size may broadcast the output)
                 bias = _as_bias(node, other, inits, t, steps, inputs)
                 if nxt.op == "Add" and bias is not None:
                     name = _fresh(f"{other}/bias", types)

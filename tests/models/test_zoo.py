@@ -77,8 +77,8 @@ def test_unsupported_operator():
                                                       name="pool", kernel_shape=[2, 2],
                                                       strides=[2, 2]))
     with pytest.raises(UnsupportedOperatorError,
-                       match=r"2 unsupported nodes: 'pool' \(LpPool\); 'head' "
-                             r"\(MeanVarianceNormalization\)"):
+                       match=r"2 unsupported nodes: LpPool: 1 node \('pool'\); "
+                             r"MeanVarianceNormalization: 1 node \('head'\)"):
         ReferenceModel.load(m)
 
 

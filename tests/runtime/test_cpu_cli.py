@@ -98,7 +98,7 @@ def test_bad_inputs_are_one_line_errors(files, tmp_path, capsys):
                                                       name="head"))
     onnx.save(m, tmp_path / "hard.onnx")
     _error(["compile", str(tmp_path / "hard.onnx"), "-o", str(tmp_path / "h.cel")], capsys,
-           "'head' (Hardmax)")
+           "Hardmax: 1 node ('head')")
 
 
 def test_the_installed_command_exits_2_without_traceback(files, tmp_path):

@@ -310,7 +310,8 @@ def test_float_build_goes_through_from_graph_and_old_cel_versions(tmp_path):
     m = models.small_cnn()
     built = CpuModel.build(m)
     again = CpuModel.from_graph(optimize(import_onnx(m)))
-    assert built.origin == {"from": "onnx", "quantized": False}
+    assert built.origin == {"from": "onnx", "quantized": False,
+                            "inputs": {"image": [1, 1, 8, 8]}}  # as the model declares them
     assert [s["op"] for s in built.program.steps] == [s["op"] for s in again.program.steps]
     assert set(built.program.specs) == set(again.program.specs)
     built.save(tmp_path / "m.cel")
