@@ -183,7 +183,13 @@ def _validated(proto, where):
     _check_operators(proto, source_opset, where)
     for vi in proto.graph.input:  # onnx's inference says only "unknown" or "differ" of these
         if vi.type.HasField("tensor_type"):
-            np_dtype(vi.type.tensor_type.elem_type, f"input {vi.name!r}", where)
+            t = vi.type.tensor_type
+            np_dtype(t.elem_type, f"input {vi.name!r}", where)
+            # -1 and 0 are how exporters mark a dynamic dim (inputs.py); below -1 is an error.
+            if any(d.HasField("dim_value") and d.dim_value < -1 for d in t.shape.dim):
+                dims = [d.dim_value if d.HasField("dim_value") else "?" for d in t.shape.dim]
+                raise InputShapeError(f"{where}: input {vi.name!r} is {dims_str(dims)}: a "
+                                      "size is negative; fix the model's input")
     if source_opset >= MIN_OPSET:
         # The table describes these opsets: its messages (which say what to do) come first.
         nodes = _read_nodes(proto.graph, where)

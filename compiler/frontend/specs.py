@@ -369,11 +369,13 @@ def output_bounds(node: Node, types: list) -> list[tuple[tuple, int]]:
     """(shape, bytes per element) of the outputs of a canonical node whose output can be
     larger than its inputs, computed without running it; [] for the others."""
     rule = _BOUNDS.get(node.op)
-    if rule is None or any(t is None for t in types[:1]):
-        return []
+    if rule is None or any(t is None for t in types[:1]) or not all(
+            t.static for t in types if t is not None):
+        return []  # a size only known at run time: the inferred type bounds what it can
     return rule(node, types)
 
 
 def nbytes(shape, itemsize) -> int:
-    """Bytes of a tensor, in Python integers (no int64 overflow for absurd shapes)."""
-    return math.prod(shape) * itemsize
+    """Bytes of a tensor, in Python integers (no int64 overflow for absurd shapes); a size
+    only known at run time (None) counts as 1, so the figure is a lower bound."""
+    return math.prod(1 if d is None else d for d in shape) * itemsize
