@@ -299,6 +299,16 @@ def _window_reads(spec, x, b, c, y, xx, ci, fill):
     return reads
 
 
+def _tree(combine, values: list):
+    """``values`` combined pairwise as a balanced tree: an expression of depth log2(n)
+    (a chain of n would be as deep as the window is large, and every pass over
+    expressions recurses)."""
+    while len(values) > 1:
+        values = [combine(values[k], values[k + 1]) if k + 1 < len(values) else values[k]
+                  for k in range(0, len(values), 2)]
+    return values[0]
+
+
 def _pool(spec):
     """``maxpool`` (float32 or int8; padding is -inf or -128) and ``avgpool`` (float32)."""
     x = te.placeholder(tuple(spec["data"]), spec["dtype"], "data")
@@ -307,21 +317,14 @@ def _pool(spec):
         fill = float("-inf") if x.dtype == F32 else int(np.iinfo(x.dtype).min)
 
         def body(b, c, y, xx, ci):
-            reads = _window_reads(spec, x, b, c, y, xx, ci, fill)
-            v = reads[0]
-            for r in reads[1:]:
-                v = max_expr(v, r)
-            return v
+            return _tree(max_expr, _window_reads(spec, x, b, c, y, xx, ci, fill))
         y = te.compute(out, body, "out")
         return schedule_elementwise(y), [x, y]
     recip = te.placeholder((out[2], out[3]), F32, "recip")
 
     def avg(b, c, y, xx, ci):
-        reads = _window_reads(spec, x, b, c, y, xx, ci, 0.0)
-        v = reads[0]
-        for r in reads[1:]:
-            v = v + r
-        return v * recip[y, xx]
+        return _tree(lambda p, q: p + q, _window_reads(spec, x, b, c, y, xx, ci, 0.0)) \
+            * recip[y, xx]
     y = te.compute(out, avg, "out")
     return schedule_elementwise(y), [x, recip, y]
 

@@ -66,6 +66,9 @@ _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "N
                   "Exp", "Clip")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
                    "Quantize": ("scale",), "Dequantize": ("scale",)}
+# A pooling kernel unrolls its window (a tree of max or +, one load per tap): larger
+# windows (a 60x80 window in onnx's suite) run in numpy rather than make huge code.
+POOL_TAPS = 256
 _POOL_DTYPES = {"MaxPool": (F32, I8), "AveragePool": (F32,), "GlobalAveragePool": (F32,),
                 "QGlobalAveragePool": (I8,)}
 
@@ -132,7 +135,8 @@ class _Lowering:
 
     def add_const(self, name: str, array) -> str:
         if name not in self.constants:
-            self.constants[name] = np.ascontiguousarray(array)
+            # np.array, not ascontiguousarray: that one makes a 0-d array 1-d
+            self.constants[name] = np.array(array, order="C")
         return name
 
     def define(self, name: str, dtype: str, shape) -> str:
@@ -438,6 +442,7 @@ class _Lowering:
         x = node.inputs[0]
         tx, a = self.type(x), node.attrs
         if len(tx.shape) != 4 or tx.dtype not in _POOL_DTYPES[node.op] \
+                or math.prod(a.get("kernel_shape", ())) > POOL_TAPS \
                 or len([o for o in node.outputs if o]) != 1 or not node.outputs[0] \
                 or (node.op == "QGlobalAveragePool" and not 1 <= int(a["shift"]) <= 31):
             return False
@@ -531,6 +536,10 @@ class _Lowering:
         self.step("concat", node, args, [self.produce(node.outputs[0], block)])
         return True
 
+    def empty(self, node: Node) -> bool:
+        """Whether a value the node reads or writes has no elements."""
+        return any(v and 0 in self.type(v).shape for v in (*node.inputs, *node.outputs))
+
     def fallback(self, node: Node) -> None:
         inputs = [self.plain(v) if v else "" for v in node.inputs]
         outputs = [self.produce(o, 0) if o else "" for o in node.outputs]
@@ -550,6 +559,8 @@ class _Lowering:
             handlers[op] = self.eltwise
         for node in g.nodes:
             if node.op == "Dropout" and len([o for o in node.outputs if o]) > 1:
+                handler = None
+            elif self.empty(node):  # kernels take no zero-size tensors; nothing to compute
                 handler = None
             elif node.attrs.get("epilogue") and node.op not in OWN_INPUTS:
                 handler = None
