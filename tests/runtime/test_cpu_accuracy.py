@@ -50,7 +50,8 @@ def as_float64(model):
 def float64_outputs(model, feeds: dict) -> dict:
     from celosia.runtime.reference import ReferenceModel
 
-    ref = ReferenceModel.load(as_float64(model), optimize=False)
+    ref = ReferenceModel.load(as_float64(model), {n: a.shape for n, a in feeds.items()},
+                              optimize=False)
     return ref.run({n: a.astype(np.float64) for n, a in feeds.items()})
 
 
@@ -60,7 +61,7 @@ def relative_errors(model, feeds: dict) -> dict:
     from celosia.runtime.cpu import CpuModel
 
     exact = float64_outputs(model, feeds)
-    ours = CpuModel.build(model).run(feeds)
+    ours = CpuModel.build(model, {n: a.shape for n, a in feeds.items()}).run(feeds)
     session = ort.InferenceSession(model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     theirs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
@@ -73,9 +74,10 @@ def relative_errors(model, feeds: dict) -> dict:
     return out
 
 
-def _check(model, seed: int = 0):
-    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+def _check(model, seed: int = 0, x=None):
+    if x is None:
+        shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     for name, (ours, theirs) in relative_errors(model, {"image": x}).items():
         assert ours <= max(FACTOR * theirs, FLOOR), (
             f"{model.graph.name} {name}: the CPU build's error is {ours:.3g} of the output's "
@@ -92,6 +94,16 @@ def test_yardstick_is_float64():
     assert y.dtype == np.float64
     errors = relative_errors(model, {"image": x})[name]
     assert 0 < errors[1] < 1e-5 and errors[0] < 1e-5
+
+
+def test_small_models():
+    """The bundled digits CNN (trained weights, 64 held-out images; probabilities and
+    logits) and the small random CNN."""
+    from celosia.models import digits
+
+    x = digits.load_split()["test"][0][:64]
+    _check(onnx.load(digits.model_path()), x=np.ascontiguousarray(x))
+    _check(zoo.small_cnn(batch=8), seed=4)
 
 
 def test_resnet50_small_image():
