@@ -244,9 +244,13 @@ def compare_to_scale(ours: dict, theirs: dict, tolerance: float) -> tuple[bool, 
             ok = False
             continue
         a, b = got.astype(np.float64), ref.astype(np.float64)
-        diff = np.abs(a - b)
+        with np.errstate(invalid="ignore"):  # equal (NaN in both too) agrees, else a NaN
+            same = (a == b) | (np.isnan(a) & np.isnan(b))  # or infinity is infinitely off
+            diff = np.where(same, 0.0,
+                            np.nan_to_num(np.abs(a - b), nan=np.inf, posinf=np.inf))
         worst = float(diff.max()) if diff.size else 0.0
-        scale = float(np.abs(b).max()) if b.size else 0.0
+        finite = np.abs(b[np.isfinite(b)])
+        scale = float(finite.max()) if finite.size else 0.0
         relative = worst / scale if scale else (0.0 if worst == 0 else float("inf"))
         within = bool(worst == 0 if tolerance == 0 else relative <= tolerance)
         ok &= within

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["small_cnn", "resnet18", "resnet50", "mobilenet_v2", "parameter_count", "OPSET", "IR_VERSION"]
+__all__ = ["small_cnn", "resnet18", "resnet50", "mobilenet_v2", "parameter_count", "OPSET",
+           "IR_VERSION"]
 
 OPSET = 17
 # onnx 1.23 stamps IR version 14, which onnxruntime 1.31 does not load.

@@ -39,6 +39,15 @@ def test_a_wrong_element_fails_and_is_shown():
     assert not shapes_ok and shapes["y"]["reference_shape"] == [3, 4]
 
 
+def test_nan_agrees_only_with_nan():
+    ref = np.array([1.0, np.nan, -2.0, np.inf], np.float32)
+    assert compare_to_scale({"y": ref.copy()}, {"y": ref}, COMPARE_TOLERANCE)[0]
+    ours = ref.copy()
+    ours[0] = np.nan
+    ok, rows = compare_to_scale({"y": ours}, {"y": ref}, COMPARE_TOLERANCE)
+    assert not ok and rows["y"]["largest"][0]["index"] == [0] and rows["y"]["scale"] == 2.0
+
+
 def test_bit_for_bit_tolerance():
     a = np.arange(6, dtype=np.int8)
     assert compare_to_scale({"y": a}, {"y": a.copy()}, 0)[0]
