@@ -47,11 +47,10 @@ EXCLUDED = {
 
 # The light model zoo ("real" cases: AlexNet, DenseNet-121, Inception, ResNet-50, ...) is
 # not run: every weight is a ConstantOfShape filled with 0.02 (light_resnet50: 239 of
-# them), not trained or random weights, and its
-# expected outputs are made at run time by onnx's Python ReferenceEvaluator (minutes per
-# model) into ~/.onnx. celosia's own ResNet-18/50 and MobileNetV2 builders (models/zoo.py)
-# with random weights are checked against onnxruntime and a float64 evaluation instead
-# (tests/runtime/test_cpu_accuracy.py).
+# them), not trained or random weights, and its expected outputs are made at run time by
+# onnx's Python ReferenceEvaluator (minutes per model) into ~/.onnx. celosia's own
+# ResNet-18/50 and MobileNetV2 builders (models/zoo.py) with random weights are checked
+# against onnxruntime and a float64 evaluation instead (tests/runtime/test_cpu_accuracy.py).
 KINDS = ("node", "simple", "pytorch-converted", "pytorch-operator")
 
 # The default run takes this share of the CPU build's cases (every case compiles its
@@ -77,7 +76,7 @@ def _model(case):
 
 @cache
 def _cases() -> tuple:
-    """((name, kind, runs?) ...) for every node and model case of KINDS."""
+    """((name, kind, celosia's?) ...) for every node and model case of KINDS."""
     rows = []
     for kind in KINDS:
         for case in load_model_tests(kind=kind):
