@@ -343,9 +343,16 @@ def _global_avg_pool(spec):
     x = te.placeholder(tuple(spec["data"]), "int8" if quantized else F32, "data")
     n, cc, h, w, cb = x.shape
     ry, rx = te.reduce_axis(h, "ry"), te.reduce_axis(w, "rx")
-    acc = "int32" if quantized else F32
-    total = te.compute((n, cc, cb), lambda b, c, ci: te.sum(x[b, c, ry, rx, ci].astype(acc),
-                                                            axis=[ry, rx]), "sum")
+    rows = None
+    if quantized:  # int32 sums are exact in any order
+        total = te.compute((n, cc, cb), lambda b, c, ci: te.sum(
+            x[b, c, ry, rx, ci].astype("int32"), axis=[ry, rx]), "sum")
+    else:  # float32: each row summed, then the rows (one running sum over 112x112 pixels
+        # rounds every pixel against an ever larger total: 2.7x onnxruntime's error)
+        rows = te.compute((n, cc, h, cb), lambda b, c, yy, ci: te.sum(x[b, c, yy, rx, ci],
+                                                                      axis=[rx]), "rows")
+        total = te.compute((n, cc, cb), lambda b, c, ci: te.sum(rows[b, c, ry, ci], axis=[ry]),
+                           "sum")
     if quantized:
         y = te.compute((n, cc, 1, 1, cb), lambda b, c, i, j, ci: _requantized_average(
             total[b, c, ci], spec["multiplier"], spec["shift"]), "out")
@@ -354,8 +361,17 @@ def _global_avg_pool(spec):
                        * as_expr(1.0 / (h * w)), "out")
     s = create_schedule(y)
     st = s[total]
-    sb, sc, sci, sry, srx = st.leaves
-    st.reorder(sb, sc, sry, srx, sci)
+    if rows is None:
+        sb, sc, sci, sry, srx = st.leaves
+        st.reorder(sb, sc, sry, srx, sci)
+    else:
+        sr = s[rows]
+        rb, rc, ryy, rci, rrx = sr.leaves
+        sr.reorder(rb, rc, ryy, rrx, rci)
+        sr.parallel(sr.fuse(rb, rc))
+        sr.vectorize(rci)
+        sb, sc, sci, sry = st.leaves
+        st.reorder(sb, sc, sry, sci)
     st.parallel(st.fuse(sb, sc))
     st.vectorize(sci)
     o = s[y]

@@ -106,6 +106,23 @@ def test_small_models():
     _check(zoo.small_cnn(batch=8), seed=4)
 
 
+def test_global_average_pool_of_a_large_image():
+    """GlobalAveragePool over 112x112 pixels (squeeze-and-excitation blocks pool early):
+    rows summed, then the rows; one running sum over 12544 pixels gave 2.7x onnxruntime's
+    error."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["image"], ["r"]),
+         helper.make_node("GlobalAveragePool", ["r"], ["y"])], "gap",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 32, 112, 112])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", zoo.OPSET)])
+    model.ir_version = zoo.IR_VERSION
+    x = np.random.default_rng(0).standard_normal((1, 32, 112, 112)).astype(np.float32) + 0.5
+    _check(model, x=x)
+
+
 def test_resnet50_small_image():
     """ResNet-50 (16 bottleneck blocks, 3x3 windows of 512 channels: sums of 4608
     products; a 2048-input dense layer) at 32x32: the model whose error was 2.4x
