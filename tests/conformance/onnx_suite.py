@@ -96,9 +96,9 @@ def excluded(name: str, executor: str) -> str | None:
     return None
 
 
-def included(executor: str) -> list[str]:
-    """Names of the cases celosia runs on ``executor`` (exclusions included: they show as
-    skips with their reason)."""
+def included() -> list[str]:
+    """Names of celosia's cases, the same for both executors (the excluded ones among
+    them: they show as skips with their reason)."""
     return [name for name, _, ours in _cases() if ours]
 
 
@@ -122,7 +122,7 @@ def backend_tests(backend, module_name: str, executor: str, *, node_ids=None) ->
     ones are skipped with their reason."""
     import onnx.backend.test
 
-    names = {f"{n}_cpu" for n in included(executor)}
+    names = {f"{n}_cpu" for n in included()}  # "_cpu": onnx's device suffix
     bt = onnx.backend.test.BackendTest(backend, module_name)
     for name in names:
         bt.include(rf"^{name}$")
