@@ -72,7 +72,7 @@ def plan_memory(program) -> tuple[dict, int, int]:
             else:
                 root[o], first[o], last[o] = o, k, k
     for o in program.outputs:
-        if o in root:
+        if o in root:  # else a constant (a graph folded to a value): read from constants
             last[root[o]] = n_steps
     storages = sorted(first, key=lambda v: (-_nbytes(program.values[v]), first[v]))
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)

@@ -58,6 +58,9 @@ _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "N
                   "Exp", "Clip")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
                    "Quantize": ("scale",), "Dequantize": ("scale",)}
+# A pooling kernel unrolls its window (a tree of max or +, one load per tap): larger
+# windows (a 60x80 window in onnx's suite) run in numpy rather than make huge code.
+POOL_TAPS = 256
 _POOL_DTYPES = {"MaxPool": (F32, I8), "AveragePool": (F32,), "GlobalAveragePool": (F32,),
                 "QGlobalAveragePool": (I8,)}
 
@@ -435,6 +438,7 @@ class _Lowering:
         x = node.inputs[0]
         tx, a = self.type(x), node.attrs
         if len(tx.shape) != 4 or tx.dtype not in _POOL_DTYPES[node.op] \
+                or math.prod(a.get("kernel_shape", ())) > POOL_TAPS \
                 or len([o for o in node.outputs if o]) != 1 or not node.outputs[0] \
                 or (node.op == "QGlobalAveragePool" and not 1 <= int(a["shift"]) <= 31):
             return False
@@ -528,6 +532,10 @@ class _Lowering:
         self.step("concat", node, args, [self.produce(node.outputs[0], block)])
         return True
 
+    def empty(self, node: Node) -> bool:
+        """Whether a value the node reads or writes has no elements."""
+        return any(v and 0 in self.type(v).shape for v in (*node.inputs, *node.outputs))
+
     def fallback(self, node: Node) -> None:
         inputs = [self.plain(v) if v else "" for v in node.inputs]
         outputs = [self.produce(o, 0) if o else "" for o in node.outputs]
@@ -559,6 +567,8 @@ class _Lowering:
             if not all(self.type(v).static for v in node.inputs + node.outputs if v):
                 handler = None  # a size only known at run time: a run-time-shaped step
             elif node.op == "Dropout" and len([o for o in node.outputs if o]) > 1:
+                handler = None
+            elif self.empty(node):  # kernels take no zero-size tensors; nothing to compute
                 handler = None
             elif node.attrs.get("epilogue") and node.op not in OWN_INPUTS:
                 handler = None

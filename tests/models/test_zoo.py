@@ -31,6 +31,7 @@ def compare(model, shape, seed=1):
 def test_parameter_counts():
     assert models.parameter_count(models.resnet18()) == 11_689_512
     assert models.parameter_count(models.mobilenet_v2()) == 3_504_872
+    assert models.parameter_count(models.resnet50()) == 25_557_032  # torchvision's
 
 
 def test_small_cnn():
