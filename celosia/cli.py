@@ -197,26 +197,44 @@ def cmd_compile(args) -> int:
 
 
 def _load_inputs(specs, model) -> dict:
-    import numpy as np
+    """{input name: array} from ``--input NAME=FILE.npy`` (NAME may be left out for a
+    model with one input) or ``--input FILE.npz`` (arrays named after the inputs)."""
+    from .runtime.npyio import NpyError, load_file
 
     feeds = {}
     names = list(model.input_types)
     for spec in specs or ():
         name, sep, file = spec.rpartition("=")
-        if not sep:
-            if len(names) != 1:
-                raise CelosiaError(f"--input {spec!r}: name the input (NAME=FILE.npy); the "
-                                   f"model's inputs are {', '.join(names)}")
-            name = names[0]
         try:
-            feeds[name] = np.load(file, allow_pickle=False)
+            data = load_file(file, file)
         except FileNotFoundError:
             raise CelosiaError(f"--input {spec!r}: no such file {file!r}") from None
-        except (ValueError, OSError, EOFError) as e:
-            raise CelosiaError(f"--input {spec!r}: {file} is not a .npy array ({e})") from None
-        if not isinstance(feeds[name], np.ndarray):
-            raise CelosiaError(f"--input {spec!r}: {file} holds several arrays; save one "
-                               f"array with np.save")
+        except OSError as e:
+            raise CelosiaError(f"--input {spec!r}: cannot read {file!r} ({e.strerror})") from None
+        except NpyError as e:
+            raise CelosiaError(f"--input {spec!r}: {file} {e}; save the array with numpy.save "
+                               f"(or several, named after the inputs, with numpy.savez)") from None
+        if isinstance(data, dict):
+            if sep:
+                raise CelosiaError(f"--input {spec!r}: {file} holds several arrays; give it "
+                                   f"without NAME= (its arrays named after the inputs), or "
+                                   f"save one array with numpy.save")
+            unknown = sorted(set(data) - set(names))
+            if unknown:
+                raise CelosiaError(f"--input {spec!r}: {file} holds {', '.join(map(repr, unknown))}"
+                                   f", not inputs of the model ({', '.join(names)})")
+            given = data
+        else:
+            if not sep:
+                if len(names) != 1:
+                    raise CelosiaError(f"--input {spec!r}: name the input (NAME=FILE.npy); "
+                                       f"the model's inputs are {', '.join(names)}")
+                name = names[0]
+            given = {name: data}
+        for name, a in given.items():
+            if name in feeds:
+                raise CelosiaError(f"--input {spec!r}: input {name!r} is given twice")
+            feeds[name] = a
     return feeds
 
 

@@ -70,7 +70,10 @@ class Invalid(Exception):
 
 
 def is_artifact(path) -> bool:
-    """Whether ``path`` looks like a .cel (a zip archive) rather than an ONNX file."""
+    """Whether ``path`` is meant as a .cel rather than an ONNX file: a zip archive, or
+    named .cel (a damaged one is then reported as a damaged model, not as bad ONNX)."""
+    if isinstance(path, (str, Path)) and Path(path).suffix == ".cel":
+        return True
     try:
         with open(path, "rb") as f:
             return f.read(4) == b"PK\x03\x04"
@@ -112,8 +115,13 @@ def write_artifact(path, manifest: dict, members: dict, *, deflate: bool = False
     if path is not None:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
+            raise ArtifactError(f"{path}: cannot write the model ({e.strerror}); choose a "
+                                f"writable file (-o)") from None
     return data
 
 
@@ -138,8 +146,6 @@ class Artifact:
                 if not path.is_file():
                     raise ArtifactError(f"{path}: no such file")
                 self._zip = zipfile.ZipFile(path)
-        except ResourceLimitError as e:
-            raise ArtifactError(f"{self.where}: {e}") from None
         except _ZIP_ERRORS as e:
             raise self.error(f"not a complete zip archive ({_reason(e)}): truncated or "
                              f"corrupt") from None
@@ -175,7 +181,7 @@ class Artifact:
             try:
                 check_bytes(info.file_size, f"{self.where}: {name}")
             except ResourceLimitError as e:
-                raise ArtifactError(f"{e} (if the file is corrupt, {REBUILD})") from None
+                raise ResourceLimitError(f"{e} (if the file is corrupt, {REBUILD})") from None
             infos[name] = info
         if MANIFEST not in infos:
             raise self.error(f"has no {MANIFEST}: not a celosia model")
@@ -261,7 +267,7 @@ class Artifact:
         except Invalid as e:
             raise self.error(str(e), MANIFEST) from None
         except ResourceLimitError as e:
-            raise ArtifactError(f"{self.where}: {MANIFEST}: {e}") from None
+            raise ResourceLimitError(f"{self.where}: {MANIFEST}: {e}") from None
 
     # ---- members -----------------------------------------------------------------------------
 
@@ -288,7 +294,7 @@ class Artifact:
         except npyio.NpyError as e:
             raise self.error(str(e), name) from None
         except ResourceLimitError as e:
-            raise ArtifactError(f"{self.where}: {name}: {e}") from None
+            raise ResourceLimitError(f"{self.where}: {name}: {e}") from None
         if dtype is not None and str(a.dtype) != dtype:
             raise self.error(f"holds {a.dtype} data, the manifest says {dtype}", name)
         if shape is not None and tuple(a.shape) != tuple(shape):

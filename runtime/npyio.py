@@ -5,13 +5,14 @@ is allocated, and the data's length against the header. Used for a .cel's member
 ``celosia run`` (any byte order or memory order, made native and C-ordered).
 
 numpy's own header parser (``numpy.lib.format``) reads the header; its errors on damaged
-bytes are many kinds of exception (ValueError, SyntaxError from the dict literal, ...),
-all turned into one :class:`NpyError` here.
+bytes are many kinds of exception (ValueError, SyntaxError and tokenize.TokenError from
+the dict literal, ...), all turned into one :class:`NpyError` here.
 """
 
 from __future__ import annotations
 
 import io
+import tokenize
 import zipfile
 import zlib
 
@@ -27,8 +28,8 @@ DTYPES = frozenset({"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32
                     "uint64", "float16", "float32", "float64"})
 MAX_RANK = 16
 
-_HEADER_ERRORS = (ValueError, SyntaxError, TypeError, KeyError, OverflowError,
-                  RecursionError, MemoryError, EOFError)
+_HEADER_ERRORS = (ValueError, SyntaxError, tokenize.TokenError, TypeError, KeyError,
+                  OverflowError, RecursionError, MemoryError, EOFError)
 
 
 class NpyError(CelosiaError):
