@@ -103,7 +103,7 @@ def write_artifact(path, manifest: dict, members: dict, *, deflate: bool = False
     manifest = {**manifest, "members": {
         name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         for name, data in members.items()}}
-    text = json.dumps(manifest, allow_nan=False).encode()
+    text = json.dumps(manifest).encode()  # NaN and Infinity (attributes) as Python reads them
     buf = io.BytesIO()
     method = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
     with zipfile.ZipFile(buf, "w", method) as z:
@@ -119,7 +119,8 @@ def write_artifact(path, manifest: dict, members: dict, *, deflate: bool = False
             tmp.write_bytes(data)
             tmp.replace(path)
         except OSError as e:
-            tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
+            if tmp.parent.is_dir():
+                tmp.unlink(missing_ok=True)
             raise ArtifactError(f"{path}: cannot write the model ({e.strerror}); choose a "
                                 f"writable file (-o)") from None
     return data

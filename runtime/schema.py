@@ -65,9 +65,15 @@ def decode(f: Field, depth: int = 0):
 
 
 def build_info(root: Field) -> dict:
-    """The build figures (shown in reports only): any JSON object."""
-    root["build"].obj()
-    return decode(root["build"])
+    """The build figures (shown in reports only, and written back as JSON): any JSON object
+    of bounded depth, kept as it is."""
+    def depth(v, level=0):
+        if level > _MAX_DEPTH:
+            raise root["build"].fail(f"nests deeper than {_MAX_DEPTH} levels")
+        for x in v.values() if isinstance(v, dict) else v if isinstance(v, list) else ():
+            depth(x, level + 1)
+    depth(root["build"].obj())
+    return root["build"].value
 
 
 # ---- the CPU program -------------------------------------------------------------------------
