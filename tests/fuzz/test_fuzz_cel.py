@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import io
+import itertools
 import json
 import os
 import random
@@ -59,6 +60,7 @@ class Case:
     input_args: list | None = None     # --input arguments ({dir} is the case folder)
     oracle: str = "exact"              # exact | any | error
     load_only: bool = False
+    target: str | None = None          # --target (None: the subject's)
 
 
 # ---- subjects --------------------------------------------------------------------------------
@@ -126,7 +128,8 @@ def _argv(case: Case, subject: dict, d: Path) -> dict:
     if case.load_only:
         return {"load": str(cel)}
     inputs = case.input_args if case.input_args is not None else [f"{d}/x.npy"]
-    argv = ["run", str(cel), "--target", subject["target"], "--output", str(d / "out.npz")]
+    argv = ["run", str(cel), "--target", case.target or subject["target"], "--output",
+            str(d / "out.npz")]
     for spec in inputs:
         argv += ["--input", spec.format(dir=d)]
     return {"argv": argv}
@@ -217,17 +220,19 @@ def _verdict(case: Case, res: dict, d: Path, subject: dict) -> str | None:
     return None
 
 
-def _check(cases: list, subjects: dict, root: Path) -> None:
-    problems = []
-    for start in range(0, len(cases), BATCH):
-        batch = cases[start:start + BATCH]
-        results, dirs = _run_cases(batch, subjects, root / f"b{start}")
+def _check(cases, subjects: dict, root: Path) -> None:
+    """Run ``cases`` (an iterable: mutated files are made a batch at a time) and fail
+    listing the first problems."""
+    problems, count, cases = [], 0, iter(cases)
+    while batch := list(itertools.islice(cases, BATCH)):
+        results, dirs = _run_cases(batch, subjects, root / f"b{count}")
         for case in batch:
             bad = _verdict(case, results[case.id], dirs[case.id], subjects[case.subject])
             if bad:
                 problems.append(f"{case.id}: {bad}")
-        shutil.rmtree(root / f"b{start}")
-    assert not problems, f"{len(problems)} of {len(cases)} cases:\n" + "\n".join(problems[:15])
+        shutil.rmtree(root / f"b{count}")
+        count += len(batch)
+    assert not problems, f"{len(problems)} of {count} cases:\n" + "\n".join(problems[:15])
 
 
 # ---- zip and manifest surgery ----------------------------------------------------------------
@@ -477,23 +482,34 @@ def input_cases(subject_name: str, subject: dict) -> list[Case]:
     return cases
 
 
-def cel_cases(subjects: dict, per_subject: int, seed: int) -> list[Case]:
-    cases = []
-    for name, subject in subjects.items():
-        for i in range(per_subject):
-            rng = random.Random(f"{seed}/{name}/{i}")
+def cel_cases(subjects: dict, per_subject: int, seed: int, *, only=None, target=None):
+    """Mutated files, made as they are asked for (10,000 at once would hold a gigabyte);
+    the subjects (or ``only`` those) interleaved so that every batch covers all of them."""
+    for i in range(per_subject):
+        for name, subject in subjects.items():
+            if only and name not in only:
+                continue
+            rng = random.Random(f"{seed}/{name}/{i}/{target}")
             data, what, oracle, load = mutate(rng, subject["cel"])
-            cases.append(Case(f"{name}/{seed}/{i} {what}", name, cel=data, oracle=oracle,
-                              load_only=load))
-    return cases
+            # Another target gives another answer (cycle: the same values; cpu: the all-CPU
+            # build, identical): the original's is still the reference.
+            yield Case(f"{name}/{seed}/{i} {what}" + (f" --target {target}" if target else ""),
+                       name, cel=data, oracle=oracle, load_only=load, target=target)
 
 
 # ---- tests -----------------------------------------------------------------------------------
 
 
+ACCEL = ("digits_fsim", "small_fsim")
+
+
 def test_mutated_cel_files(subjects, tmp_path):
-    """The fast subset: 30 mutations of each subject."""
-    _check(cel_cases(subjects, 30, seed=0), subjects, tmp_path)
+    """The fast subset: 30 mutations of each subject, and accelerator builds run on the
+    cycle model and as their all-CPU build."""
+    _check(itertools.chain(cel_cases(subjects, 30, seed=0),
+                           cel_cases(subjects, 5, seed=0, only=ACCEL, target="cycle"),
+                           cel_cases(subjects, 5, seed=0, only=ACCEL, target="cpu")),
+           subjects, tmp_path)
 
 
 def test_run_inputs(subjects, tmp_path):
@@ -504,11 +520,14 @@ def test_run_inputs(subjects, tmp_path):
 
 @pytest.mark.slow
 def test_mutated_cel_files_many(subjects, tmp_path):
-    """10,000 mutations (2,000 per subject), other seeds than the fast subset, and every
+    """12,000 mutations (2,000 per subject, and 500 of each accelerator build on the
+    cycle model and as its all-CPU build), other seeds than the fast subset, and every
     subject's input cases."""
-    cases = cel_cases(subjects, 2000, seed=1)
-    cases += [c for name, s in subjects.items() for c in input_cases(name, s)]
-    _check(cases, subjects, tmp_path)
+    inputs = [c for name, s in subjects.items() for c in input_cases(name, s)]
+    _check(itertools.chain(cel_cases(subjects, 2000, seed=1),
+                           cel_cases(subjects, 500, seed=1, only=ACCEL, target="cycle"),
+                           cel_cases(subjects, 500, seed=1, only=ACCEL, target="cpu"), inputs),
+           subjects, tmp_path)
 
 
 def test_the_oracle_sees_failures(subjects, tmp_path):
