@@ -227,23 +227,37 @@ def _load_kernel(a: Artifact, key: str, rec: dict):
     from celosia.errors import CompilerError
 
     from ..compiler.cpu.codegen import CpuKernel
-    from ..compiler.cpu.host import host_target, llvm_binding
+    from ..compiler.cpu.host import host_target
     from .elf import ElfError, check_object, elf_machine
 
     member = f"kernels/{key}.o"
     obj = a.read(member)
     machine = elf_machine(host_target().triple)
     if machine is not None:  # other object formats: the digest alone vouches for them
-        llvm = llvm_binding()
         try:
-            check_object(obj, machine, [s for s, _ in rec["segments"]],
-                         lambda name: llvm.address_of_symbol(name) is not None)
+            check_object(obj, machine, [s for s, _ in rec["segments"]], _resolvable())
         except ElfError as e:
             raise a.error(str(e), member) from None
     try:
         return CpuKernel.from_record(rec, obj)
-    except CompilerError as e:
-        raise a.error(str(e), member) from None
+    except CompilerError as e:  # says what to do itself (build it again here)
+        raise ArtifactError(f"{a.where}: {member}: {e}") from None
+
+
+def _resolvable():
+    """Whether MCJIT will find a symbol in this process. It searches what
+    LoadLibraryPermanently(nullptr) registered, which creating an engine does, and llvmlite
+    offers no other way to do: so one empty engine is made first (once), else symbols
+    such as memset and expf would look unresolvable before the first kernel loads."""
+    from ..compiler.cpu.host import llvm_binding, target_machine
+
+    llvm = llvm_binding()
+    if not _RESOLVER:
+        _RESOLVER.append(llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine()))
+    return lambda name: llvm.address_of_symbol(name) is not None
+
+
+_RESOLVER: list = []  # the engine that registered the process's symbols with LLVM
 
 
 def npy_bytes(a: np.ndarray) -> bytes:

@@ -269,3 +269,35 @@ def test_npy_size_is_checked_before_allocating(monkeypatch):
                                                "shape": (99999, 9)})
     with pytest.raises(ResourceLimitError, match=r"float64\[99999, 9\].*7,199,928 bytes"):
         npyio.decode(buf.getvalue())
+
+
+def test_kernels_calling_the_c_library_load_in_a_fresh_process(tmp_path):
+    """A kernel calling expf (Sigmoid) must pass the check for resolvable symbols before
+    any LLVM engine exists in the process (MCJIT registers the process's symbols only
+    when the first engine is made), so the load runs in a new interpreter."""
+    import subprocess
+    import sys
+
+    from onnx import TensorProto, helper
+
+    w = np.random.default_rng(2).standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1
+    graph = helper.make_graph(
+        [helper.make_node("Sigmoid", ["image"], ["a"]),  # the first kernel calls expf
+         helper.make_node("Conv", ["a", "w"], ["y"], pads=[1, 1, 1, 1])], "sigmoid",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 16, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel())])
+    model = CpuModel.build(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model.save(tmp_path / "s.cel")
+    with zipfile.ZipFile(tmp_path / "s.cel") as z:
+        assert any(b"expf\0" in z.read(n) for n in z.namelist() if n.endswith(".o"))
+    x = np.random.default_rng(3).standard_normal((1, 16, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code = ("import sys, numpy as np; from celosia.runtime.cpu import CpuModel; "
+            "m = CpuModel.load(sys.argv[1]); np.save(sys.argv[3], "
+            "m.run({'image': np.load(sys.argv[2])})['y'])")
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.cel"),
+                          str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), model.run({"image": x})["y"])
