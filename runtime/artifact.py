@@ -370,12 +370,6 @@ class Field:
             raise self.fail(f"is {v}, outside [{lo}, {hi}]")
         return v
 
-    def number(self) -> float:
-        v = self.value
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or abs(v) == float("inf"):
-            raise self._want("a finite number")
-        return v
-
     def boolean(self) -> bool:
         if not isinstance(self.value, bool):
             raise self._want("true or false")

@@ -25,7 +25,7 @@ import numpy as np
 from ..compiler.graph.ir import InputShapeError, Node, NodeError
 from ..compiler.graph.reference import evaluate_node
 
-__all__ = ["GraphExecutor", "plan_memory", "summarize_profile", "refuse_nan"]
+__all__ = ["GraphExecutor", "plan_memory", "summarize_profile"]
 
 ALIGN = 64  # bytes: a cache line, one AVX-512 vector
 
@@ -94,19 +94,6 @@ def summarize_profile(profile: list[dict], top: int = 5) -> dict:
             "top_ops": [{"op": op, "ms": ms, "share": ms / total if total else 0.0}
                         for op, ms in ops[:top]],
             "slowest_nodes": [{"node": p["node"], "op": p["op"], "ms": p["ms"]} for p in slow]}
-
-
-def refuse_nan(feeds: dict) -> None:
-    """An int8 model quantizes its float inputs, and rounding NaN to an integer has no
-    defined result (numpy and the compiled kernels disagree): refuse it. Infinities clip
-    to -128 and 127 like any large value."""
-    for name, a in feeds.items():
-        if isinstance(a, np.ndarray) and a.dtype.kind == "f":
-            bad = int(np.count_nonzero(np.isnan(a)))
-            if bad:
-                raise InputShapeError(
-                    f"input {name!r} holds {bad} NaN value{'s' if bad > 1 else ''}; this int8 "
-                    f"model quantizes its inputs, which has no integer for NaN: pass numbers")
 
 
 class GraphExecutor:

@@ -117,7 +117,8 @@ def _kernel(key: str, f: Field) -> dict:
             name, shape, dtype = n.string(), s.shape(), d.dtype()
             check_bytes(nbytes(dtype, shape), f"{row.path} (buffer {dtype}{list(shape)})")
             if dtype not in KERNEL_DTYPES:
-                raise row.fail(f"has dtype {dtype}; kernels take {', '.join(sorted(KERNEL_DTYPES))}")
+                raise row.fail(f"has dtype {dtype}; kernels take "
+                               f"{', '.join(sorted(KERNEL_DTYPES))}")
             into.append([name, list(shape), dtype])
     check_bytes(sum(nbytes(d, s) for _, s, d in temps), f"{f.path}.temps")
     written = [w.integer(0, len(params) - 1) for w in f["written"].list()]

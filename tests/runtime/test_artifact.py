@@ -78,7 +78,8 @@ def _set(path: str, value):
 
 @pytest.mark.parametrize("edit, message", [
     ("program", r'manifest.json: program: is null, expected an object'),
-    ("program/values/image/dtype", r'program.values\["image"\].dtype: is a boolean, expected a string'),
+    ("program/values/image/dtype",
+     r'program.values\["image"\].dtype: is a boolean, expected a string'),
     ("program/values/image/shape", r'program.values\["image"\].shape\[0\]: is -1, outside \[0, '),
     ("kernels", r"kernels: is a list, expected an object"),
 ])
