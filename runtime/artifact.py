@@ -146,6 +146,10 @@ class Artifact:
                 path = Path(source)
                 if not path.is_file():
                     raise ArtifactError(f"{path}: no such file")
+                try:  # an unreadable file is not a damaged one
+                    path.open("rb").close()
+                except OSError as e:
+                    raise ArtifactError(f"{path}: cannot be read ({e.strerror})") from None
                 self._zip = zipfile.ZipFile(path)
         except _ZIP_ERRORS as e:
             raise self.error(f"not a complete zip archive ({_reason(e)}): truncated or "

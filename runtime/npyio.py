@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import tokenize
+import warnings
 import zipfile
 import zlib
 
@@ -29,29 +30,35 @@ DTYPES = frozenset({"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32
 MAX_RANK = 16
 
 _HEADER_ERRORS = (ValueError, SyntaxError, tokenize.TokenError, TypeError, KeyError,
-                  OverflowError, RecursionError, MemoryError, EOFError)
+                  OverflowError, RecursionError, MemoryError, EOFError, Warning)
 
 
 class NpyError(CelosiaError):
     """Bytes that are not a readable .npy array (the message says what is wrong)."""
 
 
+def _header(f, strict: bool):
+    """(shape, fortran order, dtype) from numpy's parser, any failure an NpyError."""
+    try:
+        with warnings.catch_warnings():
+            # A damaged header can make Python's parser warn (an invalid escape sequence):
+            # an error here rather than a second line on stderr.
+            warnings.simplefilter("error")
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                return np.lib.format.read_array_header_1_0(f)
+            if version == (2, 0) and not strict:
+                return np.lib.format.read_array_header_2_0(f)
+    except _HEADER_ERRORS as e:
+        raise NpyError(f"is not a .npy array: its header is damaged ({_first_line(e)})") from None
+    raise NpyError(f"is .npy format version {version[0]}.{version[1]}, which celosia does "
+                   f"not read")
+
+
 def decode(data: bytes, *, strict: bool = False, what: str = "the array") -> np.ndarray:
     """The array in ``data`` (a whole .npy file), as a fresh C-ordered native array."""
     f = io.BytesIO(data)
-    try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0) and not strict:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
-            raise NpyError(f"is .npy format version {version[0]}.{version[1]}, which celosia "
-                           f"does not read")
-    except NpyError:
-        raise
-    except _HEADER_ERRORS as e:
-        raise NpyError(f"is not a .npy array: its header is damaged ({_first_line(e)})") from None
+    shape, fortran, dtype = _header(f, strict)
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None \
             or dtype.name not in DTYPES:
         raise NpyError(f"holds {dtype} elements; celosia reads {', '.join(sorted(DTYPES))}")

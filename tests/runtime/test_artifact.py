@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import struct
+import warnings
 import zipfile
 
 import numpy as np
@@ -253,6 +254,11 @@ def test_npy_reader():
         assert got.flags.c_contiguous and got.dtype == np.int32
         with pytest.raises(npyio.NpyError, match="C order and native byte order"):
             npyio.decode(_npy(variant), strict=True)
+    with warnings.catch_warnings(record=True) as seen:  # not a second line on stderr
+        warnings.simplefilter("always")
+        with pytest.raises(npyio.NpyError, match="header is damaged"):
+            npyio.decode(_npy(a).replace(b"'descr'", b"'d\\:cr'"))
+    assert not seen
     for bad, message in [(_npy(a)[:-1], "holds 47 bytes of data"),
                          (_npy(a) + b"x", "holds 49 bytes of data"),
                          (_npy(a).replace(b"'shape'", b"((((((("), "header is damaged"),
