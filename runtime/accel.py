@@ -46,7 +46,7 @@ import numpy as np
 
 from ..config import HwConfig
 from . import schema
-from .artifact import Artifact, ArtifactError, artifact_format, write_artifact
+from .artifact import Artifact, artifact_format, write_artifact
 from .cpu import npy_bytes
 
 __all__ = ["AccelModel", "FORMAT", "VERSION", "is_accel_artifact", "compare_outputs"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..limits import check_bytes
-from .artifact import Field, Invalid, check_array, nbytes
+from .artifact import Field, check_array, nbytes
 
 __all__ = ["encode", "decode", "build_info", "check_cpu", "check_config", "check_graph",
            "check_accel", "check_segments", "KERNEL_DTYPES", "STEP_KINDS"]
