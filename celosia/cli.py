@@ -218,44 +218,51 @@ def _recompile(args) -> int:
 
 
 def _load_inputs(specs, names) -> dict:
-    """The arrays of --input NAME=FILE.npy (NAME= optional for one input) and --input
-    FILE.npz (arrays named after the inputs; one array for a one-input model)."""
-    import numpy as np
+    """{input name: array} from ``--input NAME=FILE.npy`` (NAME may be left out for a
+    model with one input) or ``--input FILE.npz`` (arrays named after the inputs; one array
+    for a one-input model; with NAME=, the array of that name or the only one). Files are
+    read by the checked reader (runtime/npyio.py): no pickles, headers checked first."""
+    from .runtime.npyio import NpyError, load_file
 
     feeds = {}
     names = list(names)
     for spec in specs or ():
         name, sep, file = spec.rpartition("=")
         try:
-            loaded = np.load(file, allow_pickle=False)
+            data = load_file(file, file)
         except FileNotFoundError:
             raise CelosiaError(f"--input {spec!r}: no such file {file!r}") from None
-        except (ValueError, OSError, EOFError) as e:
-            raise CelosiaError(f"--input {spec!r}: {file} is not a .npy or .npz file "
-                               f"({e})") from None
-        if isinstance(loaded, np.ndarray):
-            if not sep and len(names) != 1:
-                raise CelosiaError(f"--input {spec!r}: name the input (NAME=FILE.npy); the "
-                                   f"model's inputs are {', '.join(names)}")
-            feeds[name if sep else names[0]] = loaded
-            continue
-        try:
-            with loaded:
-                arrays = {k: loaded[k] for k in loaded.files}
-        except (ValueError, OSError, EOFError) as e:  # object arrays, a truncated member
-            raise CelosiaError(f"--input {spec!r}: {file} cannot be read ({e})") from None
-        if sep:  # NAME=FILE.npz: the array of that name, or its only one
-            arrays = {name: arrays[name] if name in arrays else
-                      next(iter(arrays.values())) if len(arrays) == 1 else None}
-            if arrays[name] is None:
-                raise CelosiaError(f"--input {spec!r}: {file} has no array named {name!r}")
-        elif len(arrays) == 1 and len(names) == 1:
-            arrays = {names[0]: next(iter(arrays.values()))}
-        unknown = sorted(set(arrays) - set(names))
-        if unknown:
-            raise CelosiaError(f"--input {spec!r}: {file} holds arrays {unknown} that name no "
-                               f"input; the model's inputs are {', '.join(names)}")
-        feeds.update(arrays)
+        except OSError as e:
+            raise CelosiaError(f"--input {spec!r}: cannot read {file!r} ({e.strerror})") from None
+        except NpyError as e:
+            raise CelosiaError(f"--input {spec!r}: {file} {e}; save the array with numpy.save "
+                               f"(or several, named after the inputs, with numpy.savez)") from None
+        if isinstance(data, dict):
+            if sep:  # NAME=FILE.npz: the array of that name, or its only one
+                if name in data:
+                    data = {name: data[name]}
+                elif len(data) == 1:
+                    data = {name: next(iter(data.values()))}
+                else:
+                    raise CelosiaError(f"--input {spec!r}: {file} has no array named {name!r}")
+            elif len(data) == 1 and len(names) == 1:
+                data = {names[0]: next(iter(data.values()))}
+            unknown = sorted(set(data) - set(names))
+            if unknown:
+                raise CelosiaError(f"--input {spec!r}: {file} holds {', '.join(map(repr, unknown))}"
+                                   f", not inputs of the model ({', '.join(names)})")
+            given = data
+        else:
+            if not sep:
+                if len(names) != 1:
+                    raise CelosiaError(f"--input {spec!r}: name the input (NAME=FILE.npy); "
+                                       f"the model's inputs are {', '.join(names)}")
+                name = names[0]
+            given = {name: data}
+        for name, a in given.items():
+            if name in feeds:
+                raise CelosiaError(f"--input {spec!r}: input {name!r} is given twice")
+            feeds[name] = a
     return feeds
 
 

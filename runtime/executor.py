@@ -169,8 +169,10 @@ class GraphExecutor:
             def run():
                 try:
                     results = evaluate_node(node, ins)
-                except KERNEL_ERRORS as e:
-                    raise NodeError(node, f"failed at run time: {e}") from None
+                except KERNEL_ERRORS + (KeyError, AttributeError, OverflowError) as e:
+                    # (attributes from a file may be of the wrong kind)
+                    raise NodeError(node, f"failed at run time: {type(e).__name__}: "
+                                          f"{e}") from None
                 for y, r in zip(outs, results):
                     if y is not None:
                         np.copyto(y, r)
