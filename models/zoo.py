@@ -4,6 +4,7 @@ builds with onnxruntime.
 
 - ``small_cnn``: a CNN for the 8x8 digits of scikit-learn (1x1x8x8 -> 10 probabilities).
 - ``resnet18``: torchvision's ResNet-18 (11,689,512 parameters at 1000 classes).
+- ``resnet50``: torchvision's ResNet-50 (25,557,032 parameters at 1000 classes).
 - ``mobilenet_v2``: torchvision's MobileNetV2 (3,504,872 parameters at 1000 classes).
 
 Parameters count as in PyTorch: weights, biases and BatchNorm scale and shift, not the BN
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["small_cnn", "resnet18", "mobilenet_v2", "parameter_count", "OPSET", "IR_VERSION"]
+__all__ = ["small_cnn", "resnet18", "resnet50", "mobilenet_v2", "parameter_count", "OPSET",
+           "IR_VERSION"]
 
 OPSET = 17
 # onnx 1.23 stamps IR version 14, which onnxruntime 1.31 does not load.
@@ -58,10 +60,10 @@ class _Net:
         return self.node("Conv", inputs, "conv", kernel_shape=[k, k], strides=[stride] * 2,
                          pads=[pad] * 4, group=groups)
 
-    def bn(self, x, c):
+    def bn(self, x, c, gamma=(0.7, 1.2)):
         name = self._name("bn")
         r = self.rng
-        params = {"weight": r.uniform(0.7, 1.2, c), "bias": r.normal(0, 0.1, c),
+        params = {"weight": r.uniform(*gamma, c), "bias": r.normal(0, 0.1, c),
                   "running_mean": r.normal(0, 0.1, c), "running_var": r.uniform(0.8, 1.5, c)}
         inputs = [x] + [self.const(f"{name}.{k}", v.astype(np.float32))
                         for k, v in params.items()]
@@ -141,6 +143,34 @@ def resnet18(batch: int = 1, image_size: int = 224, num_classes: int = 1000, see
     h = net.node("Flatten", [net.node("GlobalAveragePool", [h])], axis=1)
     y = net.linear(h, 512, num_classes)
     return net.model("resnet18", x, [batch, 3, image_size, image_size], y,
+                     [batch, num_classes])
+
+
+def resnet50(batch: int = 1, image_size: int = 224, num_classes: int = 1000, seed: int = 0):
+    """torchvision's resnet50 (Bottleneck x [3, 4, 6, 3], expansion 4, the stride on the
+    3x3 convolution as in torchvision's "v1.5"); any image size >= 32. The last BN of each
+    block starts small (gamma ~ 0.2, like a zero-init residual's early training) so the
+    residual sum keeps an order-one scale over 16 blocks."""
+    net = _Net(seed)
+    x = "image"
+    h = net.node("Relu", [net.bn(net.conv(x, 3, 64, 7, 2, 3), 64)])
+    h = net.node("MaxPool", [h], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+        cout = width * 4
+        for block in range(blocks):
+            stride = 2 if stage > 0 and block == 0 else 1
+            y = net.node("Relu", [net.bn(net.conv(h, cin, width, 1), width)])
+            y = net.node("Relu", [net.bn(net.conv(y, width, width, 3, stride, 1), width)])
+            y = net.bn(net.conv(y, width, cout, 1), cout, gamma=(0.1, 0.3))
+            shortcut = h
+            if stride != 1 or cin != cout:
+                shortcut = net.bn(net.conv(h, cin, cout, 1, stride), cout)
+            h = net.node("Relu", [net.node("Add", [y, shortcut])])
+            cin = cout
+    h = net.node("Flatten", [net.node("GlobalAveragePool", [h])], axis=1)
+    y = net.linear(h, cin, num_classes)
+    return net.model("resnet50", x, [batch, 3, image_size, image_size], y,
                      [batch, num_classes])
 
 

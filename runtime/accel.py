@@ -24,41 +24,40 @@ The report gives, per node: where it ran (and for CPU nodes why), the CPU time m
 the accelerator cycles and their time at the configured clock, and GEMM utilisation; the
 time spent packing and unpacking at region borders is reported as ``layout_ms``.
 
-A ``.cel`` file of this kind is a zip archive:
+A ``.cel`` file of this kind is a zip archive (deflated), written and read by
+runtime/artifact.py (member digests checked before use, the manifest checked field by
+field by runtime/schema.py and against the graph, the DRAM image and the CPU parts):
 
-    manifest.json      format, version, configuration, graph, placements, programs, values
+    manifest.json      format "celosia-accel", version 2, configuration, graph, placements,
+                       programs, value buffers, CPU segments, build info, member digests
+    manifest.sha256    the digest of manifest.json
     constants/N.npy    the quantized graph's initializers
-    dram.npy           the DRAM image (weights, micro-ops, instructions), deflated
+    dram.npy           the DRAM image (weights, micro-ops, instructions)
+    cpu/K.cel          each CPU segment, a CPU build (runtime/cpu.py) of its nodes
     model.onnx         the source model, when built from one (for --compare onnxruntime)
 """
 
 from __future__ import annotations
 
-import io
-import json
 import time
-import zipfile
 from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
 
 from ..config import HwConfig
-from .cpu import ArtifactError, _decode, _encode
+from . import schema
+from .artifact import Artifact, artifact_format, write_artifact
+from .cpu import npy_bytes
 
 __all__ = ["AccelModel", "FORMAT", "VERSION", "is_accel_artifact", "compare_outputs"]
 
 FORMAT = "celosia-accel"
-VERSION = 1
+VERSION = 2  # 2: member digests and a checked manifest
 
 
 def is_accel_artifact(path) -> bool:
-    """Whether a .cel file is an accelerator build (rather than a float CPU build)."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            return json.loads(z.read("manifest.json")).get("format") == FORMAT
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError):
-        return False
+    """Whether a .cel file says it is an accelerator build (rather than a CPU build)."""
+    return artifact_format(path) == FORMAT
 
 
 def compare_outputs(ours: dict, theirs: dict, *, exact: bool) -> tuple[bool, dict]:
@@ -101,26 +100,10 @@ def _graph_to_json(graph) -> tuple[dict, dict]:
     return {
         "name": graph.name, "inputs": list(graph.inputs), "outputs": list(graph.outputs),
         "nodes": [{"op": n.op, "inputs": list(n.inputs), "outputs": list(n.outputs),
-                   "attrs": _encode(n.attrs), "name": n.name} for n in graph.nodes],
+                   "attrs": schema.encode(n.attrs), "name": n.name} for n in graph.nodes],
         "types": {k: [t.dtype, list(t.shape)] for k, t in graph.types.items()},
         "initializers": {name: f"constants/{k}.npy" for k, name in enumerate(graph.initializers)},
     }, consts
-
-
-def _graph_from_json(d: dict, read) -> "object":
-    from ..compiler.graph.ir import Graph, Node, TensorType, constant
-
-    def attrs(a):
-        a = _decode(a)
-        if "epilogue" in a:
-            a["epilogue"] = tuple(tuple(s) for s in a["epilogue"])
-        return a
-
-    nodes = tuple(Node(n["op"], tuple(n["inputs"]), tuple(n["outputs"]), attrs(n["attrs"]),
-                       n["name"]) for n in d["nodes"])
-    inits = {name: constant(read(f)) for name, f in d["initializers"].items()}
-    types = {k: TensorType(t[0], tuple(t[1])) for k, t in d["types"].items()}
-    return Graph(d["name"], tuple(d["inputs"]), tuple(d["outputs"]), nodes, inits, types)
 
 
 class AccelModel:
@@ -268,6 +251,7 @@ class AccelModel:
     # ---- saving and loading ----------------------------------------------------------------
 
     def save(self, path) -> None:
+        """Write a .cel file (see the module docstring)."""
         graph_json, consts = _graph_to_json(self.graph)
         manifest = {
             "format": FORMAT, "version": VERSION, "config": self.config.to_dict(),
@@ -276,45 +260,73 @@ class AccelModel:
             "programs": self.programs, "values": self.values, "build": self.build_info,
             "segments": [names for names, _ in self.segments],
         }
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-            z.writestr("manifest.json", json.dumps(manifest))
-            for name, a in consts.items():
-                z.writestr(name, _npy(a))
-            z.writestr("dram.npy", _npy(self.image))
-            for k, (_, cpu) in enumerate(self.segments):
-                z.writestr(f"cpu/{k}.cel", _cpu_bytes(cpu))
-            if self.source is not None:
-                z.writestr("model.onnx", self.source)
+        members = {name: npy_bytes(a) for name, a in consts.items()}
+        members["dram.npy"] = npy_bytes(self.image)
+        for k, (_, cpu) in enumerate(self.segments):
+            members[f"cpu/{k}.cel"] = cpu.to_bytes()
+        if self.source is not None:
+            members["model.onnx"] = self.source
+        write_artifact(path, manifest, members, deflate=True)
 
     @classmethod
     def load(cls, path) -> "AccelModel":
-        from ..compiler.accel.partition import Placement
+        """Load a .cel file of an accelerator build: nothing compiles, everything is
+        checked first (the module docstring)."""
+        from .cpu import CpuModel
 
-        try:
-            with zipfile.ZipFile(path) as z:
-                manifest = json.loads(z.read("manifest.json"))
-                if manifest.get("format") != FORMAT:
-                    raise ArtifactError(f"{path}: a {manifest.get('format')!r} model, not an "
-                                        f"accelerator build")
-                if manifest.get("version") != VERSION:
-                    raise ArtifactError(f"{path}: format version {manifest.get('version')}, "
-                                        f"this celosia reads {VERSION}; build it again")
+        with Artifact(path) as a:
+            a.manifest(FORMAT, VERSION)
+            cfg = a.check(schema.check_config)
+            members = a.check(lambda root: {n: f.string() for n, f in
+                                            root["graph"]["initializers"].items()})
+            inits = {name: a.npy(member) for name, member in members.items()}
+            graph = a.check(schema.check_graph, inits)
+            image = a.npy("dram.npy")
+            if image.dtype != np.uint8 or image.ndim != 1:
+                raise a.error(f"is {image.dtype}{list(image.shape)}, not a DRAM image "
+                              f"(uint8, one axis)", "dram.npy")
+            parts = a.check(schema.check_accel, graph, cfg, image.size)
+            names = a.check(schema.check_segments, graph, parts["placements"])
+            build = a.check(schema.build_info)
+            segments = [(n, CpuModel.load(a.read(f"cpu/{k}.cel"), f"{a.where}: cpu/{k}.cel"))
+                        for k, n in enumerate(names)]
+            source = a.read("model.onnx") if a.has("model.onnx") else None
+            model = cls(graph, cfg, parts["placements"], parts["programs"], parts["values"],
+                        image, segments=segments, source=source, build_info=build)
+            problem = model._flow_problem()
+            if problem:
+                raise a.error(problem, "manifest.json")
+        return model
 
-                def read(name):
-                    return np.load(io.BytesIO(z.read(name)), allow_pickle=False)
-
-                graph = _graph_from_json(manifest["graph"], read)
-                image = read("dram.npy")
-                segments = [(names, _cpu_from_bytes(z.read(f"cpu/{k}.cel"), path))
-                            for k, names in enumerate(manifest["segments"])]
-                source = z.read("model.onnx") if "model.onnx" in z.namelist() else None
-        except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as e:
-            raise ArtifactError(f"{path}: not a readable celosia model (truncated or corrupt "
-                                f"file?): {type(e).__name__}: {e}") from None
-        placements = {k: Placement(*v) for k, v in manifest["placements"].items()}
-        return cls(graph, HwConfig.from_dict(manifest["config"]), placements,
-                   manifest["programs"], manifest["values"], image, segments=segments,
-                   source=source, build_info=manifest.get("build"))
+    def _flow_problem(self) -> str | None:
+        """Walk the graph as ``run`` does: what is wrong if a node or CPU segment would
+        read a value that nothing made (where it would be), or a segment disagrees with
+        the graph on a value's type; None if nothing."""
+        graph = self.graph
+        made = set(graph.inputs) | set(graph.initializers)
+        segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
+        for node in graph.nodes:
+            if node.name in self.programs:
+                for v in (node.inputs[0], *node.inputs[4:]):
+                    if v and v not in made:
+                        return f"accelerator node {node.name!r} reads {v!r} before it is made"
+                made.add(node.outputs[0])
+            elif node.name in segment_of:
+                names, cpu = segment_of[node.name]
+                p = cpu.program
+                ours = {o for n in graph.nodes if n.name in names for o in n.outputs if o}
+                for v in (*p.inputs, *p.outputs):
+                    t = graph.types.get(v)
+                    if t is None or (p.values[v]["dtype"], tuple(p.values[v]["shape"])) != \
+                            (t.dtype, t.shape):
+                        return f"CPU segment of {names[0]!r}: value {v!r} disagrees with the graph"
+                    if v in p.inputs and v not in made:
+                        return f"CPU segment of {names[0]!r} reads {v!r} before it is made"
+                    if v in p.outputs and v not in ours:
+                        return f"CPU segment of {names[0]!r} makes {v!r}, not its nodes' value"
+                made.update(p.outputs)
+        missing = [o for o in graph.outputs if o not in made]
+        return f"graph outputs {missing} are made by no node" if missing else None
 
     @property
     def input_types(self) -> dict:
@@ -332,6 +344,24 @@ class AccelModel:
             self._executors[target] = ex
         return ex
 
+    def _shape_advice(self, name: str, a: np.ndarray) -> str:
+        """What to do about an input array of another shape: a rebuild only where the ONNX
+        model (kept as ``source``) declares the dims that differ dynamic."""
+        from ..compiler.frontend.inputs import is_dynamic, shape_flags, shape_problem
+        from ..compiler.frontend.onnx import declared_inputs
+        from ..errors import CelosiaError
+
+        try:
+            dims = declared_inputs(self.source).get(name) if self.source else None
+        except CelosiaError:
+            dims = None
+        t = self.graph.types[name]
+        if str(a.dtype) != t.dtype or dims is None or not is_dynamic(dims[1]) or \
+                shape_problem(name, dims[1], a.shape):
+            return "pass an array of that shape and type"
+        return (f"pass an array of that shape, or build the model again for this one: add "
+                f"{shape_flags({name: a.shape})} to the `celosia compile` that built it")
+
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
         from ..compiler.accel.partition import pack_value, unpack_value
@@ -345,8 +375,7 @@ class AccelModel:
             if tuple(a.shape) != t.shape or str(a.dtype) != t.dtype:
                 raise InputShapeError(
                     f"input {name!r} is {a.dtype}[{','.join(map(str, a.shape))}] but the model "
-                    f"was built for {t}: pass an array of that shape and type, or build the "
-                    f"model again for the new shape (--input-shape)")
+                    f"was built for {t}: {self._shape_advice(name, a)}")
         unknown = set(feeds) - set(graph.inputs)
         if unknown:
             raise InputShapeError(f"unknown inputs {sorted(unknown)}: the model's inputs are "
@@ -501,37 +530,8 @@ def _attribute_profile(profile: list[dict], names: list[str], rows: dict, layout
     rows[names[-1]]["layout_ms"] += pending
 
 
-def _cpu_bytes(cpu) -> bytes:
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="celosia-") as d:
-        path = Path(d) / "segment.cel"
-        cpu.save(path)
-        return path.read_bytes()
-
-
-def _cpu_from_bytes(data: bytes, where):
-    import tempfile
-
-    from .cpu import CpuModel
-
-    with tempfile.TemporaryDirectory(prefix="celosia-") as d:
-        path = Path(d) / "segment.cel"
-        path.write_bytes(data)
-        try:
-            return CpuModel.load(path)
-        except ArtifactError as e:
-            raise ArtifactError(f"{where}: its CPU part: {str(e).split(': ', 1)[-1]}") from None
-
-
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
-
-
-def _npy(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
-    return buf.getvalue()
 
 
 def _spec_str(spec) -> str:

@@ -14,6 +14,13 @@ same step, so they never overlap (the kernels assume distinct arrays).
 Since every value has a fixed address, each compiled step is bound once (its arguments
 checked once, ``CpuKernel.bind``): running a step is a call into machine code. Graph
 inputs are copied into their place; outputs are copied out.
+
+Run-time-shaped segments. A value whose size is only known at run time (None in its
+program shape: downstream of a node whose shape depends on values, compiler/graph/
+dynamic.py) has no place in the arena: the numpy step that makes it stores a fresh array
+for this run, steps read it by name, and it is dropped after its last reader. A numpy step
+that turns such values back into a static one (a ReduceSum, a Shape) writes into the
+arena after checking the size its type promises, so the static steps after it stay bound.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ import time
 
 import numpy as np
 
-from ..compiler.graph.ir import InputShapeError, Node, NodeError
-from ..compiler.graph.reference import evaluate_node
+from ..compiler.graph.ir import InputShapeError, Node, NodeError, TensorType
+from ..compiler.graph.reference import KERNEL_ERRORS, evaluate_node, fits
 
 __all__ = ["GraphExecutor", "plan_memory", "summarize_profile"]
 
@@ -34,6 +41,15 @@ def _nbytes(info: dict) -> int:
     return int(np.prod(info["shape"], dtype=np.int64)) * np.dtype(info["dtype"]).itemsize
 
 
+def run_time_shaped(info: dict) -> bool:
+    """Whether a program value's size is only known at run time (not in the arena)."""
+    return None in info["shape"]
+
+
+def _type(info: dict) -> TensorType:
+    return TensorType(info["dtype"], tuple(info["shape"]))
+
+
 def plan_memory(program) -> tuple[dict, int, int]:
     """({value: byte offset in the arena}, arena bytes, bytes without reuse). Constants
     are not in the arena."""
@@ -41,13 +57,14 @@ def plan_memory(program) -> tuple[dict, int, int]:
     root = {}  # value -> the value whose storage it uses
     first, last = {}, {}
     for v in program.inputs:
-        root[v], first[v], last[v] = v, -1, -1
+        if not run_time_shaped(program.values[v]):
+            root[v], first[v], last[v] = v, -1, -1
     for k, s in enumerate(program.steps):
         for v in s["inputs"]:
             if v in root:
                 last[root[v]] = max(last[root[v]], k)
         for o in s["outputs"]:
-            if not o:
+            if not o or run_time_shaped(program.values[o]):
                 continue
             if s["kind"] == "view":
                 root[o] = root[s["inputs"][0]]
@@ -55,7 +72,7 @@ def plan_memory(program) -> tuple[dict, int, int]:
             else:
                 root[o], first[o], last[o] = o, k, k
     for o in program.outputs:
-        if o in root:  # a constant output (folded at compile time) is read from constants
+        if o in root:  # else a constant (a graph folded to a value): read from constants
             last[root[o]] = n_steps
     storages = sorted(first, key=lambda v: (-_nbytes(program.values[v]), first[v]))
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
@@ -113,8 +130,23 @@ class GraphExecutor:
                 .reshape(info["shape"])
         for name, a in program.constants.items():
             self.arrays[name] = a
+        self._dynamic = {v for v, info in program.values.items() if run_time_shaped(info)}
+        self._drop = self._last_readers()
         self._calls = [self._bind(s) for s in program.steps]
         self.last_profile: list[dict] = []
+
+    def _last_readers(self) -> list[list[str]]:
+        """Per step, the run-time-shaped values it is the last reader of (dropped after)."""
+        last = {}
+        for k, s in enumerate(self.program.steps):
+            for v in s["inputs"]:
+                if v in self._dynamic:
+                    last[v] = k
+        drop = [[] for _ in self.program.steps]
+        for v, k in last.items():
+            if v not in self.program.outputs:
+                drop[k].append(v)
+        return drop
 
     # ---- steps ------------------------------------------------------------------------------
 
@@ -124,6 +156,9 @@ class GraphExecutor:
             return self.program.kernels[s["kernel"]].bind(*(arr[v] for v in s["inputs"]))
         if kind == "view":
             return None  # the output already is the input's memory
+        if kind == "numpy" and self._dynamic & set(s["inputs"] + s["outputs"]):
+            return self._bind_run_time_shaped(
+                Node(s["op"], tuple(s["inputs"]), tuple(s["outputs"]), s["attrs"], s["node"]))
         ins = [arr[v] if v else None for v in s["inputs"]]
         outs = [arr[o] if o else None for o in s["outputs"]]
         if kind == "concat":
@@ -134,13 +169,39 @@ class GraphExecutor:
             def run():
                 try:
                     results = evaluate_node(node, ins)
-                except (ValueError, IndexError, TypeError) as e:
-                    raise NodeError(node, f"failed at run time: {e}") from None
+                except KERNEL_ERRORS + (KeyError, AttributeError, OverflowError) as e:
+                    # (attributes from a file may be of the wrong kind)
+                    raise NodeError(node, f"failed at run time: {type(e).__name__}: "
+                                          f"{e}") from None
                 for y, r in zip(outs, results):
                     if y is not None:
                         np.copyto(y, r)
             return run
         raise ValueError(f"unknown step kind {kind!r}")
+
+    def _bind_run_time_shaped(self, node: Node):
+        """A numpy step of a run-time-shaped segment: inputs looked up when it runs."""
+        arr, values, arena = self.arrays, self.program.values, self._arena
+
+        def run():
+            ins = [arr[v] if v else None for v in node.inputs]
+            try:
+                results = evaluate_node(node, ins)
+            except KERNEL_ERRORS as e:
+                raise NodeError(node, f"failed at run time: {e}") from None
+            for o, r in zip(node.outputs, results):
+                if not o:
+                    continue
+                t = _type(values[o])
+                if not fits(r.shape, t) or str(r.dtype) != t.dtype:
+                    raise NodeError(node, f"gives {o!r} as {r.dtype}"
+                                          f"[{','.join(map(str, r.shape))}] at run time, where "
+                                          f"the model types it {t}")
+                if o in self._dynamic:  # its own array (a view could see the arena change)
+                    arr[o] = r.copy() if np.may_share_memory(r, arena) else r
+                else:
+                    np.copyto(arr[o], r)
+        return run
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -152,39 +213,48 @@ class GraphExecutor:
                                   f"{', '.join(map(repr, unknown))}: the model's inputs are "
                                   f"{', '.join(self.describe_inputs())}")
         for name in p.inputs:
-            info = p.values[name]
-            shown = f"{info['dtype']}[{','.join(map(str, info['shape']))}]"
+            t = _type(p.values[name])
             if name not in feeds:
-                raise InputShapeError(f"input {name!r} ({shown}) was not given")
+                raise InputShapeError(f"input {name!r} ({t}) was not given")
             a = feeds[name]
             if not isinstance(a, np.ndarray):
                 raise InputShapeError(f"input {name!r} must be a numpy array, not "
                                       f"{type(a).__name__}")
-            if list(a.shape) != info["shape"] or str(a.dtype) != info["dtype"]:
+            if not fits(a.shape, t) or str(a.dtype) != t.dtype:
+                # (CpuModel.check_shapes says first whether a rebuild could take it)
                 raise InputShapeError(
                     f"input {name!r} is {a.dtype}[{','.join(map(str, a.shape))}] but the model "
-                    f"was built for {shown}: pass an array of that shape and type, or build "
-                    f"the model again with --input-shape {name}="
-                    f"{','.join(map(str, a.shape))}")
+                    f"was built for {t}: pass an array of that shape and type")
 
     def describe_inputs(self) -> list[str]:
-        p = self.program
-        return [f"{n} ({p.values[n]['dtype']}[{','.join(map(str, p.values[n]['shape']))}])"
-                for n in p.inputs]
+        return [f"{n} ({_type(self.program.values[n])})" for n in self.program.inputs]
 
     def run(self, feeds: dict, *, profile: bool = False, progress=None) -> dict:
         """Outputs by name (fresh arrays). With ``profile`` (or ``progress``, a function
         called with one line per step) each step is timed into ``last_profile``."""
         self.check_feeds(feeds)
         for name in self.program.inputs:
-            np.copyto(self.arrays[name], feeds[name])
-        if profile or progress:
-            self._run_timed(progress)
-        else:
-            for call in self._calls:
-                if call is not None:
-                    call()
-        return {o: self.arrays[o].copy() for o in self.program.outputs}
+            if name in self._dynamic:  # read, never written, by numpy steps: no copy
+                self.arrays[name] = feeds[name]
+            else:
+                np.copyto(self.arrays[name], feeds[name])
+        try:
+            if profile or progress:
+                self._run_timed(progress)
+            elif self._dynamic:
+                for call, drop in zip(self._calls, self._drop):
+                    if call is not None:
+                        call()
+                    for v in drop:
+                        self.arrays.pop(v, None)
+            else:
+                for call in self._calls:
+                    if call is not None:
+                        call()
+            return {o: self.arrays[o].copy() for o in self.program.outputs}
+        finally:
+            for v in self._dynamic:
+                self.arrays.pop(v, None)
 
     def _run_timed(self, progress) -> None:
         records, n = [], len(self._calls)
@@ -195,10 +265,15 @@ class GraphExecutor:
                 call()
             ms = (clock() - t0) * 1e3
             out = s["outputs"][0] if s["outputs"] else ""
+            shape = list(self.arrays[out].shape) if out in self.arrays else \
+                self.program.values[out]["shape"] if out else []
+            for v in self._drop[k]:
+                self.arrays.pop(v, None)
             rec = {"node": s["node"], "op": s["op"], "kind": s["kind"], "ms": ms,
-                   "shape": self.program.values[out]["shape"] if out else []}
+                   "shape": shape}
             records.append(rec)
             if progress:
                 progress(f"[{k + 1:>{len(str(n))}}/{n}] {s['node']:<24} {s['op']:<18} "
                          f"{s['kind']:<7} {ms:8.3f} ms  {rec['shape']}")
         self.last_profile = records
+

@@ -1,6 +1,7 @@
 """Test-run summary that says what is covered: the stack's own tests apart from the ONNX
-conformance cases (tests/conformance), which check the graph level's numpy definitions
-against onnx's backend suite rather than celosia's compiled paths."""
+conformance cases (tests/conformance), counted per executor: the numpy reference (the graph
+level's definitions) and the compiled CPU build (LLVM kernels, what `celosia compile`
+makes)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from pathlib import Path
 import pytest
 
 _CONFORMANCE = Path(__file__).resolve().parent / "conformance"
+# conformance test module -> the executor its cases run on
+_EXECUTORS = {"test_onnx_backend.py": "reference", "test_onnx_cpu.py": "cpu"}
+_NAMES = {"stack": "celosia's own tests (hardware, simulators, driver, compiler, runtime)",
+          "reference": "ONNX conformance cases on the numpy reference executor",
+          "cpu": "ONNX conformance cases on the compiled CPU build",
+          "conformance": "ONNX conformance, other tests"}
 
 
 def pytest_collection_modifyitems(items):
@@ -17,22 +24,25 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.conformance)
 
 
+def _group(nodeid: str) -> str:
+    if "tests/conformance/" not in nodeid:
+        return "stack"
+    return _EXECUTORS.get(nodeid.split("::")[0].rsplit("/", 1)[-1], "conformance")
+
+
 def pytest_terminal_summary(terminalreporter):
-    counts = {}
+    counts: dict = {}
     for outcome in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
         for report in terminalreporter.stats.get(outcome, []):
             if getattr(report, "when", "call") not in ("call", "setup") or (
                     outcome == "passed" and report.when != "call"):
                 continue
-            group = "conformance" if "tests/conformance/" in report.nodeid else "stack"
-            counts.setdefault(group, {}).setdefault(outcome, 0)
-            counts[group][outcome] += 1
+            group = counts.setdefault(_group(report.nodeid), {})
+            group[outcome] = group.get(outcome, 0) + 1
     if not counts:
         return
     terminalreporter.section("what the tests cover")
-    names = {"stack": "celosia's own tests (hardware, simulators, driver, compiler, runtime)",
-             "conformance": "ONNX conformance cases (onnx's backend suite)"}
-    for group in ("stack", "conformance"):
+    for group in _NAMES:
         if group in counts:
             shown = ", ".join(f"{n} {o}" for o, n in sorted(counts[group].items()))
-            terminalreporter.write_line(f"{names[group]}: {shown}")
+            terminalreporter.write_line(f"{_NAMES[group]}: {shown}")

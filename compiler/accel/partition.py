@@ -69,6 +69,9 @@ def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
     for i in node.inputs[1:4]:
         if not graph.is_constant(i):
             return f"{node.op} with a weight, bias or multiplier computed at run time"
+    unknown = [v for v in node.inputs + node.outputs if v and not graph.types[v].static]
+    if unknown:  # programs are compiled for sizes known before run time
+        return f"the size of {unknown[0]!r} ({graph.types[unknown[0]]}) is only known at run time"
     if node.op == "QConv":
         return _conv_problem(node, graph, cfg)
     n = graph.types[node.inputs[0]].shape[0]

@@ -292,6 +292,16 @@ def _window_reads(spec, x, b, c, y, xx, ci, fill):
     return reads
 
 
+def _tree(combine, values: list):
+    """``values`` combined pairwise as a balanced tree: an expression of depth log2(n)
+    (a chain of n would be as deep as the window is large, and every pass over
+    expressions recurses)."""
+    while len(values) > 1:
+        values = [combine(values[k], values[k + 1]) if k + 1 < len(values) else values[k]
+                  for k in range(0, len(values), 2)]
+    return values[0]
+
+
 def _pool(spec):
     """``maxpool`` (float32 or int8; padding is -inf or -128) and ``avgpool`` (float32)."""
     x = te.placeholder(tuple(spec["data"]), spec["dtype"], "data")
@@ -300,21 +310,14 @@ def _pool(spec):
         fill = float("-inf") if x.dtype == F32 else int(np.iinfo(x.dtype).min)
 
         def body(b, c, y, xx, ci):
-            reads = _window_reads(spec, x, b, c, y, xx, ci, fill)
-            v = reads[0]
-            for r in reads[1:]:
-                v = max_expr(v, r)
-            return v
+            return _tree(max_expr, _window_reads(spec, x, b, c, y, xx, ci, fill))
         y = te.compute(out, body, "out")
         return schedule_elementwise(y), [x, y]
     recip = te.placeholder((out[2], out[3]), F32, "recip")
 
     def avg(b, c, y, xx, ci):
-        reads = _window_reads(spec, x, b, c, y, xx, ci, 0.0)
-        v = reads[0]
-        for r in reads[1:]:
-            v = v + r
-        return v * recip[y, xx]
+        return _tree(lambda p, q: p + q, _window_reads(spec, x, b, c, y, xx, ci, 0.0)) \
+            * recip[y, xx]
     y = te.compute(out, avg, "out")
     return schedule_elementwise(y), [x, recip, y]
 
@@ -333,9 +336,16 @@ def _global_avg_pool(spec):
     x = te.placeholder(tuple(spec["data"]), "int8" if quantized else F32, "data")
     n, cc, h, w, cb = x.shape
     ry, rx = te.reduce_axis(h, "ry"), te.reduce_axis(w, "rx")
-    acc = "int32" if quantized else F32
-    total = te.compute((n, cc, cb), lambda b, c, ci: te.sum(x[b, c, ry, rx, ci].astype(acc),
-                                                            axis=[ry, rx]), "sum")
+    rows = None
+    if quantized:  # int32 sums are exact in any order
+        total = te.compute((n, cc, cb), lambda b, c, ci: te.sum(
+            x[b, c, ry, rx, ci].astype("int32"), axis=[ry, rx]), "sum")
+    else:  # float32: each row summed, then the rows (one running sum over 112x112 pixels
+        # rounds every pixel against an ever larger total: 2.7x onnxruntime's error)
+        rows = te.compute((n, cc, h, cb), lambda b, c, yy, ci: te.sum(x[b, c, yy, rx, ci],
+                                                                      axis=[rx]), "rows")
+        total = te.compute((n, cc, cb), lambda b, c, ci: te.sum(rows[b, c, ry, ci], axis=[ry]),
+                           "sum")
     if quantized:
         y = te.compute((n, cc, 1, 1, cb), lambda b, c, i, j, ci: _requantized_average(
             total[b, c, ci], spec["multiplier"], spec["shift"]), "out")
@@ -344,8 +354,17 @@ def _global_avg_pool(spec):
                        * as_expr(1.0 / (h * w)), "out")
     s = create_schedule(y)
     st = s[total]
-    sb, sc, sci, sry, srx = st.leaves
-    st.reorder(sb, sc, sry, srx, sci)
+    if rows is None:
+        sb, sc, sci, sry, srx = st.leaves
+        st.reorder(sb, sc, sry, srx, sci)
+    else:
+        sr = s[rows]
+        rb, rc, ryy, rci, rrx = sr.leaves
+        sr.reorder(rb, rc, ryy, rrx, rci)
+        sr.parallel(sr.fuse(rb, rc))
+        sr.vectorize(rci)
+        sb, sc, sci, sry = st.leaves
+        st.reorder(sb, sc, sry, sci)
     st.parallel(st.fuse(sb, sc))
     st.vectorize(sci)
     o = s[y]

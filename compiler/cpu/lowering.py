@@ -18,6 +18,10 @@ Steps (each JSON-able; values by name, a blocked value named ``NAME@nchw16c``):
 
 - ``kernel``: a compiled kernel (graph_cpu_kernels) on ``args`` (inputs..., output).
 - ``numpy``: ``graph_numpy.evaluate_node`` on plain inputs (any operator without a kernel).
+  Every node that reads or writes a value of a size only known at run time (None in its
+  type, graph/dynamic.py) is a numpy step: such values have ``None`` in their program
+  shape, live outside the arena and are made by each run (the run-time-shaped segments;
+  runtime/executor.py).
 - ``view``: the output is the input's memory with another shape (Reshape, Flatten, ...).
 - ``concat``: channel concatenation of blocked values of one block.
 
@@ -54,6 +58,9 @@ _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "N
                   "Exp", "Clip")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
                    "Quantize": ("scale",), "Dequantize": ("scale",)}
+# A pooling kernel unrolls its window (a tree of max or +, one load per tap): larger
+# windows (a 60x80 window in onnx's suite) run in numpy rather than make huge code.
+POOL_TAPS = 256
 _POOL_DTYPES = {"MaxPool": (F32, I8), "AveragePool": (F32,), "GlobalAveragePool": (F32,),
                 "QGlobalAveragePool": (I8,)}
 
@@ -119,12 +126,17 @@ class _Lowering:
         return self.g.initializers[v]
 
     def add_const(self, name: str, array) -> str:
-        if name not in self.constants:
-            self.constants[name] = np.ascontiguousarray(array)
+        if name in self.g.outputs:  # the output itself is a run-time value (run(): a copy)
+            name += "@const"
+        if name not in self.constants:  # (ascontiguousarray would make a scalar 1-D)
+            a = np.asarray(array)
+            self.constants[name] = a if a.flags.c_contiguous else a.copy(order="C")
         return name
 
     def define(self, name: str, dtype: str, shape) -> str:
-        self.values[name] = {"dtype": dtype, "shape": [int(d) for d in shape]}
+        """A program value; None in ``shape`` for a size only known at run time."""
+        self.values[name] = {"dtype": dtype,
+                             "shape": [None if d is None else int(d) for d in shape]}
         return name
 
     def produce(self, v: str, block: int) -> str:
@@ -426,6 +438,7 @@ class _Lowering:
         x = node.inputs[0]
         tx, a = self.type(x), node.attrs
         if len(tx.shape) != 4 or tx.dtype not in _POOL_DTYPES[node.op] \
+                or math.prod(a.get("kernel_shape", ())) > POOL_TAPS \
                 or len([o for o in node.outputs if o]) != 1 or not node.outputs[0] \
                 or (node.op == "QGlobalAveragePool" and not 1 <= int(a["shift"]) <= 31):
             return False
@@ -519,10 +532,24 @@ class _Lowering:
         self.step("concat", node, args, [self.produce(node.outputs[0], block)])
         return True
 
+    def empty(self, node: Node) -> bool:
+        """Whether a value the node reads or writes has no elements."""
+        return any(v and 0 in self.type(v).shape for v in (*node.inputs, *node.outputs))
+
     def fallback(self, node: Node) -> None:
         inputs = [self.plain(v) if v else "" for v in node.inputs]
         outputs = [self.produce(o, 0) if o else "" for o in node.outputs]
         self.step("numpy", node, inputs, outputs, attrs=node.attrs)
+
+    def output(self, v: str) -> str:
+        """A graph output in its plain layout; a constant one (an If's folded branch, a
+        folded shape) is copied into a value, since outputs are read from the arena."""
+        if not self.is_const(v):
+            return self.plain(v)
+        src = self.plain(v)
+        copy = Node("Identity", (src,), (v,), {}, f"{v}@copy")
+        self.step("numpy", copy, [src], [self.produce(v, 0)], attrs={})
+        return v
 
     def run(self) -> CpuProgram:
         g = self.g
@@ -537,7 +564,11 @@ class _Lowering:
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
             handlers[op] = self.eltwise
         for node in g.nodes:
-            if node.op == "Dropout" and len([o for o in node.outputs if o]) > 1:
+            if not all(self.type(v).static for v in node.inputs + node.outputs if v):
+                handler = None  # a size only known at run time: a run-time-shaped step
+            elif node.op == "Dropout" and len([o for o in node.outputs if o]) > 1:
+                handler = None
+            elif self.empty(node):  # kernels take no zero-size tensors; nothing to compute
                 handler = None
             elif node.attrs.get("epilogue") and node.op not in OWN_INPUTS:
                 handler = None
@@ -545,7 +576,7 @@ class _Lowering:
                 handler = handlers.get(node.op)
             if handler is None or not handler(node):
                 self.fallback(node)
-        outputs = [self.plain(o) for o in g.outputs]
+        outputs = [self.output(o) for o in g.outputs]
         return CpuProgram(g.name, list(g.inputs), outputs, self.values, self.constants,
                           self.steps, self.specs)
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..graph.ir import Node, NodeError
 from ..graph.ops import KERNELS
+from .control import CONTROL_CANONICALIZE
 from .dtypes import np_dtype
 from .specs import check_value
 from .tensors import check_size
@@ -374,6 +375,8 @@ CANONICALIZE = {
         node.name)],
     "Shape": _shape, "Range": _range, "PRelu": _prelu, "Dropout": _dropout,
     "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear,
+    # If, Loop, Scan (bodies imported with the outer scope visible), LSTM, GRU, RNN
+    **CONTROL_CANONICALIZE,
 }
 
 

@@ -238,6 +238,28 @@ SPECS.update({
         "output_shape": Attr("ints", low=1, length="spatial")}),
     "Resize": OpSpec("x roi? scales? sizes?", "y", _RESIZE_MODES,
                      values={"sizes": Attr("ints", low=0)}),
+    # control flow and recurrent layers (frontend/control.py): the bodies are graphs
+    "If": OpSpec("cond", "outputs...", {"then_branch": Attr("graph", required=True),
+                                        "else_branch": Attr("graph", required=True)}),
+    "Loop": OpSpec("m? cond? v_initial...?", "v_final_and_scan_outputs...",
+                   {"body": Attr("graph", required=True)}),
+    "Scan": OpSpec("initial_state_and_scan_inputs...", "final_state_and_scan_outputs...", {
+        "body": Attr("graph", required=True), "num_scan_inputs": Attr("int", low=1,
+                                                                      required=True),
+        # axes of each scan input or output (control.py holds them to those ranks)
+        "scan_input_axes": Attr("ints"), "scan_output_axes": Attr("ints"),
+        "scan_input_directions": Attr("ints", choices=_BOOL),
+        "scan_output_directions": Attr("ints", choices=_BOOL)}),
+    **{op: OpSpec(f"x w r b? sequence_lens? initial_h?{extra_in}", f"y? y_h?{extra_out}", {
+        "hidden_size": Attr("int", low=1), "layout": Attr("int", choices=_BOOL),
+        "direction": Attr("string", choices=("forward", "reverse", "bidirectional")),
+        # names as onnxruntime matches them, in any case (control.py)
+        "activations": Attr("strings"), "activation_alpha": Attr("floats"),
+        "activation_beta": Attr("floats"), "clip": Attr("float", low=0.0), **extra})
+       for op, extra_in, extra_out, extra in (
+           ("LSTM", " initial_c? p?", " y_c?", {"input_forget": Attr("int", choices=_BOOL)}),
+           ("GRU", "", "", {"linear_before_reset": Attr("int", choices=_BOOL)}),
+           ("RNN", "", "", {}))},
     # Upsample (opsets 7 to 9; onnx's version converter makes it a Resize): the scales are
     # an attribute before opset 9, an input since.
     "Upsample": OpSpec("x scales?", "y", {
@@ -257,22 +279,27 @@ _ARTICLE = {"int": "an int", "ints": "a list of ints", "float": "a float",
 
 
 def _arity(node: Node, names: str, given: tuple, what: str) -> None:
+    """Hold a node's inputs (or outputs) to ``names``: ``x`` required, ``x?`` optional (may
+    be given as an empty name), ``x...`` one or more, ``x...?`` zero or more (last only)."""
     parts = names.split()
-    required = [p for p in parts if not p.endswith("?")]
-    variadic = bool(parts) and parts[-1].endswith("...")
+    variadic = bool(parts) and parts[-1].rstrip("?").endswith("...")
+    fixed = parts[:-1] if variadic else parts
+    least = max((k + 1 for k, p in enumerate(fixed) if not p.endswith("?")), default=0)
+    if variadic and not parts[-1].endswith("?"):
+        least = len(fixed) + 1
     most = None if variadic else len(parts)
     listed = ", ".join(parts) or "none"
-    if len(given) < len(required) or (most is not None and len(given) > most):
-        count = f"{len(required)}" if most == len(required) else (
-            f"{len(required)} or more" if most is None else f"{len(required)} to {most}")
+    if len(given) < least or (most is not None and len(given) > most):
+        count = f"{least}" if most == least else (
+            f"{least} or more" if most is None else f"{least} to {most}")
         raise NodeError(node, f"has {len(given)} {what}{'s' * (len(given) != 1)} but "
                               f"{node.op} takes {count} "
                               f"({listed}); fix the node's {what} list")
-    for k, name in enumerate(given[:len(required)]):
-        if not name:
-            raise NodeError(node, f"{what} {k} ({parts[min(k, len(parts) - 1)].rstrip('.')}) "
-                                  f"is required but empty; connect a value to it")
-    if variadic and not all(given):
+    for k, name in enumerate(given[:len(fixed)]):
+        if not name and not fixed[k].endswith("?"):
+            raise NodeError(node, f"{what} {k} ({fixed[k]}) is required but empty; connect a "
+                                  "value to it")
+    if variadic and not all(given[len(fixed):]):
         raise NodeError(node, f"an empty {what} name among its {what}s ({listed}); connect a "
                               "value to each")
 
@@ -497,11 +524,13 @@ def output_bounds(node: Node, types: list) -> list[tuple[tuple, int]]:
     """(shape, bytes per element) of the outputs of a canonical node whose output can be
     larger than its inputs, computed without running it; [] for the others."""
     rule = _BOUNDS.get(node.op)
-    if rule is None or any(t is None for t in types[:1]):
-        return []
+    if rule is None or any(t is None for t in types[:1]) or not all(
+            t.static for t in types if t is not None):
+        return []  # a size only known at run time: the inferred type bounds what it can
     return rule(node, types)
 
 
 def nbytes(shape, itemsize) -> int:
-    """Bytes of a tensor, in Python integers (no int64 overflow for absurd shapes)."""
-    return math.prod(shape) * itemsize
+    """Bytes of a tensor, in Python integers (no int64 overflow for absurd shapes); a size
+    only known at run time (None) counts as 1, so the figure is a lower bound."""
+    return math.prod(1 if d is None else d for d in shape) * itemsize

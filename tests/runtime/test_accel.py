@@ -153,7 +153,7 @@ def test_artifact_round_trip(tmp_path):
     assert loaded.config == model.config and set(loaded.programs) == {"c1", "c2", "fc"}
     np.testing.assert_array_equal(loaded.run({"x": x}, target="cycle")["z"], _reference(g, x))
     path.write_bytes(path.read_bytes()[:300])
-    with pytest.raises(ArtifactError, match="not a readable celosia model"):
+    with pytest.raises(ArtifactError, match="m.cel: not a complete zip archive"):
         AccelModel.load(path)
 
 

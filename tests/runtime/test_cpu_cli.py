@@ -37,13 +37,15 @@ def test_compile_then_run_with_report_and_compare(files, capsys):
                  "--output", str(out), "--report", str(report), "--compare",
                  "onnxruntime"]) == 0
     text = capsys.readouterr().out
-    assert "within rtol 1e-4" in text and "onnxruntime" in text
+    assert "of its scale" in text and "within (tolerance 0.0001 of the scale)" in text
     outputs = np.load(out)
     onnx_outputs = [o.name for o in onnx.load(files / "m.onnx").graph.output]
     assert list(outputs.keys()) == onnx_outputs  # keyed by the ONNX names
     r = json.loads(report.read_text())
     assert r["compare"]["within_tolerance"]
-    assert r["summary"]["total_ms"] > 0 and r["summary"]["top_ops"][0]["op"] == "Conv"
+    # Conv is about 3x the dense layer here; one preemption of a busy machine can swap them
+    assert r["summary"]["total_ms"] > 0 \
+        and "Conv" in [t["op"] for t in r["summary"]["top_ops"][:2]]
     assert {"node", "op", "kind", "ms", "shape"} <= set(r["nodes"][0])
     # Running the ONNX file directly (built on the fly) gives the same outputs.
     assert main(["run", str(files / "m.onnx"), "--input", str(files / "x.npy"), "--output",
@@ -98,7 +100,7 @@ def test_bad_inputs_are_one_line_errors(files, tmp_path, capsys):
                                                       name="head"))
     onnx.save(m, tmp_path / "hard.onnx")
     _error(["compile", str(tmp_path / "hard.onnx"), "-o", str(tmp_path / "h.cel")], capsys,
-           "'head' (Det)")
+           "Det: 1 node ('head')")
 
 
 def test_the_installed_command_exits_2_without_traceback(files, tmp_path):

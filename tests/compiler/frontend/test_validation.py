@@ -82,8 +82,12 @@ def test_every_spec_takes_the_inputs_and_outputs_of_every_schema():
     for op in SUPPORTED_OPS:
         for kind, names in (("input", SPECS[op].inputs), ("output", SPECS[op].outputs)):
             parts = names.split()
-            least = sum(not p.endswith("?") for p in parts)
-            most = None if parts and parts[-1].endswith("...") else len(parts)
+            variadic = bool(parts) and parts[-1].rstrip("?").endswith("...")
+            fixed = parts[:-1] if variadic else parts
+            least = (len(fixed) + 1 if variadic and not parts[-1].endswith("?") else
+                     max((k + 1 for k, p in enumerate(fixed) if not p.endswith("?")),
+                         default=0))
+            most = None if variadic else len(parts)
             for version in range(MIN_OPSET if op != "Upsample" else 7,
                                  onnx.defs.onnx_opset_version() + 1):
                 try:

@@ -1,0 +1,169 @@
+"""`celosia bench zoo`: every model of the zoo (models/registry.py) at full size, celosia's
+CPU build against onnxruntime.
+
+Per model: the CPU build (import, optimize, compile; dynamic axes bound to the benchmark's
+input shapes, as `--input-shape` does) runs once and is compared with onnxruntime's outputs
+(max abs error relative to each output's largest value, within the entry's tolerance:
+``ok_cpu``); a model that does not import or build keeps the one-line error. Then both
+runtimes are timed in the same run with the same intra-op thread count (celosia's:
+$CELOSIA_NUM_THREADS or the CPUs this process may use), in alternating blocks with a pause
+before each (both keep worker threads spinning for a while after a call, which would steal
+a core from the other if calls alternated one by one); medians, with the 10th and 90th
+percentiles as the spread. Models celosia cannot run are timed on onnxruntime alone.
+
+Metrics: ``models`` (zoo entries measured; pretrained ones whose packages are missing are
+listed under ``missing`` instead), ``models_ok_cpu``, and over the models that run
+``cpu_ratio_vs_onnxruntime_geomean`` and ``_max`` (celosia / onnxruntime; targets 1.0 and
+1.5). ``--quick`` runs the small sizes of the tests instead.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from celosia.errors import CelosiaError
+
+# Time spent per runtime and model, roughly: blocks x per_block runs.
+_BLOCKS = {"full": 5, "small": 3}
+_TARGET_BLOCK_S = 0.3
+
+
+def _progress(text: str) -> None:
+    print(f"zoo: {text}", file=sys.stderr, flush=True)
+
+
+def _stats(samples) -> dict:
+    ms = np.asarray(samples) * 1e3
+    return {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
+            "p90_ms": float(np.percentile(ms, 90)), "min_ms": float(ms.min())}
+
+
+def _time(runners: list, blocks: int) -> list[list[float]]:
+    """Alternating blocks of each runner; per_block from one timed call so that a block
+    takes about _TARGET_BLOCK_S. Returns the samples of each runner in seconds."""
+    clock = time.perf_counter
+    t0 = clock()
+    runners[0]()
+    per_block = int(np.clip(round(_TARGET_BLOCK_S / max(clock() - t0, 1e-6)), 1, 20))
+    samples = [[] for _ in runners]
+    for _ in range(blocks):
+        for run, out in zip(runners, samples):
+            time.sleep(0.05)
+            run()  # warm-up after the pause
+            for _ in range(per_block):
+                t0 = clock()
+                run()
+                out.append(clock() - t0)
+    return samples
+
+
+def _cpu_build(model, feeds, want: list, names: list, tolerance: float) -> tuple:
+    """(built model or None, record): build, run once, compare with onnxruntime."""
+    from celosia.models.registry import relative_error
+    from celosia.runtime.cpu import CpuModel
+
+    t0 = time.perf_counter()
+    try:
+        built = CpuModel.build(model, {k: v.shape for k, v in feeds.items()})
+        compile_s = time.perf_counter() - t0
+        got = built.run(feeds)
+    except CelosiaError as e:
+        return None, {"ok_cpu": False, "error": f"{type(e).__name__}: {e}"}
+    except Exception as e:  # not a user error: a bug in celosia, kept as a result
+        return None, {"ok_cpu": False, "error": f"internal error (a bug): "
+                                                f"{type(e).__name__}: {e}"}
+    errors = {n: relative_error(got.get(n), w) if n in got else float("inf")
+              for n, w in zip(names, want)}
+    worst = max(errors.values())
+    record = {"ok_cpu": worst <= tolerance, "compile_s": compile_s,
+              "relative_error": {n: float(e) for n, e in errors.items()}}
+    if not record["ok_cpu"]:
+        record["error"] = (f"outputs differ from onnxruntime's by up to {worst:.3g} of their "
+                           f"scale (tolerance {tolerance:g})")
+    return built, record
+
+
+def _measure(entry, size: str, threads: int, blocks: int) -> dict:
+    import onnxruntime as ort
+
+    t0 = time.perf_counter()
+    model = entry.model(size)
+    feeds = entry.make_feeds(size)
+    record = {"stands_for": entry.stands_for, "source": entry.source,
+              "dynamic": entry.dynamic, "build_model_s": time.perf_counter() - t0,
+              "inputs": {k: list(v.shape) for k, v in feeds.items()}}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    want = session.run(None, feeds)
+    built, cpu = _cpu_build(model, feeds, want, names, entry.tolerance)
+    record.update(cpu)
+
+    runners = [lambda: session.run(None, feeds)]
+    if record["ok_cpu"]:
+        runners.append(lambda: built.run(feeds))
+    samples = _time(runners, blocks)
+    record["onnxruntime"] = _stats(samples[0])
+    record["repetitions"] = len(samples[0])
+    if record["ok_cpu"]:
+        record["celosia"] = _stats(samples[1])
+        record["cpu_ratio_vs_onnxruntime"] = (record["celosia"]["median_ms"]
+                                              / record["onnxruntime"]["median_ms"])
+    return record
+
+
+def _summary(name: str, r: dict) -> str:
+    ort_ms = r["onnxruntime"]["median_ms"]
+    if r["ok_cpu"]:
+        return (f"{name}: celosia {r['celosia']['median_ms']:.2f} ms, onnxruntime "
+                f"{ort_ms:.2f} ms, ratio {r['cpu_ratio_vs_onnxruntime']:.2f}")
+    return f"{name}: onnxruntime {ort_ms:.2f} ms; celosia: {r['error'][:100]}"
+
+
+def run(quick: bool = False) -> dict:
+    try:
+        import onnxruntime  # noqa: F401
+    except ModuleNotFoundError:
+        raise CelosiaError("zoo compares with onnxruntime: pip install onnxruntime") from None
+    from celosia.compiler.cpu.host import num_threads
+    from celosia.models.registry import ZOO
+
+    size = "small" if quick else "full"
+    threads = num_threads()
+    results, missing = {}, {}
+    for k, (name, entry) in enumerate(ZOO.items(), 1):
+        why = entry.missing()
+        if why:
+            missing[name] = why
+            _progress(f"[{k}/{len(ZOO)}] {name}: missing ({why})")
+            continue
+        _progress(f"[{k}/{len(ZOO)}] {name} ({entry.stands_for}) ...")
+        results[name] = r = _measure(entry, size, threads, _BLOCKS[size])
+        done = (f"ratio {r['cpu_ratio_vs_onnxruntime']:.2f}" if r["ok_cpu"]
+                else f"not on the CPU build: {r['error'][:80]}")
+        _progress(f"[{k}/{len(ZOO)}] {name}: {done}")
+
+    ratios = [r["cpu_ratio_vs_onnxruntime"] for r in results.values() if r["ok_cpu"]]
+    metrics = {"models": len(results), "models_ok_cpu": len(ratios)}
+    if ratios:
+        metrics["cpu_ratio_vs_onnxruntime_geomean"] = float(np.exp(np.mean(np.log(ratios))))
+        metrics["cpu_ratio_vs_onnxruntime_max"] = float(max(ratios))
+    for name, r in results.items():
+        print(f"  {_summary(name, r)}", flush=True)
+    for name, why in missing.items():
+        print(f"  {name}: missing, {why}", flush=True)
+    return {
+        "metrics": metrics,
+        "size": size,
+        "threads": threads,
+        "models": results,
+        "missing": missing,
+        "note": "per model: medians of interleaved blocks, same intra-op threads for both "
+                "runtimes; ratio = celosia / onnxruntime over the models whose CPU build "
+                "matches onnxruntime (ok_cpu)",
+    }

@@ -1,0 +1,57 @@
+"""`celosia bench zoo` on a few small entries: its records, totals and progress lines."""
+
+import dataclasses
+import json
+
+import pytest
+
+from celosia.cli import main
+from celosia.models import registry
+
+
+@pytest.fixture
+def small_zoo(monkeypatch):
+    zoo = registry.ZOO
+    entries = {
+        "small_cnn": zoo["small_cnn"],
+        "control_flow": zoo["control_flow"],
+        # The same model held to an impossible tolerance: runs, but is not ok_cpu.
+        "strict_cnn": dataclasses.replace(zoo["small_cnn"], name="strict_cnn", tolerance=0.0),
+        "absent": dataclasses.replace(zoo["silero_vad"], name="absent",
+                                      requires=("celosia_no_such_package",)),
+    }
+    monkeypatch.setattr(registry, "ZOO", entries)
+    return entries
+
+
+def test_bench_zoo_quick(small_zoo, tmp_path, capsys):
+    out = tmp_path / "zoo.json"
+    assert main(["bench", "zoo", "--quick", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    metrics, models = result["metrics"], result["models"]
+    assert metrics["models"] == 3 and metrics["models_ok_cpu"] == 1
+    ratio = models["small_cnn"]["cpu_ratio_vs_onnxruntime"]
+    assert ratio > 0
+    assert metrics["cpu_ratio_vs_onnxruntime_geomean"] == pytest.approx(ratio)
+    assert metrics["cpu_ratio_vs_onnxruntime_max"] == pytest.approx(ratio)
+
+    cnn = models["small_cnn"]
+    (err,) = cnn["relative_error"].values()  # its one output
+    assert cnn["ok_cpu"] and err < 1e-5
+    for runtime in ("celosia", "onnxruntime"):
+        s = cnn[runtime]
+        assert 0 < s["min_ms"] <= s["p10_ms"] <= s["median_ms"] <= s["p90_ms"]
+    assert cnn["repetitions"] >= 3
+
+    flow = models["control_flow"]
+    assert not flow["ok_cpu"] and "celosia" not in flow
+    assert flow["error"].startswith("UnsupportedOperatorError: 2 unsupported nodes")
+    assert flow["onnxruntime"]["median_ms"] > 0  # timed on onnxruntime alone
+    strict = models["strict_cnn"]
+    assert not strict["ok_cpu"] and "of their scale (tolerance 0)" in strict["error"]
+    assert "celosia_no_such_package" in result["missing"]["absent"]
+
+    captured = capsys.readouterr()
+    assert "zoo: [1/4] small_cnn (the digits CNN's shape) ..." in captured.err
+    assert "zoo: [4/4] absent: missing" in captured.err
+    assert "control_flow: onnxruntime" in captured.out
