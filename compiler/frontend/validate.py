@@ -18,7 +18,9 @@ Two adjustments, made on the proto for the duration of the check only:
   checker rejects any node of it, but exporters wrote it and onnxruntime runs it, and so
   does celosia (canonical.py). For both checks such a node stands in as ``Identity(X)``,
   which has its output's type; celosia's operator table and canonical form check the node
-  itself.
+  itself;
+- an input dim of -1 (dynamic: frontend/inputs.py) is made unknown: onnx's inference takes
+  it for a size, and aborts the process on some (a Slice of it).
 """
 
 from __future__ import annotations
@@ -104,8 +106,9 @@ def _deprecated_kept(proto) -> list:
 @contextmanager
 def _prepared(proto, names):
     """Unnamed nodes named as celosia names them, deprecated nodes celosia takes as their
-    stand-ins; yields the graph inputs and outputs whose type, element type or shape is
-    missing. Restores the names and nodes on the way out."""
+    stand-ins, input dims of -1 (dynamic, as exporters mark them) unknown; yields the graph
+    inputs and outputs whose type, element type or shape is missing. Restores the names,
+    nodes and dims on the way out."""
     g = proto.graph
     renamed = [(n, n.name) for n, name in zip(g.node, names) if n.name != name]
     for n, name in zip(g.node, names):
@@ -116,12 +119,21 @@ def _prepared(proto, names):
         n.op_type = "Identity"
         del n.input[:], n.attribute[:], n.output[1:]
         n.input.append(x)
+    # onnx's inference takes -1 for a size and can abort the process on it (Slice's clamp
+    # asserts): an unknown dim is what it means.
+    negative = [d for v in g.input if v.type.HasField("tensor_type")
+                for d in v.type.tensor_type.shape.dim
+                if d.HasField("dim_value") and d.dim_value < 0]
+    for d in negative:
+        d.Clear()
     untyped = [v for v in list(g.input) + list(g.output) if not (
         v.type.HasField("tensor_type") and v.type.tensor_type.HasField("elem_type")
         and v.type.tensor_type.HasField("shape"))]
     try:
         yield untyped
     finally:
+        for d in negative:
+            d.dim_value = -1
         for n, old in kept:
             n.ParseFromString(old)
         for n, old in renamed:

@@ -26,6 +26,8 @@ def random_feeds(graph, seed: int) -> dict:
             feeds[name] = rng.random(t.shape) < 0.5
         else:  # small integers: valid indices and shapes more often than not
             feeds[name] = rng.integers(0, 3, size=t.shape).astype(dtype)
+        # A scalar input is a 0-d array, not a numpy scalar (onnxruntime refuses those).
+        feeds[name] = np.asarray(feeds[name])
     return feeds
 
 

@@ -167,6 +167,50 @@ OP_CASES.update({
 })
 
 
+def _body(name, nodes, inputs, outputs, inits=()):
+    """A subgraph: inputs and outputs as (name, elem type, shape)."""
+    return helper.make_graph(nodes, name, [helper.make_tensor_value_info(*i) for i in inputs],
+                             [helper.make_tensor_value_info(*o) for o in outputs],
+                             [numpy_helper.from_array(a, n) for n, a in inits])
+
+
+def _recurrent(op, gates, extra=()):
+    hidden, rng = 3, np.random.default_rng(3)
+    weights = [_c(n, rng.normal(size=shape).astype(np.float32) * 0.5) for n, shape in (
+        ("w", (1, gates * hidden, 4)), ("r", (1, gates * hidden, hidden)),
+        ("b", (1, 2 * gates * hidden)))]
+    return ([("x", F, [3, 2, 4]), *weights, *extra], {"hidden_size": hidden}, 2, 14)
+
+
+# Control flow and recurrent layers. An entry with a fourth item "outer" is a graph input
+# the node does not take: its bodies read it from the enclosing scope.
+OP_CASES.update({
+    "If": ([("c", B, []), (*_V, "outer")], {
+        "then_branch": _body("then", [helper.make_node("Relu", ["v"], ["t"])], [],
+                             [("t", F, [2, 3])]),
+        "else_branch": _body("else", [helper.make_node("Neg", ["v"], ["e"])], [],
+                             [("e", F, [2, 3])])}, 1, 16),
+    "Loop": ([_c("m", np.array(3)), "", ("v", F, [2])], {
+        "body": _body("body", [helper.make_node("Identity", ["cond"], ["cond_out"]),
+                               helper.make_node("Add", ["acc", "one"], ["acc_out"]),
+                               helper.make_node("Mul", ["acc", "acc"], ["square"])],
+                      [("i", I64, []), ("cond", B, []), ("acc", F, [2])],
+                      [("cond_out", B, []), ("acc_out", F, [2]), ("square", F, [2])],
+                      [("one", np.ones(2, np.float32))])}, 2, 16),
+    "Scan": ([("s", F, [2]), ("xs", F, [3, 2])], {
+        "num_scan_inputs": 1, "scan_input_directions": [1], "scan_output_axes": [1],
+        "body": _body("body", [helper.make_node("Add", ["s_in", "x"], ["s_out"]),
+                               helper.make_node("Mul", ["s_in", "x"], ["prod"])],
+                      [("s_in", F, [2]), ("x", F, [2])],
+                      [("s_out", F, [2]), ("prod", F, [2])])}, 2, 16),
+    "LSTM": _recurrent("LSTM", 4),
+    "GRU": _recurrent("GRU", 3),
+    "RNN": _recurrent("RNN", 1),
+})
+OP_CASES["GRU"][1].update(linear_before_reset=1, direction="reverse")
+OP_CASES["LSTM"][1].update(clip=2.5)
+
+
 def _model(op_key, case):
     inputs, attrs, n_out, opset = case
     op = op_key.split("/")[0]
@@ -174,6 +218,9 @@ def _model(op_key, case):
     for spec in inputs:
         if spec == "":
             names.append("")
+            continue
+        if len(spec) == 4:  # read by the bodies only
+            graph_inputs.append(helper.make_tensor_value_info(*spec[:3]))
             continue
         if len(spec) == 3:
             graph_inputs.append(helper.make_tensor_value_info(*spec))

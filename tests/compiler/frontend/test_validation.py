@@ -202,6 +202,16 @@ def test_deprecated_group_normalization_18_is_taken():
     assert "node 'r' (Relu)" in error(m) and "(onnx checker)" in error(m)
 
 
+def test_dynamic_input_dims_reach_onnx_as_unknown():
+    """A -1 input dim (dynamic) is unknown to onnx's inference, which took it for a size
+    and aborted the process on a Slice of it; the model keeps its -1."""
+    m = model([helper.make_node("Slice", ["x", "s", "e"], ["y"], name="s")], [vi("x", [-1, 5])],
+              inits=[init("s", np.array([1])), init("e", np.array([3]))])
+    before = m.SerializeToString()
+    g = import_onnx(m, {"x": (4, 5)})
+    assert g.types["y"].shape == (2, 5) and m.SerializeToString() == before
+
+
 @pytest.mark.parametrize("attrs, message", [
     ({"strides": [0, 1]}, "'strides' = \\[0, 1\\]: every value must be at least 1"),
     ({"pads": [1, -1, 0, 0]}, "'pads' = .*at least 0"),
