@@ -522,10 +522,12 @@ _BOUNDS = {
 
 def output_bounds(node: Node, types: list) -> list[tuple[tuple, int]]:
     """(shape, bytes per element) of the outputs of a canonical node whose output can be
-    larger than its inputs, computed without running it; [] for the others."""
+    larger than its inputs, computed without running it; [] for the others, and for a node
+    in run-time form (graph/dynamic.py: its shape inputs, Tile's repeats or OneHot's depth,
+    are still inputs, and its size is known when it runs)."""
     rule = _BOUNDS.get(node.op)
-    if rule is None or any(t is None for t in types[:1]) or not all(
-            t.static for t in types if t is not None):
+    if rule is None or node.attrs.get("runtime_shape") or any(
+            t is None for t in types[:1]) or not all(t.static for t in types if t is not None):
         return []  # a size only known at run time: the inferred type bounds what it can
     return rule(node, types)
 

@@ -23,11 +23,11 @@ Types downstream of such a node have unknown dims: ``TensorType.shape`` holds No
   running its kernel on stand-ins of several sizes (reference.infer_node).
 
 An operator added elsewhere whose output shape depends on its inputs' values (TopK's k,
-NonZero, If/Loop) registers itself with :func:`register_runtime_form`; NonZero and TopK
-are listed here already (their types: NonZero [rank, ?], TopK ? along its axis), so their
-kernels only need to take ONNX's inputs. If and Loop type their outputs with
-:func:`join_types` (branches that differ in a size give None there) and list their
-condition / trip count in ``value_inputs``.
+NonZero, If/Loop) registers itself with :func:`register_runtime_form`; NonZero, TopK and
+OneHot are listed here already (their types: NonZero [rank, ?], TopK ? along its axis,
+OneHot ? at its axis), so their kernels only need to take ONNX's inputs. If and Loop type
+their outputs with :func:`join_types` (branches that differ in a size give None there) and
+list their condition / trip count in ``value_inputs``.
 """
 
 from __future__ import annotations
@@ -287,12 +287,21 @@ def _topk_types(node, types, values):
     return [TensorType(x.dtype, shape), TensorType("int64", shape)][:len(node.outputs)]
 
 
+def _onehot_types(node, types, values):
+    """The indices' shape with the depth (known when it runs) inserted at ``axis``."""
+    indices, vals = types[0], types[2]
+    shape = list(indices.shape)
+    shape.insert(_axes([node.attrs.get("axis", -1)], len(shape) + 1)[0], None)
+    return [TensorType(vals.dtype, tuple(shape))]
+
+
 RUNTIME_TYPES = {
     "Reshape": _reshape_types, "Expand": _expand_types, "Tile": _tile_types,
     "Slice": _slice_types, "Pad": _pad_types, "Split": _split_types,
     "Squeeze": _squeeze_types, "Unsqueeze": _unsqueeze_types,
     "ConstantOfShape": _constant_of_shape_types, "Range": _range_types,
-    "NonZero": _nonzero_types, "TopK": _topk_types, **{op: _reduce_types for op in _REDUCE},
+    "NonZero": _nonzero_types, "TopK": _topk_types, "OneHot": _onehot_types,
+    **{op: _reduce_types for op in _REDUCE},
 }
 
 

@@ -447,6 +447,9 @@ def _pool_types(node, types):
 
 def _gemm_types(node, types):
     a, b = types[0].shape, types[1].shape
+    # (onnx's inference says so first, unless an input's shape was unknown to it)
+    if len(a) != 2 or len(b) != 2:
+        raise NodeError(node, f"A {types[0]} and B {types[1]} must be matrices (rank 2)")
     m, k = (a[1], a[0]) if node.attrs.get("transA", 0) else a
     k2, n = (b[1], b[0]) if node.attrs.get("transB", 0) else b
     if k != k2:
@@ -456,6 +459,8 @@ def _gemm_types(node, types):
 
 def _matmul_types(node, types):
     a, b = types[0].shape, types[1].shape
+    if not a or not b:
+        raise NodeError(node, f"{types[0]} @ {types[1]}: a scalar is not a matrix operand")
     a2, b2 = (1,) + a if len(a) == 1 else a, b + (1,) if len(b) == 1 else b
     if a2[-1] != b2[-2]:
         raise NodeError(node, f"inner sizes differ: {types[0]} @ {types[1]}")

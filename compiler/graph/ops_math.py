@@ -16,7 +16,7 @@ from scipy import special
 
 from .ir import NodeError, TensorType
 
-__all__ = ["KERNELS", "SHAPE_RULES", "erf"]
+__all__ = ["KERNELS", "SHAPE_RULES", "erf", "one_value"]
 
 
 def _same_type(fn):
@@ -109,9 +109,22 @@ def arg_extreme(largest):
     return kernel
 
 
-def top_k(attrs, x):
-    """The k largest (or smallest) along ``axis``, sorted; equal values in index order."""
-    axis, k = attrs["axis"], attrs["k"]
+def one_value(v, what) -> int:
+    """A compile-time-shaped input given at run time (ONNX's TopK K, OneHot depth)."""
+    if np.size(v) != 1:
+        raise ValueError(f"{what} must hold one value, not shape {list(np.shape(v))}")
+    return int(np.reshape(v, -1)[0])
+
+
+def top_k(attrs, x, k=None):
+    """The k largest (or smallest) along ``axis``, sorted; equal values in index order.
+    Canonical: ``k`` an attribute; in run-time form (graph/dynamic.py) ONNX's K input and
+    axis, which may be negative."""
+    axis = attrs.get("axis", -1)
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis {axis} is out of range for rank {x.ndim}")
+    axis %= x.ndim
+    k = attrs["k"] if k is None else one_value(k, "K")
     n = x.shape[axis]
     if not 0 <= k <= n:
         raise ValueError(f"k={k} is outside [0, {n}] (the size of axis {axis})")

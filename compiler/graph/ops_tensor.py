@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .ir import NodeError
+from .ops_math import one_value
 
 __all__ = ["KERNELS", "SHAPE_RULES"]
 
@@ -106,8 +107,20 @@ def trilu(attrs, x):
     return (np.triu if attrs.get("upper", 1) else np.tril)(x, k)
 
 
-def one_hot(attrs, indices, values):
-    depth, axis = attrs["depth"], attrs["axis"]
+def one_hot(attrs, indices, *operands):
+    """Canonical: inputs (indices, values), attributes ``depth`` and ``axis``; in run-time
+    form (graph/dynamic.py) ONNX's (indices, depth, values), its axis maybe negative."""
+    if len(operands) == 2:
+        depth, values = one_value(operands[0], "depth"), operands[1]
+        if depth < 1 or np.size(values) != 2:
+            raise ValueError(f"depth {depth} must be at least 1 and values {values.tolist()} "
+                             "hold [off, on]")
+        axis = attrs.get("axis", -1)
+        if not -indices.ndim - 1 <= axis <= indices.ndim:
+            raise ValueError(f"axis {axis} is out of range for rank {indices.ndim + 1}")
+        axis %= indices.ndim + 1
+    else:
+        (values,), depth, axis = operands, attrs["depth"], attrs["axis"]
     i = np.asarray(indices).astype(np.int64)  # float indices are truncated
     i = np.where(i < 0, i + depth, i)  # out of range after this: all "off"
     positions = np.arange(depth).reshape((-1,) + (1,) * (i.ndim - axis))

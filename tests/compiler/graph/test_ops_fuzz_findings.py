@@ -1,5 +1,6 @@
-"""What fuzzing the operators of issue #12 found (tests/fuzz), one case each: against
-onnxruntime where it takes the model, else celosia's one-line error naming the node."""
+"""What fuzzing the operators of issue #12 found (tests/fuzz), and a Gemm the whole-model
+fuzzing found, one case each: against onnxruntime (or the definition) where it takes the
+model, else celosia's one-line error naming the node."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from onnx_nodes import check_node, node_model
 
 from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph import ops_nn
-from celosia.compiler.graph.ir import GraphError
+from celosia.compiler.graph.ir import GraphError, Node, NodeError, TensorType
+from celosia.compiler.graph.reference import infer_node
 from celosia.errors import CelosiaError
 from celosia.limits import ResourceLimitError
 from celosia.runtime.reference import ReferenceModel
@@ -140,3 +142,15 @@ def test_group_normalization_18_runs():
     params = {"s": _normal(2, seed=1), "b": _normal(2, seed=2)}
     check_node("GroupNormalization", ["x", "s", "b"], {"x": _normal(2, 4, 3)}, consts=params,
                attrs={"num_groups": 2}, opset=18, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_and_matmul_shape_rules_hold_the_ranks():
+    """A Gemm reading a 4-D value whose shape onnx's inference could not know (a Reshape
+    mutated into a ReduceSum) was a ValueError in the shape rule."""
+    x4, w = TensorType("float32", (1, 2, 3, 4)), TensorType("float32", (4, 5))
+    with pytest.raises(NodeError, match=r"A float32\[1,2,3,4\] and B float32\[4,5\] must be "
+                                        r"matrices \(rank 2\)"):
+        infer_node(Node("Gemm", ("a", "b"), ("y",), {}, "g"), [x4, w], [None, None])
+    with pytest.raises(NodeError, match="a scalar is not a matrix operand"):
+        infer_node(Node("MatMul", ("a", "b"), ("y",), {}, "m"),
+                   [TensorType("float32", ()), w], [None, None])
