@@ -370,8 +370,6 @@ class _Lowering:
         m = math.prod(ta.shape[:-1])
         from ..graph.ir import TensorType
         flat_t = TensorType(F32, (m, n))
-        if tuple(out_t.shape) != (m, n) and node.attrs.get("epilogue"):
-            return False  # operands of a batched MatMul's epilogue: keep it simple
         nb = channel_block(n)
         steps, args = [], []
         bias = False
@@ -385,7 +383,8 @@ class _Lowering:
             else:
                 steps.append(["Add", kind])
                 args += [value] if value is not None else []
-        epi = self.epilogue(node, flat_t, "dense")
+        epi = (self.epilogue(node, flat_t, "dense") if tuple(out_t.shape) == (m, n)
+               else self.batched_epilogue(node, out_t, (m, n)))
         if epi is None:
             return False
         steps += epi[0]
@@ -404,6 +403,46 @@ class _Lowering:
             self.kernel(node, spec, [data, packed] + args + [flat], flat)
             self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
         return True
+
+    def batched_epilogue(self, node: Node, out_t, flat: tuple):
+        """(spec steps, operand values) of the epilogue of a MatMul whose output (``out_t``,
+        rank > 2) the dense kernel writes as ``flat`` = (m, n): the bias add, scaling and
+        residual add of a transformer's projections. A run-time operand of the output's
+        shape is viewed as (m, n), a constant broadcast to it; None otherwise."""
+        m, n = flat
+        steps, args = [], []
+        for op, *rest in node.attrs.get("epilogue", ()):
+            if op in UNARY:
+                steps.append([op, *[None if a is None else float(a) for a in rest]])
+                continue
+            if op not in BINARY:
+                return None
+            v = node.inputs[rest[0]]
+            t = self.type(v)
+            if t.dtype != F32:
+                return None
+            if not self.is_const(v):
+                if tuple(t.shape) != tuple(out_t.shape):
+                    return None
+                steps.append([op, "full"])
+                args.append(self.view_of(self.plain(v), flat, f"{v}@2d"))
+                continue
+            a = np.asarray(self.const(v), np.float32)
+            if a.size == 1:
+                steps.append([op, ["scalar", float(a.reshape(-1)[0])]])
+                continue
+            try:
+                full = np.broadcast_to(a, out_t.shape)
+            except ValueError:
+                return None
+            if a.ndim <= len(out_t.shape) and a.shape[-1] == n \
+                    and math.prod(a.shape) == n:  # one value per output column
+                steps.append([op, "channel"])
+                args.append(self.add_const(f"{v}@channel", a.reshape(-1)))
+            else:
+                steps.append([op, "full"])
+                args.append(self.add_const(f"{v}@{m}x{n}", full.reshape(m, n)))
+        return steps, args
 
     def qgemm(self, node: Node) -> bool:
         x, w, bias, multiplier = node.inputs[:4]
