@@ -54,6 +54,7 @@ from ..tensor import te
 from ..tensor.expr import all_of, as_expr, exp, max_expr, min_expr, select
 from ..tensor.lower import lower
 from ..tensor.schedule import create_schedule
+from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
 from .host import cache_dir, host_target
 from .schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
@@ -95,6 +96,8 @@ UNARY = {
     "Exp": lambda v: exp(v),
     "Identity": lambda v: v,
 }
+# The transformer models' functions (Erf, Gelu): activations_nn.py.
+UNARY.update(UNARY_NN)
 # name -> fn(a, b)
 BINARY = {
     "Add": lambda a, b: a + b,

@@ -55,7 +55,7 @@ __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 F32, I8 = "float32", "int8"
 _VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Neg", "Abs",
-                  "Exp", "Clip")
+                  "Exp", "Clip", "Erf", "Gelu")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
                    "Quantize": ("scale",), "Dequantize": ("scale",)}
 # A pooling kernel unrolls its window (a tree of max or +, one load per tap): larger
@@ -520,6 +520,8 @@ class _Lowering:
             operands = node.inputs[:1]
             params = [float(node.attrs[k]) for k in _ELTWISE_PARAMS.get(node.op, ())
                       if k in node.attrs]
+            if node.op == "Gelu":  # approximate = "none" / "tanh" -> 0 / 1
+                params = [float(node.attrs.get("approximate", "none") == "tanh")]
         else:
             operands, params = node.inputs, []
         if not any(not self.is_const(v) for v in operands):

@@ -71,3 +71,50 @@ def test_batched_matmul_epilogue_is_one_dense_kernel(extra):
                                 providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     assert got.shape == want.shape == (b, s, n)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def _unary_model(op, shape, **attrs):
+    opset = 20 if op == "Gelu" else 17
+    return _model([helper.make_node(op, ["x"], ["y"], **attrs)], [_vi("x", list(shape))],
+                  [_vi("y", None)], opset)
+
+
+def _wide_inputs(shape, seed):
+    """Normal values at several scales, plus the clamp points and beyond."""
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=shape) * rng.choice([0.01, 1.0, 3.0, 10.0], size=shape))
+    x.reshape(-1)[:6] = [0.0, -4.0, 4.0, 3.2, -50.0, 1e-6]
+    return x.astype(np.float32)
+
+
+def test_erf_kernel_against_float64():
+    """The compiled Erf (a float32 rational approximation, activations_nn.py) is within
+    5e-7 of float64 erf: its measured worst case is 4.5e-7 (7.5 ulp near |x| = 3.2); the
+    numpy reference (scipy's erf rounded to float32) is within 3e-8."""
+    import math
+    x = _wide_inputs((4, 33, 17), 2)
+    built = CpuModel.build(_unary_model("Erf", x.shape), {"x": x.shape})
+    assert [st["kind"] for st in built.program.steps] == ["kernel"]
+    got = built.run({"x": x})["y"]
+    exact = np.vectorize(math.erf)(x.astype(np.float64))
+    assert got.dtype == np.float32 and np.abs(got - exact).max() <= 5e-7
+    assert got.reshape(-1)[0] == 0.0 and np.all(np.abs(got) <= 1.0)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_kernel_against_float64(approximate):
+    """Gelu = 0.5 x (1 + erf(x/sqrt2)) or its tanh form: the float32 kernel is within
+    6e-7 * max(1, |x|) of float64 (the Erf/tanh error, up to 4.5e-7, times 0.5|x|, plus
+    the rounding of the products)."""
+    import math
+    x = _wide_inputs((3, 50, 21), 3)
+    built = CpuModel.build(_unary_model("Gelu", x.shape, approximate=approximate),
+                           {"x": x.shape})
+    assert [st["kind"] for st in built.program.steps] == ["kernel"]
+    got = built.run({"x": x})["y"]
+    x64 = x.astype(np.float64)
+    if approximate == "tanh":
+        exact = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+    else:
+        exact = 0.5 * x64 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2)))
+    assert np.all(np.abs(got - exact) <= 6e-7 * np.maximum(1.0, np.abs(x64)))
