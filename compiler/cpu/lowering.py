@@ -80,6 +80,16 @@ def _output_block(channels: int, width: int) -> int:
     return channel_block(channels)
 
 
+def _padded_rows(m: int) -> int:
+    """The rows a dense kernel computes for ``m``: the dense schedule tiles rows by a
+    divisor of m (at most 8), so an m with no divisor of 4 to 8 (ViT's 197 tokens: 1 row
+    per tile, 4x slower) is padded with zero rows to a multiple of 8, the extra rows
+    computed and dropped."""
+    if m <= 8 or any(m % d == 0 for d in (4, 5, 6, 7, 8)):
+        return m
+    return -(-m // 8) * 8
+
+
 def blocked_name(value: str, block: int) -> str:
     return f"{value}@nchw{block}c"
 
@@ -393,16 +403,47 @@ class _Lowering:
         if ta.shape != (m, k):
             data = self.view_of(data, (m, k), f"{a_in}@2d")
         packed = self.add_const(f"{b_in}@dense{nb}", pack_dense_weight(wt, nb))
-        spec = {"op": "dense", "data": [m, k], "weight": [n // nb, k, nb], "bias": bias,
+        rows = _padded_rows(m)
+        if rows != m:  # (m, n)-shaped operands padded too, the output cropped below
+            data = self.pad_rows(node, data, rows)
+            args = [self.pad_rows(node, v, rows, n) for v in args]
+        spec = {"op": "dense", "data": [rows, k], "weight": [n // nb, k, nb], "bias": bias,
                 "epilogue": steps}
-        if tuple(out_t.shape) == (m, n):
+        if tuple(out_t.shape) == (m, n) and rows == m:
             out = self.produce(node.outputs[0], 0)
             self.kernel(node, spec, [data, packed] + args + [out], out)
+            return True
+        flat = self.define(f"{node.outputs[0]}@{rows}x{n}", F32, (rows, n))
+        self.kernel(node, spec, [data, packed] + args + [flat], flat)
+        if rows != m:
+            crop = Node("Slice", (flat,), (f"{node.outputs[0]}@2d",),
+                        {"starts": [0], "ends": [m], "axes": [0], "steps": [1]},
+                        f"{node.name}@crop")
+            self.step("numpy", crop, [flat], [self.define(crop.outputs[0], F32, (m, n))],
+                      attrs=crop.attrs)
+            flat = crop.outputs[0]
+        if tuple(out_t.shape) == (m, n):
+            self.step("numpy", Node("Identity", (flat,), (node.outputs[0],), {},
+                                    f"{node.name}@copy"),
+                      [flat], [self.produce(node.outputs[0], 0)], attrs={})
         else:
-            flat = self.define(f"{node.outputs[0]}@2d", F32, (m, n))
-            self.kernel(node, spec, [data, packed] + args + [flat], flat)
             self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
         return True
+
+    def pad_rows(self, node: Node, v: str, rows: int, n: int | None = None) -> str:
+        """``v``, an (m, k) data value or an (m, n) epilogue operand, with zero rows up to
+        ``rows``; other operands (per-column vectors) as they are."""
+        if v in self.constants:
+            a = self.constants[v]
+            if a.ndim != 2 or a.shape[0] == rows:  # a per-column vector
+                return v
+            return self.add_const(f"{v}@pad{rows}", np.pad(a, ((0, rows - a.shape[0]), (0, 0))))
+        m, width = self.values[v]["shape"]
+        pad = Node("Pad", (v,), (f"{v}@pad{rows}",),
+                   {"pads": [0, 0, rows - m, 0], "mode": "constant"}, f"{node.name}@pad")
+        self.step("numpy", pad, [v], [self.define(pad.outputs[0], F32, (rows, width))],
+                  attrs=pad.attrs)
+        return pad.outputs[0]
 
     def batched_epilogue(self, node: Node, out_t, flat: tuple):
         """(spec steps, operand values) of the epilogue of a MatMul whose output (``out_t``,

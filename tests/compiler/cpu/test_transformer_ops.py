@@ -118,3 +118,33 @@ def test_gelu_kernel_against_float64(approximate):
     else:
         exact = 0.5 * x64 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2)))
     assert np.all(np.abs(got - exact) <= 6e-7 * np.maximum(1.0, np.abs(x64)))
+
+
+@pytest.mark.parametrize("rows, residual", [(197, True), (13, False), (1, True)])
+def test_dense_rows_without_a_good_tile_are_padded(rows, residual):
+    """A dense layer tiles rows by a divisor of M up to 8; an M like ViT's 197 tokens
+    (prime) is computed on zero-padded rows (a multiple of 8) and cropped, the residual
+    operand padded alike. Same tolerance as above (K = 40 unit-size terms)."""
+    rng = np.random.default_rng(4)
+    k, n = 40, 24
+    inits = [numpy_helper.from_array(rng.normal(size=(k, n)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=(n,)).astype(np.float32), "bias")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["t"]),
+             helper.make_node("Add", ["t", "bias"], ["u" if residual else "y"])]
+    inputs = [_vi("x", [rows, k])]
+    feeds = {"x": rng.normal(size=(rows, k)).astype(np.float32)}
+    if residual:
+        nodes.append(helper.make_node("Add", ["u", "r"], ["y"]))
+        inputs.append(_vi("r", [rows, n]))
+        feeds["r"] = rng.normal(size=(rows, n)).astype(np.float32)
+    m = _model(nodes, inputs, [_vi("y", None)], 17, inits)
+    built = CpuModel.build(m, {k_: v.shape for k_, v in feeds.items()})
+    dense = [st for st in built.program.steps if st["kind"] == "kernel"]
+    assert len(dense) == 1
+    padded = rows if rows in (1,) else -(-rows // 8) * 8
+    assert built.program.specs[dense[0]["kernel"]]["data"] == [padded, k]
+    got = built.run(feeds)["y"]
+    want = ort.InferenceSession(m.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert got.shape == want.shape == (rows, n)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
