@@ -47,6 +47,7 @@ from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
+from .schedules_nn import batch_matmul_tiles
 from .schedules import (EXACT_TERMS, channel_block, pack_conv_weight, pack_dense_weight,
                         pack_depthwise_weight)
 
@@ -360,6 +361,8 @@ class _Lowering:
 
     def dense(self, node: Node) -> bool:
         a_in, b_in = node.inputs[0], node.inputs[1]
+        if node.op == "MatMul" and not self.is_const(b_in):
+            return self.batch_matmul(node)
         c_in = node.inputs[2] if node.op == "Gemm" and len(node.inputs) > 2 else ""
         ta, at = self.type(a_in), node.attrs
         if ta.dtype != F32 or not self.is_const(b_in) or self.type(b_in).dtype != F32 \
@@ -484,6 +487,28 @@ class _Lowering:
                 steps.append([op, "full"])
                 args.append(self.add_const(f"{v}@{m}x{n}", full.reshape(m, n)))
         return steps, args
+
+    def batch_matmul(self, node: Node) -> bool:
+        """A MatMul of two run-time float32 operands of rank >= 3 with the same batch dims
+        (attention's Q @ K^T and P @ V): one kernel over the batches, viewed as 3-D. Others
+        (broadcast batches, N not a multiple of 8, an epilogue) stay numpy."""
+        a_in, b_in = node.inputs[:2]
+        ta, tb, out_t = self.type(a_in), self.type(b_in), self.type(node.outputs[0])
+        if ta.dtype != F32 or tb.dtype != F32 or len(ta.shape) < 3 \
+                or len(tb.shape) != len(ta.shape) or ta.shape[:-2] != tb.shape[:-2] \
+                or node.attrs.get("epilogue") or self.is_const(a_in) or self.is_const(b_in):
+            return False
+        (m, k), n = ta.shape[-2:], tb.shape[-1]
+        if batch_matmul_tiles(m, n) is None:
+            return False
+        z = math.prod(ta.shape[:-2])
+        a = self.view_of(self.plain(a_in), (z, m, k), f"{a_in}@3d")
+        b = self.view_of(self.plain(b_in), (z, k, n), f"{b_in}@3d")
+        flat = self.define(f"{node.outputs[0]}@3d", F32, (z, m, n))
+        self.kernel(node, {"op": "batch_matmul", "a": [z, m, k], "b": [z, k, n]},
+                    [a, b, flat], flat)
+        self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
+        return True
 
     def qgemm(self, node: Node) -> bool:
         x, w, bias, multiplier = node.inputs[:4]

@@ -148,3 +148,29 @@ def test_dense_rows_without_a_good_tile_are_padded(rows, residual):
                                 providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     assert got.shape == want.shape == (rows, n)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("a_shape, b_shape, kernel", [
+    ((2, 3, 16, 8), (2, 3, 8, 16), True),     # scores: [B, H, S, D] @ [B, H, D, S]
+    ((1, 4, 12, 24), (1, 4, 24, 8), True),    # P @ V, rows 12 (tile 6), N 8
+    ((3, 7, 5), (3, 5, 24), True),            # rank 3, M = 7 (tile 7)
+    ((2, 3, 16, 8), (2, 3, 8, 12), False),    # N = 12: no vector block, numpy
+    ((2, 3, 16, 8), (1, 3, 8, 16), False),    # broadcast batch: numpy
+])
+def test_batched_matmul_of_runtime_operands(a_shape, b_shape, kernel):
+    """Attention's products (both operands computed) as one kernel over the batches,
+    against float64: a float32 sum of K terms, within 1e-6 of the sum of |products|
+    (K <= 24 here; each addition's rounding is 2^-24 of the running magnitude)."""
+    rng = np.random.default_rng(5)
+    m = _model([helper.make_node("MatMul", ["a", "b"], ["y"])],
+               [_vi("a", list(a_shape)), _vi("b", list(b_shape))], [_vi("y", None)], 17)
+    feeds = {"a": rng.normal(size=a_shape).astype(np.float32),
+             "b": rng.normal(size=b_shape).astype(np.float32)}
+    built = CpuModel.build(m, {k: v.shape for k, v in feeds.items()})
+    kinds = {st["kind"] for st in built.program.steps if st["op"] == "MatMul"}
+    assert ("kernel" in kinds) == kernel and ("numpy" in kinds) != kernel
+    got = built.run(feeds)["y"]
+    a64, b64 = feeds["a"].astype(np.float64), feeds["b"].astype(np.float64)
+    exact, scale = a64 @ b64, np.abs(a64) @ np.abs(b64)
+    assert got.shape == exact.shape
+    assert np.all(np.abs(got - exact) <= 1e-6 * scale + 1e-30)
