@@ -2,8 +2,8 @@
 of attention, ``[B, M, K] @ [B, K, N]`` with both operands computed at run time (scores
 ``Q @ K^T`` and ``softmax @ V``).
 
-Each batch is a dense product: output tiles of ``rows x nb`` (rows a divisor of M up to
-8, nb a divisor of N up to 16, N a multiple of 8 for the kernel to be offered at all)
+Each batch is a dense product: output tiles of ``rows x nb`` (rows a divisor of M from 4 to
+8, nb 8 or 16: the kernel is offered only for such M and N)
 accumulated in registers over K, batches and column blocks in parallel on the kernels'
 own threads (numpy's BLAS threads would compete with them). One running float32 sum over
 K (attention's K is a head size or a sequence length, a few hundred terms), as a BLAS
@@ -23,12 +23,13 @@ _TAG = "batch_matmul"
 
 
 def batch_matmul_tiles(m: int, n: int) -> tuple[int, int] | None:
-    """(rows, nb) of the output tile, or None when N has no vector-wide block."""
+    """(rows, nb) of the output tile, or None when N has no vector-wide block or M no
+    divisor of 4 to 8 (ViT's 197 tokens: one row per tile, slower than numpy)."""
     if n % 8:
         return None
     nb = 16 if n % 16 == 0 else 8
-    rows = next(d for d in (8, 7, 6, 5, 4, 3, 2, 1) if m % d == 0)
-    return rows, nb
+    rows = next((d for d in (8, 7, 6, 5, 4) if m % d == 0), None)
+    return None if rows is None else (rows, nb)
 
 
 def batch_matmul(a: te.Tensor, b: te.Tensor, name: str = "out") -> te.Tensor:

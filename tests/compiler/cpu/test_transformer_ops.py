@@ -156,6 +156,7 @@ def test_dense_rows_without_a_good_tile_are_padded(rows, residual):
     ((3, 7, 5), (3, 5, 24), True),            # rank 3, M = 7 (tile 7)
     ((2, 3, 16, 8), (2, 3, 8, 12), False),    # N = 12: no vector block, numpy
     ((2, 3, 16, 8), (1, 3, 8, 16), False),    # broadcast batch: numpy
+    ((1, 2, 197, 8), (1, 2, 8, 16), False),   # M = 197 (prime): one row a tile, numpy
 ])
 def test_batched_matmul_of_runtime_operands(a_shape, b_shape, kernel):
     """Attention's products (both operands computed) as one kernel over the batches,
