@@ -54,7 +54,9 @@ from ..tensor import te
 from ..tensor.expr import all_of, as_expr, exp, max_expr, min_expr, select
 from ..tensor.lower import lower
 from ..tensor.schedule import create_schedule
+from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
+from .schedules_nn import batch_matmul, schedule_batch_matmul
 from .host import cache_dir, host_target
 from .schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
                         schedule_conv2d_nchwc, schedule_dense, schedule_depthwise_conv2d_nchwc,
@@ -95,6 +97,8 @@ UNARY = {
     "Exp": lambda v: exp(v),
     "Identity": lambda v: v,
 }
+# The transformer models' functions (Erf, Gelu): activations_nn.py.
+UNARY.update(UNARY_NN)
 # name -> fn(a, b)
 BINARY = {
     "Add": lambda a, b: a + b,
@@ -388,7 +392,15 @@ def _layout(spec):
     return schedule_elementwise(y), [x, y]
 
 
-_BUILDERS = {"pack": _layout, "unpack": _layout, "conv": _conv, "dwconv": _conv,
+def _batch_matmul(spec):
+    """``batch_matmul``: ``a [B, M, K] @ b [B, K, N]`` (schedules_nn.py)."""
+    a = te.placeholder(tuple(spec["a"]), F32, "a")
+    b = te.placeholder(tuple(spec["b"]), F32, "b")
+    y = batch_matmul(a, b)
+    return schedule_batch_matmul(y), [a, b, y]
+
+
+_BUILDERS = {"batch_matmul": _batch_matmul, "pack": _layout, "unpack": _layout, "conv": _conv, "dwconv": _conv,
              "dense": _dense, "eltwise": _eltwise, "maxpool": _pool, "avgpool": _pool,
              "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
              "qgap": _global_avg_pool}

@@ -47,6 +47,7 @@ from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
+from .schedules_nn import batch_matmul_tiles
 from .schedules import (EXACT_TERMS, channel_block, pack_conv_weight, pack_dense_weight,
                         pack_depthwise_weight)
 
@@ -55,7 +56,7 @@ __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 F32, I8 = "float32", "int8"
 _VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Neg", "Abs",
-                  "Exp", "Clip")
+                  "Exp", "Clip", "Erf", "Gelu")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
                    "Quantize": ("scale",), "Dequantize": ("scale",)}
 # A pooling kernel unrolls its window (a tree of max or +, one load per tap): larger
@@ -78,6 +79,16 @@ def _output_block(channels: int, width: int) -> int:
     if width < 14 and channels % 32 == 0:
         return 32
     return channel_block(channels)
+
+
+def _padded_rows(m: int) -> int:
+    """The rows a dense kernel computes for ``m``: the dense schedule tiles rows by a
+    divisor of m (at most 8), so an m with no divisor of 4 to 8 (ViT's 197 tokens: 1 row
+    per tile, 4x slower) is padded with zero rows to a multiple of 8, the extra rows
+    computed and dropped."""
+    if m <= 8 or any(m % d == 0 for d in (4, 5, 6, 7, 8)):
+        return m
+    return -(-m // 8) * 8
 
 
 def blocked_name(value: str, block: int) -> str:
@@ -350,6 +361,8 @@ class _Lowering:
 
     def dense(self, node: Node) -> bool:
         a_in, b_in = node.inputs[0], node.inputs[1]
+        if node.op == "MatMul" and not self.is_const(b_in):
+            return self.batch_matmul(node)
         c_in = node.inputs[2] if node.op == "Gemm" and len(node.inputs) > 2 else ""
         ta, at = self.type(a_in), node.attrs
         if ta.dtype != F32 or not self.is_const(b_in) or self.type(b_in).dtype != F32 \
@@ -370,8 +383,6 @@ class _Lowering:
         m = math.prod(ta.shape[:-1])
         from ..graph.ir import TensorType
         flat_t = TensorType(F32, (m, n))
-        if tuple(out_t.shape) != (m, n) and node.attrs.get("epilogue"):
-            return False  # operands of a batched MatMul's epilogue: keep it simple
         nb = channel_block(n)
         steps, args = [], []
         bias = False
@@ -385,7 +396,8 @@ class _Lowering:
             else:
                 steps.append(["Add", kind])
                 args += [value] if value is not None else []
-        epi = self.epilogue(node, flat_t, "dense")
+        epi = (self.epilogue(node, flat_t, "dense") if tuple(out_t.shape) == (m, n)
+               else self.batched_epilogue(node, out_t, (m, n)))
         if epi is None:
             return False
         steps += epi[0]
@@ -394,15 +406,108 @@ class _Lowering:
         if ta.shape != (m, k):
             data = self.view_of(data, (m, k), f"{a_in}@2d")
         packed = self.add_const(f"{b_in}@dense{nb}", pack_dense_weight(wt, nb))
-        spec = {"op": "dense", "data": [m, k], "weight": [n // nb, k, nb], "bias": bias,
+        rows = _padded_rows(m)
+        if rows != m:  # (m, n)-shaped operands padded too, the output cropped below
+            data = self.pad_rows(node, data, rows)
+            args = [self.pad_rows(node, v, rows, n) for v in args]
+        spec = {"op": "dense", "data": [rows, k], "weight": [n // nb, k, nb], "bias": bias,
                 "epilogue": steps}
-        if tuple(out_t.shape) == (m, n):
+        if tuple(out_t.shape) == (m, n) and rows == m:
             out = self.produce(node.outputs[0], 0)
             self.kernel(node, spec, [data, packed] + args + [out], out)
+            return True
+        flat = self.define(f"{node.outputs[0]}@{rows}x{n}", F32, (rows, n))
+        self.kernel(node, spec, [data, packed] + args + [flat], flat)
+        if rows != m:
+            crop = Node("Slice", (flat,), (f"{node.outputs[0]}@2d",),
+                        {"starts": [0], "ends": [m], "axes": [0], "steps": [1]},
+                        f"{node.name}@crop")
+            self.step("numpy", crop, [flat], [self.define(crop.outputs[0], F32, (m, n))],
+                      attrs=crop.attrs)
+            flat = crop.outputs[0]
+        if tuple(out_t.shape) == (m, n):
+            self.step("numpy", Node("Identity", (flat,), (node.outputs[0],), {},
+                                    f"{node.name}@copy"),
+                      [flat], [self.produce(node.outputs[0], 0)], attrs={})
         else:
-            flat = self.define(f"{node.outputs[0]}@2d", F32, (m, n))
-            self.kernel(node, spec, [data, packed] + args + [flat], flat)
             self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
+        return True
+
+    def pad_rows(self, node: Node, v: str, rows: int, n: int | None = None) -> str:
+        """``v``, an (m, k) data value or an (m, n) epilogue operand, with zero rows up to
+        ``rows``; other operands (per-column vectors) as they are."""
+        if v in self.constants:
+            a = self.constants[v]
+            if a.ndim != 2 or a.shape[0] == rows:  # a per-column vector
+                return v
+            return self.add_const(f"{v}@pad{rows}", np.pad(a, ((0, rows - a.shape[0]), (0, 0))))
+        m, width = self.values[v]["shape"]
+        pad = Node("Pad", (v,), (f"{v}@pad{rows}",),
+                   {"pads": [0, 0, rows - m, 0], "mode": "constant"}, f"{node.name}@pad")
+        self.step("numpy", pad, [v], [self.define(pad.outputs[0], F32, (rows, width))],
+                  attrs=pad.attrs)
+        return pad.outputs[0]
+
+    def batched_epilogue(self, node: Node, out_t, flat: tuple):
+        """(spec steps, operand values) of the epilogue of a MatMul whose output (``out_t``,
+        rank > 2) the dense kernel writes as ``flat`` = (m, n): the bias add, scaling and
+        residual add of a transformer's projections. A run-time operand of the output's
+        shape is viewed as (m, n), a constant broadcast to it; None otherwise."""
+        m, n = flat
+        steps, args = [], []
+        for op, *rest in node.attrs.get("epilogue", ()):
+            if op in UNARY:
+                steps.append([op, *[None if a is None else float(a) for a in rest]])
+                continue
+            if op not in BINARY:
+                return None
+            v = node.inputs[rest[0]]
+            t = self.type(v)
+            if t.dtype != F32:
+                return None
+            if not self.is_const(v):
+                if tuple(t.shape) != tuple(out_t.shape):
+                    return None
+                steps.append([op, "full"])
+                args.append(self.view_of(self.plain(v), flat, f"{v}@2d"))
+                continue
+            a = np.asarray(self.const(v), np.float32)
+            if a.size == 1:
+                steps.append([op, ["scalar", float(a.reshape(-1)[0])]])
+                continue
+            try:
+                full = np.broadcast_to(a, out_t.shape)
+            except ValueError:
+                return None
+            if a.ndim <= len(out_t.shape) and a.shape[-1] == n \
+                    and math.prod(a.shape) == n:  # one value per output column
+                steps.append([op, "channel"])
+                args.append(self.add_const(f"{v}@channel", a.reshape(-1)))
+            else:
+                steps.append([op, "full"])
+                args.append(self.add_const(f"{v}@{m}x{n}", full.reshape(m, n)))
+        return steps, args
+
+    def batch_matmul(self, node: Node) -> bool:
+        """A MatMul of two run-time float32 operands of rank >= 3 with the same batch dims
+        (attention's Q @ K^T and P @ V): one kernel over the batches, viewed as 3-D. Others
+        (broadcast batches, N not a multiple of 8, an epilogue) stay numpy."""
+        a_in, b_in = node.inputs[:2]
+        ta, tb, out_t = self.type(a_in), self.type(b_in), self.type(node.outputs[0])
+        if ta.dtype != F32 or tb.dtype != F32 or len(ta.shape) < 3 \
+                or len(tb.shape) != len(ta.shape) or ta.shape[:-2] != tb.shape[:-2] \
+                or node.attrs.get("epilogue") or self.is_const(a_in) or self.is_const(b_in):
+            return False
+        (m, k), n = ta.shape[-2:], tb.shape[-1]
+        if batch_matmul_tiles(m, n) is None:
+            return False
+        z = math.prod(ta.shape[:-2])
+        a = self.view_of(self.plain(a_in), (z, m, k), f"{a_in}@3d")
+        b = self.view_of(self.plain(b_in), (z, k, n), f"{b_in}@3d")
+        flat = self.define(f"{node.outputs[0]}@3d", F32, (z, m, n))
+        self.kernel(node, {"op": "batch_matmul", "a": [z, m, k], "b": [z, k, n]},
+                    [a, b, flat], flat)
+        self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
         return True
 
     def qgemm(self, node: Node) -> bool:
@@ -481,6 +586,8 @@ class _Lowering:
             operands = node.inputs[:1]
             params = [float(node.attrs[k]) for k in _ELTWISE_PARAMS.get(node.op, ())
                       if k in node.attrs]
+            if node.op == "Gelu":  # approximate = "none" / "tanh" -> 0 / 1
+                params = [float(node.attrs.get("approximate", "none") == "tanh")]
         else:
             operands, params = node.inputs, []
         if not any(not self.is_const(v) for v in operands):
