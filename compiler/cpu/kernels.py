@@ -29,8 +29,10 @@ float32 for the float operators, int8 for Relu, and the conversions ``Quantize``
 
 Operand kinds (of an epilogue ``Add``/``Mul`` or an element-wise operand): ``"full"`` (the
 output's shape and layout), ``"channel"`` (one value per channel: ``[C//c, c]`` blocked,
-``[N]`` for a dense output's columns, ``[C]`` for a plain 4-D tensor) or ``["scalar", v]``
-(a constant folded into the code).
+``[N]`` for a dense output's columns, ``[C]`` for a plain 4-D tensor), ``"image_channel"``
+(one value per image and channel of a 4-D output, read at run time: ``[N, C//c, c]``
+blocked, ``[N, C]`` plain; squeeze-excitation's scale) or ``["scalar", v]`` (a constant
+folded into the code).
 
 Compiled kernels are cached twice: LLVM's object code by the hash of the IR
 (codegen_llvm), and here the whole kernel by the hash of its spec, the source of the
@@ -90,6 +92,7 @@ UNARY = {
     "HardSigmoid": lambda v, alpha=0.2, beta=0.5: _hard_sigmoid(v, alpha, beta),
     "HardSwish": lambda v: v * _hard_sigmoid(v, 1 / 6, 0.5),
     "Sigmoid": lambda v: as_expr(1.0) / (as_expr(1.0) + exp(-v)),
+    "SiLU": lambda v: v / (as_expr(1.0) + exp(-v)),
     "Neg": lambda v: -v,
     "Abs": lambda v: select(v < as_expr(0.0), -v, v),
     "Exp": lambda v: exp(v),
@@ -140,6 +143,9 @@ def _operand_shape(kind, layout: str, out_shape) -> tuple | None:
         return None
     if kind == "full":
         return tuple(out_shape)
+    if kind == "image_channel":  # per image and channel ([N, C, 1, 1]: squeeze-excitation)
+        return (out_shape[0], out_shape[1], out_shape[4]) if layout == "blocked" \
+            else (out_shape[0], out_shape[1])
     if layout == "blocked":  # [N, C//c, H, W, c]
         return (out_shape[1], out_shape[4])
     if layout == "dense":  # [M, N]: per column
@@ -152,6 +158,8 @@ def _operand_read(kind, tensor, layout: str, idx):
         return as_expr(float(kind[1]))
     if kind == "full":
         return tensor[tuple(idx)]
+    if kind == "image_channel":
+        return tensor[idx[0], idx[1], idx[4]] if layout == "blocked" else tensor[idx[0], idx[1]]
     if layout == "blocked":
         return tensor[idx[1], idx[4]]
     return tensor[idx[1]]
@@ -406,9 +414,9 @@ def build_function(spec: dict):
 # ---- compile, with a cache of whole kernels --------------------------------------------------
 
 # Relative to compiler/: the CPU backend and the tensor level below it.
-_SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/codegen.py", "cpu/host.py",
-            "tensor/te.py", "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py",
-            "tensor/expr.py")
+_SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
+            "cpu/codegen.py", "cpu/host.py", "tensor/te.py", "tensor/schedule.py",
+            "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []
 
 

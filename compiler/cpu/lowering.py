@@ -236,8 +236,22 @@ class _Lowering:
                 return "full", self.blocked(v, block)
             return "full", self.add_const(v, np.asarray(full, dtype))
         if t.shape != out_type.shape:
-            return None
+            return self.image_channel_operand(v, out_type, layout, block)
         return "full", self.blocked(v, block) if layout == "blocked" else self.plain(v)
+
+    def image_channel_operand(self, v: str, out_type, layout: str, block: int):
+        """("image_channel", value) for a run-time ``[N, C, 1, 1]`` operand of a 4-D output
+        (squeeze-excitation's scale): ``[N, C//c, c]`` blocked or ``[N, C]`` plain, a view
+        of its memory; None for other broadcasts."""
+        t = self.type(v)
+        if layout == "dense" or len(out_type.shape) != 4 \
+                or tuple(t.shape) != (*out_type.shape[:2], 1, 1):
+            return None
+        n, c = t.shape[:2]
+        if layout == "blocked":
+            return "image_channel", self.view_of(self.blocked(v, block), (n, c // block, block),
+                                                 f"{v}@image_channel{block}")
+        return "image_channel", self.view_of(self.plain(v), (n, c), f"{v}@image_channel")
 
     def epilogue(self, node: Node, out_type, layout: str, block: int = 0):
         """(spec steps, operand values) of a fused node's epilogue, or None."""

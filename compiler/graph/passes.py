@@ -237,8 +237,9 @@ def _unary_step(node: Node, inits):
 def fuse_epilogues(graph: Graph) -> Graph:
     """A Conv/Gemm/MatMul followed by a chain of element-wise ops on its output alone (bias
     or residual Add, Mul by a broadcast operand, Relu, Clip, LeakyRelu, HardSigmoid,
-    HardSwish, Sigmoid) becomes one node with an ``epilogue``; a constant per-channel Add
-    right after a bias-less Conv or C-less Gemm becomes its bias."""
+    HardSwish, Sigmoid, and SiLU: a Sigmoid of the output and a Mul of the output by it)
+    becomes one node with an ``epilogue``; a constant per-channel Add right after a
+    bias-less Conv or C-less Gemm becomes its bias."""
     graph = _in_bodies(graph, fuse_epilogues)
     users = graph.consumers()
     inits, types = dict(graph.initializers), dict(graph.types)
@@ -249,7 +250,15 @@ def fuse_epilogues(graph: Graph) -> Graph:
             continue
         inputs = list(node.inputs) + [""] * (OWN_INPUTS[node.op] - len(node.inputs))
         attrs, steps, out, last = dict(node.attrs), [], node.outputs[0], None
-        while out not in graph.outputs and len(users.get(out, ())) == 1:
+        while out not in graph.outputs and len(users.get(out, ())) in (1, 2):
+            silu = _silu(out, users, graph.outputs)
+            if silu is not None:  # x * sigmoid(x): one step for both nodes
+                steps.append(("SiLU",))
+                absorbed.update(n.name for n in silu)
+                out, last = silu[1].outputs[0], silu[1]
+                continue
+            if len(users[out]) != 1:
+                break
             nxt = users[out][0]
             if nxt.name in absorbed:  # already the epilogue of the other operand's producer
                 break
@@ -288,6 +297,21 @@ def fuse_epilogues(graph: Graph) -> Graph:
     nodes = [placed.get(n.name, n) for n in graph.nodes
              if n.name not in absorbed or n.name in placed]
     return graph.with_nodes(nodes, initializers=inits, types=types)
+
+
+def _silu(out: str, users: dict, outputs) -> tuple | None:
+    """(Sigmoid, Mul) when ``out``'s readers are exactly a Sigmoid of it and a Mul of it by
+    that Sigmoid, which nothing else reads: SiLU (x * sigmoid(x), PyTorch's export)."""
+    readers = users.get(out, ())
+    if len(readers) != 2:
+        return None
+    sig = next((n for n in readers if n.op == "Sigmoid"), None)
+    mul = next((n for n in readers if n.op == "Mul"), None)
+    if sig is None or mul is None or sig.outputs[0] in outputs \
+            or sorted(mul.inputs) != sorted((out, sig.outputs[0])) \
+            or [n.name for n in users.get(sig.outputs[0], ())] != [mul.name]:
+        return None
+    return sig, mul
 
 
 def _as_bias(node, other, inits, out_type, steps, inputs):
