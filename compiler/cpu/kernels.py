@@ -396,10 +396,26 @@ def _layout(spec):
     return schedule_elementwise(y), [x, y]
 
 
+# ---- CNN operators of schedules_conv.py ----------------------------------------------------
+
+
+def _conv_transpose(spec):
+    """``convT``: ConvTranspose (float32, optional bias), see schedules_conv.py."""
+    from .schedules_conv import conv_transpose_nchwc, schedule_conv_transpose_nchwc
+
+    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    w = te.placeholder(tuple(spec["weight"]), F32, "weight")
+    b = te.placeholder((w.shape[0], w.shape[5]), F32, "bias") if spec["bias"] else None
+    y = conv_transpose_nchwc(x, w, stride=tuple(spec["strides"]), pads=tuple(spec["pads"]),
+                             dilation=tuple(spec["dilations"]), out_hw=tuple(spec["out"]),
+                             groups=spec["groups"], bias=b, name="out")
+    return schedule_conv_transpose_nchwc(y), [x, w] + ([b] if b is not None else []) + [y]
+
+
 _BUILDERS = {"pack": _layout, "unpack": _layout, "conv": _conv, "dwconv": _conv,
              "dense": _dense, "eltwise": _eltwise, "maxpool": _pool, "avgpool": _pool,
              "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
-             "qgap": _global_avg_pool}
+             "qgap": _global_avg_pool, "convT": _conv_transpose}
 
 
 def build_function(spec: dict):
@@ -415,7 +431,7 @@ def build_function(spec: dict):
 
 # Relative to compiler/: the CPU backend and the tensor level below it.
 _SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
-            "cpu/codegen.py", "cpu/host.py", "tensor/te.py", "tensor/schedule.py",
+            "cpu/schedules_conv.py",            "cpu/codegen.py", "cpu/host.py", "tensor/te.py", "tensor/schedule.py",
             "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []
 

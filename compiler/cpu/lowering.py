@@ -334,6 +334,36 @@ class _Lowering:
         self.kernel(node, spec, args + [out], out)
         return True
 
+    # ---- CNN operators of schedules_conv.py ------------------------------------------------
+
+    def conv_transpose(self, node: Node) -> bool:
+        """ConvTranspose 2-D, float32, constant weights (and bias), pads >= 0 (a negative
+        pad, an output_shape larger than the operator makes, stays numpy); each group's
+        channels whole blocks on both sides."""
+        from .schedules_conv import pack_conv_transpose_weight
+
+        x, w, b = (list(node.inputs) + ["", ""])[:3]
+        tx, a = self.type(x), node.attrs
+        if len(tx.shape) != 4 or tx.dtype != F32 or not self.is_const(w) \
+                or (b and not self.is_const(b)) or min(a["pads"]) < 0:
+            return False
+        out_t = self.type(node.outputs[0])
+        g, c, m = a["group"], tx.shape[1], out_t.shape[1]
+        have = self.current_block(x)
+        cb = have if have and (c // g) % have == 0 else channel_block(c // g)
+        ob = channel_block(m // g)
+        packed = pack_conv_transpose_weight(np.asarray(self.const(w), np.float32), g, cb, ob)
+        wname = self.add_const(f"{w}@convT{cb}i{ob}o", packed)
+        data = self.blocked(x, cb)
+        spec = {"op": "convT", "data": self.values[data]["shape"], "weight": list(packed.shape),
+                "strides": list(a["strides"]), "pads": list(a["pads"]),
+                "dilations": list(a["dilations"]), "out": list(out_t.shape[2:]), "groups": g,
+                "bias": bool(b)}
+        args = [data, wname] + ([self.channel_const(b, ob, F32)] if b else [])
+        out = self.produce(node.outputs[0], ob)
+        self.kernel(node, spec, args + [out], out)
+        return True
+
     def requant_const(self, node: Node) -> str:
         """A QConv/QGemm's [shift, lo, hi], an operand of its kernel."""
         a = node.attrs
@@ -572,7 +602,8 @@ class _Lowering:
         handlers = {"Conv": self.conv, "Gemm": self.dense, "MatMul": self.dense,
                     "MaxPool": self.pool, "AveragePool": self.pool,
                     "GlobalAveragePool": self.pool, "Concat": self.concat,
-                    "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool}
+                    "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
+                    "ConvTranspose": self.conv_transpose}
         for op in _VIEW_OPS:
             handlers[op] = self.view
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
