@@ -412,10 +412,45 @@ def _conv_transpose(spec):
     return schedule_conv_transpose_nchwc(y), [x, w] + ([b] if b is not None else []) + [y]
 
 
+def _resize(spec):
+    """``resize``: a Resize of H and W on ``[N, C//c, H, W, c]``, each output row and column
+    reading ``taps`` input rows and columns (int32 ``[OH, taps]``, ``[OW, taps]``, from
+    graph/ops_resize's own tables) with float32 weights (linear) or one each (nearest).
+    Bit-exact with the reference: the sums follow its separable order (rows first, then
+    columns), and the weights come negated so that each step is ``sum - x * (-w)``, which
+    the code generator leaves as a multiply and a subtraction (``sum + x * w`` would
+    become one fused multiply-add, rounded once instead of twice)."""
+    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    (oh, ow), taps = spec["out"], spec["taps"]
+    rows = te.placeholder((oh, taps), "int32", "rows")
+    cols = te.placeholder((ow, taps), "int32", "cols")
+    params = [x, rows, cols]
+    if spec["mode"] == "linear":
+        rw = te.placeholder((oh, taps), F32, "row_weights")
+        cw = te.placeholder((ow, taps), F32, "col_weights")
+        params += [rw, cw]
+
+    def body(b, c, y, xx, ci):
+        if spec["mode"] == "nearest":
+            return x[b, c, rows[y, 0], cols[xx, 0], ci]
+        zero = as_expr(0.0)
+        total = zero
+        for tx in range(taps):
+            column = zero
+            for ty in range(taps):
+                column = column - x[b, c, rows[y, ty], cols[xx, tx], ci] * rw[y, ty]
+            total = total - column * cw[xx, tx]
+        return total
+    n, cc, _, _, cb = x.shape
+    y = te.compute((n, cc, oh, ow, cb), body, "out")
+    return schedule_elementwise(y), params + [y]
+
+
 _BUILDERS = {"pack": _layout, "unpack": _layout, "conv": _conv, "dwconv": _conv,
              "dense": _dense, "eltwise": _eltwise, "maxpool": _pool, "avgpool": _pool,
              "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
-             "qgap": _global_avg_pool, "convT": _conv_transpose}
+             "qgap": _global_avg_pool, "convT": _conv_transpose,
+             "resize": _resize}
 
 
 def build_function(spec: dict):

@@ -364,6 +364,40 @@ class _Lowering:
         self.kernel(node, spec, args + [out], out)
         return True
 
+    def resize(self, node: Node) -> bool:
+        """Resize of H and W (N and C kept) of a float32 4-D value, nearest or linear (no
+        antialiasing when shrinking, no tf_crop_and_resize): a ``resize`` kernel on the
+        blocked layout, with graph/ops_resize's own index and weight tables as constants."""
+        from ..graph.ops_resize import _axis_taps
+
+        x, a = node.inputs[0], node.attrs
+        tx, out_t = self.type(x), self.type(node.outputs[0])
+        if len(tx.shape) != 4 or tx.dtype != F32 or a["mode"] not in ("nearest", "linear") \
+                or tuple(out_t.shape[:2]) != tuple(tx.shape[:2]) \
+                or a["coordinate_transformation_mode"] == "tf_crop_and_resize" \
+                or (a.get("antialias", 0) and min(a["scales"][2:]) < 1) \
+                or len([o for o in node.outputs if o]) != 1:
+            return False
+        tables = []
+        for axis in (2, 3):
+            idx, w, _ = _axis_taps(tx.shape[axis], out_t.shape[axis], a["scales"][axis],
+                                   (0.0, 1.0), a, np.float32)
+            tables.append((idx.astype(np.int32), None if w is None else -w.astype(np.float32)))
+        if tables[0][0].shape[1] != tables[1][0].shape[1]:
+            return False
+        block = self.current_block(x) or channel_block(tx.shape[1])
+        data = self.blocked(x, block)
+        args = [data] + [self.add_const(f"{node.name}@{what}", t[0])
+                         for what, t in zip(("rows", "cols"), tables)]
+        if a["mode"] == "linear":
+            args += [self.add_const(f"{node.name}@{what}_negated_weights", t[1])
+                     for what, t in zip(("row", "col"), tables)]
+        spec = {"op": "resize", "mode": a["mode"], "data": self.values[data]["shape"],
+                "out": list(out_t.shape[2:]), "taps": int(tables[0][0].shape[1])}
+        out = self.produce(node.outputs[0], block)
+        self.kernel(node, spec, args + [out], out)
+        return True
+
     def requant_const(self, node: Node) -> str:
         """A QConv/QGemm's [shift, lo, hi], an operand of its kernel."""
         a = node.attrs
@@ -603,7 +637,7 @@ class _Lowering:
                     "MaxPool": self.pool, "AveragePool": self.pool,
                     "GlobalAveragePool": self.pool, "Concat": self.concat,
                     "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
-                    "ConvTranspose": self.conv_transpose}
+                    "ConvTranspose": self.conv_transpose, "Resize": self.resize}
         for op in _VIEW_OPS:
             handlers[op] = self.view
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):

@@ -89,3 +89,48 @@ def test_conv_transpose_in_a_build():
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = session.run(None, {"image": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+# ---- Resize ----------------------------------------------------------------------------------
+
+RESIZE_CASES = [  # (mode, coordinate mode, nearest mode, input [N,C,H,W], output H, W)
+    ("nearest", "asymmetric", "floor", (1, 16, 5, 6), 10, 12),  # torch's nearest Upsample
+    ("nearest", "half_pixel", "round_prefer_floor", (2, 8, 7, 5), 10, 3),
+    ("nearest", "align_corners", "round_prefer_ceil", (1, 3, 4, 4), 9, 4),
+    ("linear", "pytorch_half_pixel", "floor", (1, 16, 6, 6), 12, 12),  # bilinear x2
+    ("linear", "half_pixel", "floor", (1, 12, 5, 8), 7, 3),
+    ("linear", "align_corners", "floor", (2, 4, 6, 3), 11, 5),
+    ("linear", "asymmetric", "floor", (1, 32, 3, 3), 1, 8),
+]
+
+
+def _resize_model(mode, ctm, nearest, shape, oh, ow):
+    sizes = numpy_helper.from_array(np.array([*shape[:2], oh, ow], np.int64), "sizes")
+    node = helper.make_node("Resize", ["image", "", "", "sizes"], ["y"], mode=mode,
+                            coordinate_transformation_mode=ctm, nearest_mode=nearest)
+    g = helper.make_graph([node], "resize", [helper.make_tensor_value_info(
+        "image", TensorProto.FLOAT, shape)], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], [sizes])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("case", RESIZE_CASES, ids=[f"{c[0]}-{c[1]}" for c in RESIZE_CASES])
+def test_resize_kernel(case):
+    """The kernel against graph/ops_resize (the numpy definition), bit for bit, and
+    onnxruntime."""
+    from celosia.compiler.frontend.onnx import import_onnx
+    from celosia.compiler.graph.reference import run_graph
+    from celosia.runtime.cpu import CpuModel
+
+    model = _resize_model(*case)
+    x = np.random.default_rng(9).normal(size=case[3]).astype(np.float32)
+    built = CpuModel.build(model)
+    assert ("Resize", "kernel") in {(s["op"], s["kind"]) for s in built.program.steps}
+    got = built.run({"image": x})["y"]
+    want = run_graph(import_onnx(model), {"image": x})["y"]
+    np.testing.assert_array_equal(got, want)  # the same float32 operations, in its order
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    theirs = session.run(None, {"image": x})[0]
+    np.testing.assert_allclose(got, theirs, rtol=0, atol=1e-6 * np.abs(theirs).max())
