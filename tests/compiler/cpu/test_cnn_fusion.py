@@ -204,3 +204,50 @@ def test_optimize_keeps_silu_for_the_reference():
     session = ort.InferenceSession(_se_block(channels=16, size=5).SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(got, session.run(None, {"image": x})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["mul_then_div", "div_then_mul", "mul_sixth"])
+def test_spelt_out_hard_swish_fuses(order):
+    """x * clip(x + 3, 0, 6) / 6 (Paddle's export) after a Conv becomes its HardSwish step,
+    then the scalar Mul and Add after it join the epilogue; the CPU build matches
+    onnxruntime."""
+    from celosia.runtime.cpu import CpuModel
+
+    rng = np.random.default_rng(10)
+    nodes = [helper.make_node("Conv", ["image", "w"], ["x"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["x", "three"], ["a"]),
+             helper.make_node("Clip", ["a", "zero", "six"], ["c"])]
+    if order == "div_then_mul":
+        nodes += [helper.make_node("Div", ["c", "six"], ["d"]),
+                  helper.make_node("Mul", ["x", "d"], ["h"])]
+    else:
+        nodes += [helper.make_node("Mul", ["c", "x"], ["m"]),
+                  helper.make_node("Div", ["m", "six"], ["h"]) if order == "mul_then_div"
+                  else helper.make_node("Mul", ["sixth", "m"], ["h"])]
+    nodes += [helper.make_node("Mul", ["h", "scale"], ["s"]),
+              helper.make_node("Add", ["s", "shift"], ["y"])]
+    inits = {"w": rng.normal(size=(16, 3, 3, 3)).astype(np.float32),
+             "three": np.float32(3), "zero": np.float32(0), "six": np.float32(6),
+             "sixth": np.float32(1 / 6), "scale": np.float32(0.4), "shift": np.float32(-0.2)}
+    model = _model(nodes, inits, [1, 3, 6, 6])
+    g = optimize(import_onnx(model))
+    assert [n.op for n in g.nodes] == ["Conv"]
+    assert [s[0] for s in g.nodes[0].attrs["epilogue"]] == ["HardSwish", "Mul", "Add"]
+    x = rng.normal(scale=3, size=(1, 3, 6, 6)).astype(np.float32)
+    got = CpuModel.build(model).run({"image": x})["y"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"image": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+def test_hard_swish_not_fused_with_other_constants():
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("Conv", ["image", "w"], ["x"]),
+             helper.make_node("Add", ["x", "three"], ["a"]),
+             helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+             helper.make_node("Mul", ["c", "x"], ["m"]),
+             helper.make_node("Div", ["m", "five"], ["y"])]
+    inits = {"w": rng.normal(size=(4, 3, 1, 1)).astype(np.float32), "three": np.float32(3),
+             "zero": np.float32(0), "six": np.float32(6), "five": np.float32(5)}
+    g = fuse_epilogues(import_onnx(_model(nodes, inits, [1, 3, 4, 4])))
+    assert [n.op for n in g.nodes] == ["Conv", "Add", "Clip", "Mul", "Div"]
