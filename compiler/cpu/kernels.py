@@ -466,8 +466,8 @@ def build_function(spec: dict):
 
 # Relative to compiler/: the CPU backend and the tensor level below it.
 _SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
-            "cpu/schedules_conv.py",            "cpu/codegen.py", "cpu/host.py", "tensor/te.py", "tensor/schedule.py",
-            "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
+            "cpu/schedules_conv.py", "cpu/codegen.py", "cpu/host.py", "tensor/te.py",
+            "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []
 
 
