@@ -247,8 +247,22 @@ class _Lowering:
                 return "full", self.blocked(v, block)
             return "full", self.add_const(v, np.asarray(full, dtype))
         if t.shape != out_type.shape:
-            return None
+            return self.image_channel_operand(v, out_type, layout, block)
         return "full", self.blocked(v, block) if layout == "blocked" else self.plain(v)
+
+    def image_channel_operand(self, v: str, out_type, layout: str, block: int):
+        """("image_channel", value) for a run-time ``[N, C, 1, 1]`` operand of a 4-D output
+        (squeeze-excitation's scale): ``[N, C//c, c]`` blocked or ``[N, C]`` plain, a view
+        of its memory; None for other broadcasts."""
+        t = self.type(v)
+        if layout == "dense" or len(out_type.shape) != 4 \
+                or tuple(t.shape) != (*out_type.shape[:2], 1, 1):
+            return None
+        n, c = t.shape[:2]
+        if layout == "blocked":
+            return "image_channel", self.view_of(self.blocked(v, block), (n, c // block, block),
+                                                 f"{v}@image_channel{block}")
+        return "image_channel", self.view_of(self.plain(v), (n, c), f"{v}@image_channel")
 
     def epilogue(self, node: Node, out_type, layout: str, block: int = 0):
         """(spec steps, operand values) of a fused node's epilogue, or None."""
@@ -328,6 +342,70 @@ class _Lowering:
         spec = {"op": "dwconv" if depthwise else "conv", "data": self.values[data]["shape"],
                 **geometry, "bias": bool(b), "epilogue": epi[0]}
         out = self.produce(node.outputs[0], ob)
+        self.kernel(node, spec, args + [out], out)
+        return True
+
+    # ---- CNN operators of schedules_conv.py ------------------------------------------------
+
+    def conv_transpose(self, node: Node) -> bool:
+        """ConvTranspose 2-D, float32, constant weights (and bias), pads >= 0 (a negative
+        pad, an output_shape larger than the operator makes, stays numpy); each group's
+        channels whole blocks on both sides."""
+        from .schedules_conv import pack_conv_transpose_weight
+
+        x, w, b = (list(node.inputs) + ["", ""])[:3]
+        tx, a = self.type(x), node.attrs
+        if len(tx.shape) != 4 or tx.dtype != F32 or not self.is_const(w) \
+                or (b and not self.is_const(b)) or min(a["pads"]) < 0:
+            return False
+        out_t = self.type(node.outputs[0])
+        g, c, m = a["group"], tx.shape[1], out_t.shape[1]
+        have = self.current_block(x)
+        cb = have if have and (c // g) % have == 0 else channel_block(c // g)
+        ob = channel_block(m // g)
+        packed = pack_conv_transpose_weight(np.asarray(self.const(w), np.float32), g, cb, ob)
+        wname = self.add_const(f"{w}@convT{cb}i{ob}o", packed)
+        data = self.blocked(x, cb)
+        spec = {"op": "convT", "data": self.values[data]["shape"], "weight": list(packed.shape),
+                "strides": list(a["strides"]), "pads": list(a["pads"]),
+                "dilations": list(a["dilations"]), "out": list(out_t.shape[2:]), "groups": g,
+                "bias": bool(b)}
+        args = [data, wname] + ([self.channel_const(b, ob, F32)] if b else [])
+        out = self.produce(node.outputs[0], ob)
+        self.kernel(node, spec, args + [out], out)
+        return True
+
+    def resize(self, node: Node) -> bool:
+        """Resize of H and W (N and C kept) of a float32 4-D value, nearest or linear (no
+        antialiasing when shrinking, no tf_crop_and_resize): a ``resize`` kernel on the
+        blocked layout, with graph/ops_resize's own index and weight tables as constants."""
+        from ..graph.ops_resize import _axis_taps
+
+        x, a = node.inputs[0], node.attrs
+        tx, out_t = self.type(x), self.type(node.outputs[0])
+        if len(tx.shape) != 4 or tx.dtype != F32 or a["mode"] not in ("nearest", "linear") \
+                or tuple(out_t.shape[:2]) != tuple(tx.shape[:2]) \
+                or a["coordinate_transformation_mode"] == "tf_crop_and_resize" \
+                or (a.get("antialias", 0) and min(a["scales"][2:]) < 1) \
+                or len([o for o in node.outputs if o]) != 1:
+            return False
+        tables = []
+        for axis in (2, 3):
+            idx, w, _ = _axis_taps(tx.shape[axis], out_t.shape[axis], a["scales"][axis],
+                                   (0.0, 1.0), a, np.float32)
+            tables.append((idx.astype(np.int32), None if w is None else -w.astype(np.float32)))
+        if tables[0][0].shape[1] != tables[1][0].shape[1]:
+            return False
+        block = self.current_block(x) or channel_block(tx.shape[1])
+        data = self.blocked(x, block)
+        args = [data] + [self.add_const(f"{node.name}@{what}", t[0])
+                         for what, t in zip(("rows", "cols"), tables)]
+        if a["mode"] == "linear":
+            args += [self.add_const(f"{node.name}@{what}_negated_weights", t[1])
+                     for what, t in zip(("row", "col"), tables)]
+        spec = {"op": "resize", "mode": a["mode"], "data": self.values[data]["shape"],
+                "out": list(out_t.shape[2:]), "taps": int(tables[0][0].shape[1])}
+        out = self.produce(node.outputs[0], block)
         self.kernel(node, spec, args + [out], out)
         return True
 
@@ -665,7 +743,8 @@ class _Lowering:
         handlers = {"Conv": self.conv, "Gemm": self.dense, "MatMul": self.dense,
                     "MaxPool": self.pool, "AveragePool": self.pool,
                     "GlobalAveragePool": self.pool, "Concat": self.concat,
-                    "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool}
+                    "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
+                    "ConvTranspose": self.conv_transpose, "Resize": self.resize}
         for op in _VIEW_OPS:
             handlers[op] = self.view
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):

@@ -57,6 +57,8 @@ def apply_epilogue(y: np.ndarray, steps, inputs) -> np.ndarray:
             y = y * hard_sigmoid(y, 1 / 6, 0.5)
         elif op == "Sigmoid":
             y = sigmoid(y).astype(y.dtype)
+        elif op == "SiLU":
+            y = y * sigmoid(y).astype(y.dtype)
         else:
             raise ValueError(f"unknown epilogue step {op}")
     return y
