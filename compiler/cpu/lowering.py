@@ -571,7 +571,7 @@ class _Lowering:
         (attention's Q @ K^T and P @ V): one kernel over the batches, viewed as 3-D. Others
         (broadcast batches, N not a multiple of 8, an epilogue) stay numpy."""
         a_in, b_in = node.inputs[:2]
-        ta, tb, out_t = self.type(a_in), self.type(b_in), self.type(node.outputs[0])
+        ta, tb = self.type(a_in), self.type(b_in)
         if ta.dtype != F32 or tb.dtype != F32 or len(ta.shape) < 3 \
                 or len(tb.shape) != len(ta.shape) or ta.shape[:-2] != tb.shape[:-2] \
                 or node.attrs.get("epilogue") or self.is_const(a_in) or self.is_const(b_in):
