@@ -72,4 +72,4 @@ def test_bench_zoo_quick(small_zoo, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "zoo: [1/4] small_cnn (the digits CNN's shape) ..." in captured.err
     assert "zoo: [4/4] absent: missing" in captured.err
-    assert "control_flow: onnxruntime" in captured.out
+    assert "unsupported: onnxruntime" in captured.out
