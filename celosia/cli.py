@@ -32,17 +32,24 @@ def cmd_exec(args) -> int:
     from .sim.base import make_executor
 
     cfg = _config(args.config)
-    image = ProgramImage.load(args.image)
-    options = {}
     if args.target == "fsim" and (args.max_cycles is not None or args.trace):
-        raise CelosiaError("--max-cycles and --trace apply to the timed targets (cycle, rtl), "
-                           "not fsim")
+        raise CelosiaError("--max-cycles and --trace apply to the timed targets (cycle, rtl); "
+                           "fsim has no cycles: bound its work with --max-work N")
+    if args.target == "rtl" and args.max_work is not None:
+        raise CelosiaError("--max-work bounds fsim and the cycle model; bound the rtl target "
+                           "with --max-cycles N")
     if args.timeline and args.target != "cycle":
         raise CelosiaError("--timeline is drawn by the cycle model: use --target cycle")
-    if args.max_cycles is not None:
-        options["max_cycles"] = args.max_cycles
+    options = {}
+    for flag, name in (("--max-cycles", "max_cycles"), ("--max-work", "max_work")):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise CelosiaError(f"{flag} must be a positive integer, not {value}")
+            options[name] = value
     if args.trace:
         options["trace"] = args.trace
+    image = ProgramImage.load(args.image)
     executor = make_executor(args.target, cfg, image.dram.size, **options)
     executor.write_dram(0, image.dram)
     stats = executor.run(image.insn_addr, image.insn_count)
@@ -50,15 +57,23 @@ def cmd_exec(args) -> int:
     if args.timeline:
         from .sim.cycle import plot_timeline
         plot_timeline(executor, args.timeline)
-    np.savez_compressed(args.out, dram=dram)
+    _write(args.out, "--out", lambda f: np.savez_compressed(f, dram=dram))
     stats = {"target": args.target, **stats}
     if args.stats:
-        _write_json(args.stats, stats)
+        _write(args.stats, "--stats", lambda f: _write_json(f, stats))
     if not args.quiet:
         shown = ", ".join(f"{k}={v}" for k, v in stats.items()
-                          if k in ("cycles", "insn_count", "gemm_uops", "alu_uops", "macs"))
+                          if k in ("cycles", "insn_count", "gemm_uops", "alu_uops", "macs", "work"))
         print(f"{args.image}: ran on {args.target}: {shown}; DRAM written to {args.out}")
     return 0
+
+
+def _write(path: str, flag: str, write) -> None:
+    """Write an output file, turning a bad path into a one-line error."""
+    try:
+        write(path)
+    except OSError as exc:
+        raise CelosiaError(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
 
 
 def cmd_disasm(args) -> int:
@@ -539,7 +554,11 @@ def build_parser() -> argparse.ArgumentParser:
     config_option(p)
     p.add_argument("--out", required=True, help="where to write the final DRAM (.npz, key dram)")
     p.add_argument("--stats", help="where to write the counters (JSON)")
-    p.add_argument("--max-cycles", type=int, help="cycle limit for timed targets")
+    p.add_argument("--max-cycles", type=int, metavar="N",
+                   help="timed targets (cycle, rtl): stop a run longer than N cycles")
+    p.add_argument("--max-work", type=int, metavar="N",
+                   help="fsim and cycle: stop a run that would do more work than N "
+                        "instructions plus micro-op iterations (default 2^24 = 16777216)")
     p.add_argument("--trace", help="timed targets: write a trace (cycle: Perfetto JSON; rtl: FST)")
     p.add_argument("--timeline", help="cycle target: draw a PNG timeline of the modules")
     p.add_argument("-q", "--quiet", action="store_true")

@@ -131,6 +131,13 @@ def check_cpu(root: Field, constants: dict) -> dict:
     values = {}
     arena = 0
     for name, f in prog["values"].items():
+        if isinstance(f.value, dict) and any(d is None for d in f["shape"].value or ()):
+            # A size only known at run time (docs/graph.md): the value lives outside the
+            # arena, and the executor checks its size when it is made.
+            dims = f["shape"].list()
+            shape = tuple(None if d.value is None else d.integer() for d in dims)
+            values[name] = {"dtype": f["dtype"].dtype(), "shape": list(shape)}
+            continue
         dtype, shape = check_array(f, "value")
         values[name] = {"dtype": dtype, "shape": list(shape)}
         arena += nbytes(dtype, shape) + 64
@@ -208,10 +215,9 @@ def _step(f: Field, known: dict, values: dict, kernels: dict, defined: set) -> d
     elif kind == "concat":
         _concat_step(f, ins, outs, known)
     else:
-        from ..compiler.graph.qops import QUANTIZED_KERNELS
-        from ..compiler.graph.reference import KERNELS
+        from ..compiler.graph.reference import OPERATORS
 
-        if step["op"] not in KERNELS and step["op"] not in QUANTIZED_KERNELS:
+        if step["op"] not in OPERATORS:
             raise f["op"].fail(f"{step['op']!r} is not an operator celosia runs")
         step["attrs"] = decode(f["attrs"])
         if not isinstance(step["attrs"], dict):
@@ -279,8 +285,7 @@ def check_graph(root: Field, initializers: dict):
     their operator are an error here, not at run time). ``initializers``: the arrays,
     read from their members already."""
     from ..compiler.graph.ir import Graph, GraphError, Node, TensorType, verify_graph
-    from ..compiler.graph.qops import QUANTIZED_KERNELS
-    from ..compiler.graph.reference import KERNELS, infer_node
+    from ..compiler.graph.reference import OPERATORS, infer_node
 
     g = root["graph"]
     types = {}
@@ -290,7 +295,7 @@ def check_graph(root: Field, initializers: dict):
     nodes, names = [], set()
     for f in g["nodes"].list():
         op = f["op"].string()
-        if op not in KERNELS and op not in QUANTIZED_KERNELS:
+        if op not in OPERATORS:
             raise f["op"].fail(f"{op!r} is not an operator celosia runs")
         attrs = decode(f["attrs"])
         if not isinstance(attrs, dict):

@@ -9,6 +9,7 @@ interchangeable.
 from __future__ import annotations
 
 import importlib
+import inspect
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError
 from celosia.image import ProgramImage
+from celosia.limits import check_bytes
 
 __all__ = ["Executor", "TARGETS", "make_executor", "run_image"]
 
@@ -29,8 +31,10 @@ class Executor(ABC):
     models_time: bool = False
 
     def __init__(self, config: HwConfig, dram_size: int):
-        if dram_size <= 0:
-            raise CelosiaError(f"dram_size must be positive, not {dram_size}")
+        if isinstance(dram_size, bool) or not isinstance(dram_size, (int, np.integer)) \
+                or dram_size <= 0:
+            raise CelosiaError(f"dram_size must be a positive integer, not {dram_size!r}")
+        check_bytes(int(dram_size), f"the {self.name or type(self).__name__} executor's DRAM")
         self.config = config
         self.dram_size = int(dram_size)
 
@@ -46,7 +50,9 @@ class Executor(ABC):
     def run(self, insn_addr: int, insn_count: int) -> dict:
         """Run the program at ``insn_addr`` to completion and return its counters.
 
-        Raises ProgramError (DeadlockError) for an illegal program, naming the instruction.
+        Raises ProgramError (DeadlockError) for an illegal program, naming the instruction,
+        and SimulationLimitError when the run would pass the executor's limit (fsim:
+        ``max_work``; timed targets: ``max_cycles`` too), naming the option to raise.
         """
 
     def _check_range(self, addr: int, nbytes: int) -> None:
@@ -74,7 +80,14 @@ def make_executor(target: str, config: HwConfig, dram_size: int, **options) -> E
         if exc.name == module_name:
             raise CelosiaError(f"target {target!r} is not available in this version of celosia") from None
         raise
-    return getattr(module, class_name)(config, dram_size, **options)
+    cls = getattr(module, class_name)
+    known = [p.name for p in inspect.signature(cls).parameters.values()
+             if p.kind == inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise CelosiaError(f"target {target!r} has no option {', '.join(unknown)}; its options "
+                           f"are {', '.join(known) or '(none)'}")
+    return cls(config, dram_size, **options)
 
 
 def run_image(image: ProgramImage, target: str = "fsim", config: HwConfig | None = None,

@@ -38,8 +38,8 @@ from celosia.isa import AluInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcod
 
 from .cycle_report import plot_timeline, timeline_stats, write_trace
 from .cycle_timing import NEVER, Timing
-from .datapath import single_threaded_blas
-from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine, load_program
+from .datapath import DEFAULT_MAX_WORK, single_threaded_blas
+from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine
 
 __all__ = ["CycleSimulator", "Timeline", "Timing", "plot_timeline"]
 
@@ -57,7 +57,7 @@ class CycleSimulator(FunctionalSimulator):
     ``trace`` (path of a Chrome/Perfetto JSON trace written after each run), ``timing``
     (a :class:`Timing` replacing the configuration's defaults), ``read_latency`` and
     ``write_latency`` (the DRAM model's, as the rtl target's options; default the
-    configuration's dram_latency) and fsim's ``max_uop_execs``. After a run,
+    configuration's dram_latency) and fsim's ``max_work``. After a run,
     :attr:`timeline` holds the per-instruction times.
     """
 
@@ -67,8 +67,8 @@ class CycleSimulator(FunctionalSimulator):
     def __init__(self, config: HwConfig, dram_size: int, *, max_cycles: int = 10**10,
                  trace: str | Path | None = None, timing: Timing | None = None,
                  read_latency: int | None = None, write_latency: int | None = None,
-                 max_uop_execs: int = 1 << 34):
-        super().__init__(config, dram_size, max_uop_execs=max_uop_execs)
+                 max_work: int = DEFAULT_MAX_WORK):
+        super().__init__(config, dram_size, max_work=max_work)
         if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or max_cycles < 1:
             raise CelosiaError(f"max_cycles must be a positive integer, not {max_cycles!r}")
         if timing is not None and not isinstance(timing, Timing):
@@ -82,15 +82,14 @@ class CycleSimulator(FunctionalSimulator):
         self.timeline: Timeline | None = None
 
     def run(self, insn_addr: int, insn_count: int) -> dict:
-        insns = load_program(self.dram, insn_addr, insn_count, self.config)
-        self.datapath.reset_counters()
+        insns = self._load(insn_addr, insn_count)
         self.timeline = None
         static = self._static(insns, insn_addr)
         with single_threaded_blas():
             self._execute(insns, static)
         timeline = _Schedule(insns, static, self.timing, insn_addr).run(self.max_cycles)
         self.timeline = timeline
-        stats = dict(self.datapath.counters)
+        stats = self._counters()
         stats.update(timeline_stats(timeline, self.config, stats))
         if self.trace is not None:
             write_trace(timeline, self.trace)

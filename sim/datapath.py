@@ -4,12 +4,18 @@ This is ISA.md section 4 as numpy code. The functional simulator runs it under t
 protocol; the cycle model runs the same code and adds time. One GEMM or ALU instruction
 runs as batched array operations over all of its micro-op executions at once: GEMMs as
 float32 BLAS matrix products that are exact (see Datapath._compile_gemm_grid), ALU
-instructions in place on views of ACC. Instructions are compiled into kernels once and the
-kernels kept for later runs of the same program.
+instructions in place on views of ACC, in time linear in their executions (alu.py).
+Instructions are compiled into kernels once and the kernels kept for later runs of the same
+program.
+
+Every run is bounded: ``max_work`` caps its work, counted as one per instruction plus one
+per micro-op iteration, and an instruction that would cross it raises
+SimulationLimitError before it does anything.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from contextlib import contextmanager
@@ -18,14 +24,22 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from celosia.config import HwConfig
-from celosia.errors import ProgramError, SimulationLimitError
+from celosia.errors import CelosiaError, ProgramError, SimulationLimitError
 from celosia.isa import (
-    AluInsn, AluOp, FinishInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode, decode_uops,
+    AluInsn, FinishInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode, decode_uops,
     buffer_depth, elem_bytes, module_of,
 )
 
-__all__ = ["Datapath", "check_insn", "COUNTER_NAMES", "single_threaded_blas",
-           "numpy_blas_controllers"]
+from .alu import as_rows, plan_alu
+
+__all__ = ["Datapath", "check_insn", "check_max_work", "work_of", "COUNTER_NAMES",
+           "DEFAULT_MAX_WORK", "single_threaded_blas", "numpy_blas_controllers"]
+
+# The default bound on one run's work (instructions plus micro-op iterations): six times
+# the largest program of ResNet-18 at 224x224 (its first layer, 2.8 million), and the most
+# the slowest patterns (chains of dependent ALU updates, about a microsecond each) can do
+# in a few seconds.
+DEFAULT_MAX_WORK = 1 << 24
 
 # Counters every executor reports (bytes exclude padding, as VTA's simulator counts them).
 COUNTER_NAMES = (
@@ -105,6 +119,12 @@ def single_threaded_blas():
                         lib.set_num_threads(n)
 
 
+@functools.lru_cache(maxsize=16)
+def _mem_sizes(cfg: HwConfig) -> dict:
+    """{memory type: (element bytes, buffer depth)} of a configuration."""
+    return {mt: (elem_bytes(cfg, mt), buffer_depth(cfg, mt)) for mt in MemType}
+
+
 def check_insn(insn: Insn, index: int, cfg: HwConfig, dram_size: int) -> None:
     """Every rule of ISA.md that the instruction's own fields decide (bounds of LOAD/STORE,
     micro-op ranges, flags on the wrong module). Rules that depend on micro-op contents are
@@ -140,7 +160,7 @@ def _check_mem(insn: MemInsn, index: int, cfg: HwConfig, dram_size: int) -> None
                                       "x_pad_1)")
     if insn.x_size == 0:
         return  # a pure dependency no-op: touches no memory
-    depth = buffer_depth(cfg, insn.mem_type)
+    eb, depth = _mem_sizes(cfg)[insn.mem_type]
     if insn.opcode == Opcode.LOAD:
         count = (insn.y_pad_0 + insn.y_size + insn.y_pad_1) * (insn.x_pad_0 + insn.x_size + insn.x_pad_1)
     else:
@@ -151,13 +171,26 @@ def _check_mem(insn: MemInsn, index: int, cfg: HwConfig, dram_size: int) -> None
             index, f"{name} {insn.mem_type.name} touches {buf} rows [{insn.sram_base}, "
                    f"{insn.sram_base + count}), past the end of the {buf} buffer ({depth} rows)")
     if insn.y_size:
-        eb = elem_bytes(cfg, insn.mem_type)
         last = (insn.dram_base + (insn.y_size - 1) * insn.x_stride + insn.x_size) * eb
         if last > dram_size:
             raise ProgramError(
                 index, f"{name} {insn.mem_type.name} reaches DRAM bytes up to {last}, past the end "
                        f"of the {dram_size}-byte DRAM (dram_base={insn.dram_base} elements of "
                        f"{eb} bytes, y_size={insn.y_size}, x_stride={insn.x_stride})")
+
+
+def check_max_work(max_work) -> int:
+    """``max_work`` as given, if it is a positive integer."""
+    if isinstance(max_work, bool) or not isinstance(max_work, (int, np.integer)) or max_work < 1:
+        raise CelosiaError(f"max_work must be a positive integer, not {max_work!r}")
+    return int(max_work)
+
+
+def work_of(insn: Insn) -> int:
+    """An instruction's work: one, plus its micro-op iterations (GEMM and ALU)."""
+    if isinstance(insn, (GemmInsn, AluInsn)):
+        return 1 + insn.iter_out * insn.iter_in * max(insn.uop_end - insn.uop_bgn, 0)
+    return 1
 
 
 class Datapath:
@@ -168,13 +201,15 @@ class Datapath:
     kernel is kept for the next run of the same instruction with the same micro-ops: a model
     runs the same program for every inference. A kernel depends only on the instruction's
     fields and its micro-op words, never on data, and every check that can fail (micro-op
-    ranges, the execution limit) runs before it, every time.
+    ranges, the work limit) runs before it, every time. ``work`` is the run's work so far
+    (see work_of), never more than ``max_work``.
     """
 
-    def __init__(self, cfg: HwConfig, dram: np.ndarray, *, max_uop_execs: int = 1 << 34):
+    def __init__(self, cfg: HwConfig, dram: np.ndarray, *, max_work: int = DEFAULT_MAX_WORK):
         self.cfg = cfg
         self.dram = dram
-        self.max_uop_execs = max_uop_execs
+        self.max_work = check_max_work(max_work)
+        self.work = 0
         b, n = cfg.batch, cfg.block
         # Raw byte views (depth, element bytes) for DMA, typed views for arithmetic.
         self.uop_raw = np.zeros((cfg.uop_depth, 4), np.uint8)
@@ -191,7 +226,6 @@ class Datapath:
                      MemType.WGT: self.wgt_raw, MemType.ACC: self.acc_raw}
         self._macs_per_uop = cfg.macs_per_cycle
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
-        self.uop_execs = 0
         # Kernels: by instruction object (checked by identity and micro-op words), and by
         # the instruction's semantic fields (shared by equal instructions of a program).
         self._by_insn: dict = {}
@@ -201,11 +235,22 @@ class Datapath:
 
     def reset_counters(self) -> None:
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
-        self.uop_execs = 0
+        self.work = 0
 
     # ---- dispatch ---------------------------------------------------------------------
 
     def execute(self, index: int, insn: Insn) -> None:
+        work = self.work + work_of(insn)
+        if work > self.max_work:
+            iters = work_of(insn) - 1
+            what = (f"{insn.opcode.name} of {iters:,} micro-op iterations" if iters
+                    else insn.opcode.name)
+            raise SimulationLimitError(
+                f"instruction {index}: {what} would bring the run's work to {work:,} "
+                f"(instructions plus micro-op iterations), past max_work={self.max_work:,}; "
+                f"raise max_work (celosia exec --max-work N) if the program is meant to do "
+                f"this much")
+        self.work = work
         c = self.counters
         c["insn_count"] += 1
         c[_MODULE_COUNTER[module_of(insn)]] += 1
@@ -227,13 +272,16 @@ class Datapath:
 
     def _dram_rows(self, insn: MemInsn, eb: int) -> np.ndarray:
         """A (y_size, x_size * eb) strided view of the DRAM block an instruction touches."""
-        start = insn.dram_base * eb
-        return as_strided(self.dram[start:], shape=(insn.y_size, insn.x_size * eb),
-                          strides=(insn.x_stride * eb, 1))
+        start, row, stride = insn.dram_base * eb, insn.x_size * eb, insn.x_stride * eb
+        if stride >= row and start + insn.y_size * stride <= self.dram.size:
+            # a reshaped slice: the same view, without as_strided's cost per call
+            return self.dram[start:start + insn.y_size * stride].reshape(-1, stride)[:, :row]
+        return as_strided(self.dram[start:], shape=(insn.y_size, row), strides=(stride, 1))
 
     def _mem_kernel(self, insn: MemInsn):
         """(copies, counter, bytes) of a LOAD or STORE: ``dst[...] = src`` for each
-        (dst, src) of ``copies`` in order, both views (src 0 for padding)."""
+        (dst, src) of ``copies`` in order, both views (src 0 for padding), or for a STORE
+        whose rows overlap, src a (source, indices) gather."""
         entry = self._mem_by_insn.get(id(insn))
         if entry is not None and entry[0] is insn and entry[1] is self.dram:
             return entry[2]
@@ -257,7 +305,7 @@ class Datapath:
             data = (self._dram_rows(insn, eb).view(np.int8).reshape(insn.y_size, insn.x_size, eb)
                     if insn.y_size else None)
         else:
-            eb = elem_bytes(cfg, insn.mem_type)
+            eb = _mem_sizes(cfg)[insn.mem_type][0]
             raw = self._raw[insn.mem_type]
             block = raw[insn.sram_base:insn.sram_base + rows * width].reshape(rows, width, eb)
             data = (self._dram_rows(insn, eb).reshape(insn.y_size, insn.x_size, eb)
@@ -282,12 +330,17 @@ class Datapath:
         eb = self.cfg.out_elem_bytes
         count = insn.y_size * insn.x_size
         src = self.out_raw[insn.sram_base:insn.sram_base + count].reshape(insn.y_size, -1)
-        dst = self._dram_rows(insn, eb)
         if insn.x_stride >= insn.x_size:
-            copies = ((dst, src),)
-        else:  # rows overlap in DRAM: later rows win, as in program order
-            copies = tuple((dst[r], src[r]) for r in range(insn.y_size))
-        return copies, "out_store_bytes", count * eb
+            return ((self._dram_rows(insn, eb), src),), "out_store_bytes", count * eb
+        # Rows overlap in DRAM and later rows win, as in program order: byte o of the span
+        # comes from the last row that covers it, row min(o // stride, y_size - 1).
+        length, stride = insn.x_size * eb, insn.x_stride * eb
+        span = (insn.y_size - 1) * stride + length
+        o = np.arange(span, dtype=np.intp)
+        r = np.minimum(o // stride, insn.y_size - 1) if stride else insn.y_size - 1
+        start = insn.dram_base * eb
+        gather = (src.reshape(-1), r * length + (o - r * stride))
+        return ((self.dram[start:start + span], gather),), "out_store_bytes", count * eb
 
     def load(self, insn: MemInsn) -> None:
         copies, counter, nbytes = self._mem_kernel(insn)
@@ -299,25 +352,20 @@ class Datapath:
     def store(self, insn: MemInsn) -> None:
         copies, counter, nbytes = self._mem_kernel(insn)
         for dst, src in copies:
-            dst[...] = src
+            if isinstance(src, tuple):  # (source, indices): a gather
+                np.take(*src, out=dst)
+            else:
+                dst[...] = src
         if counter is not None:
             self.counters[counter] += nbytes
 
     # ---- micro-coded instructions ----------------------------------------------------
 
     def _kernel(self, index: int, insn, kind: str):
-        """The compiled kernel of a GEMM or ALU instruction (a function of no arguments),
-        after counting its executions against the run's limit; None when it executes
-        nothing. Compiling checks every index the instruction will use (_uops)."""
-        total = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
-        if total == 0:
+        """The compiled kernel of a GEMM or ALU instruction (a function of no arguments);
+        None when it executes nothing. Compiling checks every index the instruction will use (_uops)."""
+        if insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn) == 0:
             return None
-        self.uop_execs += total
-        if self.uop_execs > self.max_uop_execs:
-            raise SimulationLimitError(
-                f"instruction {index}: {kind} would bring the micro-op executions of this run to "
-                f"{self.uop_execs}, past the limit of {self.max_uop_execs}; raise max_uop_execs "
-                f"if the program is meant to be this long")
         words = self.uop[insn.uop_bgn:insn.uop_end].tobytes()
         entry = self._by_insn.get(id(insn))
         if entry is not None and entry[0] is insn and entry[1] == words:
@@ -394,16 +442,22 @@ class Datapath:
 
     @staticmethod
     def _report_range(index, insn, kind, field, buf, depth, f_out, f_in, base):
-        for ii in range(insn.iter_out):
-            for jj in range(insn.iter_in):
-                idx = base + ii * f_out + jj * f_in
-                bad = np.flatnonzero(idx >= depth)
-                if bad.size:
-                    u = int(bad[0])
-                    raise ProgramError(
-                        index, f"{kind} micro-op {insn.uop_bgn + u} at iteration (out {ii}, in {jj}) "
-                               f"uses {buf} row {int(idx[u])} as {field}, outside the {buf} buffer "
-                               f"({depth} rows)")
+        """Raise for the first execution, in loop order, whose index is out of range.
+        Factors are unsigned, so indices grow with both loops: the first outer iteration
+        whose last inner one reaches ``depth``, then its first such inner iteration."""
+        top = int(base.max())
+
+        def first(reach: int, factor: int) -> int:  # least i >= 0 with reach + i*factor >= depth
+            return 0 if factor == 0 or reach >= depth else -(-(depth - reach) // factor)
+
+        ii = first(top + (insn.iter_in - 1) * f_in, f_out)
+        jj = first(top + ii * f_out, f_in)
+        idx = base + ii * f_out + jj * f_in
+        u = int(np.flatnonzero(idx >= depth)[0])
+        raise ProgramError(
+            index, f"{kind} micro-op {insn.uop_bgn + u} at iteration (out {ii}, in {jj}) "
+                   f"uses {buf} row {int(idx[u])} as {field}, outside the {buf} buffer "
+                   f"({depth} rows)")
 
     # ---- GEMM -------------------------------------------------------------------------
 
@@ -425,7 +479,7 @@ class Datapath:
             if total > _KERNEL_EXECS:
                 return (lambda: self._gemm_general(insn, dst0, src0, wgt0)), 0
             dst = np.unique(self._indices(insn, dst0, src0, wgt0)[0])
-            rows = _rows(dst)
+            rows = as_rows(dst)
             acc, out = self.acc, self.out
 
             def reset():
@@ -520,9 +574,9 @@ class Datapath:
             s = src_g[:1 if shared else G, u0:u0 + per_slice]
             x_rows = (off_src[None, :, None] + s[:, None, :]).reshape(-1)  # (G|1, R, gs)
             w_rows = wgt_g[:, u0:u0 + per_slice].reshape(-1)  # (G, gs)
-            slices.append((s.shape[1], _rows(x_rows), _rows(w_rows)))
+            slices.append((s.shape[1], as_rows(x_rows), as_rows(w_rows)))
             nbytes += x_rows.nbytes + w_rows.nbytes
-        dst = _rows(rows)
+        dst = as_rows(rows)
         inp2 = self.inp_raw.view(np.int8)  # (depth, BATCH * BLOCK)
         wgt2 = self.wgt_raw.view(np.int8)  # (depth, BLOCK * BLOCK)
         acc, out = self.acc, self.out
@@ -586,129 +640,23 @@ class Datapath:
         kernel()
 
     def _compile_alu(self, insn: AluInsn, dst0, src0, wgt0):
-        """(kernel, bytes it holds) of an ALU instruction: its executions cut into batches
-        that give the same result computed at once as one after another (_hazard_free_end),
-        each batch's rows as a slice (a view of ACC, updated in place) when they are evenly
-        spaced, else as index arrays."""
+        """(kernel, bytes it holds) of an ALU instruction: the steps of alu.plan_alu over all
+        of its executions, or for a long instruction, planned and run chunk by chunk."""
         total = insn.iter_out * insn.iter_in * dst0.size
         if total > _KERNEL_EXECS:
-            return (lambda: self._alu_general(insn, dst0, src0, wgt0)), 0
+            return (lambda: self._alu_general(insn, dst0, src0)), 0
         dst, src, _ = self._indices(insn, dst0, src0, wgt0)
-        use_src = not insn.use_imm
-        batches = []
-        nbytes = 0
-        start = 0
-        while start < total:
-            # batches never cross a multiple of _CHUNK (each search is over one chunk)
-            stop = min(total, (start // _CHUNK + 1) * _CHUNK)
-            end = _hazard_free_end(dst[:stop], src[:stop] if use_src else None, start)
-            d = _rows(dst[start:end], step=True)
-            s = _rows(src[start:end], step=True, repeat=True) if use_src else None
-            batches.append((d, s))
-            nbytes += sum(x.nbytes for x in (d, s) if isinstance(x, np.ndarray))
-            start = end
-        acc, out = self.acc, self.out
-        y_imm = np.int32(insn.imm)
-        if insn.alu_op != AluOp.SHR:
-            ufunc = _ALU_UFUNCS[insn.alu_op]
-        elif not insn.use_imm:
-            ufunc = None  # SHR by a tensor of amounts: _shr_tensor
-        elif insn.imm >= 0:  # SHR by a constant: right, or left when negative (capped at 31)
-            ufunc, y_imm = np.right_shift, min(insn.imm, 31)
-        else:
-            ufunc, y_imm = np.left_shift, min(-insn.imm, 31)
-        plan = []
-        for d, s in batches:
-            # rows by slice: views of ACC and OUT, updated in place; else index arrays
-            view = isinstance(d, slice)
-            x, o = (acc[d], out[d]) if view else (d, None)
-            if s is None:
-                y, gather = y_imm, None
-            elif isinstance(s, slice):
-                y, gather = acc[s], None
-            else:
-                y, gather = None, s
-            plan.append((view, x, o, y, gather))
+        steps, nbytes = plan_alu(insn, dst, src, self.acc, self.out)
 
         def alu_kernel():
-            for view, x, o, y, gather in plan:
-                if gather is not None:
-                    y = acc[gather]
-                if view:
-                    # ufuncs read overlapping inputs as if copied first: the batch reads
-                    # every x and y before it writes, as _hazard_free_end assumes
-                    if ufunc is not None:
-                        ufunc(x, y, out=x)
-                    else:
-                        x[...] = _shr_tensor(x, y)
-                    np.copyto(o, x, casting="unsafe")  # the low byte, as astype(int8)
-                else:
-                    v = acc[x]
-                    r = ufunc(v, y, out=v) if ufunc is not None else _shr_tensor(v, y)
-                    acc[x] = r
-                    out[x] = r.astype(np.int8)
-
+            for step in steps:
+                step()
         return alu_kernel, nbytes
 
-    def _alu_general(self, insn: AluInsn, dst0, src0, wgt0) -> None:
-        for dst, src, _ in self._chunks(insn, dst0, src0, wgt0):
-            start = 0
-            while start < dst.size:
-                end = _hazard_free_end(dst, None if insn.use_imm else src, start)
-                self._alu_batch(insn, dst[start:end], src[start:end])
-                start = end
-
-    def _alu_batch(self, insn: AluInsn, dst: np.ndarray, src: np.ndarray) -> None:
-        # int32 array arithmetic wraps like the hardware (add, multiply, shift left); only a
-        # tensor shift amount needs int64 (negating -2^31).
-        x = self.acc[dst]
-        op = insn.alu_op
-        y = np.int32(insn.imm) if insn.use_imm else self.acc[src]
-        with np.errstate(over="ignore"):
-            if op == AluOp.MIN:
-                r = np.minimum(x, y)
-            elif op == AluOp.MAX:
-                r = np.maximum(x, y)
-            elif op == AluOp.ADD:
-                r = x + y
-            elif op == AluOp.MUL:
-                r = x * y
-            elif insn.use_imm:  # SHR by a constant: right, or left when negative (capped at 31)
-                r = x >> min(int(y), 31) if y >= 0 else x << min(-int(y), 31)
-            else:
-                r = _shr_tensor(x, y)
-        r = r.astype(np.int32)
-        self.acc[dst] = r
-        self.out[dst] = r.astype(np.int8)
-
-
-# ALU operations as int32 ufuncs (int32 array arithmetic wraps like the hardware); SHR is
-# a right or left shift by a constant, or _shr_tensor.
-_ALU_UFUNCS = {AluOp.MIN: np.minimum, AluOp.MAX: np.maximum, AluOp.ADD: np.add,
-               AluOp.MUL: np.multiply}
-
-
-def _shr_tensor(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """x >> y lane by lane, left by -y when y < 0, amounts capped at 31 (int64: negating
-    -2^31); the low 32 bits."""
-    y64 = y.astype(np.int64)
-    x64 = x.astype(np.int64)
-    return np.where(y64 >= 0, x64 >> np.minimum(y64, 31),
-                    x64 << np.minimum(-y64, 31)).astype(np.int32)
-
-
-def _rows(idx: np.ndarray, *, step: bool = False, repeat: bool = False):
-    """Row indices (at least one) as a slice when they are consecutive (a view instead of a
-    gather; with ``step`` also evenly spaced, with ``repeat`` also one row repeated, which
-    broadcasts), else as an index array."""
-    lo = int(idx[0])
-    if idx.size == 1:
-        return slice(lo, lo + 1)
-    gap = int(idx[1]) - lo
-    if gap == 1 or (step and gap > 0) or (repeat and gap == 0):
-        if bool(np.all(np.diff(idx) == gap)):
-            return slice(lo, lo + 1) if gap == 0 else slice(lo, int(idx[-1]) + 1, gap)
-    return np.ascontiguousarray(idx, dtype=np.intp)
+    def _alu_general(self, insn: AluInsn, dst0, src0) -> None:
+        for dst, src, _ in self._chunks(insn, dst0, src0, None):
+            for step in plan_alu(insn, dst, src, self.acc, self.out)[0]:
+                step()
 
 
 def _block_products(inp: np.ndarray, wgt: np.ndarray, src: np.ndarray, wgt_idx: np.ndarray,
@@ -744,33 +692,3 @@ def _block_products(inp: np.ndarray, wgt: np.ndarray, src: np.ndarray, wgt_idx: 
         w = wgt[w_sorted[s]].astype(np.float32)  # (O, C)
         out[rows] = (gather(src[rows]).reshape(-1, block) @ w.T).reshape(e - s, -1)
     return out, dst
-
-
-def _hazard_free_end(dst: np.ndarray, src: np.ndarray | None, start: int) -> int:
-    """The end of the longest run from ``start`` that can execute as one batch with the same
-    result as executing in order: no execution reads (x = ACC[dst], y = ACC[src]) or rewrites
-    a row that an earlier execution of the run wrote."""
-    d = dst[start:]
-    n = d.size
-    if n > 1 and bool(np.all(d[1:] > d[:-1])):  # the usual case: each row written once, in order
-        if src is None:
-            return start + n
-        s = src[start:]
-        if bool(np.all(s == d)) or s.max() < d.min() or s.min() > d.max():
-            return start + n  # in place (x op x) or reading rows the run never writes
-    # first position (within the run) at which each dst value is written
-    _, first_pos, inverse = np.unique(d, return_index=True, return_inverse=True)
-    first_write = first_pos[inverse]
-    hazard = first_write < np.arange(n)  # rewriting a row written earlier in the run
-    if src is not None:
-        s = src[start:]
-        sorted_vals = d[np.sort(first_pos)]
-        order = np.argsort(sorted_vals)
-        vals = sorted_vals[order]
-        pos_of_val = np.sort(first_pos)[order]
-        k = np.searchsorted(vals, s)
-        k = np.minimum(k, vals.size - 1)
-        found = vals[k] == s
-        hazard |= found & (pos_of_val[k] < np.arange(n))
-    bad = np.flatnonzero(hazard)
-    return start + (int(bad[0]) if bad.size else n)

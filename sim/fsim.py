@@ -20,11 +20,11 @@ from collections import deque
 import numpy as np
 
 from celosia.config import HwConfig
-from celosia.errors import DeadlockError, ProgramError
+from celosia.errors import DeadlockError, ProgramError, SimulationLimitError
 from celosia.isa import INSN_BYTES, FinishInsn, Insn, Module, decode_program, module_of
 
 from .base import Executor
-from .datapath import Datapath, check_insn, single_threaded_blas
+from .datapath import DEFAULT_MAX_WORK, Datapath, check_insn, check_max_work, single_threaded_blas
 
 __all__ = ["FunctionalSimulator", "Program", "load_program", "TOKEN_QUEUES", "pops_of",
            "pushes_of"]
@@ -111,13 +111,26 @@ def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfi
 
 
 class FunctionalSimulator(Executor):
+    """The functional simulator. Option: ``max_work``, the most work a run may do, counted
+    as one per instruction plus one per micro-op iteration of GEMM and ALU instructions
+    (default DEFAULT_MAX_WORK, 2^24); the instruction that would cross it raises
+    SimulationLimitError before it runs. A run's work is in its counters as ``work``."""
+
     name = "fsim"
     models_time = False
 
-    def __init__(self, config: HwConfig, dram_size: int, *, max_uop_execs: int = 1 << 34):
+    def __init__(self, config: HwConfig, dram_size: int, *, max_work: int = DEFAULT_MAX_WORK):
         super().__init__(config, dram_size)
         self.dram = np.zeros(self.dram_size, np.uint8)
-        self.datapath = Datapath(config, self.dram, max_uop_execs=max_uop_execs)
+        self.datapath = Datapath(config, self.dram, max_work=max_work)
+
+    @property
+    def max_work(self) -> int:
+        return self.datapath.max_work
+
+    @max_work.setter
+    def max_work(self, value: int) -> None:
+        self.datapath.max_work = check_max_work(value)
 
     def write_dram(self, addr: int, data) -> None:
         raw = np.frombuffer(memoryview(np.ascontiguousarray(data)).cast("B"), np.uint8)
@@ -129,11 +142,28 @@ class FunctionalSimulator(Executor):
         return self.dram[addr:addr + nbytes].copy()
 
     def run(self, insn_addr: int, insn_count: int) -> dict:
-        insns = load_program(self.dram, insn_addr, insn_count, self.config)
-        self.datapath.reset_counters()
+        insns = self._load(insn_addr, insn_count)
         with single_threaded_blas():
             _TokenMachine(insns, self.config, self.datapath.execute).run()
-        return dict(self.datapath.counters)
+        return self._counters()
+
+    def _load(self, insn_addr: int, insn_count: int) -> Program:
+        """The decoded, checked program, with the counters reset for a run. A program with
+        more instructions than max_work cannot finish: it fails before it is decoded."""
+        for name, value in (("insn_addr", insn_addr), ("insn_count", insn_count)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ProgramError(None, f"{name} must be an integer, not {value!r}")
+        if insn_count > self.max_work:
+            raise SimulationLimitError(
+                f"program: its {insn_count:,} instructions are more work than max_work="
+                f"{self.max_work:,} (each instruction counts one); raise max_work (celosia "
+                f"exec --max-work N) if the program is meant to be this long")
+        insns = load_program(self.dram, insn_addr, insn_count, self.config)
+        self.datapath.reset_counters()
+        return insns
+
+    def _counters(self) -> dict:
+        return {**self.datapath.counters, "work": self.datapath.work}
 
 
 class _TokenMachine:

@@ -13,6 +13,7 @@ from celosia.driver import Device
 from celosia.image import ProgramImage
 from celosia.isa import MemInsn, MemType, Opcode, FinishInsn, encode_program
 from celosia.sim.base import run_image
+from celosia.sim.datapath import DEFAULT_MAX_WORK
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,79 @@ def test_exec_missing_image_and_unknown_target(tmp_path, capsys):
     assert main(["exec", str(_illegal_image(tmp_path)), "--max-cycles", "10",
                  "--out", str(tmp_path / "o.npz")]) == 2
     assert "timed targets" in capsys.readouterr().err
+
+
+def _runaway_image(tmp_path):
+    """Issue #18: an ALU with both loop extents 8192 on one ACC row (67M updates)."""
+    from celosia import HwConfig
+    from celosia.isa import AluInsn, Uop, encode_uops
+
+    cfg = HwConfig()
+    insns = [MemInsn(opcode=Opcode.LOAD, mem_type=MemType.UOP, dram_base=16, x_size=1,
+                     y_size=1, x_stride=1),
+             AluInsn(uop_bgn=0, uop_end=1, iter_out=8192, iter_in=8192, use_imm=True, imm=1),
+             FinishInsn()]
+    dram = np.zeros(128, np.uint8)
+    dram[:48] = encode_program(insns, cfg)
+    dram[64:68] = encode_uops([Uop(0, 0)], cfg).view(np.uint8)
+    path = tmp_path / "runaway.npz"
+    ProgramImage(dram, 0, 3).save(path)
+    return path
+
+
+@pytest.mark.parametrize("target", ["fsim", "cycle"])
+def test_exec_work_limit(tmp_path, capsys, target):
+    path = _runaway_image(tmp_path)
+    out = str(tmp_path / "o.npz")
+    assert main(["exec", str(path), "--target", target, "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"celosia exec: error: instruction 1: ALU of 67,108,864 micro-op "
+                          f"iterations") and "--max-work N" in err and "\n" not in err
+    assert main(["exec", str(path), "--target", target, "--out", out, "--max-work", "100"]) == 2
+    assert "past max_work=100;" in capsys.readouterr().err
+    assert main(["exec", str(path), "--target", target, "--out", out, "--max-work", "0"]) == 2
+    assert "--max-work must be a positive integer, not 0" in capsys.readouterr().err
+
+
+def test_exec_limit_options_per_target(tmp_path, capsys):
+    path = _runaway_image(tmp_path)
+    out = str(tmp_path / "o.npz")
+    assert main(["exec", str(path), "--target", "fsim", "--max-cycles", "5", "--out", out]) == 2
+    assert "fsim has no cycles: bound its work with --max-work N" in capsys.readouterr().err
+    assert main(["exec", str(path), "--target", "rtl", "--max-work", "5", "--out", out]) == 2
+    assert "bound the rtl target with --max-cycles N" in capsys.readouterr().err
+    help_text = build_parser_help()
+    assert "--max-work N" in help_text and f"{DEFAULT_MAX_WORK}" in help_text
+
+
+def build_parser_help() -> str:
+    from celosia.cli import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices["exec"]
+    return " ".join(sub.format_help().split())
+
+
+def test_exec_unwritable_output_is_one_line(gemm_image, tmp_path, capsys):
+    path = gemm_image[0]
+    assert main(["exec", str(path), "--out", str(tmp_path / "no" / "o.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("celosia exec: error: cannot write --out ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["exec", "disasm"])
+def test_bad_image_files_are_one_line(tmp_path, capsys, command):
+    """The image loader's failures of issue #18 (NaN, Inf and text insn_count, a plain .npy)."""
+    dram = np.zeros(64, np.uint8)
+    cases = {"nan": np.float64("nan"), "inf": np.float64("inf"), "text": np.str_("2")}
+    for name, count in cases.items():
+        np.savez(tmp_path / f"{name}.npz", dram=dram, insn_addr=np.int64(0), insn_count=count)
+    np.save(tmp_path / "plain.npy", dram)
+    for name in [*cases, "plain"]:
+        path = tmp_path / (f"{name}.npz" if name in cases else "plain.npy")
+        argv = [command, str(path)] + (["--out", str(tmp_path / "o.npz")] if command == "exec" else [])
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"celosia {command}: error: {path}: ") and err.count("\n") == 1
 
 
 def test_disasm(gemm_image, capsys):

@@ -31,6 +31,7 @@ from celosia.errors import CompilerError
 from ..tensor.expr import (MATH_CALLS, Bin, Call, Cast, Const, Expr, Load, Select, Var, collect,
                            free_vars, from_linear, linear_form, simplify, substitute)
 from ..tensor.tir import Allocate, Attr, Buffer, Evaluate, For, If, PrimFunc, Seq, Stmt, Store, seq
+from .fastmath import emit_exp
 
 __all__ = ["Segment", "split_segments", "emit_module", "LOOP_KINDS", "MAX_VECTOR_LANES"]
 
@@ -406,6 +407,8 @@ class _FunctionEmitter:
             return self.binary(e)
         if isinstance(e, Call) and e.name in MATH_CALLS:
             x = self.value(e.args[0])
+            if e.name == "exp":  # llvm.exp on vectors would be scalarised libm calls
+                return emit_exp(self.b, x)
             suffix = f"v{x.type.count}f32" if isinstance(x.type, ir.VectorType) else "f32"
             name = f"llvm.{e.name}.{suffix}"
             fn = self.module.globals.get(name) or ir.Function(

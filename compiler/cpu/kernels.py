@@ -29,8 +29,10 @@ float32 for the float operators, int8 for Relu, and the conversions ``Quantize``
 
 Operand kinds (of an epilogue ``Add``/``Mul`` or an element-wise operand): ``"full"`` (the
 output's shape and layout), ``"channel"`` (one value per channel: ``[C//c, c]`` blocked,
-``[N]`` for a dense output's columns, ``[C]`` for a plain 4-D tensor) or ``["scalar", v]``
-(a constant folded into the code).
+``[N]`` for a dense output's columns, ``[C]`` for a plain 4-D tensor), ``"image_channel"``
+(one value per image and channel of a 4-D output, read at run time: ``[N, C//c, c]``
+blocked, ``[N, C]`` plain; squeeze-excitation's scale) or ``["scalar", v]`` (a constant
+folded into the code).
 
 Compiled kernels are cached twice: LLVM's object code by the hash of the IR
 (codegen_llvm), and here the whole kernel by the hash of its spec, the source of the
@@ -54,7 +56,9 @@ from ..tensor import te
 from ..tensor.expr import all_of, as_expr, exp, max_expr, min_expr, select
 from ..tensor.lower import lower
 from ..tensor.schedule import create_schedule
+from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
+from .schedules_nn import batch_matmul, schedule_batch_matmul
 from .host import cache_dir, host_target
 from .schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
                         schedule_conv2d_nchwc, schedule_dense, schedule_depthwise_conv2d_nchwc,
@@ -90,11 +94,14 @@ UNARY = {
     "HardSigmoid": lambda v, alpha=0.2, beta=0.5: _hard_sigmoid(v, alpha, beta),
     "HardSwish": lambda v: v * _hard_sigmoid(v, 1 / 6, 0.5),
     "Sigmoid": lambda v: as_expr(1.0) / (as_expr(1.0) + exp(-v)),
+    "SiLU": lambda v: v / (as_expr(1.0) + exp(-v)),
     "Neg": lambda v: -v,
     "Abs": lambda v: select(v < as_expr(0.0), -v, v),
     "Exp": lambda v: exp(v),
     "Identity": lambda v: v,
 }
+# The transformer models' functions (Erf, Gelu): activations_nn.py.
+UNARY.update(UNARY_NN)
 # name -> fn(a, b)
 BINARY = {
     "Add": lambda a, b: a + b,
@@ -140,6 +147,9 @@ def _operand_shape(kind, layout: str, out_shape) -> tuple | None:
         return None
     if kind == "full":
         return tuple(out_shape)
+    if kind == "image_channel":  # per image and channel ([N, C, 1, 1]: squeeze-excitation)
+        return (out_shape[0], out_shape[1], out_shape[4]) if layout == "blocked" \
+            else (out_shape[0], out_shape[1])
     if layout == "blocked":  # [N, C//c, H, W, c]
         return (out_shape[1], out_shape[4])
     if layout == "dense":  # [M, N]: per column
@@ -152,6 +162,8 @@ def _operand_read(kind, tensor, layout: str, idx):
         return as_expr(float(kind[1]))
     if kind == "full":
         return tensor[tuple(idx)]
+    if kind == "image_channel":
+        return tensor[idx[0], idx[1], idx[4]] if layout == "blocked" else tensor[idx[0], idx[1]]
     if layout == "blocked":
         return tensor[idx[1], idx[4]]
     return tensor[idx[1]]
@@ -388,10 +400,69 @@ def _layout(spec):
     return schedule_elementwise(y), [x, y]
 
 
-_BUILDERS = {"pack": _layout, "unpack": _layout, "conv": _conv, "dwconv": _conv,
-             "dense": _dense, "eltwise": _eltwise, "maxpool": _pool, "avgpool": _pool,
-             "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
-             "qgap": _global_avg_pool}
+def _batch_matmul(spec):
+    """``batch_matmul``: ``a [B, M, K] @ b [B, K, N]`` (schedules_nn.py)."""
+    a = te.placeholder(tuple(spec["a"]), F32, "a")
+    b = te.placeholder(tuple(spec["b"]), F32, "b")
+    y = batch_matmul(a, b)
+    return schedule_batch_matmul(y), [a, b, y]
+
+
+# ---- CNN operators of schedules_conv.py ----------------------------------------------------
+
+
+def _conv_transpose(spec):
+    """``convT``: ConvTranspose (float32, optional bias), see schedules_conv.py."""
+    from .schedules_conv import conv_transpose_nchwc, schedule_conv_transpose_nchwc
+
+    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    w = te.placeholder(tuple(spec["weight"]), F32, "weight")
+    b = te.placeholder((w.shape[0], w.shape[5]), F32, "bias") if spec["bias"] else None
+    y = conv_transpose_nchwc(x, w, stride=tuple(spec["strides"]), pads=tuple(spec["pads"]),
+                             dilation=tuple(spec["dilations"]), out_hw=tuple(spec["out"]),
+                             groups=spec["groups"], bias=b, name="out")
+    return schedule_conv_transpose_nchwc(y), [x, w] + ([b] if b is not None else []) + [y]
+
+
+def _resize(spec):
+    """``resize``: a Resize of H and W on ``[N, C//c, H, W, c]``, each output row and column
+    reading ``taps`` input rows and columns (int32 ``[OH, taps]``, ``[OW, taps]``, from
+    graph/ops_resize's own tables) with float32 weights (linear) or one each (nearest).
+    Bit-exact with the reference: the sums follow its separable order (rows first, then
+    columns), and the weights come negated so that each step is ``sum - x * (-w)``, which
+    the code generator leaves as a multiply and a subtraction (``sum + x * w`` would
+    become one fused multiply-add, rounded once instead of twice)."""
+    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    (oh, ow), taps = spec["out"], spec["taps"]
+    rows = te.placeholder((oh, taps), "int32", "rows")
+    cols = te.placeholder((ow, taps), "int32", "cols")
+    params = [x, rows, cols]
+    if spec["mode"] == "linear":
+        rw = te.placeholder((oh, taps), F32, "row_weights")
+        cw = te.placeholder((ow, taps), F32, "col_weights")
+        params += [rw, cw]
+
+    def body(b, c, y, xx, ci):
+        if spec["mode"] == "nearest":
+            return x[b, c, rows[y, 0], cols[xx, 0], ci]
+        zero = as_expr(0.0)
+        total = zero
+        for tx in range(taps):
+            column = zero
+            for ty in range(taps):
+                column = column - x[b, c, rows[y, ty], cols[xx, tx], ci] * rw[y, ty]
+            total = total - column * cw[xx, tx]
+        return total
+    n, cc, _, _, cb = x.shape
+    y = te.compute((n, cc, oh, ow, cb), body, "out")
+    return schedule_elementwise(y), params + [y]
+
+
+_BUILDERS = {"batch_matmul": _batch_matmul, "pack": _layout, "unpack": _layout, "conv": _conv,
+             "dwconv": _conv, "dense": _dense, "eltwise": _eltwise, "maxpool": _pool,
+             "avgpool": _pool, "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
+             "qgap": _global_avg_pool, "convT": _conv_transpose,
+             "resize": _resize}
 
 
 def build_function(spec: dict):
@@ -406,9 +477,10 @@ def build_function(spec: dict):
 # ---- compile, with a cache of whole kernels --------------------------------------------------
 
 # Relative to compiler/: the CPU backend and the tensor level below it.
-_SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/codegen.py", "cpu/host.py",
-            "tensor/te.py", "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py",
-            "tensor/expr.py")
+_SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
+            "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py",
+            "cpu/codegen.py", "cpu/host.py", "tensor/te.py",
+            "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []
 
 

@@ -47,6 +47,7 @@ from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
+from .schedules_nn import batch_matmul_tiles
 from .schedules import (EXACT_TERMS, channel_block, pack_conv_weight, pack_dense_weight,
                         pack_depthwise_weight)
 
@@ -55,7 +56,7 @@ __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 F32, I8 = "float32", "int8"
 _VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Neg", "Abs",
-                  "Exp", "Clip")
+                  "Exp", "Clip", "Erf", "Gelu")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
                    "Quantize": ("scale",), "Dequantize": ("scale",)}
 # A pooling kernel unrolls its window (a tree of max or +, one load per tap): larger
@@ -78,6 +79,16 @@ def _output_block(channels: int, width: int) -> int:
     if width < 14 and channels % 32 == 0:
         return 32
     return channel_block(channels)
+
+
+def _padded_rows(m: int) -> int:
+    """The rows a dense kernel computes for ``m``: the dense schedule tiles rows by a
+    divisor of m (at most 8), so an m with no divisor of 4 to 8 (ViT's 197 tokens: 1 row
+    per tile, 4x slower) is padded with zero rows to a multiple of 8, the extra rows
+    computed and dropped."""
+    if m <= 8 or any(m % d == 0 for d in (4, 5, 6, 7, 8)):
+        return m
+    return -(-m // 8) * 8
 
 
 def blocked_name(value: str, block: int) -> str:
@@ -236,8 +247,22 @@ class _Lowering:
                 return "full", self.blocked(v, block)
             return "full", self.add_const(v, np.asarray(full, dtype))
         if t.shape != out_type.shape:
-            return None
+            return self.image_channel_operand(v, out_type, layout, block)
         return "full", self.blocked(v, block) if layout == "blocked" else self.plain(v)
+
+    def image_channel_operand(self, v: str, out_type, layout: str, block: int):
+        """("image_channel", value) for a run-time ``[N, C, 1, 1]`` operand of a 4-D output
+        (squeeze-excitation's scale): ``[N, C//c, c]`` blocked or ``[N, C]`` plain, a view
+        of its memory; None for other broadcasts."""
+        t = self.type(v)
+        if layout == "dense" or len(out_type.shape) != 4 \
+                or tuple(t.shape) != (*out_type.shape[:2], 1, 1):
+            return None
+        n, c = t.shape[:2]
+        if layout == "blocked":
+            return "image_channel", self.view_of(self.blocked(v, block), (n, c // block, block),
+                                                 f"{v}@image_channel{block}")
+        return "image_channel", self.view_of(self.plain(v), (n, c), f"{v}@image_channel")
 
     def epilogue(self, node: Node, out_type, layout: str, block: int = 0):
         """(spec steps, operand values) of a fused node's epilogue, or None."""
@@ -320,6 +345,70 @@ class _Lowering:
         self.kernel(node, spec, args + [out], out)
         return True
 
+    # ---- CNN operators of schedules_conv.py ------------------------------------------------
+
+    def conv_transpose(self, node: Node) -> bool:
+        """ConvTranspose 2-D, float32, constant weights (and bias), pads >= 0 (a negative
+        pad, an output_shape larger than the operator makes, stays numpy); each group's
+        channels whole blocks on both sides."""
+        from .schedules_conv import pack_conv_transpose_weight
+
+        x, w, b = (list(node.inputs) + ["", ""])[:3]
+        tx, a = self.type(x), node.attrs
+        if len(tx.shape) != 4 or tx.dtype != F32 or not self.is_const(w) \
+                or (b and not self.is_const(b)) or min(a["pads"]) < 0:
+            return False
+        out_t = self.type(node.outputs[0])
+        g, c, m = a["group"], tx.shape[1], out_t.shape[1]
+        have = self.current_block(x)
+        cb = have if have and (c // g) % have == 0 else channel_block(c // g)
+        ob = channel_block(m // g)
+        packed = pack_conv_transpose_weight(np.asarray(self.const(w), np.float32), g, cb, ob)
+        wname = self.add_const(f"{w}@convT{cb}i{ob}o", packed)
+        data = self.blocked(x, cb)
+        spec = {"op": "convT", "data": self.values[data]["shape"], "weight": list(packed.shape),
+                "strides": list(a["strides"]), "pads": list(a["pads"]),
+                "dilations": list(a["dilations"]), "out": list(out_t.shape[2:]), "groups": g,
+                "bias": bool(b)}
+        args = [data, wname] + ([self.channel_const(b, ob, F32)] if b else [])
+        out = self.produce(node.outputs[0], ob)
+        self.kernel(node, spec, args + [out], out)
+        return True
+
+    def resize(self, node: Node) -> bool:
+        """Resize of H and W (N and C kept) of a float32 4-D value, nearest or linear (no
+        antialiasing when shrinking, no tf_crop_and_resize): a ``resize`` kernel on the
+        blocked layout, with graph/ops_resize's own index and weight tables as constants."""
+        from ..graph.ops_resize import _axis_taps
+
+        x, a = node.inputs[0], node.attrs
+        tx, out_t = self.type(x), self.type(node.outputs[0])
+        if len(tx.shape) != 4 or tx.dtype != F32 or a["mode"] not in ("nearest", "linear") \
+                or tuple(out_t.shape[:2]) != tuple(tx.shape[:2]) \
+                or a["coordinate_transformation_mode"] == "tf_crop_and_resize" \
+                or (a.get("antialias", 0) and min(a["scales"][2:]) < 1) \
+                or len([o for o in node.outputs if o]) != 1:
+            return False
+        tables = []
+        for axis in (2, 3):
+            idx, w, _ = _axis_taps(tx.shape[axis], out_t.shape[axis], a["scales"][axis],
+                                   (0.0, 1.0), a, np.float32)
+            tables.append((idx.astype(np.int32), None if w is None else -w.astype(np.float32)))
+        if tables[0][0].shape[1] != tables[1][0].shape[1]:
+            return False
+        block = self.current_block(x) or channel_block(tx.shape[1])
+        data = self.blocked(x, block)
+        args = [data] + [self.add_const(f"{node.name}@{what}", t[0])
+                         for what, t in zip(("rows", "cols"), tables)]
+        if a["mode"] == "linear":
+            args += [self.add_const(f"{node.name}@{what}_negated_weights", t[1])
+                     for what, t in zip(("row", "col"), tables)]
+        spec = {"op": "resize", "mode": a["mode"], "data": self.values[data]["shape"],
+                "out": list(out_t.shape[2:]), "taps": int(tables[0][0].shape[1])}
+        out = self.produce(node.outputs[0], block)
+        self.kernel(node, spec, args + [out], out)
+        return True
+
     def requant_const(self, node: Node) -> str:
         """A QConv/QGemm's [shift, lo, hi], an operand of its kernel."""
         a = node.attrs
@@ -350,6 +439,8 @@ class _Lowering:
 
     def dense(self, node: Node) -> bool:
         a_in, b_in = node.inputs[0], node.inputs[1]
+        if node.op == "MatMul" and not self.is_const(b_in):
+            return self.batch_matmul(node)
         c_in = node.inputs[2] if node.op == "Gemm" and len(node.inputs) > 2 else ""
         ta, at = self.type(a_in), node.attrs
         if ta.dtype != F32 or not self.is_const(b_in) or self.type(b_in).dtype != F32 \
@@ -370,8 +461,6 @@ class _Lowering:
         m = math.prod(ta.shape[:-1])
         from ..graph.ir import TensorType
         flat_t = TensorType(F32, (m, n))
-        if tuple(out_t.shape) != (m, n) and node.attrs.get("epilogue"):
-            return False  # operands of a batched MatMul's epilogue: keep it simple
         nb = channel_block(n)
         steps, args = [], []
         bias = False
@@ -385,7 +474,8 @@ class _Lowering:
             else:
                 steps.append(["Add", kind])
                 args += [value] if value is not None else []
-        epi = self.epilogue(node, flat_t, "dense")
+        epi = (self.epilogue(node, flat_t, "dense") if tuple(out_t.shape) == (m, n)
+               else self.batched_epilogue(node, out_t, (m, n)))
         if epi is None:
             return False
         steps += epi[0]
@@ -394,15 +484,108 @@ class _Lowering:
         if ta.shape != (m, k):
             data = self.view_of(data, (m, k), f"{a_in}@2d")
         packed = self.add_const(f"{b_in}@dense{nb}", pack_dense_weight(wt, nb))
-        spec = {"op": "dense", "data": [m, k], "weight": [n // nb, k, nb], "bias": bias,
+        rows = _padded_rows(m)
+        if rows != m:  # (m, n)-shaped operands padded too, the output cropped below
+            data = self.pad_rows(node, data, rows)
+            args = [self.pad_rows(node, v, rows, n) for v in args]
+        spec = {"op": "dense", "data": [rows, k], "weight": [n // nb, k, nb], "bias": bias,
                 "epilogue": steps}
-        if tuple(out_t.shape) == (m, n):
+        if tuple(out_t.shape) == (m, n) and rows == m:
             out = self.produce(node.outputs[0], 0)
             self.kernel(node, spec, [data, packed] + args + [out], out)
+            return True
+        flat = self.define(f"{node.outputs[0]}@{rows}x{n}", F32, (rows, n))
+        self.kernel(node, spec, [data, packed] + args + [flat], flat)
+        if rows != m:
+            crop = Node("Slice", (flat,), (f"{node.outputs[0]}@2d",),
+                        {"starts": [0], "ends": [m], "axes": [0], "steps": [1]},
+                        f"{node.name}@crop")
+            self.step("numpy", crop, [flat], [self.define(crop.outputs[0], F32, (m, n))],
+                      attrs=crop.attrs)
+            flat = crop.outputs[0]
+        if tuple(out_t.shape) == (m, n):
+            self.step("numpy", Node("Identity", (flat,), (node.outputs[0],), {},
+                                    f"{node.name}@copy"),
+                      [flat], [self.produce(node.outputs[0], 0)], attrs={})
         else:
-            flat = self.define(f"{node.outputs[0]}@2d", F32, (m, n))
-            self.kernel(node, spec, [data, packed] + args + [flat], flat)
             self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
+        return True
+
+    def pad_rows(self, node: Node, v: str, rows: int, n: int | None = None) -> str:
+        """``v``, an (m, k) data value or an (m, n) epilogue operand, with zero rows up to
+        ``rows``; other operands (per-column vectors) as they are."""
+        if v in self.constants:
+            a = self.constants[v]
+            if a.ndim != 2 or a.shape[0] == rows:  # a per-column vector
+                return v
+            return self.add_const(f"{v}@pad{rows}", np.pad(a, ((0, rows - a.shape[0]), (0, 0))))
+        m, width = self.values[v]["shape"]
+        pad = Node("Pad", (v,), (f"{v}@pad{rows}",),
+                   {"pads": [0, 0, rows - m, 0], "mode": "constant"}, f"{node.name}@pad")
+        self.step("numpy", pad, [v], [self.define(pad.outputs[0], F32, (rows, width))],
+                  attrs=pad.attrs)
+        return pad.outputs[0]
+
+    def batched_epilogue(self, node: Node, out_t, flat: tuple):
+        """(spec steps, operand values) of the epilogue of a MatMul whose output (``out_t``,
+        rank > 2) the dense kernel writes as ``flat`` = (m, n): the bias add, scaling and
+        residual add of a transformer's projections. A run-time operand of the output's
+        shape is viewed as (m, n), a constant broadcast to it; None otherwise."""
+        m, n = flat
+        steps, args = [], []
+        for op, *rest in node.attrs.get("epilogue", ()):
+            if op in UNARY:
+                steps.append([op, *[None if a is None else float(a) for a in rest]])
+                continue
+            if op not in BINARY:
+                return None
+            v = node.inputs[rest[0]]
+            t = self.type(v)
+            if t.dtype != F32:
+                return None
+            if not self.is_const(v):
+                if tuple(t.shape) != tuple(out_t.shape):
+                    return None
+                steps.append([op, "full"])
+                args.append(self.view_of(self.plain(v), flat, f"{v}@2d"))
+                continue
+            a = np.asarray(self.const(v), np.float32)
+            if a.size == 1:
+                steps.append([op, ["scalar", float(a.reshape(-1)[0])]])
+                continue
+            try:
+                full = np.broadcast_to(a, out_t.shape)
+            except ValueError:
+                return None
+            if a.ndim <= len(out_t.shape) and a.shape[-1] == n \
+                    and math.prod(a.shape) == n:  # one value per output column
+                steps.append([op, "channel"])
+                args.append(self.add_const(f"{v}@channel", a.reshape(-1)))
+            else:
+                steps.append([op, "full"])
+                args.append(self.add_const(f"{v}@{m}x{n}", full.reshape(m, n)))
+        return steps, args
+
+    def batch_matmul(self, node: Node) -> bool:
+        """A MatMul of two run-time float32 operands of rank >= 3 with the same batch dims
+        (attention's Q @ K^T and P @ V): one kernel over the batches, viewed as 3-D. Others
+        (broadcast batches, N not a multiple of 8, an epilogue) stay numpy."""
+        a_in, b_in = node.inputs[:2]
+        ta, tb = self.type(a_in), self.type(b_in)
+        if ta.dtype != F32 or tb.dtype != F32 or len(ta.shape) < 3 \
+                or len(tb.shape) != len(ta.shape) or ta.shape[:-2] != tb.shape[:-2] \
+                or node.attrs.get("epilogue") or self.is_const(a_in) or self.is_const(b_in):
+            return False
+        (m, k), n = ta.shape[-2:], tb.shape[-1]
+        if batch_matmul_tiles(m, n) is None:
+            return False
+        z = math.prod(ta.shape[:-2])
+        a = self.view_of(self.plain(a_in), (z, m, k), f"{a_in}@3d")
+        b = self.view_of(self.plain(b_in), (z, k, n), f"{b_in}@3d")
+        flat = self.define(f"{node.outputs[0]}@3d", F32, (z, m, n))
+        self.kernel(node, {"op": "batch_matmul", "a": [z, m, k], "b": [z, k, n]},
+                    [a, b, flat], flat)
+        self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
         return True
 
     def qgemm(self, node: Node) -> bool:
@@ -481,6 +664,8 @@ class _Lowering:
             operands = node.inputs[:1]
             params = [float(node.attrs[k]) for k in _ELTWISE_PARAMS.get(node.op, ())
                       if k in node.attrs]
+            if node.op == "Gelu":  # approximate = "none" / "tanh" -> 0 / 1
+                params = [float(node.attrs.get("approximate", "none") == "tanh")]
         else:
             operands, params = node.inputs, []
         if not any(not self.is_const(v) for v in operands):
@@ -558,7 +743,8 @@ class _Lowering:
         handlers = {"Conv": self.conv, "Gemm": self.dense, "MatMul": self.dense,
                     "MaxPool": self.pool, "AveragePool": self.pool,
                     "GlobalAveragePool": self.pool, "Concat": self.concat,
-                    "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool}
+                    "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
+                    "ConvTranspose": self.conv_transpose, "Resize": self.resize}
         for op in _VIEW_OPS:
             handlers[op] = self.view
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):

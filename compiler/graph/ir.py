@@ -40,7 +40,9 @@ __all__ = ["TensorType", "Node", "Graph", "print_graph", "print_node", "verify_g
            "EPILOGUE_BINARY"]
 
 # Epilogue steps: element-wise ops a Conv/Gemm/MatMul may apply to its output in place.
-EPILOGUE_UNARY = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid")
+# SiLU (x * sigmoid(x)) has no ONNX operator of its own: fuse_epilogues finds it as a
+# Sigmoid and a Mul that both read the output.
+EPILOGUE_UNARY = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "SiLU")
 EPILOGUE_BINARY = ("Add", "Mul")
 
 

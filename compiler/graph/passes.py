@@ -237,8 +237,10 @@ def _unary_step(node: Node, inits):
 def fuse_epilogues(graph: Graph) -> Graph:
     """A Conv/Gemm/MatMul followed by a chain of element-wise ops on its output alone (bias
     or residual Add, Mul by a broadcast operand, Relu, Clip, LeakyRelu, HardSigmoid,
-    HardSwish, Sigmoid) becomes one node with an ``epilogue``; a constant per-channel Add
-    right after a bias-less Conv or C-less Gemm becomes its bias."""
+    HardSwish, Sigmoid; SiLU: a Sigmoid of the output and a Mul of the output by it;
+    HardSwish spelt out as x * clip(x + 3, 0, 6) / 6)
+    becomes one node with an ``epilogue``; a constant per-channel Add right after a
+    bias-less Conv or C-less Gemm becomes its bias."""
     graph = _in_bodies(graph, fuse_epilogues)
     users = graph.consumers()
     inits, types = dict(graph.initializers), dict(graph.types)
@@ -249,7 +251,17 @@ def fuse_epilogues(graph: Graph) -> Graph:
             continue
         inputs = list(node.inputs) + [""] * (OWN_INPUTS[node.op] - len(node.inputs))
         attrs, steps, out, last = dict(node.attrs), [], node.outputs[0], None
-        while out not in graph.outputs and len(users.get(out, ())) == 1:
+        while out not in graph.outputs and len(users.get(out, ())) in (1, 2):
+            gated = _silu(out, users, graph.outputs) or _hard_swish(out, users, inits,
+                                                                    graph.outputs)
+            if gated is not None:  # x * f(x): one step for the nodes of f and the Mul
+                step, chain = gated
+                steps.append((step,))
+                absorbed.update(n.name for n in chain)
+                out, last = chain[-1].outputs[0], chain[-1]
+                continue
+            if len(users[out]) != 1:
+                break
             nxt = users[out][0]
             if nxt.name in absorbed:  # already the epilogue of the other operand's producer
                 break
@@ -288,6 +300,76 @@ def fuse_epilogues(graph: Graph) -> Graph:
     nodes = [placed.get(n.name, n) for n in graph.nodes
              if n.name not in absorbed or n.name in placed]
     return graph.with_nodes(nodes, initializers=inits, types=types)
+
+
+def _silu(out: str, users: dict, outputs) -> tuple | None:
+    """("SiLU", [Sigmoid, Mul]) when ``out``'s readers are exactly a Sigmoid of it and a Mul
+    of it by that Sigmoid, which nothing else reads: x * sigmoid(x), PyTorch's export."""
+    readers = users.get(out, ())
+    if len(readers) != 2:
+        return None
+    sig = next((n for n in readers if n.op == "Sigmoid"), None)
+    mul = next((n for n in readers if n.op == "Mul"), None)
+    if sig is None or mul is None or sig.outputs[0] in outputs \
+            or sorted(mul.inputs) != sorted((out, sig.outputs[0])) \
+            or [n.name for n in users.get(sig.outputs[0], ())] != [mul.name]:
+        return None
+    return "SiLU", [sig, mul]
+
+
+def _scalar(inits, v, want: float) -> bool:
+    return v in inits and inits[v].size == 1 and abs(float(inits[v].item()) - want) <= 1e-6
+
+
+def _hard_swish(out: str, users: dict, inits, outputs) -> tuple | None:
+    """("HardSwish", nodes) for x * clip(x + 3, 0, 6) / 6 spelt out (Paddle's export):
+    Add 3, Clip [0, 6], then Mul by x and Div by 6 (or Mul by 1/6), in either order."""
+    readers = users.get(out, ())
+    add = next((n for n in readers if n.op == "Add"), None)
+    mul = next((n for n in readers if n.op == "Mul"), None)
+    if len(readers) != 2 or add is None or mul is None or out not in mul.inputs \
+            or not _scalar(inits, add.inputs[1] if add.inputs[0] == out else add.inputs[0], 3):
+        return None
+
+    def only_reader(node, op):
+        nxt = users.get(node.outputs[0], ())
+        if node.outputs[0] in outputs or len(nxt) != 1 or nxt[0].op != op:
+            return None
+        return nxt[0]
+
+    def sixth(node):  # Div by 6 or Mul by 1/6, of the previous node's output
+        prev_out = chain[-1].outputs[0]
+        if node is None or (node.op == "Div" and node.inputs[0] != prev_out):
+            return False
+        other = [v for v in node.inputs if v != prev_out]
+        return len(other) == 1 and (_scalar(inits, other[0], 6) if node.op == "Div"
+                                    else _scalar(inits, other[0], 1 / 6))
+    clip = only_reader(add, "Clip")
+    if clip is None or len(clip.inputs) != 3 or not _scalar(inits, clip.inputs[1], 0) \
+            or not _scalar(inits, clip.inputs[2], 6):
+        return None
+    chain = [add, clip]
+    nxt = users.get(clip.outputs[0], ())
+    if clip.outputs[0] in outputs or len(nxt) != 1:
+        return None
+    if nxt[0] is mul:  # x * clip, then / 6
+        chain.append(mul)
+        last = users.get(mul.outputs[0], ())
+        if mul.outputs[0] in outputs or len(last) != 1 or last[0].op not in ("Div", "Mul") \
+                or not sixth(last[0]):
+            return None
+        chain.append(last[0])
+    else:  # clip / 6, then x * that
+        if nxt[0].op not in ("Div", "Mul") or not sixth(nxt[0]):
+            return None
+        chain.append(nxt[0])
+        after = only_reader(nxt[0], "Mul")
+        if after is None or after.name != mul.name:
+            return None
+        chain.append(mul)
+    if sorted(mul.inputs) != sorted((out, chain[chain.index(mul) - 1].outputs[0])):
+        return None
+    return "HardSwish", chain
 
 
 def _as_bias(node, other, inits, out_type, steps, inputs):

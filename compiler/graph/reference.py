@@ -25,8 +25,13 @@ from .ops_control import CONTROL_KERNELS, CONTROL_TYPE_RULES
 from .ops_recurrent import RECURRENT_KERNELS, RECURRENT_SHAPE_RULES
 from .qops import QUANTIZED_KERNELS, QUANTIZED_SHAPE_RULES
 
-__all__ = ["run_graph", "run_body", "evaluate_node", "infer_node", "apply_epilogue", "stand_in", "fits",
+__all__ = ["OPERATORS", "run_graph", "run_body", "evaluate_node", "infer_node", "apply_epilogue", "stand_in", "fits",
            "check_result", "KERNEL_ERRORS"]
+
+# Every operator this executor runs: ONNX operators, recurrent layers, control flow and
+# celosia's quantized operators (what a saved model's steps may name).
+OPERATORS = frozenset(KERNELS) | frozenset(RECURRENT_KERNELS) | frozenset(CONTROL_KERNELS) \
+    | frozenset(QUANTIZED_KERNELS)
 
 # What a kernel raises on values it cannot take (an index out of range, a Range of step 0,
 # a size too large for memory): reported as a NodeError naming the node.
@@ -52,6 +57,8 @@ def apply_epilogue(y: np.ndarray, steps, inputs) -> np.ndarray:
             y = y * hard_sigmoid(y, 1 / 6, 0.5)
         elif op == "Sigmoid":
             y = sigmoid(y).astype(y.dtype)
+        elif op == "SiLU":
+            y = y * sigmoid(y).astype(y.dtype)
         else:
             raise ValueError(f"unknown epilogue step {op}")
     return y

@@ -193,7 +193,8 @@ class _Machine:
         self.counters = dict.fromkeys((
             "insn_count", "load_insns", "compute_insns", "store_insns", "gemm_insns", "alu_insns",
             "gemm_uops", "alu_uops", "macs", "uop_load_bytes", "inp_load_bytes", "wgt_load_bytes",
-            "acc_load_bytes", "acc8_load_bytes", "out_store_bytes"), 0)
+            "acc_load_bytes", "acc8_load_bytes", "out_store_bytes",
+            "work"), 0)  # work: one per instruction and per micro-op iteration
         self.check_races = check_races
         self.access = {}  # location -> [last write (module, seq) or None, {module: seq of last read}]
         self.cur = None  # (module, seq, vc) of the instruction being executed
@@ -311,6 +312,7 @@ class _Machine:
                     a = dst + i * d["dfo"] + j * d["dfi"]
                     s = src + i * d["sfo"] + j * d["sfi"]
                     w = wgt + i * d["wfo"] + j * d["wfi"]
+                    self.counters["work"] += 1
                     self._row("acc", a, d["index"], write=True)
                     if d["reset"]:
                         new = [0] * (nb * n)
@@ -341,6 +343,7 @@ class _Machine:
                     dst, src, _ = self._uop(k)
                     a = dst + i * d["dfo"] + j * d["dfi"]
                     s = src + i * d["sfo"] + j * d["sfi"]
+                    self.counters["work"] += 1
                     self._row("acc", a, d["index"], write=True)
                     x = self._get("acc", a, lanes)
                     if d["use_imm"]:
@@ -371,6 +374,7 @@ class _Machine:
     def execute(self, d: dict, module: str):
         c = self.counters
         c["insn_count"] += 1
+        c["work"] += 1
         c[{LD: "load_insns", CP: "compute_insns", ST: "store_insns"}[module]] += 1
         self.cur_index = d["index"]
         op = d["op"]

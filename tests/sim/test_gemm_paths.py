@@ -247,6 +247,14 @@ ALU_CASES = [
     ([(1, 0)], 1, 60, 0, 1, 0, 1),  # a chain: each row reads the one just written
     ([(7, 7), (7, 7)], 2, 3, 0, 0, 0, 0),  # the same row, again and again
     ([(4, 9), (2, 4), (9, 2)], 3, 4, 1, 0, 0, 1),  # scattered rows, index arrays
+    # repeated rows (sim/alu.py's closed forms and batches)
+    ([(3, 3)], 10, 20, 0, 0, 0, 0),  # in place, 200 times: MUL and SHR reach fixed points
+    ([(0, 100), (5, 101)], 7, 9, 0, 0, 0, 0),  # one source row each, never written
+    ([(0, 100), (0, 101), (1, 102)], 2, 10, 0, 0, 0, 1),  # several source rows: folded
+    ([(0, 0), (0, 5)], 3, 4, 0, 0, 0, 0),  # in place and not, on one row
+    ([(0, 1), (1, 0)], 2, 20, 0, 0, 0, 0),  # a chain through two rows
+    ([(k, k + 1) for k in range(12)], 3, 2, 0, 0, 0, 0),  # long hazard-free batches, repeated
+    ([(9, 2), (2, 9), (4, 4), (7, 1)], 5, 6, 1, 0, 1, 0),  # mixed, some rows repeated
 ]
 
 
@@ -292,3 +300,82 @@ def test_single_threaded_blas_restores_the_thread_count():
             assert all(lib.get_num_threads() == 1 for lib in libs)
         assert all(lib.get_num_threads() == 1 for lib in libs)
     assert [lib.get_num_threads() for lib in libs] == before
+
+
+def _random_alu_case(cfg, rng):
+    """Micro-ops over a few rows (so rows repeat and feed each other), random loops."""
+    rows = int(rng.integers(2, 12))
+    uops = [Uop(int(rng.integers(0, rows)), int(rng.integers(0, rows + 2)))
+            for _ in range(int(rng.integers(1, 6)))]
+    f = lambda: int(rng.choice([0, 0, 1, 2]))  # noqa: E731
+    insn = AluInsn(alu_op=AluOp(int(rng.integers(0, 5))), use_imm=bool(rng.random() < 0.3),
+                   imm=int(rng.integers(-40, 40)), uop_bgn=0, uop_end=len(uops),
+                   iter_out=int(rng.integers(1, 6)), iter_in=int(rng.integers(1, 12)),
+                   dst_factor_out=f(), dst_factor_in=f(), src_factor_out=f(), src_factor_in=f())
+    return uops, insn
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+def test_alu_random_patterns_match_naive(chunked, monkeypatch):
+    """Random ALU instructions with repeated and chained rows against the naive loop; with
+    ``chunked``, long-instruction chunks of 7 executions (so a pattern spans chunks)."""
+    import celosia.sim.datapath as datapath
+
+    if chunked:
+        monkeypatch.setattr(datapath, "_KERNEL_EXECS", 16)
+        monkeypatch.setattr(datapath, "_CHUNK", 7)
+    cfg = CONFIGS[1]
+    rng = np.random.default_rng(12 + chunked)
+    for case in range(150):
+        uops, insn = _random_alu_case(cfg, rng)
+        dp = Datapath(cfg, np.zeros(64, np.uint8))
+        small = insn.alu_op in (AluOp.SHR, AluOp.MUL) and rng.random() < 0.5
+        dp.acc[:] = (rng.integers(-40, 40, dp.acc.shape) if small
+                     else rng.integers(-2**31, 2**31, dp.acc.shape))
+        dp.out[:] = rng.integers(-128, 128, dp.out.shape)
+        dp.uop[:len(uops)] = encode_uops(uops, cfg)
+        want_acc, want_out = _naive_alu(dp, insn, uops)
+        dp.alu(0, insn)
+        msg = f"case {case}: {insn} {uops}"
+        np.testing.assert_array_equal(dp.acc, want_acc, err_msg=msg)
+        np.testing.assert_array_equal(dp.out, want_out, err_msg=msg)
+
+
+def test_in_place_mul_and_shr_reach_fixed_points():
+    """The in-place closed form runs at most 64 steps of x*x and x >> x: every int32 is at
+    its fixed point by then (x*x: 0 or 1 from step 30, x >> x: 0 within 64 steps)."""
+    from celosia.sim.alu import shr_tensor
+
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.integers(-2**31, 2**31, 20000), np.arange(-70, 70),
+                        [-2**31, 2**31 - 1, -2**30, 2**30]]).astype(np.int32)
+    for step in (lambda v: v * v, lambda v: shr_tensor(v, v)):
+        v = x.copy()
+        for _ in range(64):
+            v = step(v)
+        np.testing.assert_array_equal(step(v), v)
+
+
+@pytest.mark.parametrize("pairs,fo,fi", [
+    ([(0, 0)], 0, 0),  # in place on one row
+    ([(0, 1)], 0, 0),  # one row, one source row
+    ([(0, 1), (0, 2)], 0, 0),  # one row, two source rows
+    ([(0, 1), (1, 0)], 0, 0),  # a chain through two rows
+])
+@pytest.mark.parametrize("op", [AluOp.ADD, AluOp.SHR])
+def test_repeated_row_updates_take_linear_time(pairs, fo, fi, op):
+    """2^16 updates of the same rows took a minute when batches were found quadratically
+    (issue #18); now they take well under a second (a chain, a few microseconds each)."""
+    import time
+
+    cfg = CONFIGS[0]
+    dp = Datapath(cfg, np.zeros(64, np.uint8))
+    dp.acc[:] = np.random.default_rng(0).integers(-3, 3, dp.acc.shape)
+    uops = [Uop(d, s) for d, s in pairs]
+    dp.uop[:len(uops)] = encode_uops(uops, cfg)
+    insn = AluInsn(alu_op=op, uop_bgn=0, uop_end=len(uops), iter_out=256,
+                   iter_in=256 // len(uops), dst_factor_out=fo, dst_factor_in=fi)
+    start = time.process_time()
+    with single_threaded_blas():
+        dp.alu(0, insn)
+    assert time.process_time() - start < 5.0

@@ -3,6 +3,9 @@ onnxruntime (or onnx's reference evaluator where onnxruntime lacks the operator 
 mode), through celosia's import + reference executor, and through the compiled CPU build
 (CpuModel), and the three must agree: bit for bit between celosia's two paths, and with
 the oracle exactly for integer and boolean outputs, within a tolerance for floats.
+Operators in ``FLOAT_KERNELS`` have compiled float32 kernels in the CPU build (sums in
+another order than numpy's BLAS, fused multiply-adds): there the CPU build's float outputs
+agree with the reference to float32 rounding (1e-5 of the output's scale), not bit for bit.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from onnx import helper, numpy_helper
 from celosia.runtime.cpu import CpuModel
 from celosia.runtime.reference import ReferenceModel
 
-__all__ = ["node_model", "oracle", "check_node"]
+__all__ = ["node_model", "oracle", "check_node", "FLOAT_KERNELS"]
+
+FLOAT_KERNELS = {"ConvTranspose"}
 
 
 def node_model(op, inputs, feeds, *, consts=None, attrs=None, opset=21, outputs=1,
@@ -80,7 +85,11 @@ def check_node(op, inputs, feeds, *, consts=None, attrs=None, opset=21, outputs=
         got, built = ref[name], cpu[name]
         assert got.dtype == w.dtype and got.shape == w.shape, (
             f"{name}: {got.dtype}{list(got.shape)}, want {w.dtype}{list(w.shape)}")
-        np.testing.assert_array_equal(built, got, err_msg=f"{name}: CpuModel vs reference")
+        if op in FLOAT_KERNELS and got.dtype.kind == "f":
+            np.testing.assert_allclose(built, got, rtol=0, atol=1e-5 * np.abs(got).max(),
+                                       err_msg=f"{name}: CpuModel vs reference")
+        else:
+            np.testing.assert_array_equal(built, got, err_msg=f"{name}: CpuModel vs reference")
         if sort_axis is not None:
             w, got = np.sort(w, axis=sort_axis), np.sort(got, axis=sort_axis)
         if w.dtype.kind in "biu" and exact:
