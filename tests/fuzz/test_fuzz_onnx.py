@@ -10,8 +10,8 @@ at the protobuf level and byte level (onnx_mutate.py), then
   (cli_batch.py runs a batch of them per process, since start-up dominates).
 
 Every case is ``(seed model, case number)``: ``onnx_mutate.mutate(data, case)`` rebuilds it.
-The default run takes a fast subset (about 2,900 in-process cases and 100 command lines,
-~10 s); ``-m slow`` runs about 56,000 in-process cases and 1,800 command lines (a minute or
+The default run takes a fast subset (about 3,000 in-process cases and 100 command lines,
+~10 s); ``-m slow`` runs about 59,000 in-process cases and 1,900 command lines (a minute or
 two).
 """
 
