@@ -120,6 +120,7 @@ class _Lowering:
     def __init__(self, graph: Graph):
         self.g = graph
         self.values: dict = {}
+        self._views: dict = {}  # (source, shape) -> its view (view_of)
         self.constants: dict = {}
         self.steps: list = []
         self.specs: dict = {}
@@ -613,8 +614,17 @@ class _Lowering:
         return True
 
     def view_of(self, src: str, shape, name: str) -> str:
+        """A view of ``src`` with ``shape``, named ``name`` (the same view again when a
+        value is read so twice, e.g. one input of the Q, K and V projections)."""
+        shape = list(shape)
+        key = (src, tuple(shape))
+        if key in self._views:
+            return self._views[key]
+        while name in self.values:
+            name += "'"
         out = self.define(name, self.values[src]["dtype"], shape)
         self.step("view", None, [src], [out])
+        self._views[key] = out
         return out
 
     def pool(self, node: Node) -> bool:

@@ -414,7 +414,7 @@ def _stage_named(s: Schedule, out: te.Tensor, suffix: str):
     return None
 
 
-def _schedule_rows(s: Schedule, pad, out: te.Tensor, acc, reg_n: int) -> None:
+def schedule_rows(s: Schedule, pad, out: te.Tensor, acc, reg_n: int) -> None:
     """The common part of the convolution schedules: the padded input first, rows in
     parallel; then per (image, channel block, output row) -- in parallel -- and chunk of
     ``reg_n`` columns, the accumulator ``acc`` computed in registers."""
@@ -451,7 +451,7 @@ def schedule_conv2d_nchwc(out: te.Tensor, *, reg_n: int | None = None,
     if ow % reg_n:
         raise CompilerError(f"schedule_conv2d_nchwc: reg_n {reg_n} must divide the output "
                             f"width {ow}")
-    _schedule_rows(s, pad, out, acc, reg_n)
+    schedule_rows(s, pad, out, acc, reg_n)
     hot = acc  # the stage of the multiply-add loop
     if part is not None:  # int8 in chunks: each chunk's float32 sums, then added as int32
         ab, ac, ay, ax, aco, rq = acc.leaves
@@ -485,7 +485,7 @@ def schedule_depthwise_conv2d_nchwc(out: te.Tensor, *, reg_n: int | None = None)
     pad = _stage_named(s, out, ".pad")
     _, _, _, ow, cb = out.shape
     reg_n = reg_n or _largest_divisor(ow, 16 if cb <= 8 else 8)
-    _schedule_rows(s, pad, out, acc, reg_n)
+    schedule_rows(s, pad, out, acc, reg_n)
     ab, ac, ay, ax, aco, ry, rx = acc.leaves
     acc.reorder(ab, ac, ay, ry, rx, ax, aco)
     acc.unroll(ax)

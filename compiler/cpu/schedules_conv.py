@@ -27,7 +27,7 @@ from celosia.errors import CompilerError
 from ..tensor import te
 from ..tensor.expr import all_of, as_expr, select
 from ..tensor.schedule import Schedule, create_schedule
-from .schedules import pack_conv_weight
+from .schedules import pack_conv_weight, schedule_rows
 
 __all__ = ["conv_transpose_nchwc", "schedule_conv_transpose_nchwc",
            "pack_conv_transpose_weight"]
@@ -119,15 +119,7 @@ def schedule_conv_transpose_nchwc(out: te.Tensor) -> Schedule:
     reg_n = _largest_divisor(ow, 28 if ob <= 8 else 14, stride_w)
     if reg_n == 1:
         reg_n = _largest_divisor(ow, 28 if ob <= 8 else 14)
-    o = s[out]
-    b, c, y, x, co = o.leaves
-    xo, xi = o.split(x, reg_n)
-    o.reorder(b, c, y, xo, xi, co)
-    o.parallel(o.fuse(o.fuse(b, c), y))
-    o.unroll(xi)
-    o.vectorize(co)
-    acc.set_scope("local")
-    acc.compute_at(o, xo)
+    schedule_rows(s, None, out, acc, reg_n)  # no padding stage: taps read in range only
     leaves = acc.leaves
     data_axes, reduce_axes = leaves[:5], leaves[5:]
     acc.reorder(*data_axes[:3], *reduce_axes, *data_axes[3:])

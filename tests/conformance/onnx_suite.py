@@ -51,11 +51,15 @@ EXCLUDED = {
         BOTH, "onnxruntime's meaning (checked: onnxruntime gives celosia's answer)"),
     # A Slice in a Loop body whose starts are the iteration number: its shape is known only
     # at run time, inside a body (run-time shapes are taken in the main graph only).
-    r"^test_loop11_": (BOTH, "run-time shaped Slice in a loop body"),
+    r"^test_loop11(_|$)": (BOTH, "run-time shaped Slice in a loop body"),
     # Opset-8 Scan has a batch axis; onnx's version converter makes it a Scan-9 without
     # one (and drops the axis from the model's inputs), so the case's batched data no
     # longer fits. No exporter writes opset-8 Scan today.
-    r"^test_scan_sum_": (BOTH, "opset-8 Scan (batch axis)"),
+    r"^test_scan_sum(_|$)": (BOTH, "opset-8 Scan (batch axis)"),
+    # AffineGrid's function body (celosia does not import AffineGrid itself) squeezes,
+    # without axes, a value whose sizes are only known at run time there; celosia cannot
+    # type a Squeeze without axes on run-time sizes yet (issue #12, left in its note).
+    r"^test_affine_grid_.*_expanded": (BOTH, "Squeeze without axes on run-time sizes"),
 }
 
 # The light model zoo ("real" cases: AlexNet, DenseNet-121, Inception, ResNet-50, ...) is

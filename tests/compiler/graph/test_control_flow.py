@@ -484,12 +484,12 @@ def test_malformed_control_flow_nodes_are_node_errors():
              [vi("i", [], I64), vi("cond", [], B)], [vi("c_out", [], B)])
     cases = [
         (helper.make_node("If", ["c"], ["y"], name="bad", then_branch=b),
-         r"If\): .*'else_branch' is missing"),
+         r"If\): .*'else_branch' is (required but )?missing"),
         (helper.make_node("Loop", ["M", "", "x"], ["y"], name="bad", body=b),
          r"Loop\): (its body takes 2 inputs .* the node passes 3|Graph has 2 inputs but 3 "
          r"were provided)"),
         (helper.make_node("Scan", ["x"], ["y"], name="bad", body=b),
-         r"Scan\): .*'num_scan_inputs' is missing"),
+         r"Scan\): .*'num_scan_inputs' is (required but )?missing"),
     ]
     for node, message in cases:
         m = model([node], [vi("x", [2]), vi("c", [], B)], [vi("y", None)],
