@@ -110,8 +110,8 @@ def test_exec_work_limit(tmp_path, capsys, target):
     out = str(tmp_path / "o.npz")
     assert main(["exec", str(path), "--target", target, "--out", out]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"celosia exec: error: instruction 1: ALU of 67,108,864 micro-op "
-                          f"iterations") and "--max-work N" in err and "\n" not in err
+    assert err.startswith("celosia exec: error: instruction 1: ALU of 67,108,864 micro-op "
+                          "iterations") and "--max-work N" in err and "\n" not in err
     assert main(["exec", str(path), "--target", target, "--out", out, "--max-work", "100"]) == 2
     assert "past max_work=100;" in capsys.readouterr().err
     assert main(["exec", str(path), "--target", target, "--out", out, "--max-work", "0"]) == 2

@@ -126,7 +126,7 @@ def conv_transpose(attrs, x, w, b=None):
     output's however large the strides or pads (a negative pad, from an output_shape
     larger than the operator makes, leaves zeros)."""
     kernel, strides, dil = attrs["kernel_shape"], attrs["strides"], attrs["dilations"]
-    pads, g, nd = attrs["pads"], attrs["group"], len(attrs["kernel_shape"])
+    pads, g = attrs["pads"], attrs["group"]
     n, c, in_sizes = x.shape[0], x.shape[1], x.shape[2:]
     cg, mg = c // g, w.shape[1]
     sizes = conv_transpose_output_size(in_sizes, kernel, strides, dil, pads,

@@ -20,8 +20,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from celosia.compiler.graph.ir import (DynamicShapeError, NodeError,
-                                       UnsupportedOperatorError)
+from celosia.compiler.graph.ir import (DynamicShapeError, NodeError)
 from celosia.errors import CelosiaError
 from celosia.models import registry, torch_export
 from celosia.models.registry import RUNS_ON_CPU, ZOO, relative_error

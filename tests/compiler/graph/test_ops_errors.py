@@ -11,7 +11,7 @@ import pytest
 from onnx_nodes import check_node, node_model
 
 from celosia.compiler.frontend.onnx import import_onnx
-from celosia.compiler.graph.ir import DynamicShapeError, GraphError, NodeError
+from celosia.compiler.graph.ir import GraphError, NodeError
 from celosia.errors import CelosiaError
 from celosia.runtime.cpu import CpuModel
 from celosia.runtime.reference import ReferenceModel
