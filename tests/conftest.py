@@ -5,9 +5,15 @@ makes)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+# Helpers beside these tests (onnx_builders.py) are imported by name; pytest's importlib
+# mode does not put test folders on sys.path.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 _CONFORMANCE = Path(__file__).resolve().parent / "conformance"
 # conformance test module -> the executor its cases run on

@@ -14,6 +14,7 @@ from celosia.compiler.graph.passes import optimize
 from celosia.compiler.graph.reference import infer_node, run_graph
 from celosia.errors import CelosiaError
 from celosia.runtime.cpu import CpuModel
+from onnx_builders import make_model, vi
 
 I64 = TensorProto.INT64
 
@@ -24,17 +25,6 @@ def _private_cache(tmp_path_factory):
     mp.setenv("CELOSIA_CACHE", str(tmp_path_factory.mktemp("cache")))
     yield
     mp.undo()
-
-
-def make_model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 10
-    return m
-
-
-def vi(name, shape, elem=TensorProto.FLOAT):
-    return helper.make_tensor_value_info(name, elem, shape)
 
 
 def const(name, array):

@@ -8,23 +8,13 @@ import re
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from celosia.compiler.frontend.inputs import FILL_SIZES
 from celosia.compiler.frontend.onnx import declared_inputs, import_onnx
 from celosia.compiler.graph.ir import DynamicShapeError, InputShapeError
 from celosia.compiler.graph.reference import run_graph
-
-
-def make_model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 10
-    return m
-
-
-def vi(name, shape, elem=TensorProto.FLOAT):
-    return helper.make_tensor_value_info(name, elem, shape)
+from onnx_builders import make_model, vi
 
 
 def conv_model(shape, pads=(1, 1, 1, 1)):

@@ -9,17 +9,7 @@ from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph.reference import run_graph
 from celosia.errors import CelosiaError
 from celosia.models import zoo as models
-
-
-def make_model(nodes, inputs, outputs, inits=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 10
-    return m
-
-
-def vi(name, shape, elem=TensorProto.FLOAT):
-    return helper.make_tensor_value_info(name, elem, shape)
+from onnx_builders import make_model, vi
 
 
 def conv_model(shape=(1, 3, 8, 8), **attrs):
