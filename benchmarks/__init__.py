@@ -70,11 +70,16 @@ def machine_description() -> dict:
     }
 
 
-def run_benchmark(name: str, *, quick: bool = False) -> dict:
+def run_benchmark(name: str, *, quick: bool = False, models: str | None = None) -> dict:
     if name not in BENCHMARKS:
         raise CelosiaError(f"unknown benchmark {name!r}; `celosia bench --list` names them: "
                            f"{', '.join(BENCHMARKS)}")
     module, function, summary = BENCHMARKS[name]
-    result = getattr(importlib.import_module(module), function)(quick=quick)
+    kwargs = {"quick": quick}
+    if models:
+        if name != "zoo":
+            raise CelosiaError(f"--models selects zoo models; benchmark {name!r} has none")
+        kwargs["models"] = [m.strip() for m in models.split(",") if m.strip()]
+    result = getattr(importlib.import_module(module), function)(**kwargs)
     return {"benchmark": name, "summary": summary, "quick": quick, **result,
             "machine": machine_description()}

@@ -14,7 +14,8 @@ percentiles as the spread. Models celosia cannot run are timed on onnxruntime al
 Metrics: ``models`` (zoo entries measured; pretrained ones whose packages are missing are
 listed under ``missing`` instead), ``models_ok_cpu``, and over the models that run
 ``cpu_ratio_vs_onnxruntime_geomean`` and ``_max`` (celosia / onnxruntime; targets 1.0 and
-1.5). ``--quick`` runs the small sizes of the tests instead.
+1.5). ``--quick`` runs the small sizes of the tests instead; ``--models a,b`` a subset
+(the totals are then over that subset only).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def _summary(name: str, r: dict) -> str:
     return f"{name}: onnxruntime {ort_ms:.2f} ms; celosia: {r['error'][:100]}"
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, models: list | None = None) -> dict:
     try:
         import onnxruntime  # noqa: F401
     except ModuleNotFoundError:
@@ -135,18 +136,22 @@ def run(quick: bool = False) -> dict:
 
     size = "small" if quick else "full"
     threads = num_threads()
+    unknown = sorted(set(models or ()) - set(ZOO))
+    if unknown:
+        raise CelosiaError(f"no zoo model {', '.join(unknown)}; the zoo has {', '.join(ZOO)}")
+    chosen = {n: e for n, e in ZOO.items() if not models or n in models}
     results, missing = {}, {}
-    for k, (name, entry) in enumerate(ZOO.items(), 1):
+    for k, (name, entry) in enumerate(chosen.items(), 1):
         why = entry.missing()
         if why:
             missing[name] = why
-            _progress(f"[{k}/{len(ZOO)}] {name}: missing ({why})")
+            _progress(f"[{k}/{len(chosen)}] {name}: missing ({why})")
             continue
-        _progress(f"[{k}/{len(ZOO)}] {name} ({entry.stands_for}) ...")
+        _progress(f"[{k}/{len(chosen)}] {name} ({entry.stands_for}) ...")
         results[name] = r = _measure(entry, size, threads, _BLOCKS[size])
         done = (f"ratio {r['cpu_ratio_vs_onnxruntime']:.2f}" if r["ok_cpu"]
                 else f"not on the CPU build: {r['error'][:80]}")
-        _progress(f"[{k}/{len(ZOO)}] {name}: {done}")
+        _progress(f"[{k}/{len(chosen)}] {name}: {done}")
 
     ratios = [r["cpu_ratio_vs_onnxruntime"] for r in results.values() if r["ok_cpu"]]
     metrics = {"models": len(results), "models_ok_cpu": len(ratios)}
