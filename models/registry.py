@@ -183,7 +183,7 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in [
 # hold every other model to its current failure, so this list grows as operators land.
 RUNS_ON_CPU = frozenset({"small_cnn", "resnet18", "mobilenet_v2", "mobilenet_v3", "efficientnet",
                          "ppocr_rec", "bert", "vit", "convnext", "yolo", "unet", "lstm",
-                         "control_flow", "minilm_l6", "ppocr_cls"})
+                         "control_flow", "minilm_l6", "ppocr_cls", "silero_vad"})
 
 
 def entry(name: str) -> ZooEntry:

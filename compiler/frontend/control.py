@@ -27,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..graph.ir import Graph, Node, NodeError
-from ..graph.ops_control import body_input_types, static_trip_count
+from ..graph.ops_control import body_input_types, static_trip_count, unbuilt_branch
 from ..graph.passes import inline_branch
 from ..graph.ops_recurrent import ACTIVATIONS, DEFAULT_ACTIVATIONS, GATES
 
@@ -87,11 +87,37 @@ def _if(ctx, node):
         for name, a in constants.items():
             ctx.add_constant(name, a)
         return nodes
-    then_b = ctx.import_body(protos["then_branch"], [], f"{node.name}/then_branch")
-    else_b = ctx.import_body(protos["else_branch"], [], f"{node.name}/else_branch")
+    then_b, else_b = _run_time_branches(ctx, node, protos)
     (then_b, else_b), captured = _share_outer(ctx, [then_b, else_b])
     return [Node("If", (node.inputs[0], *captured), node.outputs,
                  {"then_branch": then_b, "else_branch": else_b}, node.name)]
+
+
+def _run_time_branches(ctx, node, protos) -> list[Graph]:
+    """Both branches of an If whose condition is only known at run time. A branch that does
+    not fit the shapes being built for (a NodeError while typing it: exporters keep code
+    for other input sizes behind such conditions) becomes a body that raises that error
+    when taken, as onnxruntime fails only then; if neither fits, the model does not."""
+    branches, errors = [], {}
+    for key in ("then_branch", "else_branch"):
+        try:
+            branches.append(ctx.import_body(protos[key], [], f"{node.name}/{key}"))
+        except NodeError as e:
+            branches.append(None)
+            errors[key] = e
+    if len(errors) == 2:
+        raise errors["then_branch"]
+    for k, key in enumerate(("then_branch", "else_branch")):
+        if key in errors:
+            other = branches[1 - k]
+            cond = node.inputs[0]
+            message = (f"node {node.name!r} (If): its {key}, taken when the condition "
+                       f"{cond!r} is {key == 'then_branch'}, does not fit the input shapes "
+                       f"this model was built for ({errors[key]}); feed inputs that select "
+                       f"the other branch, or build for input shapes that fit this one")
+            branches[k] = unbuilt_branch(f"{node.name}/{key}", cond, ctx.types[cond],
+                                         [other.types[o] for o in other.outputs], message)
+    return branches
 
 
 def _loop(ctx, node):

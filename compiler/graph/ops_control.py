@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ir import DynamicShapeError, Graph, NodeError, TensorType
+from .ir import DynamicShapeError, Graph, InputShapeError, Node, NodeError, TensorType
 
 __all__ = ["CONTROL_KERNELS", "CONTROL_TYPE_RULES", "CONTROL_OPS", "body_input_types",
-           "static_trip_count"]
+           "static_trip_count", "UNBUILT_BRANCH", "BRANCH_KERNELS", "BRANCH_SHAPE_RULES",
+           "unbuilt_branch"]
 
 _INT64, _BOOL = TensorType("int64", ()), TensorType("bool", ())
 
@@ -107,6 +108,39 @@ CONTROL_KERNELS = {
     "Scan": scan,    # (states..., sequences...) -> (states..., stacked scans...)
 }
 CONTROL_OPS = tuple(CONTROL_KERNELS)
+
+
+# ---- a branch that cannot run for the shapes built for ---------------------------------------
+
+# Exporters put code for other input sizes in branches chosen at run time (Silero VAD's
+# 8 kHz branch on 16 kHz-sized audio gives an LSTM a 5-D input). onnxruntime fails only if
+# such a branch runs, so the importer keeps the model and makes the branch this one node,
+# not an ONNX operator: it reads the condition (so nothing folds it while the condition is
+# unknown) and raises the importer's error when it runs.
+UNBUILT_BRANCH = "UnbuiltBranch"
+
+
+def _unbuilt_branch(attrs, cond):
+    raise InputShapeError(attrs["message"])
+
+
+def _unbuilt_types(node, types):
+    return [TensorType(dtype, tuple(shape)) for dtype, shape in node.attrs["types"]]
+
+
+BRANCH_KERNELS = {UNBUILT_BRANCH: _unbuilt_branch}
+BRANCH_SHAPE_RULES = {UNBUILT_BRANCH: _unbuilt_types}
+
+
+def unbuilt_branch(name: str, cond: str, cond_type: TensorType, types: list[TensorType],
+                   message: str) -> Graph:
+    """A body for an If branch that raises ``message`` (an InputShapeError) when taken,
+    typed like the other branch (``types``) so the If keeps static types."""
+    outputs = [f"{name}/output_{k}" for k in range(len(types))]
+    attrs = {"message": message, "types": [[t.dtype, list(t.shape)] for t in types]}
+    node = Node(UNBUILT_BRANCH, (cond,), tuple(outputs), attrs, f"{name}/unbuilt")
+    return Graph(name, (), tuple(outputs), (node,), {},
+                 {cond: cond_type, **dict(zip(outputs, types))}, (cond,))
 
 
 # ---- types -----------------------------------------------------------------------------------

@@ -409,6 +409,7 @@ def remove_dead_code(graph: Graph) -> Graph:
         node = _drop_unread_captures(map_subgraphs(node, remove_dead_code))
         kept.append(node)
         live.update(i for i in node.inputs if i)
+        live.update(o for o in outs if o)  # an unread first output keeps its type
     kept.reverse()
     live.update(graph.inputs)
     live.update(graph.outer)

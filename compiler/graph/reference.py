@@ -21,7 +21,7 @@ from .dynamic import RUNTIME_TYPES, UNKNOWN_DIM_TYPES, is_runtime_form, runtime_
 from .ir import (DynamicShapeError, Graph, InputShapeError, Node, NodeError, TensorType,
                  captured_inputs)
 from .ops import KERNELS, OWN_INPUTS, SHAPE_RULES, Lazy, clip, hard_sigmoid, sigmoid
-from .ops_control import CONTROL_KERNELS, CONTROL_TYPE_RULES
+from .ops_control import BRANCH_KERNELS, BRANCH_SHAPE_RULES, CONTROL_KERNELS, CONTROL_TYPE_RULES
 from .ops_recurrent import RECURRENT_KERNELS, RECURRENT_SHAPE_RULES
 from .qops import QUANTIZED_KERNELS, QUANTIZED_SHAPE_RULES
 
@@ -29,9 +29,10 @@ __all__ = ["OPERATORS", "run_graph", "run_body", "evaluate_node", "infer_node", 
            "check_result", "KERNEL_ERRORS"]
 
 # Every operator this executor runs: ONNX operators, recurrent layers, control flow and
-# celosia's quantized operators (what a saved model's steps may name).
+# celosia's quantized operators, and the stand-in for an If branch that cannot run
+# (what a saved model's steps may name).
 OPERATORS = frozenset(KERNELS) | frozenset(RECURRENT_KERNELS) | frozenset(CONTROL_KERNELS) \
-    | frozenset(QUANTIZED_KERNELS)
+    | frozenset(QUANTIZED_KERNELS) | frozenset(BRANCH_KERNELS)
 
 # What a kernel raises on values it cannot take (an index out of range, a Range of step 0,
 # a size too large for memory): reported as a NodeError naming the node.
@@ -70,7 +71,8 @@ def _kernel(node: Node):
     operators, so not in KERNELS)."""
     if is_runtime_form(node):
         return runtime_kernel(node.op)
-    kernel = KERNELS.get(node.op) or RECURRENT_KERNELS.get(node.op)
+    kernel = KERNELS.get(node.op) or RECURRENT_KERNELS.get(node.op) \
+        or BRANCH_KERNELS.get(node.op)
     return kernel if kernel is not None else QUANTIZED_KERNELS[node.op]
 
 
@@ -195,7 +197,8 @@ def infer_node(node: Node, types: list, values: list) -> list[TensorType]:
 
 
 def _infer_static(node: Node, types: list, values: list) -> list[TensorType]:
-    rule = SHAPE_RULES.get(node.op) or RECURRENT_SHAPE_RULES.get(node.op)
+    rule = SHAPE_RULES.get(node.op) or RECURRENT_SHAPE_RULES.get(node.op) \
+        or BRANCH_SHAPE_RULES.get(node.op)
     if rule is None and node.op not in KERNELS:
         rule = QUANTIZED_SHAPE_RULES.get(node.op)
     if rule is not None:  # an epilogue keeps the output's type

@@ -20,7 +20,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from celosia.compiler.graph.ir import (DynamicShapeError, NodeError)
+from celosia.compiler.graph.ir import DynamicShapeError
 from celosia.errors import CelosiaError
 from celosia.models import registry, torch_export
 from celosia.models.registry import RUNS_ON_CPU, ZOO, relative_error
@@ -33,9 +33,6 @@ EXPECTED_FAILURES = {
     # Builds and runs, but its probability map differs from onnxruntime's by ~1.7e-3 of its
     # scale at the small size (the CNN side's Resize/ConvTranspose work): None = "differs".
     "ppocr_det": (None, "differs"),
-    # Its LSTM inside an inlined If branch gets a 5-D X from the branch's shape inference.
-    "silero_vad": (NodeError, r"\(LSTM\): X float32\[1,1,\d+,128,2\] and "
-                              r"W float32\[1,512,128\] must be 3-D"),
 }
 
 BUILT = [name for name, e in ZOO.items() if not e.real]
