@@ -162,9 +162,15 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in [
     ZooEntry("control_flow", "control flow (Loop, If)", recurrent.control_flow,
              dict(features=8, hidden=16, classes=5, time=10, batch=2), dict(),
              recurrent.control_flow_feeds, "onnx.helper", dynamic=True),
+    # The tolerance is onnxruntime's own error: on a random image the probability map
+    # peaks at ~1e-4 (no text), where onnxruntime's Sigmoid (MLAS's approximation) is off
+    # by up to 1.8e-3 relative (x in [-10, -5]; it clamps below -10). Measured against a
+    # float64 evaluation: onnxruntime 1.65e-3 (small) and 1.73e-4 (full) of the output's
+    # scale, celosia 3.8e-6 and 1.1e-5 (tests/models/test_zoo_models.py holds celosia to
+    # 1e-4 of float64 there).
     ZooEntry("ppocr_det", "PP-OCRv4 text detection (pretrained)", real.ppocr_det,
              dict(image_size=160), dict(image_size=640), _ocr(0, "image_size"), "wheel",
-             ("rapidocr_onnxruntime",), dynamic=True, install=EXTRA),
+             ("rapidocr_onnxruntime",), dynamic=True, tolerance=2e-3, install=EXTRA),
     ZooEntry("ppocr_rec", "PP-OCRv4 text recognition (pretrained)", real.ppocr_rec,
              dict(width=160), dict(width=320), _ocr(48, "width"), "wheel",
              ("rapidocr_onnxruntime",), dynamic=True, install=EXTRA),
@@ -182,7 +188,7 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in [
 # The models whose CPU build imports, compiles and matches onnxruntime today. The tests
 # hold every other model to its current failure, so this list grows as operators land.
 RUNS_ON_CPU = frozenset({"small_cnn", "resnet18", "mobilenet_v2", "mobilenet_v3", "efficientnet",
-                         "ppocr_rec", "bert", "vit", "convnext", "yolo", "unet", "lstm",
+                         "ppocr_rec", "ppocr_det", "bert", "vit", "convnext", "yolo", "unet", "lstm",
                          "control_flow", "minilm_l6", "ppocr_cls", "silero_vad"})
 
 

@@ -19,8 +19,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, numpy_helper
 
+from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph.ir import DynamicShapeError
+from celosia.compiler.graph.reference import run_graph
 from celosia.errors import CelosiaError
 from celosia.models import registry, torch_export
 from celosia.models.registry import RUNS_ON_CPU, ZOO, relative_error
@@ -29,11 +32,7 @@ from celosia.runtime.cpu import CpuModel
 # What each model that does not run yet fails with today: (error class, the set of
 # operator types an UnsupportedOperatorError names, or a regular expression its message
 # matches). Kept exact on purpose: a change in what is missing is news either way.
-EXPECTED_FAILURES = {
-    # Builds and runs, but its probability map differs from onnxruntime's by ~1.7e-3 of its
-    # scale at the small size (the CNN side's Resize/ConvTranspose work): None = "differs".
-    "ppocr_det": (None, "differs"),
-}
+EXPECTED_FAILURES: dict = {}
 
 BUILT = [name for name, e in ZOO.items() if not e.real]
 REAL = [name for name, e in ZOO.items() if e.real]
@@ -212,3 +211,43 @@ def test_minilm_export_matches_sentence_transformers():
     want = out["sentence_embedding"].numpy()
     _, (got,) = onnxruntime_run(entry.model("small"), feeds)
     assert relative_error(got, want) < 1e-4
+
+
+def float64_outputs(model, feeds: dict) -> dict:
+    """The model evaluated in float64 by celosia's numpy reference: every float32 input,
+    initializer and Constant made float64 (except Resize's roi and scales, which onnx
+    requires in float32)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    keep = {i for n in model.graph.node if n.op_type == "Resize" for i in n.input[1:]}
+    for t in model.graph.initializer:
+        if t.data_type == TensorProto.FLOAT and t.name not in keep:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64),
+                                               t.name))
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output[0] not in keep:
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT:
+                    a.t.CopyFrom(numpy_helper.from_array(
+                        numpy_helper.to_array(a.t).astype(np.float64)))
+    for v in [*model.graph.input, *model.graph.output]:
+        if v.type.tensor_type.elem_type == TensorProto.FLOAT:
+            v.type.tensor_type.elem_type = TensorProto.DOUBLE
+    del model.graph.value_info[:]
+    wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
+    return run_graph(import_onnx(model, {k: v.shape for k, v in feeds.items()}), wide)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["small", "full"])
+def test_ppocr_det_within_float32_rounding_of_float64(size):
+    """ppocr_det's tolerance against onnxruntime (registry) is onnxruntime's own Sigmoid
+    error; against a float64 evaluation celosia is held to the usual 1e-4, and
+    onnxruntime's error is what the registry says it is."""
+    entry = _entry("ppocr_det")
+    model, feeds = entry.model(size), entry.make_feeds(size)
+    want = float64_outputs(model, feeds)
+    got = CpuModel.build(model, {k: v.shape for k, v in feeds.items()}).run(feeds)
+    names, ort_out = onnxruntime_run(model, feeds)
+    for name, o in zip(names, ort_out):
+        assert relative_error(got[name], want[name]) <= 1e-4
+        assert 1e-4 < relative_error(o, want[name]) <= entry.tolerance
