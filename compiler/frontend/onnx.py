@@ -462,9 +462,13 @@ class _Importer:
         data = node.inputs[0] if node.inputs else ""
         if not pending and node.op == "Reshape" and not self.static(data):
             pending = True
+        squeezed = None
         if not pending and node.op == "Squeeze" and not self.static(data) \
-                and "axes" not in node.attrs:
-            pending = True  # without axes: its rank depends on which sizes are 1
+                and "axes" not in node.attrs and (len(node.inputs) < 2 or not node.inputs[1]):
+            # Without axes its rank depends on which sizes are 1: the ones known to be 1
+            # go, the run-time ones are taken as not 1 (checked when it runs).
+            pending = True
+            squeezed = [i for i, d in enumerate(self.types[data].shape) if d == 1]
         if not pending and node.op == "Split" and not self.static(data):
             rank = len(self.types[data].shape)
             axis = node.attrs.get("axis", 0)
@@ -472,6 +476,8 @@ class _Importer:
         if not pending:
             return None
         attrs = {**node.attrs, "runtime_shape": 1}
+        if squeezed is not None:
+            attrs["squeezed"] = squeezed
         if node.op == "Split" and (len(node.inputs) < 2 or not node.inputs[1]):
             attrs.setdefault("num_outputs", len(node.outputs))
         return Node(node.op, node.inputs, node.outputs, attrs, node.name)
@@ -488,7 +494,14 @@ class _Importer:
         for shape, itemsize in output_bounds(node, types):
             self._check_size(node, node.outputs[0], f"[{','.join(map(str, shape))}]",
                              nbytes(shape, itemsize))
-        out_types = infer_node(node, types, values)
+        try:
+            out_types = infer_node(node, types, values)
+        except DynamicShapeError as e:
+            if node.op == "If" and not getattr(e, "inputs", None):
+                # Branches of different shapes: binding what the condition depends on
+                # (bind_inputs) makes it a constant, and only one branch is taken.
+                e.inputs = sorted(self.depends.get(node.inputs[0], ()))
+            raise
         for o, t in zip(node.outputs, out_types):
             self._check_size(node, o, str(t), nbytes(t.shape, np.dtype(t.dtype).itemsize))
         deps = frozenset().union(*(self.depends.get(i, ()) for i in node.inputs))

@@ -123,6 +123,15 @@ def split(a, x, sizes=None):
 
 
 def squeeze(a, x, axes=None):
+    if axes is None and "squeezed" in a:  # no axes, sizes only known at run time
+        ones = [i for i, d in enumerate(x.shape) if d == 1]
+        if ones != list(a["squeezed"]):
+            raise ValueError(
+                f"without axes it removes every dim of size 1: dims {ones} of "
+                f"[{','.join(map(str, x.shape))}] here, where the model was built to remove "
+                f"dims {list(a['squeezed'])} (the sizes known then) and so to keep a rank of "
+                f"{x.ndim - len(a['squeezed'])}; give the Squeeze its axes in the model")
+        axes = a["squeezed"]
     if axes is None:
         return np.squeeze(x)
     return KERNELS["Squeeze"]({"axes": _axes(axes, x.ndim)}, x)
@@ -239,6 +248,11 @@ def _split_types(node, types, values):
 
 def _squeeze_types(node, types, values):
     x = types[0]
+    if (len(node.inputs) < 2 or not node.inputs[1]) and "squeezed" in node.attrs:
+        # Without axes: the dims of size 1 when it was imported go; a size only known at
+        # run time is taken as not 1 (the kernel checks it), so the rank is known.
+        gone = set(node.attrs["squeezed"])
+        return [TensorType(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in gone))]
     if len(node.inputs) < 2 or not node.inputs[1]:
         raise DynamicShapeError(
             f"node {node.name!r} (Squeeze): without axes it removes every dim of size 1, and "

@@ -407,8 +407,18 @@ KERNELS = {
     "Shape": lambda a, x: np.array(x.shape[a.get("start", 0):a.get("end")], dtype=np.int64),
     "Size": lambda a, x: np.array(x.size, dtype=np.int64),
     "ConstantOfShape": lambda a: np.full(a["shape"], a["value"]),
-    "Range": lambda a, s, l, d: np.arange(s, l, d).astype(s.dtype),
+    "Range": lambda a, s, l, d: _range(s, l, d),
 }
+
+
+def _range(start, limit, delta):
+    """One-element tensors count as scalars (onnxruntime takes them; AffineGrid's function
+    body passes a 1-D limit)."""
+    for v in (start, limit, delta):
+        if np.size(v) != 1:
+            raise ValueError(f"Range takes scalars, not a tensor of shape {list(np.shape(v))}")
+    s, lim, d = (np.reshape(v, ()) for v in (start, limit, delta))
+    return np.arange(s, lim, d).astype(s.dtype)
 
 
 # ---- epilogues, nodes, graphs ----------------------------------------------------------------

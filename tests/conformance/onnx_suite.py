@@ -56,10 +56,6 @@ EXCLUDED = {
     # one (and drops the axis from the model's inputs), so the case's batched data no
     # longer fits. No exporter writes opset-8 Scan today.
     r"^test_scan_sum(_|$)": (BOTH, "opset-8 Scan (batch axis)"),
-    # AffineGrid's function body (celosia does not import AffineGrid itself) squeezes,
-    # without axes, a value whose sizes are only known at run time there; celosia cannot
-    # type a Squeeze without axes on run-time sizes yet (issue #12, left in its note).
-    r"^test_affine_grid_.*_expanded": (BOTH, "Squeeze without axes on run-time sizes"),
 }
 
 # The light model zoo ("real" cases: AlexNet, DenseNet-121, Inception, ResNet-50, ...) is

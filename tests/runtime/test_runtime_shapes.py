@@ -126,8 +126,21 @@ def compiled_around_a_segment(rng):
     return m, feeds
 
 
+def squeeze_without_axes(rng):
+    # The first rows of x up to a run-time end, [?, 1, 5, 1], then Squeeze without axes
+    # (as AffineGrid's function body does): the static 1s go, ? is taken as not 1.
+    nodes = [node("Slice", ["x", "zero", "ends", "zero"], ["s"]),
+             node("Squeeze", ["s"], ["q"]),
+             node("Relu", ["q"], ["y"])]
+    m = make_model(nodes, [vi("x", [8, 1, 5, 1]), vi("ends", [1], I64)], [vi("y", None)],
+                   [const("zero", np.array([0], np.int64))])
+    feeds = [{"x": rng.normal(size=(8, 1, 5, 1)).astype(np.float32),
+              "ends": np.array([e], np.int64)} for e in (2, 3, 7)]
+    return m, feeds
+
+
 MODELS = [reshape_from_values, range_expand_tile, constant_of_shape_slice_pad,
-          split_squeeze_reduce, compiled_around_a_segment]
+          split_squeeze_reduce, compiled_around_a_segment, squeeze_without_axes]
 
 
 def _close(ours: dict, model, feeds):
@@ -201,6 +214,22 @@ def test_bad_run_time_values_are_node_errors():
         run_graph(import_onnx(model), feeds)
     assert isinstance(e.value, CelosiaError)
     with pytest.raises(NodeError, match=r"node 'r' \(Reshape\): failed at run time"):
+        CpuModel.build(model).run(feeds)
+
+
+def test_squeeze_without_axes_keeps_a_run_time_size_that_is_1_as_an_error():
+    """Typed [?,5]: when the run-time size is 1 after all, ONNX's Squeeze would drop it too
+    and the rank would change; celosia says so instead of giving another shape."""
+    model, draws = squeeze_without_axes(np.random.default_rng(3))
+    graph = import_onnx(model)
+    assert str(graph.types["q"]) == "float32[?,5]"
+    feeds = dict(draws[0], ends=np.array([1], np.int64))
+    message = (r"node 'q' \(Squeeze\): failed at run time: .*without axes it removes every "
+               r"dim of size 1: dims \[0, 1, 3\] of \[1,1,5,1\] here, where the model was "
+               r"built to remove dims \[1, 3\] .* give the Squeeze its axes in the model")
+    with pytest.raises(NodeError, match=message):
+        run_graph(graph, feeds)
+    with pytest.raises(NodeError, match=message):
         CpuModel.build(model).run(feeds)
 
 

@@ -149,9 +149,11 @@ def test_if_branches_of_different_shapes():
              helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_b,
                               else_branch=else_b)]
     m = model(nodes, [vi("x", [2, 3])], [vi("y", None)], [const("zero", np.float32(0))])
-    with pytest.raises(DynamicShapeError, match=r"node 'if' \(If\): output 0 is float32\[2,3\] "
-                       r"in then_branch but float32\[4,3\] in else_branch.*run-time shaped"):
+    with pytest.raises(DynamicShapeError, match=r"node 'if' \(If\): output 0 is "
+                       r"float32\[2,3\] in then_branch but float32\[4,3\] in else_branch.*"
+                       r"run-time shaped") as e:
         import_onnx(m)
+    assert e.value.inputs == ["x"]  # what the condition depends on: bind_inputs takes them
     # A constant condition: only the taken branch's shape matters.
     nodes[:2] = [helper.make_node("Constant", [], ["c"], value=const("c", np.array(False)))]
     m = model(nodes, [vi("x", [2, 3])], [vi("y", None)])

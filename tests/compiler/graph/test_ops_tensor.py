@@ -194,3 +194,11 @@ def test_batched_matmul(a_shape, b_shape, b_const, dtype):
     a, b = make(a_shape, 10), make(b_shape, 11)
     feeds, consts = ({"a": a}, {"b": b}) if b_const else ({"a": a, "b": b}, {})
     check_node("MatMul", ["a", "b"], feeds, consts=consts, opset=13, rtol=1e-5, atol=1e-5)
+
+
+def test_range_takes_one_element_tensors():
+    """onnxruntime takes a 1-element tensor where Range wants a scalar (AffineGrid's
+    function body computes a 1-D limit; onnx's checker rejects constant ones)."""
+    values = {"start": np.array(1, np.int64), "limit": np.array([10], np.int64),
+              "delta": np.array([3], np.int64)}
+    check_node("Range", list(values), values, opset=17)
