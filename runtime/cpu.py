@@ -40,7 +40,8 @@ object file's structure (runtime/elf.py) before LLVM sees it; anything wrong is 
 
 An ONNX model with dynamic input dims and no shapes given opens (``CpuModel.open``) as a
 :class:`~celosia.runtime.specialize.DynamicCpuModel`: a build per input shape, made from the
-arrays of the first run of that shape.
+arrays of the first run of that shape; saved, it is one .cel holding the model and its
+builds (format ``celosia-cpu-dynamic``), which ``CpuModel.open`` loads as one again.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .artifact import Artifact, ArtifactError, is_artifact, write_artifact
+from .artifact import Artifact, ArtifactError, artifact_format, is_artifact, write_artifact
 from .schema import build_info, check_cpu
 from .schema import encode as _encode
 
@@ -131,6 +132,11 @@ class CpuModel:
         not all given shapes is a DynamicCpuModel (a build per input shape, up to
         ``max_builds``, made when a run brings that shape)."""
         if is_artifact(path):
+            from .specialize import FORMAT as DYNAMIC, DynamicCpuModel
+
+            if artifact_format(path) == DYNAMIC:  # a saved DynamicCpuModel
+                return DynamicCpuModel.load(path, input_shapes, build=cls.build, load=cls.load,
+                                            progress=progress, max_builds=max_builds)
             model = cls.load(path)
             types = model.input_types
             if any(tuple(s) != types.get(n, (None, None))[1]

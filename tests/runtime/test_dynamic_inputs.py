@@ -201,3 +201,64 @@ def test_a_cel_run_with_other_input_shapes_prints_the_command(files, capsys):
     err = one_line_error(other, capsys)
     assert "built for other input shapes (x: float32[1,3,8,12])" in err
     assert main(command(err)) == 0 and main(other) == 0
+
+
+# ---- a DynamicCpuModel as one .cel ---------------------------------------------------------
+
+
+def test_a_dynamic_model_saves_as_one_cel_with_its_builds(files, capsys):
+    model = CpuModel.open(files / "paddle.onnx", max_builds=3)
+    a, b, c = (np.load(files / f"{n}.npy") for n in "abc")
+    want = {n: model.run({"x": x})["y"] for n, x in (("a", a), ("b", b))}
+    model.save(files / "dyn.cel")
+    loaded = CpuModel.open(files / "dyn.cel")
+    assert isinstance(loaded, DynamicCpuModel) and loaded.max_builds == 3
+    assert [dict(k)["x"] for k in loaded.builds] == [(1, 3, 8, 12), (2, 3, 8, 12)]
+    assert loaded.input_types == model.input_types
+    for name, x in (("a", a), ("b", b)):  # the saved builds: nothing compiles
+        np.testing.assert_array_equal(loaded.run({"x": x})["y"], want[name])
+    assert loaded.built == 0
+    # Another shape is built from the model the file keeps.
+    np.testing.assert_allclose(loaded.run({"x": c})["y"], onnxruntime_y(files / "paddle.onnx", c),
+                               rtol=1e-4, atol=1e-5)
+    assert loaded.built == 1 and len(loaded.builds) == 3
+    # Saved again (three builds) and run from the command line, another shape again.
+    loaded.save(files / "dyn.cel")
+    assert len(CpuModel.open(files / "dyn.cel").builds) == 3
+    assert main(["run", str(files / "dyn.cel"), "--input", f"x={files / 's9.npy'}",
+                 "--output", str(files / "s9_out.npz")]) == 0
+    assert "built " in capsys.readouterr().out
+    np.testing.assert_allclose(np.load(files / "s9_out.npz")["y"],
+                               onnxruntime_y(files / "paddle.onnx", np.load(files / "s9.npy")),
+                               rtol=1e-4, atol=1e-5)
+    # Opened with a shape fixed: the build for it is kept, the others left out.
+    fixed = CpuModel.open(files / "dyn.cel", {"x": (2, 3, 8, 12)})
+    assert [dict(k)["x"] for k in fixed.builds] == [(2, 3, 8, 12)]
+    np.testing.assert_array_equal(fixed.run({"x": b})["y"], want["b"])
+
+
+def test_a_saved_build_the_model_does_not_take_is_an_artifact_error(files, tmp_path):
+    from celosia.runtime.artifact import ArtifactError, write_artifact
+    from celosia.runtime.specialize import FORMAT, VERSION
+
+    def relu(shape):
+        g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 10
+        return m
+    other = CpuModel.build(relu([2, 5]))  # the model says [-1, 4]
+    manifest = {"format": FORMAT, "version": VERSION, "max_builds": 2, "fixed": {},
+                "builds": ["builds/0.cel"]}
+    write_artifact(tmp_path / "bad.cel", manifest, {
+        "model.onnx": relu([-1, 4]).SerializeToString(), "builds/0.cel": other.to_bytes()})
+    with pytest.raises(ArtifactError, match=r"bad\.cel: builds/0\.cel: built for 'x' "
+                                            r"float32\[2,5\], which the model's "
+                                            r"float32\[-1,4\] does not take"):
+        CpuModel.open(tmp_path / "bad.cel")
+    manifest["builds"] = ["kernels/x.o"]
+    write_artifact(tmp_path / "bad.cel", manifest, {
+        "model.onnx": relu([-1, 4]).SerializeToString(), "kernels/x.o": b""})
+    with pytest.raises(ArtifactError, match=r"builds\[0\].* not 'builds/0\.cel'"):
+        CpuModel.open(tmp_path / "bad.cel")
