@@ -779,7 +779,9 @@ class _Lowering:
 
 def lower_graph(graph: Graph) -> CpuProgram:
     """The CPU program of an optimized graph (kernels not compiled yet)."""
-    return _Lowering(graph).run()
+    from .conv1d import conv1d_as_2d  # 1-D convolutions on the 2-D kernels
+
+    return _Lowering(conv1d_as_2d(graph)).run()
 
 
 def compile_program(program: CpuProgram, *, progress=None) -> dict:
