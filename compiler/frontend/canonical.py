@@ -306,9 +306,26 @@ def _range(ctx, node):
 
 
 def _cast(ctx, node):
-    return [Node("Cast", node.inputs, node.outputs,
-                 {"to": np_dtype(node.attrs["to"], f"node {node.name!r} target", ctx.where)},
-                 node.name)]
+    return _cast_to(ctx, node, np_dtype(node.attrs["to"], f"node {node.name!r} target",
+                                        ctx.where))
+
+
+def _cast_to(ctx, node, to: str):
+    # A Cast to the type its input has is a copy (exporters write them: Silero's STFT).
+    if ctx.types[node.inputs[0]].dtype == to:
+        return [Node("Identity", node.inputs[:1], node.outputs[:1], {}, node.name)]
+    return [Node("Cast", node.inputs[:1], node.outputs, {"to": to}, node.name)]
+
+
+def _pow(ctx, node):
+    """Pow by a constant 2 of a float is x * x, a compiled element-wise product: the same
+    correctly rounded square onnxruntime computes for it."""
+    x, y = node.inputs[:2]
+    e, tx = ctx.values.get(y), ctx.types[x]
+    if e is not None and e.size == 1 and e.ndim <= len(tx.shape) \
+            and tx.dtype in ("float32", "float64") and float(np.reshape(e, -1)[0]) == 2.0:
+        return [Node("Mul", (x, x), node.outputs, {}, node.name)]
+    return [node]
 
 
 def _shape(ctx, node):
@@ -370,9 +387,9 @@ CANONICALIZE = {
     "ReduceMean": _reduce, "ReduceSum": _reduce, "ReduceMax": _reduce, "ReduceMin": _reduce,
     "ReduceProd": _reduce, "Expand": _from_value("shape", 1, "shape"),
     "Tile": _from_value("repeats", 1, "repeats"), "ConstantOfShape": _constant_of_shape,
-    "Cast": _cast, "CastLike": lambda ctx, node: [Node(
-        "Cast", node.inputs[:1], node.outputs, {"to": ctx.types[node.inputs[1]].dtype},
-        node.name)],
+    "Cast": _cast, "CastLike": lambda ctx, node: _cast_to(ctx, node,
+                                                          ctx.types[node.inputs[1]].dtype),
+    "Pow": _pow,
     "Shape": _shape, "Range": _range, "PRelu": _prelu, "Dropout": _dropout,
     "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear,
     # If, Loop, Scan (bodies imported with the outer scope visible), LSTM, GRU, RNN
