@@ -1,4 +1,5 @@
-"""The graph executor of a CPU program: planned memory, one call per step, per-node times.
+"""The graph executor of a CPU program: planned memory, one native call per run of kernel
+steps, per-node times.
 
     executor = GraphExecutor(program)        # program.kernels compiled (or loaded)
     outputs = executor.run({"image": x})     # {output name: array}
@@ -12,8 +13,17 @@ lifetime (as TVM's and TFLite's planners do). A kernel's inputs and output are a
 same step, so they never overlap (the kernels assume distinct arrays).
 
 Since every value has a fixed address, each compiled step is bound once (its arguments
-checked once, ``CpuKernel.bind``): running a step is a call into machine code. Graph
-inputs are copied into their place; outputs are copied out.
+checked once, ``runner.BoundKernel``), and each run of consecutive kernel steps (views
+between them cost nothing) is one table that native code walks: one ctypes call for all of
+them (compiler/cpu/runner.py); numpy and concat steps run between those calls.
+
+Ownership. Feeds are copied into their places in the arena and never written (a feed in
+any layout or order is read through the copy); the outputs a run returns are fresh arrays
+of their own, which later runs never touch. Both copies were measured before keeping them:
+the input and output copies of small_cnn (batch 64) take about a microsecond each against
+a 75-microsecond run (a 224x224 image: tens of microseconds against milliseconds), while
+reading a feed in place would re-point every kernel, view and numpy step that reads it on
+each run, and returning arena memory would let the next run overwrite a result.
 
 Run-time-shaped segments. A value whose size is only known at run time (None in its
 program shape: downstream of a node whose shape depends on values, compiler/graph/
