@@ -47,15 +47,18 @@ def kernel_work(spec: dict, arrays) -> int:
     per output. The output is the last array (kernels.py's parameter order)."""
     touched = sum(int(a.size) for a in arrays)
     out = int(arrays[-1].size) if arrays else 0
-    weight = spec.get("weight")
+    def ints(v) -> bool:  # (a spec read from a .cel: checked, but not for this use)
+        return isinstance(v, list) and bool(v) and all(type(d) is int and d >= 0 for d in v)
+
+    weight, a, window = spec.get("weight"), spec.get("a"), spec.get("kernel")
     per_output = 0  # an element-wise kernel: its elements are its work
-    if isinstance(weight, list) and len(weight) >= 2 and all(isinstance(d, int) for d in weight):
+    if ints(weight) and len(weight) >= 2:
         # [outer out-channel blocks, ..., inner out-channel block]: the rest is the reduction
         per_output = math.prod(weight) // max(1, weight[0] * weight[-1])
-    elif spec.get("op") == "batch_matmul":
-        per_output = int(spec["a"][-1])
-    elif isinstance(spec.get("kernel"), list):  # a pooling window
-        per_output = math.prod(int(k) for k in spec["kernel"])
+    elif spec.get("op") == "batch_matmul" and ints(a):
+        per_output = a[-1]
+    elif ints(window):  # a pooling window
+        per_output = math.prod(window)
     return touched + out * per_output
 
 

@@ -138,6 +138,9 @@ def test_kernel_work():
                               [np.empty((2, 3, 5)), np.empty((2, 5, 4)),
                                np.empty((2, 3, 4))]) == 30 + 40 + 24 * 6
     assert runner.kernel_work({"op": "new kind"}, [data, out]) == data.size + out.size
+    for odd in ({"weight": ["a", 2]}, {"weight": [2]}, {"kernel": [3, None]},
+                {"op": "batch_matmul", "a": []}):  # only a rough size: never an error
+        assert runner.kernel_work(odd, [data, out]) == data.size + out.size
 
 
 def test_outputs_are_fresh_and_inputs_untouched():
