@@ -7,17 +7,21 @@ chunks costs a few cache-line transfers:
 
     celosia_run_kernel(n, fns, extents, buffers)   # every segment of a kernel, in order
 
+    celosia_run_steps(n, steps)                    # n kernels' segments, in order (runner.py)
+
 runs each segment ``fns[i](buffers, begin, end)``: a serial one (extent -1) on the calling
-thread; a parallel one cut into ``4 x threads`` equal chunks (fewer for a short loop) that
+thread, as is a parallel loop run whole (extent -e-1: a kernel too small to split, or one
+thread); a parallel one cut into ``4 x threads`` equal chunks (fewer for a short loop) that
 the caller and the workers claim one at a time with a compare-and-swap on a word holding
 the task's generation and the next chunk. The caller claims too, so a worker that is not
 running (a busy machine) only leaves more chunks to the others, and a worker that wakes
 up late finds the generation changed and claims nothing. The caller then waits for the
-chunks claimed by others to finish. Workers that find no work for a while (50,000 pause
+chunks claimed by others to finish, yielding its CPU after a few microseconds of spinning
+(on a busy machine the worker holding the last chunk may be waiting for one). Workers that find no work for a while (50,000 pause
 instructions, about a millisecond) poll every 50 microseconds instead, so an idle
 process does not burn CPUs.
 
-One task at a time: ``run_kernel`` holds a lock (the kernels themselves release the GIL).
+One task at a time: ``run_kernel`` and ``run_steps`` hold a lock (the kernels themselves release the GIL).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import threading
 
 from .host import host_target, llvm_binding, target_machine
 
-__all__ = ["NativePool", "native_pool"]
+__all__ = ["NativePool", "native_pool", "serial_pool"]
 
 _IR = r"""
 ; The current task: a segment, its buffers, its loop extent cut into @chunks pieces.
@@ -44,6 +48,7 @@ _IR = r"""
 declare i32 @pthread_create(ptr, ptr, ptr, ptr)
 declare i32 @pthread_detach(i64)
 declare i32 @usleep(i32)
+declare i32 @sched_yield()
 PAUSE_DECL
 
 ; Claim and run chunks of generation %gen until none is left.
@@ -153,17 +158,25 @@ entry:
   call void @drain(i64 %g)
   br label %wait
 wait:
+  %spun = phi i64 [0, %entry], [%spun1, %relax], [0, %yield]
   %d = load atomic i64, ptr @done acquire, align 8
   %all = icmp uge i64 %d, %c
   br i1 %all, label %exit, label %relax
 relax:
   PAUSE_CALL
+  %spun1 = add i64 %spun, 1
+  %long = icmp ugt i64 %spun1, 2000
+  br i1 %long, label %yield, label %wait
+yield:
+  ; A worker holding a chunk was descheduled (a busy machine): give it the CPU.
+  %ry = call i32 @sched_yield()
   br label %wait
 exit:
   ret void
 }
 
-; Every segment of a kernel in order; extents[i] < 0: serial (the caller runs it).
+; Every segment of a kernel in order; extents[i] < 0: serial, the caller runs it over
+; [0, -extents[i] - 1) (-1: a serial segment; -e-1: a parallel loop of extent e run whole).
 define void @celosia_run_kernel(i64 %n, ptr %fns, ptr %extents, ptr %p, i64 %per) {
 entry:
   br label %head
@@ -179,7 +192,8 @@ body:
   %serial = icmp slt i64 %e, 0
   br i1 %serial, label %one, label %many
 one:
-  call void %f(ptr %p, i64 0, i64 0)
+  %hi = xor i64 %e, -1
+  call void %f(ptr %p, i64 0, i64 %hi)
   br label %next
 many:
   %c0 = icmp ult i64 %e, %per
@@ -192,10 +206,36 @@ next:
 exit:
   ret void
 }
+
+; Consecutive kernel steps in one call: %steps holds per step {i64 segments, ptr fns,
+; ptr extents, ptr buffers} (runner.py's table).
+define void @celosia_run_steps(i64 %n, ptr %steps, i64 %per) {
+entry:
+  br label %head
+head:
+  %i = phi i64 [0, %entry], [%i1, %body]
+  %more = icmp ult i64 %i, %n
+  br i1 %more, label %body, label %exit
+body:
+  %rec = getelementptr [4 x i64], ptr %steps, i64 %i
+  %cnt = load i64, ptr %rec
+  %fp = getelementptr [4 x i64], ptr %steps, i64 %i, i64 1
+  %fns = load ptr, ptr %fp
+  %ep = getelementptr [4 x i64], ptr %steps, i64 %i, i64 2
+  %ext = load ptr, ptr %ep
+  %bp = getelementptr [4 x i64], ptr %steps, i64 %i, i64 3
+  %bufs = load ptr, ptr %bp
+  call void @celosia_run_kernel(i64 %cnt, ptr %fns, ptr %ext, ptr %bufs, i64 %per)
+  %i1 = add i64 %i, 1
+  br label %head
+exit:
+  ret void
+}
 """
 
 _RUN_KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_void_p, ctypes.c_int64)
+_RUN_STEPS = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 # Chunks per thread of a parallel loop: enough that a late or busy thread's share is
 # taken by the others, few enough that claiming costs nothing.
 CHUNKS_PER_THREAD = 4
@@ -218,6 +258,8 @@ class NativePool:
         self._engine.finalize_object()
         self.workers = workers
         self._run = _RUN_KERNEL(self._engine.get_function_address("celosia_run_kernel"))
+        self._run_steps = _RUN_STEPS(self._engine.get_function_address("celosia_run_steps"))
+        self.per = CHUNKS_PER_THREAD * (workers + 1)
         self.lock = threading.Lock()
         start = ctypes.CFUNCTYPE(None, ctypes.c_int64)(
             self._engine.get_function_address("celosia_threads_start"))
@@ -227,7 +269,12 @@ class NativePool:
     def run_kernel(self, n: int, fns, extents, buffers) -> None:
         """Run ``n`` segments (addresses ``fns``, extents, -1 for serial) on ``buffers``."""
         with self.lock:
-            self._run(n, fns, extents, buffers, CHUNKS_PER_THREAD * (self.workers + 1))
+            self._run(n, fns, extents, buffers, self.per)
+
+    def run_steps(self, n: int, table) -> None:
+        """Run ``n`` kernel steps of a step table (runner.py) in order: one native call."""
+        with self.lock:
+            self._run_steps(n, table, self.per)
 
 
 _state: dict = {}
@@ -244,4 +291,19 @@ def native_pool(threads: int) -> NativePool | None:
                 pool = _state["pool"] = NativePool(max(0, threads - 1))
             except Exception as exc:  # noqa: BLE001 - e.g. no pthreads: Python threads work
                 _state["failed"] = repr(exc)
+        return pool
+
+
+def serial_pool() -> NativePool | None:
+    """A runtime without worker threads, for runs on one thread (runner.py's serial
+    tables: every extent negative, every loop run whole by the caller), or None when it
+    cannot be made. Separate from ``native_pool`` so that CELOSIA_NUM_THREADS=1 starts no
+    workers and a later run with more threads still gets a pool of the right size."""
+    with _lock:
+        pool = _state.get("serial")
+        if pool is None and "serial failed" not in _state:
+            try:
+                pool = _state["serial"] = NativePool(0)
+            except Exception as exc:  # noqa: BLE001 - the caller falls back to ctypes calls
+                _state["serial failed"] = repr(exc)
         return pool
