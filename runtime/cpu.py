@@ -209,6 +209,7 @@ class CpuModel:
     @property
     def executor(self):
         if self._executor is None:
+            from . import control  # noqa: F401 - runs "control" steps (If/Loop/Scan bodies)
             from .executor import GraphExecutor
             self._executor = GraphExecutor(self.program)
         return self._executor
@@ -362,7 +363,8 @@ _RESOLVER: list = []  # the engine that registered the process's symbols with LL
 def npy_bytes(a: np.ndarray) -> bytes:
     """An array as .npy bytes (C order, no pickles)."""
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    a = np.asarray(a)  # (ascontiguousarray would make a scalar 1-D: keep its shape)
+    np.save(buf, a if a.flags.c_contiguous else a.copy(order="C"), allow_pickle=False)
     return buf.getvalue()
 
 

@@ -1,0 +1,196 @@
+"""Running compiled control flow (compiler/cpu/control.py): a ``control`` step's bodies,
+each a program over an arena of its own, bound once; the step calls them.
+
+    call = bind_control(executor, step)   # once, when the enclosing executor binds
+    call()                                # each run: the If, the Loop or the Scan
+
+A body's executor is a :class:`~.executor.GraphExecutor` whose ``outer`` values are the
+enclosing executor's arrays (fixed addresses: bound, not copied). Its inputs are kept alive
+to the end of the body's steps, so no output shares bytes with an input: copying the
+carried values back after an iteration cannot overwrite an output not yet copied (a view
+of an input, e.g. a condition passed on, is handled by copying the outputs first).
+
+One iteration of a Loop: the iteration number and condition written into the body's
+inputs, the body's calls, its scan outputs copied into their row of the node's outputs,
+its carried values copied into its inputs for the next iteration. A Scan copies its
+slices into the body's inputs the same way (in reverse where a direction is 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..compiler.graph.ir import Node, NodeError
+from .executor import STEP_BINDERS, GraphExecutor
+
+__all__ = ["bind_control"]
+
+
+class _BodyExecutor(GraphExecutor):
+    """A body's program; ``external`` arrays (its outer values) are bound by name."""
+
+    def __init__(self, program, external: dict):
+        self._external = dict(external)
+        super().__init__(program)
+
+    def _bind(self, s: dict):
+        self.arrays.update(self._external)  # before the first step binds (idempotent)
+        if s["kind"] == "view" and s["inputs"][0] in self._external:  # a view of an outer
+            out, info = s["outputs"][0], self.program.values[s["outputs"][0]]
+            self._external[out] = self.arrays[s["inputs"][0]].reshape(info["shape"])
+            self.arrays[out] = self._external[out]
+            return None
+        return super()._bind(s)
+
+
+def _body_executor(parent: GraphExecutor, step: dict, body: dict) -> _BodyExecutor:
+    from ..compiler.cpu.lowering import CpuProgram
+
+    p = parent.program
+    captured = step["inputs"][len(step["inputs"]) - len(body["outer"]):] \
+        if body["outer"] else []
+    external = {name: parent.arrays[v] for name, v in zip(body["outer"], captured)}
+    # The inputs as outputs too: alive to the end, never sharing bytes with an output.
+    kept = list(dict.fromkeys(body["outputs"] + body["inputs"]))
+    program = CpuProgram(step["node"], list(body["inputs"]), kept, body["values"],
+                         p.constants, body["steps"], {}, p.kernels)
+    return _BodyExecutor(program, external)
+
+
+def _calls(ex: GraphExecutor) -> list:
+    return [c for c in ex._calls if c is not None]
+
+
+def _scalar(a: np.ndarray):
+    return a.reshape(-1)[0]
+
+
+def bind_control(parent: GraphExecutor, step: dict):
+    """The call that runs a ``control`` step of ``parent``."""
+    bodies = {k: _body_executor(parent, step, b) for k, b in step["bodies"].items()}
+    node = Node(step["op"], tuple(step["inputs"]), tuple(step["outputs"]), step["attrs"],
+                step["node"])
+    outs = [parent.arrays[o] if o else None for o in step["outputs"]]
+    n_outer = len(next(iter(step["bodies"].values()))["outer"])
+    own = step["inputs"][:len(step["inputs"]) - n_outer]
+    ins = [parent.arrays[v] if v else None for v in own]
+    bind = {"If": _bind_if, "Loop": _bind_loop, "Scan": _bind_scan}[step["op"]]
+    return bind(node, step, bodies, ins, outs)
+
+
+def _bind_if(node, step, bodies, ins, outs):
+    branches = []
+    for key in ("then_branch", "else_branch"):
+        ex = bodies[key]
+        n = len(step["bodies"][key]["outputs"])
+        results = [ex.arrays[o] for o in ex.program.outputs[:n]]
+        branches.append((_calls(ex), list(zip(outs, results))))
+    cond = ins[0]
+
+    def run():
+        calls, copies = branches[0] if bool(_scalar(cond)) else branches[1]
+        for c in calls:
+            c()
+        for y, r in copies:
+            if y is not None:
+                np.copyto(y, r)
+    return run
+
+
+def _carry(states_in: list, states_out: list):
+    """The copies of the carried values into the body's inputs: straight when no output is
+    another input's memory, else through a snapshot of the outputs."""
+    pairs = [(i, o) for i, o in zip(states_in, states_out) if i is not o]
+    crossed = any(np.shares_memory(o, i2) for k, (_, o) in enumerate(pairs)
+                  for j, (i2, _) in enumerate(pairs) if j != k)
+    if crossed:
+        def carry():
+            snapshot = [o.copy() for _, o in pairs]
+            for (i, _), o in zip(pairs, snapshot):
+                np.copyto(i, o)
+        return carry
+
+    def carry():
+        for i, o in pairs:
+            np.copyto(i, o)
+    return carry
+
+
+def _bind_loop(node, step, bodies, ins, outs):
+    ex = bodies["body"]
+    b = step["bodies"]["body"]
+    body_in = [ex.arrays[v] for v in b["inputs"]]
+    body_out = [ex.arrays[o] for o in ex.program.outputs[:len(b["outputs"])]]
+    it, cond_in, states = body_in[0], body_in[1], body_in[2:]
+    n_state = len(states)
+    cond_out, new_states, rows = body_out[0], body_out[1:1 + n_state], body_out[1 + n_state:]
+    trip_a, cond_a, initial = ins[0], ins[1], ins[2:]
+    finals, stacks = outs[:n_state], outs[n_state:]
+    scans = [(y, r) for y, r in zip(stacks, rows) if y is not None]
+    calls, carry = _calls(ex), _carry(states, new_states)
+
+    def run():
+        trip = None if trip_a is None else int(_scalar(trip_a))
+        go = True if cond_a is None else bool(_scalar(cond_a))
+        for s, x in zip(states, initial):
+            np.copyto(s, x)
+        i = 0
+        while go and (trip is None or i < trip):
+            it[...] = i
+            cond_in[...] = go
+            for c in calls:
+                c()
+            go = bool(_scalar(cond_out))
+            for y, r in scans:
+                if i >= len(y):
+                    raise NodeError(node, f"runs more than the {len(y)} iterations its scan "
+                                          "outputs were built for")
+                np.copyto(y[i, ...], r)
+            carry()
+            i += 1
+        if scans and i != len(scans[0][0]):
+            raise NodeError(node, f"ran {i} iterations, its scan outputs were built for "
+                                  f"{len(scans[0][0])}")
+        for y, s in zip(finals, states):
+            if y is not None:
+                np.copyto(y, s)
+    return run
+
+
+def _bind_scan(node, step, bodies, ins, outs):
+    ex = bodies["body"]
+    b = step["bodies"]["body"]
+    a = step["attrs"]
+    m = int(a["num_scan_inputs"])
+    body_in = [ex.arrays[v] for v in b["inputs"]]
+    body_out = [ex.arrays[o] for o in ex.program.outputs[:len(b["outputs"])]]
+    n_state = len(body_in) - m
+    states, slices = body_in[:n_state], body_in[n_state:]
+    # Each sequence and stacked output with its scan axis first (views, no copy).
+    seqs = [(np.moveaxis(x, ax, 0), d) for x, ax, d in
+            zip(ins[n_state:], a["scan_input_axes"], a["scan_input_directions"])]
+    stacks = [(np.moveaxis(y, ax, 0), d, r) for y, ax, d, r in
+              zip(outs[n_state:], a["scan_output_axes"], a["scan_output_directions"],
+                  body_out[n_state:]) if y is not None]
+    finals = outs[:n_state]
+    length = len(seqs[0][0]) if seqs else 0
+    calls, carry = _calls(ex), _carry(states, body_out[:n_state])
+
+    def run():
+        for s, x in zip(states, ins[:n_state]):
+            np.copyto(s, x)
+        for t in range(length):
+            for dst, (x, d) in zip(slices, seqs):
+                np.copyto(dst, x[length - 1 - t if d else t, ...])
+            for c in calls:
+                c()
+            for y, d, r in stacks:
+                np.copyto(y[length - 1 - t if d else t, ...], r)
+            carry()
+        for y, s in zip(finals, states):
+            if y is not None:
+                np.copyto(y, s)
+    return run
+
+
+STEP_BINDERS["control"] = bind_control
