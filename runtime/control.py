@@ -35,12 +35,59 @@ class _BodyExecutor(GraphExecutor):
 
     def _bind(self, s: dict):
         self.arrays.update(self._external)  # before the first step binds (idempotent)
-        if s["kind"] == "view" and s["inputs"][0] in self._external:  # a view of an outer
+        kind, arr = s["kind"], self.arrays
+        if kind == "view" and s["inputs"][0] in self._external:  # a view of an outer
             out, info = s["outputs"][0], self.program.values[s["outputs"][0]]
-            self._external[out] = self.arrays[s["inputs"][0]].reshape(info["shape"])
-            self.arrays[out] = self._external[out]
+            self._external[out] = arr[s["inputs"][0]].reshape(info["shape"])
+            arr[out] = self._external[out]
             return None
+        if kind == "kernel":
+            kernel = self.program.kernels[s["kernel"]]
+            args = [arr[v] for v in s["inputs"]]
+            return kernel.bind(*args, serial=sum(a.nbytes for a in args) <= SERIAL_BYTES)
+        if kind == "numpy":
+            fast = _fast_numpy(s, arr)
+            if fast is not None:
+                return fast
         return super()._bind(s)
+
+
+# A body kernel whose arrays total at most this many bytes runs on the calling thread: a
+# loop's small kernels (an RNN cell's matrix-vector products, microseconds each) cost less
+# than waking the thread pool for them, once per iteration.
+SERIAL_BYTES = 1 << 20
+
+
+def _fast_numpy(s: dict, arr: dict):
+    """A numpy step that a body runs every iteration, as one numpy call into its output
+    (the same function as graph/ops.py's kernel, without evaluate_node's dispatch): Tanh,
+    Neg and Abs of floats, and Gather of one index (x_t of a sequence). None for others."""
+    op, ins, outs = s["op"], s["inputs"], s["outputs"]
+    if len(outs) != 1 or not outs[0] or not all(ins) or s.get("attrs", {}).get("epilogue"):
+        return None
+    y = arr[outs[0]]
+    x = arr[ins[0]]
+    if op in _UFUNCS and len(ins) == 1 and x.dtype == y.dtype \
+            and x.dtype in (np.float32, np.float64) and x.shape == y.shape:
+        fn = _UFUNCS[op]
+        return lambda: fn(x, out=y)
+    if op == "Gather" and len(ins) == 2 and arr[ins[1]].shape == () and x.ndim >= 1 \
+            and arr[ins[1]].dtype.kind == "i":
+        index, axis = arr[ins[1]], int(s["attrs"].get("axis", 0)) % x.ndim
+        lead = (slice(None),) * axis
+        node = Node(op, tuple(ins), tuple(outs), s["attrs"], s["node"])
+
+        def gather():
+            i = int(index)
+            if not -x.shape[axis] <= i < x.shape[axis]:
+                raise NodeError(node, f"failed at run time: index {i} is out of bounds for "
+                                      f"axis {axis} with size {x.shape[axis]}")
+            np.copyto(y, x[lead + (i,)])
+        return gather
+    return None
+
+
+_UFUNCS = {"Tanh": np.tanh, "Neg": np.negative, "Abs": np.abs}
 
 
 def _body_executor(parent: GraphExecutor, step: dict, body: dict) -> _BodyExecutor:

@@ -121,6 +121,8 @@ class CpuModel:
                 "kernels": stats["kernels"], "kernels_cached": stats["cached"],
                 "lower_s": lowered - start, "compile_s": stats["seconds"],
                 "total_s": time.perf_counter() - start}
+        if program.control:  # the path each If/Loop/Scan took (compiled bodies or numpy)
+            info["control_flow"] = program.control
         origin = {"from": "graph",
                   "quantized": any(n.op in QUANTIZED_KERNELS for n in graph.nodes)}
         return cls(program, source=source, build_info=info, origin=origin)
