@@ -63,7 +63,8 @@ def _fast_numpy(s: dict, arr: dict):
     (the same function as graph/ops.py's kernel, without evaluate_node's dispatch): Tanh,
     Neg and Abs of floats, and Gather of one index (x_t of a sequence). None for others."""
     op, ins, outs = s["op"], s["inputs"], s["outputs"]
-    if len(outs) != 1 or not outs[0] or not all(ins) or s.get("attrs", {}).get("epilogue"):
+    if len(outs) != 1 or not outs[0] or not ins or not all(ins) \
+            or s.get("attrs", {}).get("epilogue"):
         return None
     y = arr[outs[0]]
     x = arr[ins[0]]
@@ -71,9 +72,12 @@ def _fast_numpy(s: dict, arr: dict):
             and x.dtype in (np.float32, np.float64) and x.shape == y.shape:
         fn = _UFUNCS[op]
         return lambda: fn(x, out=y)
+    axis = s.get("attrs", {}).get("axis", 0)
     if op == "Gather" and len(ins) == 2 and arr[ins[1]].shape == () and x.ndim >= 1 \
-            and arr[ins[1]].dtype.kind == "i":
-        index, axis = arr[ins[1]], int(s["attrs"].get("axis", 0)) % x.ndim
+            and arr[ins[1]].dtype.kind == "i" and type(axis) is int and -x.ndim <= axis < x.ndim:
+        index, axis = arr[ins[1]], axis % x.ndim
+        if x.shape[:axis] + x.shape[axis + 1:] != y.shape or x.dtype != y.dtype:
+            return None  # (not what Gather makes: the numpy step says so when it runs)
         lead = (slice(None),) * axis
         node = Node(op, tuple(ins), tuple(outs), s["attrs"], s["node"])
 
@@ -175,6 +179,7 @@ def _bind_loop(node, step, bodies, ins, outs):
     finals, stacks = outs[:n_state], outs[n_state:]
     scans = [(y, r) for y, r in zip(stacks, rows) if y is not None]
     calls, carry = _calls(ex), _carry(states, new_states)
+    cond_flat = cond_out.reshape(-1)  # (a view: read each iteration)
 
     def run():
         trip = None if trip_a is None else int(_scalar(trip_a))
@@ -187,7 +192,7 @@ def _bind_loop(node, step, bodies, ins, outs):
             cond_in[...] = go
             for c in calls:
                 c()
-            go = bool(_scalar(cond_out))
+            go = bool(cond_flat[0])
             for y, r in scans:
                 if i >= len(y):
                     raise NodeError(node, f"runs more than the {len(y)} iterations its scan "

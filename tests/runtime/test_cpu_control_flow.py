@@ -332,3 +332,45 @@ def test_edited_control_step_is_one_error_naming_the_field(edit, message, tmp_pa
     with pytest.raises(ArtifactError, match=message) as e:
         CpuModel.load(path)
     assert "\n" not in str(e.value) and "program.steps[0]" in str(e.value)
+
+
+def _mutate(step: dict, rng) -> None:
+    """One random edit somewhere inside a control step: a value replaced or a list item
+    dropped."""
+    paths = []
+
+    def walk(x, p):
+        paths.append(p)
+        for k, y in (x.items() if isinstance(x, dict) else
+                     enumerate(x) if isinstance(x, list) else ()):
+            walk(y, p + [k])
+    walk(step, [])
+    path = paths[1 + int(rng.integers(len(paths) - 1))]
+    parent = step
+    for k in path[:-1]:
+        parent = parent[k]
+    values = [None, 0, -1, 7, 2 ** 40, True, "x", "h0", "s", "float32", [], {}, [1, 2]]
+    if isinstance(parent, list) and rng.random() < 0.2:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = values[int(rng.integers(len(values)))]
+
+
+def test_mutated_control_steps_are_errors_not_tracebacks(tmp_path):
+    """Seeded random edits of a Loop's control step (resealed, as a deliberate edit would
+    be): loading and running give a CelosiaError or work, never another exception."""
+    from celosia.errors import CelosiaError
+
+    path = tmp_path / "l.cel"
+    CpuModel.from_graph(optimize(import_onnx(rnn_loop(2, 4, 8, 3)))).save(path)
+    original = path.read_bytes()
+    feeds = rnn_feeds(2, 4, 8, 3)[0]
+    rng = np.random.default_rng(7)
+    for _ in range(120):
+        path.write_bytes(original)
+        _rewrite(path, lambda doc: [_mutate(_control(doc), rng)
+                                    for _ in range(int(rng.integers(1, 3)))])
+        try:
+            CpuModel.load(path).run(feeds)
+        except CelosiaError:
+            pass
