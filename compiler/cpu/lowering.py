@@ -24,6 +24,7 @@ Steps (each JSON-able; values by name, a blocked value named ``NAME@nchw16c``):
   runtime/executor.py).
 - ``view``: the output is the input's memory with another shape (Reshape, Flatten, ...).
 - ``concat``: channel concatenation of blocked values of one block.
+- ``control``: an If, Loop or Scan whose bodies are programs of their own (control.py).
 
 Layout conversions are kernel steps too (ops ``pack`` / ``unpack``, any dtype). int8
 activations follow the float32 rules: QConv reads and writes NCHW{c}c with the blocks a
