@@ -94,13 +94,16 @@ def _fast_numpy(s: dict, arr: dict):
 _UFUNCS = {"Tanh": np.tanh, "Neg": np.negative, "Abs": np.abs}
 
 
-def _body_executor(parent: GraphExecutor, step: dict, body: dict) -> _BodyExecutor:
+def _body_executor(parent: GraphExecutor, step: dict, body: dict,
+                   bound: dict | None = None) -> _BodyExecutor:
+    """A body's executor; ``bound``: more of its values bound to given arrays."""
     from ..compiler.cpu.lowering import CpuProgram
 
     p = parent.program
     captured = step["inputs"][len(step["inputs"]) - len(body["outer"]):] \
         if body["outer"] else []
     external = {name: parent.arrays[v] for name, v in zip(body["outer"], captured)}
+    external.update(bound or {})
     # The inputs as outputs too: alive to the end, never sharing bytes with an output.
     kept = list(dict.fromkeys(body["outputs"] + body["inputs"]))
     program = CpuProgram(step["node"], list(body["inputs"]), kept, body["values"],
@@ -126,15 +129,14 @@ def bind_control(parent: GraphExecutor, step: dict):
     own = step["inputs"][:len(step["inputs"]) - n_outer]
     ins = [parent.arrays[v] if v else None for v in own]
     bind = {"If": _bind_if, "Loop": _bind_loop, "Scan": _bind_scan}[step["op"]]
-    return bind(node, step, bodies, ins, outs)
+    return bind(node, step, bodies, ins, outs, parent)
 
 
-def _bind_if(node, step, bodies, ins, outs):
+def _bind_if(node, step, bodies, ins, outs, parent):
     branches = []
     for key in ("then_branch", "else_branch"):
         ex = bodies[key]
-        n = len(step["bodies"][key]["outputs"])
-        results = [ex.arrays[o] for o in ex.program.outputs[:n]]
+        results = [ex.arrays[o] for o in step["bodies"][key]["outputs"]]
         branches.append((_calls(ex), list(zip(outs, results))))
     cond = ins[0]
 
@@ -167,79 +169,119 @@ def _carry(states_in: list, states_out: list):
     return carry
 
 
-def _bind_loop(node, step, bodies, ins, outs):
-    ex = bodies["body"]
+def _twin(parent: GraphExecutor, step: dict, ex: _BodyExecutor, first: int, out_first: int):
+    """A second executor of a Loop's or Scan's body whose carried inputs are ``ex``'s
+    carried outputs and whose carried outputs are ``ex``'s inputs, so iterations alternate
+    between the two and the carried values swap buffers instead of being copied; None when
+    a carried output is not a step's own output (a view, an input passed on, an output
+    twice). ``first``/``out_first``: the body's first carried input/output."""
     b = step["bodies"]["body"]
-    body_in = [ex.arrays[v] for v in b["inputs"]]
-    body_out = [ex.arrays[o] for o in ex.program.outputs[:len(b["outputs"])]]
-    it, cond_in, states = body_in[0], body_in[1], body_in[2:]
-    n_state = len(states)
-    cond_out, new_states, rows = body_out[0], body_out[1:1 + n_state], body_out[1 + n_state:]
+    n = len(b["inputs"]) - (int(step["attrs"]["num_scan_inputs"]) if step["op"] == "Scan"
+                            else 2)
+    ins, outs = b["inputs"][first:first + n], b["outputs"][out_first:out_first + n]
+    written = {o for st in b["steps"] if st["kind"] != "view" for o in st["outputs"]}
+    if n == 0 or len(set(outs)) != n or not set(outs) <= written \
+            or set(outs) & set(b["inputs"] + b["outer"]):
+        return None
+    return _body_executor(parent, step, b, {
+        **{i: ex.arrays[o] for i, o in zip(ins, outs)},
+        **{o: ex.arrays[i] for i, o in zip(ins, outs)}})
+
+
+class _Pass:
+    """One executor's arrays as an iteration uses them."""
+
+    def __init__(self, ex: GraphExecutor, b: dict, first: int, n_state: int, out_first: int):
+        self.calls = _calls(ex)
+        self.inputs = [ex.arrays[v] for v in b["inputs"]]
+        self.outputs = [ex.arrays[o] for o in b["outputs"]]
+        self.states = self.inputs[first:first + n_state]
+        self.new_states = self.outputs[out_first:out_first + n_state]
+
+
+def _passes(parent, step, ex, first, out_first, n_state):
+    """The executors iterations alternate between ([one] when the carried values are
+    copied, with the copy) and that copy (None when they swap)."""
+    b = step["bodies"]["body"]
+    one = _Pass(ex, b, first, n_state, out_first)
+    twin = _twin(parent, step, ex, first, out_first)
+    if twin is None:
+        return [one], _carry(one.states, one.new_states)
+    return [one, _Pass(twin, b, first, n_state, out_first)], None
+
+
+def _bind_loop(node, step, bodies, ins, outs, parent):
+    b = step["bodies"]["body"]
+    n_state = len(b["inputs"]) - 2
+    passes, carry = _passes(parent, step, bodies["body"], 2, 1, n_state)
     trip_a, cond_a, initial = ins[0], ins[1], ins[2:]
     finals, stacks = outs[:n_state], outs[n_state:]
-    scans = [(y, r) for y, r in zip(stacks, rows) if y is not None]
-    calls, carry = _calls(ex), _carry(states, new_states)
-    cond_flat = cond_out.reshape(-1)  # (a view: read each iteration)
+    plans = [(p.calls, p.inputs[0], p.inputs[1], p.outputs[0].reshape(-1),
+              [(y, r) for y, r in zip(stacks, p.outputs[1 + n_state:]) if y is not None])
+             for p in passes]
+    rows = next((len(y) for y in stacks if y is not None), None)
 
     def run():
         trip = None if trip_a is None else int(_scalar(trip_a))
         go = True if cond_a is None else bool(_scalar(cond_a))
-        for s, x in zip(states, initial):
+        for s, x in zip(passes[0].states, initial):
             np.copyto(s, x)
         i = 0
         while go and (trip is None or i < trip):
+            calls, it, cond_in, cond_out, scans = plans[i % len(plans)]
             it[...] = i
             cond_in[...] = go
             for c in calls:
                 c()
-            go = bool(cond_flat[0])
+            go = bool(cond_out[0])
+            if scans and i >= rows:
+                raise NodeError(node, f"runs more than the {rows} iterations its scan "
+                                      "outputs were built for")
             for y, r in scans:
-                if i >= len(y):
-                    raise NodeError(node, f"runs more than the {len(y)} iterations its scan "
-                                          "outputs were built for")
                 np.copyto(y[i, ...], r)
-            carry()
+            if carry:
+                carry()
             i += 1
-        if scans and i != len(scans[0][0]):
+        if rows is not None and i != rows:
             raise NodeError(node, f"ran {i} iterations, its scan outputs were built for "
-                                  f"{len(scans[0][0])}")
-        for y, s in zip(finals, states):
+                                  f"{rows}")
+        for y, s in zip(finals, passes[i % len(passes)].states):
             if y is not None:
                 np.copyto(y, s)
     return run
 
 
-def _bind_scan(node, step, bodies, ins, outs):
-    ex = bodies["body"]
+def _bind_scan(node, step, bodies, ins, outs, parent):
     b = step["bodies"]["body"]
     a = step["attrs"]
     m = int(a["num_scan_inputs"])
-    body_in = [ex.arrays[v] for v in b["inputs"]]
-    body_out = [ex.arrays[o] for o in ex.program.outputs[:len(b["outputs"])]]
-    n_state = len(body_in) - m
-    states, slices = body_in[:n_state], body_in[n_state:]
+    n_state = len(b["inputs"]) - m
+    passes, carry = _passes(parent, step, bodies["body"], 0, 0, n_state)
     # Each sequence and stacked output with its scan axis first (views, no copy).
     seqs = [(np.moveaxis(x, ax, 0), d) for x, ax, d in
             zip(ins[n_state:], a["scan_input_axes"], a["scan_input_directions"])]
-    stacks = [(np.moveaxis(y, ax, 0), d, r) for y, ax, d, r in
-              zip(outs[n_state:], a["scan_output_axes"], a["scan_output_directions"],
-                  body_out[n_state:]) if y is not None]
+    places = [(np.moveaxis(y, ax, 0), d) for y, ax, d in
+              zip(outs[n_state:], a["scan_output_axes"], a["scan_output_directions"])]
+    plans = [(p.calls, p.inputs[n_state:],
+              [(y, d, r) for (y, d), r, o in zip(places, p.outputs[n_state:], outs[n_state:])
+               if o is not None]) for p in passes]
     finals = outs[:n_state]
     length = len(seqs[0][0]) if seqs else 0
-    calls, carry = _calls(ex), _carry(states, body_out[:n_state])
 
     def run():
-        for s, x in zip(states, ins[:n_state]):
+        for s, x in zip(passes[0].states, ins[:n_state]):
             np.copyto(s, x)
         for t in range(length):
+            calls, slices, stacks = plans[t % len(plans)]
             for dst, (x, d) in zip(slices, seqs):
                 np.copyto(dst, x[length - 1 - t if d else t, ...])
             for c in calls:
                 c()
             for y, d, r in stacks:
                 np.copyto(y[length - 1 - t if d else t, ...], r)
-            carry()
-        for y, s in zip(finals, states):
+            if carry:
+                carry()
+        for y, s in zip(finals, passes[length % len(passes)].states):
             if y is not None:
                 np.copyto(y, s)
     return run

@@ -374,3 +374,25 @@ def test_mutated_control_steps_are_errors_not_tracebacks(tmp_path):
             CpuModel.load(path).run(feeds)
         except CelosiaError:
             pass
+
+
+def test_loop_carried_values_passed_on_and_crossed(tmp_path):
+    """Carried values the body passes on unchanged or exchanges (a' = b, b' = a + b: a
+    Fibonacci pair, and c' = c) are copied, not swapped; the results stay exact."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["ab"]),
+         helper.make_node("Identity", ["b"], ["b_on"]),
+         helper.make_node("Identity", ["cond"], ["cond_out"])],
+        "body", [vi("i", [], I64), vi("cond", [], B), vi("a", [3], I64), vi("b", [3], I64),
+                 vi("c", [2, 2])],
+        [vi("cond_out", [], B), vi("b_on", [3], I64), vi("ab", [3], I64), vi("c", [2, 2]),
+         vi("ab", [3], I64)])
+    m = model([helper.make_node("Loop", ["T", "", "a0", "b0", "c0"],
+                                ["a_T", "b_T", "c_T", "abs"], body=body)],
+              [vi("a0", [3], I64), vi("b0", [3], I64), vi("c0", [2, 2])],
+              [vi("a_T", [3], I64), vi("b_T", [3], I64), vi("c_T", [2, 2]),
+               vi("abs", [9, 3], I64)], [const("T", np.int64(9))])
+    rng = np.random.default_rng(3)
+    feeds = [{"a0": rng.integers(-5, 5, 3), "b0": rng.integers(-5, 5, 3),
+              "c0": rng.normal(size=(2, 2)).astype(np.float32)} for _ in range(2)]
+    check(m, feeds, tmp_path)
