@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..graph.ir import Graph, Node, captured_inputs, subgraphs
+from .control_hoist import hoist_projections, lower_hoisted
 
 __all__ = ["CONTROL_OPS", "lower_control", "control_fallback_reason"]
 
@@ -82,6 +83,8 @@ def lower_control(lowering, node: Node) -> bool:
     n_own = len(node.inputs) - len(captured)
     inputs = [lowering.plain(v) if v else "" for v in node.inputs[:n_own]]
     inputs += [lowering.plain(value) for _, value in runtime_outer]
+    for body in bodies.values():  # (a Loop's one body: its outer list grows by these)
+        inputs += [value for _, value in lower_hoisted(lowering, body.pop("hoisted"))]
     outputs = [lowering.produce(o, 0) if o else "" for o in node.outputs]
     attrs = {k: v for k, v in node.attrs.items() if not isinstance(v, Graph)}
     for body in bodies.values():
@@ -103,6 +106,10 @@ def _lower_body(lowering, node: Node, key: str, body: Graph, captured, depth: in
     outer = tuple(name for name, value in zip(body.outer, captured)
                   if not lowering.is_const(value))
     g = replace(body, initializers={**body.initializers, **consts}, outer=outer)
+    hoisted = []
+    if node.op == "Loop":  # x_t @ W of every iteration as one product before the loop
+        g, hoisted = hoist_projections(g, lowering, node, {
+            name: value for name, value in zip(body.outer, captured) if name in outer})
     try:  # with its weights constant now, a body's MatMul fuses its bias like any other
         g = optimize(g)
     except Exception as e:  # noqa: BLE001 - a pass that cannot take this body: keep it
@@ -113,12 +120,12 @@ def _lower_body(lowering, node: Node, key: str, body: Graph, captured, depth: in
         return "a body value has no elements"
     sub = type(lowering)(g)  # lowering.py's _Lowering (which imports this module)
     sub.depth = depth + 1
-    for v in outer:
+    for v in g.outer:
         sub.produce(v, 0)
     program = sub.run()
     lowering.control.extend(sub.control)
-    return {"program": program, "inputs": list(g.inputs), "outer": list(outer),
-            "outputs": list(program.outputs)}
+    return {"program": program, "inputs": list(g.inputs), "outer": list(g.outer),
+            "outputs": list(program.outputs), "hoisted": hoisted}
 
 
 def _loop_shapes(lowering, node: Node, body: dict) -> str | None:
