@@ -400,3 +400,34 @@ def test_loop_carried_values_passed_on_and_crossed(tmp_path):
     feeds = [{"a0": rng.integers(-5, 5, 3), "b0": rng.integers(-5, 5, 3),
               "c0": rng.normal(size=(2, 2)).astype(np.float32)} for _ in range(2)]
     check(m, feeds, tmp_path)
+
+
+@pytest.mark.parametrize("x_shape, axis, hoisted", [
+    ((6, 5), 0, True),        # rank 2: x_t is a vector
+    ((3, 6, 5), 1, True),     # the time axis in the middle (batch first)
+    ((2, 5, 6), -1, False),   # the last axis: x_t's columns are not a MatMul's rows
+])
+def test_projection_hoisting_axes(x_shape, axis, hoisted, tmp_path):
+    """MatMul(Gather(x, i, axis), W) with an Add epilogue: hoisted when the axis is not the
+    last one; the results agree either way."""
+    rank = len(x_shape)
+    t_axis = axis % rank
+    feat = x_shape[-1] if hoisted else x_shape[-2]
+    step_shape = x_shape[:t_axis] + x_shape[t_axis + 1:]
+    out_shape = (*step_shape[:-1], 4)
+    rng = np.random.default_rng(rank)
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["x_t"], axis=axis),
+         helper.make_node("MatMul", ["x_t", "W"], ["p"]),
+         helper.make_node("Add", ["p", "acc"], ["acc_out"]),
+         helper.make_node("Identity", ["cond"], ["cond_out"])],
+        "body", [vi("i", [], I64), vi("cond", [], B), vi("acc", list(out_shape))],
+        [vi("cond_out", [], B), vi("acc_out", list(out_shape))])
+    m = model([helper.make_node("Loop", ["T", "", "acc0"], ["acc_T"], name="loop", body=body)],
+              [vi("x", list(x_shape))], [vi("acc_T", list(out_shape))],
+              [const("T", np.int64(x_shape[t_axis])),
+               const("W", rng.normal(size=(feat, 4)).astype(np.float32)),
+               const("acc0", np.zeros(out_shape, np.float32))])
+    feeds = [{"x": rng.normal(size=x_shape).astype(np.float32)} for _ in range(2)]
+    built = check(m, feeds, tmp_path)
+    assert any(s["node"] == "loop/proj0" for s in built.program.steps) == hoisted
