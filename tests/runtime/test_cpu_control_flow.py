@@ -431,3 +431,20 @@ def test_projection_hoisting_axes(x_shape, axis, hoisted, tmp_path):
     feeds = [{"x": rng.normal(size=x_shape).astype(np.float32)} for _ in range(2)]
     built = check(m, feeds, tmp_path)
     assert any(s["node"] == "loop/proj0" for s in built.program.steps) == hoisted
+
+
+def test_cel_with_numpy_control_steps_still_loads(tmp_path, monkeypatch):
+    """A .cel written before bodies were compiled (the Loop a numpy step with its body in
+    the attributes) loads and runs as before."""
+    import celosia.compiler.cpu.lowering as lowering
+
+    monkeypatch.setattr(lowering, "lower_control", lambda self, node: False)
+    m = rnn_loop(1, 4, 8, 3)
+    old = CpuModel.from_graph(optimize(import_onnx(m)))
+    assert [s["kind"] for s in old.program.steps] == ["numpy"]
+    old.save(tmp_path / "old.cel")
+    monkeypatch.undo()
+    feeds = rnn_feeds(1, 4, 8, 3)[0]
+    got, want = CpuModel.load(tmp_path / "old.cel").run(feeds), onnxruntime_run(m, feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
