@@ -11,9 +11,16 @@ carried values back after an iteration cannot overwrite an output not yet copied
 of an input, e.g. a condition passed on, is handled by copying the outputs first).
 
 One iteration of a Loop: the iteration number and condition written into the body's
-inputs, the body's calls, its scan outputs copied into their row of the node's outputs,
-its carried values copied into its inputs for the next iteration. A Scan copies its
+inputs, the body's calls, its scan outputs copied into their row of the node's outputs.
+The carried values swap buffers: a twin executor of the body has its carried inputs at the
+first's carried outputs and the other way round, and iterations alternate between the two
+(``_twin``); when a carried output is not a step's own (an input passed on, a view), the
+carried values are copied back into the inputs instead (``_carry``). A Scan copies its
 slices into the body's inputs the same way (in reverse where a direction is 1).
+
+Inside a body, small kernels run on the calling thread (``SERIAL_BYTES``) and a few numpy
+steps are one numpy call into their output (``_fast_numpy``): per iteration, the cost of
+waking the thread pool or of evaluate_node's dispatch is larger than their work.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ body's MatMul packs its weights and fuses its bias like any other; a run-time va
 last inputs. A body's constants live in the program's ``constants`` under names prefixed
 with the node's and the attribute's (``loop/body/W@dense16``).
 
+Before a Loop body is lowered, its input projections are hoisted out of the loop
+(control_hoist.py: ``MatMul(Gather(x, iteration), W)`` becomes a Gather of ``x @ W``,
+computed once by the enclosing program).
+
 A node stays a numpy step (graph/ops_control.py, run node by node) when its bodies cannot
 be compiled: a value whose size is only known at run time or changes between iterations
 (the importer types those with None), a value with no elements, or a Loop's scan output
