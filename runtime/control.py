@@ -18,12 +18,14 @@ first's carried outputs and the other way round, and iterations alternate betwee
 carried values are copied back into the inputs instead (``_carry``). A Scan copies its
 slices into the body's inputs the same way (in reverse where a direction is 1).
 
-Inside a body, small kernels run on the calling thread (``SERIAL_BYTES``) and a few numpy
+Inside a body, small kernels run on the calling thread (``_serial``) and a few numpy
 steps are one numpy call into their output (``_fast_numpy``): per iteration, the cost of
 waking the thread pool or of evaluate_node's dispatch is larger than their work.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -51,7 +53,8 @@ class _BodyExecutor(GraphExecutor):
         if kind == "kernel":
             kernel = self.program.kernels[s["kernel"]]
             args = [arr[v] for v in s["inputs"]]
-            return kernel.bind(*args, serial=sum(a.nbytes for a in args) <= SERIAL_BYTES)
+            spec = self.program.specs.get(s["kernel"], {})
+            return kernel.bind(*args, serial=_serial(spec, args))
         if kind == "numpy":
             fast = _fast_numpy(s, arr)
             if fast is not None:
@@ -59,10 +62,39 @@ class _BodyExecutor(GraphExecutor):
         return super()._bind(s)
 
 
-# A body kernel whose arrays total at most this many bytes runs on the calling thread: a
-# loop's small kernels (an RNN cell's matrix-vector products, microseconds each) cost less
-# than waking the thread pool for them, once per iteration.
+# A body kernel whose arrays total at most SERIAL_BYTES and whose work is at most
+# SERIAL_MACS multiply-adds (or elements) runs on the calling thread: a loop's small
+# kernels (an RNN cell's 1x256x256 product: 65k, about 2 us) cost less than waking the
+# thread pool for them, once per iteration; a small but compute-heavy one (a convolution
+# of small tensors) keeps the threads.
 SERIAL_BYTES = 1 << 20
+SERIAL_MACS = 1 << 18
+
+
+def _serial(spec: dict, args: list) -> bool:
+    if sum(a.nbytes for a in args) > SERIAL_BYTES:
+        return False
+    op = spec.get("op")
+    data, w, a, b = (_dims(spec.get(k)) for k in ("data", "weight", "a", "b"))
+    if op in ("dense", "qdense") and data and w and len(data) == 2 and len(w) == 3:
+        work = data[0] * data[1] * w[0] * w[2]
+    elif op == "batch_matmul" and a and b and len(b) == 3:
+        work = math.prod(a) * b[2]
+    elif w and len(w) >= 2 and w[0] * w[-1]:  # per output: the weights of one channel
+        work = args[-1].size * math.prod(w) // (w[0] * w[-1])
+    elif w is None and data is None:
+        work = args[-1].size
+    else:  # a spec of another shape: keep the threads
+        return False
+    return work <= SERIAL_MACS
+
+
+def _dims(v) -> list | None:
+    """A spec's shape field as a list of ints (None for anything else: specs in a .cel are
+    not checked)."""
+    if isinstance(v, list) and all(type(d) is int and 0 <= d < 1 << 40 for d in v):
+        return v
+    return None
 
 
 def _fast_numpy(s: dict, arr: dict):
@@ -114,7 +146,7 @@ def _body_executor(parent: GraphExecutor, step: dict, body: dict,
     # The inputs as outputs too: alive to the end, never sharing bytes with an output.
     kept = list(dict.fromkeys(body["outputs"] + body["inputs"]))
     program = CpuProgram(step["node"], list(body["inputs"]), kept, body["values"],
-                         p.constants, body["steps"], {}, p.kernels)
+                         p.constants, body["steps"], p.specs, p.kernels)
     return _BodyExecutor(program, external)
 
 
