@@ -448,3 +448,27 @@ def test_cel_with_numpy_control_steps_still_loads(tmp_path, monkeypatch):
     got, want = CpuModel.load(tmp_path / "old.cel").run(feeds), onnxruntime_run(m, feeds)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
+
+
+def test_loop_with_a_convolution_body(tmp_path):
+    """A 4-D carried value through a Conv + Relu + residual body (batch 2, odd H and W):
+    the body's layouts (packed for the convolution, plain between iterations) compiled."""
+    rng = np.random.default_rng(0)
+    shape = [2, 8, 9, 7]
+    body = helper.make_graph(
+        [helper.make_node("Conv", ["h", "W", "bias"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Add", ["r", "x"], ["h_out"]),
+         helper.make_node("Identity", ["cond"], ["cond_out"])],
+        "body", [vi("i", [], I64), vi("cond", [], B), vi("h", shape)],
+        [vi("cond_out", [], B), vi("h_out", shape), vi("r", shape)])
+    m = model([helper.make_node("Loop", ["T", "", "x"], ["h_T", "rs"], name="loop",
+                                body=body)],
+              [vi("x", shape)], [vi("h_T", shape), vi("rs", [4, *shape])],
+              [const("T", np.int64(4)),
+               const("W", (rng.normal(size=(8, 8, 3, 3)) * 0.1).astype(np.float32)),
+               const("bias", rng.normal(size=8).astype(np.float32))])
+    built = check(m, [{"x": rng.normal(size=shape).astype(np.float32)} for _ in range(2)],
+                  tmp_path)
+    body_steps = next(s for s in built.program.steps if s["kind"] == "control")["bodies"]
+    assert "Conv" in [s["op"] for s in body_steps["body"]["steps"] if s["kind"] == "kernel"]
