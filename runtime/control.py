@@ -120,17 +120,22 @@ def _fast_numpy(s: dict, arr: dict):
         lead = (slice(None),) * axis
         node = Node(op, tuple(ins), tuple(outs), s["attrs"], s["node"])
 
+        n = x.shape[axis]
+        # Each row a view made once (x has a fixed address), indexed as ONNX does: -n..n-1.
+        rows = [x[lead + (k,)] for k in range(n)] if n <= _ROW_VIEWS else None
+
         def gather():
             i = int(index)
-            if not -x.shape[axis] <= i < x.shape[axis]:
+            if not -n <= i < n:
                 raise NodeError(node, f"failed at run time: index {i} is out of bounds for "
-                                      f"axis {axis} with size {x.shape[axis]}")
-            np.copyto(y, x[lead + (i,)])
+                                      f"axis {axis} with size {n}")
+            np.copyto(y, rows[i] if rows is not None else x[lead + (i,)])
         return gather
     return None
 
 
 _UFUNCS = {"Tanh": np.tanh, "Neg": np.negative, "Abs": np.abs}
+_ROW_VIEWS = 1 << 16  # rows of a Gather's data (and of a scan output) kept as views
 
 
 def _body_executor(parent: GraphExecutor, step: dict, body: dict,
@@ -249,6 +254,25 @@ def _passes(parent, step, ex, first, out_first, n_state):
     return [one, _Pass(twin, b, first, n_state, out_first)], None
 
 
+def _rows(y: np.ndarray):
+    """``y``'s rows as views made once (``y[i]`` of the list is an array even for a 1-D
+    ``y``), or an object indexing them on the fly when there are very many."""
+    if len(y) <= _ROW_VIEWS:
+        return [y[k, ...] for k in range(len(y))]
+    return _RowsOf(y)
+
+
+class _RowsOf:
+    def __init__(self, y):
+        self.y = y
+
+    def __getitem__(self, i):
+        return self.y[i, ...]
+
+    def __len__(self):
+        return len(self.y)
+
+
 def _bind_loop(node, step, bodies, ins, outs, parent):
     b = step["bodies"]["body"]
     n_state = len(b["inputs"]) - 2
@@ -256,8 +280,8 @@ def _bind_loop(node, step, bodies, ins, outs, parent):
     trip_a, cond_a, initial = ins[0], ins[1], ins[2:]
     finals, stacks = outs[:n_state], outs[n_state:]
     plans = [(p.calls, p.inputs[0], p.inputs[1], p.outputs[0].reshape(-1),
-              [(y, r) for y, r in zip(stacks, p.outputs[1 + n_state:]) if y is not None])
-             for p in passes]
+              [(_rows(y), r) for y, r in zip(stacks, p.outputs[1 + n_state:])
+               if y is not None]) for p in passes]
     rows = next((len(y) for y in stacks if y is not None), None)
 
     def run():
@@ -277,7 +301,7 @@ def _bind_loop(node, step, bodies, ins, outs, parent):
                 raise NodeError(node, f"runs more than the {rows} iterations its scan "
                                       "outputs were built for")
             for y, r in scans:
-                np.copyto(y[i, ...], r)
+                np.copyto(y[i], r)
             if carry:
                 carry()
             i += 1
