@@ -283,15 +283,16 @@ def _bind_loop(node, step, bodies, ins, outs, parent):
               [(_rows(y), r) for y, r in zip(stacks, p.outputs[1 + n_state:])
                if y is not None]) for p in passes]
     rows = next((len(y) for y in stacks if y is not None), None)
+    n_plans = len(plans)
 
     def run():
-        trip = None if trip_a is None else int(_scalar(trip_a))
+        trip = float("inf") if trip_a is None else int(_scalar(trip_a))
         go = True if cond_a is None else bool(_scalar(cond_a))
         for s, x in zip(passes[0].states, initial):
             np.copyto(s, x)
         i = 0
-        while go and (trip is None or i < trip):
-            calls, it, cond_in, cond_out, scans = plans[i % len(plans)]
+        while go and i < trip:
+            calls, it, cond_in, cond_out, scans = plans[i % n_plans]
             it[...] = i
             cond_in[...] = go
             for c in calls:
