@@ -59,6 +59,7 @@ class _BodyExecutor(GraphExecutor):
             fast = _fast_numpy(s, arr)
             if fast is not None:
                 return fast
+            return _checked(super()._bind(s), s)
         return super()._bind(s)
 
 
@@ -95,6 +96,21 @@ def _dims(v) -> list | None:
     if isinstance(v, list) and all(type(d) is int and 0 <= d < 1 << 40 for d in v):
         return v
     return None
+
+
+def _checked(call, s: dict):
+    """A body's numpy step whose result does not fit its output (attributes edited in a
+    .cel: the step's own check names the operator's errors, not the copy's) as a
+    NodeError."""
+    node = Node(s["op"], tuple(s["inputs"]), tuple(s["outputs"]), s.get("attrs", {}),
+                s["node"])
+
+    def run():
+        try:
+            call()
+        except ValueError as e:
+            raise NodeError(node, f"failed at run time: {e}") from None
+    return run
 
 
 def _fast_numpy(s: dict, arr: dict):

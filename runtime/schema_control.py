@@ -46,6 +46,9 @@ def check_control_step(f: Field, step: dict, known: dict, values: dict, kernels:
     n_outer = len(next(iter(bodies.values()))["outer"])
     own = [types[v] for v in step["inputs"][:len(step["inputs"]) - n_outer]]
     outs = [types[o] for o in step["outputs"]]
+    optional = 2 if op == "Loop" else 0  # (a Loop's trip count and condition)
+    if any(t is None for t in own[optional:]) or not all(step["inputs"][len(own):]):
+        raise f["inputs"].fail(f"leaves out an input a {op} needs")
     {"If": _if, "Loop": _loop, "Scan": _scan}[op](f, attrs, bodies, own, outs)
 
 

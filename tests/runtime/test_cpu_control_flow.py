@@ -353,7 +353,7 @@ def _mutate(step: dict, rng) -> None:
     parent = step
     for k in path[:-1]:
         parent = parent[k]
-    values = [None, 0, -1, 7, 2 ** 40, True, "x", "h0", "s", "float32", [], {}, [1, 2]]
+    values = [None, 0, -1, 7, 2 ** 40, True, "", "x", "h0", "s", "float32", [], {}, [1, 2]]
     if isinstance(parent, list) and rng.random() < 0.2:
         del parent[path[-1]]
     else:
