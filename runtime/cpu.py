@@ -122,6 +122,8 @@ class CpuModel:
                 "kernels": stats["kernels"], "kernels_cached": stats["cached"],
                 "lower_s": lowered - start, "compile_s": stats["seconds"],
                 "total_s": time.perf_counter() - start}
+        if program.control:  # the path each If/Loop/Scan took (compiled bodies or numpy)
+            info["control_flow"] = program.control
         origin = {"from": "graph",
                   "quantized": any(n.op in QUANTIZED_KERNELS for n in graph.nodes)}
         return cls(program, source=source, build_info=info, origin=origin)
@@ -215,6 +217,7 @@ class CpuModel:
     @property
     def executor(self):
         if self._executor is None:
+            from . import control  # noqa: F401 - runs "control" steps (If/Loop/Scan bodies)
             from .executor import GraphExecutor
             self._executor = GraphExecutor(self.program)
         return self._executor
@@ -370,7 +373,8 @@ _RESOLVER: list = []  # the engine that registered the process's symbols with LL
 def npy_bytes(a: np.ndarray) -> bytes:
     """An array as .npy bytes (C order, no pickles)."""
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    a = np.asarray(a)  # (ascontiguousarray would make a scalar 1-D: keep its shape)
+    np.save(buf, a if a.flags.c_contiguous else a.copy(order="C"), allow_pickle=False)
     return buf.getvalue()
 
 

@@ -46,6 +46,9 @@ from ..compiler.graph.reference import KERNEL_ERRORS, evaluate_node, fits
 __all__ = ["GraphExecutor", "plan_memory", "summarize_profile"]
 
 ALIGN = 64  # bytes: a cache line, one AVX-512 vector
+# step kind -> bind(executor, step) -> call: kinds other modules run (runtime/control.py
+# registers "control"; it imports this module, so not the other way round).
+STEP_BINDERS: dict = {}
 
 
 def _nbytes(info: dict) -> int:
@@ -77,7 +80,7 @@ def plan_memory(program) -> tuple[dict, int, int]:
         for o in s["outputs"]:
             if not o or run_time_shaped(program.values[o]):
                 continue
-            if s["kind"] == "view":
+            if s["kind"] == "view" and s["inputs"][0] in root:  # (else: a body's outer value)
                 root[o] = root[s["inputs"][0]]
                 last[root[o]] = max(last[root[o]], k)
             else:
@@ -176,6 +179,8 @@ class GraphExecutor:
                                work=kernel_work(spec, arrays))
         if kind == "view":
             return None  # the output already is the input's memory
+        if kind in STEP_BINDERS:  # e.g. "control": If/Loop/Scan bodies (runtime/control.py)
+            return STEP_BINDERS[kind](self, s)
         if kind == "numpy" and self._dynamic & set(s["inputs"] + s["outputs"]):
             return self._bind_run_time_shaped(
                 Node(s["op"], tuple(s["inputs"]), tuple(s["outputs"]), s["attrs"], s["node"]))

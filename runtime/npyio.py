@@ -79,7 +79,8 @@ def decode(data: bytes, *, strict: bool = False, what: str = "the array") -> np.
     a = np.frombuffer(data, dtype, offset=offset, count=size // dtype.itemsize if
                       dtype.itemsize else 0)
     a = a.reshape(shape, order="F" if fortran else "C")
-    return np.ascontiguousarray(a, dtype=dtype.newbyteorder("=")).copy()
+    # (np.array, not ascontiguousarray, which would make a scalar 1-D)
+    return np.array(a, dtype=dtype.newbyteorder("="), order="C", copy=True)
 
 
 def load_file(path, what: str) -> np.ndarray | dict:

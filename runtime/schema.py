@@ -17,11 +17,12 @@ import numpy as np
 from ..compiler.graph.ir import Graph, GraphError, Node, TensorType, constant, verify_graph
 from ..limits import check_bytes
 from .artifact import Field, check_array, nbytes
+from .schema_control import check_control_step
 
 __all__ = ["encode", "decode", "encode_graph", "build_info", "check_cpu", "check_config", "check_graph",
            "check_accel", "check_segments", "KERNEL_DTYPES", "STEP_KINDS"]
 
-STEP_KINDS = ("kernel", "view", "numpy", "concat")
+STEP_KINDS = ("kernel", "view", "numpy", "concat", "control")
 KERNEL_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "float32", "bool"})
 _MAX_DEPTH = 64
 
@@ -191,7 +192,8 @@ def _kernel(key: str, f: Field) -> dict:
             "segments": segments, "target": target}
 
 
-def _step(f: Field, known: dict, values: dict, kernels: dict, defined: set) -> dict:
+def _step(f: Field, known: dict, values: dict, kernels: dict, defined: set,
+          depth: int = 0) -> dict:
     kind = f["kind"].string(STEP_KINDS)
     step = {"kind": kind, "node": f["node"].string(), "op": f["op"].string(),
             "inputs": f["inputs"].names(), "outputs": f["outputs"].names()}
@@ -206,7 +208,7 @@ def _step(f: Field, known: dict, values: dict, kernels: dict, defined: set) -> d
             raise f["inputs"].list()[k].fail(f"{name!r} is neither a value nor a constant")
         if name and name in values and name not in defined and name not in outs:
             raise f["inputs"].list()[k].fail(f"{name!r} is read before any step makes it")
-    if kind != "numpy" and (not all(ins) or len(outs) != 1 or not outs[0]):
+    if kind not in ("numpy", "control") and (not all(ins) or len(outs) != 1 or not outs[0]):
         raise f.fail(f"a {kind} step has named inputs and one output")
     if kind == "kernel":
         _kernel_step(f, step, known, kernels)
@@ -214,6 +216,8 @@ def _step(f: Field, known: dict, values: dict, kernels: dict, defined: set) -> d
         _view_step(f, ins, outs, known, defined)
     elif kind == "concat":
         _concat_step(f, ins, outs, known)
+    elif kind == "control":  # If/Loop/Scan with compiled bodies: runtime/schema_control.py
+        check_control_step(f, step, known, values, kernels, depth, _step, decode)
     else:
         from ..compiler.graph.reference import OPERATORS
 

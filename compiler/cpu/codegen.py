@@ -17,6 +17,7 @@ llvmlite and LLVM versions; the object file lives under $CELOSIA_CACHE/llvm (def
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import tempfile
@@ -224,15 +225,27 @@ class CpuKernel:
             with _lock:
                 self._spare_temps.append(temps)
 
-    def bind(self, *arrays: np.ndarray):
+    def bind(self, *arrays: np.ndarray, serial: bool = False):
         """Check ``arrays`` once and return a function of no arguments that runs the kernel
         on them (with temporaries of its own): for a caller that calls the kernel many times
         on the same memory, like a graph executor with planned buffers. The arrays must stay
-        alive and in place while the function is used."""
+        alive and in place while the function is used. ``serial``: on the calling thread
+        only (a small kernel in a loop body, where waking the pool costs more than it
+        saves)."""
         self.check_args(arrays)
         temps = self._new_temps()
         ptrs = (ctypes.c_void_p * (len(arrays) + len(temps)))(
             *(a.ctypes.data for a in list(arrays) + temps))
+        if serial:
+            parts = [(fn, extent or 0) for fn, extent in zip(self._fns, self._extents)]
+            if len(parts) == 1:  # one C call, no Python frame around it
+                ptrs._keep = (arrays, temps)  # (the memory stays alive with the pointers)
+                return functools.partial(parts[0][0], ptrs, 0, parts[0][1])
+
+            def bound_serial(_keep=(arrays, temps), _ptrs=ptrs) -> None:
+                for fn, extent in parts:
+                    fn(_ptrs, 0, extent)
+            return bound_serial
 
         def bound(_keep=(arrays, temps), _ptrs=ptrs) -> None:  # _keep: the memory stays alive
             self._run_all(_ptrs)

@@ -24,6 +24,7 @@ Steps (each JSON-able; values by name, a blocked value named ``NAME@nchw16c``):
   runtime/executor.py).
 - ``view``: the output is the input's memory with another shape (Reshape, Flatten, ...).
 - ``concat``: channel concatenation of blocked values of one block.
+- ``control``: an If, Loop or Scan whose bodies are programs of their own (control.py).
 
 Layout conversions are kernel steps too (ops ``pack`` / ``unpack``, any dtype). int8
 activations follow the float32 rules: QConv reads and writes NCHW{c}c with the blocks a
@@ -45,6 +46,7 @@ import numpy as np
 
 from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
+from .control import CONTROL_OPS, control_fallback_reason, lower_control
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
 from .schedules_nn import batch_matmul_tiles
@@ -111,6 +113,8 @@ class CpuProgram:
     steps: list
     specs: dict
     kernels: dict = field(default_factory=dict)
+    # per If/Loop/Scan node: {"node", "op", "path": "compiled" | "numpy", ...} (control.py)
+    control: list = field(default_factory=list)
 
     def kernel_steps(self) -> int:
         return sum(s["kind"] == "kernel" for s in self.steps)
@@ -125,6 +129,7 @@ class _Lowering:
         self.steps: list = []
         self.specs: dict = {}
         self.versions: dict = {}  # graph value -> {block: program value}; 0 = plain
+        self.control: list = []  # the path each control-flow node took (control.py)
 
     # ---- values and layouts ---------------------------------------------------------------
 
@@ -755,6 +760,8 @@ class _Lowering:
                     "GlobalAveragePool": self.pool, "Concat": self.concat,
                     "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
                     "ConvTranspose": self.conv_transpose, "Resize": self.resize}
+        for op in CONTROL_OPS:  # bodies compiled as programs of their own (control.py)
+            handlers[op] = lambda node: lower_control(self, node)
         for op in _VIEW_OPS:
             handlers[op] = self.view
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
@@ -770,11 +777,14 @@ class _Lowering:
                 handler = None
             else:
                 handler = handlers.get(node.op)
+            if handler is None and node.op in CONTROL_OPS:
+                self.control.append({"node": node.name, "op": node.op, "path": "numpy",
+                                     "why": control_fallback_reason(self, node)})
             if handler is None or not handler(node):
                 self.fallback(node)
         outputs = [self.output(o) for o in g.outputs]
         return CpuProgram(g.name, list(g.inputs), outputs, self.values, self.constants,
-                          self.steps, self.specs)
+                          self.steps, self.specs, control=self.control)
 
 
 def lower_graph(graph: Graph) -> CpuProgram:
