@@ -56,8 +56,10 @@ from ..tensor import te
 from ..tensor.expr import all_of, as_expr, exp, max_expr, min_expr, select
 from ..tensor.lower import lower
 from ..tensor.schedule import create_schedule
+from ..tensor.tir import PrimFunc
 from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
+from .kernels_recurrent import build_recurrent
 from .schedules_nn import batch_matmul, schedule_batch_matmul
 from .host import cache_dir, host_target
 from .schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
@@ -462,7 +464,7 @@ _BUILDERS = {"batch_matmul": _batch_matmul, "pack": _layout, "unpack": _layout, 
              "dwconv": _conv, "dense": _dense, "eltwise": _eltwise, "maxpool": _pool,
              "avgpool": _pool, "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
              "qgap": _global_avg_pool, "convT": _conv_transpose,
-             "resize": _resize}
+             "resize": _resize, "recurrent": build_recurrent}
 
 
 def build_function(spec: dict):
@@ -470,7 +472,10 @@ def build_function(spec: dict):
     builder = _BUILDERS.get(spec.get("op"))
     if builder is None:
         raise CompilerError(f"no CPU kernel for spec op {spec.get('op')!r}")
-    s, args = builder(spec)
+    built = builder(spec)
+    if isinstance(built, PrimFunc):  # written as loop IR (recurrent layers)
+        return built
+    s, args = built
     return lower(s, args, name=spec["op"])
 
 
@@ -479,6 +484,7 @@ def build_function(spec: dict):
 # Relative to compiler/: the CPU backend and the tensor level below it.
 _SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
             "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py",
+            "cpu/kernels_recurrent.py",
             "cpu/codegen.py", "cpu/host.py", "tensor/te.py",
             "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []

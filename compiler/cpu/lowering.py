@@ -45,6 +45,7 @@ import numpy as np
 
 from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
+from .lower_recurrent import lower_recurrent
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
 from .schedules_nn import batch_matmul_tiles
@@ -757,6 +758,8 @@ class _Lowering:
                     "ConvTranspose": self.conv_transpose, "Resize": self.resize}
         for op in _VIEW_OPS:
             handlers[op] = self.view
+        for op in ("LSTM", "GRU", "RNN"):  # lower_recurrent.py
+            handlers[op] = lambda node: lower_recurrent(self, node, _padded_rows)
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
             handlers[op] = self.eltwise
         for node in g.nodes:
