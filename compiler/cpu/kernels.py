@@ -56,10 +56,9 @@ from ..tensor import te
 from ..tensor.expr import all_of, as_expr, exp, max_expr, min_expr, select
 from ..tensor.lower import lower
 from ..tensor.schedule import create_schedule
-from ..tensor.tir import PrimFunc
 from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
-from .kernels_recurrent import build_recurrent
+from .kernels_recurrent import compile_recurrent
 from .schedules_nn import batch_matmul, schedule_batch_matmul
 from .host import cache_dir, host_target
 from .schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
@@ -464,7 +463,7 @@ _BUILDERS = {"batch_matmul": _batch_matmul, "pack": _layout, "unpack": _layout, 
              "dwconv": _conv, "dense": _dense, "eltwise": _eltwise, "maxpool": _pool,
              "avgpool": _pool, "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
              "qgap": _global_avg_pool, "convT": _conv_transpose,
-             "resize": _resize, "recurrent": build_recurrent}
+             "resize": _resize}
 
 
 def build_function(spec: dict):
@@ -472,10 +471,7 @@ def build_function(spec: dict):
     builder = _BUILDERS.get(spec.get("op"))
     if builder is None:
         raise CompilerError(f"no CPU kernel for spec op {spec.get('op')!r}")
-    built = builder(spec)
-    if isinstance(built, PrimFunc):  # written as loop IR (recurrent layers)
-        return built
-    s, args = built
+    s, args = builder(spec)
     return lower(s, args, name=spec["op"])
 
 
@@ -532,7 +528,10 @@ def compile_spec(spec: dict, *, use_cache: bool = True) -> CpuKernel:
             return CpuKernel.from_record(record, base.with_suffix(".o").read_bytes())
         except (OSError, ValueError, KeyError, CompilerError):
             pass  # missing or unreadable: build it
-    kernel = compile_cpu(build_function(spec), use_cache=use_cache)
+    if spec["op"] == "recurrent":  # its own segments, the steps' ones repeated
+        kernel = compile_recurrent(spec, use_cache=use_cache)
+    else:
+        kernel = compile_cpu(build_function(spec), use_cache=use_cache)
     if use_cache:
         try:  # object first, then the record that makes the entry visible
             base.parent.mkdir(parents=True, exist_ok=True)

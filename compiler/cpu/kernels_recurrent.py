@@ -37,8 +37,8 @@ from __future__ import annotations
 from ..tensor.expr import Var, as_expr, exp, max_expr, min_expr, select
 from ..tensor.tir import Allocate, Buffer, For, If, PrimFunc, Store, seq
 
-__all__ = ["GATES", "padded_hidden", "weight_tiles", "pack_recurrent_weight",
-           "build_recurrent"]
+__all__ = ["GATES", "padded_hidden", "phases", "slice_width", "pack_recurrent_weight",
+           "build_recurrent", "compile_recurrent", "sigmoid", "tanh"]
 
 F32 = "float32"
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -56,48 +56,44 @@ def padded_hidden(hidden: int) -> int:
     return 8 if hidden <= 8 else -(-hidden // 16) * 16
 
 
-def _row_tile(batch: int) -> int:
+def row_tile(batch: int) -> int:
     return min(batch, 4)
 
 
-def weight_tiles(spec: dict) -> list[list[tuple[int, int, int]]]:
-    """The column tiles of the recurrent product, as (first column, count, width) runs
-    per range of gate columns: LSTM and RNN one range over every gate; GRU two, z and r
-    (from ``h``), then h (from ``h`` or ``r * h``, and from 0 or ``xw``)."""
-    hp, gates = padded_hidden(spec["hidden"]), GATES[spec["cell"]]
-    widest = 128 if _row_tile(spec["batch"]) <= 2 else 64
-    bounds = [(0, 2 * hp), (2 * hp, 3 * hp)] if spec["cell"] == "GRU" else [(0, gates * hp)]
-    ranges = []
-    for lo, hi in bounds:
-        runs, start = [], lo
-        for width in (widest, 64, 32, 16, 8):
-            if width <= widest and hi - start >= width:
-                count = (hi - start) // width
-                runs.append((start, count, width))
-                start += count * width
-        ranges.append(runs)
-    return ranges
+def phases(spec: dict) -> list[tuple[int, ...]]:
+    """The gates of each matrix-vector phase of a step: LSTM (i, o, f, c), RNN and GRU
+    with ``linear_before_reset`` one phase from ``h``; GRU without it two (z and r from
+    ``h``, then h from ``r * h``)."""
+    if spec["cell"] == "GRU" and not spec["linear_before_reset"]:
+        return [(0, 1), (2,)]
+    return [tuple(range(GATES[spec["cell"]]))]
+
+
+def slice_width(spec: dict, gates: int) -> int:
+    """Hidden units per work item: every gate of a slice accumulates in registers, at
+    most 8 AVX-512 registers per batch row for one row, 16 in all for more."""
+    hp, rows = padded_hidden(spec["hidden"]), row_tile(spec["batch"])
+    budget = 128 if rows == 1 else 256
+    return next(w for w in (128, 64, 32, 16, 8) if hp % w == 0
+                and (rows * gates * w <= budget or w == 8))
 
 
 def pack_recurrent_weight(r, spec: dict):
-    """``R [dirs, G*H, H]`` -> ``[dirs, G*Hp*H]``: each gate's rows padded to ``Hp`` with
-    zeros, then every column tile of ``weight_tiles`` as ``[H, width]`` at offset
-    ``first column * H`` (the kernel's order of reading)."""
+    """``R [dirs, G*H, H]`` -> ``[dirs, G*Hp*H]``: per phase, per slice of ``S`` hidden
+    units, ``[H, gates, S]`` (the order the kernel reads it in); padded rows are 0."""
     import numpy as np
 
     dirs, _, h = r.shape
-    hp, gates = padded_hidden(h), GATES[spec["cell"]]
-    padded = np.zeros((dirs, gates, hp, h), np.float32)
-    padded[:, :, :h] = r.reshape(dirs, gates, h, h)
-    padded = padded.reshape(dirs, gates * hp, h)
-    out = np.empty((dirs, gates * hp * h), np.float32)
-    for runs in weight_tiles(spec):
-        for start, count, width in runs:
-            for n in range(count):
-                c0 = start + n * width
-                out[:, c0 * h:(c0 + width) * h] = \
-                    padded[:, c0:c0 + width].transpose(0, 2, 1).reshape(dirs, -1)
-    return out
+    hp, g = padded_hidden(h), GATES[spec["cell"]]
+    padded = np.zeros((dirs, g, hp, h), np.float32)
+    padded[:, :, :h] = r.reshape(dirs, g, h, h)
+    parts = []
+    for gates in phases(spec):
+        width = slice_width(spec, len(gates))
+        w = padded[:, list(gates)]  # [dirs, gates, Hp, H]
+        w = w.reshape(dirs, len(gates), hp // width, width, h).transpose(0, 2, 4, 1, 3)
+        parts.append(w.reshape(dirs, -1))
+    return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
 
 # ---- element-wise functions ---------------------------------------------------------------
@@ -126,6 +122,18 @@ def tanh(v):
 
 # ---- the kernel ---------------------------------------------------------------------------
 
+class _Buf(Buffer):
+    """A buffer whose accesses may use Python ints as indices."""
+
+    def __getitem__(self, indices):
+        if not isinstance(indices, tuple):
+            indices = (indices,)
+        return super().__getitem__(tuple(as_expr(i) for i in indices))
+
+
+def _store(buf: Buffer, indices, value):
+    return Store(buf, tuple(as_expr(i) for i in indices), as_expr(value))
+
 
 def _loop(name: str, extent: int, body, kind: str = "serial"):
     """``for v in range(extent): body(v)`` (None when the loop is empty)."""
@@ -136,30 +144,38 @@ def _loop(name: str, extent: int, body, kind: str = "serial"):
 
 
 class _Kernel:
-    """The loop IR of one recurrent spec (see the module docstring)."""
+    """The loop IR of one recurrent spec: ``init``, per step the parallel ``phase`` loops
+    and ``tick``, then ``final`` (see the module docstring)."""
 
     def __init__(self, spec: dict):
-        self.spec = spec
-        self.cell = spec["cell"]
+        self.spec, self.cell = spec, spec["cell"]
         self.t_len, self.batch, self.hidden = spec["steps"], spec["batch"], spec["hidden"]
-        self.dirs = spec["directions"]
-        self.hp = padded_hidden(self.hidden)
-        self.cols = GATES[self.cell] * self.hp  # one direction's gate columns
-        self.layout = spec["layout"]
+        self.dirs, self.layout = spec["directions"], spec["layout"]
+        self.hp = hp = padded_hidden(self.hidden)
+        self.cols = GATES[self.cell] * hp  # one direction's gate columns in xw
         t, b, h, d = self.t_len, self.batch, self.hidden, self.dirs
         state = (b, d, h) if self.layout else (d, b, h)
-        self.xw = Buffer("xw", (spec["rows"], d * self.cols), F32)
-        self.r = Buffer("r", (d, self.cols * h), F32)
-        self.params = [self.xw, self.r]
+        self.params = []
+        self.xw = self.add_param(True, "xw", (spec["rows"], d * self.cols))
+        self.r = self.add_param(True, "r", (d, self.cols * h))
         self.rbh = self.add_param(self.cell == "GRU" and spec["linear_before_reset"], "rbh",
-                                  (d, self.hp))
-        self.p = self.add_param(spec["peepholes"], "p", (d, 3 * self.hp))
+                                  (d, hp))
+        self.p = self.add_param(spec["peepholes"], "p", (d, 3 * hp))
         self.lens = self.add_param(spec["seq_lens"], "lens", (b,), "int32")
         self.h0 = self.add_param(spec["initial_h"], "h0", state)
         self.c0 = self.add_param(spec["initial_c"], "c0", state)
         self.y = self.add_param(True, "y", (b, t, d, h) if self.layout else (t, d, b, h))
         self.y_h = self.add_param(True, "y_h", state)
         self.y_c = self.add_param(self.cell == "LSTM", "y_c", state)
+        # Temporaries: the step counter, h by step parity (read one, write the other),
+        # LSTM's cell (each unit updated by one work item), GRU's z, r and r * h.
+        self.clock = _Buf("clock", (1,), "int32")
+        self.h = _Buf("h", (2, d, b, hp), F32)
+        self.c = _Buf("c", (d, b, hp), F32) if self.cell == "LSTM" else None
+        two = len(phases(spec)) == 2
+        self.zr = _Buf("zr", (d, b, 2, hp), F32) if two else None
+        self.rh = _Buf("rh", (d, b, hp), F32) if two else None
+        self.temps = [x for x in (self.clock, self.h, self.c, self.zr, self.rh) if x]
         clip = spec["clip"]
         self.clip = (lambda v: v) if clip is None else (
             lambda v: min_expr(max_expr(v, _f(-clip)), _f(clip)))
@@ -167,7 +183,7 @@ class _Kernel:
     def add_param(self, present: bool, name: str, shape, dtype: str = F32):
         if not present:
             return None
-        buf = Buffer(name, tuple(shape), dtype)
+        buf = _Buf(name, tuple(shape), dtype)
         self.params.append(buf)
         return buf
 
@@ -184,180 +200,240 @@ class _Kernel:
 
     # ---- the function ----------------------------------------------------------------
 
-    def build(self) -> PrimFunc:
-        if self.dirs == 2:  # the directions on two threads
-            body = _loop("d", 2, self.direction, "parallel")
-        else:
-            body = self.direction(as_expr(0))
-        return PrimFunc("recurrent", tuple(self.params), body)
+    def build(self):
+        """(the function, its segments in run order as statements of its body)."""
+        init, final = self.initial(), self.final()
+        tick = _store(self.clock, (0,), self.clock[0] + 1)
+        threads = self.spec["threads"]
+        loops = [self.phase(k, "parallel" if threads > 1 else "serial")
+                 for k in range(len(phases(self.spec)))]
+        if threads > 1:  # a segment per phase, each run on every thread, once per step
+            steps, order = seq(*loops, tick), [init] + (loops + [tick]) * self.t_len + [final]
+        else:  # one thread: the time loop inside one function
+            steps = _loop("step", self.t_len, lambda _: seq(*loops, tick))
+            order = [init, steps, final]
+        body = seq(init, steps, final)
+        for buf in reversed(self.temps):
+            body = Allocate(buf, body)
+        return PrimFunc("recurrent", tuple(self.params), body), order
 
-    def direction(self, d):
-        """One direction: its state buffers, the initial state, the steps, the final state."""
-        b, hp = self.batch, self.hp
-        self.h = Buffer("h", (b, hp), F32, "local")
-        self.c = Buffer("c", (b, hp), F32, "local") if self.cell == "LSTM" else None
-        self.gates = Buffer("gates", (b, self.cols), F32, "local")
-        two_phase = self.cell == "GRU" and not self.spec["linear_before_reset"]
-        self.rh = Buffer("rh", (b, hp), F32, "local") if two_phase else None
-        reverse = self.spec["reverse"] if self.dirs == 1 else None
-
-        def step(s):
-            if reverse is None:  # bidirectional: direction 1 runs backwards
-                t = s + d * (self.t_len - 1) - d * s * 2
-            else:
-                t = (self.t_len - 1) - s if reverse else s
-            return self.step(d, t)
-
-        body = seq(self.initial(d, self.h, self.h0),
-                   self.initial(d, self.c, self.c0) if self.c is not None else None,
-                   _loop("s", self.t_len, step),
-                   self.final(d, self.h, self.y_h),
-                   self.final(d, self.c, self.y_c) if self.c is not None else None)
-        for buf in (self.rh, self.gates, self.c, self.h):
-            if buf is not None:
-                body = Allocate(buf, body)
-        return body
-
-    def initial(self, d, state: Buffer, given: Buffer | None):
+    def initial(self):
         h, hp = self.hidden, self.hp
 
-        def row(b):
-            if given is None:
-                return _loop("j", hp, lambda j: Store(state, (b, j), _f(0.0)), "vectorize")
-            return seq(_loop("j", h, lambda j: Store(state, (b, j), given[self.state_at(d, b, j)])),
-                       _loop("j", hp - h, lambda j: Store(state, (b, j + h), _f(0.0))))
-        return _loop("b", self.batch, row)
+        def state(buf, given, at):
+            def row(d, b):
+                if given is None:
+                    return _loop("j", hp, lambda j: _store(buf, at(d, b, j), _f(0.0)),
+                                 "vectorize")
+                return seq(_loop("j", h, lambda j: _store(buf, at(d, b, j),
+                                                         given[self.state_at(d, b, j)])),
+                           _loop("j", hp - h, lambda j: _store(buf, at(d, b, j + h), _f(0.0))))
+            return _loop("d", self.dirs, lambda d: _loop("b", self.batch, lambda b: row(d, b)))
 
-    def final(self, d, state: Buffer, out: Buffer):
-        def row(b):
-            def value(j):
-                v = state[b, j]
+        zero = _loop("d", self.dirs, lambda d: _loop("b", self.batch, lambda b: _loop(
+            "j", hp, lambda j: _store(self.h, (1, d, b, j), _f(0.0)), "vectorize")))
+        return seq(_store(self.clock, (0,), as_expr(0)),
+                   state(self.h, self.h0, lambda d, b, j: (0, d, b, j)), zero,
+                   state(self.c, self.c0, lambda d, b, j: (d, b, j)) if self.c else None)
+
+    def final(self):
+        last = self.t_len % 2  # the parity the last step wrote
+
+        def out(buf, dest, at):
+            def value(d, b, j):
+                v = buf[at(d, b, j)]
                 return v if self.lens is None else select(self.lens[b] > 0, v, _f(0.0))
-            return _loop("j", self.hidden,
-                         lambda j: Store(out, self.state_at(d, b, j), value(j)), "vectorize")
-        return _loop("b", self.batch, row)
+            return _loop("d", self.dirs, lambda d: _loop("b", self.batch, lambda b: _loop(
+                "j", self.hidden, lambda j: _store(dest, self.state_at(d, b, j), value(d, b, j)),
+                "vectorize")))
+        return seq(out(self.h, self.y_h, lambda d, b, j: (last, d, b, j)),
+                   out(self.c, self.y_c, lambda d, b, j: (d, b, j)) if self.c else None)
 
-    # ---- one time step ---------------------------------------------------------------
+    # ---- one phase of a step: a parallel loop over directions, slices and row tiles ----
 
-    def step(self, d, t):
-        ranges = weight_tiles(self.spec)
-        xw_at = lambda b, col: self.xw[self.xrow(t, b), d * self.cols + col]  # noqa: E731
-        if self.cell != "GRU":
-            return seq(self.matvec(d, self.h, ranges[0], xw_at),
-                       self.rows(d, t, self.lstm_row if self.cell == "LSTM" else self.rnn_row))
-        hp = self.hp
-        if self.rh is None:  # linear_before_reset: h's product is kept apart from xw
-            return seq(self.matvec(d, self.h, ranges[0], xw_at),
-                       self.matvec(d, self.h, ranges[1], None),
-                       self.activate(2 * hp, sigmoid),
-                       self.rows(d, t, self.gru_row))
-        return seq(self.matvec(d, self.h, ranges[0], xw_at),
-                   self.activate(2 * hp, sigmoid),
-                   _loop("b", self.batch, lambda b: _loop(
-                       "j", hp, lambda j: Store(self.rh, (b, j),
-                                                self.gates[b, hp + j] * self.h[b, j]),
-                       "vectorize")),
-                   self.matvec(d, self.rh, ranges[1], xw_at),
-                   self.rows(d, t, self.gru_row))
-
-    def activate(self, cols: int, fn):
-        """``gates[:, :cols] = fn(clip(gates))`` (GRU's z and r)."""
-        g = self.gates
-        return _loop("b", self.batch, lambda b: _loop(
-            "j", cols, lambda j: Store(g, (b, j), fn(self.clip(g[b, j]))), "vectorize"))
-
-    def matvec(self, d, src: Buffer, runs, init):
-        """``gates[:, tile] = init + src[:, :H] @ R^T[:, tile]`` for every tile of
-        ``runs`` (``init(b, column)``, or None: from 0)."""
-        stmts = []
-        per = _row_tile(self.batch)
+    def phase(self, k: int, kind: str):
+        """One phase of a step over its work items: a direction's slices cut into as many
+        parts as threads per direction, each part's slices (and their batch row tiles) in
+        order. Few, fixed parts: the pool's first claims give each thread the same part
+        every step, whose weights then stay in its core's cache."""
+        gates = phases(self.spec)[k]
+        width = slice_width(self.spec, len(gates))
+        slices = self.hp // width
+        parts = max(1, min(slices, self.spec["threads"] // self.dirs))
+        per_part = -(-slices // parts)
+        per = row_tile(self.batch)
         full, tail = divmod(self.batch, per)
-        row_runs = [(0, full, per)] + ([(full * per, 1, tail)] if tail else [])
-        for start, count, width in runs:
-            for b_first, b_count, rows in row_runs:
-                stmts.append(_loop("jt", count, lambda jt, s=start, w=width, bf=b_first,
-                                   bc=b_count, n=rows: _loop(
-                                       "bt", bc, lambda bt: self.tile(
-                                           d, src, s + jt * w, w, bf + bt * n, n, init))))
-        return seq(*stmts)
+        clock = self.clock[0]
 
-    def tile(self, d, src: Buffer, col0, width: int, b0, rows: int, init):
-        """One register tile: ``rows`` batch rows x ``width`` columns over k < H."""
+        def item(n):
+            d = n // parts if self.dirs == 2 else as_expr(0)
+            if self.dirs == 2:  # direction 1 runs backwards
+                t = clock + d * (self.t_len - 1) - d * clock * 2
+            else:
+                t = (self.t_len - 1) - clock if self.spec["reverse"] else clock
+
+            def one_slice(i):
+                at = dict(k=k, gates=gates, width=width, d=d, t=t, parity=clock % 2,
+                          s=(n % parts) * per_part + i)
+                rows = seq(_loop("bt", full, lambda bt: self.tile(at, bt * per, per)),
+                           self.tile(at, full * per, tail) if tail else None)
+                return rows if parts * per_part == slices else If(at["s"] < slices, rows)
+            return _loop("i", per_part, one_slice)
+        return _loop("item", self.dirs * parts, item, kind)
+
+    def tile(self, at: dict, b0, rows: int):
+        """``rows`` batch rows x every gate of one slice: the products in registers, then
+        the state update of those units."""
+        k, gates, width, d, s = at["k"], at["gates"], at["width"], at["d"], at["s"]
         lanes = min(width, 64)
         unroll = width // lanes
-        acc = Buffer("acc", (rows, unroll, lanes), F32, "local")
+        g_n = len(gates)
+        acc = _Buf("acc", (rows, g_n, unroll, lanes), F32, "local")
+        hp, h = self.hp, self.hidden
+        src_h = (lambda b, kk: self.rh[d, b, kk]) if k == 1 else \
+            (lambda b, kk: self.h[at["parity"], d, b, kk])
+        offset = sum(len(g) for g in phases(self.spec)[:k]) * hp * h  # this phase's weights
 
-        def each(body):
-            return _loop("r", rows, lambda r: _loop("u", unroll, lambda u: _loop(
-                "c", lanes, lambda c: body(r, u, c), "vectorize"), "unroll"), "unroll")
+        def each(body):  # unrolled in Python: register r, gate gi, vector q of a tile
+            return seq(*(_loop("c", lanes, lambda c, r=r, gi=gi, q=q: body(r, gi, q, c),
+                               "vectorize")
+                         for r in range(rows) for gi in range(g_n) for q in range(unroll)))
 
-        def start(r, u, c):
-            value = _f(0.0) if init is None else init(b0 + r, col0 + u * lanes + c)
-            return Store(acc, (r, u, c), value)
+        def start(r, gi, q, c):
+            g = gates[gi]
+            if self.cell == "GRU" and g == 2 and self.rbh is not None:
+                value = _f(0.0)  # linear_before_reset: h @ Rh^T apart from xw
+            else:
+                col = d * self.cols + g * hp + s * width + q * lanes + c
+                value = self.xw[self.xrow(at["t"], b0 + r), col]
+            return _store(acc, (r, gi, q, c), value)
 
-        def product(k):
-            return each(lambda r, u, c: Store(acc, (r, u, c), acc[r, u, c] + src[b0 + r, k]
-                                              * self.r[d, col0 * self.hidden + k * width
-                                                       + u * lanes + c]))
+        def product(kk):
+            def fma(r, gi, q, c):
+                w = self.r[d, offset + s * (h * g_n * width) + kk * (g_n * width)
+                           + gi * width + q * lanes + c]
+                return _store(acc, (r, gi, q, c), acc[r, gi, q, c] + src_h(b0 + r, kk) * w)
+            return each(fma)
 
-        body = seq(each(start), _loop("k", self.hidden, product),
-                   each(lambda r, u, c: Store(self.gates, (b0 + r, col0 + u * lanes + c),
-                                              acc[r, u, c])))
+        def row(r):
+            b = b0 + r
+            units = dict(at, b=b, pre=lambda gi, q, c: acc[r, gi, q, c], lanes=lanes,
+                         unroll=unroll)
+            return self.update(units)
+
+        body = seq(each(start), _loop("kk", h, product), *(row(r) for r in range(rows)))
         return Allocate(acc, body)
 
-    def rows(self, d, t, update):
-        """Per batch row: the state update and Y (zeros past a sequence's end)."""
-        h = self.hidden
+    # ---- state updates of one batch row and slice ----------------------------------------
 
-        def row(b):
-            write = _loop("j", h, lambda j: Store(self.y, self.y_at(t, d, b, j), self.h[b, j]),
-                          "vectorize")
-            if self.lens is None:
-                return seq(update(d, t, b), write)
-            zeros = _loop("j", h, lambda j: Store(self.y, self.y_at(t, d, b, j), _f(0.0)),
-                          "vectorize")
-            return If(t < self.lens[b], seq(update(d, t, b), write), zeros)
-        return _loop("b", self.batch, row)
+    def update(self, u: dict):
+        """The new state of row ``u['b']``'s units in the slice, Y at step t (zeros and the
+        state kept past the row's length)."""
+        d, b, t, par = u["d"], u["b"], u["t"], u["parity"]
+        first = u["s"] * u["width"]
 
-    def lstm_row(self, d, t, b):
+        def units(fn):
+            return seq(*(_loop("c", u["lanes"], lambda c, q=q: fn(q, c, first + q * u["lanes"] + c),
+                               "vectorize") for q in range(u["unroll"])))
+
+        if self.zr is not None and u["k"] == 0:  # GRU's first phase: z, r and r * h
+            def zr(q, c, j):
+                z, r = (sigmoid(self.clip(u["pre"](gi, q, c))) for gi in (0, 1))
+                return seq(_store(self.zr, (d, b, 0, j), z), _store(self.zr, (d, b, 1, j), r),
+                           _store(self.rh, (d, b, j), self.zr[d, b, 1, j]
+                                 * self.h[par, d, b, j]))
+            return units(zr)
+        step = {"LSTM": self.lstm, "GRU": self.gru, "RNN": self.rnn}[self.cell]
+        active = seq(units(lambda q, c, j: step(u, q, c, j)), self.write_y(u, first, None))
+        if self.lens is None:
+            return active
+        kept = seq(units(lambda q, c, j: _store(self.h, (1 - par, d, b, j),
+                                               self.h[par, d, b, j])),
+                   self.write_y(u, first, _f(0.0)))
+        return If(t < self.lens[b], active, kept)
+
+    def write_y(self, u: dict, first, value):
+        """Y[t] of the slice's units below H: the new h, or ``value``."""
+        d, b, t, par = u["d"], u["b"], u["t"], u["parity"]
+
+        def store(j):
+            return _store(self.y, self.y_at(t, d, b, j),
+                         self.h[1 - par, d, b, j] if value is None else value)
+        if self.hidden == self.hp:  # every slice whole: vectors
+            return _loop("q", u["width"], lambda q: store(first + q), "vectorize")
+        return _loop("q", u["width"], lambda q: If(first + q < self.hidden, store(first + q)))
+
+    def lstm(self, u, q, c, j):
         """c = f * c + i * g, then h = o * tanh(c) (gates i, o, f, c; peepholes on i and f
         see the previous cell, on o the new one)."""
-        hp, g, c, p = self.hp, self.gates, self.c, self.p
+        d, b, par, p, cell = u["d"], u["b"], u["parity"], self.p, self.c
         clip = self.clip
 
-        def gate(q, j, peep=None):
-            z = g[b, q * hp + j]
-            return z if p is None else z + p[d, peep * hp + j] * c[b, j]
+        def gate(gi):
+            z = u["pre"](gi, q, c)  # P holds i, o, f: the gates' own order
+            return z if p is None or gi == 3 else z + p[d, gi * self.hp + j] * cell[d, b, j]
 
-        def cell(j):
-            i = sigmoid(clip(gate(0, j, 0)))
-            f = _f(1.0) - i if self.spec["input_forget"] else sigmoid(clip(gate(2, j, 2)))
-            return Store(c, (b, j), f * c[b, j] + i * tanh(clip(g[b, 3 * hp + j])))
+        i = sigmoid(clip(gate(0)))
+        f = _f(1.0) - i if self.spec["input_forget"] else sigmoid(clip(gate(2)))
+        return seq(_store(cell, (d, b, j), f * cell[d, b, j] + i * tanh(clip(gate(3)))),
+                   # (the cell is the new one from here on: o's peephole reads it)
+                   _store(self.h, (1 - par, d, b, j), sigmoid(clip(gate(1))) * tanh(cell[d, b, j])))
 
-        def hidden(j):  # c is the new cell here
-            return Store(self.h, (b, j), sigmoid(clip(gate(1, j, 1))) * tanh(c[b, j]))
-        return seq(_loop("j", hp, cell, "vectorize"), _loop("j", hp, hidden, "vectorize"))
+    def gru(self, u, q, c, j):
+        """h = (1 - z) * hh + z * h."""
+        d, b, par = u["d"], u["b"], u["parity"]
+        if self.zr is None:  # linear_before_reset: hh from r * (h @ Rh^T + Rbh)
+            z, r = (sigmoid(self.clip(u["pre"](gi, q, c))) for gi in (0, 1))
+            xw_h = self.xw[self.xrow(u["t"], b), d * self.cols + 2 * self.hp + j]
+            pre = xw_h + r * (u["pre"](2, q, c) + self.rbh[d, j])
+        else:
+            z, pre = self.zr[d, b, 0, j], u["pre"](0, q, c)
+        h = self.h[par, d, b, j]
+        return _store(self.h, (1 - par, d, b, j), (_f(1.0) - z) * tanh(self.clip(pre)) + z * h)
 
-    def gru_row(self, d, t, b):
-        """h = (1 - z) * hh + z * h, z and r activated in ``gates`` already."""
-        hp, g = self.hp, self.gates
-
-        def new_h(j):
-            if self.rh is None:  # linear_before_reset: r * (h @ Rh^T + Rbh)
-                xw_h = self.xw[self.xrow(t, b), d * self.cols + 2 * hp + j]
-                pre = xw_h + g[b, hp + j] * (g[b, 2 * hp + j] + self.rbh[d, j])
-            else:
-                pre = g[b, 2 * hp + j]
-            z = g[b, j]
-            return Store(self.h, (b, j), (_f(1.0) - z) * tanh(self.clip(pre)) + z * self.h[b, j])
-        return _loop("j", hp, new_h, "vectorize")
-
-    def rnn_row(self, d, t, b):
-        return _loop("j", self.hp, lambda j: Store(self.h, (b, j),
-                                                   tanh(self.clip(self.gates[b, j]))),
-                     "vectorize")
+    def rnn(self, u, q, c, j):
+        return _store(self.h, (1 - u["parity"], u["d"], u["b"], j),
+                     tanh(self.clip(u["pre"](0, q, c))))
 
 
-def build_recurrent(spec: dict) -> PrimFunc:
-    """The loop-IR function of a ``recurrent`` spec (kernels.py's builder)."""
+def build_recurrent(spec: dict):
+    """(the loop-IR function of a ``recurrent`` spec, its segments' statements in run
+    order)."""
     return _Kernel(spec).build()
+
+
+def compile_recurrent(spec: dict, *, use_cache: bool = True):
+    """The compiled kernel of a ``recurrent`` spec: one function per distinct segment
+    (init, each phase, tick, final), called in run order (the phases and tick once per
+    time step), so the native pool runs each phase's work items on every thread."""
+    import time
+
+    from ..tensor.tir import verify
+    from .codegen import CpuKernel, _load_or_compile
+    from .emit import Segment, emit_module
+
+    start = time.perf_counter()
+    func, order = build_recurrent(spec)
+    verify(func)
+    segments = {}
+    for stmt in order:
+        if id(stmt) not in segments:
+            symbol = f"recurrent_seg{len(segments)}"
+            segments[id(stmt)] = Segment(symbol, stmt.body, stmt) if \
+                isinstance(stmt, For) and stmt.kind == "parallel" else Segment(symbol, stmt)
+    temps = _temps(func)
+    llvm_ir = emit_module(func, temps, list(segments.values()))
+    obj, path, hit = _load_or_compile(llvm_ir, use_cache)
+    kernel = CpuKernel(func, llvm_ir, obj, temps, [segments[id(s)] for s in order], path, hit,
+                       0.0)
+    kernel.compile_seconds = time.perf_counter() - start
+    return kernel
+
+
+def _temps(func: PrimFunc) -> list:
+    """The buffers allocated at the top of ``func`` (the runtime's temporaries)."""
+    out, stmt = [], func.body
+    while isinstance(stmt, Allocate):
+        out.append(stmt.buffer)
+        stmt = stmt.body
+    return out

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..graph.ir import Node
 from ..graph.ops_recurrent import DEFAULT_ACTIVATIONS
+from .host import num_threads
 from .kernels import spec_key
 from .kernels_recurrent import GATES, pack_recurrent_weight, padded_hidden
 from .schedules import channel_block, pack_dense_weight
@@ -105,7 +106,8 @@ def lower_recurrent(lw, node: Node, padded_rows) -> bool:
             "initial_c": "initial_c" in ins and op == "LSTM", "peepholes": "P" in ins,
             "input_forget": bool(a.get("input_forget", 0)),
             "clip": None if a["clip"] is None else float(a["clip"]),
-            "linear_before_reset": bool(a.get("linear_before_reset", 0))}
+            "linear_before_reset": bool(a.get("linear_before_reset", 0)),
+            "threads": num_threads()}
     args = [xw, lw.add_const(f"{node.name}@R", pack_recurrent_weight(const["R"], spec))]
     if spec["cell"] == "GRU" and spec["linear_before_reset"]:
         rbh = np.zeros((dirs, hp), np.float32)

@@ -22,11 +22,6 @@ from celosia.runtime.cpu import CpuModel
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
 def layer(op, *, steps=6, batch=3, size=7, hidden=5, direction="forward", layout=0,
           seq_lens=None, initial=True, bias=True, peepholes=False, seed=0, **attrs):
     """One recurrent node on input X; weights (and lengths, initial states) constant."""
@@ -90,6 +85,19 @@ def test_directions_layouts_and_lengths(op, direction, layout):
     y = got["Y"] if layout == 0 else got["Y"].transpose(1, 2, 0, 3)  # [T, dirs, B, H]
     assert not y[2:, :, 2].any() and not y[:, :, 1].any()
     check(layer(op, direction=direction, layout=layout, batch=1, initial=False))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_thread_counts(threads, monkeypatch):
+    """Built for one thread: the time loop inside one function; for three: phases cut in
+    parts that do not divide the slices evenly (run on however many threads there are)."""
+    monkeypatch.setenv("CELOSIA_NUM_THREADS", str(threads))
+    # (hidden 64, batch 3: 4 slices of 16 units; in 3 parts, the last has none)
+    check(layer("LSTM", hidden=64, seq_lens=[6, 0, 2], peepholes=True))
+    check(layer("GRU", direction="reverse", layout=1, hidden=40, seq_lens=[3, 6, 1]))
+    built = CpuModel.build(layer("RNN", hidden=40))
+    segments = [len(k.segments) for k in built.program.kernels.values() if k.name == "recurrent"]
+    assert segments == ([3] if threads == 1 else [2 + 2 * 6])  # init, (phase, tick) x T, final
 
 
 @pytest.mark.parametrize("batch", [5, 6])
