@@ -1,4 +1,4 @@
-"""Compiled LSTM, GRU and RNN layers for the CPU build: the whole time loop in one function.
+"""Compiled LSTM, GRU and RNN layers for the CPU build: the time loop in one kernel.
 
 The layer is two steps of the CPU program (lowered by lower_recurrent.py):
 
@@ -9,16 +9,28 @@ The layer is two steps of the CPU program (lowered by lower_recurrent.py):
    product ``h @ R^T`` on top of ``xw``'s row, the gate activations, the state update and
    the writes of ``Y``; ``Y_h`` (and LSTM's ``Y_c``) at the end.
 
-The recurrent product is a matrix-vector product (batch 1) or a thin matrix product, the
-same weights every step: ``R`` is packed once at build time into column tiles of
-``width`` outputs (``[H, width]`` each, row-major, so a tile streams through memory in
-order), and each tile of ``rows`` batch rows x ``width`` columns accumulates in registers
-over the hidden inputs (``rows * width / 16`` AVX-512 registers, 8 to 16: enough
-independent sums to hide the FMA latency). Each gate's columns are padded to ``Hp`` (a
-multiple of 16, 8 for H <= 8) with zero weights, so every gate block starts on a vector
-boundary and the element-wise loops run on whole vectors; the padded state columns stay 0.
-The running sum starts from ``xw`` and adds the products in order of ``k``, where numpy
-adds ``xw`` to a BLAS product: the two agree to float32 rounding.
+Work items. The recurrent product is a matrix-vector product (batch 1) or a thin matrix
+product with the same weights every step. Each gate's block is padded to ``Hp`` units (a
+multiple of 16, 8 for H <= 8; padded units have zero weights and never reach the
+outputs), and cut into slices of ``S`` units; ``R`` is packed once at build time per
+slice as ``[H, gates, S]`` (streamed in order). A work item is a slice for a tile of up to
+4 batch rows: every gate of its units accumulates in registers over k < H (8 AVX-512
+registers for one row, up to 16 for more: independent sums that hide the FMA latency),
+then the item updates those units' state from the registers. The running sum starts
+from ``xw`` and adds the products in order of k, where numpy adds ``xw`` to a BLAS
+product: the two agree to float32 rounding. GRU without ``linear_before_reset`` needs
+``r * h`` of every unit before its h gate: its steps have two phases (z, r and ``r * h``;
+then h).
+
+Threads. A step's items need the whole previous ``h``, so a step is a barrier. Built for
+one thread, the kernel is one function with the time loop inside. Built for more (the
+``threads`` of the spec), its segments are ``init``, then per step each phase (a parallel
+loop over its items) and ``tick`` (the step counter; ``h`` is double-buffered by the
+counter's parity), then ``final``: one function per distinct segment, called in that
+order, so the native pool (threads.py) runs each phase on all threads and waits for its
+end. Items are cut into as many parts per direction as there are threads: the pool's
+first claims then give each thread the same part every step, whose weights stay in its
+core's L2 (a 256-unit LSTM's R is 1 MB, one core's whole L2).
 
 Activations: sigmoid is ``1 / (1 + exp(-x))`` with fastmath's inline ``exp``; tanh is
 Eigen's float32 rational approximation (odd degree 13 over even degree 6 on x clamped to
@@ -28,11 +40,12 @@ of float32 (measured on 2.2 M points of [-10, 10] and 1e-8..1), where ``1 - 2 / 
 
 Sequence lengths: a row whose sequence has ended (``t >= lens[b]``) keeps its state and
 writes zeros to ``Y``; its final state is 0 for a sequence of length 0 (the reference,
-graph/ops_recurrent.py, and onnxruntime). Bidirectional layers run their two directions as
-the two iterations of a parallel loop (one per thread, no synchronisation).
+graph/ops_recurrent.py, and onnxruntime).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..tensor.expr import Var, as_expr, exp, max_expr, min_expr, select
 from ..tensor.tir import Allocate, Buffer, For, If, PrimFunc, Store, seq
@@ -81,8 +94,6 @@ def slice_width(spec: dict, gates: int) -> int:
 def pack_recurrent_weight(r, spec: dict):
     """``R [dirs, G*H, H]`` -> ``[dirs, G*Hp*H]``: per phase, per slice of ``S`` hidden
     units, ``[H, gates, S]`` (the order the kernel reads it in); padded rows are 0."""
-    import numpy as np
-
     dirs, _, h = r.shape
     hp, g = padded_hidden(h), GATES[spec["cell"]]
     padded = np.zeros((dirs, g, hp, h), np.float32)
@@ -169,7 +180,7 @@ class _Kernel:
         self.y_c = self.add_param(self.cell == "LSTM", "y_c", state)
         # Temporaries: the step counter, h by step parity (read one, write the other),
         # LSTM's cell (each unit updated by one work item), GRU's z, r and r * h.
-        self.clock = _Buf("clock", (1,), "int32")
+        self.clock = _Buf("clock", (d,), "int32")  # steps done, per direction
         self.h = _Buf("h", (2, d, b, hp), F32)
         self.c = _Buf("c", (d, b, hp), F32) if self.cell == "LSTM" else None
         two = len(phases(spec)) == 2
@@ -203,15 +214,27 @@ class _Kernel:
     def build(self):
         """(the function, its segments in run order as statements of its body)."""
         init, final = self.initial(), self.final()
-        tick = _store(self.clock, (0,), self.clock[0] + 1)
+        n_phases = range(len(phases(self.spec)))
         threads = self.spec["threads"]
-        loops = [self.phase(k, "parallel" if threads > 1 else "serial")
-                 for k in range(len(phases(self.spec)))]
-        if threads > 1:  # a segment per phase, each run on every thread, once per step
-            steps, order = seq(*loops, tick), [init] + (loops + [tick]) * self.t_len + [final]
-        else:  # one thread: the time loop inside one function
-            steps = _loop("step", self.t_len, lambda _: seq(*loops, tick))
+
+        def tick(d=None):
+            if d is not None:
+                return _store(self.clock, (d,), self.clock[d] + 1)
+            return _loop("d", self.dirs, lambda d: _store(self.clock, (d,), self.clock[d] + 1))
+
+        def time_loop(d=None):  # every step of direction d (None: of both)
+            return _loop("step", self.t_len, lambda _: seq(
+                *(self.phase(k, "serial", d) for k in n_phases), tick(d)))
+
+        if threads == 1:  # the time loop inside one function
+            steps = time_loop()
             order = [init, steps, final]
+        elif self.dirs == 2 and threads < 4:  # a direction per thread, no barrier
+            steps = _loop("d", 2, time_loop, "parallel")
+            order = [init, steps, final]
+        else:  # a segment per phase, each run on every thread, once per step
+            loops, last = [self.phase(k, "parallel") for k in n_phases], tick()
+            steps, order = seq(*loops, last), [init] + (loops + [last]) * self.t_len + [final]
         body = seq(init, steps, final)
         for buf in reversed(self.temps):
             body = Allocate(buf, body)
@@ -232,7 +255,7 @@ class _Kernel:
 
         zero = _loop("d", self.dirs, lambda d: _loop("b", self.batch, lambda b: _loop(
             "j", hp, lambda j: _store(self.h, (1, d, b, j), _f(0.0)), "vectorize")))
-        return seq(_store(self.clock, (0,), as_expr(0)),
+        return seq(_loop("d", self.dirs, lambda d: _store(self.clock, (d,), as_expr(0))),
                    state(self.h, self.h0, lambda d, b, j: (0, d, b, j)), zero,
                    state(self.c, self.c0, lambda d, b, j: (d, b, j)) if self.c else None)
 
@@ -251,11 +274,12 @@ class _Kernel:
 
     # ---- one phase of a step: a parallel loop over directions, slices and row tiles ----
 
-    def phase(self, k: int, kind: str):
-        """One phase of a step over its work items: a direction's slices cut into as many
-        parts as threads per direction, each part's slices (and their batch row tiles) in
-        order. Few, fixed parts: the pool's first claims give each thread the same part
-        every step, whose weights then stay in its core's cache."""
+    def phase(self, k: int, kind: str, direction=None):
+        """One phase of a step over its work items (of ``direction``, or of both): a
+        direction's slices cut into as many parts as threads per direction, each part's
+        slices (and their batch row tiles) in order. Few, fixed parts: the pool's first
+        claims give each thread the same part every step, whose weights then stay in its
+        core's cache."""
         gates = phases(self.spec)[k]
         width = slice_width(self.spec, len(gates))
         slices = self.hp // width
@@ -263,10 +287,13 @@ class _Kernel:
         per_part = -(-slices // parts)
         per = row_tile(self.batch)
         full, tail = divmod(self.batch, per)
-        clock = self.clock[0]
 
         def item(n):
-            d = n // parts if self.dirs == 2 else as_expr(0)
+            if direction is not None:
+                d = direction
+            else:
+                d = n // parts if self.dirs == 2 else as_expr(0)
+            clock = self.clock[d]
             if self.dirs == 2:  # direction 1 runs backwards
                 t = clock + d * (self.t_len - 1) - d * clock * 2
             else:
@@ -279,7 +306,8 @@ class _Kernel:
                            self.tile(at, full * per, tail) if tail else None)
                 return rows if parts * per_part == slices else If(at["s"] < slices, rows)
             return _loop("i", per_part, one_slice)
-        return _loop("item", self.dirs * parts, item, kind)
+        items = parts if direction is not None else self.dirs * parts
+        return _loop("item", items, item, kind)
 
     def tile(self, at: dict, b0, rows: int):
         """``rows`` batch rows x every gate of one slice: the products in registers, then

@@ -87,17 +87,19 @@ def test_directions_layouts_and_lengths(op, direction, layout):
     check(layer(op, direction=direction, layout=layout, batch=1, initial=False))
 
 
-@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("threads", [1, 3, 4])
 def test_thread_counts(threads, monkeypatch):
-    """Built for one thread: the time loop inside one function; for three: phases cut in
-    parts that do not divide the slices evenly (run on however many threads there are)."""
+    """Built for one thread: the time loop inside one function; for 2 or 3 a bidirectional
+    layer runs a direction per thread; otherwise a segment per phase and step, the slices
+    in parts per thread (3 parts of 4 slices: uneven)."""
     monkeypatch.setenv("CELOSIA_NUM_THREADS", str(threads))
-    # (hidden 64, batch 3: 4 slices of 16 units; in 3 parts, the last has none)
+    # (hidden 64, batch 3: 4 slices of 16 units)
     check(layer("LSTM", hidden=64, seq_lens=[6, 0, 2], peepholes=True))
-    check(layer("GRU", direction="reverse", layout=1, hidden=40, seq_lens=[3, 6, 1]))
-    built = CpuModel.build(layer("RNN", hidden=40))
+    check(layer("GRU", direction="bidirectional", layout=1, hidden=40, seq_lens=[3, 6, 1]))
+    built = CpuModel.build(layer("RNN", direction="bidirectional", hidden=40))
     segments = [len(k.segments) for k in built.program.kernels.values() if k.name == "recurrent"]
-    assert segments == ([3] if threads == 1 else [2 + 2 * 6])  # init, (phase, tick) x T, final
+    # init, the steps (one function, or phase and tick per step), final
+    assert segments == ([3] if threads < 4 else [2 + 2 * 6])
 
 
 @pytest.mark.parametrize("batch", [5, 6])
