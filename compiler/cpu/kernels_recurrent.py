@@ -22,15 +22,18 @@ product: the two agree to float32 rounding. GRU without ``linear_before_reset`` 
 ``r * h`` of every unit before its h gate: its steps have two phases (z, r and ``r * h``;
 then h).
 
-Threads. A step's items need the whole previous ``h``, so a step is a barrier. Built for
-one thread, the kernel is one function with the time loop inside. Built for more (the
-``threads`` of the spec), its segments are ``init``, then per step each phase (a parallel
-loop over its items) and ``tick`` (the step counter; ``h`` is double-buffered by the
-counter's parity), then ``final``: one function per distinct segment, called in that
-order, so the native pool (threads.py) runs each phase on all threads and waits for its
-end. Items are cut into as many parts per direction as there are threads: the pool's
-first claims then give each thread the same part every step, whose weights stay in its
-core's L2 (a 256-unit LSTM's R is 1 MB, one core's whole L2).
+Threads. A step's items need the whole previous ``h``, so a step is a barrier. The spec
+says how the kernel is cut (``threads``, the build's thread count, and ``parallel_steps``,
+from ``parallel_steps()``). Without parallel steps, a direction's time loop is one
+function, and a bidirectional layer on 2+ threads runs each direction on a thread of its
+own (no barrier). With them, the segments are ``init``, then per step each phase (a
+parallel loop over its items) and ``tick`` (the step counters; ``h`` is double-buffered by
+their parity), then ``final``: one function per distinct segment, called in that order, so
+the native pool (threads.py) runs each phase on all threads and waits for its end. Items
+are cut into as many parts per direction as there are threads: the pool's first claims
+then give each thread the same part every step, whose weights stay in its core's L2 (a
+256-unit LSTM's R is 1 MB, one core's whole L2). Only steps of STEP_PARALLEL_MACS and more
+take the barrier (see there).
 
 Activations: sigmoid is ``1 / (1 + exp(-x))`` with fastmath's inline ``exp``; tanh is
 Eigen's float32 rational approximation (odd degree 13 over even degree 6 on x clamped to
@@ -50,8 +53,9 @@ import numpy as np
 from ..tensor.expr import Var, as_expr, exp, max_expr, min_expr, select
 from ..tensor.tir import Allocate, Buffer, For, If, PrimFunc, Store, seq
 
-__all__ = ["GATES", "padded_hidden", "phases", "slice_width", "pack_recurrent_weight",
-           "build_recurrent", "compile_recurrent", "sigmoid", "tanh"]
+__all__ = ["GATES", "STEP_PARALLEL_MACS", "parallel_steps", "padded_hidden", "phases",
+           "slice_width", "pack_recurrent_weight", "build_recurrent", "compile_recurrent",
+           "sigmoid", "tanh"]
 
 F32 = "float32"
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -62,6 +66,21 @@ _TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
            4.89352455891786e-03)  # x^13 ... x^1, as polynomials in x^2
 _TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
            4.89352518554385e-03)  # x^6 ... x^0
+
+
+# Multiply-adds of a step (of one direction) from which its work items run on every thread,
+# a barrier per step. Below, a direction's time loop runs on one thread: on this shared
+# 2-core machine the zoo's LSTM layer (262 k per step) ran 1.8 times faster on two threads
+# at best but up to 4 times slower in the median, each of its 100 barriers waiting for a
+# worker preempted inside its part.
+STEP_PARALLEL_MACS = 2_000_000
+
+
+def parallel_steps(spec: dict) -> bool:
+    """Whether each step's work items run on every thread (spec["parallel_steps"]): with
+    at least two threads per direction, for steps of STEP_PARALLEL_MACS and more."""
+    macs = spec["batch"] * GATES[spec["cell"]] * spec["hidden"] ** 2
+    return spec["threads"] >= 2 * spec["directions"] and macs >= STEP_PARALLEL_MACS
 
 
 def padded_hidden(hidden: int) -> int:
@@ -226,10 +245,11 @@ class _Kernel:
             return _loop("step", self.t_len, lambda _: seq(
                 *(self.phase(k, "serial", d) for k in n_phases), tick(d)))
 
-        if threads == 1:  # the time loop inside one function
+        per_step = self.spec["parallel_steps"]
+        if not per_step and (threads == 1 or self.dirs == 1):  # one function
             steps = time_loop()
             order = [init, steps, final]
-        elif self.dirs == 2 and threads < 4:  # a direction per thread, no barrier
+        elif not per_step:  # a direction per thread, no barrier
             steps = _loop("d", 2, time_loop, "parallel")
             order = [init, steps, final]
         else:  # a segment per phase, each run on every thread, once per step

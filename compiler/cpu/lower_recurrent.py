@@ -12,6 +12,7 @@ from ..graph.ir import Node
 from ..graph.ops_recurrent import DEFAULT_ACTIVATIONS
 from .host import num_threads
 from .kernels import spec_key
+from . import kernels_recurrent
 from .kernels_recurrent import GATES, pack_recurrent_weight, padded_hidden
 from .schedules import channel_block, pack_dense_weight
 
@@ -108,6 +109,7 @@ def lower_recurrent(lw, node: Node, padded_rows) -> bool:
             "clip": None if a["clip"] is None else float(a["clip"]),
             "linear_before_reset": bool(a.get("linear_before_reset", 0)),
             "threads": num_threads()}
+    spec["parallel_steps"] = kernels_recurrent.parallel_steps(spec)
     args = [xw, lw.add_const(f"{node.name}@R", pack_recurrent_weight(const["R"], spec))]
     if spec["cell"] == "GRU" and spec["linear_before_reset"]:
         rbh = np.zeros((dirs, hp), np.float32)

@@ -87,19 +87,23 @@ def test_directions_layouts_and_lengths(op, direction, layout):
     check(layer(op, direction=direction, layout=layout, batch=1, initial=False))
 
 
-@pytest.mark.parametrize("threads", [1, 3, 4])
-def test_thread_counts(threads, monkeypatch):
-    """Built for one thread: the time loop inside one function; for 2 or 3 a bidirectional
-    layer runs a direction per thread; otherwise a segment per phase and step, the slices
-    in parts per thread (3 parts of 4 slices: uneven)."""
+@pytest.mark.parametrize("threads, step_parallel", [(1, 0), (2, None), (3, 0), (4, 0)])
+def test_thread_counts(threads, step_parallel, monkeypatch):
+    """Built for one thread, or steps too small for a barrier each: a direction's time loop
+    in one function (bidirectional: a direction per thread); else a segment per phase and
+    step, the slices in parts per thread (3 parts of 4 slices: uneven)."""
+    from celosia.compiler.cpu import kernels_recurrent
+
     monkeypatch.setenv("CELOSIA_NUM_THREADS", str(threads))
+    if step_parallel is not None:
+        monkeypatch.setattr(kernels_recurrent, "STEP_PARALLEL_MACS", step_parallel)
     # (hidden 64, batch 3: 4 slices of 16 units)
     check(layer("LSTM", hidden=64, seq_lens=[6, 0, 2], peepholes=True))
     check(layer("GRU", direction="bidirectional", layout=1, hidden=40, seq_lens=[3, 6, 1]))
     built = CpuModel.build(layer("RNN", direction="bidirectional", hidden=40))
     segments = [len(k.segments) for k in built.program.kernels.values() if k.name == "recurrent"]
     # init, the steps (one function, or phase and tick per step), final
-    assert segments == ([3] if threads < 4 else [2 + 2 * 6])
+    assert segments == ([2 + 2 * 6] if threads == 4 else [3])
 
 
 @pytest.mark.parametrize("batch", [5, 6])
