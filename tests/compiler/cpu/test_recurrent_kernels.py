@@ -87,7 +87,9 @@ def test_directions_layouts_and_lengths(op, direction, layout):
     check(layer(op, direction=direction, layout=layout, batch=1, initial=False))
 
 
-@pytest.mark.parametrize("threads, step_parallel", [(1, 0), (2, None), (3, 0), (4, 0)])
+@pytest.mark.parametrize("threads, step_parallel", [
+    (1, 0), (2, None), pytest.param(3, 0, marks=pytest.mark.slow),
+    pytest.param(4, 0, marks=pytest.mark.slow)])
 def test_thread_counts(threads, step_parallel, monkeypatch):
     """Built for one thread, or steps too small for a barrier each: a direction's time loop
     in one function (bidirectional: a direction per thread); else a segment per phase and
