@@ -71,8 +71,9 @@ _TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
 # Multiply-adds of a step (of one direction) from which its work items run on every thread,
 # a barrier per step. Below, a direction's time loop runs on one thread: on this shared
 # 2-core machine the zoo's LSTM layer (262 k per step) ran 1.8 times faster on two threads
-# at best but up to 4 times slower in the median, each of its 100 barriers waiting for a
-# worker preempted inside its part.
+# at best, but whole-model medians of `bench zoo --models lstm` were 1.45-4.9 times
+# onnxruntime's against 0.93-1.69 on one thread (same hour, alternating runs): each of the
+# 200 barriers waits whenever a worker is preempted inside its part.
 STEP_PARALLEL_MACS = 2_000_000
 
 
