@@ -208,7 +208,10 @@ def _step(f: Field, known: dict, values: dict, kernels: dict, defined: set,
             raise f["inputs"].list()[k].fail(f"{name!r} is neither a value nor a constant")
         if name and name in values and name not in defined and name not in outs:
             raise f["inputs"].list()[k].fail(f"{name!r} is read before any step makes it")
-    if kind not in ("numpy", "control") and (not all(ins) or len(outs) != 1 or not outs[0]):
+    # (a kernel may write several outputs: a recurrent layer's Y, Y_h and Y_c)
+    if kind == "kernel" and (not all(ins) or not outs or not all(outs)):
+        raise f.fail("a kernel step has named inputs and outputs")
+    if kind in ("view", "concat") and (not all(ins) or len(outs) != 1 or not outs[0]):
         raise f.fail(f"a {kind} step has named inputs and one output")
     if kind == "kernel":
         _kernel_step(f, step, known, kernels)

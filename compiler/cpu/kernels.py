@@ -58,6 +58,7 @@ from ..tensor.lower import lower
 from ..tensor.schedule import create_schedule
 from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
+from .kernels_recurrent import compile_recurrent
 from .schedules_nn import batch_matmul, schedule_batch_matmul
 from .host import cache_dir, host_target
 from .schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
@@ -479,6 +480,7 @@ def build_function(spec: dict):
 # Relative to compiler/: the CPU backend and the tensor level below it.
 _SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
             "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py",
+            "cpu/kernels_recurrent.py",
             "cpu/codegen.py", "cpu/host.py", "tensor/te.py",
             "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []
@@ -526,7 +528,10 @@ def compile_spec(spec: dict, *, use_cache: bool = True) -> CpuKernel:
             return CpuKernel.from_record(record, base.with_suffix(".o").read_bytes())
         except (OSError, ValueError, KeyError, CompilerError):
             pass  # missing or unreadable: build it
-    kernel = compile_cpu(build_function(spec), use_cache=use_cache)
+    if spec["op"] == "recurrent":  # its own segments, the steps' ones repeated
+        kernel = compile_recurrent(spec, use_cache=use_cache)
+    else:
+        kernel = compile_cpu(build_function(spec), use_cache=use_cache)
     if use_cache:
         try:  # object first, then the record that makes the entry visible
             base.parent.mkdir(parents=True, exist_ok=True)

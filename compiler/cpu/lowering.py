@@ -47,6 +47,7 @@ import numpy as np
 from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
 from .control import CONTROL_OPS, control_fallback_reason, lower_control
+from .lower_recurrent import lower_recurrent
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
 from .schedules_nn import batch_matmul_tiles
@@ -764,6 +765,8 @@ class _Lowering:
             handlers[op] = lambda node: lower_control(self, node)
         for op in _VIEW_OPS:
             handlers[op] = self.view
+        for op in ("LSTM", "GRU", "RNN"):  # lower_recurrent.py
+            handlers[op] = lambda node: lower_recurrent(self, node, _padded_rows)
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
             handlers[op] = self.eltwise
         for node in g.nodes:
