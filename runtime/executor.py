@@ -198,9 +198,19 @@ class GraphExecutor:
                     # (attributes from a file may be of the wrong kind)
                     raise NodeError(node, f"failed at run time: {type(e).__name__}: "
                                           f"{e}") from None
-                for y, r in zip(outs, results):
-                    if y is not None:
-                        np.copyto(y, r)
+                for o, y, r in zip(node.outputs, outs, results):
+                    if y is None:
+                        continue
+                    if np.shape(r) != y.shape:  # (copyto would broadcast it silently)
+                        raise NodeError(node, f"gives {o!r} of shape {list(np.shape(r))} at "
+                                              f"run time, where the program holds "
+                                              f"{list(y.shape)}: the .cel does not fit its "
+                                              f"model; rebuild it")
+                    try:
+                        np.copyto(y, r, casting="same_kind")
+                    except TypeError as e:
+                        raise NodeError(node, f"gives {o!r} as {np.asarray(r).dtype}, where "
+                                              f"the program holds {y.dtype}: {e}") from None
             return run
         raise ValueError(f"unknown step kind {kind!r}")
 

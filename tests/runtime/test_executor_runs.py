@@ -214,3 +214,19 @@ def test_two_python_threads_share_the_pool(monkeypatch):
     for t in threads:
         t.join()
     assert not wrong
+
+
+@pytest.mark.parametrize("attrs", [{"keepdims": 0}, {"axes": [1, 2]}])
+def test_numpy_step_result_that_does_not_fit_is_a_node_error(attrs):
+    """A numpy step whose attributes were edited (a .cel from elsewhere) gives a result of
+    another shape: a NodeError naming the node, never a silent broadcast into the output
+    buffer nor a ValueError traceback."""
+    from celosia.compiler.graph.ir import NodeError
+
+    node = helper.make_node("ReduceL2", ["x"], ["y"], axes=[1], keepdims=1)
+    model = CpuModel.build(make_model([node], [vi("x", [2, 3, 4])], [vi("y", [2, 1, 4])]))
+    (step,) = [s for s in model.program.steps if s["kind"] == "numpy"]
+    step["attrs"].update(attrs)
+    x = np.random.default_rng(0).normal(size=(2, 3, 4)).astype(np.float32)
+    with pytest.raises(NodeError, match=r"ReduceL2.*gives 'y' of shape .* rebuild it"):
+        model.run({"x": x})
