@@ -719,12 +719,51 @@ class _Lowering:
         if len(out_t.shape) != 4 or node.attrs["axis"] != 1 \
                 or any(self.is_const(v) for v in node.inputs):
             return False
-        common = set.intersection(*(set(self.versions[v]) for v in node.inputs)) - {0}
-        if not common:
+        # The block most inputs have already (others converted): blocked as soon as one
+        # input is, so a C2f's concat of a slice, a convolution's output, ... stays blocked.
+        have = [set(self.versions[v]) - {0} for v in node.inputs]
+        fit = {b for bs in have for b in bs
+               if all(self.type(v).shape[1] % b == 0 for v in node.inputs)}
+        if not fit:
             return False
-        block = max(common)
+        block = max(fit, key=lambda b: (sum(b in bs for bs in have), b))
         args = [self.blocked(v, block) for v in node.inputs]
         self.step("concat", node, args, [self.produce(node.outputs[0], block)])
+        return True
+
+    def channel_ranges(self, node: Node):
+        """[(first, end) channel] per output of a Slice or Split of a 4-D value along its
+        channels only (step 1), or None."""
+        c, a = self.type(node.inputs[0]).shape[1], node.attrs
+        if node.op == "Slice":
+            axes = [ax % 4 for ax in a["axes"]]
+            if len(node.outputs) != 1 or axes != [1] or list(a["steps"]) != [1]:
+                return None
+            first, end, _ = slice(int(a["starts"][0]), int(a["ends"][0])).indices(c)
+            return [(first, max(first, end))]
+        if a["axis"] % 4 != 1 or len(a["split"]) != len(node.outputs):
+            return None
+        cuts = [0, *np.cumsum(a["split"]).tolist()]
+        return list(zip(cuts[:-1], cuts[1:]))
+
+    def channel_split(self, node: Node) -> bool:
+        """A Slice or Split of a blocked 4-D value along whole channel blocks: a numpy Slice
+        of the blocked array per output (a copy of contiguous runs of blocks), so a C2f's
+        halves stay blocked instead of an unpack, a plain slice and a pack."""
+        x = node.inputs[0]
+        if len(self.type(x).shape) != 4 or self.is_const(x) or not all(node.outputs) \
+                or len([v for v in node.inputs if v]) != 1:
+            return False
+        block, ranges = self.current_block(x), self.channel_ranges(node)
+        if not block or ranges is None \
+                or any(f % block or e % block or f == e for f, e in ranges):
+            return False
+        src = self.blocked(x, block)
+        for (first, end), o in zip(ranges, node.outputs):
+            part = Node("Slice", (src,), (blocked_name(o, block),),
+                        {"starts": [first // block], "ends": [end // block], "axes": [1],
+                         "steps": [1]}, node.name)
+            self.step("numpy", part, [src], [self.produce(o, block)], attrs=part.attrs)
         return True
 
     def empty(self, node: Node) -> bool:
@@ -754,7 +793,8 @@ class _Lowering:
                     "MaxPool": self.pool, "AveragePool": self.pool,
                     "GlobalAveragePool": self.pool, "Concat": self.concat,
                     "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
-                    "ConvTranspose": self.conv_transpose, "Resize": self.resize}
+                    "ConvTranspose": self.conv_transpose, "Resize": self.resize,
+                    "Slice": self.channel_split, "Split": self.channel_split}
         for op in _VIEW_OPS:
             handlers[op] = self.view
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):

@@ -1,0 +1,101 @@
+"""Channel splits and concatenations of blocked (NCHW{c}c) values in the CPU build
+(cpu/lowering.py): a Slice or Split along whole channel blocks stays blocked, a Concat
+whose inputs are blocked in different ways converts the odd ones instead of unpacking
+all; each model against the numpy reference and onnxruntime on seeded random inputs, at
+odd sizes, batch > 1, channel counts that are not a multiple of the block."""
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+from onnx_builders import make_model, vi
+
+from celosia.runtime.cpu import CpuModel
+from celosia.runtime.reference import ReferenceModel
+
+ort = pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _weights(rng, **shapes):
+    return [numpy_helper.from_array(
+        (rng.normal(size=s) / np.sqrt(np.prod(s[1:]))).astype(np.float32), k)
+        for k, s in shapes.items()]
+
+
+def _c2f(channels, split_op, opset=17):
+    """YOLOv8's C2f: Conv -> SiLU, split in two halves along the channels, one half through
+    a 3x3 Conv, Concat of the halves and that Conv's output -> 1x1 Conv; plus a Slice at
+    block boundaries with a negative start; a Concat of a blocked and a plain value (a
+    numpy Softmax's) and one of 2 channels with a blocked value (numpy: no common block)."""
+    c, h = channels, channels // 2
+    rng = np.random.default_rng(channels)
+    if split_op == "Split":
+        split = [helper.make_node("Split", ["a", "sizes"], ["s0", "s1"], axis=1)]
+        extra = [numpy_helper.from_array(np.array([h, h], np.int64), "sizes")]
+    else:
+        ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+        split = [helper.make_node("Slice", ["a", "zero", "half", "one"], ["s0"]),
+                 helper.make_node("Slice", ["a", "minus_half", "big", "one"], ["s1"])]
+        extra = [ints("zero", [0]), ints("half", [h]), ints("one", [1]),
+                 ints("minus_half", [-h]), ints("big", [2 ** 62])]
+    nodes = [
+        helper.make_node("Conv", ["image", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1],
+                         strides=[2, 2]),
+        helper.make_node("Sigmoid", ["c0"], ["g0"]),
+        helper.make_node("Mul", ["c0", "g0"], ["a"]),
+        *split,
+        helper.make_node("Conv", ["s1", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Concat", ["s0", "s1", "r1"], ["cat"], axis=1),
+        helper.make_node("Conv", ["cat", "w2"], ["c2"]),
+        helper.make_node("Slice", ["c2", "three", "five", "one_axis"], ["odd"]),
+        helper.make_node("Softmax", ["c2"], ["sm"], axis=1),
+        helper.make_node("Concat", ["c2", "sm"], ["cat2"], axis=1),
+        helper.make_node("Concat", ["odd", "cat2"], ["y"], axis=1),
+    ]
+    inits = _weights(rng, w0=(c, 3, 3, 3), b0=(c,), w1=(h, h, 3, 3), w2=(c, c + h, 1, 1))
+    inits += extra + [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in
+                      (("three", [3]), ("five", [5]), ("one_axis", [1]))]
+    return make_model(nodes, [vi("image", None)], [vi("y", None)], inits, opset)
+
+
+def _check(model, shape, seed=0):
+    x = np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+    built = CpuModel.build(model, {"image": shape})
+    got = built.run({"image": x})["y"]
+    ref = ReferenceModel.load(model, {"image": shape}).run({"image": x})["y"]
+    (want,) = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"]).run(None, {"image": x})
+    assert got.shape == want.shape == ref.shape
+    for other in (ref, want):
+        np.testing.assert_allclose(got, other, rtol=1e-4, atol=1e-5 * np.abs(other).max())
+    return built
+
+
+@pytest.mark.parametrize("channels, split_op, shape", [
+    (32, "Split", (1, 3, 17, 29)),   # halves of one block (16) each
+    (64, "Slice", (2, 3, 11, 1)),    # width 1 after stride 2: block 32, batch 2
+    (96, "Split", (3, 3, 5, 29)),    # three blocks per half, batch 3
+])
+def test_block_aligned_split_stays_blocked(channels, split_op, shape):
+    built = _check(_c2f(channels, split_op), shape)
+    steps = built.program.steps
+    # The halves are numpy slices of the blocked array; nothing unpacks before the Concat.
+    halves = [s for s in steps if s["inputs"][:1] == [f"a@nchw{channels // 2}c"]
+              or s["inputs"][:1] == ["a@nchw16c"]]
+    assert [(s["op"], s["kind"]) for s in halves if s["op"] != "Conv"] == [("Slice", "numpy")] * 2
+    concats = [s for s in steps if s["op"] == "Concat"]
+    assert [s["kind"] for s in concats] == ["concat", "concat", "numpy"]
+    unpacked = {s["node"] for s in steps if s["op"] == "unpack"}
+    assert unpacked == {"c2", "cat2"}  # read by numpy steps (Slice, Softmax; Concat)
+
+
+def test_split_off_block_boundaries_stays_numpy():
+    """Halves of 24 channels (block 16 for 48): not whole blocks, the plain numpy Split."""
+    built = _check(_c2f(48, "Split"), (1, 3, 9, 31))
+    split = next(s for s in built.program.steps if s["op"] == "Split")
+    assert "@nchw" not in split["inputs"][0]
