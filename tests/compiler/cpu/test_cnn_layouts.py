@@ -99,3 +99,71 @@ def test_split_off_block_boundaries_stays_numpy():
     built = _check(_c2f(48, "Split"), (1, 3, 9, 31))
     split = next(s for s in built.program.steps if s["op"] == "Split")
     assert "@nchw" not in split["inputs"][0]
+
+
+# ---- in place: slices in their source, Concat inputs in the Concat (runtime/executor.py) ----
+
+
+def _no_overlap_but_in_place(program):
+    """Every kernel step's arrays are disjoint bytes; values share bytes only through
+    views or in_place."""
+    from celosia.runtime.executor import plan_memory
+
+    offsets, total, _ = plan_memory(program)
+    size = {v: int(np.prod(program.values[v]["shape"])) * np.dtype(
+        program.values[v]["dtype"]).itemsize for v in offsets}
+    for s in program.steps:
+        if s["kind"] != "kernel":
+            continue
+        live = [v for v in dict.fromkeys(s["inputs"] + s["outputs"]) if v in offsets]
+        for i, a in enumerate(live):
+            for b in live[:i]:
+                assert offsets[a] + size[a] <= offsets[b] or offsets[b] + size[b] <= offsets[a]
+    assert all(offsets[v] + size[v] <= total for v in offsets)
+    return offsets
+
+
+def test_batch_one_splits_and_concats_copy_nothing():
+    """Batch 1: the C2f's Slices are views of the Conv output, which with the bottleneck's
+    output is written straight into the Concat; the Concat with the converted Softmax
+    output copies only that input; results as the reference's, and the same run again."""
+    from celosia.runtime.executor import in_place
+
+    model = _c2f(32, "Slice")
+    built = _check(model, (1, 3, 17, 29))
+    program, ex = built.program, built.executor
+    place = in_place(program)
+    offsets = _no_overlap_but_in_place(program)
+    calls = {s["outputs"][0].split("@")[0]: (s, c) for s, c in zip(program.steps, ex._calls)}
+    for value in ("s0", "s1", "cat"):  # the halves and the C2f concat: no copy
+        assert calls[value][0]["op"] in ("Slice", "Concat") and calls[value][1] is None, value
+    cat = calls["cat"][0]["outputs"][0]
+    assert place["a@nchw16c"] == (cat, 0) and offsets["a@nchw16c"] == offsets[cat]
+    assert calls["cat2"][1] is not None  # the packed Softmax output is copied
+    _check(model, (1, 3, 17, 29), seed=1)
+    x = np.random.default_rng(7).normal(size=(1, 3, 17, 29)).astype(np.float32)
+    np.testing.assert_array_equal(built.run({"image": x})["y"], built.run({"image": x})["y"])
+
+
+def test_plain_concat_and_slice_in_place():
+    """Plain values (no convolution): a Slice of axis 1 at batch 1 is a view, and a Concat
+    of axis 1 takes its inputs in place unless one is read twice or is a graph input."""
+    from celosia.runtime.executor import in_place
+
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Exp", ["image"], ["e"]),
+             helper.make_node("Slice", ["e", "one", "four", "one"], ["s"]),
+             helper.make_node("Neg", ["s"], ["n"]),
+             helper.make_node("Softmax", ["e"], ["m"], axis=2),
+             helper.make_node("Concat", ["n", "m", "n", "image"], ["y"], axis=1)]
+    model = make_model(nodes, [vi("image", None)], [vi("y", None)],
+                       [ints("one", [1]), ints("four", [4])])
+    for shape in [(1, 5, 3, 2), (2, 5, 3, 2)]:
+        built = _check(model, shape)
+        place = in_place(built.program)
+        _no_overlap_but_in_place(built.program)
+        if shape[0] == 1:
+            assert set(place) == {"s", "m"}  # n twice and the graph input keep their own
+        else:
+            assert place == {}
+
