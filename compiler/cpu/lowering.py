@@ -48,8 +48,8 @@ from ..graph.ops import OWN_INPUTS
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
 from .schedules_nn import batch_matmul_tiles
-from .schedules import (EXACT_TERMS, channel_block, pack_conv_weight, pack_dense_weight,
-                        pack_depthwise_weight)
+from .schedules import (EXACT_TERMS, channel_block, conv_columns, pack_conv_weight,
+                        pack_dense_weight, pack_depthwise_weight)
 
 __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 
@@ -79,6 +79,16 @@ def _output_block(channels: int, width: int) -> int:
     if width < 14 and channels % 32 == 0:
         return 32
     return channel_block(channels)
+
+
+def _wider_output(width: int, block: int) -> int | None:
+    """A few more output columns for a convolution whose register tile would hold under 4
+    of ``width`` columns (a width with no divisor from 4 to 24: 29, 31, 58, ...; 3x slower
+    than a width with one), or None: the kernel computes that width (more right padding)
+    and a Slice crops it."""
+    if conv_columns(width, block) >= min(4, width):
+        return None
+    return next((w for w in range(width + 1, width + 8) if conv_columns(w, block) >= 7), None)
 
 
 def _padded_rows(m: int) -> int:
@@ -343,7 +353,19 @@ class _Lowering:
         spec = {"op": "dwconv" if depthwise else "conv", "data": self.values[data]["shape"],
                 **geometry, "bias": bool(b), "epilogue": epi[0]}
         out = self.produce(node.outputs[0], ob)
-        self.kernel(node, spec, args + [out], out)
+        ow = out_t.shape[3]
+        wide = None if depthwise or any(st[0] in BINARY and st[1] == "full" for st in epi[0]) \
+            else _wider_output(ow, ob)
+        if wide is None:
+            self.kernel(node, spec, args + [out], out)
+            return True
+        spec["pads"] = [*spec["pads"][:3], spec["pads"][3] + (wide - ow) * spec["strides"][1]]
+        n, cc, oh, _, block = self.values[out]["shape"]
+        tmp = self.define(f"{out}@wide{wide}", F32, (n, cc, oh, wide, block))
+        self.kernel(node, spec, args + [tmp], tmp)
+        crop = Node("Slice", (tmp,), (out,), {"starts": [0], "ends": [ow], "axes": [3],
+                                              "steps": [1]}, node.name)
+        self.step("numpy", crop, [tmp], [out], attrs=crop.attrs)
         return True
 
     # ---- CNN operators of schedules_conv.py ------------------------------------------------

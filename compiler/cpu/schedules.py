@@ -56,7 +56,7 @@ __all__ = ["conv2d_nchwc", "schedule_conv2d_nchwc", "depthwise_conv2d_nchwc", "r
            "schedule_depthwise_conv2d_nchwc", "pack_depthwise_weight", "dense", "schedule_dense", "relu",
            "add", "max_pool2d_nchwc", "global_avg_pool_nchwc", "schedule_elementwise",
            "pack_conv_weight", "pack_dense_weight", "pack_nchwc", "unpack_nchwc",
-           "channel_block", "ACTIVATIONS", "EXACT_TERMS", "FLOAT_TERMS"]
+           "channel_block", "conv_columns", "ACTIVATIONS", "EXACT_TERMS", "FLOAT_TERMS"]
 
 ACTIVATIONS = (None, "relu", "relu6")
 # int8 x int8 products summed in float32 stay exact integers up to this many (2**24 / 2**14).
@@ -407,6 +407,23 @@ def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
 
 
+def _register_columns(width: int, preferred: int, most: int) -> int:
+    """Output columns per register tile: the largest divisor of ``width`` up to
+    ``preferred``, or up to ``most`` (the registers' limit) when that is a poor tile
+    (fewer than half of ``preferred``: a width of 19 or 38 would get 1 or 2 columns,
+    too few independent accumulators to hide the FMA latency)."""
+    n = _largest_divisor(width, preferred)
+    return n if 2 * n >= preferred else max(n, _largest_divisor(width, most))
+
+
+def conv_columns(width: int, ob: int) -> int:
+    """The output columns ``schedule_conv2d_nchwc`` keeps in registers for an output of
+    ``width`` columns and ``ob`` channels per block."""
+    if ob <= 8:
+        return _largest_divisor(width, 28)
+    return _register_columns(width, 14, 24 if ob == 16 else 14)
+
+
 def _stage_named(s: Schedule, out: te.Tensor, suffix: str):
     for stage in s.stages:
         if stage.name == out.name + suffix:
@@ -447,7 +464,7 @@ def schedule_conv2d_nchwc(out: te.Tensor, *, reg_n: int | None = None,
     part = _stage_named(s, out, ".part")
     pad = _stage_named(s, out, ".pad")
     _, _, _, ow, ob = out.shape
-    reg_n = reg_n or _largest_divisor(ow, 28 if ob <= 8 else 14)
+    reg_n = reg_n or conv_columns(ow, ob)
     if ow % reg_n:
         raise CompilerError(f"schedule_conv2d_nchwc: reg_n {reg_n} must divide the output "
                             f"width {ow}")
