@@ -788,6 +788,53 @@ class _Lowering:
             self.step("numpy", part, [src], [self.produce(o, block)], attrs=part.attrs)
         return True
 
+    def transpose(self, node: Node) -> bool:
+        """NCHW <-> NHWC of a 4-D value next to blocked ones (ConvNeXt's block: a depthwise
+        Conv, then LayerNorm and MatMuls on NHWC, then back for the residual Add): one numpy
+        Transpose of the blocked array as [N, H, W, C//c, c] instead of an unpack and a
+        transpose with a stride of C between neighbours, or a transpose and a pack."""
+        x, perm = node.inputs[0], list(node.attrs["perm"])
+        tx = self.type(x)
+        if len(tx.shape) != 4 or self.is_const(x) or len(node.outputs) != 1:
+            return False
+        out_v = node.outputs[0]
+        if perm == [0, 2, 3, 1]:  # NCHW{c}c -> NHWC
+            block = self.current_block(x)
+            if not block:
+                return False
+            n, c, h, w = tx.shape
+            src = self.blocked(x, block)
+            tmp = self.define(f"{out_v}@nhwc{block}c", tx.dtype, (n, h, w, c // block, block))
+            part = Node("Transpose", (src,), (tmp,), {"perm": [0, 2, 3, 1, 4]}, node.name)
+            self.step("numpy", part, [src], [tmp], attrs=part.attrs)
+            self.step("view", node, [tmp], [self.produce(out_v, 0)])
+            return True
+        if perm != [0, 3, 1, 2]:
+            return False
+        n, h, w, c = tx.shape
+        block = self.reader_block(out_v, c)
+        if not block or block == 1:
+            return False
+        src = self.view_of(self.plain(x), (n, h, w, c // block, block), f"{x}@nhwc{block}c")
+        out = self.produce(out_v, block)
+        part = Node("Transpose", (src,), (out,), {"perm": [0, 3, 1, 2, 4]}, node.name)
+        self.step("numpy", part, [src], [out], attrs=part.attrs)
+        return True
+
+    def reader_block(self, v: str, channels: int) -> int | None:
+        """The block of a blocked 4-D value that a node reading ``v`` also reads (a
+        residual Add's other operand), or None: the layout ``v`` is best made in."""
+        for node in self.g.nodes:
+            if v not in node.inputs:
+                continue
+            for u in node.inputs:
+                if u and u != v and not self.is_const(u) and u in self.versions \
+                        and len(self.type(u).shape) == 4:
+                    block = self.current_block(u)
+                    if block and channels % block == 0:
+                        return block
+        return None
+
     def empty(self, node: Node) -> bool:
         """Whether a value the node reads or writes has no elements."""
         return any(v and 0 in self.type(v).shape for v in (*node.inputs, *node.outputs))
@@ -816,7 +863,8 @@ class _Lowering:
                     "GlobalAveragePool": self.pool, "Concat": self.concat,
                     "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
                     "ConvTranspose": self.conv_transpose, "Resize": self.resize,
-                    "Slice": self.channel_split, "Split": self.channel_split}
+                    "Slice": self.channel_split, "Split": self.channel_split,
+                    "Transpose": self.transpose}
         for op in _VIEW_OPS:
             handlers[op] = self.view
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):

@@ -167,3 +167,42 @@ def test_plain_concat_and_slice_in_place():
         else:
             assert place == {}
 
+
+
+# ---- NCHW <-> NHWC next to blocked values (ConvNeXt) -------------------------------------------
+
+
+def _convnext_block(c):
+    """A depthwise 7x7 Conv, Transpose to NHWC, LayerNorm, a MatMul, Transpose back, the
+    residual Add; and a Transpose of another permutation (numpy as before)."""
+    rng = np.random.default_rng(c)
+    inits = _weights(rng, w0=(c, 3, 1, 1), wd=(c, 1, 7, 7), wm=(c, c))
+    inits += [numpy_helper.from_array(np.ones(c, np.float32), "gamma"),
+              numpy_helper.from_array(np.zeros(c, np.float32), "beta")]
+    nodes = [helper.make_node("Conv", ["image", "w0"], ["x"]),
+             helper.make_node("Conv", ["x", "wd"], ["d"], group=c, pads=[3, 3, 3, 3]),
+             helper.make_node("Transpose", ["d"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "gamma", "beta"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "wm"], ["m"]),
+             helper.make_node("Transpose", ["m"], ["back"], perm=[0, 3, 1, 2]),
+             helper.make_node("Add", ["x", "back"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3])]
+    return make_model(nodes, [vi("image", None)], [vi("y", None)], inits)
+
+
+@pytest.mark.parametrize("channels, shape", [
+    (32, (1, 3, 9, 15)),   # block 16
+    (24, (2, 3, 5, 4)),    # block 8, batch 2
+    (64, (1, 3, 1, 5)),    # width 5: the 1x1 Conv's block is 32; height 1
+])
+def test_nhwc_transposes_of_blocked_values(channels, shape):
+    built = _check(_convnext_block(channels), shape)
+    steps = built.program.steps
+    ops = [(s["op"], s["kind"]) for s in steps]
+    # Only the output's permutation unpacks; both NHWC transposes read or write blocks.
+    assert [s["node"] for s in steps if s["op"] == "unpack"] == ["r"]
+    assert ("pack", "kernel") not in ops[1:]
+    to_nhwc, back, other = [s for s in steps if s["op"] == "Transpose" and s["kind"] == "numpy"]
+    assert to_nhwc["attrs"]["perm"] == [0, 2, 3, 1, 4] and "@nchw" in to_nhwc["inputs"][0]
+    assert back["attrs"]["perm"] == [0, 3, 1, 2, 4] and "@nchw" in back["outputs"][0]
+    assert other["attrs"]["perm"] == [0, 2, 1, 3]
