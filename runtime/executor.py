@@ -55,14 +55,38 @@ def _slice_offset(program, s: dict) -> int | None:
     contiguous run of it (a slice of axis 1, step 1, of an array with one item along axis
     0: a blocked value split along whole channel blocks, batch 1), else None."""
     a = s["attrs"]
-    info = program.values.get(s["inputs"][0])
-    if info is None or len(s["inputs"]) != 1 or list(a.get("axes", ())) != [1] \
-            or list(a.get("steps", ())) != [1] or len(info["shape"]) < 2 \
-            or run_time_shaped(info) or info["shape"][0] != 1:
+    info = program.values.get(s["inputs"][0]) if len(s["inputs"]) == 1 else None
+    out = program.values.get(s["outputs"][0]) if len(s["outputs"]) == 1 else None
+    if info is None or out is None or run_time_shaped(info) or len(info["shape"]) < 2 \
+            or info["shape"][0] != 1 or out["dtype"] != info["dtype"]:
         return None
-    first = slice(int(a["starts"][0]), int(a["ends"][0])).indices(info["shape"][1])[0]
+    try:  # attributes from a file may be anything: then no place (the step reports them)
+        if [int(v) for v in a["axes"]] != [1] or [int(v) for v in a["steps"]] != [1]:
+            return None
+        first, end, _ = slice(int(a["starts"][0]), int(a["ends"][0])).indices(info["shape"][1])
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if list(out["shape"]) != [1, max(end - first, 0), *info["shape"][2:]]:
+        return None
     row = int(np.prod(info["shape"][2:], dtype=np.int64)) * np.dtype(info["dtype"]).itemsize
     return first * row
+
+
+def _concatenates(values: dict, s: dict) -> bool:
+    """Whether a Concat step's values (all static, one item on axis 0) add up along axis 1
+    to its output, of one dtype (a file's numpy step is not checked before it runs)."""
+    if len(s["outputs"]) != 1 or not s["inputs"] or not all(s["inputs"]):
+        return False
+    parts = [values.get(v) for v in s["inputs"]]
+    out = values.get(s["outputs"][0])
+    if out is None or any(p is None for p in parts):
+        return False
+    shape = out["shape"]
+    return not any(run_time_shaped(i) for i in (out, *parts)) and len(shape) >= 2 \
+        and shape[0] == 1 and all(p["dtype"] == out["dtype"] and len(p["shape"]) == len(shape)
+                                  and p["shape"][2:] == shape[2:] and p["shape"][0] == 1
+                                  for p in parts) \
+        and sum(p["shape"][1] for p in parts) == shape[1]
 
 
 def in_place(program) -> dict:
@@ -76,18 +100,18 @@ def in_place(program) -> dict:
     made = {o: s["kind"] for s in steps for o in s["outputs"] if o}
     place = {}
     for s in steps:
-        if s["kind"] == "numpy" and s["op"] == "Slice" and s["outputs"][0] in made:
+        if s["kind"] == "numpy" and s["op"] == "Slice":
             off = _slice_offset(program, s)
-            if off is not None and values[s["outputs"][0]]["dtype"] == \
-                    values[s["inputs"][0]]["dtype"]:
+            if off is not None:
                 place[s["outputs"][0]] = (s["inputs"][0], off)
     sliced = set(place)
     for s in steps:
-        out = s["outputs"][0]
         if not (s["kind"] == "concat" or (s["kind"] == "numpy" and s["op"] == "Concat"
                                           and s["attrs"].get("axis") == 1)) \
-                or run_time_shaped(values[out]) or values[out]["shape"][0] != 1:
+                or not _concatenates(values, s):
             continue
+        out = s["outputs"][0]
+
         def free(v):
             return v not in place and made.get(v) in ("kernel", "numpy", "concat") \
                 and s["inputs"].count(v) <= 1 and v not in program.outputs \
@@ -239,7 +263,8 @@ class GraphExecutor:
         ins = [arr[v] if v else None for v in s["inputs"]]
         outs = [arr[o] if o else None for o in s["outputs"]]
         if kind == "concat" or (kind == "numpy" and s["op"] == "Concat"
-                                and s["attrs"].get("axis") == 1 and all(v for v in s["inputs"])):
+                                and s["attrs"].get("axis") == 1
+                                and _concatenates(self.program.values, s)):
             return self._bind_concat(ins, outs[0])
         if kind == "numpy" and s["op"] == "Slice" and _slice_offset(self.program, s) is not None \
                 and outs[0].ctypes.data == ins[0].ctypes.data + _slice_offset(self.program, s):

@@ -206,3 +206,30 @@ def test_nhwc_transposes_of_blocked_values(channels, shape):
     assert to_nhwc["attrs"]["perm"] == [0, 2, 3, 1, 4] and "@nchw" in to_nhwc["inputs"][0]
     assert back["attrs"]["perm"] == [0, 3, 1, 2, 4] and "@nchw" in back["outputs"][0]
     assert other["attrs"]["perm"] == [0, 2, 1, 3]
+
+
+def test_in_place_ignores_malformed_steps():
+    """A program from a file may carry any attributes and shapes on a numpy step: such a
+    Slice or Concat places nothing (the step reports it when it runs), nothing raises."""
+    import copy
+    from types import SimpleNamespace
+
+    from celosia.runtime.executor import in_place, plan_memory
+
+    built = _check(_c2f(32, "Slice"), (1, 3, 17, 29)).program
+    program = SimpleNamespace(**{k: copy.deepcopy(getattr(built, k))
+                                 for k in ("inputs", "outputs", "values", "steps")})
+    slices = [s for s in program.steps if s["op"] == "Slice"]
+    good = in_place(program)
+    assert slices[0]["outputs"][0] in good
+    for attrs in ({"starts": "x"}, {"starts": [0], "ends": [1], "axes": ["a"], "steps": [1]},
+                  {"starts": [], "ends": [], "axes": [1], "steps": [1]},
+                  {"starts": [0], "ends": [2 ** 70], "axes": [1], "steps": [1]}):
+        slices[0]["attrs"] = attrs
+        # (not in its source; it may go into the Concat as any other input)
+        got = in_place(program).get(slices[0]["outputs"][0], ("",))[0]
+        assert got != slices[0]["inputs"][0]
+        plan_memory(program)
+    concat = next(s for s in program.steps if s["op"] == "Concat" and s["kind"] == "numpy")
+    concat["inputs"] = concat["inputs"][:1]  # no longer adds up to the output
+    assert all(place[0] != concat["outputs"][0] for place in in_place(program).values())
