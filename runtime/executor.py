@@ -64,30 +64,133 @@ def _type(info: dict) -> TensorType:
     return TensorType(info["dtype"], tuple(info["shape"]))
 
 
+def _slice_offset(program, s: dict) -> int | None:
+    """The byte offset of a numpy Slice step's output in its input when the output is one
+    contiguous run of it (a slice of axis 1, step 1, of an array with one item along axis
+    0: a blocked value split along whole channel blocks, batch 1), else None."""
+    a = s["attrs"]
+    info = program.values.get(s["inputs"][0]) if len(s["inputs"]) == 1 else None
+    out = program.values.get(s["outputs"][0]) if len(s["outputs"]) == 1 else None
+    if info is None or out is None or run_time_shaped(info) or len(info["shape"]) < 2 \
+            or info["shape"][0] != 1 or out["dtype"] != info["dtype"]:
+        return None
+    try:  # attributes from a file may be anything: then no place (the step reports them)
+        if [int(v) for v in a["axes"]] != [1] or [int(v) for v in a["steps"]] != [1]:
+            return None
+        first, end, _ = slice(int(a["starts"][0]), int(a["ends"][0])).indices(info["shape"][1])
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if list(out["shape"]) != [1, max(end - first, 0), *info["shape"][2:]]:
+        return None
+    row = int(np.prod(info["shape"][2:], dtype=np.int64)) * np.dtype(info["dtype"]).itemsize
+    return first * row
+
+
+def _concatenates(values: dict, s: dict) -> bool:
+    """Whether a Concat step's values (all static, one item on axis 0) add up along axis 1
+    to its output, of one dtype (a file's numpy step is not checked before it runs)."""
+    if len(s["outputs"]) != 1 or not s["inputs"] or not all(s["inputs"]):
+        return False
+    parts = [values.get(v) for v in s["inputs"]]
+    out = values.get(s["outputs"][0])
+    if out is None or any(p is None for p in parts):
+        return False
+    shape = out["shape"]
+    return not any(run_time_shaped(i) for i in (out, *parts)) and len(shape) >= 2 \
+        and shape[0] == 1 and all(p["dtype"] == out["dtype"] and len(p["shape"]) == len(shape)
+                                  and p["shape"][2:] == shape[2:] and p["shape"][0] == 1
+                                  for p in parts) \
+        and sum(p["shape"][1] for p in parts) == shape[1]
+
+
+def in_place(program) -> dict:
+    """{value: (value whose storage holds it, byte offset)} for values that need no copy
+    of their own: the output of a contiguous Slice (``_slice_offset``) lives in its input,
+    and an input of a channel Concat of batch 1 lives in the Concat's output, so its
+    producer writes straight into the concatenation (YOLO's C2f and SPPF). A value gets at
+    most one place; graph inputs, views and run-time-shaped values keep their own. The
+    executor skips the copies this makes redundant."""
+    values, steps = program.values, program.steps
+    made = {o: s["kind"] for s in steps for o in s["outputs"] if o}
+    place = {}
+    for s in steps:
+        if s["kind"] == "numpy" and s["op"] == "Slice":
+            off = _slice_offset(program, s)
+            if off is not None:
+                place[s["outputs"][0]] = (s["inputs"][0], off)
+    sliced = set(place)
+    for s in steps:
+        if not (s["kind"] == "concat" or (s["kind"] == "numpy" and s["op"] == "Concat"
+                                          and s["attrs"].get("axis") == 1)) \
+                or not _concatenates(values, s):
+            continue
+        out = s["outputs"][0]
+
+        def free(v):
+            return v not in place and made.get(v) in ("kernel", "numpy", "concat") \
+                and s["inputs"].count(v) <= 1 and v not in program.outputs \
+                and not run_time_shaped(values[v])
+        ins, off, k = s["inputs"], 0, 0
+        while k < len(ins):
+            v = ins[k]
+            src, o = place.get(v, ("", 0))
+            if v in sliced and o == 0 and free(src):
+                # slices covering their source in order (a C2f's halves): the source
+                # itself goes into the concatenation, the slices stay views of it
+                run, end = k, off
+                while run < len(ins) and place.get(ins[run], ("",))[0] == src \
+                        and ins[run] in sliced and place[ins[run]][1] == end - off:
+                    end += _nbytes(values[ins[run]])
+                    run += 1
+                if end - off == _nbytes(values[src]):
+                    place[src] = (out, off)
+                    off, k = end, run
+                    continue
+            if free(v):
+                place[v] = (out, off)
+            off += _nbytes(values[v])
+            k += 1
+    return place
+
+
 def plan_memory(program) -> tuple[dict, int, int]:
     """({value: byte offset in the arena}, arena bytes, bytes without reuse). Constants
-    are not in the arena."""
+    are not in the arena. A view, and a value placed by ``in_place``, shares the storage of
+    the value it lives in (at an offset), whose lifetime covers all of them."""
     n_steps = len(program.steps)
-    root = {}  # value -> the value whose storage it uses
-    first, last = {}, {}
+    parent = dict(in_place(program))  # value -> (value it lives in, byte offset)
+    ours = set(program.inputs) | {o for s in program.steps for o in s["outputs"] if o}
+    for s in program.steps:
+        # (a view of a body's outer value is bound to that value by runtime/control.py)
+        if s["kind"] == "view" and s["outputs"][0] not in parent and s["inputs"][0] in ours:
+            parent[s["outputs"][0]] = (s["inputs"][0], 0)
+
+    def root_of(v):
+        off = 0
+        while v in parent:
+            v, o = parent[v]
+            off += o
+        return v, off
+    root, first, last = {}, {}, {}
+
+    def touch(v, k, writes):
+        r, off = root_of(v)
+        root[v] = (r, off)
+        first[r] = min(first.get(r, k), k) if writes else first.get(r, k)
+        last[r] = max(last.get(r, k), k)
     for v in program.inputs:
         if not run_time_shaped(program.values[v]):
-            root[v], first[v], last[v] = v, -1, -1
+            touch(v, -1, True)
     for k, s in enumerate(program.steps):
         for v in s["inputs"]:
             if v in root:
-                last[root[v]] = max(last[root[v]], k)
+                touch(v, k, False)
         for o in s["outputs"]:
-            if not o or run_time_shaped(program.values[o]):
-                continue
-            if s["kind"] == "view" and s["inputs"][0] in root:  # (else: a body's outer value)
-                root[o] = root[s["inputs"][0]]
-                last[root[o]] = max(last[root[o]], k)
-            else:
-                root[o], first[o], last[o] = o, k, k
+            if o and not run_time_shaped(program.values[o]):
+                touch(o, k, True)
     for o in program.outputs:
         if o in root:  # else a constant (a graph folded to a value): read from constants
-            last[root[o]] = n_steps
+            last[root[o][0]] = n_steps
     storages = sorted(first, key=lambda v: (-_nbytes(program.values[v]), first[v]))
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
     offsets = {}
@@ -103,7 +206,7 @@ def plan_memory(program) -> tuple[dict, int, int]:
         offsets[v] = offset
     total = max((e for _, e, _, _ in placed), default=0)
     unshared = sum(-(-_nbytes(program.values[v]) // ALIGN) * ALIGN for v in storages)
-    return {v: offsets[root[v]] for v in root}, total, unshared
+    return {v: offsets[r] + off for v, (r, off) in root.items()}, total, unshared
 
 
 def summarize_profile(profile: list[dict], top: int = 5) -> dict:
@@ -186,8 +289,13 @@ class GraphExecutor:
                 Node(s["op"], tuple(s["inputs"]), tuple(s["outputs"]), s["attrs"], s["node"]))
         ins = [arr[v] if v else None for v in s["inputs"]]
         outs = [arr[o] if o else None for o in s["outputs"]]
-        if kind == "concat":
-            return lambda: np.concatenate(ins, axis=1, out=outs[0])
+        if kind == "concat" or (kind == "numpy" and s["op"] == "Concat"
+                                and s["attrs"].get("axis") == 1
+                                and _concatenates(self.program.values, s)):
+            return self._bind_concat(ins, outs[0])
+        if kind == "numpy" and s["op"] == "Slice" and _slice_offset(self.program, s) is not None \
+                and outs[0].ctypes.data == ins[0].ctypes.data + _slice_offset(self.program, s):
+            return None  # the output lives in the input (in_place)
         if kind == "numpy":
             node = Node(s["op"], tuple(s["inputs"]), tuple(s["outputs"]), s["attrs"], s["node"])
 
@@ -233,6 +341,24 @@ class GraphExecutor:
         if pending or drops:
             plan.append((KernelRun(pending) if pending else None, None, drops))
         return plan
+
+    @staticmethod
+    def _bind_concat(ins: list, out: np.ndarray):
+        """Copies of the inputs along axis 1 that do not live in ``out`` already
+        (in_place); None when all do."""
+        copies, first = [], 0
+        for a in ins:
+            part = out[:, first:first + a.shape[1]]
+            first += a.shape[1]
+            if not (a.ctypes.data == part.ctypes.data and part.flags.c_contiguous):
+                copies.append((part, a))
+        if not copies:
+            return None
+
+        def run():
+            for part, a in copies:
+                np.copyto(part, a)
+        return run
 
     def _bind_run_time_shaped(self, node: Node):
         """A numpy step of a run-time-shaped segment: inputs looked up when it runs."""

@@ -51,8 +51,8 @@ from .lower_recurrent import lower_recurrent
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
 from .schedules_nn import batch_matmul_tiles
-from .schedules import (EXACT_TERMS, channel_block, pack_conv_weight, pack_dense_weight,
-                        pack_depthwise_weight)
+from .schedules import (EXACT_TERMS, channel_block, conv_columns, pack_conv_weight,
+                        pack_dense_weight, pack_depthwise_weight)
 
 __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 
@@ -82,6 +82,16 @@ def _output_block(channels: int, width: int) -> int:
     if width < 14 and channels % 32 == 0:
         return 32
     return channel_block(channels)
+
+
+def _wider_output(width: int, block: int) -> int | None:
+    """A few more output columns for a convolution whose register tile would hold under 4
+    of ``width`` columns (a width with no divisor from 4 to 24: 29, 31, 58, ...; 3x slower
+    than a width with one), or None: the kernel computes that width (more right padding)
+    and a Slice crops it."""
+    if conv_columns(width, block) >= min(4, width):
+        return None
+    return next((w for w in range(width + 1, width + 8) if conv_columns(w, block) >= 7), None)
 
 
 def _padded_rows(m: int) -> int:
@@ -349,7 +359,19 @@ class _Lowering:
         spec = {"op": "dwconv" if depthwise else "conv", "data": self.values[data]["shape"],
                 **geometry, "bias": bool(b), "epilogue": epi[0]}
         out = self.produce(node.outputs[0], ob)
-        self.kernel(node, spec, args + [out], out)
+        ow = out_t.shape[3]
+        wide = None if depthwise or any(st[0] in BINARY and st[1] == "full" for st in epi[0]) \
+            else _wider_output(ow, ob)
+        if wide is None:
+            self.kernel(node, spec, args + [out], out)
+            return True
+        spec["pads"] = [*spec["pads"][:3], spec["pads"][3] + (wide - ow) * spec["strides"][1]]
+        n, cc, oh, _, block = self.values[out]["shape"]
+        tmp = self.define(f"{out}@wide{wide}", F32, (n, cc, oh, wide, block))
+        self.kernel(node, spec, args + [tmp], tmp)
+        crop = Node("Slice", (tmp,), (out,), {"starts": [0], "ends": [ow], "axes": [3],
+                                              "steps": [1]}, node.name)
+        self.step("numpy", crop, [tmp], [out], attrs=crop.attrs)
         return True
 
     # ---- CNN operators of schedules_conv.py ------------------------------------------------
@@ -725,13 +747,99 @@ class _Lowering:
         if len(out_t.shape) != 4 or node.attrs["axis"] != 1 \
                 or any(self.is_const(v) for v in node.inputs):
             return False
-        common = set.intersection(*(set(self.versions[v]) for v in node.inputs)) - {0}
-        if not common:
+        # The block most inputs have already (others converted): blocked as soon as one
+        # input is, so a C2f's concat of a slice, a convolution's output, ... stays blocked.
+        have = [set(self.versions[v]) - {0} for v in node.inputs]
+        fit = {b for bs in have for b in bs
+               if all(self.type(v).shape[1] % b == 0 for v in node.inputs)}
+        if not fit:
             return False
-        block = max(common)
+        block = max(fit, key=lambda b: (sum(b in bs for bs in have), b))
         args = [self.blocked(v, block) for v in node.inputs]
         self.step("concat", node, args, [self.produce(node.outputs[0], block)])
         return True
+
+    def channel_ranges(self, node: Node):
+        """[(first, end) channel] per output of a Slice or Split of a 4-D value along its
+        channels only (step 1), or None."""
+        c, a = self.type(node.inputs[0]).shape[1], node.attrs
+        if node.op == "Slice":
+            axes = [ax % 4 for ax in a["axes"]]
+            if len(node.outputs) != 1 or axes != [1] or list(a["steps"]) != [1]:
+                return None
+            first, end, _ = slice(int(a["starts"][0]), int(a["ends"][0])).indices(c)
+            return [(first, max(first, end))]
+        if a["axis"] % 4 != 1 or len(a["split"]) != len(node.outputs):
+            return None
+        cuts = [0, *np.cumsum(a["split"]).tolist()]
+        return list(zip(cuts[:-1], cuts[1:]))
+
+    def channel_split(self, node: Node) -> bool:
+        """A Slice or Split of a blocked 4-D value along whole channel blocks: a numpy Slice
+        of the blocked array per output (a copy of contiguous runs of blocks), so a C2f's
+        halves stay blocked instead of an unpack, a plain slice and a pack."""
+        x = node.inputs[0]
+        if len(self.type(x).shape) != 4 or self.is_const(x) or not all(node.outputs) \
+                or len([v for v in node.inputs if v]) != 1:
+            return False
+        block, ranges = self.current_block(x), self.channel_ranges(node)
+        if not block or ranges is None \
+                or any(f % block or e % block or f == e for f, e in ranges):
+            return False
+        src = self.blocked(x, block)
+        for (first, end), o in zip(ranges, node.outputs):
+            part = Node("Slice", (src,), (blocked_name(o, block),),
+                        {"starts": [first // block], "ends": [end // block], "axes": [1],
+                         "steps": [1]}, node.name)
+            self.step("numpy", part, [src], [self.produce(o, block)], attrs=part.attrs)
+        return True
+
+    def transpose(self, node: Node) -> bool:
+        """NCHW <-> NHWC of a 4-D value next to blocked ones (ConvNeXt's block: a depthwise
+        Conv, then LayerNorm and MatMuls on NHWC, then back for the residual Add): one numpy
+        Transpose of the blocked array as [N, H, W, C//c, c] instead of an unpack and a
+        transpose with a stride of C between neighbours, or a transpose and a pack."""
+        x, perm = node.inputs[0], list(node.attrs["perm"])
+        tx = self.type(x)
+        if len(tx.shape) != 4 or self.is_const(x) or len(node.outputs) != 1:
+            return False
+        out_v = node.outputs[0]
+        if perm == [0, 2, 3, 1]:  # NCHW{c}c -> NHWC
+            block = self.current_block(x)
+            if not block:
+                return False
+            n, c, h, w = tx.shape
+            src = self.blocked(x, block)
+            tmp = self.define(f"{out_v}@nhwc{block}c", tx.dtype, (n, h, w, c // block, block))
+            part = Node("Transpose", (src,), (tmp,), {"perm": [0, 2, 3, 1, 4]}, node.name)
+            self.step("numpy", part, [src], [tmp], attrs=part.attrs)
+            self.step("view", node, [tmp], [self.produce(out_v, 0)])
+            return True
+        if perm != [0, 3, 1, 2]:
+            return False
+        n, h, w, c = tx.shape
+        block = self.reader_block(out_v, c)
+        if not block or block == 1:
+            return False
+        src = self.view_of(self.plain(x), (n, h, w, c // block, block), f"{x}@nhwc{block}c")
+        out = self.produce(out_v, block)
+        part = Node("Transpose", (src,), (out,), {"perm": [0, 3, 1, 2, 4]}, node.name)
+        self.step("numpy", part, [src], [out], attrs=part.attrs)
+        return True
+
+    def reader_block(self, v: str, channels: int) -> int | None:
+        """The block of a blocked 4-D value that a node reading ``v`` also reads (a
+        residual Add's other operand), or None: the layout ``v`` is best made in."""
+        for node in self.g.nodes:
+            if v not in node.inputs:
+                continue
+            for u in node.inputs:
+                if u and u != v and not self.is_const(u) and u in self.versions \
+                        and len(self.type(u).shape) == 4:
+                    block = self.current_block(u)
+                    if block and channels % block == 0:
+                        return block
+        return None
 
     def empty(self, node: Node) -> bool:
         """Whether a value the node reads or writes has no elements."""
@@ -760,7 +868,9 @@ class _Lowering:
                     "MaxPool": self.pool, "AveragePool": self.pool,
                     "GlobalAveragePool": self.pool, "Concat": self.concat,
                     "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
-                    "ConvTranspose": self.conv_transpose, "Resize": self.resize}
+                    "ConvTranspose": self.conv_transpose, "Resize": self.resize,
+                    "Slice": self.channel_split, "Split": self.channel_split,
+                    "Transpose": self.transpose}
         for op in CONTROL_OPS:  # bodies compiled as programs of their own (control.py)
             handlers[op] = lambda node: lower_control(self, node)
         for op in _VIEW_OPS:
