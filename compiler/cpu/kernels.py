@@ -59,6 +59,7 @@ from ..tensor.schedule import create_schedule
 from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
 from .schedules_nn import batch_matmul, schedule_batch_matmul
+from .rowwise import ROWWISE_OPS, compile_rowwise
 from .host import cache_dir, host_target
 from .schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
                         schedule_conv2d_nchwc, schedule_dense, schedule_depthwise_conv2d_nchwc,
@@ -478,7 +479,7 @@ def build_function(spec: dict):
 
 # Relative to compiler/: the CPU backend and the tensor level below it.
 _SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
-            "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py",
+            "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py", "cpu/rowwise.py",
             "cpu/codegen.py", "cpu/host.py", "tensor/te.py",
             "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []
@@ -526,7 +527,10 @@ def compile_spec(spec: dict, *, use_cache: bool = True) -> CpuKernel:
             return CpuKernel.from_record(record, base.with_suffix(".o").read_bytes())
         except (OSError, ValueError, KeyError, CompilerError):
             pass  # missing or unreadable: build it
-    kernel = compile_cpu(build_function(spec), use_cache=use_cache)
+    if spec.get("op") in ROWWISE_OPS:  # written in LLVM IR directly (rowwise.py)
+        kernel = compile_rowwise(spec, use_cache=use_cache)
+    else:
+        kernel = compile_cpu(build_function(spec), use_cache=use_cache)
     if use_cache:
         try:  # object first, then the record that makes the entry visible
             base.parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,7 @@ from ..graph.ops import OWN_INPUTS
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
 from .schedules_nn import batch_matmul_tiles
+from . import lowering_nn
 from .schedules import (EXACT_TERMS, channel_block, pack_conv_weight, pack_dense_weight,
                         pack_depthwise_weight)
 
@@ -754,7 +755,9 @@ class _Lowering:
                     "MaxPool": self.pool, "AveragePool": self.pool,
                     "GlobalAveragePool": self.pool, "Concat": self.concat,
                     "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
-                    "ConvTranspose": self.conv_transpose, "Resize": self.resize}
+                    "ConvTranspose": self.conv_transpose, "Resize": self.resize,
+                    "LayerNormalization": lambda n: lowering_nn.layer_norm(self, n),
+                    "Softmax": lambda n: lowering_nn.softmax(self, n)}
         for op in _VIEW_OPS:
             handlers[op] = self.view
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
