@@ -60,6 +60,7 @@ from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
 from .schedules_nn import batch_matmul, schedule_batch_matmul
 from .rowwise import ROWWISE_OPS, compile_rowwise
+from .copies import build_copy
 from .host import cache_dir, host_target
 from .schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
                         schedule_conv2d_nchwc, schedule_dense, schedule_depthwise_conv2d_nchwc,
@@ -463,7 +464,7 @@ _BUILDERS = {"batch_matmul": _batch_matmul, "pack": _layout, "unpack": _layout, 
              "dwconv": _conv, "dense": _dense, "eltwise": _eltwise, "maxpool": _pool,
              "avgpool": _pool, "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
              "qgap": _global_avg_pool, "convT": _conv_transpose,
-             "resize": _resize}
+             "resize": _resize, "copy": build_copy}
 
 
 def build_function(spec: dict):
@@ -479,7 +480,8 @@ def build_function(spec: dict):
 
 # Relative to compiler/: the CPU backend and the tensor level below it.
 _SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
-            "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py", "cpu/rowwise.py",
+            "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py",
+            "cpu/rowwise.py", "cpu/copies.py",
             "cpu/codegen.py", "cpu/host.py", "tensor/te.py",
             "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []

@@ -47,8 +47,8 @@ from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
-from .schedules_nn import batch_matmul_tiles
 from . import lowering_nn
+from .copies import copy_spec
 from .schedules import (EXACT_TERMS, channel_block, pack_conv_weight, pack_dense_weight,
                         pack_depthwise_weight)
 
@@ -498,35 +498,33 @@ class _Lowering:
             return True
         flat = self.define(f"{node.outputs[0]}@{rows}x{n}", F32, (rows, n))
         self.kernel(node, spec, [data, packed] + args + [flat], flat)
-        if rows != m:
-            crop = Node("Slice", (flat,), (f"{node.outputs[0]}@2d",),
-                        {"starts": [0], "ends": [m], "axes": [0], "steps": [1]},
-                        f"{node.name}@crop")
-            self.step("numpy", crop, [flat], [self.define(crop.outputs[0], F32, (m, n))],
-                      attrs=crop.attrs)
-            flat = crop.outputs[0]
-        if tuple(out_t.shape) == (m, n):
-            self.step("numpy", Node("Identity", (flat,), (node.outputs[0],), {},
-                                    f"{node.name}@copy"),
-                      [flat], [self.produce(node.outputs[0], 0)], attrs={})
+        if rows != m:  # the padded rows dropped by a compiled copy
+            whole = tuple(out_t.shape) == (m, n)
+            crop = self.produce(node.outputs[0], 0) if whole \
+                else self.define(f"{node.outputs[0]}@2d", F32, (m, n))
+            self.kernel(node, copy_spec(F32, (rows, n), (m, n)), [flat, crop], crop)
+            if not whole:
+                self.step("view", node, [crop], [self.produce(node.outputs[0], 0)])
         else:
             self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
         return True
 
     def pad_rows(self, node: Node, v: str, rows: int, n: int | None = None) -> str:
-        """``v``, an (m, k) data value or an (m, n) epilogue operand, with zero rows up to
-        ``rows``; other operands (per-column vectors) as they are."""
+        """``v``, an (m, k) data value or an (m, n) epilogue operand, padded to ``rows``
+        (constants with zeros, run-time values with copies of the last row, by a compiled
+        copy: the extra rows are computed and dropped); per-column vectors as they are."""
         if v in self.constants:
             a = self.constants[v]
             if a.ndim != 2 or a.shape[0] == rows:  # a per-column vector
                 return v
             return self.add_const(f"{v}@pad{rows}", np.pad(a, ((0, rows - a.shape[0]), (0, 0))))
         m, width = self.values[v]["shape"]
-        pad = Node("Pad", (v,), (f"{v}@pad{rows}",),
-                   {"pads": [0, 0, rows - m, 0], "mode": "constant"}, f"{node.name}@pad")
-        self.step("numpy", pad, [v], [self.define(pad.outputs[0], F32, (rows, width))],
-                  attrs=pad.attrs)
-        return pad.outputs[0]
+        out = f"{v}@pad{rows}"
+        if out in self.values:  # padded for another projection already (Q, K and V)
+            return out
+        self.define(out, F32, (rows, width))
+        self.kernel(node, copy_spec(F32, (m, width), (rows, width)), [v, out], out)
+        return out
 
     def batched_epilogue(self, node: Node, out_t, flat: tuple):
         """(spec steps, operand values) of the epilogue of a MatMul whose output (``out_t``,
@@ -569,26 +567,8 @@ class _Lowering:
         return steps, args
 
     def batch_matmul(self, node: Node) -> bool:
-        """A MatMul of two run-time float32 operands of rank >= 3 with the same batch dims
-        (attention's Q @ K^T and P @ V): one kernel over the batches, viewed as 3-D. Others
-        (broadcast batches, N not a multiple of 8, an epilogue) stay numpy."""
-        a_in, b_in = node.inputs[:2]
-        ta, tb = self.type(a_in), self.type(b_in)
-        if ta.dtype != F32 or tb.dtype != F32 or len(ta.shape) < 3 \
-                or len(tb.shape) != len(ta.shape) or ta.shape[:-2] != tb.shape[:-2] \
-                or node.attrs.get("epilogue") or self.is_const(a_in) or self.is_const(b_in):
-            return False
-        (m, k), n = ta.shape[-2:], tb.shape[-1]
-        if batch_matmul_tiles(m, n) is None:
-            return False
-        z = math.prod(ta.shape[:-2])
-        a = self.view_of(self.plain(a_in), (z, m, k), f"{a_in}@3d")
-        b = self.view_of(self.plain(b_in), (z, k, n), f"{b_in}@3d")
-        flat = self.define(f"{node.outputs[0]}@3d", F32, (z, m, n))
-        self.kernel(node, {"op": "batch_matmul", "a": [z, m, k], "b": [z, k, n]},
-                    [a, b, flat], flat)
-        self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
-        return True
+        """Attention's Q @ K^T and P @ V: lowering_nn.batch_matmul."""
+        return lowering_nn.batch_matmul(self, node)
 
     def qgemm(self, node: Node) -> bool:
         x, w, bias, multiplier = node.inputs[:4]
@@ -757,7 +737,9 @@ class _Lowering:
                     "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
                     "ConvTranspose": self.conv_transpose, "Resize": self.resize,
                     "LayerNormalization": lambda n: lowering_nn.layer_norm(self, n),
-                    "Softmax": lambda n: lowering_nn.softmax(self, n)}
+                    "Softmax": lambda n: lowering_nn.softmax(self, n),
+                    "Transpose": lambda n: lowering_nn.transpose(self, n),
+                    "Slice": lambda n: lowering_nn.slice_(self, n)}
         for op in _VIEW_OPS:
             handlers[op] = self.view
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):

@@ -15,8 +15,9 @@ import math
 import numpy as np
 
 from ..graph.ir import Node
+from .copies import copy_spec
 
-__all__ = ["layer_norm", "softmax"]
+__all__ = ["layer_norm", "softmax", "batch_matmul", "transpose", "slice_"]
 
 F32 = "float32"
 
@@ -86,3 +87,102 @@ def softmax(lw, node: Node) -> bool:
     if flat != out:
         lw.step("view", node, [flat], [out])
     return True
+
+
+# ---- attention's batched products ----------------------------------------------------------
+
+
+def _tile_rows(m: int) -> int:
+    """The rows the batched product computes for ``m``: m itself when it has a divisor from
+    4 to 8 (the register tile), else the next count that has one (ViT's 197 -> 198,
+    a sequence of 1 -> 4); the extra rows are copies of the last one, dropped after."""
+    from .schedules_nn import batch_matmul_tiles
+    rows = m
+    while batch_matmul_tiles(rows, 8) is None:
+        rows += 1
+    return rows
+
+
+def _padded(lw, v: str, shape: tuple, want: tuple) -> str:
+    """The [z, r, c] value ``v`` padded to ``want`` by a compiled copy (clamped: the last
+    row or column repeated), or ``v`` when no padding is needed."""
+    if tuple(shape) == tuple(want):
+        return v
+    name = f"{v}@pad{want[1]}x{want[2]}"
+    if name not in lw.values:
+        lw.define(name, F32, want)
+        lw.kernel(None, copy_spec(F32, shape, want), [v, name], name)
+    return name
+
+
+def batch_matmul(lw, node: Node) -> bool:
+    """A MatMul of two run-time float32 operands of rank >= 3 with the same batch dims
+    (attention's Q @ K^T and P @ V): one kernel over the batches, viewed as 3-D, with M
+    and N padded by compiled copies where the register tile needs it (ViT's 197 tokens)
+    and the output cropped. Broadcast batches and an epilogue stay numpy."""
+    a_in, b_in = node.inputs[:2]
+    ta, tb = lw.type(a_in), lw.type(b_in)
+    if ta.dtype != F32 or tb.dtype != F32 or len(ta.shape) < 3 \
+            or len(tb.shape) != len(ta.shape) or ta.shape[:-2] != tb.shape[:-2] \
+            or node.attrs.get("epilogue") or lw.is_const(a_in) or lw.is_const(b_in):
+        return False
+    (m, k), n = ta.shape[-2:], tb.shape[-1]
+    z = math.prod(ta.shape[:-2])
+    rows, cols = _tile_rows(m), -(-n // 8) * 8
+    a = _padded(lw, lw.view_of(lw.plain(a_in), (z, m, k), f"{a_in}@3d"), (z, m, k),
+                (z, rows, k))
+    b = _padded(lw, lw.view_of(lw.plain(b_in), (z, k, n), f"{b_in}@3d"), (z, k, n),
+                (z, k, cols))
+    flat = lw.define(f"{node.outputs[0]}@{rows}x{cols}", F32, (z, rows, cols))
+    lw.kernel(node, {"op": "batch_matmul", "a": [z, rows, k], "b": [z, k, cols]},
+              [a, b, flat], flat)
+    if (rows, cols) != (m, n):
+        crop = lw.define(f"{node.outputs[0]}@3d", F32, (z, m, n))
+        lw.kernel(node, copy_spec(F32, (z, rows, cols), (z, m, n)), [flat, crop], crop)
+        flat = crop
+    lw.step("view", node, [flat], [lw.produce(node.outputs[0], 0)])
+    return True
+
+
+# ---- data movement: Transpose, Slice -------------------------------------------------------
+
+
+def transpose(lw, node: Node) -> bool:
+    """Transpose as a compiled strided copy (a view when only axes of size 1 move)."""
+    x = node.inputs[0]
+    tx = lw.type(x)
+    if lw.is_const(x) or tx.dtype not in _COPY_DTYPES or not tx.shape:
+        return False
+    perm = list(node.attrs.get("perm") or range(len(tx.shape) - 1, -1, -1))
+    moved = [p for p in perm if tx.shape[p] != 1]
+    src = lw.plain(x)
+    out = lw.produce(node.outputs[0], 0)
+    if moved == sorted(moved):
+        lw.step("view", node, [src], [out])
+        return True
+    lw.kernel(node, copy_spec(tx.dtype, tx.shape, lw.type(node.outputs[0]).shape, perm=perm),
+              [src, out], out)
+    return True
+
+
+def slice_(lw, node: Node) -> bool:
+    """Slice with constant starts, ends and steps (attributes after import) as a compiled
+    strided copy."""
+    x = node.inputs[0]
+    tx, a = lw.type(x), node.attrs
+    out_shape = lw.type(node.outputs[0]).shape
+    if lw.is_const(x) or tx.dtype not in _COPY_DTYPES or not tx.shape or 0 in out_shape:
+        return False
+    starts, steps = [0] * len(tx.shape), [1] * len(tx.shape)
+    for s, e, axis, step in zip(a["starts"], a["ends"], a["axes"], a["steps"]):
+        r = range(*slice(int(s), int(e), int(step)).indices(tx.shape[axis]))
+        if len(r) != out_shape[axis]:
+            return False
+        starts[axis], steps[axis] = r.start, r.step
+    out = lw.produce(node.outputs[0], 0)
+    lw.kernel(node, copy_spec(tx.dtype, tx.shape, out_shape, starts=starts, steps=steps),
+              [lw.plain(x), out], out)
+    return True
+
+
+_COPY_DTYPES = ("float32", "int32", "int64", "int8", "uint8")
