@@ -126,6 +126,9 @@ class _Lowering:
         self.steps: list = []
         self.specs: dict = {}
         self.versions: dict = {}  # graph value -> {block: program value}; 0 = plain
+        # A dense output cropped from its padded rows -> (the padded value, its shape): the
+        # next dense kernel reads that instead of padding the crop again (ViT's FFN).
+        self.padded: dict = {}
 
     # ---- values and layouts ---------------------------------------------------------------
 
@@ -173,6 +176,8 @@ class _Lowering:
         self.steps.append({"kind": kind, "node": node.name if node else outputs[0],
                            "op": node.op if node else kind, "inputs": list(inputs),
                            "outputs": list(outputs), **extra})
+        if kind == "view" and inputs[0] in self.padded:  # the same bytes: the same rows
+            self.padded[outputs[0]] = self.padded[inputs[0]]
 
     def plain(self, v: str) -> str:
         if self.is_const(v):
@@ -503,6 +508,7 @@ class _Lowering:
             crop = self.produce(node.outputs[0], 0) if whole \
                 else self.define(f"{node.outputs[0]}@2d", F32, (m, n))
             self.kernel(node, copy_spec(F32, (rows, n), (m, n)), [flat, crop], crop)
+            self.padded[crop] = (flat, (rows, n))
             if not whole:
                 self.step("view", node, [crop], [self.produce(node.outputs[0], 0)])
         else:
@@ -519,6 +525,8 @@ class _Lowering:
                 return v
             return self.add_const(f"{v}@pad{rows}", np.pad(a, ((0, rows - a.shape[0]), (0, 0))))
         m, width = self.values[v]["shape"]
+        if v in self.padded and self.padded[v][1] == (rows, width):
+            return self.padded[v][0]
         out = f"{v}@pad{rows}"
         if out in self.values:  # padded for another projection already (Q, K and V)
             return out
