@@ -31,8 +31,9 @@ Operand kinds (of an epilogue ``Add``/``Mul`` or an element-wise operand): ``"fu
 output's shape and layout), ``"channel"`` (one value per channel: ``[C//c, c]`` blocked,
 ``[N]`` for a dense output's columns, ``[C]`` for a plain 4-D tensor), ``"image_channel"``
 (one value per image and channel of a 4-D output, read at run time: ``[N, C//c, c]``
-blocked, ``[N, C]`` plain; squeeze-excitation's scale) or ``["scalar", v]`` (a constant
-folded into the code).
+blocked, ``[N, C]`` plain; squeeze-excitation's scale), ``["scalar", v]`` (a constant
+folded into the code) or ``["broadcast", shape]`` (plain layout: a tensor of ``shape``, the
+output's rank, broadcast along its axes of size 1 as numpy does; attention's mask).
 
 Compiled kernels are cached twice: LLVM's object code by the hash of the IR
 (codegen_llvm), and here the whole kernel by the hash of its spec, the source of the
@@ -143,8 +144,14 @@ ELTWISE_DTYPES = {"Relu": (F32, "int8"), "Quantize": (F32,), "Dequantize": ("int
 # ---- operands ------------------------------------------------------------------------------
 
 
+def _broadcast(kind) -> bool:
+    return isinstance(kind, list) and kind[0] == "broadcast"
+
+
 def _operand_shape(kind, layout: str, out_shape) -> tuple | None:
     """The shape of an operand tensor of ``kind`` (None: a scalar, no tensor)."""
+    if _broadcast(kind):  # ["broadcast", shape]: numpy's broadcast, shape padded to the rank
+        return tuple(kind[1])
     if not isinstance(kind, str):
         return None
     if kind == "full":
@@ -160,6 +167,8 @@ def _operand_shape(kind, layout: str, out_shape) -> tuple | None:
 
 
 def _operand_read(kind, tensor, layout: str, idx):
+    if _broadcast(kind):
+        return tensor[tuple(0 if d == 1 else i for d, i in zip(kind[1], idx))]
     if not isinstance(kind, str):
         return as_expr(float(kind[1]))
     if kind == "full":

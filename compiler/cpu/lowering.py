@@ -683,8 +683,10 @@ class _Lowering:
         kinds, args = [], []
         for v in operands:
             got = self.operand(v, out_t, layout, block, dtype)
-            if got is None or (got[0] == "channel" and layout == "plain"
-                               and len(out_t.shape) != 4):
+            if layout == "plain" and (got is None or (got[0] == "channel"
+                                                      and len(out_t.shape) != 4)):
+                got = lowering_nn.broadcast_operand(self, v, out_t, dtype)
+            if got is None:
                 return False
             kinds.append(got[0])
             if got[1] is not None:

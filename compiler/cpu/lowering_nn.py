@@ -17,7 +17,8 @@ import numpy as np
 from ..graph.ir import Node
 from .copies import copy_spec
 
-__all__ = ["layer_norm", "softmax", "batch_matmul", "transpose", "slice_"]
+__all__ = ["layer_norm", "softmax", "batch_matmul", "transpose", "slice_",
+           "broadcast_operand"]
 
 F32 = "float32"
 
@@ -186,3 +187,26 @@ def slice_(lw, node: Node) -> bool:
 
 
 _COPY_DTYPES = ("float32", "int32", "int64", "int8", "uint8")
+
+
+# ---- broadcast operands of element-wise kernels --------------------------------------------
+
+
+def broadcast_operand(lw, v: str, out_type, dtype: str):
+    """(["broadcast", shape], value) for an operand of a plain element-wise node that numpy
+    broadcasts to the output (attention's mask [B, 1, 1, S] on the scores, a [1, S, D]
+    embedding on a batch of sequences), its shape padded with leading 1s; None else."""
+    t = lw.type(v)
+    rank = len(out_type.shape)
+    if t.dtype != dtype or len(t.shape) > rank:
+        return None
+    shape = (1,) * (rank - len(t.shape)) + tuple(t.shape)
+    if any(d not in (1, o) for d, o in zip(shape, out_type.shape)):
+        return None
+    if lw.is_const(v):
+        a = np.asarray(lw.const(v), dtype).reshape(shape)
+        return ["broadcast", list(shape)], lw.add_const(f"{v}@{'x'.join(map(str, shape))}", a)
+    src = lw.plain(v)
+    if tuple(lw.values[src]["shape"]) != shape:
+        src = lw.view_of(src, shape, f"{v}@{rank}d")
+    return ["broadcast", list(shape)], src
