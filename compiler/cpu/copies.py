@@ -21,6 +21,7 @@ from celosia.errors import CompilerError
 
 from ..tensor import te
 from ..tensor.expr import as_expr, min_expr
+from ..tensor.schedule import create_schedule
 from .schedules import schedule_elementwise
 
 __all__ = ["copy_spec", "build_copy"]
@@ -65,4 +66,27 @@ def build_copy(spec):
             at[p] = i
         return x[tuple(at)]
     y = te.compute(tuple(out), body, "out")
-    return schedule_elementwise(y), [x, y]
+    if perm[-1] == len(perm) - 1 or len(out) < 2:
+        return schedule_elementwise(y), [x, y]
+    return _schedule_gather(y, x, perm), [x, y]
+
+
+def _schedule_gather(y, x, perm):
+    """A transpose that moves the last axis: the outer axes fused and parallel, the last
+    two output axes in tiles of 8 x 8 (each tile reads 8 runs of 8 floats along the input's
+    own last axis and writes 8 of the output's), unrolled, not vectorised (a vector of
+    strided lanes is a gather, slower than scalars)."""
+    s = create_schedule(y)
+    st = s[y]
+    leaves = list(st.leaves)
+    a, b = leaves[-2], leaves[-1]
+    if a.extent % 8 == 0 and b.extent % 8 == 0:
+        a, ai = st.split(a, 8)
+        bo, bi = st.split(b, 8)
+        st.reorder(*leaves[:-2], a, bo, ai, bi)
+        st.unroll(bi)
+    outer = leaves[0] if len(leaves) > 2 else a
+    for iv in leaves[1:-2]:
+        outer = st.fuse(outer, iv)
+    st.parallel(outer)
+    return s

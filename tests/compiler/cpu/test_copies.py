@@ -32,6 +32,9 @@ def _kinds(built, op):
     ((1, 7, 3, 5), (0, 2, 3, 1), np.float32),       # K^T
     ((3, 5, 7), None, np.int64),                    # reversed axes (no perm), int64
     ((4, 1, 6), (1, 0, 2), np.int32),               # only a size-1 axis moves: a view
+    ((2, 16, 3, 24), (0, 2, 3, 1), np.float32),     # the last axis moves: 8x8 tiles
+    ((16, 40), (1, 0), np.float32),                 # a matrix: tiles, no outer axes
+    ((1, 14, 14, 40), (0, 3, 1, 2), np.float32),    # NHWC -> NCHW (ConvNeXt's permute)
 ])
 def test_transpose_node_is_a_compiled_copy(shape, perm, dtype):
     x = _random(shape, dtype, sum(shape))
