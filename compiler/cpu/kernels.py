@@ -412,10 +412,12 @@ def _layout(spec):
 
 
 def _batch_matmul(spec):
-    """``batch_matmul``: ``a [B, M, K] @ b [B, K, N]`` (schedules_nn.py)."""
+    """``batch_matmul``: ``a [B, M, K] @ b [B, K, N]`` (schedules_nn.py), then the
+    ``epilogue`` steps if any (unary ones and scalar operands only)."""
     a = te.placeholder(tuple(spec["a"]), F32, "a")
     b = te.placeholder(tuple(spec["b"]), F32, "b")
-    y = batch_matmul(a, b)
+    steps = spec.get("epilogue", [])
+    y = batch_matmul(a, b, epilogue=_epilogue_fn(steps, [None] * len(steps), "plain"))
     return schedule_batch_matmul(y), [a, b, y]
 
 

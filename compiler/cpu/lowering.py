@@ -129,11 +129,15 @@ class _Lowering:
         # A dense output cropped from its padded rows -> (the padded value, its shape): the
         # next dense kernel reads that instead of padding the crop again (ViT's FFN).
         self.padded: dict = {}
+        self.absorbed: set = set()  # nodes another node's kernel computes (lowering_nn)
+        self.extra_types: dict = {}
+        self.consumers = graph.consumers()
 
     # ---- values and layouts ---------------------------------------------------------------
 
     def type(self, v):
-        return self.g.types[v]
+        # (extra_types: values the lowering makes between a node's epilogue steps)
+        return self.extra_types.get(v) or self.g.types[v]
 
     def is_const(self, v) -> bool:
         return v in self.g.initializers
@@ -755,6 +759,8 @@ class _Lowering:
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
             handlers[op] = self.eltwise
         for node in g.nodes:
+            if node.name in self.absorbed:
+                continue
             if not all(self.type(v).static for v in node.inputs + node.outputs if v):
                 handler = None  # a size only known at run time: a run-time-shaped step
             elif node.op == "Dropout" and len([o for o in node.outputs if o]) > 1:

@@ -120,12 +120,17 @@ def batch_matmul(lw, node: Node) -> bool:
     """A MatMul of two run-time float32 operands of rank >= 3 with the same batch dims
     (attention's Q @ K^T and P @ V): one kernel over the batches, viewed as 3-D, with M
     and N padded by compiled copies where the register tile needs it (ViT's 197 tokens)
-    and the output cropped. Broadcast batches and an epilogue stay numpy."""
+    and the output cropped; a scaling (Div or Mul by a scalar) computed in its output stage,
+    an epilogue's mask Add as an element-wise kernel after it. Broadcast batches stay
+    numpy."""
     a_in, b_in = node.inputs[:2]
     ta, tb = lw.type(a_in), lw.type(b_in)
     if ta.dtype != F32 or tb.dtype != F32 or len(ta.shape) < 3 \
             or len(tb.shape) != len(ta.shape) or ta.shape[:-2] != tb.shape[:-2] \
-            or node.attrs.get("epilogue") or lw.is_const(a_in) or lw.is_const(b_in):
+            or lw.is_const(a_in) or lw.is_const(b_in):
+        return False
+    epilogue = _inner_steps(lw, node)
+    if epilogue is None:
         return False
     (m, k), n = ta.shape[-2:], tb.shape[-1]
     z = math.prod(ta.shape[:-2])
@@ -134,15 +139,79 @@ def batch_matmul(lw, node: Node) -> bool:
                 (z, rows, k))
     b = _padded(lw, lw.view_of(lw.plain(b_in), (z, k, n), f"{b_in}@3d"), (z, k, n),
                 (z, k, cols))
-    flat = lw.define(f"{node.outputs[0]}@{rows}x{cols}", F32, (z, rows, cols))
-    lw.kernel(node, {"op": "batch_matmul", "a": [z, rows, k], "b": [z, k, cols]},
-              [a, b, flat], flat)
+    result, (steps, rest) = node.outputs[0], epilogue
+    scale = None if node.attrs.get("epilogue") else _scaling(lw, node)
+    if scale is not None:  # the scores' 1 / sqrt(d): computed in the kernel's output stage
+        lw.absorbed.add(scale[0].name)
+        result, steps = scale[0].outputs[0], [scale[1]]
+    if rest:  # the other epilogue steps (a mask Add): element-wise kernels after it
+        result = f"{node.outputs[0]}@product"
+        lw.extra_types[result] = lw.type(node.outputs[0])
+    flat = lw.define(f"{result}@{rows}x{cols}", F32, (z, rows, cols))
+    spec = {"op": "batch_matmul", "a": [z, rows, k], "b": [z, k, cols]}
+    if steps:
+        spec["epilogue"] = steps
+    lw.kernel(node, spec, [a, b, flat], flat)
     if (rows, cols) != (m, n):
-        crop = lw.define(f"{node.outputs[0]}@3d", F32, (z, m, n))
+        crop = lw.define(f"{result}@3d", F32, (z, m, n))
         lw.kernel(node, copy_spec(F32, (z, rows, cols), (z, m, n)), [flat, crop], crop)
         flat = crop
-    lw.step("view", node, [flat], [lw.produce(node.outputs[0], 0)])
+    lw.step("view", node, [flat], [lw.produce(result, 0)])
+    for k, (op, operand) in enumerate(rest):
+        last = k == len(rest) - 1
+        out = node.outputs[0] if last else f"{node.outputs[0]}@step{k}"
+        if not last:
+            lw.extra_types[out] = lw.type(node.outputs[0])
+        step = Node(op, (result, node.inputs[operand]), (out,), {}, f"{node.name}@{op}{k}")
+        if not lw.eltwise(step):
+            lw.fallback(step)
+        result = out
     return True
+
+
+def _inner_steps(lw, node: Node) -> tuple[list, list] | None:
+    """(spec steps, remaining steps) of a batched product's epilogue: its leading unary
+    steps and scalar Mul/Add go into the kernel's output stage; from the first other
+    operand on ((op, input index): a mask Add), element-wise kernels follow it."""
+    from .kernels import BINARY, UNARY
+
+    steps = list(node.attrs.get("epilogue", ()))
+    inner = []
+    while steps:
+        op, *args = steps[0]
+        if op in UNARY:
+            inner.append([op, *[None if a is None else float(a) for a in args]])
+        elif op in BINARY and lw.is_const(node.inputs[args[0]]) \
+                and np.asarray(lw.const(node.inputs[args[0]])).size == 1 \
+                and lw.type(node.inputs[args[0]]).dtype == F32:
+            value = float(np.asarray(lw.const(node.inputs[args[0]])).reshape(-1)[0])
+            inner.append([op, ["scalar", value]])
+        else:
+            break
+        steps.pop(0)
+    rest = [(op, args[0]) for op, *args in steps]
+    if any(op not in BINARY for op, _ in rest):
+        return None  # a unary step after a tensor operand: the node stays numpy
+    return inner, rest
+
+
+def _scaling(lw, node: Node):
+    """(node, epilogue step) when the product's only reader divides or multiplies it by a
+    constant scalar (attention's scores / sqrt(d), which fuse_epilogues leaves alone: it
+    fuses Add and Mul only), else None."""
+    out = node.outputs[0]
+    readers = lw.consumers.get(out, [])
+    if out in lw.g.outputs or len(readers) != 1:
+        return None
+    c = readers[0]
+    if c.op not in ("Div", "Mul") or len(c.inputs) != 2 or c.attrs.get("epilogue") \
+            or (c.op == "Div" and c.inputs[0] != out) or c.inputs[0] == c.inputs[1]:
+        return None
+    other = c.inputs[1] if c.inputs[0] == out else c.inputs[0]
+    if not lw.is_const(other) or np.asarray(lw.const(other)).size != 1 \
+            or lw.type(other).dtype != F32 or lw.type(c.outputs[0]).shape != lw.type(out).shape:
+        return None
+    return c, [c.op, ["scalar", float(np.asarray(lw.const(other)).reshape(-1)[0])]]
 
 
 # ---- data movement: Transpose, Slice -------------------------------------------------------
