@@ -31,8 +31,9 @@ Operand kinds (of an epilogue ``Add``/``Mul`` or an element-wise operand): ``"fu
 output's shape and layout), ``"channel"`` (one value per channel: ``[C//c, c]`` blocked,
 ``[N]`` for a dense output's columns, ``[C]`` for a plain 4-D tensor), ``"image_channel"``
 (one value per image and channel of a 4-D output, read at run time: ``[N, C//c, c]``
-blocked, ``[N, C]`` plain; squeeze-excitation's scale) or ``["scalar", v]`` (a constant
-folded into the code).
+blocked, ``[N, C]`` plain; squeeze-excitation's scale), ``["scalar", v]`` (a constant
+folded into the code) or ``["broadcast", shape]`` (plain layout: a tensor of ``shape``, the
+output's rank, broadcast along its axes of size 1 as numpy does; attention's mask).
 
 Compiled kernels are cached twice: LLVM's object code by the hash of the IR
 (codegen_llvm), and here the whole kernel by the hash of its spec, the source of the
@@ -60,6 +61,8 @@ from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
 from .kernels_recurrent import compile_recurrent
 from .schedules_nn import batch_matmul, schedule_batch_matmul
+from .rowwise import ROWWISE_OPS, compile_rowwise
+from .copies import build_copy
 from .host import cache_dir, host_target
 from .schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
                         schedule_conv2d_nchwc, schedule_dense, schedule_depthwise_conv2d_nchwc,
@@ -142,8 +145,14 @@ ELTWISE_DTYPES = {"Relu": (F32, "int8"), "Quantize": (F32,), "Dequantize": ("int
 # ---- operands ------------------------------------------------------------------------------
 
 
+def _broadcast(kind) -> bool:
+    return isinstance(kind, list) and kind[0] == "broadcast"
+
+
 def _operand_shape(kind, layout: str, out_shape) -> tuple | None:
     """The shape of an operand tensor of ``kind`` (None: a scalar, no tensor)."""
+    if _broadcast(kind):  # ["broadcast", shape]: numpy's broadcast, shape padded to the rank
+        return tuple(kind[1])
     if not isinstance(kind, str):
         return None
     if kind == "full":
@@ -159,6 +168,8 @@ def _operand_shape(kind, layout: str, out_shape) -> tuple | None:
 
 
 def _operand_read(kind, tensor, layout: str, idx):
+    if _broadcast(kind):
+        return tensor[tuple(0 if d == 1 else i for d, i in zip(kind[1], idx))]
     if not isinstance(kind, str):
         return as_expr(float(kind[1]))
     if kind == "full":
@@ -402,10 +413,12 @@ def _layout(spec):
 
 
 def _batch_matmul(spec):
-    """``batch_matmul``: ``a [B, M, K] @ b [B, K, N]`` (schedules_nn.py)."""
+    """``batch_matmul``: ``a [B, M, K] @ b [B, K, N]`` (schedules_nn.py), then the
+    ``epilogue`` steps if any (unary ones and scalar operands only)."""
     a = te.placeholder(tuple(spec["a"]), F32, "a")
     b = te.placeholder(tuple(spec["b"]), F32, "b")
-    y = batch_matmul(a, b)
+    steps = spec.get("epilogue", [])
+    y = batch_matmul(a, b, epilogue=_epilogue_fn(steps, [None] * len(steps), "plain"))
     return schedule_batch_matmul(y), [a, b, y]
 
 
@@ -463,7 +476,7 @@ _BUILDERS = {"batch_matmul": _batch_matmul, "pack": _layout, "unpack": _layout, 
              "dwconv": _conv, "dense": _dense, "eltwise": _eltwise, "maxpool": _pool,
              "avgpool": _pool, "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
              "qgap": _global_avg_pool, "convT": _conv_transpose,
-             "resize": _resize}
+             "resize": _resize, "copy": build_copy}
 
 
 def build_function(spec: dict):
@@ -481,6 +494,7 @@ def build_function(spec: dict):
 _SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
             "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py",
             "cpu/kernels_recurrent.py",
+            "cpu/rowwise.py", "cpu/copies.py",
             "cpu/codegen.py", "cpu/host.py", "tensor/te.py",
             "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []
@@ -528,8 +542,10 @@ def compile_spec(spec: dict, *, use_cache: bool = True) -> CpuKernel:
             return CpuKernel.from_record(record, base.with_suffix(".o").read_bytes())
         except (OSError, ValueError, KeyError, CompilerError):
             pass  # missing or unreadable: build it
-    if spec["op"] == "recurrent":  # its own segments, the steps' ones repeated
+    if spec.get("op") == "recurrent":  # its own segments, the steps' ones repeated
         kernel = compile_recurrent(spec, use_cache=use_cache)
+    elif spec.get("op") in ROWWISE_OPS:  # written in LLVM IR directly (rowwise.py)
+        kernel = compile_rowwise(spec, use_cache=use_cache)
     else:
         kernel = compile_cpu(build_function(spec), use_cache=use_cache)
     if use_cache:

@@ -50,6 +50,8 @@ from .control import CONTROL_OPS, control_fallback_reason, lower_control
 from .lower_recurrent import lower_recurrent
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
+from . import lowering_nn
+from .copies import copy_spec
 from .schedules_nn import batch_matmul_tiles
 from .schedules import (EXACT_TERMS, channel_block, conv_columns, pack_conv_weight,
                         pack_dense_weight, pack_depthwise_weight)
@@ -141,11 +143,18 @@ class _Lowering:
         self.specs: dict = {}
         self.versions: dict = {}  # graph value -> {block: program value}; 0 = plain
         self.control: list = []  # the path each control-flow node took (control.py)
+        # A dense output cropped from its padded rows -> (the padded value, its shape): the
+        # next dense kernel reads that instead of padding the crop again (ViT's FFN).
+        self.padded: dict = {}
+        self.absorbed: set = set()  # nodes another node's kernel computes (lowering_nn)
+        self.extra_types: dict = {}
+        self.consumers = graph.consumers()
 
     # ---- values and layouts ---------------------------------------------------------------
 
     def type(self, v):
-        return self.g.types[v]
+        # (extra_types: values the lowering makes between a node's epilogue steps)
+        return self.extra_types.get(v) or self.g.types[v]
 
     def is_const(self, v) -> bool:
         return v in self.g.initializers
@@ -188,6 +197,8 @@ class _Lowering:
         self.steps.append({"kind": kind, "node": node.name if node else outputs[0],
                            "op": node.op if node else kind, "inputs": list(inputs),
                            "outputs": list(outputs), **extra})
+        if kind == "view" and inputs[0] in self.padded:  # the same bytes: the same rows
+            self.padded[outputs[0]] = self.padded[inputs[0]]
 
     def plain(self, v: str) -> str:
         if self.is_const(v):
@@ -525,35 +536,36 @@ class _Lowering:
             return True
         flat = self.define(f"{node.outputs[0]}@{rows}x{n}", F32, (rows, n))
         self.kernel(node, spec, [data, packed] + args + [flat], flat)
-        if rows != m:
-            crop = Node("Slice", (flat,), (f"{node.outputs[0]}@2d",),
-                        {"starts": [0], "ends": [m], "axes": [0], "steps": [1]},
-                        f"{node.name}@crop")
-            self.step("numpy", crop, [flat], [self.define(crop.outputs[0], F32, (m, n))],
-                      attrs=crop.attrs)
-            flat = crop.outputs[0]
-        if tuple(out_t.shape) == (m, n):
-            self.step("numpy", Node("Identity", (flat,), (node.outputs[0],), {},
-                                    f"{node.name}@copy"),
-                      [flat], [self.produce(node.outputs[0], 0)], attrs={})
+        if rows != m:  # the padded rows dropped by a compiled copy
+            whole = tuple(out_t.shape) == (m, n)
+            crop = self.produce(node.outputs[0], 0) if whole \
+                else self.define(f"{node.outputs[0]}@2d", F32, (m, n))
+            self.kernel(node, copy_spec(F32, (rows, n), (m, n)), [flat, crop], crop)
+            self.padded[crop] = (flat, (rows, n))
+            if not whole:
+                self.step("view", node, [crop], [self.produce(node.outputs[0], 0)])
         else:
             self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
         return True
 
     def pad_rows(self, node: Node, v: str, rows: int, n: int | None = None) -> str:
-        """``v``, an (m, k) data value or an (m, n) epilogue operand, with zero rows up to
-        ``rows``; other operands (per-column vectors) as they are."""
+        """``v``, an (m, k) data value or an (m, n) epilogue operand, padded to ``rows``
+        (constants with zeros, run-time values with copies of the last row, by a compiled
+        copy: the extra rows are computed and dropped); per-column vectors as they are."""
         if v in self.constants:
             a = self.constants[v]
             if a.ndim != 2 or a.shape[0] == rows:  # a per-column vector
                 return v
             return self.add_const(f"{v}@pad{rows}", np.pad(a, ((0, rows - a.shape[0]), (0, 0))))
         m, width = self.values[v]["shape"]
-        pad = Node("Pad", (v,), (f"{v}@pad{rows}",),
-                   {"pads": [0, 0, rows - m, 0], "mode": "constant"}, f"{node.name}@pad")
-        self.step("numpy", pad, [v], [self.define(pad.outputs[0], F32, (rows, width))],
-                  attrs=pad.attrs)
-        return pad.outputs[0]
+        if v in self.padded and self.padded[v][1] == (rows, width):
+            return self.padded[v][0]
+        out = f"{v}@pad{rows}"
+        if out in self.values:  # padded for another projection already (Q, K and V)
+            return out
+        self.define(out, F32, (rows, width))
+        self.kernel(node, copy_spec(F32, (m, width), (rows, width)), [v, out], out)
+        return out
 
     def batched_epilogue(self, node: Node, out_t, flat: tuple):
         """(spec steps, operand values) of the epilogue of a MatMul whose output (``out_t``,
@@ -596,26 +608,8 @@ class _Lowering:
         return steps, args
 
     def batch_matmul(self, node: Node) -> bool:
-        """A MatMul of two run-time float32 operands of rank >= 3 with the same batch dims
-        (attention's Q @ K^T and P @ V): one kernel over the batches, viewed as 3-D. Others
-        (broadcast batches, N not a multiple of 8, an epilogue) stay numpy."""
-        a_in, b_in = node.inputs[:2]
-        ta, tb = self.type(a_in), self.type(b_in)
-        if ta.dtype != F32 or tb.dtype != F32 or len(ta.shape) < 3 \
-                or len(tb.shape) != len(ta.shape) or ta.shape[:-2] != tb.shape[:-2] \
-                or node.attrs.get("epilogue") or self.is_const(a_in) or self.is_const(b_in):
-            return False
-        (m, k), n = ta.shape[-2:], tb.shape[-1]
-        if batch_matmul_tiles(m, n) is None:
-            return False
-        z = math.prod(ta.shape[:-2])
-        a = self.view_of(self.plain(a_in), (z, m, k), f"{a_in}@3d")
-        b = self.view_of(self.plain(b_in), (z, k, n), f"{b_in}@3d")
-        flat = self.define(f"{node.outputs[0]}@3d", F32, (z, m, n))
-        self.kernel(node, {"op": "batch_matmul", "a": [z, m, k], "b": [z, k, n]},
-                    [a, b, flat], flat)
-        self.step("view", node, [flat], [self.produce(node.outputs[0], 0)])
-        return True
+        """Attention's Q @ K^T and P @ V: lowering_nn.batch_matmul."""
+        return lowering_nn.batch_matmul(self, node)
 
     def qgemm(self, node: Node) -> bool:
         x, w, bias, multiplier = node.inputs[:4]
@@ -722,8 +716,10 @@ class _Lowering:
         kinds, args = [], []
         for v in operands:
             got = self.operand(v, out_t, layout, block, dtype)
-            if got is None or (got[0] == "channel" and layout == "plain"
-                               and len(out_t.shape) != 4):
+            if layout == "plain" and (got is None or (got[0] == "channel"
+                                                      and len(out_t.shape) != 4)):
+                got = lowering_nn.broadcast_operand(self, v, out_t, dtype)
+            if got is None:
                 return False
             kinds.append(got[0])
             if got[1] is not None:
@@ -869,8 +865,13 @@ class _Lowering:
                     "GlobalAveragePool": self.pool, "Concat": self.concat,
                     "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
                     "ConvTranspose": self.conv_transpose, "Resize": self.resize,
-                    "Slice": self.channel_split, "Split": self.channel_split,
-                    "Transpose": self.transpose}
+                    "LayerNormalization": lambda n: lowering_nn.layer_norm(self, n),
+                    "Softmax": lambda n: lowering_nn.softmax(self, n),
+                    # blocked channel splits and NCHW<->NHWC next to blocked values first
+                    # (no unpack), then the compiled strided copies (lowering_nn)
+                    "Split": self.channel_split,
+                    "Slice": lambda n: self.channel_split(n) or lowering_nn.slice_(self, n),
+                    "Transpose": lambda n: self.transpose(n) or lowering_nn.transpose(self, n)}
         for op in CONTROL_OPS:  # bodies compiled as programs of their own (control.py)
             handlers[op] = lambda node: lower_control(self, node)
         for op in _VIEW_OPS:
@@ -880,6 +881,8 @@ class _Lowering:
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
             handlers[op] = self.eltwise
         for node in g.nodes:
+            if node.name in self.absorbed:
+                continue
             if not all(self.type(v).static for v in node.inputs + node.outputs if v):
                 handler = None  # a size only known at run time: a run-time-shaped step
             elif node.op == "Dropout" and len([o for o in node.outputs if o]) > 1:

@@ -31,15 +31,19 @@ def batch_matmul_tiles(m: int, n: int) -> tuple[int, int] | None:
     return None if rows is None else (rows, nb)
 
 
-def batch_matmul(a: te.Tensor, b: te.Tensor, name: str = "out") -> te.Tensor:
-    """``out[z, i, j] = sum_k a[z, i, k] * b[z, k, j]`` in float32."""
+def batch_matmul(a: te.Tensor, b: te.Tensor, name: str = "out", epilogue=None) -> te.Tensor:
+    """``out[z, i, j] = sum_k a[z, i, k] * b[z, k, j]`` in float32, then
+    ``epilogue(value, (z, i, j))`` if given (attention's scaling of the scores)."""
     (bz, m, k), (bz2, k2, n) = a.shape, b.shape
     if bz != bz2 or k != k2:
         raise CompilerError(f"{name}: batched product of {a.shape} and {b.shape}")
     r = te.reduce_axis(k, "k")
     acc = te.compute((bz, m, n), lambda z, i, j: te.sum(a[z, i, r] * b[z, r, j], axis=[r]),
                      f"{name}.acc", tag=_TAG)
-    return te.compute((bz, m, n), lambda z, i, j: acc[z, i, j], name, tag=_TAG)
+    if epilogue is None:
+        return te.compute((bz, m, n), lambda z, i, j: acc[z, i, j], name, tag=_TAG)
+    return te.compute((bz, m, n), lambda z, i, j: epilogue(acc[z, i, j], (z, i, j)), name,
+                      tag=_TAG)
 
 
 def schedule_batch_matmul(out: te.Tensor) -> Schedule:

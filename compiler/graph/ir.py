@@ -42,7 +42,8 @@ __all__ = ["TensorType", "Node", "Graph", "print_graph", "print_node", "verify_g
 # Epilogue steps: element-wise ops a Conv/Gemm/MatMul may apply to its output in place.
 # SiLU (x * sigmoid(x)) has no ONNX operator of its own: fuse_epilogues finds it as a
 # Sigmoid and a Mul that both read the output.
-EPILOGUE_UNARY = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "SiLU")
+EPILOGUE_UNARY = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "SiLU",
+                  "Gelu")
 EPILOGUE_BINARY = ("Add", "Mul")
 
 

@@ -15,6 +15,7 @@ taken branch of an If whose condition is a constant.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import replace
 
@@ -238,6 +239,7 @@ def fuse_epilogues(graph: Graph) -> Graph:
     """A Conv/Gemm/MatMul followed by a chain of element-wise ops on its output alone (bias
     or residual Add, Mul by a broadcast operand, Relu, Clip, LeakyRelu, HardSigmoid,
     HardSwish, Sigmoid; SiLU: a Sigmoid of the output and a Mul of the output by it;
+    Gelu: exact GELU spelt out with Erf, see _gelu;
     HardSwish spelt out as x * clip(x + 3, 0, 6) / 6)
     becomes one node with an ``epilogue``; a constant per-channel Add right after a
     bias-less Conv or C-less Gemm becomes its bias."""
@@ -253,7 +255,8 @@ def fuse_epilogues(graph: Graph) -> Graph:
         attrs, steps, out, last = dict(node.attrs), [], node.outputs[0], None
         while out not in graph.outputs and len(users.get(out, ())) in (1, 2):
             gated = _silu(out, users, graph.outputs) or _hard_swish(out, users, inits,
-                                                                    graph.outputs)
+                                                                    graph.outputs) \
+                or _gelu(out, users, inits, graph.outputs)
             if gated is not None:  # x * f(x): one step for the nodes of f and the Mul
                 step, chain = gated
                 steps.append((step,))
@@ -370,6 +373,47 @@ def _hard_swish(out: str, users: dict, inits, outputs) -> tuple | None:
     if sorted(mul.inputs) != sorted((out, chain[chain.index(mul) - 1].outputs[0])):
         return None
     return "HardSwish", chain
+
+
+def _gelu(out: str, users: dict, inits, outputs) -> tuple | None:
+    """("Gelu", nodes) for exact GELU spelt out, as torch exports it before opset 20 (x /
+    sqrt 2, Erf, + 1, * x, * 0.5) or as Hugging Face writes it (x * 0.5 * (1 + erf(x /
+    sqrt 2))): the scaled Erf's input is the output, the products read it once more."""
+    readers = users.get(out, ())
+    if len(readers) != 2:
+        return None
+
+    def other(node, v):
+        rest = [i for i in node.inputs if i != v]
+        return rest[0] if len(rest) == 1 and len(node.inputs) == 2 else None
+
+    def only_reader(node, op):
+        nxt = users.get(node.outputs[0], ())
+        if node.outputs[0] in outputs or len(nxt) != 1 or nxt[0].op != op:
+            return None
+        return nxt[0]
+    scale = next((n for n in readers if n.inputs and n.inputs[0] == out and (
+        (n.op == "Div" and _scalar(inits, other(n, out), math.sqrt(2)))
+        or (n.op == "Mul" and _scalar(inits, other(n, out), 1 / math.sqrt(2))))), None)
+    gate = next((n for n in readers if n is not scale and n.op == "Mul"), None)
+    if scale is None or gate is None:
+        return None
+    erf = only_reader(scale, "Erf")
+    add = erf and only_reader(erf, "Add")
+    if add is None or not _scalar(inits, other(add, erf.outputs[0]), 1.0):
+        return None
+    if other(gate, out) == add.outputs[0]:  # x * (1 + erf), then * 0.5
+        last = only_reader(gate, "Mul")
+        if last is None or not _scalar(inits, other(last, gate.outputs[0]), 0.5):
+            return None
+    elif _scalar(inits, other(gate, out), 0.5):  # (x * 0.5) * (1 + erf)
+        last = only_reader(gate, "Mul")
+        if last is None or other(last, gate.outputs[0]) != add.outputs[0] \
+                or only_reader(add, "Mul") is not last:
+            return None
+    else:
+        return None
+    return "Gelu", [scale, erf, add, gate, last]
 
 
 def _as_bias(node, other, inits, out_type, steps, inputs):

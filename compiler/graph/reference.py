@@ -22,6 +22,7 @@ from .ir import (DynamicShapeError, Graph, InputShapeError, Node, NodeError, Ten
                  captured_inputs)
 from .ops import KERNELS, OWN_INPUTS, SHAPE_RULES, Lazy, clip, hard_sigmoid, sigmoid
 from .ops_control import BRANCH_KERNELS, BRANCH_SHAPE_RULES, CONTROL_KERNELS, CONTROL_TYPE_RULES
+from .ops_nn import gelu
 from .ops_recurrent import RECURRENT_KERNELS, RECURRENT_SHAPE_RULES
 from .qops import QUANTIZED_KERNELS, QUANTIZED_SHAPE_RULES
 
@@ -60,6 +61,8 @@ def apply_epilogue(y: np.ndarray, steps, inputs) -> np.ndarray:
             y = sigmoid(y).astype(y.dtype)
         elif op == "SiLU":
             y = y * sigmoid(y).astype(y.dtype)
+        elif op == "Gelu":  # exact (Erf) GELU, found spelt out by fuse_epilogues
+            y = gelu({}, y)
         else:
             raise ValueError(f"unknown epilogue step {op}")
     return y

@@ -123,8 +123,9 @@ def test_gelu_kernel_against_float64(approximate):
 @pytest.mark.parametrize("rows, residual", [(197, True), (13, False), (1, True)])
 def test_dense_rows_without_a_good_tile_are_padded(rows, residual):
     """A dense layer tiles rows by a divisor of M up to 8; an M like ViT's 197 tokens
-    (prime) is computed on zero-padded rows (a multiple of 8) and cropped, the residual
-    operand padded alike. Same tolerance as above (K = 40 unit-size terms)."""
+    (prime) is computed on padded rows (a multiple of 8; compiled copies repeating the last
+    row) and cropped by another compiled copy, the residual operand padded alike: no numpy
+    step. Same tolerance as above (K = 40 unit-size terms)."""
     rng = np.random.default_rng(4)
     k, n = 40, 24
     inits = [numpy_helper.from_array(rng.normal(size=(k, n)).astype(np.float32), "w"),
@@ -139,8 +140,10 @@ def test_dense_rows_without_a_good_tile_are_padded(rows, residual):
         feeds["r"] = rng.normal(size=(rows, n)).astype(np.float32)
     m = _model(nodes, inputs, [_vi("y", None)], 17, inits)
     built = CpuModel.build(m, {k_: v.shape for k_, v in feeds.items()})
-    dense = [st for st in built.program.steps if st["kind"] == "kernel"]
+    dense = [st for st in built.program.steps if st["kind"] == "kernel"
+             and built.program.specs[st["kernel"]]["op"] == "dense"]
     assert len(dense) == 1
+    assert not [st for st in built.program.steps if st["kind"] == "numpy"]
     padded = rows if rows in (1,) else -(-rows // 8) * 8
     assert built.program.specs[dense[0]["kernel"]]["data"] == [padded, k]
     got = built.run(feeds)["y"]
@@ -154,9 +157,11 @@ def test_dense_rows_without_a_good_tile_are_padded(rows, residual):
     ((2, 3, 16, 8), (2, 3, 8, 16), True),     # scores: [B, H, S, D] @ [B, H, D, S]
     ((1, 4, 12, 24), (1, 4, 24, 8), True),    # P @ V, rows 12 (tile 6), N 8
     ((3, 7, 5), (3, 5, 24), True),            # rank 3, M = 7 (tile 7)
-    ((2, 3, 16, 8), (2, 3, 8, 12), False),    # N = 12: no vector block, numpy
+    ((2, 3, 16, 8), (2, 3, 8, 12), True),     # N = 12: padded to 16, cropped
     ((2, 3, 16, 8), (1, 3, 8, 16), False),    # broadcast batch: numpy
-    ((1, 2, 197, 8), (1, 2, 8, 16), False),   # M = 197 (prime): one row a tile, numpy
+    ((1, 2, 197, 8), (1, 2, 8, 16), True),    # M = 197 (prime): padded to 198 (tile 6)
+    ((2, 12, 197, 16), (2, 12, 16, 197), True),  # ViT's scores, batch 2: M and N padded
+    ((2, 3, 1, 9), (2, 3, 9, 1), True),       # a sequence of 1: M 1 -> 4, N 1 -> 8
 ])
 def test_batched_matmul_of_runtime_operands(a_shape, b_shape, kernel):
     """Attention's products (both operands computed) as one kernel over the batches,
@@ -170,6 +175,7 @@ def test_batched_matmul_of_runtime_operands(a_shape, b_shape, kernel):
     built = CpuModel.build(m, {k: v.shape for k, v in feeds.items()})
     kinds = {st["kind"] for st in built.program.steps if st["op"] == "MatMul"}
     assert ("kernel" in kinds) == kernel and ("numpy" in kinds) != kernel
+    assert kernel == (not [st for st in built.program.steps if st["kind"] == "numpy"])
     got = built.run(feeds)["y"]
     a64, b64 = feeds["a"].astype(np.float64), feeds["b"].astype(np.float64)
     exact, scale = a64 @ b64, np.abs(a64) @ np.abs(b64)
