@@ -243,6 +243,9 @@ def slice_(lw, node: Node) -> bool:
     out_shape = lw.type(node.outputs[0]).shape
     if lw.is_const(x) or tx.dtype not in _COPY_DTYPES or not tx.shape or 0 in out_shape:
         return False
+    if len(tx.shape) >= 2 and tx.shape[0] == 1 and [int(v) for v in a["axes"]] == [1] \
+            and [int(v) for v in a["steps"]] == [1]:
+        return False  # one contiguous run of x: the executor places it in x (in_place), no copy
     starts, steps = [0] * len(tx.shape), [1] * len(tx.shape)
     for s, e, axis, step in zip(a["starts"], a["ends"], a["axes"], a["steps"]):
         r = range(*slice(int(s), int(e), int(step)).indices(tx.shape[axis]))

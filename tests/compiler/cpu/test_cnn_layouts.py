@@ -202,10 +202,13 @@ def test_nhwc_transposes_of_blocked_values(channels, shape):
     # Only the output's permutation unpacks; both NHWC transposes read or write blocks.
     assert [s["node"] for s in steps if s["op"] == "unpack"] == ["r"]
     assert ("pack", "kernel") not in ops[1:]
-    to_nhwc, back, other = [s for s in steps if s["op"] == "Transpose" and s["kind"] == "numpy"]
+    to_nhwc, back = [s for s in steps if s["op"] == "Transpose" and s["kind"] == "numpy"]
     assert to_nhwc["attrs"]["perm"] == [0, 2, 3, 1, 4] and "@nchw" in to_nhwc["inputs"][0]
     assert back["attrs"]["perm"] == [0, 3, 1, 2, 4] and "@nchw" in back["outputs"][0]
-    assert other["attrs"]["perm"] == [0, 2, 1, 3]
+    # the other permutation, of a plain value, is a compiled strided copy (lowering_nn), or a
+    # view when it only moves an axis of size 1
+    other = [s for s in steps if s["op"] == "Transpose"][-1]
+    assert other["kind"] == "view" or built.program.specs[other["kernel"]]["op"] == "copy"
 
 
 def test_in_place_ignores_malformed_steps():
