@@ -76,8 +76,13 @@ def check_cpu(name, size):
     names, want = onnxruntime_run(model, feeds)
     shapes = {k: v.shape for k, v in feeds.items()}
     if name in RUNS_ON_CPU:
-        got = CpuModel.build(model, shapes).run(feeds)
+        built = CpuModel.build(model, shapes)
+        got = built.run(feeds)
         assert list(got) == names
+        # saved and loaded (constants, compiled bodies, kernels), it computes the same bits
+        again = CpuModel.load(built.to_bytes()).run(feeds)
+        for out_name in names:
+            assert np.array_equal(again[out_name], got[out_name], equal_nan=True), out_name
         for out_name, w in zip(names, want):
             g = got[out_name]
             assert g.shape == w.shape and g.dtype == w.dtype, out_name
