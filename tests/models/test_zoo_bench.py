@@ -73,3 +73,30 @@ def test_bench_zoo_quick(small_zoo, tmp_path, capsys):
     assert "zoo: [1/4] small_cnn (the digits CNN's shape) ..." in captured.err
     assert "zoo: [4/4] absent: missing" in captured.err
     assert "unsupported: onnxruntime" in captured.out
+
+
+def test_bench_zoo_int8_record(small_zoo, tmp_path):
+    """--int8: celosia's int8 CPU build and onnxruntime's quantize_static, both against
+    fp32 on the same calibration data; the record's fields and totals on one small model."""
+    out = tmp_path / "zoo.json"
+    assert main(["bench", "zoo", "--quick", "--int8", "--models", "small_cnn",
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    cnn, metrics = result["models"]["small_cnn"], result["metrics"]
+    assert 0.99 < cnn["int8_cosine"] <= 1 + 1e-9
+    assert 0.99 < cnn["int8_cosine_ort"] <= 1 + 1e-9
+    assert cnn["int8_cosine_vs_ort_quantizer"] == pytest.approx(
+        cnn["int8_cosine"] - cnn["int8_cosine_ort"])
+    assert cnn["int8_mac_share"] == pytest.approx(1.0)  # every Conv/Gemm is integer
+    assert cnn["int8_ops"]["QConv"] >= 1
+    assert metrics["int8_cosine_vs_ort_quantizer_min"] == pytest.approx(
+        cnn["int8_cosine_vs_ort_quantizer"])
+    assert metrics["models_ok_int8"] == 1
+
+
+def test_bench_int8_is_for_the_zoo():
+    from celosia.benchmarks import run_benchmark
+    from celosia.errors import CelosiaError
+
+    with pytest.raises(CelosiaError, match="--int8 measures zoo models"):
+        run_benchmark("fsim", quick=True, int8=True)
