@@ -33,6 +33,11 @@ by ``wrap``); right shifts are arithmetic (floor).
   with ``multiplier / 2**shift ~ 1/(H*W)``: the added half makes the floor shift round to
   nearest (half up). quantize.py picks the shift so that no step can overflow int32.
 
+- ``QLut(x int8, table int8[256]) -> int8`` (same shape), attr ``scale`` (the output's,
+  informational): ``y = table[x + 128]``. quantize.py fills the table with an element-wise
+  function (SiLU, HardSwish, GELU, Sigmoid, Tanh, ...) between the input's and the output's
+  scales, so the function is exact on int8 values: no other rounding happens.
+
 Integer convolutions and products run as float64 BLAS calls on the int8 values: every
 product and partial sum is an integer below 2**53 in magnitude (|x*w| <= 2**14, and a
 sum of fewer than 2**39 of them), so float64 computes them exactly in any order; the
@@ -104,6 +109,13 @@ def qglobal_average_pool(attrs, x):
     return np.clip(t, -128, 127).astype(np.int8)
 
 
+def qlut(attrs, x, table):
+    _int8(x, table)
+    if table.shape != (256,):
+        raise ValueError(f"table must be int8[256], got {table.dtype}[{','.join(map(str, table.shape))}]")
+    return table[x.astype(np.int64) + 128]
+
+
 def quantize(attrs, x):
     q = np.rint(x.astype(np.float32) / np.float32(attrs["scale"]))
     return np.clip(q, -128, 127).astype(np.int8)
@@ -119,6 +131,7 @@ QUANTIZED_KERNELS = {
     "QConv": qconv,
     "QGemm": qgemm,
     "QGlobalAveragePool": qglobal_average_pool,
+    "QLut": qlut,
 }
 
 
@@ -158,4 +171,11 @@ def _qgemm_types(node: Node, types):
     return [TensorType("int8", shape)]
 
 
-QUANTIZED_SHAPE_RULES = {"QConv": _qconv_types, "QGemm": _qgemm_types}
+def _qlut_types(node: Node, types):
+    x, table = types[0], types[1] if len(types) > 1 else None
+    if x.dtype != "int8" or table is None or table != TensorType("int8", (256,)):
+        raise NodeError(node, f"input {x} and table {table} must be int8 and int8[256]")
+    return [TensorType("int8", x.shape)]
+
+
+QUANTIZED_SHAPE_RULES = {"QConv": _qconv_types, "QGemm": _qgemm_types, "QLut": _qlut_types}
