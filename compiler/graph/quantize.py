@@ -12,11 +12,17 @@ Two ways in:
 ``quantize_model`` does either, from an ONNX model or a graph.
 
 Scales are symmetric, zero points are 0: a value v of scale s is stored as int8
-``q = clip(rint(v / s), -128, 127)``, ``s = max|v| / 127`` over the calibration samples.
+``q = clip(rint(v / s), -128, 127)``, ``s = range / 127`` over the calibration samples,
+the range being max|v| (method "minmax") or, by default ("mse"), for values never
+negative that do not feed a QLut, the clipping range of least squared error
+(``_mse_ranges``; docs/graph.md has the measurements behind the choice).
 
-A Conv (2-D), Gemm (no transA) or MatMul ([N,K] by a constant [K,O]) with a constant
-weight becomes QConv/QGemm when its epilogue has only constant per-channel Adds (a bias),
-at most one residual Add, then Relu/Clip steps (together one clamp [lo, hi]):
+A Conv (2-D), Gemm (no transA) or MatMul (any rank >= 2 by a constant [K,O]; N-d inputs
+run as a QGemm on their rows, between two int8 Reshapes) with a constant weight becomes
+QConv/QGemm when its epilogue has only constant per-channel Adds (a bias), at most one
+residual Add, then Relu/Clip steps (together one clamp [lo, hi]), optionally followed by
+unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...): those become a QLut
+(a 256-entry int8 table) after the layer, which then writes an intermediate int8 value:
 
 - weights: per output channel (``per_channel``; else one scale) ``s_w[o] = max|w[o]|/127``,
   ``w_q = rint(w / s_w)``; Gemm's alpha is folded into w, its beta into the bias.
@@ -42,7 +48,8 @@ at most one residual Add, then Relu/Clip steps (together one clamp [lo, hi]):
 
 MaxPool, Flatten, Reshape, Relu and Identity on an int8 value stay int8 in the same scale
 (so does a Concat of int8 values that already share one scale); GlobalAveragePool becomes
-QGlobalAveragePool. Every other node stays float: a Dequantize is inserted before it for an
+QGlobalAveragePool; an element-wise function of one value (``_LUT_OPS``) on an int8 value
+becomes a QLut. Every other node stays float: a Dequantize is inserted before it for an
 int8 input, and a Quantize after a float value only where a quantized node reads it. Graph
 inputs and outputs keep their names and float types (a final Dequantize writes an output).
 """
