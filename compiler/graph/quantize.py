@@ -19,7 +19,8 @@ negative that do not feed a QLut, the clipping range of least squared error
 
 A Conv (2-D), Gemm (no transA) or MatMul (any rank >= 2 by a constant [K,O]; N-d inputs
 run as a QGemm on their rows, between two int8 Reshapes) with a constant weight becomes
-QConv/QGemm when its epilogue has only constant per-channel Adds (a bias), at most one
+QConv/QGemm when its epilogue has only constant per-channel Adds (a bias) and Muls (a layer
+scale, folded into the weights and the bias), at most one
 residual Add, then Relu/Clip steps (together one clamp [lo, hi]), optionally followed by
 unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...): those become a QLut
 (a 256-entry int8 table) after the layer, which then writes an intermediate int8 value:
@@ -198,8 +199,9 @@ def _samples(graph: Graph, calibration) -> list[dict]:
 @dataclass
 class _Layer:
     """A Conv/Gemm/MatMul that becomes QConv/QGemm, in float64: ``weight`` [O, ...] with
-    Gemm's alpha folded in, ``bias`` [O] (its own bias and the epilogue's constant Adds;
-    ``added`` is the part from the epilogue), the residual value (or ""), and its
+    Gemm's alpha and the epilogue's constant per-channel Muls (a layer scale) folded in,
+    ``bias`` [O] (its own bias and the epilogue's constant Adds and Muls; ``linear``: those
+    epilogue steps, which calibration applies), the residual value (or ""), and its
     activations as one clamp [lo, hi] (infinite when absent). ``axis``: the output's channel
     axis (-1 for a MatMul, whose leading axes become QGemm rows). ``head``: the epilogue
     steps up to the clamp; ``tail``: the unary steps from the first one with no exact int8
@@ -207,7 +209,7 @@ class _Layer:
 
     weight: np.ndarray
     bias: np.ndarray
-    added: np.ndarray
+    linear: tuple
     residual: str
     lo: float
     hi: float
@@ -270,7 +272,7 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | None:
             return None
         weight, bias = w.T.astype(np.float64), np.zeros(w.shape[1])
     axis = 1 if node.op != "MatMul" else len(out.shape) - 1
-    added, residual, activations, head, tail = np.zeros_like(bias), "", [], [], []
+    linear, residual, activations, head, tail = [], "", [], [], []
     for op, *args in node.attrs.get("epilogue", ()):
         if tail or op in _LUT_STEPS:  # from here on a function of one int8 value: a table
             if op not in EPILOGUE_UNARY:
@@ -281,19 +283,24 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | None:
         if op in ("Relu", "Clip"):
             activations.append((op, *args))
             continue
-        if op != "Add" or activations:  # an Add after the activation cannot be expressed
+        if op not in ("Add", "Mul") or activations:  # no Add or Mul after the clamp
             return None
         operand = node.inputs[args[0]]
-        if operand in inits:
+        if operand in inits and not residual:  # folded: a bias, or a per-channel scale
             vector = _per_channel(inits[operand], out.shape, axis)
             if vector is None:
                 return None
-            added = added + vector
-        elif residual or types[operand] != out:
+            linear.append((op, *args))
+            if op == "Add":
+                bias = bias + vector
+            else:
+                weight = weight * vector.reshape((-1,) + (1,) * (weight.ndim - 1))
+                bias = bias * vector
+        elif op == "Mul" or residual or types[operand] != out:
             return None
         else:
             residual = operand
-    return _Layer(weight, bias + added, added, residual, *_clamp(activations), axis,
+    return _Layer(weight, bias, tuple(linear), residual, *_clamp(activations), axis,
                   tuple(head), tuple(tail))
 
 
@@ -387,9 +394,7 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
             else:
                 with np.errstate(all="ignore"):
                     y = KERNELS[node.op](node.attrs, *ins[:OWN_INPUTS[node.op]])
-                    shape = [1] * y.ndim
-                    shape[layer.axis] = -1
-                    before = np.abs(y + layer.added.reshape(shape))
+                    before = np.abs(apply_epilogue(y, layer.linear, ins))
                     axes = tuple(d for d in range(y.ndim) if d != layer.axis)
                     pre[node.name] = np.maximum(pre[node.name], before.max(axis=axes))
                     y = apply_epilogue(y, layer.head, ins)

@@ -166,3 +166,21 @@ def test_calibration_methods():
     assert scales["mse"][last] == scales["minmax"][last]  # a signed output keeps its max
     with pytest.raises(CalibrationError, match="unknown calibration method 'kl'.*mse, minmax"):
         quantize_graph(graph, data, method="kl")
+
+
+def test_layer_scale_is_folded_into_the_weights():
+    """ConvNeXt's block end: Linear, bias, a per-channel layer scale (Mul by a constant
+    gamma), then the residual Add: one QGemm (gamma in its weights and bias)."""
+    rng = np.random.default_rng(13)
+    w = rng.normal(0, 0.3, (16, 16)).astype(np.float32)
+    b = rng.normal(0, 0.1, 16).astype(np.float32)
+    gamma = rng.uniform(-1, 1, 16).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["h"]),
+             helper.make_node("Mul", ["h", "gamma"], ["g"]),
+             helper.make_node("Add", ["g", "x"], ["y"])]
+    graph = _graph(nodes, {"x": (1, 3, 3, 16)}, {"w": w, "b": b, "gamma": gamma})
+    q = quantize_graph(graph, _feeds((1, 3, 3, 16), 4, 14))
+    ops = [n.op for n in q.nodes]
+    assert ops.count("QGemm") == 1 and "MatMul" not in ops and "Mul" not in ops, ops
+    _check(graph, q, _feeds((1, 3, 3, 16), 1, 15)[0], 0.05)
