@@ -104,15 +104,23 @@ def ort_int8(model, calib: list, test: dict, want: list) -> float:
         def get_next(self):
             return next(self.it, None)
 
+    # onnxruntime's preprocessing and quantizer leave scratch files (sym_shape_infer_temp.onnx,
+    # <uuid>.data) in the working directory: run them inside a temporary one.
+    here = os.getcwd()
     with tempfile.TemporaryDirectory() as d:
         src, dst = os.path.join(d, "m.onnx"), os.path.join(d, "q.onnx")
         onnx.save(model, src)
+        os.chdir(d)
         try:
-            quant_pre_process(src, src)
-        except Exception:  # optional preprocessing (shape inference); quantize as it is
-            pass
-        quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+            try:
+                quant_pre_process(src, src)
+            except Exception:  # optional preprocessing (shape inference); quantize as it is
+                pass
+            quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ,
+                            per_channel=True, activation_type=QuantType.QInt8,
+                            weight_type=QuantType.QInt8)
+        finally:
+            os.chdir(here)
         session = ort.InferenceSession(dst, providers=["CPUExecutionProvider"])
         got = session.run(None, test)
     return min(cosine(g, w) for g, w in zip(got, want))
