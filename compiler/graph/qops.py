@@ -33,6 +33,14 @@ by ``wrap``); right shifts are arithmetic (floor).
   with ``multiplier / 2**shift ~ 1/(H*W)``: the added half makes the floor shift round to
   nearest (half up). quantize.py picks the shift so that no step can overflow int32.
 
+- ``QMatMul(a int8[..., M, K], b int8[..., K, N]) -> int8[..., M, N]`` (batch axes
+  broadcast as MatMul's), attrs ``multiplier``, ``shift`` (1..31), ``scale`` (the
+  output's)::
+
+      acc = wrap(a @ b)
+      y = clip(wrap(wrap(acc * multiplier) + 2**(shift-1)) >> shift, -128, 127)
+
+  (attention's Q x K^T and P x V; quantize.py picks the shift for the calibrated range).
 - ``QLut(x int8, table int8[256]) -> int8`` (same shape), attr ``scale`` (the output's,
   informational): ``y = table[x + 128]``. quantize.py fills the table with an element-wise
   function (SiLU, HardSwish, GELU, Sigmoid, Tanh, ...) between the input's and the output's
@@ -109,6 +117,16 @@ def qglobal_average_pool(attrs, x):
     return np.clip(t, -128, 127).astype(np.int8)
 
 
+def qmatmul(attrs, a, b):
+    _int8(a, b)
+    shift, multiplier = int(attrs["shift"]), int(attrs["multiplier"])
+    if not 1 <= shift <= 31:
+        raise ValueError(f"shift {shift} must be in [1, 31]")
+    acc = wrap(np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.int64))
+    t = wrap(wrap(acc * multiplier) + (1 << (shift - 1))) >> shift
+    return np.clip(t, -128, 127).astype(np.int8)
+
+
 def qlut(attrs, x, table):
     _int8(x, table)
     if table.shape != (256,):
@@ -132,6 +150,7 @@ QUANTIZED_KERNELS = {
     "QGemm": qgemm,
     "QGlobalAveragePool": qglobal_average_pool,
     "QLut": qlut,
+    "QMatMul": qmatmul,
 }
 
 
@@ -178,4 +197,17 @@ def _qlut_types(node: Node, types):
     return [TensorType("int8", x.shape)]
 
 
-QUANTIZED_SHAPE_RULES = {"QConv": _qconv_types, "QGemm": _qgemm_types, "QLut": _qlut_types}
+def _qmatmul_types(node: Node, types):
+    a, b = types[0], types[1]
+    if a.dtype != "int8" or b.dtype != "int8" or len(a.shape) < 2 or len(b.shape) < 2 \
+            or a.shape[-1] != b.shape[-2]:
+        raise NodeError(node, f"inputs {a} and {b} must be int8 [..., M, K] and [..., K, N]")
+    try:
+        batch = np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+    except ValueError:
+        raise NodeError(node, f"batch axes of {a} and {b} do not broadcast") from None
+    return [TensorType("int8", (*batch, a.shape[-2], b.shape[-1]))]
+
+
+QUANTIZED_SHAPE_RULES = {"QConv": _qconv_types, "QGemm": _qgemm_types, "QLut": _qlut_types,
+                         "QMatMul": _qmatmul_types}

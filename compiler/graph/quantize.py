@@ -329,6 +329,17 @@ class _Plan:
     classes: _Classes
 
 
+def _is_activation_matmul(graph: Graph, node: Node) -> bool:
+    """A MatMul of two values computed at run time (attention's Q x K^T and P x V), of
+    static shapes and without an epilogue: a QMatMul."""
+    if node.op != "MatMul" or len(node.inputs) != 2 or node.attrs.get("epilogue") \
+            or len(node.outputs) != 1:
+        return False
+    ts = [graph.types[v] for v in (*node.inputs, node.outputs[0])]
+    return not any(v in graph.initializers for v in node.inputs) and all(
+        t.dtype == "float32" and t.static and len(t.shape) >= 2 for t in ts)
+
+
 def _mid(node: Node) -> str:
     """The calibration key of a layer's int8 result before its QLut tail (not a value of the
     graph: the quantized graph names it afresh)."""
@@ -353,6 +364,8 @@ def _plan(graph: Graph) -> _Plan:
                     {plan.classes.find(i) for i in node.inputs}) == 1)):
             plan.kinds[node.name] = "same"
             plan.classes.union(node.inputs[0], out)
+        elif _is_activation_matmul(graph, node):
+            plan.kinds[node.name] = "matmul"
         elif node.op == "GlobalAveragePool" and int8_in and len(graph.types[out].shape) == 4:
             plan.kinds[node.name] = "pool"
             plan.classes.union(node.inputs[0], out)
@@ -492,6 +505,20 @@ def _requantization(ratio, bias_q, w_q, calibrated=None):
     return None
 
 
+def _matmul_params(ratio: float, calibrated: float) -> tuple[int, int]:
+    """(multiplier, shift) of a QMatMul: ``multiplier / 2**shift ~ ratio``, the largest
+    shift in 1..31 with ``multiplier * A + 2**(shift-1) < 2**31`` for A bounding |acc|:
+    MARGIN times the calibrated maximum, at least the accumulator that fills the output
+    range (``128 / ratio``), as for QConv/QGemm."""
+    bound = max(MARGIN * calibrated, 128 / ratio, 1.0)
+    for shift in range(31, 0, -1):
+        m = round(ratio * 2**shift)
+        if 1 <= m < 2**31 and m * bound + 2 ** (shift - 1) < 2**31:
+            return m, shift
+    raise GraphError(f"a MatMul's requantization (ratio {ratio:g}) does not fit int32 for "
+                     "any shift; is the calibration data representative?")
+
+
 def _clamp_q(lo: float, hi: float, s_out: float) -> tuple[int, int]:
     def q(v, default):
         return default if math.isinf(v) else int(np.clip(np.rint(v / s_out), -128, 127))
@@ -607,6 +634,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     samples = _samples(graph, calibration)
     plan = _plan(graph)
     layer_inputs = {n.inputs[0] for n in graph.nodes if n.name in plan.layers}
+    layer_inputs |= {v for n in graph.nodes if plan.kinds.get(n.name) == "matmul"
+                     for v in n.inputs}
     residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
     needed = plan.int8 | layer_inputs | residuals
     if method not in CALIBRATION_METHODS:
@@ -678,6 +707,13 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                 table = _table(lambda v: apply_epilogue(v, layer.tail, ()), s_out, scale(out))
                 b.add("QLut", [target, b.const(f"{node.name}/table", table)],
                       [int8_name[out]], {"scale": scale(out)}, f"{node.name}/lut")
+        elif kind == "matmul":
+            (a, c), out = node.inputs, node.outputs[0]
+            ratio = scale(a) * scale(c) / scale(out)
+            m, shift = _matmul_params(ratio, maxabs[out] / (scale(a) * scale(c)))
+            b.add("QMatMul", [as_int8(a), as_int8(c)], [int8_name[out]],
+                  {"multiplier": m, "shift": shift, "scale": scale(out)}, node.name,
+                  fresh=False)
         elif kind == "lut":
             x = node.inputs[0]
             table = _table(lambda v: evaluate_node(node, [v])[0], scale(x), scale(node.outputs[0]))

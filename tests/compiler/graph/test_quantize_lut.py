@@ -184,3 +184,35 @@ def test_layer_scale_is_folded_into_the_weights():
     ops = [n.op for n in q.nodes]
     assert ops.count("QGemm") == 1 and "MatMul" not in ops and "Mul" not in ops, ops
     _check(graph, q, _feeds((1, 3, 3, 16), 1, 15)[0], 0.05)
+
+
+def test_qmatmul_against_int64():
+    rng = np.random.default_rng(16)
+    a = rng.integers(-128, 128, (2, 3, 5, 64)).astype(np.int8)
+    b = rng.integers(-128, 128, (2, 3, 64, 7)).astype(np.int8)
+    attrs = {"multiplier": 12345, "shift": 24, "scale": 0.1}
+    got = QUANTIZED_KERNELS["QMatMul"](attrs, a, b)
+    acc = np.einsum("...mk,...kn->...mn", a.astype(np.int64), b.astype(np.int64))
+    want = np.clip((acc * 12345 + 2**23) >> 24, -128, 127).astype(np.int8)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="shift 0 must be in"):
+        QUANTIZED_KERNELS["QMatMul"](dict(attrs, shift=0), a, b)
+
+
+def test_attention_matmuls_become_qmatmul():
+    """Self-attention on [B, H, S, D]: Q x K^T, Softmax (float), P x V. Both products of
+    two run-time values become QMatMul; the CPU build is bit-exact with numpy."""
+    rng = np.random.default_rng(17)
+    wq, wk, wv = (rng.normal(0, 0.3, (16, 16)).astype(np.float32) for _ in range(3))
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]),
+             helper.make_node("MatMul", ["x", "wk"], ["k"]),
+             helper.make_node("MatMul", ["x", "wv"], ["v"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    graph = _graph(nodes, {"x": (2, 6, 16)}, {"wq": wq, "wk": wk, "wv": wv})
+    q = quantize_graph(graph, _feeds((2, 6, 16), 4, 18))
+    ops = [n.op for n in q.nodes]
+    assert ops.count("QMatMul") == 2 and ops.count("QGemm") == 3 and "MatMul" not in ops, ops
+    _check(graph, q, _feeds((2, 6, 16), 1, 19)[0], 0.08)
