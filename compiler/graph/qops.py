@@ -41,6 +41,15 @@ by ``wrap``); right shifts are arithmetic (floor).
       y = clip(wrap(wrap(acc * multiplier) + 2**(shift-1)) >> shift, -128, 127)
 
   (attention's Q x K^T and P x V; quantize.py picks the shift for the calibrated range).
+- ``QAdd(a int8, b int8) -> int8`` and ``QMul(a int8, b int8) -> int8`` (operands of the
+  output's shape), attrs ``multipliers`` (QAdd: [ma, mb]; QMul: [m]), ``shift`` (1..31),
+  ``scale`` (the output's)::
+
+      QAdd: y = clip(wrap(wrap(a * ma + b * mb) + 2**(shift-1)) >> shift, -128, 127)
+      QMul: y = clip(wrap(wrap(a * b * m) + 2**(shift-1)) >> shift, -128, 127)
+
+  (residual Adds after a QLut, squeeze-excitation's gate multiply; quantize.py picks the
+  shift so that no step can leave int32 for any int8 inputs).
 - ``QLut(x int8, table int8[256]) -> int8`` (same shape), attr ``scale`` (the output's,
   informational): ``y = table[x + 128]``. quantize.py fills the table with an element-wise
   function (SiLU, HardSwish, GELU, Sigmoid, Tanh, ...) between the input's and the output's
@@ -127,6 +136,28 @@ def qmatmul(attrs, a, b):
     return np.clip(t, -128, 127).astype(np.int8)
 
 
+def _binary_args(attrs, count):
+    shift, ms = int(attrs["shift"]), [int(m) for m in attrs["multipliers"]]
+    if not 1 <= shift <= 31 or len(ms) != count:
+        raise ValueError(f"shift {shift} must be in [1, 31] and multipliers {ms} {count} "
+                         "integers")
+    return shift, ms
+
+
+def qadd(attrs, a, b):
+    _int8(a, b)
+    shift, (ma, mb) = _binary_args(attrs, 2)
+    t = wrap(a.astype(np.int64) * ma + b.astype(np.int64) * mb)
+    return np.clip(wrap(t + (1 << (shift - 1))) >> shift, -128, 127).astype(np.int8)
+
+
+def qmul(attrs, a, b):
+    _int8(a, b)
+    shift, (m,) = _binary_args(attrs, 1)
+    t = wrap(a.astype(np.int64) * b.astype(np.int64) * m)
+    return np.clip(wrap(t + (1 << (shift - 1))) >> shift, -128, 127).astype(np.int8)
+
+
 def qlut(attrs, x, table):
     _int8(x, table)
     if table.shape != (256,):
@@ -151,6 +182,8 @@ QUANTIZED_KERNELS = {
     "QGlobalAveragePool": qglobal_average_pool,
     "QLut": qlut,
     "QMatMul": qmatmul,
+    "QAdd": qadd,
+    "QMul": qmul,
 }
 
 
@@ -209,5 +242,13 @@ def _qmatmul_types(node: Node, types):
     return [TensorType("int8", (*batch, a.shape[-2], b.shape[-1]))]
 
 
+def _qbinary_types(node: Node, types):
+    a, b = types[0], types[1]
+    if a.dtype != "int8" or b.dtype != "int8" or a.shape != b.shape:
+        raise NodeError(node, f"inputs {a} and {b} must be int8 of one shape")
+    return [TensorType("int8", a.shape)]
+
+
 QUANTIZED_SHAPE_RULES = {"QConv": _qconv_types, "QGemm": _qgemm_types, "QLut": _qlut_types,
-                         "QMatMul": _qmatmul_types}
+                         "QMatMul": _qmatmul_types, "QAdd": _qbinary_types,
+                         "QMul": _qbinary_types}

@@ -216,6 +216,7 @@ class _Layer:
     axis: int = 1
     head: tuple = ()
     tail: tuple = ()
+    after: tuple = ()  # (op, input index, value): an Add/Mul of the QLut's result by a value
 
 
 def _per_channel(c: np.ndarray, out_shape, channel_axis: int):
@@ -272,8 +273,19 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | None:
             return None
         weight, bias = w.T.astype(np.float64), np.zeros(w.shape[1])
     axis = 1 if node.op != "MatMul" else len(out.shape) - 1
-    linear, residual, activations, head, tail = [], "", [], [], []
+    linear, residual, activations, head, tail, after = [], "", [], [], [], ()
     for op, *args in node.attrs.get("epilogue", ()):
+        if after:  # nothing after the Add/Mul that follows the table
+            return None
+        # SE's x * sigmoid(gate): a QMul after the table. (YOLO's x + silu(conv) stays a
+        # float layer: quantized, with a QAdd or a float Add after the table, it cost YOLO
+        # (small) 0.99974 -> 0.9989..0.99957 in cosine to fp32.)
+        if tail and op == "Mul":
+            operand = node.inputs[args[0]]
+            if operand in inits or types[operand] != out:
+                return None
+            after = (op, args[0], operand)
+            continue
         if tail or op in _LUT_STEPS:  # from here on a function of one int8 value: a table
             if op not in EPILOGUE_UNARY:
                 return None
@@ -301,7 +313,7 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | None:
         else:
             residual = operand
     return _Layer(weight, bias, tuple(linear), residual, *_clamp(activations), axis,
-                  tuple(head), tuple(tail))
+                  tuple(head), tuple(tail), after)
 
 
 class _Classes:
@@ -327,6 +339,20 @@ class _Plan:
     kinds: dict       # node name -> "layer" | "same" | "pool" | "lut" for the nodes made integer
     int8: set         # values the quantized graph holds as int8
     classes: _Classes
+
+
+def _after_lut(node: Node) -> str:
+    """The calibration key of a layer's QLut result when an Add/Mul follows it."""
+    return f"{node.name}/after_lut"
+
+
+def _is_int8_binary(graph: Graph, node: Node, int8: set) -> bool:
+    """An Add/Mul of two int8 values of the output's shape: a QAdd/QMul."""
+    if node.op not in ("Add", "Mul") or len(node.inputs) != 2 or len(node.outputs) != 1:
+        return False
+    out = graph.types[node.outputs[0]]
+    return out.dtype == "float32" and all(
+        v in int8 and graph.types[v].shape == out.shape for v in node.inputs)
 
 
 def _is_activation_matmul(graph: Graph, node: Node) -> bool:
@@ -366,6 +392,8 @@ def _plan(graph: Graph) -> _Plan:
             plan.classes.union(node.inputs[0], out)
         elif _is_activation_matmul(graph, node):
             plan.kinds[node.name] = "matmul"
+        elif _is_int8_binary(graph, node, plan.int8):
+            plan.kinds[node.name] = "binary"
         elif node.op == "GlobalAveragePool" and int8_in and len(graph.types[out].shape) == 4:
             plan.kinds[node.name] = "pool"
             plan.classes.union(node.inputs[0], out)
@@ -385,6 +413,9 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
     mids = {node.name: _mid(node) for node in graph.nodes
             if node.name in plan.layers and plan.layers[node.name].tail}
     maxabs.update(dict.fromkeys(mids.values(), 0.0))
+    afters = {node.name: _after_lut(node) for node in graph.nodes
+              if node.name in plan.layers and plan.layers[node.name].after}
+    maxabs.update(dict.fromkeys(afters.values(), 0.0))
     pre = {name: np.zeros(len(layer.bias)) for name, layer in plan.layers.items()}
     kept: dict[str, list] = {v: [] for v in maxabs}
 
@@ -414,7 +445,11 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
                     if layer.tail:
                         key = mids[node.name]
                         record(key, y)
-                    results = (apply_epilogue(y, layer.tail, ins),)
+                    y = apply_epilogue(y, layer.tail, ins)
+                    if layer.after:
+                        record(afters[node.name], y)
+                        y = apply_epilogue(y, [layer.after[:2]], ins)
+                    results = (y,)
             for o, v in zip(node.outputs, results):
                 if o:
                     env[o] = v
@@ -503,6 +538,20 @@ def _requantization(ratio, bias_q, w_q, calibrated=None):
         if (np.abs(bias) < 2**31).all() and (np.abs(m) * np.maximum(bound, 1) < 2**31).all():
             return m.astype(np.int32), bias.astype(np.int32), shift
     return None
+
+
+def _emit_binary(b: _Builder, op: str, x: str, y: str, s_x: float, s_y: float, s_out: float,
+                 out: str, name: str, fresh: bool = True) -> None:
+    """QAdd (``x * s_x + y * s_y`` in the scale s_out) or QMul (``x * y * s_x * s_y``): the
+    largest shift in 1..31 with which no step can leave int32 for any int8 inputs."""
+    ratios = [s_x / s_out, s_y / s_out] if op == "Add" else [s_x * s_y / s_out]
+    worst = 128.0 * 128.0 if op == "Mul" else 128.0
+    for shift in range(31, 0, -1):
+        m = [round(r * 2**shift) for r in ratios]
+        if max(m) < 2**31 and sum(m) * worst + 2 ** (shift - 1) < 2**31:
+            break
+    attrs = {"multipliers": m, "shift": shift, "scale": float(s_out)}
+    b.add("QAdd" if op == "Add" else "QMul", [x, y], [out], attrs, name, fresh=fresh)
 
 
 def _matmul_params(ratio: float, calibrated: float) -> tuple[int, int]:
@@ -636,6 +685,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     layer_inputs = {n.inputs[0] for n in graph.nodes if n.name in plan.layers}
     layer_inputs |= {v for n in graph.nodes if plan.kinds.get(n.name) == "matmul"
                      for v in n.inputs}
+    layer_inputs |= {layer.after[2] for layer in plan.layers.values() if layer.after}
     residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
     needed = plan.int8 | layer_inputs | residuals
     if method not in CALIBRATION_METHODS:
@@ -704,9 +754,21 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             _emit_rows(b, graph, node, x_q, w_q, params, _clamp_q(layer.lo, layer.hi, s_out),
                        s_out, target, residual)
             if layer.tail:
-                table = _table(lambda v: apply_epilogue(v, layer.tail, ()), s_out, scale(out))
+                s_lut = scale(_after_lut(node)) if layer.after else scale(out)
+                lut = int8_name[out]
+                if layer.after:
+                    lut = b.value(f"{out}/lut", TensorType("int8", graph.types[out].shape))
+                table = _table(lambda v: apply_epilogue(v, layer.tail, ()), s_out, s_lut)
                 b.add("QLut", [target, b.const(f"{node.name}/table", table)],
-                      [int8_name[out]], {"scale": scale(out)}, f"{node.name}/lut")
+                      [lut], {"scale": s_lut}, f"{node.name}/lut")
+                if layer.after:
+                    op, _, other = layer.after
+                    _emit_binary(b, op, lut, as_int8(other), s_lut, scale(other), scale(out),
+                                 int8_name[out], f"{node.name}/{op.lower()}")
+        elif kind == "binary":
+            (x, y), out = node.inputs, node.outputs[0]
+            _emit_binary(b, node.op, as_int8(x), as_int8(y), scale(x), scale(y), scale(out),
+                         int8_name[out], node.name, fresh=False)
         elif kind == "matmul":
             (a, c), out = node.inputs, node.outputs[0]
             ratio = scale(a) * scale(c) / scale(out)

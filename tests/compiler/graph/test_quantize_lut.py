@@ -216,3 +216,39 @@ def test_attention_matmuls_become_qmatmul():
     ops = [n.op for n in q.nodes]
     assert ops.count("QMatMul") == 2 and ops.count("QGemm") == 3 and "MatMul" not in ops, ops
     _check(graph, q, _feeds((2, 6, 16), 1, 19)[0], 0.08)
+
+
+def test_qadd_qmul_against_int64():
+    rng = np.random.default_rng(20)
+    a, b = (rng.integers(-128, 128, (2, 3, 4, 5)).astype(np.int8) for _ in range(2))
+    got = QUANTIZED_KERNELS["QAdd"]({"multipliers": [3000, 5000], "shift": 12}, a, b)
+    t = a.astype(np.int64) * 3000 + b.astype(np.int64) * 5000
+    np.testing.assert_array_equal(got, np.clip((t + 2**11) >> 12, -128, 127))
+    got = QUANTIZED_KERNELS["QMul"]({"multipliers": [777], "shift": 15}, a, b)
+    t = a.astype(np.int64) * b.astype(np.int64) * 777
+    np.testing.assert_array_equal(got, np.clip((t + 2**14) >> 15, -128, 127))
+    with pytest.raises(ValueError, match="multipliers"):
+        QUANTIZED_KERNELS["QMul"]({"multipliers": [1, 2], "shift": 3}, a, b)
+
+
+def test_squeeze_excitation_gate_and_int8_add():
+    """x * sigmoid(conv(g)) (SE's gate, in a layer's epilogue) becomes QConv, QLut, QMul;
+    the Add of two int8 values (two pooled branches) becomes a QAdd."""
+    rng = np.random.default_rng(21)
+    w1, w2, w3 = (rng.normal(0, 0.3, (8, 8, 1, 1)).astype(np.float32) for _ in range(3))
+    b1 = rng.normal(0, 0.1, 8).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b1"], ["g"]),
+             helper.make_node("Sigmoid", ["g"], ["s"]),
+             helper.make_node("Mul", ["r", "s"], ["m"]),
+             helper.make_node("MaxPool", ["m"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["x", "w3"], ["c"]),
+             helper.make_node("MaxPool", ["c"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Add", ["p1", "p2"], ["y"])]
+    graph = _graph(nodes, {"x": (1, 8, 6, 6)}, {"w1": w1, "w2": w2, "w3": w3, "b1": b1})
+    q = quantize_graph(graph, _feeds((1, 8, 6, 6), 4, 22))
+    ops = [n.op for n in q.nodes]
+    assert ops.count("QMul") == 1 and ops.count("QAdd") == 1 and ops.count("QLut") == 1, ops
+    assert "Conv" not in ops and "Add" not in ops and "Mul" not in ops, ops
+    _check(graph, q, _feeds((1, 8, 6, 6), 1, 23)[0], 0.08)
