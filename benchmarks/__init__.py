@@ -70,7 +70,8 @@ def machine_description() -> dict:
     }
 
 
-def run_benchmark(name: str, *, quick: bool = False, models: str | None = None) -> dict:
+def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
+                  int8: bool = False) -> dict:
     if name not in BENCHMARKS:
         raise CelosiaError(f"unknown benchmark {name!r}; `celosia bench --list` names them: "
                            f"{', '.join(BENCHMARKS)}")
@@ -80,6 +81,10 @@ def run_benchmark(name: str, *, quick: bool = False, models: str | None = None) 
         if name != "zoo":
             raise CelosiaError(f"--models selects zoo models; benchmark {name!r} has none")
         kwargs["models"] = [m.strip() for m in models.split(",") if m.strip()]
+    if int8:
+        if name != "zoo":
+            raise CelosiaError(f"--int8 measures zoo models; benchmark {name!r} has none")
+        kwargs["int8"] = True
     result = getattr(importlib.import_module(module), function)(**kwargs)
     return {"benchmark": name, "summary": summary, "quick": quick, **result,
             "machine": machine_description()}

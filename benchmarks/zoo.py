@@ -15,7 +15,10 @@ Metrics: ``models`` (zoo entries measured; pretrained ones whose packages are mi
 listed under ``missing`` instead), ``models_ok_cpu``, and over the models that run
 ``cpu_ratio_vs_onnxruntime_geomean`` and ``_max`` (celosia / onnxruntime; targets 1.0 and
 1.5). ``--quick`` runs the small sizes of the tests instead; ``--models a,b`` a subset
-(the totals are then over that subset only).
+(the totals are then over that subset only). ``--int8`` adds int8 accuracy per model
+against fp32 and against onnxruntime's static quantizer (benchmarks/zoo_int8.py), with the
+totals ``int8_cosine_vs_ort_quantizer_min`` (target >= 0), ``int8_cosine_min`` and
+``int8_mac_share_min``.
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ def _summary(name: str, r: dict) -> str:
     return f"{name}: onnxruntime {ort_ms:.2f} ms; celosia: {r['error'][:100]}"
 
 
-def run(quick: bool = False, models: list | None = None) -> dict:
+def run(quick: bool = False, models: list | None = None, int8: bool = False) -> dict:
     try:
         import onnxruntime  # noqa: F401
     except ModuleNotFoundError:
@@ -152,12 +155,23 @@ def run(quick: bool = False, models: list | None = None) -> dict:
         done = (f"ratio {r['cpu_ratio_vs_onnxruntime']:.2f}" if r["ok_cpu"]
                 else f"not on the CPU build: {r['error'][:80]}")
         _progress(f"[{k}/{len(chosen)}] {name}: {done}")
+        if int8:
+            from celosia.benchmarks import zoo_int8
+
+            r.update(zoo_int8.measure(entry, size))
+            _progress(f"[{k}/{len(chosen)}] {name}: int8 cosine "
+                      f"{r.get('int8_cosine', float('nan')):.5f}, onnxruntime's quantizer "
+                      f"{r.get('int8_cosine_ort', float('nan')):.5f}")
 
     ratios = [r["cpu_ratio_vs_onnxruntime"] for r in results.values() if r["ok_cpu"]]
     metrics = {"models": len(results), "models_ok_cpu": len(ratios)}
     if ratios:
         metrics["cpu_ratio_vs_onnxruntime_geomean"] = float(np.exp(np.mean(np.log(ratios))))
         metrics["cpu_ratio_vs_onnxruntime_max"] = float(max(ratios))
+    if int8:
+        from celosia.benchmarks import zoo_int8
+
+        metrics.update(zoo_int8.totals(results))
     for name, r in results.items():
         print(f"  {_summary(name, r)}", flush=True)
     for name, why in missing.items():

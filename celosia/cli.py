@@ -104,7 +104,8 @@ def cmd_bench(args) -> int:
         for name, (_, _, summary) in BENCHMARKS.items():
             print(name if args.names else f"{name:<18} {summary}")
         return 0
-    result = run_benchmark(args.name, quick=args.quick, models=args.models)
+    result = run_benchmark(args.name, quick=args.quick, models=args.models,
+                           int8=args.int8)
     if args.out:
         _write_json(args.out, result)
     width = max(len(k) for k in result["metrics"]) if result["metrics"] else 0
@@ -583,6 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the result (metrics + machine) as JSON")
     p.add_argument("--quick", action="store_true", help="smaller problem sizes (smoke test)")
     p.add_argument("--models", help="zoo only: a comma-separated subset of the zoo's models")
+    p.add_argument("--int8", action="store_true",
+                   help="zoo only: int8 accuracy against fp32 and onnxruntime's quantizer")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="the main job: the bundled digits CNN, int8 on the "

@@ -33,6 +33,28 @@ by ``wrap``); right shifts are arithmetic (floor).
   with ``multiplier / 2**shift ~ 1/(H*W)``: the added half makes the floor shift round to
   nearest (half up). quantize.py picks the shift so that no step can overflow int32.
 
+- ``QMatMul(a int8[..., M, K], b int8[..., K, N]) -> int8[..., M, N]`` (batch axes
+  broadcast as MatMul's), attrs ``multiplier``, ``shift`` (1..31), ``scale`` (the
+  output's)::
+
+      acc = wrap(a @ b)
+      y = clip(wrap(wrap(acc * multiplier) + 2**(shift-1)) >> shift, -128, 127)
+
+  (attention's Q x K^T and P x V; quantize.py picks the shift for the calibrated range).
+- ``QAdd(a int8, b int8) -> int8`` and ``QMul(a int8, b int8) -> int8`` (operands of the
+  output's shape), attrs ``multipliers`` (QAdd: [ma, mb]; QMul: [m]), ``shift`` (1..31),
+  ``scale`` (the output's)::
+
+      QAdd: y = clip(wrap(wrap(a * ma + b * mb) + 2**(shift-1)) >> shift, -128, 127)
+      QMul: y = clip(wrap(wrap(a * b * m) + 2**(shift-1)) >> shift, -128, 127)
+
+  (residual Adds after a QLut, squeeze-excitation's gate multiply; quantize.py picks the
+  shift so that no step can leave int32 for any int8 inputs).
+- ``QLut(x int8, table int8[256]) -> int8`` (same shape), attr ``scale`` (the output's,
+  informational): ``y = table[x + 128]``. quantize.py fills the table with an element-wise
+  function (SiLU, HardSwish, GELU, Sigmoid, Tanh, ...) between the input's and the output's
+  scales, so the function is exact on int8 values: no other rounding happens.
+
 Integer convolutions and products run as float64 BLAS calls on the int8 values: every
 product and partial sum is an integer below 2**53 in magnitude (|x*w| <= 2**14, and a
 sum of fewer than 2**39 of them), so float64 computes them exactly in any order; the
@@ -104,6 +126,45 @@ def qglobal_average_pool(attrs, x):
     return np.clip(t, -128, 127).astype(np.int8)
 
 
+def qmatmul(attrs, a, b):
+    _int8(a, b)
+    shift, multiplier = int(attrs["shift"]), int(attrs["multiplier"])
+    if not 1 <= shift <= 31:
+        raise ValueError(f"shift {shift} must be in [1, 31]")
+    acc = wrap(np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.int64))
+    t = wrap(wrap(acc * multiplier) + (1 << (shift - 1))) >> shift
+    return np.clip(t, -128, 127).astype(np.int8)
+
+
+def _binary_args(attrs, count):
+    shift, ms = int(attrs["shift"]), [int(m) for m in attrs["multipliers"]]
+    if not 1 <= shift <= 31 or len(ms) != count:
+        raise ValueError(f"shift {shift} must be in [1, 31] and multipliers {ms} {count} "
+                         "integers")
+    return shift, ms
+
+
+def qadd(attrs, a, b):
+    _int8(a, b)
+    shift, (ma, mb) = _binary_args(attrs, 2)
+    t = wrap(a.astype(np.int64) * ma + b.astype(np.int64) * mb)
+    return np.clip(wrap(t + (1 << (shift - 1))) >> shift, -128, 127).astype(np.int8)
+
+
+def qmul(attrs, a, b):
+    _int8(a, b)
+    shift, (m,) = _binary_args(attrs, 1)
+    t = wrap(a.astype(np.int64) * b.astype(np.int64) * m)
+    return np.clip(wrap(t + (1 << (shift - 1))) >> shift, -128, 127).astype(np.int8)
+
+
+def qlut(attrs, x, table):
+    _int8(x, table)
+    if table.shape != (256,):
+        raise ValueError(f"table must be int8[256], got {table.dtype}[{','.join(map(str, table.shape))}]")
+    return table[x.astype(np.int64) + 128]
+
+
 def quantize(attrs, x):
     q = np.rint(x.astype(np.float32) / np.float32(attrs["scale"]))
     return np.clip(q, -128, 127).astype(np.int8)
@@ -119,6 +180,10 @@ QUANTIZED_KERNELS = {
     "QConv": qconv,
     "QGemm": qgemm,
     "QGlobalAveragePool": qglobal_average_pool,
+    "QLut": qlut,
+    "QMatMul": qmatmul,
+    "QAdd": qadd,
+    "QMul": qmul,
 }
 
 
@@ -158,4 +223,32 @@ def _qgemm_types(node: Node, types):
     return [TensorType("int8", shape)]
 
 
-QUANTIZED_SHAPE_RULES = {"QConv": _qconv_types, "QGemm": _qgemm_types}
+def _qlut_types(node: Node, types):
+    x, table = types[0], types[1] if len(types) > 1 else None
+    if x.dtype != "int8" or table is None or table != TensorType("int8", (256,)):
+        raise NodeError(node, f"input {x} and table {table} must be int8 and int8[256]")
+    return [TensorType("int8", x.shape)]
+
+
+def _qmatmul_types(node: Node, types):
+    a, b = types[0], types[1]
+    if a.dtype != "int8" or b.dtype != "int8" or len(a.shape) < 2 or len(b.shape) < 2 \
+            or a.shape[-1] != b.shape[-2]:
+        raise NodeError(node, f"inputs {a} and {b} must be int8 [..., M, K] and [..., K, N]")
+    try:
+        batch = np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+    except ValueError:
+        raise NodeError(node, f"batch axes of {a} and {b} do not broadcast") from None
+    return [TensorType("int8", (*batch, a.shape[-2], b.shape[-1]))]
+
+
+def _qbinary_types(node: Node, types):
+    a, b = types[0], types[1]
+    if a.dtype != "int8" or b.dtype != "int8" or a.shape != b.shape:
+        raise NodeError(node, f"inputs {a} and {b} must be int8 of one shape")
+    return [TensorType("int8", a.shape)]
+
+
+QUANTIZED_SHAPE_RULES = {"QConv": _qconv_types, "QGemm": _qgemm_types, "QLut": _qlut_types,
+                         "QMatMul": _qmatmul_types, "QAdd": _qbinary_types,
+                         "QMul": _qbinary_types}

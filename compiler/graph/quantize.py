@@ -12,11 +12,18 @@ Two ways in:
 ``quantize_model`` does either, from an ONNX model or a graph.
 
 Scales are symmetric, zero points are 0: a value v of scale s is stored as int8
-``q = clip(rint(v / s), -128, 127)``, ``s = max|v| / 127`` over the calibration samples.
+``q = clip(rint(v / s), -128, 127)``, ``s = range / 127`` over the calibration samples,
+the range being max|v| (method "minmax") or, by default ("mse"), for values never
+negative that do not feed a QLut, the clipping range of least squared error
+(``_mse_ranges``; docs/graph.md has the measurements behind the choice).
 
-A Conv (2-D), Gemm (no transA) or MatMul ([N,K] by a constant [K,O]) with a constant
-weight becomes QConv/QGemm when its epilogue has only constant per-channel Adds (a bias),
-at most one residual Add, then Relu/Clip steps (together one clamp [lo, hi]):
+A Conv (2-D), Gemm (no transA) or MatMul (any rank >= 2 by a constant [K,O]; N-d inputs
+run as a QGemm on their rows, between two int8 Reshapes) with a constant weight becomes
+QConv/QGemm when its epilogue has only constant per-channel Adds (a bias) and Muls (a layer
+scale, folded into the weights and the bias), at most one
+residual Add, then Relu/Clip steps (together one clamp [lo, hi]), optionally followed by
+unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...): those become a QLut
+(a 256-entry int8 table) after the layer, which then writes an intermediate int8 value:
 
 - weights: per output channel (``per_channel``; else one scale) ``s_w[o] = max|w[o]|/127``,
   ``w_q = rint(w / s_w)``; Gemm's alpha is folded into w, its beta into the bias.
@@ -42,7 +49,8 @@ at most one residual Add, then Relu/Clip steps (together one clamp [lo, hi]):
 
 MaxPool, Flatten, Reshape, Relu and Identity on an int8 value stay int8 in the same scale
 (so does a Concat of int8 values that already share one scale); GlobalAveragePool becomes
-QGlobalAveragePool. Every other node stays float: a Dequantize is inserted before it for an
+QGlobalAveragePool; an element-wise function of one value (``_LUT_OPS``) on an int8 value
+becomes a QLut. Every other node stays float: a Dequantize is inserted before it for an
 int8 input, and a Quantize after a float value only where a quantized node reads it. Graph
 inputs and outputs keep their names and float types (a final Dequantize writes an output).
 """
@@ -56,7 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ir import Graph, GraphError, Node, TensorType, constant, verify_graph
+from .ir import EPILOGUE_UNARY, Graph, GraphError, Node, TensorType, constant, verify_graph
 from .ops import KERNELS, OWN_INPUTS
 from .passes import remove_dead_code
 from .reference import apply_epilogue, evaluate_node
@@ -64,12 +72,22 @@ from .reference import apply_epilogue, evaluate_node
 __all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
            "CalibrationError", "MARGIN"]
 
+# Calibration keeps about this many elements of each value per sample (evenly strided) for
+# the MSE range search, which tries ranges down to _MSE_LOWEST of the maximum.
+_KEPT = 20000
+_MSE_LOWEST = 0.3
+CALIBRATION_METHODS = ("mse", "minmax")
 # A[o], the bound on |acc + bias| the shift is chosen for, is MARGIN times the calibration
 # maximum: inputs somewhat beyond the samples still do not wrap.
 MARGIN = 2.0
 # Ops that keep their int8 input's scale (they only move or select values, or clamp at 0).
 _SAME_SCALE = ("MaxPool", "Flatten", "Reshape", "Relu", "Identity")
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+# Epilogue steps with no exact int8 form: the layer ends before them, a QLut computes them.
+_LUT_STEPS = ("SiLU", "HardSwish", "Sigmoid", "LeakyRelu", "HardSigmoid")
+# Element-wise functions of one value that become a QLut on an int8 input.
+_LUT_OPS = ("Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Gelu", "Elu",
+            "Selu", "Softplus", "Softsign", "Erf", "Celu", "Mish", "ThresholdedRelu")
 
 
 def is_qdq(graph: Graph) -> bool:
@@ -181,16 +199,24 @@ def _samples(graph: Graph, calibration) -> list[dict]:
 @dataclass
 class _Layer:
     """A Conv/Gemm/MatMul that becomes QConv/QGemm, in float64: ``weight`` [O, ...] with
-    Gemm's alpha folded in, ``bias`` [O] (its own bias and the epilogue's constant Adds;
-    ``added`` is the part from the epilogue), the residual value (or ""), and its
-    activations as one clamp [lo, hi] (infinite when absent)."""
+    Gemm's alpha and the epilogue's constant per-channel Muls (a layer scale) folded in,
+    ``bias`` [O] (its own bias and the epilogue's constant Adds and Muls; ``linear``: those
+    epilogue steps, which calibration applies), the residual value (or ""), and its
+    activations as one clamp [lo, hi] (infinite when absent). ``axis``: the output's channel
+    axis (-1 for a MatMul, whose leading axes become QGemm rows). ``head``: the epilogue
+    steps up to the clamp; ``tail``: the unary steps from the first one with no exact int8
+    form (SiLU, HardSwish, Sigmoid, ...) on, done by a QLut after the layer."""
 
     weight: np.ndarray
     bias: np.ndarray
-    added: np.ndarray
+    linear: tuple
     residual: str
     lo: float
     hi: float
+    axis: int = 1
+    head: tuple = ()
+    tail: tuple = ()
+    after: tuple = ()  # (op, input index, value): an Add/Mul of the QLut's result by a value
 
 
 def _per_channel(c: np.ndarray, out_shape, channel_axis: int):
@@ -225,9 +251,9 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | None:
     x, out = types[ins[0]], types[node.outputs[0]]
     w = inits.get(ins[1])
     if x.dtype != "float32" or out.dtype != "float32" or w is None or w.ndim not in (2, 4) \
-            or ins[0] in inits or (ins[2] and ins[2] not in inits):
+            or ins[0] in inits or (own > 2 and ins[2] and ins[2] not in inits):
         return None
-    c = inits[ins[2]] if ins[2] else None
+    c = inits[ins[2]] if own > 2 and ins[2] else None
     if node.op == "Conv":
         if w.ndim != 4 or len(x.shape) != 4:
             return None
@@ -242,28 +268,52 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | None:
         if bias is None:
             return None
         bias = bias * a["beta"]
-    else:  # MatMul
-        if w.ndim != 2 or len(x.shape) != 2:
+    else:  # MatMul: the rows of x's leading axes (a transformer's Linear on [B, S, D])
+        if w.ndim != 2 or len(x.shape) < 2 or not x.static or not out.static:
             return None
         weight, bias = w.T.astype(np.float64), np.zeros(w.shape[1])
-    added, residual, activations = np.zeros_like(bias), "", []
+    axis = 1 if node.op != "MatMul" else len(out.shape) - 1
+    linear, residual, activations, head, tail, after = [], "", [], [], [], ()
     for op, *args in node.attrs.get("epilogue", ()):
+        if after:  # nothing after the Add/Mul that follows the table
+            return None
+        # SE's x * sigmoid(gate): a QMul after the table. (YOLO's x + silu(conv) stays a
+        # float layer: quantized, with a QAdd or a float Add after the table, it cost YOLO
+        # (small) 0.99974 -> 0.9989..0.99957 in cosine to fp32.)
+        if tail and op == "Mul":
+            operand = node.inputs[args[0]]
+            if operand in inits or types[operand] != out:
+                return None
+            after = (op, args[0], operand)
+            continue
+        if tail or op in _LUT_STEPS:  # from here on a function of one int8 value: a table
+            if op not in EPILOGUE_UNARY:
+                return None
+            tail.append((op, *args))
+            continue
+        head.append((op, *args))
         if op in ("Relu", "Clip"):
             activations.append((op, *args))
             continue
-        if op != "Add" or activations:  # an Add after the activation cannot be expressed
+        if op not in ("Add", "Mul") or activations:  # no Add or Mul after the clamp
             return None
         operand = node.inputs[args[0]]
-        if operand in inits:
-            vector = _per_channel(inits[operand], out.shape, 1)
+        if operand in inits and not residual:  # folded: a bias, or a per-channel scale
+            vector = _per_channel(inits[operand], out.shape, axis)
             if vector is None:
                 return None
-            added = added + vector
-        elif residual or types[operand] != out:
+            linear.append((op, *args))
+            if op == "Add":
+                bias = bias + vector
+            else:
+                weight = weight * vector.reshape((-1,) + (1,) * (weight.ndim - 1))
+                bias = bias * vector
+        elif op == "Mul" or residual or types[operand] != out:
             return None
         else:
             residual = operand
-    return _Layer(weight, bias + added, added, residual, *_clamp(activations))
+    return _Layer(weight, bias, tuple(linear), residual, *_clamp(activations), axis,
+                  tuple(head), tuple(tail), after)
 
 
 class _Classes:
@@ -286,9 +336,40 @@ class _Classes:
 @dataclass
 class _Plan:
     layers: dict      # node name -> _Layer
-    kinds: dict       # node name -> "layer" | "same" | "pool" for the nodes made integer
+    kinds: dict       # node name -> "layer" | "same" | "pool" | "lut" for the nodes made integer
     int8: set         # values the quantized graph holds as int8
     classes: _Classes
+
+
+def _after_lut(node: Node) -> str:
+    """The calibration key of a layer's QLut result when an Add/Mul follows it."""
+    return f"{node.name}/after_lut"
+
+
+def _is_int8_binary(graph: Graph, node: Node, int8: set) -> bool:
+    """An Add/Mul of two int8 values of the output's shape: a QAdd/QMul."""
+    if node.op not in ("Add", "Mul") or len(node.inputs) != 2 or len(node.outputs) != 1:
+        return False
+    out = graph.types[node.outputs[0]]
+    return out.dtype == "float32" and all(
+        v in int8 and graph.types[v].shape == out.shape for v in node.inputs)
+
+
+def _is_activation_matmul(graph: Graph, node: Node) -> bool:
+    """A MatMul of two values computed at run time (attention's Q x K^T and P x V), of
+    static shapes and without an epilogue: a QMatMul."""
+    if node.op != "MatMul" or len(node.inputs) != 2 or node.attrs.get("epilogue") \
+            or len(node.outputs) != 1:
+        return False
+    ts = [graph.types[v] for v in (*node.inputs, node.outputs[0])]
+    return not any(v in graph.initializers for v in node.inputs) and all(
+        t.dtype == "float32" and t.static and len(t.shape) >= 2 for t in ts)
+
+
+def _mid(node: Node) -> str:
+    """The calibration key of a layer's int8 result before its QLut tail (not a value of the
+    graph: the quantized graph names it afresh)."""
+    return f"{node.name}/before_lut"
 
 
 def _plan(graph: Graph) -> _Plan:
@@ -300,12 +381,19 @@ def _plan(graph: Graph) -> _Plan:
         if layer is not None:
             plan.layers[node.name], plan.kinds[node.name] = layer, "layer"
             if layer.residual:
-                plan.classes.union(layer.residual, out)
+                plan.classes.union(layer.residual, _mid(node) if layer.tail else out)
+        elif node.op in _LUT_OPS and int8_in and len(node.inputs) == 1 and \
+                len(node.outputs) == 1 and graph.types[out].dtype == "float32":
+            plan.kinds[node.name] = "lut"
         elif len(node.outputs) == 1 and int8_in and (
                 node.op in _SAME_SCALE or (node.op == "Concat" and len(
                     {plan.classes.find(i) for i in node.inputs}) == 1)):
             plan.kinds[node.name] = "same"
             plan.classes.union(node.inputs[0], out)
+        elif _is_activation_matmul(graph, node):
+            plan.kinds[node.name] = "matmul"
+        elif _is_int8_binary(graph, node, plan.int8):
+            plan.kinds[node.name] = "binary"
         elif node.op == "GlobalAveragePool" and int8_in and len(graph.types[out].shape) == 4:
             plan.kinds[node.name] = "pool"
             plan.classes.union(node.inputs[0], out)
@@ -322,13 +410,26 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
     """Run the float graph on every sample: max |x| of the ``needed`` values, and per layer
     the per-channel max |acc + bias| in float (its output before residual and activation)."""
     maxabs = dict.fromkeys(needed, 0.0)
+    mids = {node.name: _mid(node) for node in graph.nodes
+            if node.name in plan.layers and plan.layers[node.name].tail}
+    maxabs.update(dict.fromkeys(mids.values(), 0.0))
+    afters = {node.name: _after_lut(node) for node in graph.nodes
+              if node.name in plan.layers and plan.layers[node.name].after}
+    maxabs.update(dict.fromkeys(afters.values(), 0.0))
     pre = {name: np.zeros(len(layer.bias)) for name, layer in plan.layers.items()}
+    kept: dict[str, list] = {v: [] for v in maxabs}
+
+    def record(name, v):
+        v = np.asarray(v, dtype=np.float32).reshape(-1)
+        maxabs[name] = max(maxabs[name], float(np.abs(v).max(initial=0)))
+        kept[name].append(v[::max(1, v.size // _KEPT)])
+
     last_use = {i: k for k, node in enumerate(graph.nodes) for i in node.inputs}
     keep = set(graph.initializers)
     for feeds in samples:
         env = {**graph.initializers, **feeds}
         for name in needed & set(feeds):
-            maxabs[name] = max(maxabs[name], float(np.abs(feeds[name]).max(initial=0)))
+            record(name, feeds[name])
         for k, node in enumerate(graph.nodes):
             ins = [env[i] if i else None for i in node.inputs]
             layer = plan.layers.get(node.name)
@@ -337,19 +438,66 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
             else:
                 with np.errstate(all="ignore"):
                     y = KERNELS[node.op](node.attrs, *ins[:OWN_INPUTS[node.op]])
-                    before = np.abs(y + layer.added.reshape((1, -1) + (1,) * (y.ndim - 2)))
-                    axes = tuple(d for d in range(y.ndim) if d != 1)
+                    before = np.abs(apply_epilogue(y, layer.linear, ins))
+                    axes = tuple(d for d in range(y.ndim) if d != layer.axis)
                     pre[node.name] = np.maximum(pre[node.name], before.max(axis=axes))
-                    results = (apply_epilogue(y, node.attrs.get("epilogue", ()), ins),)
+                    y = apply_epilogue(y, layer.head, ins)
+                    if layer.tail:
+                        key = mids[node.name]
+                        record(key, y)
+                    y = apply_epilogue(y, layer.tail, ins)
+                    if layer.after:
+                        record(afters[node.name], y)
+                        y = apply_epilogue(y, [layer.after[:2]], ins)
+                    results = (y,)
             for o, v in zip(node.outputs, results):
                 if o:
                     env[o] = v
                     if o in maxabs:
-                        maxabs[o] = max(maxabs[o], float(np.abs(v).max(initial=0)))
+                        record(o, v)
             for i in node.inputs:
                 if i and last_use.get(i) == k and i not in keep:
                     env.pop(i, None)
-    return maxabs, pre
+    return maxabs, pre, {v: np.concatenate(a) if a else np.zeros(0, np.float32)
+                         for v, a in kept.items()}
+
+
+def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict) -> dict:
+    """The "mse" method: the MSE range (_mse_range) for the classes of values that were never
+    negative on the samples (a Relu output), the maximum for the others, for the inputs of
+    a QLut and for the outputs of a layer clamped above (Relu6: the clamp already bounds
+    the range, and narrowing it cost MobileNetV2 0.9975 -> 0.9970). Measured on the zoo's
+    small models (docs/graph.md): MSE ranges for every value lose accuracy on the SiLU models (YOLO, EfficientNet: clipping a signed
+    pre-activation or a residual cuts values the next layer needs), for non-negative ones
+    they gain (EfficientNet 0.987 -> 0.993, ResNet-18 0.9989 -> 0.9992)."""
+    kept = {plan.classes.find(_mid(n)) for n in graph.nodes
+            if n.name in plan.layers and plan.layers[n.name].tail}
+    kept |= {plan.classes.find(n.inputs[0]) for n in graph.nodes
+             if plan.kinds.get(n.name) == "lut"}
+    kept |= {plan.classes.find(n.outputs[0]) for n in graph.nodes
+             if n.name in plan.layers and not plan.layers[n.name].tail
+             and math.isfinite(plan.layers[n.name].hi)}
+    out = {}
+    for root, t in top.items():
+        values = np.concatenate(members[root])
+        out[root] = t if root in kept or values.min(initial=0) < 0 else _mse_range(values, t)
+    return out
+
+
+def _mse_range(values: np.ndarray, top: float) -> float:
+    """The range in [_MSE_LOWEST * top, top] whose symmetric int8 rounding (values beyond it
+    clipped) has the least mean squared error over ``values``: a few outliers no longer
+    widen every step of the rest."""
+    if top <= 0 or values.size == 0:
+        return top
+    v = values.astype(np.float64)
+    best, best_err = top, math.inf
+    for t in np.linspace(_MSE_LOWEST, 1.0, 57) * top:
+        s = float(np.float32(t / 127))
+        err = float(((np.clip(np.rint(v / s), -128, 127) * s - v) ** 2).mean())
+        if err < best_err:
+            best, best_err = t, err
+    return best
 
 
 # ---- integer parameters ----------------------------------------------------------------------
@@ -390,6 +538,34 @@ def _requantization(ratio, bias_q, w_q, calibrated=None):
         if (np.abs(bias) < 2**31).all() and (np.abs(m) * np.maximum(bound, 1) < 2**31).all():
             return m.astype(np.int32), bias.astype(np.int32), shift
     return None
+
+
+def _emit_binary(b: _Builder, op: str, x: str, y: str, s_x: float, s_y: float, s_out: float,
+                 out: str, name: str, fresh: bool = True) -> None:
+    """QAdd (``x * s_x + y * s_y`` in the scale s_out) or QMul (``x * y * s_x * s_y``): the
+    largest shift in 1..31 with which no step can leave int32 for any int8 inputs."""
+    ratios = [s_x / s_out, s_y / s_out] if op == "Add" else [s_x * s_y / s_out]
+    worst = 128.0 * 128.0 if op == "Mul" else 128.0
+    for shift in range(31, 0, -1):
+        m = [round(r * 2**shift) for r in ratios]
+        if max(m) < 2**31 and sum(m) * worst + 2 ** (shift - 1) < 2**31:
+            break
+    attrs = {"multipliers": m, "shift": shift, "scale": float(s_out)}
+    b.add("QAdd" if op == "Add" else "QMul", [x, y], [out], attrs, name, fresh=fresh)
+
+
+def _matmul_params(ratio: float, calibrated: float) -> tuple[int, int]:
+    """(multiplier, shift) of a QMatMul: ``multiplier / 2**shift ~ ratio``, the largest
+    shift in 1..31 with ``multiplier * A + 2**(shift-1) < 2**31`` for A bounding |acc|:
+    MARGIN times the calibrated maximum, at least the accumulator that fills the output
+    range (``128 / ratio``), as for QConv/QGemm."""
+    bound = max(MARGIN * calibrated, 128 / ratio, 1.0)
+    for shift in range(31, 0, -1):
+        m = round(ratio * 2**shift)
+        if 1 <= m < 2**31 and m * bound + 2 ** (shift - 1) < 2**31:
+            return m, shift
+    raise GraphError(f"a MatMul's requantization (ratio {ratio:g}) does not fit int32 for "
+                     "any shift; is the calibration data representative?")
 
 
 def _clamp_q(lo: float, hi: float, s_out: float) -> tuple[int, int]:
@@ -460,10 +636,44 @@ def _emit_layer(b: _Builder, node: Node, x_q: str, w_q, params, clamp, s_out: fl
     b.add("QConv" if node.op == "Conv" else "QGemm", inputs, [out], attrs, base, fresh=False)
 
 
+def _emit_rows(b: _Builder, graph: Graph, node: Node, x_q: str, w_q, params, clamp,
+               s_out: float, out: str, residual: str = "") -> None:
+    """_emit_layer, for a MatMul on an N-d input as a QGemm on its rows: Reshape to [rows,
+    K] (and the residual to [rows, O]), QGemm, Reshape back (int8 values, same scales)."""
+    shape = graph.types[node.inputs[0]].shape
+    if node.op != "MatMul" or len(shape) == 2:
+        _emit_layer(b, node, x_q, w_q, params, clamp, s_out, out, residual)
+        return
+    out_shape = tuple(b.types[out].shape)
+    rows = math.prod(shape[:-1])
+
+    def reshape(v, to, base):
+        r = b.value(base, TensorType("int8", to))
+        b.add("Reshape", [v], [r], {"shape": list(to)}, f"{node.name}/{base.rsplit('/')[-1]}")
+        return r
+
+    x2 = reshape(x_q, (rows, shape[-1]), f"{x_q}/rows")
+    r2 = reshape(residual, (rows, out_shape[-1]), f"{residual}/rows") if residual else ""
+    y2 = b.value(f"{out}/rows", TensorType("int8", (rows, out_shape[-1])))
+    _emit_layer(b, node, x2, w_q, params, clamp, s_out, y2, r2)
+    b.add("Reshape", [y2], [out], {"shape": list(out_shape)}, f"{node.name}/unrows")
+
+
+def _table(f, s_in: float, s_out: float) -> np.ndarray:
+    """The int8 -> int8 table of an element-wise float function f between two scales: entry
+    k is Quantize(f(Dequantize(k - 128))) with the kernels' own float32 steps."""
+    x = np.arange(-128, 128).astype(np.float32) * np.float32(s_in)
+    with np.errstate(all="ignore"):
+        y = np.asarray(f(x), dtype=np.float32)
+    q = np.rint(y / np.float32(s_out))
+    return np.clip(np.nan_to_num(q, nan=0.0), -128, 127).astype(np.int8)
+
+
 # ---- quantize_graph --------------------------------------------------------------------------
 
 
-def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True) -> Graph:
+def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
+                   method: str = "mse") -> Graph:
     """The quantized graph of an optimized float graph (module doc).
 
     ``calibration``: a list of feeds ({input name: array of the input's type}), one dict of
@@ -473,13 +683,23 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True) -> Gr
     samples = _samples(graph, calibration)
     plan = _plan(graph)
     layer_inputs = {n.inputs[0] for n in graph.nodes if n.name in plan.layers}
+    layer_inputs |= {v for n in graph.nodes if plan.kinds.get(n.name) == "matmul"
+                     for v in n.inputs}
+    layer_inputs |= {layer.after[2] for layer in plan.layers.values() if layer.after}
     residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
     needed = plan.int8 | layer_inputs | residuals
-    maxabs, pre = _calibrate(graph, samples, plan, needed)
+    if method not in CALIBRATION_METHODS:
+        raise CalibrationError(f"unknown calibration method {method!r}: choose one of "
+                               f"{', '.join(CALIBRATION_METHODS)}")
+    maxabs, pre, kept = _calibrate(graph, samples, plan, needed)
     top: dict[str, float] = {}
-    for v in needed:
+    members: dict[str, list] = {}
+    for v in maxabs:
         root = plan.classes.find(v)
         top[root] = max(top.get(root, 0.0), maxabs[v])
+        members.setdefault(root, []).append(kept[v])
+    if method == "mse":
+        top = _mse_ranges(graph, plan, top, members)
 
     def scale(v):
         return _scale(top[plan.classes.find(v)])
@@ -516,7 +736,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True) -> Gr
         kind = plan.kinds.get(node.name)
         if kind == "layer":
             layer, out = plan.layers[node.name], node.outputs[0]
-            s_in, s_out = scale(node.inputs[0]), scale(out)
+            s_in, s_out = scale(node.inputs[0]), scale(_mid(node) if layer.tail else out)
             w_q, s_w = _quantize_weights(layer.weight, per_channel)
             acc_scale = s_in * s_w
             bias_q = np.rint(layer.bias / acc_scale)
@@ -528,8 +748,40 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True) -> Gr
                                  "representative (an output range of almost 0)?")
             x_q = as_int8(node.inputs[0])
             residual = as_int8(layer.residual) if layer.residual else ""
-            _emit_layer(b, node, x_q, w_q, params, _clamp_q(layer.lo, layer.hi, s_out), s_out,
-                        int8_name[out], residual)
+            target = int8_name[out]
+            if layer.tail:
+                target = b.value(f"{out}/before_lut", TensorType("int8", graph.types[out].shape))
+            _emit_rows(b, graph, node, x_q, w_q, params, _clamp_q(layer.lo, layer.hi, s_out),
+                       s_out, target, residual)
+            if layer.tail:
+                s_lut = scale(_after_lut(node)) if layer.after else scale(out)
+                lut = int8_name[out]
+                if layer.after:
+                    lut = b.value(f"{out}/lut", TensorType("int8", graph.types[out].shape))
+                table = _table(lambda v: apply_epilogue(v, layer.tail, ()), s_out, s_lut)
+                b.add("QLut", [target, b.const(f"{node.name}/table", table)],
+                      [lut], {"scale": s_lut}, f"{node.name}/lut")
+                if layer.after:
+                    op, _, other = layer.after
+                    _emit_binary(b, op, lut, as_int8(other), s_lut, scale(other), scale(out),
+                                 int8_name[out], f"{node.name}/{op.lower()}")
+        elif kind == "binary":
+            (x, y), out = node.inputs, node.outputs[0]
+            _emit_binary(b, node.op, as_int8(x), as_int8(y), scale(x), scale(y), scale(out),
+                         int8_name[out], node.name, fresh=False)
+        elif kind == "matmul":
+            (a, c), out = node.inputs, node.outputs[0]
+            ratio = scale(a) * scale(c) / scale(out)
+            m, shift = _matmul_params(ratio, maxabs[out] / (scale(a) * scale(c)))
+            b.add("QMatMul", [as_int8(a), as_int8(c)], [int8_name[out]],
+                  {"multiplier": m, "shift": shift, "scale": scale(out)}, node.name,
+                  fresh=False)
+        elif kind == "lut":
+            x = node.inputs[0]
+            table = _table(lambda v: evaluate_node(node, [v])[0], scale(x), scale(node.outputs[0]))
+            b.add("QLut", [as_int8(x), b.const(f"{node.name}/table", table)],
+                  [int8_name[node.outputs[0]]], {"scale": scale(node.outputs[0])}, node.name,
+                  fresh=False)
         elif kind == "same":
             b.add(node.op, [as_int8(i) for i in node.inputs], [int8_name[node.outputs[0]]],
                   node.attrs, node.name, fresh=False)

@@ -346,14 +346,15 @@ def test_mobilenet_v2_depthwise_and_relu6():
 
 
 def test_float_nodes_get_dequantize_and_quantize():
-    """A LeakyRelu epilogue keeps its Conv float; the next Conv reads it through a
-    Quantize, and the quantized Conv feeding it is read through a Dequantize."""
+    """A Mul epilogue by another value (here the input) keeps its Conv float; the next Conv
+    reads it through a Quantize, and the quantized Conv feeding it is read through a
+    Dequantize. (A LeakyRelu epilogue no longer does: it becomes a QLut.)"""
     rng = np.random.default_rng(20)
     w = {k: rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32) for k in ("w1", "w2", "w3")}
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4, name="c1"),
              helper.make_node("Relu", ["a"], ["b"], name="r1"),
              helper.make_node("Conv", ["b", "w2"], ["c"], pads=[1] * 4, name="c2"),
-             helper.make_node("LeakyRelu", ["c"], ["d"], name="l2"),
+             helper.make_node("Mul", ["c", "x"], ["d"], name="l2"),
              helper.make_node("Conv", ["d", "w3"], ["y"], pads=[1] * 4, name="c3")]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, [1, 4, 6, 6])], [helper.make_tensor_value_info(

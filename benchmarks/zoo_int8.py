@@ -1,0 +1,171 @@
+"""`celosia bench zoo --int8`: per model, celosia's int8 CPU build against fp32 and against
+onnxruntime's own static quantizer, on the same calibration data.
+
+Protocol (issue #13): six calibration feeds, the entry's ``make_feeds`` with seeds 1..6, and
+one test feed, seed 100. fp32 is onnxruntime's output on the float model; ``int8_cosine``
+is the cosine of celosia's int8 CPU build (``quantize_model`` then ``CpuModel.from_graph``,
+which runs qops.py's integer kernels bit for bit) to it, the worst over the outputs;
+``int8_cosine_ort`` the same for onnxruntime's ``quantize_static`` QDQ model (per-channel
+QInt8 weights, QInt8 activations, after ``quant_pre_process``) run on onnxruntime, and
+``int8_cosine_vs_ort_quantizer`` their difference (>= 0: celosia at least as close to fp32).
+``int8_mac_share`` is the share of the model's multiply-adds (Conv, ConvTranspose, Gemm,
+MatMul, recurrent cells; bodies of Loop/If not counted) that the quantized graph computes
+in integer operators.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+import numpy as np
+
+from celosia.errors import CelosiaError
+
+CALIBRATION_SEEDS = range(1, 7)
+TEST_SEED = 100
+
+
+def cosine(a, b) -> float:
+    a = np.asarray(a, np.float64).ravel()
+    b = np.asarray(b, np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
+
+
+def _recurrent_macs(node, types) -> int:
+    """MACs of an LSTM/GRU/RNN: gates x hidden x (input + hidden) per step and direction."""
+    x = types[node.inputs[0]].shape
+    hidden = int(node.attrs.get("hidden_size") or 0)
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[node.op]
+    directions = 2 if node.attrs.get("direction") == "bidirectional" else 1
+    return int(x[0] * x[1] * directions * gates * hidden * (x[2] + hidden))
+
+
+def node_macs(node, types) -> int:
+    """Multiply-adds of one node of a float or quantized graph (0 for the others)."""
+    op = node.op
+    if not node.outputs or node.outputs[0] not in types:
+        return 0
+    out = types[node.outputs[0]].shape
+    if op in ("Conv", "QConv", "ConvTranspose"):
+        w = types[node.inputs[1]].shape
+        if op == "ConvTranspose":  # every input element meets C_out/group x kernel weights
+            return int(math.prod(types[node.inputs[0]].shape) * math.prod(w[1:]))
+        return int(math.prod(out) * math.prod(w[1:]))
+    if op in ("Gemm", "QGemm", "MatMul", "QMatMul"):
+        a = types[node.inputs[0]].shape
+        k = a[0] if op == "Gemm" and node.attrs.get("transA") else a[-1]
+        return int(math.prod(out) * k)
+    if op in ("LSTM", "GRU", "RNN"):
+        return _recurrent_macs(node, types)
+    return 0
+
+
+def mac_share(qgraph) -> float:
+    """The share of multiply-adds in integer (Q*) nodes of a quantized graph."""
+    total = quantized = 0
+    for node in qgraph.nodes:
+        m = node_macs(node, qgraph.types)
+        total += m
+        if node.op.startswith("Q"):
+            quantized += m
+    return quantized / total if total else 0.0
+
+
+def celosia_int8(model, calib: list, test: dict, want: list, names: list) -> dict:
+    from celosia.compiler.pipeline import quantize_model
+    from celosia.runtime.cpu import CpuModel
+
+    q = quantize_model(model, calib, input_shapes={k: v.shape for k, v in test.items()})
+    got = CpuModel.from_graph(q).run(test)
+    ops: dict[str, int] = {}
+    for n in q.nodes:
+        ops[n.op] = ops.get(n.op, 0) + 1
+    return {"int8_cosine": min(cosine(got[n], w) for n, w in zip(names, want)),
+            "int8_mac_share": mac_share(q),
+            "int8_ops": {k: v for k, v in sorted(ops.items()) if k.startswith("Q")},
+            "int8_float_nodes": sum(v for k, v in ops.items() if not k.startswith("Q")
+                                    and k not in ("Quantize", "Dequantize"))}
+
+
+def ort_int8(model, calib: list, test: dict, want: list) -> float:
+    """Cosine to fp32 of onnxruntime's quantize_static QDQ model (module doc)."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(calib)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    # onnxruntime's preprocessing and quantizer leave scratch files (sym_shape_infer_temp.onnx,
+    # <uuid>.data) in the working directory: run them inside a temporary one.
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = os.path.join(d, "m.onnx"), os.path.join(d, "q.onnx")
+        onnx.save(model, src)
+        os.chdir(d)
+        try:
+            try:
+                quant_pre_process(src, src)
+            except Exception:  # optional preprocessing (shape inference); quantize as it is
+                pass
+            quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ,
+                            per_channel=True, activation_type=QuantType.QInt8,
+                            weight_type=QuantType.QInt8)
+        finally:
+            os.chdir(here)
+        session = ort.InferenceSession(dst, providers=["CPUExecutionProvider"])
+        got = session.run(None, test)
+    return min(cosine(g, w) for g, w in zip(got, want))
+
+
+def measure(entry, size: str) -> dict:
+    """The int8 record of one zoo entry (module doc); errors are kept as results."""
+    import onnxruntime as ort
+
+    model = entry.model(size)
+    calib = [entry.make_feeds(size, seed=s) for s in CALIBRATION_SEEDS]
+    test = entry.make_feeds(size, seed=TEST_SEED)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    want = session.run(None, test)
+    record: dict = {}
+    try:
+        record.update(celosia_int8(model, calib, test, want, names))
+    except CelosiaError as e:
+        record["int8_error"] = f"{type(e).__name__}: {e}"
+    except Exception as e:  # a bug in celosia, kept as a result
+        record["int8_error"] = f"internal error (a bug): {type(e).__name__}: {e}"
+    try:
+        record["int8_cosine_ort"] = ort_int8(model, calib, test, want)
+    except Exception as e:  # onnxruntime's quantizer does not take every model
+        record["int8_ort_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    if "int8_cosine" in record and "int8_cosine_ort" in record:
+        record["int8_cosine_vs_ort_quantizer"] = (record["int8_cosine"]
+                                                  - record["int8_cosine_ort"])
+    return record
+
+
+def totals(results: dict) -> dict:
+    """Totals over the models: the worst difference to onnxruntime's quantizer, the worst
+    cosine and MAC share, and how many models quantize."""
+    rs = list(results.values())
+    diffs = [r["int8_cosine_vs_ort_quantizer"] for r in rs if "int8_cosine_vs_ort_quantizer"
+             in r]
+    out = {"models_ok_int8": sum("int8_cosine" in r for r in rs)}
+    if diffs:
+        out["int8_cosine_vs_ort_quantizer_min"] = float(min(diffs))
+    cos = [r["int8_cosine"] for r in rs if "int8_cosine" in r]
+    if cos:
+        out["int8_cosine_min"] = float(min(cos))
+        out["int8_mac_share_min"] = float(min(r["int8_mac_share"] for r in rs
+                                              if "int8_mac_share" in r))
+    return out
