@@ -59,7 +59,7 @@ __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 F32, I8 = "float32", "int8"
 _VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Neg", "Abs",
-                  "Exp", "Clip", "Erf", "Gelu")
+                  "Exp", "Sqrt", "Clip", "Erf", "Gelu")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
                    "Quantize": ("scale",), "Dequantize": ("scale",)}
 # A pooling kernel unrolls its window (a tree of max or +, one load per tap): larger
