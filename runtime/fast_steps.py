@@ -11,6 +11,7 @@ views made at bind time, each ``np.copyto`` about half a microsecond:
                    copy of the mirrored, edge or wrapped rows (graph/ops.py's _pad_bands,
                    on the output's own views, in its order)
     Concat         one copy per input into its part of the output
+    Transpose      one copy of the transposed view
     Gather         one row of a scalar index (read each run: it may be a run-time value)
 
 or one call of the reference's own function into the output: the unary ufuncs (Tanh,
@@ -138,6 +139,17 @@ def _concat(a, xs, y, s):
     return _copies([(d, x) for d, x in pairs if x.size])
 
 
+def _transpose(a, xs, y, s):
+    x, = xs
+    perm = a["perm"]
+    if not _ints(perm) or sorted(perm) != list(range(x.ndim)):
+        return None
+    view = x.transpose(perm)
+    if view.shape != y.shape or view.dtype != y.dtype:
+        return None
+    return _copies([(y, view)])
+
+
 def _gather(a, xs, y, s):
     """Gather of one index (x_t of a sequence, a layer of a state): the row copied."""
     x, index = xs
@@ -217,6 +229,7 @@ def _float_sum(a, x, y, mean: bool):
 _FLOATS = (np.float32, np.float64)
 _MAKERS = {
     "Slice": _slice, "Pad": _pad, "Concat": _concat, "Gather": _gather,
+    "Transpose": _transpose,
     "Tanh": _ufunc(np.tanh, _FLOATS), "Neg": _ufunc(np.negative, _FLOATS),
     "Abs": _ufunc(np.abs, _FLOATS),
     "Equal": _compare(np.equal), "Less": _compare(np.less), "Greater": _compare(np.greater),

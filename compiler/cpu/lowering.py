@@ -793,8 +793,9 @@ class _Lowering:
 def lower_graph(graph: Graph) -> CpuProgram:
     """The CPU program of an optimized graph (kernels not compiled yet)."""
     from .conv1d import conv1d_as_2d  # 1-D convolutions on the 2-D kernels
+    from .conv1d_dense import conv1d_as_dense  # or, with long kernels, on the dense one
 
-    return _Lowering(conv1d_as_2d(graph)).run()
+    return _Lowering(conv1d_as_2d(conv1d_as_dense(graph))).run()
 
 
 def compile_program(program: CpuProgram, *, progress=None) -> dict:

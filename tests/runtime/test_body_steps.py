@@ -169,6 +169,13 @@ def test_equal_of_a_scalar(monkeypatch):
               generic=("Equal",))
 
 
+@pytest.mark.parametrize("perm", [[0, 2, 1], [2, 0, 1], [1, 0, 2]])
+def test_transpose(monkeypatch, perm):
+    shape = [X.shape[p] for p in perm]
+    _both(monkeypatch, [helper.make_node("Transpose", ["x"], ["y"], perm=perm)],
+          [vi("x", list(X.shape))], "y", shape, {"x": X}, generic=("Transpose",))
+
+
 def test_sqrt_is_a_kernel(monkeypatch):
     x = np.abs(X) * 3
     _both(monkeypatch, [helper.make_node("Sqrt", ["x"], ["y"])], [vi("x", list(X.shape))],
@@ -177,8 +184,8 @@ def test_sqrt_is_a_kernel(monkeypatch):
 
 # ---- a model of Silero VAD's structure -------------------------------------------------------
 
-def _silero_like(hidden=8, length=61):
-    """If (sr == 16000) of: reflect Pad, a strided 1-D conv as STFT, Slices into real and
+def _silero_like(hidden=8, length=120):
+    """If (sr == 16000) of: reflect Pad, a strided 1-D conv as STFT (a product of windows), Slices into real and
     imaginary parts, Pow/Add/Sqrt magnitude, a 1-D conv + Relu encoder, ReduceMean over time,
     an LSTM step from a Gather of the state, the state's Concat, a 1-D conv + Sigmoid head and
     a ReduceMean; else a copy of the state and zero."""
@@ -186,9 +193,9 @@ def _silero_like(hidden=8, length=61):
     w = lambda *s: (r.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
     H, E = hidden, 6
     inits = [
-        _const("pads", np.array([0, 0, 0, 7])), _const("ax1", np.array([1])),
+        _const("pads", np.array([0, 0, 0, 8])), _const("ax1", np.array([1])),
         _const("ax0", np.array([0])), _const("ax01", np.array([0, 1])),
-        _const("w_stft", w(10, 1, 8)), _const("w_enc", w(E, 5, 3)), _const("b_enc", w(E)),
+        _const("w_stft", w(10, 1, 32)), _const("w_enc", w(E, 5, 3)), _const("b_enc", w(E)),
         _const("W", w(1, 4 * H, E)), _const("R", w(1, 4 * H, H)), _const("Bl", w(1, 8 * H)),
         _const("w_head", w(1, H, 1)), _const("b_head", w(1)),
         _const("s0", np.array([0])), _const("s5", np.array([5])),
@@ -200,7 +207,7 @@ def _silero_like(hidden=8, length=61):
     then = [
         n("Pad", ["x", "pads"], ["p"], mode="reflect"),
         n("Unsqueeze", ["p", "ax1"], ["u"]),
-        n("Conv", ["u", "w_stft"], ["c"], strides=[4]),
+        n("Conv", ["u", "w_stft"], ["c"], strides=[16]),  # 7 windows: a product
         n("Slice", ["c", "s0", "s5", "ax1"], ["re"]),
         n("Slice", ["c", "s5", "s10", "ax1"], ["im"]),
         n("Pow", ["re", "two"], ["re2"]), n("Pow", ["im", "two"], ["im2"]),
@@ -231,18 +238,19 @@ def _silero_like(hidden=8, length=61):
 
 def test_silero_structure_against_onnxruntime(monkeypatch):
     _no_generic_numpy(monkeypatch, ("Pad", "Slice", "Gather", "Concat", "ReduceMean", "Equal",
-                                    "Sqrt", "Conv", "Pow"))
+                                    "Sqrt", "Conv", "Pow", "Transpose"))
     m = _silero_like()
     graph = optimize(import_onnx(m))
     built = CpuModel.from_graph(graph)
     control = built.program.steps[[s["kind"] for s in built.program.steps].index("control")]
     kinds = {(s["op"], s["kind"]) for s in control["bodies"]["then_branch"]["steps"]}
-    assert {("Conv", "kernel"), ("Sqrt", "kernel"), ("LSTM", "kernel")} <= kinds, kinds
-    assert not {op for op, kind in kinds if kind == "numpy"} - {"Pad", "Slice", "Gather",
-                                                                "Concat", "ReduceMean"}, kinds
+    assert {("Conv", "kernel"), ("MatMul", "kernel"), ("Sqrt", "kernel"),
+            ("LSTM", "kernel")} <= kinds, kinds
+    assert not {op for op, kind in kinds if kind == "numpy"} - {
+        "Pad", "Slice", "Gather", "Concat", "ReduceMean", "Transpose"}, kinds
     r = np.random.default_rng(11)
     for sr in (16000, 8000, 16000):
-        feeds = {"x": r.standard_normal((1, 61)).astype(np.float32),
+        feeds = {"x": r.standard_normal((1, 120)).astype(np.float32),
                  "state": r.standard_normal((2, 1, 8)).astype(np.float32),
                  "sr": np.array(sr)}
         got, theirs, want = built.run(feeds), _onnxruntime(m, feeds), run_graph(graph, feeds)
