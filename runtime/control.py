@@ -18,9 +18,11 @@ first's carried outputs and the other way round, and iterations alternate betwee
 carried values are copied back into the inputs instead (``_carry``). A Scan copies its
 slices into the body's inputs the same way (in reverse where a direction is 1).
 
-Inside a body, small kernels run on the calling thread (``_serial``) and a few numpy
-steps are one numpy call into their output (``_fast_numpy``): per iteration, the cost of
-waking the thread pool or of evaluate_node's dispatch is larger than their work.
+Inside a body, small kernels run on the calling thread (``_serial``), each run of
+consecutive kernel steps is one native call (runner.KernelRun, as in the main program),
+and many numpy steps are copies or one numpy call into their output (fast_steps.py): per
+iteration, the cost of waking the thread pool or of evaluate_node's dispatch is larger
+than their work.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ import math
 
 import numpy as np
 
+from ..compiler.cpu.runner import BoundKernel, run_mode
 from ..compiler.graph.ir import Node, NodeError
 from .executor import STEP_BINDERS, GraphExecutor
+from .fast_steps import bind_fast
 
 __all__ = ["bind_control"]
 
@@ -50,16 +54,14 @@ class _BodyExecutor(GraphExecutor):
             self._external[out] = arr[s["inputs"][0]].reshape(info["shape"])
             arr[out] = self._external[out]
             return None
-        if kind == "kernel":
+        if kind == "kernel":  # grouped with its neighbours into one native call (_plan)
             kernel = self.program.kernels[s["kernel"]]
             args = [arr[v] for v in s["inputs"]]
             spec = self.program.specs.get(s["kernel"], {})
-            return kernel.bind(*args, serial=_serial(spec, args))
+            return BoundKernel(kernel, args, work=0 if _serial(spec, args) else None)
         if kind == "numpy":
-            fast = _fast_numpy(s, arr)
-            if fast is not None:
-                return fast
-            return _checked(super()._bind(s), s)
+            fast = bind_fast(s, arr)  # Slice, Pad, Gather...: copies (fast_steps.py)
+            return fast if fast is not None else _checked(super()._bind(s), s)
         return super()._bind(s)
 
 
@@ -113,45 +115,7 @@ def _checked(call, s: dict):
     return run
 
 
-def _fast_numpy(s: dict, arr: dict):
-    """A numpy step that a body runs every iteration, as one numpy call into its output
-    (the same function as graph/ops.py's kernel, without evaluate_node's dispatch): Tanh,
-    Neg and Abs of floats, and Gather of one index (x_t of a sequence). None for others."""
-    op, ins, outs = s["op"], s["inputs"], s["outputs"]
-    if len(outs) != 1 or not outs[0] or not ins or not all(ins) \
-            or s.get("attrs", {}).get("epilogue"):
-        return None
-    y = arr[outs[0]]
-    x = arr[ins[0]]
-    if op in _UFUNCS and len(ins) == 1 and x.dtype == y.dtype \
-            and x.dtype in (np.float32, np.float64) and x.shape == y.shape:
-        fn = _UFUNCS[op]
-        return lambda: fn(x, out=y)
-    axis = s.get("attrs", {}).get("axis", 0)
-    if op == "Gather" and len(ins) == 2 and arr[ins[1]].shape == () and x.ndim >= 1 \
-            and arr[ins[1]].dtype.kind == "i" and type(axis) is int and -x.ndim <= axis < x.ndim:
-        index, axis = arr[ins[1]], axis % x.ndim
-        if x.shape[:axis] + x.shape[axis + 1:] != y.shape or x.dtype != y.dtype:
-            return None  # (not what Gather makes: the numpy step says so when it runs)
-        lead = (slice(None),) * axis
-        node = Node(op, tuple(ins), tuple(outs), s["attrs"], s["node"])
-
-        n = x.shape[axis]
-        # Each row a view made once (x has a fixed address), indexed as ONNX does: -n..n-1.
-        rows = [x[lead + (k,)] for k in range(n)] if n <= _ROW_VIEWS else None
-
-        def gather():
-            i = int(index)
-            if not -n <= i < n:
-                raise NodeError(node, f"failed at run time: index {i} is out of bounds for "
-                                      f"axis {axis} with size {n}")
-            np.copyto(y, rows[i] if rows is not None else x[lead + (i,)])
-        return gather
-    return None
-
-
-_UFUNCS = {"Tanh": np.tanh, "Neg": np.negative, "Abs": np.abs}
-_ROW_VIEWS = 1 << 16  # rows of a Gather's data (and of a scan output) kept as views
+_ROW_VIEWS = 1 << 16  # rows of a scan output kept as views
 
 
 def _body_executor(parent: GraphExecutor, step: dict, body: dict,
@@ -172,7 +136,19 @@ def _body_executor(parent: GraphExecutor, step: dict, body: dict,
 
 
 def _calls(ex: GraphExecutor) -> list:
-    return [c for c in ex._calls if c is not None]
+    """A body's steps as [(KernelRun, None) | (None, call)]: each run of consecutive
+    kernel steps one native call (the executor's plan; a body has no run-time-shaped
+    values to drop)."""
+    return [(run, call) for run, call, _ in ex._plan]
+
+
+def _go(calls: list, mode, pool) -> None:
+    """One pass over a body's ``_calls`` (``mode, pool``: runner.run_mode())."""
+    for run, call in calls:
+        if run is not None:
+            run(mode, pool)
+        else:
+            call()
 
 
 def _scalar(a: np.ndarray):
@@ -202,8 +178,7 @@ def _bind_if(node, step, bodies, ins, outs, parent):
 
     def run():
         calls, copies = branches[0] if bool(_scalar(cond)) else branches[1]
-        for c in calls:
-            c()
+        _go(calls, *run_mode())
         for y, r in copies:
             if y is not None:
                 np.copyto(y, r)
@@ -307,12 +282,12 @@ def _bind_loop(node, step, bodies, ins, outs, parent):
         for s, x in zip(passes[0].states, initial):
             np.copyto(s, x)
         i = 0
+        mode, pool = run_mode()
         while go and i < trip:
             calls, it, cond_in, cond_out, scans = plans[i % n_plans]
             it[...] = i
             cond_in[...] = go
-            for c in calls:
-                c()
+            _go(calls, mode, pool)
             go = bool(cond_out[0])
             if scans and i >= rows:
                 raise NodeError(node, f"runs more than the {rows} iterations its scan "
@@ -351,12 +326,12 @@ def _bind_scan(node, step, bodies, ins, outs, parent):
     def run():
         for s, x in zip(passes[0].states, ins[:n_state]):
             np.copyto(s, x)
+        mode, pool = run_mode()
         for t in range(length):
             calls, slices, stacks = plans[t % len(plans)]
             for dst, (x, d) in zip(slices, seqs):
                 np.copyto(dst, x[length - 1 - t if d else t, ...])
-            for c in calls:
-                c()
+            _go(calls, mode, pool)
             for y, d, r in stacks:
                 np.copyto(y[length - 1 - t if d else t, ...], r)
             if carry:

@@ -40,6 +40,8 @@ from dataclasses import replace
 
 from ..graph.ir import Graph, Node, captured_inputs, subgraphs
 from .control_hoist import hoist_projections, lower_hoisted
+from .conv1d import conv1d_as_2d
+from .conv1d_dense import conv1d_as_dense
 
 __all__ = ["CONTROL_OPS", "lower_control", "control_fallback_reason"]
 
@@ -122,7 +124,9 @@ def _lower_body(lowering, node: Node, key: str, body: Graph, captured, depth: in
         return "a body value has a size only known at run time or one that changes"
     if any(0 in g.types[v].shape for v in g.types):
         return "a body value has no elements"
-    sub = type(lowering)(g)  # lowering.py's _Lowering (which imports this module)
+    # lowering.py's _Lowering (which imports this module), after the main graph's
+    # pre-lowering rewrite (lower_graph): Silero's If branch is 1-D convolutions.
+    sub = type(lowering)(conv1d_as_2d(conv1d_as_dense(g)))
     sub.depth = depth + 1
     for v in g.outer:
         sub.produce(v, 0)

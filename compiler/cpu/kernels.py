@@ -54,7 +54,7 @@ import numpy as np
 from celosia.errors import CompilerError
 
 from ..tensor import te
-from ..tensor.expr import all_of, as_expr, exp, max_expr, min_expr, select
+from ..tensor.expr import all_of, as_expr, exp, max_expr, min_expr, select, sqrt
 from ..tensor.lower import lower
 from ..tensor.schedule import create_schedule
 from .activations_nn import UNARY_NN
@@ -102,6 +102,7 @@ UNARY = {
     "Neg": lambda v: -v,
     "Abs": lambda v: select(v < as_expr(0.0), -v, v),
     "Exp": lambda v: exp(v),
+    "Sqrt": lambda v: sqrt(v),  # llvm.sqrt: correctly rounded, as np.sqrt
     "Identity": lambda v: v,
 }
 # The transformer models' functions (Erf, Gelu): activations_nn.py.

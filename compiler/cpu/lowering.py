@@ -61,7 +61,7 @@ __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 F32, I8 = "float32", "int8"
 _VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Neg", "Abs",
-                  "Exp", "Clip", "Erf", "Gelu")
+                  "Exp", "Sqrt", "Clip", "Erf", "Gelu")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
                    "Quantize": ("scale",), "Dequantize": ("scale",)}
 # A pooling kernel unrolls its window (a tree of max or +, one load per tap): larger
@@ -906,8 +906,9 @@ class _Lowering:
 def lower_graph(graph: Graph) -> CpuProgram:
     """The CPU program of an optimized graph (kernels not compiled yet)."""
     from .conv1d import conv1d_as_2d  # 1-D convolutions on the 2-D kernels
+    from .conv1d_dense import conv1d_as_dense  # or, with long kernels, on the dense one
 
-    return _Lowering(conv1d_as_2d(graph)).run()
+    return _Lowering(conv1d_as_2d(conv1d_as_dense(graph))).run()
 
 
 def compile_program(program: CpuProgram, *, progress=None) -> dict:
