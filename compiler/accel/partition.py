@@ -4,7 +4,10 @@
 with groups = 1, no dilation, one stride and one padding for both axes, and a ``QGemm``,
 each with its fused bias, per-channel requantization, residual add and clip (the ALU
 epilogue of compiler/ops.py executes exactly the integer arithmetic that
-compiler/graph_int.py defines). Everything else stays on the CPU, with the reason.
+compiler/graph/qops.py defines). Everything else stays on the CPU, with the reason named by
+what is missing (``cpu_reason``): an integer operator with no accelerator kernel yet, a
+MatMul with two run-time operands, a conversion between float and int8, or a node the
+quantizer left in float, with the quantizer's own reason (its ``float_reason`` attribute).
 
 ``regions`` merges accelerator nodes connected by values into regions: inside a region
 values stay in DRAM in the packed layout NCHW{BATCH}n{BLOCK}c (channels padded to BLOCK)
@@ -27,7 +30,7 @@ from ..graph.ir import Graph, Node
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_nchw, pack_oihw, pad_channels,
                   unpack_nchw)
 
-__all__ = ["Placement", "annotate", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
+__all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_knobs", "compile_layer",
            "packed_shape", "pack_value", "unpack_value"]
 
@@ -63,9 +66,46 @@ def _conv_problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
     return None
 
 
+# Integer operators of a quantized graph with no accelerator kernel yet: what they compute.
+_INT8_WORK = {
+    "QLut": "int8 lookup table",
+    "QAdd": "int8 element-wise Add of two values",
+    "QMul": "int8 element-wise Mul of two values",
+    "QGlobalAveragePool": "int8 global average pool",
+    "MaxPool": "int8 max pooling",
+    "Relu": "int8 clamp at 0",
+}
+# Operators that only move int8 values: data movement the accelerator does not do yet.
+_INT8_MOVES = ("Reshape", "Flatten", "Concat", "Identity", "Slice", "Transpose", "Squeeze",
+               "Unsqueeze", "Split", "Pad", "Resize")
+
+
+def cpu_reason(node: Node, graph: Graph) -> str:
+    """Why a node that is not a QConv/QGemm runs on the CPU, named by what is missing."""
+    op = node.op
+    out = graph.types.get(node.outputs[0]) if node.outputs else None
+    if op == "QMatMul":
+        return ("MatMul with two run-time operands (QMatMul): the GEMM core's second operand "
+                "is a weight packed at build time; packing a run-time value into the weight "
+                "layout is not done yet")
+    if op == "Quantize":
+        return "Quantize: a float value enters the int8 graph (the accelerator takes int8 values)"
+    if op == "Dequantize":
+        return "Dequantize: an int8 value leaves for a float reader or output"
+    if op in _INT8_WORK:
+        return f"{op} ({_INT8_WORK[op]}) has no accelerator kernel yet"
+    if op.startswith("Q") or (out is not None and out.dtype == "int8"):
+        what = "int8 data movement" if op in _INT8_MOVES else f"{op} on int8 values"
+        return f"{op} ({what}) has no accelerator mapping yet"
+    why = node.attrs.get("float_reason")
+    if why:
+        return f"{op} left in float: {why}"
+    return f"{op} is a float operator (the accelerator runs int8 ones)"
+
+
 def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
     if node.op not in ACCEL_OPS:
-        return f"{node.op} has no accelerator kernel"
+        return cpu_reason(node, graph)
     for i in node.inputs[1:4]:
         if not graph.is_constant(i):
             return f"{node.op} with a weight, bias or multiplier computed at run time"

@@ -53,6 +53,10 @@ QGlobalAveragePool; an element-wise function of one value (``_LUT_OPS``) on an i
 becomes a QLut. Every other node stays float: a Dequantize is inserted before it for an
 int8 input, and a Quantize after a float value only where a quantized node reads it. Graph
 inputs and outputs keep their names and float types (a final Dequantize writes an output).
+Each node left float carries ``float_reason``, a string attribute saying why, named by
+what is missing ("its epilogue's Gelu has no int8 form ...", "the quantizer has no int8
+form of Softmax", "its input 'x' is float ..."): backends report it (the accelerator's
+partition, compiler/accel/partition.py) and no kernel reads it.
 """
 
 from __future__ import annotations
@@ -241,67 +245,86 @@ def _clamp(steps):
     return lo, hi
 
 
-def _layer_form(graph: Graph, node: Node) -> _Layer | None:
-    """The node as a _Layer, or None when it has to stay float."""
+def _layer_form(graph: Graph, node: Node) -> _Layer | str:
+    """The node as a _Layer, or why it has to stay float (``float_reason``, module doc)."""
     if node.op not in OWN_INPUTS or not node.outputs:
-        return None
+        return f"{node.op} is not a Conv, Gemm or MatMul"
     types, inits = graph.types, graph.initializers
     own = OWN_INPUTS[node.op]
     ins = list(node.inputs) + [""] * (own - len(node.inputs))
     x, out = types[ins[0]], types[node.outputs[0]]
     w = inits.get(ins[1])
-    if x.dtype != "float32" or out.dtype != "float32" or w is None or w.ndim not in (2, 4) \
-            or ins[0] in inits or (own > 2 and ins[2] and ins[2] not in inits):
-        return None
+    if x.dtype != "float32" or out.dtype != "float32":
+        return f"its input and output are {x.dtype} and {out.dtype}, not float32"
+    if w is None:
+        return f"its weight {ins[1]!r} is computed at run time (an int8 layer needs a constant one)"
+    if w.ndim not in (2, 4) or ins[0] in inits:
+        return (f"its weight has {w.ndim} axes (an int8 layer takes 2 or 4)" if ins[0] not in
+                inits else "its data input is a constant")
+    if own > 2 and ins[2] and ins[2] not in inits:
+        return f"its bias {ins[2]!r} is computed at run time"
     c = inits[ins[2]] if own > 2 and ins[2] else None
     if node.op == "Conv":
         if w.ndim != 4 or len(x.shape) != 4:
-            return None
+            return f"a {len(x.shape) - 2}-D convolution (int8 layers are 2-D convolutions)"
         weight = w.astype(np.float64)
         bias = np.zeros(w.shape[0]) if c is None else c.astype(np.float64).reshape(-1)
     elif node.op == "Gemm":
         a = node.attrs
         if a["transA"] or w.ndim != 2:
-            return None
+            return "a Gemm with transA=1" if a["transA"] else f"its weight has {w.ndim} axes"
         weight = (w if a["transB"] else w.T).astype(np.float64) * a["alpha"]
         bias = np.zeros(weight.shape[0]) if c is None else _per_channel(c, out.shape, 1)
         if bias is None:
-            return None
+            return f"its bias {c.shape} is not one value per output channel"
         bias = bias * a["beta"]
     else:  # MatMul: the rows of x's leading axes (a transformer's Linear on [B, S, D])
         if w.ndim != 2 or len(x.shape) < 2 or not x.static or not out.static:
-            return None
+            return (f"its weight has {w.ndim} axes" if w.ndim != 2 else
+                    f"its input has rank {len(x.shape)}" if len(x.shape) < 2 else
+                    f"its shapes {x} -> {out} are only known at run time")
         weight, bias = w.T.astype(np.float64), np.zeros(w.shape[1])
     axis = 1 if node.op != "MatMul" else len(out.shape) - 1
     linear, residual, activations, head, tail, after = [], "", [], [], [], ()
     for op, *args in node.attrs.get("epilogue", ()):
         if after:  # nothing after the Add/Mul that follows the table
-            return None
+            return f"its epilogue goes on with {op} after the {after[0]} that follows its table"
         # SE's x * sigmoid(gate): a QMul after the table. (YOLO's x + silu(conv) stays a
         # float layer: quantized, with a QAdd or a float Add after the table, it cost YOLO
         # (small) 0.99974 -> 0.9989..0.99957 in cosine to fp32.)
         if tail and op == "Mul":
             operand = node.inputs[args[0]]
             if operand in inits or types[operand] != out:
-                return None
+                return (f"its epilogue multiplies the {tail[0][0]} result by "
+                        f"{'a constant' if operand in inits else types[operand]} (an int8 "
+                        f"Mul after a table takes a run-time value of the output's type {out})")
             after = (op, args[0], operand)
             continue
         if tail or op in _LUT_STEPS:  # from here on a function of one int8 value: a table
             if op not in EPILOGUE_UNARY:
-                return None
+                return (f"its epilogue's {op} after {tail[0][0]} (a lookup table's result) "
+                        f"has no int8 form: the quantizer keeps such a layer float (an int8 "
+                        f"{op} after the table cost accuracy)"
+                        if op == "Add" and node.inputs[args[0]] not in inits else
+                        f"its epilogue's {op} after {tail[0][0]} has no int8 form")
             tail.append((op, *args))
             continue
         head.append((op, *args))
         if op in ("Relu", "Clip"):
             activations.append((op, *args))
             continue
-        if op not in ("Add", "Mul") or activations:  # no Add or Mul after the clamp
-            return None
+        if op not in ("Add", "Mul"):
+            return (f"its epilogue's {op} has no int8 form (an int8 layer's epilogue: constant "
+                    f"Adds and Muls, one residual Add, Relu/Clip, then a table for "
+                    f"{', '.join(_LUT_STEPS)})")
+        if activations:  # no Add or Mul after the clamp
+            return f"its epilogue has an {op} after {activations[-1][0]} (an int8 layer clamps last)"
         operand = node.inputs[args[0]]
         if operand in inits and not residual:  # folded: a bias, or a per-channel scale
             vector = _per_channel(inits[operand], out.shape, axis)
             if vector is None:
-                return None
+                return (f"its epilogue's {op} of a constant {inits[operand].shape} is not "
+                        f"per output channel")
             linear.append((op, *args))
             if op == "Add":
                 bias = bias + vector
@@ -309,7 +332,12 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | None:
                 weight = weight * vector.reshape((-1,) + (1,) * (weight.ndim - 1))
                 bias = bias * vector
         elif op == "Mul" or residual or types[operand] != out:
-            return None
+            return ("its epilogue multiplies by a run-time value (an int8 layer scales by "
+                    "constants only)" if op == "Mul" else
+                    "its epilogue adds a second run-time value (an int8 layer takes one "
+                    "residual)" if residual else
+                    f"its epilogue adds a run-time value of type {types[operand]}, broadcast "
+                    f"to {out} (a residual must have the output's type)")
         else:
             residual = operand
     return _Layer(weight, bias, tuple(linear), residual, *_clamp(activations), axis,
@@ -339,6 +367,7 @@ class _Plan:
     kinds: dict       # node name -> "layer" | "same" | "pool" | "lut" for the nodes made integer
     int8: set         # values the quantized graph holds as int8
     classes: _Classes
+    float_reasons: dict  # node name -> why it stays float (the nodes not in kinds)
 
 
 def _after_lut(node: Node) -> str:
@@ -373,12 +402,12 @@ def _mid(node: Node) -> str:
 
 
 def _plan(graph: Graph) -> _Plan:
-    plan = _Plan({}, {}, set(), _Classes())
+    plan = _Plan({}, {}, set(), _Classes(), {})
     for node in graph.nodes:
         layer = _layer_form(graph, node)
         out = node.outputs[0] if node.outputs else ""
         int8_in = bool(node.inputs) and all(i in plan.int8 for i in node.inputs)
-        if layer is not None:
+        if isinstance(layer, _Layer):
             plan.layers[node.name], plan.kinds[node.name] = layer, "layer"
             if layer.residual:
                 plan.classes.union(layer.residual, _mid(node) if layer.tail else out)
@@ -398,9 +427,47 @@ def _plan(graph: Graph) -> _Plan:
             plan.kinds[node.name] = "pool"
             plan.classes.union(node.inputs[0], out)
         else:
+            plan.float_reasons[node.name] = _float_reason(graph, node, plan, layer)
             continue
         plan.int8.add(out)
     return plan
+
+
+def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> str:
+    """Why ``_plan`` leaves a node float, named by what is missing: the reader of the
+    partition's report sees it (``float_reason``, module doc)."""
+    out = graph.types[node.outputs[0]] if node.outputs else None
+    inputs = [i for i in node.inputs if i]
+    if any(isinstance(v, Graph) for v in node.attrs.values()):
+        return "the quantizer does not look inside Loop, Scan and If bodies"
+    if node.op == "MatMul" and not any(i in graph.initializers for i in inputs):
+        ts = [graph.types[v] for v in (*inputs, *node.outputs)]
+        if node.attrs.get("epilogue"):
+            steps = ", ".join(s[0] for s in node.attrs["epilogue"])
+            return f"a MatMul of two run-time values with an epilogue ({steps}): QMatMul has none"
+        if not all(t.static for t in ts):
+            return "a MatMul of two run-time values whose shapes are only known at run time"
+        return "a MatMul of two run-time values of rank < 2 or not float32"
+    if node.op in OWN_INPUTS:
+        return layer_reason
+    if out is None or out.dtype != "float32":
+        return (f"it computes {out.dtype} values (indices, shapes or masks), not float data"
+                if out is not None else "it has no output")
+    floats = [i for i in inputs if i not in plan.int8 and i not in graph.initializers]
+    int8_forms = (*_LUT_OPS, *_SAME_SCALE, "Concat", "GlobalAveragePool", "Add", "Mul")
+    if node.op not in int8_forms:
+        return f"the quantizer has no int8 form of {node.op}"
+    if floats:
+        return f"its input {floats[0]!r} is float ({node.op} is int8 only on int8 inputs)"
+    if any(i in graph.initializers for i in inputs):
+        return f"{node.op} of a constant (the int8 form takes run-time int8 values)"
+    if node.op == "Concat":
+        return "its int8 inputs have different scales (an int8 Concat needs one shared scale)"
+    if node.op in ("Add", "Mul"):
+        shapes = ", ".join(str(graph.types[i]) for i in inputs)
+        return (f"it broadcasts its operands ({shapes}) to {out} (Q{node.op} takes two "
+                f"operands of the output's shape)")
+    return f"no int8 form of this {node.op} ({len(inputs)} inputs, output {out})"
 
 
 # ---- calibration -----------------------------------------------------------------------------
@@ -791,8 +858,11 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             b.add("QGlobalAveragePool", [as_int8(x)], [int8_name[node.outputs[0]]],
                   {"multiplier": m, "shift": shift, "scale": scale(x)}, node.name, fresh=False)
         else:
+            attrs = node.attrs
+            if node.name in plan.float_reasons:  # for the partition's report
+                attrs = {**attrs, "float_reason": plan.float_reasons[node.name]}
             b.add(node.op, [as_float(i) if i else "" for i in node.inputs], node.outputs,
-                  node.attrs, node.name, fresh=False)
+                  attrs, node.name, fresh=False)
     for o in graph.outputs:
         as_float(o)
     return b.graph(graph)

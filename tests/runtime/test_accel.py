@@ -105,7 +105,7 @@ def test_placement_reasons_and_regions():
     assert "depthwise convolution (groups=16)" in places["dw"].reason
     assert "dilations [2, 2]" in places["dil"].reason
     assert "asymmetric padding" in places["asym"].reason
-    assert places["pool"].reason == "MaxPool has no accelerator kernel"
+    assert places["pool"].reason == "MaxPool (int8 max pooling) has no accelerator kernel yet"
     assert [n for n, p in places.items() if p.target == "accel"] == ["ok1", "ok2", "ok3"]
     assert regions(g, places) == {"ok1": 0, "ok2": 0, "ok3": 1}
     assert all(p.target == "cpu" for p in annotate(g, HwConfig(), accelerate=False).values())
@@ -120,7 +120,7 @@ def test_residual_network_is_bit_exact_and_reported(target):
     out = model.run({"x": x}, target=target)
     np.testing.assert_array_equal(out["z"], _reference(g, x))
     rows = {r["node"]: r for r in model.report}
-    assert rows["flat"]["target"] == "cpu" and "no accelerator kernel" in rows["flat"]["reason"]
+    assert rows["flat"]["target"] == "cpu" and "Flatten (int8 data movement) has no accelerator" in rows["flat"]["reason"]
     assert rows["c1"]["target"] == "accel" and rows["c2"]["region"] == rows["c1"]["region"]
     summary = model.summary()
     assert summary["accel_nodes"] == 3 and summary["cpu_nodes"] == 1

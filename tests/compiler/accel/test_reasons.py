@@ -1,0 +1,148 @@
+"""Why a node of a quantized model runs on the CPU: every reason is named by what is missing,
+and a layer the quantizer kept in float carries the quantizer's own reason (its
+``float_reason`` attribute), never "Conv has no accelerator kernel".
+
+Small models written node by node, quantized with calibration and partitioned for the
+default configuration."""
+
+import numpy as np
+from onnx import helper, numpy_helper
+from onnx_builders import make_model, vi
+
+from celosia import HwConfig
+from celosia.compiler.accel.partition import annotate
+from celosia.compiler.pipeline import quantize_model
+
+
+def _placed(nodes, inputs, outputs, weights, opset=17):
+    """{node name: (op, target, reason)} of the quantized model, and the quantized graph."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.normal(size=s) * 0.2).astype(np.float32), n)
+             for n, s in weights.items()]
+    model = make_model(nodes, [vi(n, s) for n, s in inputs.items()],
+                       [vi(n, s) for n, s in outputs.items()], inits, opset=opset)
+    calib = [{n: rng.normal(size=s).astype(np.float32) for n, s in inputs.items()}
+             for _ in range(3)]
+    q = quantize_model(model, calib)
+    places = annotate(q, HwConfig())
+    return {n.name: (n.op, places[n.name].target, places[n.name].reason) for n in q.nodes}, q
+
+
+def _every_cpu_reason_is_specific(placed):
+    for name, (op, target, reason) in placed.items():
+        if target == "cpu":
+            assert reason and reason != f"{op} has no accelerator kernel", (name, reason)
+            assert "is a float operator" not in reason, (name, reason)  # the quantizer said why
+
+
+def _gelu(x, out, k):
+    """GELU as torch exports it: x * 0.5 * (1 + erf(x / sqrt 2)), which optimize fuses into
+    the producer's epilogue as one Gelu step."""
+    c = helper.make_node
+    def const(name, v):
+        return c("Constant", [], [name], value=numpy_helper.from_array(np.float32(v), name))
+
+    return [const(f"s{k}", 1.4142135), const(f"one{k}", 1.0), const(f"half{k}", 0.5),
+            c("Div", [x, f"s{k}"], [f"d{k}"]), c("Erf", [f"d{k}"], [f"e{k}"]),
+            c("Add", [f"e{k}", f"one{k}"], [f"p{k}"]),
+            c("Mul", [x, f"p{k}"], [f"m{k}"]), c("Mul", [f"m{k}", f"half{k}"], [out])]
+
+
+def test_conv_with_a_table_activation_is_an_accelerator_conv_and_a_cpu_lut():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("HardSwish", ["a"], ["y"], name="hswish")]
+    placed, _ = _placed(nodes, {"x": [1, 4, 6, 6]}, {"y": [1, 8, 6, 6]}, {"w": (8, 4, 3, 3)})
+    assert placed["conv"][:2] == ("QConv", "accel")
+    lut = [r for r in placed.values() if r[0] == "QLut"]
+    assert lut == [("QLut", "cpu", "QLut (int8 lookup table) has no accelerator kernel yet")]
+    _every_cpu_reason_is_specific(placed)
+
+
+def test_conv_kept_float_by_an_add_after_silu_says_so():
+    """YOLO's bottleneck: x + silu(conv(...)); the quantizer keeps the Add after the table,
+    and so the convolution, in float."""
+    c = helper.make_node
+    nodes = [c("Conv", ["x", "w1"], ["r"], pads=[1, 1, 1, 1], name="conv_r"),
+             c("Conv", ["r", "w2"], ["a"], pads=[1, 1, 1, 1], name="conv_silu"),
+             c("Sigmoid", ["a"], ["s"]), c("Mul", ["a", "s"], ["t"]),
+             c("Add", ["t", "r"], ["y"])]
+    placed, q = _placed(nodes, {"x": [1, 8, 6, 6]}, {"y": [1, 8, 6, 6]},
+                        {"w1": (8, 8, 3, 3), "w2": (8, 8, 3, 3)})
+    op, target, reason = placed["conv_silu"]
+    assert (op, target) == ("Conv", "cpu")
+    assert reason.startswith("Conv left in float: its epilogue's Add after SiLU"), reason
+    node = next(n for n in q.nodes if n.name == "conv_silu")
+    assert node.attrs["float_reason"] in reason  # the quantizer's own words
+    assert placed["conv_r"][:2] == ("QConv", "accel")
+    _every_cpu_reason_is_specific(placed)
+
+
+def test_conv_kept_float_by_a_run_time_mul_and_a_broadcast_gate():
+    """A Mul by a run-time value fused into a convolution keeps it float; squeeze-excitation's
+    gate [N, C, 1, 1] times the features is an int8 Mul that broadcasts, which QMul does
+    not."""
+    c = helper.make_node
+    nodes = [c("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], name="conv_mul"),
+             c("Mul", ["a", "gate"], ["m"], name="mul"),
+             c("Conv", ["m", "w2"], ["b"], pads=[1, 1, 1, 1], name="conv_b"),
+             c("Relu", ["b"], ["r"], name="relu"),
+             c("MaxPool", ["r"], ["f"], kernel_shape=[1, 1], name="pool"),
+             c("GlobalAveragePool", ["f"], ["g"], name="squeeze"),
+             c("Sigmoid", ["g"], ["s"], name="gate_fn"),
+             c("Mul", ["f", "s"], ["y"], name="se_mul")]
+    placed, _ = _placed(nodes, {"x": [1, 4, 6, 6], "gate": [1, 8, 6, 6]},
+                        {"y": [1, 8, 6, 6]}, {"w1": (8, 4, 3, 3), "w2": (8, 8, 3, 3)})
+    assert placed["conv_mul"] == ("Conv", "cpu", "Conv left in float: its epilogue multiplies "
+                                  "by a run-time value (an int8 layer scales by constants only)")
+    assert placed["conv_b"][:2] == ("QConv", "accel")
+    assert placed["squeeze"] == ("QGlobalAveragePool", "cpu", "QGlobalAveragePool (int8 global "
+                                 "average pool) has no accelerator kernel yet")
+    op, target, reason = placed["se_mul"]
+    assert (op, target) == ("Mul", "cpu")
+    assert reason == ("Mul left in float: it broadcasts its operands (float32[1,8,6,6], "
+                      "float32[1,8,1,1]) to float32[1,8,6,6] (QMul takes two operands of the "
+                      "output's shape)")
+    _every_cpu_reason_is_specific(placed)
+
+
+def test_transformer_linear_with_gelu_and_attention():
+    """A Linear on [B, S, D] becomes a QGemm on the accelerator; one whose epilogue ends in
+    GELU stays float, saying so; Q x K^T is a QMatMul with its own reason; Softmax has no
+    int8 form."""
+    c = helper.make_node
+    nodes = [c("MatMul", ["x", "wq"], ["q"], name="proj_q"),
+             c("MatMul", ["x", "wk"], ["k"], name="proj_k"),
+             c("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="kt"),
+             c("MatMul", ["q", "kt"], ["s"], name="scores"),
+             c("Softmax", ["s"], ["p"], axis=-1, name="softmax"),
+             c("MatMul", ["p", "x"], ["ctx"], name="context"),
+             c("MatMul", ["ctx", "w1"], ["h"], name="fc1"),
+             *_gelu("h", "y", 0)]
+    placed, _ = _placed(nodes, {"x": [1, 8, 32]}, {"y": [1, 8, 64]},
+                        {"wq": (32, 32), "wk": (32, 32), "w1": (32, 64)})
+    assert placed["proj_q"][:2] == ("QGemm", "accel")
+    assert placed["scores"][:2] == ("QMatMul", "cpu")
+    assert placed["scores"][2].startswith("MatMul with two run-time operands (QMatMul)")
+    assert placed["softmax"] == ("Softmax", "cpu", "Softmax left in float: the quantizer has "
+                                 "no int8 form of Softmax")
+    op, target, reason = placed["fc1"]
+    assert (op, target) == ("MatMul", "cpu")
+    assert reason.startswith("MatMul left in float: its epilogue's Gelu has no int8 form"), reason
+    _every_cpu_reason_is_specific(placed)
+
+
+def test_every_float_node_of_a_quantized_graph_carries_the_quantizers_reason():
+    c = helper.make_node
+    nodes = [c("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1], name="conv"),
+             c("Relu", ["a"], ["r"], name="relu"),
+             c("ReduceMean", ["r"], ["m"], keepdims=1, axes=[2, 3], name="mean"),
+             c("Flatten", ["m"], ["y"], name="flat")]
+    placed, q = _placed(nodes, {"x": [1, 4, 6, 6]}, {"y": [1, 8]}, {"w": (8, 4, 3, 3)})
+    floats = [n for n in q.nodes if not n.op.startswith("Q") and n.op not in
+              ("Quantize", "Dequantize") and q.types[n.outputs[0]].dtype == "float32"]
+    assert floats and all(n.attrs.get("float_reason") for n in floats)
+    assert placed["mean"][2] == ("ReduceMean left in float: the quantizer has no int8 form "
+                                 "of ReduceMean")
+    assert placed["flat"][2] == ("Flatten left in float: its input 'm' is float (Flatten is "
+                                 "int8 only on int8 inputs)")
+    _every_cpu_reason_is_specific(placed)
