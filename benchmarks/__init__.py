@@ -71,7 +71,8 @@ def machine_description() -> dict:
 
 
 def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
-                  int8: bool = False) -> dict:
+                  int8: bool = False, accel: bool = False,
+                  time_limit: float | None = None) -> dict:
     if name not in BENCHMARKS:
         raise CelosiaError(f"unknown benchmark {name!r}; `celosia bench --list` names them: "
                            f"{', '.join(BENCHMARKS)}")
@@ -85,6 +86,11 @@ def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
         if name != "zoo":
             raise CelosiaError(f"--int8 measures zoo models; benchmark {name!r} has none")
         kwargs["int8"] = True
+    if accel or time_limit is not None:
+        if name != "zoo":
+            raise CelosiaError(f"--accel and --time-limit measure zoo models; benchmark "
+                               f"{name!r} has none")
+        kwargs.update(accel=accel, time_limit=time_limit)
     result = getattr(importlib.import_module(module), function)(**kwargs)
     return {"benchmark": name, "summary": summary, "quick": quick, **result,
             "machine": machine_description()}

@@ -18,7 +18,11 @@ listed under ``missing`` instead), ``models_ok_cpu``, and over the models that r
 (the totals are then over that subset only). ``--int8`` adds int8 accuracy per model
 against fp32 and against onnxruntime's static quantizer (benchmarks/zoo_int8.py), with the
 totals ``int8_cosine_vs_ort_quantizer_min`` (target >= 0), ``int8_cosine_min`` and
-``int8_mac_share_min``.
+``int8_mac_share_min``. ``--accel`` (which implies ``--int8``) builds that int8 graph for
+the accelerator and runs it on the cycle model (benchmarks/zoo_accel.py: ``ok_accel``,
+``accel_mac_share``, ``cpu_accel_transitions``, ``layout_share``, ``utilization_real``,
+cycles and simulation wall time per model, at most ``time_limit`` seconds each), with the
+totals ``models_ok_accel``, ``accel_mac_share_min`` and ``layout_share_max``.
 """
 
 from __future__ import annotations
@@ -121,6 +125,17 @@ def _measure(entry, size: str, threads: int, blocks: int) -> dict:
     return record
 
 
+def _accel(kept: dict, record: dict, time_limit: float | None) -> dict:
+    """The accelerator record of a model whose int8 graph ``kept`` holds (zoo_accel.py)."""
+    from celosia.benchmarks import zoo_accel
+
+    if "graph" not in kept:
+        return {"ok_accel": False,
+                "accel_error": f"no int8 graph: {record.get('int8_error', 'not quantized')}"}
+    limit = zoo_accel.DEFAULT_TIME_LIMIT_S if time_limit is None else time_limit
+    return zoo_accel.measure(kept["graph"], kept["feeds"], kept["outputs"], time_limit=limit)
+
+
 def _summary(name: str, r: dict) -> str:
     ort_ms = r["onnxruntime"]["median_ms"]
     if r["ok_cpu"]:
@@ -129,7 +144,8 @@ def _summary(name: str, r: dict) -> str:
     return f"{name}: onnxruntime {ort_ms:.2f} ms; celosia: {r['error'][:100]}"
 
 
-def run(quick: bool = False, models: list | None = None, int8: bool = False) -> dict:
+def run(quick: bool = False, models: list | None = None, int8: bool = False,
+        accel: bool = False, time_limit: float | None = None) -> dict:
     try:
         import onnxruntime  # noqa: F401
     except ModuleNotFoundError:
@@ -155,23 +171,34 @@ def run(quick: bool = False, models: list | None = None, int8: bool = False) -> 
         done = (f"ratio {r['cpu_ratio_vs_onnxruntime']:.2f}" if r["ok_cpu"]
                 else f"not on the CPU build: {r['error'][:80]}")
         _progress(f"[{k}/{len(chosen)}] {name}: {done}")
-        if int8:
+        if int8 or accel:
             from celosia.benchmarks import zoo_int8
 
-            r.update(zoo_int8.measure(entry, size))
+            kept: dict = {}
+            r.update(zoo_int8.measure(entry, size, keep=kept))
             _progress(f"[{k}/{len(chosen)}] {name}: int8 cosine "
                       f"{r.get('int8_cosine', float('nan')):.5f}, onnxruntime's quantizer "
                       f"{r.get('int8_cosine_ort', float('nan')):.5f}")
+            if accel:
+                r.update(_accel(kept, r, time_limit))
+                _progress(f"[{k}/{len(chosen)}] {name}: accelerator "
+                          + (f"MAC share {r['accel_mac_share']:.3f}, {r['accel_cycles']:,} "
+                             f"cycles in {r['accel_sim_wall_s']:.1f} s" if r["ok_accel"]
+                             else r["accel_error"][:100]))
 
     ratios = [r["cpu_ratio_vs_onnxruntime"] for r in results.values() if r["ok_cpu"]]
     metrics = {"models": len(results), "models_ok_cpu": len(ratios)}
     if ratios:
         metrics["cpu_ratio_vs_onnxruntime_geomean"] = float(np.exp(np.mean(np.log(ratios))))
         metrics["cpu_ratio_vs_onnxruntime_max"] = float(max(ratios))
-    if int8:
+    if int8 or accel:
         from celosia.benchmarks import zoo_int8
 
         metrics.update(zoo_int8.totals(results))
+    if accel:
+        from celosia.benchmarks import zoo_accel
+
+        metrics.update(zoo_accel.totals(results))
     for name, r in results.items():
         print(f"  {_summary(name, r)}", flush=True)
     for name, why in missing.items():

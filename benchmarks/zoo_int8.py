@@ -73,12 +73,15 @@ def mac_share(qgraph) -> float:
     return quantized / total if total else 0.0
 
 
-def celosia_int8(model, calib: list, test: dict, want: list, names: list) -> dict:
+def celosia_int8(model, calib: list, test: dict, want: list, names: list,
+                 keep: dict | None = None) -> dict:
     from celosia.compiler.pipeline import quantize_model
     from celosia.runtime.cpu import CpuModel
 
     q = quantize_model(model, calib, input_shapes={k: v.shape for k, v in test.items()})
     got = CpuModel.from_graph(q).run(test)
+    if keep is not None:  # for zoo_accel: the same graph on the accelerator, the same feed
+        keep.update(graph=q, feeds=test, outputs=got)
     ops: dict[str, int] = {}
     for n in q.nodes:
         ops[n.op] = ops.get(n.op, 0) + 1
@@ -126,8 +129,9 @@ def ort_int8(model, calib: list, test: dict, want: list) -> float:
     return min(cosine(g, w) for g, w in zip(got, want))
 
 
-def measure(entry, size: str) -> dict:
-    """The int8 record of one zoo entry (module doc); errors are kept as results."""
+def measure(entry, size: str, keep: dict | None = None) -> dict:
+    """The int8 record of one zoo entry (module doc); errors are kept as results. ``keep``
+    receives the quantized graph, the test feed and the int8 CPU build's outputs."""
     import onnxruntime as ort
 
     model = entry.model(size)
@@ -139,7 +143,7 @@ def measure(entry, size: str) -> dict:
     want = session.run(None, test)
     record: dict = {}
     try:
-        record.update(celosia_int8(model, calib, test, want, names))
+        record.update(celosia_int8(model, calib, test, want, names, keep))
     except CelosiaError as e:
         record["int8_error"] = f"{type(e).__name__}: {e}"
     except Exception as e:  # a bug in celosia, kept as a result

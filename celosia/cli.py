@@ -104,8 +104,11 @@ def cmd_bench(args) -> int:
         for name, (_, _, summary) in BENCHMARKS.items():
             print(name if args.names else f"{name:<18} {summary}")
         return 0
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise CelosiaError(f"--time-limit must be a positive number of seconds, not "
+                           f"{args.time_limit:g}")
     result = run_benchmark(args.name, quick=args.quick, models=args.models,
-                           int8=args.int8)
+                           int8=args.int8, accel=args.accel, time_limit=args.time_limit)
     if args.out:
         _write_json(args.out, result)
     width = max(len(k) for k in result["metrics"]) if result["metrics"] else 0
@@ -586,6 +589,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", help="zoo only: a comma-separated subset of the zoo's models")
     p.add_argument("--int8", action="store_true",
                    help="zoo only: int8 accuracy against fp32 and onnxruntime's quantizer")
+    p.add_argument("--accel", action="store_true",
+                   help="zoo only: the int8 build on the accelerator (cycle model): bit-exact "
+                        "check, MAC share, crossings, layout share, utilisation, cycles")
+    p.add_argument("--time-limit", type=float, metavar="S",
+                   help="zoo --accel only: seconds per model for its accelerator build and "
+                        "run (default 600); a model over it is recorded with the reason")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="the main job: the bundled digits CNN, int8 on the "

@@ -23,6 +23,9 @@ back and unpacked once). CPU nodes run the numpy kernels that define each operat
 The report gives, per node: where it ran (and for CPU nodes why), the CPU time measured,
 the accelerator cycles and their time at the configured clock, and GEMM utilisation; the
 time spent packing and unpacking at region borders is reported as ``layout_ms``.
+``summary()`` adds ``layout_share`` (layout time over latency) and ``crossings``: the
+values that crossed between CPU and accelerator in the run (packed into DRAM for an
+accelerator node, or read back for the CPU or as an output).
 
 A ``.cel`` file of this kind is a zip archive (deflated), written and read by
 runtime/artifact.py (member digests checked before use, the manifest checked field by
@@ -122,6 +125,7 @@ class AccelModel:
         self.source = source
         self.build_info = build_info or {}
         self.report: list[dict] = []
+        self.crossings = {"to_accel": 0, "to_cpu": 0}  # of the last run (``summary``)
         self._executors: dict = {}
 
     # ---- building --------------------------------------------------------------------------
@@ -384,9 +388,12 @@ class AccelModel:
         host = {**graph.initializers, **{k: np.asarray(v) for k, v in feeds.items()}}
         in_dram: set[str] = set()
         clock_khz = cfg.clock_mhz * 1e3
+        # Values that cross between the CPU and the accelerator in this run, each way.
+        crossings = {"to_accel": 0, "to_cpu": 0}
 
         def to_host(name):
             if name and name not in host:
+                crossings["to_cpu"] += 1
                 v = self.values[name]
                 raw = ex.read_dram(v["addr"], int(np.prod(v["shape"])))
                 host[name] = unpack_value(raw.view(np.int8).reshape(v["shape"]),
@@ -418,6 +425,7 @@ class AccelModel:
                     if name and name not in in_dram:
                         ex.write_dram(self.values[name]["addr"], pack_value(host[name], cfg))
                         in_dram.add(name)
+                        crossings["to_accel"] += 1
                 row["layout_ms"] = (time.perf_counter() - t0) * 1e3
                 counters = ex.run(prog["insn_addr"], prog["insn_count"])
                 out = node.outputs[0]
@@ -447,6 +455,7 @@ class AccelModel:
         for name in graph.outputs:
             to_host(name)
         self.report = [rows[n.name] for n in graph.nodes]
+        self.crossings = crossings
         return {name: host[name] for name in graph.outputs}
 
     def summary(self) -> dict:
@@ -465,6 +474,9 @@ class AccelModel:
             "cycles": cycles, "accel_ms": accel_ms if timed else None, "cpu_ms": cpu_ms,
             "layout_ms": layout_ms,
             "latency_ms": total, "accel_share": accel_ms / total if total else 0.0,
+            "layout_share": layout_ms / total if total else 0.0,
+            # values packed into DRAM for the accelerator plus values read back by the CPU
+            "crossings": self.crossings["to_accel"] + self.crossings["to_cpu"],
             "utilization": macs / (cycles * self.config.macs_per_cycle) if cycles else None,
             "macs": macs,
             "clock_mhz": self.config.clock_mhz,
