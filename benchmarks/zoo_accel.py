@@ -9,8 +9,10 @@ model and compared bit for bit with the int8 CPU build of the same graph. Fields
   int8 CPU build's (``accel_error`` otherwise: the one-line error, the outputs that
   differ, or the time limit that stopped it).
 - ``accel_mac_share``: the model's real multiply-adds (``zoo_int8.node_macs`` on the
-  graph: no channel padding, no padded GEMM work) in nodes placed on the accelerator over
-  all of them; ``accel_cpu_macs`` splits the rest by the reason its nodes stay on the CPU.
+  graph: no channel padding, no padded GEMM work; Loop/If bodies not counted) in nodes
+  placed on the accelerator over all of them; ``accel_cpu_macs`` splits the rest by the
+  reason its nodes stay on the CPU (numbers in a reason written N, so that depthwise
+  convolutions of every width are one entry).
 - ``cpu_accel_transitions``: values that cross per inference (packed into DRAM for the
   accelerator, or read back and unpacked for the CPU; ``AccelModel.summary``'s crossings).
 - ``layout_share``: packing and unpacking at region borders over the latency (accelerator
@@ -30,6 +32,7 @@ time). Placement fields are kept when the build finished.
 
 from __future__ import annotations
 
+import re
 import time
 
 from celosia.errors import CelosiaError
@@ -57,8 +60,9 @@ def placement_record(model) -> dict:
         total += m
         if places[node.name].target == "accel":
             accel += m
-        elif m:
-            by_reason[places[node.name].reason] = by_reason.get(places[node.name].reason, 0) + m
+        elif m:  # numbers as N: "depthwise convolution (groups=N)" is one reason
+            reason = re.sub(r"\d+", "N", places[node.name].reason)
+            by_reason[reason] = by_reason.get(reason, 0) + m
     top = sorted(by_reason.items(), key=lambda kv: -kv[1])[:_REASONS_KEPT]
     return {"accel_mac_share": accel / total if total else 0.0, "macs": total,
             "accel_macs": accel, "accel_nodes": len(model.programs),

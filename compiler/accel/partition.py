@@ -88,6 +88,8 @@ def cpu_reason(node: Node, graph: Graph) -> str:
         return ("MatMul with two run-time operands (QMatMul): the GEMM core's second operand "
                 "is a weight packed at build time; packing a run-time value into the weight "
                 "layout is not done yet")
+    if op in ("QuantizeLinear", "DequantizeLinear"):
+        return f"{op} of the QDQ model: a conversion between float and int8, on the CPU"
     if op == "Quantize":
         return "Quantize: a float value enters the int8 graph (the accelerator takes int8 values)"
     if op == "Dequantize":

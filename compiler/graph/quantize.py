@@ -1079,8 +1079,13 @@ def from_qdq(graph: Graph) -> Graph:
         r = rewrites.get(node.name)
         if node.name in absorbed:
             continue
-        if r is None:
+        if r is None and node.op in _QDQ_OPS:
             b.nodes.append(node)
+        elif r is None:  # for the partition's report
+            b.nodes.append(node.with_attrs(float_reason=(
+                f"the QDQ model's {node.op} is not one celosia turns into an integer operator "
+                f"(DequantizeLinear -> Conv/Gemm/MatMul [-> Relu/Clip] -> QuantizeLinear, or "
+                f"MaxPool/Flatten/Reshape/Relu/Identity between them, symmetric int8)")))
         elif r.layer is None:
             b.add(node.op, [r.x_q], [r.output], node.attrs, node.name, fresh=False)
         else:

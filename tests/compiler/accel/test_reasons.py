@@ -146,3 +146,33 @@ def test_every_float_node_of_a_quantized_graph_carries_the_quantizers_reason():
     assert placed["flat"][2] == ("Flatten left in float: its input 'm' is float (Flatten is "
                                  "int8 only on int8 inputs)")
     _every_cpu_reason_is_specific(placed)
+
+
+def test_a_qdq_models_float_nodes_say_the_qdq_model_left_them():
+    """onnxruntime's QDQ form: the Conv between DequantizeLinear and QuantizeLinear becomes a
+    QConv; the Softmax after it is float in the QDQ model, and the reason says so."""
+    rng = np.random.default_rng(1)
+    c = helper.make_node
+    inits = [numpy_helper.from_array(np.float32(0.05), "xs"),
+             numpy_helper.from_array(np.float32(0.1), "ys"),
+             numpy_helper.from_array(np.int8(0), "zp"),
+             numpy_helper.from_array(rng.integers(-100, 100, (8, 4, 3, 3)).astype(np.int8), "wq"),
+             numpy_helper.from_array(np.full(8, 0.01, np.float32), "ws"),
+             numpy_helper.from_array(np.zeros(8, np.int8), "wzp")]
+    nodes = [c("QuantizeLinear", ["x", "xs", "zp"], ["xq"]),
+             c("DequantizeLinear", ["xq", "xs", "zp"], ["xf"]),
+             c("DequantizeLinear", ["wq", "ws", "wzp"], ["wf"], axis=0),
+             c("Conv", ["xf", "wf"], ["a"], pads=[1, 1, 1, 1], name="conv"),
+             c("QuantizeLinear", ["a", "ys", "zp"], ["aq"]),
+             c("DequantizeLinear", ["aq", "ys", "zp"], ["af"]),
+             c("Softmax", ["af"], ["y"], axis=1, name="softmax")]
+    model = make_model(nodes, [vi("x", [1, 4, 6, 6])], [vi("y", [1, 8, 6, 6])], inits)
+    q = quantize_model(model)
+    places = annotate(q, HwConfig())
+    where = {n.name: (n.op, places[n.name].target, places[n.name].reason) for n in q.nodes}
+    assert where["conv"][:2] == ("QConv", "accel")
+    op, target, reason = where["softmax"]
+    assert (op, target) == ("Softmax", "cpu")
+    assert reason.startswith("Softmax left in float: the QDQ model's Softmax is not one celosia "
+                             "turns into an integer operator"), reason
+    _every_cpu_reason_is_specific(where)
