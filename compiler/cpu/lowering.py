@@ -391,7 +391,7 @@ class _Lowering:
         """ConvTranspose 2-D, float32, constant weights (and bias), pads >= 0 (a negative
         pad, an output_shape larger than the operator makes, stays numpy); each group's
         channels whole blocks on both sides."""
-        from .schedules_conv import pack_conv_transpose_weight
+        from .schedules_conv import direct_taps, pack_conv_transpose_weight
 
         x, w, b = (list(node.inputs) + ["", ""])[:3]
         tx, a = self.type(x), node.attrs
@@ -403,7 +403,10 @@ class _Lowering:
         have = self.current_block(x)
         cb = have if have and (c // g) % have == 0 else channel_block(c // g)
         ob = channel_block(m // g)
-        packed = pack_conv_transpose_weight(np.asarray(self.const(w), np.float32), g, cb, ob)
+        weight = np.asarray(self.const(w), np.float32)
+        if g == 1 and ob < 8 and direct_taps(a, weight.shape[2:], tx.shape[2:], out_t.shape[2:]):
+            return self.conv_transpose_as_conv(node, weight, cb, ob)
+        packed = pack_conv_transpose_weight(weight, g, cb, ob)
         wname = self.add_const(f"{w}@convT{cb}i{ob}o", packed)
         data = self.blocked(x, cb)
         spec = {"op": "convT", "data": self.values[data]["shape"], "weight": list(packed.shape),
@@ -413,6 +416,33 @@ class _Lowering:
         args = [data, wname] + ([self.channel_const(b, ob, F32)] if b else [])
         out = self.produce(node.outputs[0], ob)
         self.kernel(node, spec, args + [out], out)
+        return True
+
+    def conv_transpose_as_conv(self, node: Node, weight: np.ndarray, cb: int, ob: int) -> bool:
+        """A direct ConvTranspose (one tap per output pixel) with few output channels: a 1x1
+        convolution to every tap's channels, then a pixel shuffle (schedules_conv.py)."""
+        from .schedules_conv import taps_as_channels
+
+        x, b = node.inputs[0], (list(node.inputs) + ["", ""])[2]
+        oihw = taps_as_channels(weight)
+        tb = channel_block(oihw.shape[0])
+        wname = self.add_const(f"{node.inputs[1]}@taps{cb}i{tb}o",
+                               pack_conv_weight(oihw, cb, tb))
+        data = self.blocked(x, cb)
+        n, _, h, w, _ = self.values[data]["shape"]
+        taps = self.define(f"{node.outputs[0]}@taps{tb}c", F32,
+                           (n, oihw.shape[0] // tb, h, w, tb))
+        conv = {"op": "conv", "data": self.values[data]["shape"],
+                "weight": list(self.constants[wname].shape), "strides": [1, 1],
+                "pads": [0, 0, 0, 0], "dilations": [1, 1], "groups": 1, "bias": False,
+                "epilogue": []}
+        self.kernel(node, conv, [data, wname, taps], taps)
+        shuffle = {"op": "shuffle", "data": self.values[taps]["shape"],
+                   "kernel": list(weight.shape[2:]), "channels": int(weight.shape[1]),
+                   "block": ob, "bias": bool(b)}
+        out = self.produce(node.outputs[0], ob)
+        self.kernel(node, shuffle, [taps] + ([self.channel_const(b, ob, F32)] if b else [])
+                    + [out], out)
         return True
 
     def resize(self, node: Node) -> bool:

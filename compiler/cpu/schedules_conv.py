@@ -11,6 +11,13 @@ channels accumulated in registers over the input channels and taps.
 - Kernel = stride, dilation 1, no padding and no output padding (U-Net's 2x2, stride 2
   upsampling): every output pixel has exactly one tap, ``(oy % s, ox % s)``, from input
   pixel ``(oy // s, ox // s)``; no condition, no wasted taps.
+- The same with few output channels (a detector's last up-sampling to one probability map,
+  blocks under 8: a register tile of one-channel vectors, scalar code, 4x slower than
+  onnxruntime on PP-OCR's head): lowering.py makes it two kernels instead, a 1x1
+  convolution to the ``KH * KW * M`` channels of every tap on the input grid (the
+  convolution kernel, vectorised over those channels) and ``pixel_shuffle_nchwc``, which
+  moves tap ``(oy % s, ox % s)`` of input pixel ``(oy // s, ox // s)`` to its output pixel
+  and adds the bias (``taps_as_channels``: the weights of the first).
 - Otherwise every tap is visited and a select (evaluated lazily: no read out of bounds)
   keeps those that land on an input pixel.
 
@@ -30,7 +37,8 @@ from ..tensor.schedule import Schedule, create_schedule
 from .schedules import pack_conv_weight, schedule_rows
 
 __all__ = ["conv_transpose_nchwc", "schedule_conv_transpose_nchwc",
-           "pack_conv_transpose_weight"]
+           "pack_conv_transpose_weight", "direct_taps", "taps_as_channels",
+           "pixel_shuffle_nchwc"]
 
 _TAG = "conv_transpose_nchwc"
 
@@ -50,6 +58,39 @@ def _direct(stride, pads, dilation, kernel, in_hw, out_hw) -> bool:
     """Whether every output pixel has exactly one tap (see the module docstring)."""
     return tuple(kernel) == tuple(stride) and tuple(dilation) == (1, 1) and not any(pads) \
         and tuple(out_hw) == (in_hw[0] * stride[0], in_hw[1] * stride[1])
+
+
+def direct_taps(attrs: dict, kernel, in_hw, out_hw) -> bool:
+    """Whether every output pixel of a ConvTranspose (ONNX ``attrs``, ``kernel`` (KH, KW))
+    has exactly one tap."""
+    return _direct(attrs["strides"], attrs["pads"], attrs["dilations"], kernel, in_hw, out_hw)
+
+
+def taps_as_channels(w: np.ndarray) -> np.ndarray:
+    """ONNX ``[C, M, KH, KW]`` (one group) -> OIHW ``[KH * KW * M, C, 1, 1]``: output channel
+    ``(ky * KW + kx) * M + m`` of the 1x1 convolution is tap ``(ky, kx)`` of channel ``m``."""
+    c, m, kh, kw = w.shape
+    return np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * m, c, 1, 1))
+
+
+def pixel_shuffle_nchwc(taps: te.Tensor, *, kernel, channels: int, out_block: int,
+                        bias: te.Tensor | None = None, name: str = "shuffle") -> te.Tensor:
+    """``[N, KH*KW*M // tb, H, W, tb]`` (the 1x1 convolution of ``taps_as_channels``) ->
+    ``[N, M // out_block, H*KH, W*KW, out_block]``: output pixel ``(y, x)`` is tap
+    ``(y % KH, x % KW)`` of input pixel ``(y // KH, x // KW)``, plus ``bias`` ``[M //
+    out_block, out_block]``."""
+    n, tcc, h, w, tb = taps.shape
+    kh, kw = kernel
+    if tcc * tb != kh * kw * channels or channels % out_block:
+        raise CompilerError(f"{name}: {taps.shape} does not hold {kh}x{kw} taps of {channels} "
+                            f"channels in blocks of {out_block}")
+
+    def out(b, c, y, x, co):
+        t = ((y % kh) * kw + x % kw) * channels + c * out_block + co
+        v = taps[b, t // tb, y // kh, x // kw, t % tb]
+        return v + bias[c, co] if bias is not None else v
+
+    return te.compute((n, channels // out_block, h * kh, w * kw, out_block), out, name)
 
 
 def conv_transpose_nchwc(data: te.Tensor, weight: te.Tensor, *, stride, pads, dilation,

@@ -134,3 +134,58 @@ def test_resize_kernel(case):
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     theirs = session.run(None, {"image": x})[0]
     np.testing.assert_allclose(got, theirs, rtol=0, atol=1e-6 * np.abs(theirs).max())
+
+
+# ---- ConvTranspose with few output channels: a 1x1 convolution and a pixel shuffle --------
+
+# (N, C, H, W, M, kernel = strides, output_padding, group, bias); the first four take the
+# two-kernel path (one tap per output pixel, output blocks under 8), the others must not.
+FEW_CHANNEL_CASES = [
+    (1, 24, 10, 12, 1, (2, 2), (0, 0), 1, True),  # PP-OCR's last up-sampling
+    (2, 8, 5, 7, 2, (3, 3), (0, 0), 1, True),  # stride 3, batch 2, odd sizes
+    (1, 5, 3, 4, 3, (2, 3), (0, 0), 1, False),  # unequal strides, odd channels, no bias
+    (3, 16, 4, 3, 4, (1, 2), (0, 0), 1, True),
+    (1, 6, 5, 5, 2, (2, 2), (1, 1), 1, True),  # output padding: every tap visited
+    (2, 8, 4, 5, 4, (2, 2), (0, 0), 2, True),  # groups
+]
+
+
+@pytest.mark.parametrize("case", FEW_CHANNEL_CASES,
+                         ids=[f"n{c[0]}c{c[1]}m{c[4]}s{c[5]}op{c[6]}g{c[7]}"
+                              for c in FEW_CHANNEL_CASES])
+def test_conv_transpose_few_output_channels(case):
+    """Against graph/ops_nn (float64 and float32) and onnxruntime, in a whole build."""
+    from celosia.runtime.cpu import CpuModel
+
+    n, c, h, w, m, s, op, g, bias = case
+    rng = np.random.default_rng(sum(map(hash, map(str, case))) % 2**32)
+    x = rng.normal(size=(n, c, h, w)).astype(np.float32)
+    wt = rng.normal(size=(c, m // g, *s)).astype(np.float32)
+    b = rng.normal(size=m).astype(np.float32)
+    attrs = dict(kernel_shape=list(s), strides=list(s), pads=[0, 0, 0, 0], dilations=[1, 1],
+                 output_padding=list(op), group=g)
+    inits = [numpy_helper.from_array(wt, "w")] + ([numpy_helper.from_array(b, "b")]
+                                                   if bias else [])
+    node = helper.make_node("ConvTranspose", ["image", "w"] + (["b"] if bias else []), ["y"],
+                            **attrs)
+    graph = helper.make_graph([node], "convT", [helper.make_tensor_value_info(
+        "image", TensorProto.FLOAT, list(x.shape))], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    built = CpuModel.build(model)
+    kernels = [st["op"] for st in built.program.steps
+               if st["kind"] == "kernel" and st["op"] == "ConvTranspose"]
+    two_kernels = g == 1 and op == (0, 0) and m < 8
+    assert kernels == ["ConvTranspose"] * (2 if two_kernels else 1)
+    got = built.run({"image": x})["y"]
+    bb = b if bias else None
+    exact = conv_transpose(attrs, x.astype(np.float64), wt.astype(np.float64),
+                           None if bb is None else bb.astype(np.float64))
+    scale = np.abs(exact).max()
+    assert got.shape == exact.shape
+    assert np.abs(got - exact).max() <= 1e-6 * scale
+    assert np.abs(got - conv_transpose(attrs, x, wt, bb)).max() <= 1e-6 * scale
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"image": x})[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * scale)
