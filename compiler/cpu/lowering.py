@@ -52,7 +52,6 @@ from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_recip
                       compile_spec, spec_key)
 from . import lowering_nn
 from .copies import copy_spec
-from .schedules_nn import batch_matmul_tiles
 from .schedules import (EXACT_TERMS, channel_block, conv_columns, pack_conv_weight,
                         pack_dense_weight, pack_depthwise_weight)
 
