@@ -442,13 +442,19 @@ def _conv_transpose(spec):
 def _pixel_shuffle(spec):
     """``shuffle``: a direct ConvTranspose's taps to their output pixels, plus the bias (see
     schedules_conv.py)."""
-    from .schedules_conv import pixel_shuffle_nchwc
+    from .schedules_conv import fold_taps_nchwc, pixel_shuffle_nchwc
 
     x = te.placeholder(tuple(spec["data"]), F32, "data")
     channels, ob = spec["channels"], spec["block"]
     b = te.placeholder((channels // ob, ob), F32, "bias") if spec["bias"] else None
-    y = pixel_shuffle_nchwc(x, kernel=tuple(spec["kernel"]), channels=channels, out_block=ob,
+    if "stride" in spec:  # taps that overlap or miss output pixels: summed where they land
+        y = fold_taps_nchwc(x, kernel=tuple(spec["kernel"]), channels=channels, out_block=ob,
+                            stride=tuple(spec["stride"]), pads=tuple(spec["pads"]),
+                            dilation=tuple(spec["dilations"]), out_hw=tuple(spec["out"]),
                             bias=b, name="out")
+    else:
+        y = pixel_shuffle_nchwc(x, kernel=tuple(spec["kernel"]), channels=channels,
+                                out_block=ob, bias=b, name="out")
     return schedule_elementwise(y), [x] + ([b] if b is not None else []) + [y]
 
 

@@ -403,8 +403,13 @@ class _Lowering:
         cb = have if have and (c // g) % have == 0 else channel_block(c // g)
         ob = channel_block(m // g)
         weight = np.asarray(self.const(w), np.float32)
-        if g == 1 and ob < 8 and direct_taps(a, weight.shape[2:], tx.shape[2:], out_t.shape[2:]):
-            return self.conv_transpose_as_conv(node, weight, cb, ob)
+        # One group: as a 1x1 convolution to every tap's channels and a fold, when one
+        # kernel would be slow (schedules_conv.py): a direct one with output blocks under 8
+        # (scalar code), or taps strided over the output (it visits them all, and only
+        # 1 / (sh * sw) land: 3-14x slower than onnxruntime, the two kernels 1-2x).
+        direct = direct_taps(a, weight.shape[2:], tx.shape[2:], out_t.shape[2:])
+        if g == 1 and (ob < 8 if direct else math.prod(a["strides"]) > 1):
+            return self.conv_transpose_as_conv(node, weight, cb, ob, direct)
         packed = pack_conv_transpose_weight(weight, g, cb, ob)
         wname = self.add_const(f"{w}@convT{cb}i{ob}o", packed)
         data = self.blocked(x, cb)
@@ -417,9 +422,11 @@ class _Lowering:
         self.kernel(node, spec, args + [out], out)
         return True
 
-    def conv_transpose_as_conv(self, node: Node, weight: np.ndarray, cb: int, ob: int) -> bool:
-        """A direct ConvTranspose (one tap per output pixel) with few output channels: a 1x1
-        convolution to every tap's channels, then a pixel shuffle (schedules_conv.py)."""
+    def conv_transpose_as_conv(self, node: Node, weight: np.ndarray, cb: int, ob: int,
+                               direct: bool) -> bool:
+        """ConvTranspose (one group) as a 1x1 convolution to every tap's channels on the input
+        grid, then a pixel shuffle (``direct``: one tap per output pixel) or a fold that sums
+        the taps landing on each output pixel (schedules_conv.py)."""
         from .schedules_conv import taps_as_channels
 
         x, b = node.inputs[0], (list(node.inputs) + ["", ""])[2]
@@ -439,6 +446,11 @@ class _Lowering:
         shuffle = {"op": "shuffle", "data": self.values[taps]["shape"],
                    "kernel": list(weight.shape[2:]), "channels": int(weight.shape[1]),
                    "block": ob, "bias": bool(b)}
+        if not direct:
+            a = node.attrs
+            shuffle.update(stride=list(a["strides"]), pads=list(a["pads"]),
+                           dilations=list(a["dilations"]),
+                           out=list(self.type(node.outputs[0]).shape[2:]))
         out = self.produce(node.outputs[0], ob)
         self.kernel(node, shuffle, [taps] + ([self.channel_const(b, ob, F32)] if b else [])
                     + [out], out)

@@ -136,33 +136,40 @@ def test_resize_kernel(case):
     np.testing.assert_allclose(got, theirs, rtol=0, atol=1e-6 * np.abs(theirs).max())
 
 
-# ---- ConvTranspose with few output channels: a 1x1 convolution and a pixel shuffle --------
+# ---- ConvTranspose as a 1x1 convolution and a shuffle or fold (lowering.py) ----------------
 
-# (N, C, H, W, M, kernel = strides, output_padding, group, bias); the first four take the
-# two-kernel path (one tap per output pixel, output blocks under 8), the others must not.
-FEW_CHANNEL_CASES = [
-    (1, 24, 10, 12, 1, (2, 2), (0, 0), 1, True),  # PP-OCR's last up-sampling
-    (2, 8, 5, 7, 2, (3, 3), (0, 0), 1, True),  # stride 3, batch 2, odd sizes
-    (1, 5, 3, 4, 3, (2, 3), (0, 0), 1, False),  # unequal strides, odd channels, no bias
-    (3, 16, 4, 3, 4, (1, 2), (0, 0), 1, True),
-    (1, 6, 5, 5, 2, (2, 2), (1, 1), 1, True),  # output padding: every tap visited
-    (2, 8, 4, 5, 4, (2, 2), (0, 0), 2, True),  # groups
+# (N, C, H, W, M, kernel, strides, pads, dilations, output_padding, group, bias, kernels):
+# two kernels for a direct one with output blocks under 8 and for one group with a stride,
+# else one.
+SPLIT_CASES = [
+    (1, 24, 10, 12, 1, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), (0, 0), 1, True, 2),  # PP-OCR's
+    (2, 8, 5, 7, 2, (3, 3), (3, 3), (0, 0, 0, 0), (1, 1), (0, 0), 1, True, 2),  # stride 3
+    (1, 5, 3, 4, 3, (2, 3), (2, 3), (0, 0, 0, 0), (1, 1), (0, 0), 1, False, 2),  # no bias
+    (3, 16, 4, 3, 4, (1, 2), (1, 2), (0, 0, 0, 0), (1, 1), (0, 0), 1, True, 2),
+    (1, 32, 8, 8, 16, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), (0, 0), 1, True, 1),  # U-Net's
+    (1, 6, 5, 5, 2, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), (1, 1), 1, True, 2),  # out padding
+    (2, 16, 7, 5, 16, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (1, 1), 1, True, 2),
+    (1, 12, 6, 9, 8, (4, 4), (2, 2), (1, 2, 2, 1), (1, 1), (0, 1), 1, False, 2),  # pads
+    (2, 8, 5, 4, 12, (3, 2), (3, 2), (2, 0, 1, 1), (2, 1), (2, 1), 1, True, 2),  # dilation
+    (1, 3, 4, 4, 6, (3, 3), (3, 3), (0, 0, 0, 0), (1, 1), (2, 1), 1, True, 2),  # odd blocks
+    (2, 8, 4, 5, 4, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), (0, 0), 2, True, 1),  # groups
+    (1, 8, 6, 6, 8, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), (0, 0), 1, True, 1),  # stride 1
 ]
 
 
-@pytest.mark.parametrize("case", FEW_CHANNEL_CASES,
-                         ids=[f"n{c[0]}c{c[1]}m{c[4]}s{c[5]}op{c[6]}g{c[7]}"
-                              for c in FEW_CHANNEL_CASES])
-def test_conv_transpose_few_output_channels(case):
-    """Against graph/ops_nn (float64 and float32) and onnxruntime, in a whole build."""
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[
+    f"n{c[0]}c{c[1]}m{c[4]}k{c[5][0]}{c[5][1]}s{c[6][0]}{c[6][1]}op{c[9][0]}{c[9][1]}g{c[10]}"
+    for c in SPLIT_CASES])
+def test_conv_transpose_in_two_kernels(case):
+    """Whole builds against graph/ops_nn (float64 and float32) and onnxruntime."""
     from celosia.runtime.cpu import CpuModel
 
-    n, c, h, w, m, s, op, g, bias = case
+    n, c, h, w, m, k, s, p, d, op, g, bias, kernels = case
     rng = np.random.default_rng(sum(map(hash, map(str, case))) % 2**32)
     x = rng.normal(size=(n, c, h, w)).astype(np.float32)
-    wt = rng.normal(size=(c, m // g, *s)).astype(np.float32)
-    b = rng.normal(size=m).astype(np.float32)
-    attrs = dict(kernel_shape=list(s), strides=list(s), pads=[0, 0, 0, 0], dilations=[1, 1],
+    wt = rng.normal(size=(c, m // g, *k)).astype(np.float32)
+    b = rng.normal(size=m).astype(np.float32) if bias else None
+    attrs = dict(kernel_shape=list(k), strides=list(s), pads=list(p), dilations=list(d),
                  output_padding=list(op), group=g)
     inits = [numpy_helper.from_array(wt, "w")] + ([numpy_helper.from_array(b, "b")]
                                                    if bias else [])
@@ -174,18 +181,16 @@ def test_conv_transpose_few_output_channels(case):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 10
     built = CpuModel.build(model)
-    kernels = [st["op"] for st in built.program.steps
-               if st["kind"] == "kernel" and st["op"] == "ConvTranspose"]
-    two_kernels = g == 1 and op == (0, 0) and m < 8
-    assert kernels == ["ConvTranspose"] * (2 if two_kernels else 1)
+    steps = [st["op"] for st in built.program.steps
+             if st["kind"] == "kernel" and st["op"] == "ConvTranspose"]
+    assert len(steps) == kernels
     got = built.run({"image": x})["y"]
-    bb = b if bias else None
     exact = conv_transpose(attrs, x.astype(np.float64), wt.astype(np.float64),
-                           None if bb is None else bb.astype(np.float64))
+                           None if b is None else b.astype(np.float64))
     scale = np.abs(exact).max()
     assert got.shape == exact.shape
     assert np.abs(got - exact).max() <= 1e-6 * scale
-    assert np.abs(got - conv_transpose(attrs, x, wt, bb)).max() <= 1e-6 * scale
+    assert np.abs(got - conv_transpose(attrs, x, wt, b)).max() <= 1e-6 * scale
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = session.run(None, {"image": x})[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * scale)
