@@ -439,6 +439,25 @@ def _conv_transpose(spec):
     return schedule_conv_transpose_nchwc(y), [x, w] + ([b] if b is not None else []) + [y]
 
 
+def _pixel_shuffle(spec):
+    """``shuffle``: a direct ConvTranspose's taps to their output pixels, plus the bias (see
+    schedules_conv.py)."""
+    from .schedules_conv import fold_taps_nchwc, pixel_shuffle_nchwc
+
+    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    channels, ob = spec["channels"], spec["block"]
+    b = te.placeholder((channels // ob, ob), F32, "bias") if spec["bias"] else None
+    if "stride" in spec:  # taps that overlap or miss output pixels: summed where they land
+        y = fold_taps_nchwc(x, kernel=tuple(spec["kernel"]), channels=channels, out_block=ob,
+                            stride=tuple(spec["stride"]), pads=tuple(spec["pads"]),
+                            dilation=tuple(spec["dilations"]), out_hw=tuple(spec["out"]),
+                            bias=b, name="out")
+    else:
+        y = pixel_shuffle_nchwc(x, kernel=tuple(spec["kernel"]), channels=channels,
+                                out_block=ob, bias=b, name="out")
+    return schedule_elementwise(y), [x] + ([b] if b is not None else []) + [y]
+
+
 def _resize(spec):
     """``resize``: a Resize of H and W on ``[N, C//c, H, W, c]``, each output row and column
     reading ``taps`` input rows and columns (int32 ``[OH, taps]``, ``[OW, taps]``, from
@@ -476,7 +495,7 @@ def _resize(spec):
 _BUILDERS = {"batch_matmul": _batch_matmul, "pack": _layout, "unpack": _layout, "conv": _conv,
              "dwconv": _conv, "dense": _dense, "eltwise": _eltwise, "maxpool": _pool,
              "avgpool": _pool, "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
-             "qgap": _global_avg_pool, "convT": _conv_transpose,
+             "qgap": _global_avg_pool, "convT": _conv_transpose, "shuffle": _pixel_shuffle,
              "resize": _resize, "copy": build_copy}
 
 
