@@ -126,6 +126,27 @@ def test_qlut_reads_every_entry():
     np.testing.assert_array_equal(got, qops.qlut({}, x, table))
 
 
+@pytest.mark.parametrize("shape", [(2, 17000), (63,), (1, 3, 5, 7, 64)])
+def test_qlut_vbmi_and_portable_kernels(shape):
+    """Both QLut kernels: lut.py's (64 lookups at a time, parallel chunks of 16384, then
+    single elements) where the host has AVX-512 VBMI, and the tensor-language one."""
+    from celosia.compiler.cpu.codegen import compile_cpu
+    from celosia.compiler.cpu.kernels import build_function
+    from celosia.compiler.cpu.lut import vbmi_available
+
+    rng = np.random.default_rng(len(shape))
+    x, table = int8s(rng, shape), int8s(rng, (256,), 0.0)
+    spec = {"op": "qlut", "shape": list(shape)}
+    kernels = [compile_cpu(build_function(spec))]
+    if vbmi_available():
+        kernels.append(compile_spec(spec, use_cache=False))
+        assert kernels[-1].name == "qlut" and "vpermi2var" in kernels[-1].llvm_ir
+    for kernel in kernels:
+        got = np.empty(x.shape, np.int8)
+        kernel(x, table, got)
+        np.testing.assert_array_equal(got, qops.qlut({}, x, table))
+
+
 @SETTINGS
 @given(st.integers(1, 3), st.integers(1, 9), st.integers(1, 70), st.integers(1, 80),
        MULTIPLIER, st.integers(1, 31), st.integers(0, 2**32 - 1))
