@@ -32,7 +32,8 @@ from ..tensor.schedule import create_schedule
 from .operands import operand_placeholders, operand_read
 from .schedules import schedule_elementwise
 
-__all__ = ["QPARAMS", "QUANTIZED_ELTWISE_OPS", "build_quantized", "qparams"]
+__all__ = ["QPARAMS", "KNOWN", "QUANTIZED_ELTWISE_OPS", "build_quantized", "qparams",
+           "understood"]
 
 I8, I32 = "int8", "int32"
 
@@ -92,10 +93,28 @@ def _qmatmul_params(attrs):
 QPARAMS = {"QAdd": _qadd_params, "QMul": _qmul_params, "QMatMul": _qmatmul_params}
 
 
+# The attributes and input counts the functions above read, per op. A node with any
+# other (a zero point that qops.py learns after this file was written, say) has no kernel:
+# it stays a numpy step, which computes qops' meaning, until these functions learn it too.
+KNOWN = {"QAdd": ({"multipliers", "shift", "scale"}, 2),
+         "QMul": ({"multipliers", "shift", "scale"}, 2),
+         "QMatMul": ({"multiplier", "shift", "scale"}, 2),
+         "QLut": ({"scale"}, 2)}
+
+
+def understood(node) -> bool:
+    """Whether the kernels compute everything the node's attributes and inputs say."""
+    attrs, inputs = KNOWN[node.op]
+    return set(node.attrs) <= attrs and len(node.inputs) == inputs and all(node.inputs)
+
+
 def qparams(node) -> np.ndarray | None:
     """A QAdd/QMul/QMatMul node's int32 operand, or None when its attributes are ones
-    qops.py refuses (the node then stays a numpy step, which reports them at run time)."""
+    qops.py refuses (the node then stays a numpy step, which reports them at run time) or
+    ones the kernels do not know (``KNOWN``)."""
     a = node.attrs
+    if not understood(node):
+        return None
     try:
         shift = int(a["shift"])
         if not 1 <= shift <= 31:

@@ -4,7 +4,9 @@ QMul, QMatMul) to the kernels of kernels_q.py.
 Each handler takes the lowering (lowering._Lowering) and a node and returns False to leave
 the node to the numpy fallback: attributes qops.py refuses (reported there at run time), an
 operand that is not int8, a constant operand where a run-time one is expected, batch axes
-of a QMatMul that broadcast.
+of a QMatMul that broadcast, and attributes or inputs kernels_q.py does not know
+(``kernels_q.KNOWN``: a zero point added to qops.py later stays numpy until the kernels
+learn it, rather than be silently ignored).
 
 Layouts: QLut, QAdd and QMul are element-wise, so they keep the layout they find (a QConv's
 blocked output stays blocked; a QLut between two QConvs costs no transposes). A QAdd/QMul
@@ -20,7 +22,7 @@ import numpy as np
 
 from ..graph.ir import Node, TensorType
 from . import lowering_nn
-from .kernels_q import qparams
+from .kernels_q import qparams, understood
 
 __all__ = ["qlut", "qbinary", "qmatmul", "HANDLERS"]
 
@@ -32,9 +34,11 @@ def _params(lw, node: Node, p: np.ndarray) -> str:
 
 
 def qlut(lw, node: Node) -> bool:
-    x, table = (list(node.inputs) + [""])[:2]
+    if not understood(node):
+        return False
+    x, table = node.inputs
     tx = lw.type(x)
-    if not table or lw.is_const(x) or tx.dtype != I8 or not tx.shape or len(node.outputs) != 1 \
+    if lw.is_const(x) or tx.dtype != I8 or not tx.shape or len(node.outputs) != 1 \
             or lw.type(table) != TensorType(I8, (256,)):
         return False
     block = lw.current_block(x) if len(tx.shape) == 4 else 0

@@ -182,3 +182,16 @@ def test_invalid_attributes_have_no_kernel_operand():
                       ("QMul", {"multipliers": [1, 2], "shift": 5}),
                       ("QMatMul", {"multiplier": 3, "shift": 32})]:
         assert qparams(Node(op, ("a", "b"), ("y",), attrs)) is None
+
+
+def test_attributes_the_kernels_do_not_know_leave_the_node_to_numpy():
+    """A zero point (or any attribute or input kernels_q.py does not read) means the node
+    has no kernel, rather than a kernel that ignores it."""
+    from celosia.compiler.cpu.kernels_q import understood
+
+    add = {"multipliers": [1, 2], "shift": 4, "scale": 0.5}
+    assert qparams(Node("QAdd", ("a", "b"), ("y",), add)) is not None
+    assert qparams(Node("QAdd", ("a", "b"), ("y",), {**add, "zero_points": [1, 2, 3]})) is None
+    assert qparams(Node("QAdd", ("a", "b", "zp"), ("y",), add)) is None
+    assert not understood(Node("QLut", ("x", "t"), ("y",), {"scale": 1.0, "zero_point": 3}))
+    assert understood(Node("QLut", ("x", "t"), ("y",), {"scale": 1.0}))
