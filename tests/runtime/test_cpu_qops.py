@@ -97,7 +97,7 @@ def test_blocked_lut_add_and_se_gate_between_qconvs(batch, hw):
     assert len(unpacks) == 2  # the two graph outputs only
 
 
-def test_plain_qops_with_broadcast_operands():
+def test_plain_qops_with_broadcast_operands(tmp_path):
     """Plain layout: QAdd of [2, 1, 5] and [3, 1] ("broadcast" operands both), QMul of
     that by a full value, a QLut of rank 1."""
     rng = np.random.default_rng(7)
@@ -113,17 +113,27 @@ def test_plain_qops_with_broadcast_operands():
     built = same_as_numpy(g, {k: int8s(rng, t.shape) for k, t in inputs.items()})
     kinds = [s["operands"] for s in built.program.specs.values() if s["op"] == "qadd"]
     assert kinds == [[["broadcast", [2, 1, 5]], ["broadcast", [1, 3, 1]]]]
+    # the .cel round trip: the q-op kernels (lut.py's too) load and compute the same bits
+    feeds = {k: int8s(rng, t.shape) for k, t in inputs.items()}
+    built.save(tmp_path / "q.cel")
+    loaded = CpuModel.load(tmp_path / "q.cel")
+    want = run_graph(g, feeds)
+    for name, value in loaded.run(feeds).items():
+        np.testing.assert_array_equal(value, want[name], err_msg=name)
 
 
 @pytest.mark.parametrize("a_shape,b_shape", [((2, 3, 7, 16), (2, 3, 16, 9)),
                                              ((5, 33), (33, 1)), ((1, 4, 1, 8), (1, 4, 8, 70))])
-def test_qmatmul_of_run_time_values(a_shape, b_shape):
+def test_qmatmul_of_run_time_values(a_shape, b_shape, tmp_path):
     rng = np.random.default_rng(len(a_shape))
     nodes = [Node("QMatMul", ("a", "b"), ("y",), {"multiplier": 12345, "shift": 19,
                                                   "scale": 0.5}, "mm")]
     inputs = {"a": TensorType("int8", a_shape), "b": TensorType("int8", b_shape)}
     g = graph_of(nodes, inputs, {}, ["y"])
-    same_as_numpy(g, {k: int8s(rng, t.shape) for k, t in inputs.items()})
+    feeds = {k: int8s(rng, t.shape) for k, t in inputs.items()}
+    same_as_numpy(g, feeds).save(tmp_path / "mm.cel")
+    np.testing.assert_array_equal(CpuModel.load(tmp_path / "mm.cel").run(feeds)["y"],
+                                  run_graph(g, feeds)["y"])
 
 
 def test_broadcast_batches_and_bad_attributes_stay_numpy():
