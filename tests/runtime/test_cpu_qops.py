@@ -194,3 +194,17 @@ def test_bert_int8_q_ops_are_kernels_equal_to_run_graph():
     for name in q_outputs:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     assert {s["op"] for s in built.program.steps if s["kind"] == "numpy"} & set(QOPS) == set()
+
+
+@pytest.mark.slow
+def test_bench_cpu_qops_quick():
+    """`celosia bench cpu-qops --quick`: both builds agree and the kernels build has no q-op
+    numpy step (the speed itself is for the full run on a quiet machine)."""
+    from celosia.benchmarks import run_benchmark
+
+    result = run_benchmark("cpu-qops", quick=True)
+    for name, d in result["models"].items():
+        assert d["same_outputs"], name
+        assert not set(d["numpy_steps_after"]) & set(QOPS), name
+        assert set(d["numpy_steps_before"]) & set(QOPS), name
+        assert d["kernels_ms"] > 0 and d["numpy_ms"] > 0
