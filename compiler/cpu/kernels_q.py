@@ -2,11 +2,13 @@
 QAdd, QMul and QMatMul, bit-exact with its numpy kernels.
 
 The arithmetic of each operator is written once, below (``requantize_rounded``,
-``qadd_value``, ``qmul_value``, ``qlut_value``), as tensor expressions that mirror qops.py
-line for line, and ``QPARAMS`` packs a node's attributes into the small int32 operand
-those expressions read at run time (``NODE@qparams``), so that nodes of one shape share a
-kernel whatever their multipliers and shifts. A change of qops.py's formulas (zero points,
-say) is a change of these few functions and of ``QPARAMS``.
+``qadd_value``, ``qmul_value``, ``qmatmul_value``, ``qlut_value``), as tensor expressions
+that mirror qops.py line for line, and ``QPARAMS`` packs a node's attributes into the
+small int32 operand those expressions read at run time (``NODE@qparams``), so that nodes
+of one shape share a kernel whatever their multipliers and shifts. A change of qops.py's
+formulas (zero points, say) is a change of these few functions, of ``QPARAMS`` and of
+``KNOWN`` (until then such nodes stay numpy steps). The one other form is lut.py's QLut
+for hosts with AVX-512 VBMI (``table[x + 128]`` by byte permutes; tested against this one).
 
 Integer arithmetic is int32 with two's-complement wrap-around, as qops' ``wrap``: a product
 or sum wrapped to int32 after each step is the int32 product or sum, and an int64 product of
