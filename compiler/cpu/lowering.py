@@ -33,7 +33,8 @@ quantized layers never transposes either.
 
 Weights are packed once here (``program.constants``); the hot operators (convolution,
 dense, pooling, element-wise float32; QConv, QGemm, int8 MaxPool and Relu,
-QGlobalAveragePool, Quantize, Dequantize) are compiled, anything else falls back to numpy.
+QGlobalAveragePool, Quantize, Dequantize; QLut, QAdd, QMul, QMatMul in lowering_q.py) are
+compiled, anything else falls back to numpy.
 """
 
 from __future__ import annotations
