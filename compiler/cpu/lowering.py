@@ -33,7 +33,8 @@ quantized layers never transposes either.
 
 Weights are packed once here (``program.constants``); the hot operators (convolution,
 dense, pooling, element-wise float32; QConv, QGemm, int8 MaxPool and Relu,
-QGlobalAveragePool, Quantize, Dequantize) are compiled, anything else falls back to numpy.
+QGlobalAveragePool, Quantize, Dequantize; QLut, QAdd, QMul, QMatMul in lowering_q.py) are
+compiled, anything else falls back to numpy.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from .control import CONTROL_OPS, control_fallback_reason, lower_control
 from .lower_recurrent import lower_recurrent
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
-from . import lowering_nn
+from . import lowering_nn, lowering_q
 from .copies import copy_spec
 from .schedules import (EXACT_TERMS, channel_block, conv_columns, pack_conv_weight,
                         pack_dense_weight, pack_depthwise_weight)
@@ -917,6 +918,8 @@ class _Lowering:
             handlers[op] = lambda node: lower_control(self, node)
         for op in _VIEW_OPS:
             handlers[op] = self.view
+        for op, fn in lowering_q.HANDLERS.items():  # QLut, QAdd, QMul, QMatMul
+            handlers[op] = lambda node, fn=fn: fn(self, node)
         for op in ("LSTM", "GRU", "RNN"):  # lower_recurrent.py
             handlers[op] = lambda node: lower_recurrent(self, node, _padded_rows)
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
