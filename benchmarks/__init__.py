@@ -35,6 +35,9 @@ BENCHMARKS = {
     "resnet18-e2e": ("celosia.benchmarks.resnet18_e2e", "run",
                      "ResNet-18 int8 224x224 split between the accelerator (cycle model) and "
                      "the CPU: latency, shares, speedup over the CPU build, simulation wall time"),
+    "cpu-qops": ("celosia.benchmarks.cpu_qops", "run",
+                 "int8 CPU build of the small EfficientNet and BERT: compiled QLut/QAdd/QMul/"
+                 "QMatMul kernels against numpy steps, median latency and speedup"),
     "zoo": ("celosia.benchmarks.zoo", "run",
             "the model zoo at full size on the CPU build against onnxruntime: models that "
             "import and agree, latency ratio per model, geometric mean and worst"),

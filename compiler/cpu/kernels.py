@@ -17,6 +17,8 @@ Quantized operators (graph_int.py), bit-exact with its numpy kernels:
     {"op": "qconv" | "qdwconv", ...the geometry of "conv" | "dwconv"..., "residual": True}
     {"op": "qdense", "data": [M, K], "weight": [N//n, K, n], "residual": False}
     {"op": "qgap", "data": [N, C//c, H, W, c], "multiplier": 16644, "shift": 23}
+    {"op": "qadd" | "qmul" | "qlut" | "qmatmul", ...}     kernels_q.py (QAdd, QMul, QLut,
+                                                           QMatMul)
 
 QConv and QGemm kernels take data, weight, bias, multiplier, ``requant`` (int32 [shift, lo,
 hi]: run-time operands, so layers of one shape share a kernel) [, residual], output: int8
@@ -59,10 +61,14 @@ from ..tensor.lower import lower
 from ..tensor.schedule import create_schedule
 from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
+from .kernels_q import QUANTIZED_ELTWISE_OPS, build_quantized
+from .lut import compile_lut, vbmi_available
 from .kernels_recurrent import compile_recurrent
 from .schedules_nn import batch_matmul, schedule_batch_matmul
 from .rowwise import ROWWISE_OPS, compile_rowwise
 from .copies import build_copy
+from .operands import operand_placeholders as _operand_placeholders
+from .operands import operand_read as _operand_read
 from .host import cache_dir, host_target
 from .schedules import (conv2d_nchwc, dense, depthwise_conv2d_nchwc, requantize,
                         schedule_conv2d_nchwc, schedule_dense, schedule_depthwise_conv2d_nchwc,
@@ -143,49 +149,7 @@ CONVERT = {
 ELTWISE_DTYPES = {"Relu": (F32, "int8"), "Quantize": (F32,), "Dequantize": ("int8", "int32")}
 
 
-# ---- operands ------------------------------------------------------------------------------
-
-
-def _broadcast(kind) -> bool:
-    return isinstance(kind, list) and kind[0] == "broadcast"
-
-
-def _operand_shape(kind, layout: str, out_shape) -> tuple | None:
-    """The shape of an operand tensor of ``kind`` (None: a scalar, no tensor)."""
-    if _broadcast(kind):  # ["broadcast", shape]: numpy's broadcast, shape padded to the rank
-        return tuple(kind[1])
-    if not isinstance(kind, str):
-        return None
-    if kind == "full":
-        return tuple(out_shape)
-    if kind == "image_channel":  # per image and channel ([N, C, 1, 1]: squeeze-excitation)
-        return (out_shape[0], out_shape[1], out_shape[4]) if layout == "blocked" \
-            else (out_shape[0], out_shape[1])
-    if layout == "blocked":  # [N, C//c, H, W, c]
-        return (out_shape[1], out_shape[4])
-    if layout == "dense":  # [M, N]: per column
-        return (out_shape[1],)
-    return (out_shape[1],)  # plain [N, C, H, W]
-
-
-def _operand_read(kind, tensor, layout: str, idx):
-    if _broadcast(kind):
-        return tensor[tuple(0 if d == 1 else i for d, i in zip(kind[1], idx))]
-    if not isinstance(kind, str):
-        return as_expr(float(kind[1]))
-    if kind == "full":
-        return tensor[tuple(idx)]
-    if kind == "image_channel":
-        return tensor[idx[0], idx[1], idx[4]] if layout == "blocked" else tensor[idx[0], idx[1]]
-    if layout == "blocked":
-        return tensor[idx[1], idx[4]]
-    return tensor[idx[1]]
-
-
-def _operand_placeholders(kinds, layout, out_shape, prefix, dtype=F32):
-    return [None if _operand_shape(k, layout, out_shape) is None else
-            te.placeholder(_operand_shape(k, layout, out_shape), dtype, f"{prefix}{n}")
-            for n, k in enumerate(kinds)]
+# ---- operands: operands.py (the kinds of the module docstring) ---------------------------
 
 
 def _epilogue_fn(steps, tensors, layout):
@@ -439,6 +403,25 @@ def _conv_transpose(spec):
     return schedule_conv_transpose_nchwc(y), [x, w] + ([b] if b is not None else []) + [y]
 
 
+def _pixel_shuffle(spec):
+    """``shuffle``: a direct ConvTranspose's taps to their output pixels, plus the bias (see
+    schedules_conv.py)."""
+    from .schedules_conv import fold_taps_nchwc, pixel_shuffle_nchwc
+
+    x = te.placeholder(tuple(spec["data"]), F32, "data")
+    channels, ob = spec["channels"], spec["block"]
+    b = te.placeholder((channels // ob, ob), F32, "bias") if spec["bias"] else None
+    if "stride" in spec:  # taps that overlap or miss output pixels: summed where they land
+        y = fold_taps_nchwc(x, kernel=tuple(spec["kernel"]), channels=channels, out_block=ob,
+                            stride=tuple(spec["stride"]), pads=tuple(spec["pads"]),
+                            dilation=tuple(spec["dilations"]), out_hw=tuple(spec["out"]),
+                            bias=b, name="out")
+    else:
+        y = pixel_shuffle_nchwc(x, kernel=tuple(spec["kernel"]), channels=channels,
+                                out_block=ob, bias=b, name="out")
+    return schedule_elementwise(y), [x] + ([b] if b is not None else []) + [y]
+
+
 def _resize(spec):
     """``resize``: a Resize of H and W on ``[N, C//c, H, W, c]``, each output row and column
     reading ``taps`` input rows and columns (int32 ``[OH, taps]``, ``[OW, taps]``, from
@@ -476,8 +459,11 @@ def _resize(spec):
 _BUILDERS = {"batch_matmul": _batch_matmul, "pack": _layout, "unpack": _layout, "conv": _conv,
              "dwconv": _conv, "dense": _dense, "eltwise": _eltwise, "maxpool": _pool,
              "avgpool": _pool, "gap": _global_avg_pool, "qconv": _conv, "qdwconv": _conv, "qdense": _dense,
-             "qgap": _global_avg_pool, "convT": _conv_transpose,
+             "qgap": _global_avg_pool, "convT": _conv_transpose, "shuffle": _pixel_shuffle,
              "resize": _resize, "copy": build_copy}
+
+
+_BUILDERS.update({op: build_quantized for op in QUANTIZED_ELTWISE_OPS})  # kernels_q.py
 
 
 def build_function(spec: dict):
@@ -494,7 +480,7 @@ def build_function(spec: dict):
 # Relative to compiler/: the CPU backend and the tensor level below it.
 _SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
             "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py",
-            "cpu/kernels_recurrent.py",
+            "cpu/kernels_recurrent.py", "cpu/kernels_q.py", "cpu/operands.py", "cpu/lut.py",
             "cpu/rowwise.py", "cpu/copies.py",
             "cpu/codegen.py", "cpu/host.py", "tensor/te.py",
             "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
@@ -547,6 +533,8 @@ def compile_spec(spec: dict, *, use_cache: bool = True) -> CpuKernel:
         kernel = compile_recurrent(spec, use_cache=use_cache)
     elif spec.get("op") in ROWWISE_OPS:  # written in LLVM IR directly (rowwise.py)
         kernel = compile_rowwise(spec, use_cache=use_cache)
+    elif spec.get("op") == "qlut" and vbmi_available():  # 64 lookups at a time (lut.py)
+        kernel = compile_lut(spec, use_cache=use_cache)
     else:
         kernel = compile_cpu(build_function(spec), use_cache=use_cache)
     if use_cache:

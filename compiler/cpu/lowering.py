@@ -33,7 +33,8 @@ quantized layers never transposes either.
 
 Weights are packed once here (``program.constants``); the hot operators (convolution,
 dense, pooling, element-wise float32; QConv, QGemm, int8 MaxPool and Relu,
-QGlobalAveragePool, Quantize, Dequantize) are compiled, anything else falls back to numpy.
+QGlobalAveragePool, Quantize, Dequantize; QLut, QAdd, QMul, QMatMul in lowering_q.py) are
+compiled, anything else falls back to numpy.
 """
 
 from __future__ import annotations
@@ -50,9 +51,8 @@ from .control import CONTROL_OPS, control_fallback_reason, lower_control
 from .lower_recurrent import lower_recurrent
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
-from . import lowering_nn
+from . import lowering_nn, lowering_q
 from .copies import copy_spec
-from .schedules_nn import batch_matmul_tiles
 from .schedules import (EXACT_TERMS, channel_block, conv_columns, pack_conv_weight,
                         pack_dense_weight, pack_depthwise_weight)
 
@@ -391,7 +391,7 @@ class _Lowering:
         """ConvTranspose 2-D, float32, constant weights (and bias), pads >= 0 (a negative
         pad, an output_shape larger than the operator makes, stays numpy); each group's
         channels whole blocks on both sides."""
-        from .schedules_conv import pack_conv_transpose_weight
+        from .schedules_conv import direct_taps, pack_conv_transpose_weight
 
         x, w, b = (list(node.inputs) + ["", ""])[:3]
         tx, a = self.type(x), node.attrs
@@ -403,7 +403,15 @@ class _Lowering:
         have = self.current_block(x)
         cb = have if have and (c // g) % have == 0 else channel_block(c // g)
         ob = channel_block(m // g)
-        packed = pack_conv_transpose_weight(np.asarray(self.const(w), np.float32), g, cb, ob)
+        weight = np.asarray(self.const(w), np.float32)
+        # One group: as a 1x1 convolution to every tap's channels and a fold, when one
+        # kernel would be slow (schedules_conv.py): a direct one with output blocks under 8
+        # (scalar code), or taps strided over the output (it visits them all, and only
+        # 1 / (sh * sw) land: 3-14x slower than onnxruntime, the two kernels 1-2x).
+        direct = direct_taps(a, weight.shape[2:], tx.shape[2:], out_t.shape[2:])
+        if g == 1 and (ob < 8 if direct else math.prod(a["strides"]) > 1):
+            return self.conv_transpose_as_conv(node, weight, cb, ob, direct)
+        packed = pack_conv_transpose_weight(weight, g, cb, ob)
         wname = self.add_const(f"{w}@convT{cb}i{ob}o", packed)
         data = self.blocked(x, cb)
         spec = {"op": "convT", "data": self.values[data]["shape"], "weight": list(packed.shape),
@@ -413,6 +421,40 @@ class _Lowering:
         args = [data, wname] + ([self.channel_const(b, ob, F32)] if b else [])
         out = self.produce(node.outputs[0], ob)
         self.kernel(node, spec, args + [out], out)
+        return True
+
+    def conv_transpose_as_conv(self, node: Node, weight: np.ndarray, cb: int, ob: int,
+                               direct: bool) -> bool:
+        """ConvTranspose (one group) as a 1x1 convolution to every tap's channels on the input
+        grid, then a pixel shuffle (``direct``: one tap per output pixel) or a fold that sums
+        the taps landing on each output pixel (schedules_conv.py)."""
+        from .schedules_conv import taps_as_channels
+
+        x, b = node.inputs[0], (list(node.inputs) + ["", ""])[2]
+        oihw = taps_as_channels(weight)
+        tb = channel_block(oihw.shape[0])
+        wname = self.add_const(f"{node.inputs[1]}@taps{cb}i{tb}o",
+                               pack_conv_weight(oihw, cb, tb))
+        data = self.blocked(x, cb)
+        n, _, h, w, _ = self.values[data]["shape"]
+        taps = self.define(f"{node.outputs[0]}@taps{tb}c", F32,
+                           (n, oihw.shape[0] // tb, h, w, tb))
+        conv = {"op": "conv", "data": self.values[data]["shape"],
+                "weight": list(self.constants[wname].shape), "strides": [1, 1],
+                "pads": [0, 0, 0, 0], "dilations": [1, 1], "groups": 1, "bias": False,
+                "epilogue": []}
+        self.kernel(node, conv, [data, wname, taps], taps)
+        shuffle = {"op": "shuffle", "data": self.values[taps]["shape"],
+                   "kernel": list(weight.shape[2:]), "channels": int(weight.shape[1]),
+                   "block": ob, "bias": bool(b)}
+        if not direct:
+            a = node.attrs
+            shuffle.update(stride=list(a["strides"]), pads=list(a["pads"]),
+                           dilations=list(a["dilations"]),
+                           out=list(self.type(node.outputs[0]).shape[2:]))
+        out = self.produce(node.outputs[0], ob)
+        self.kernel(node, shuffle, [taps] + ([self.channel_const(b, ob, F32)] if b else [])
+                    + [out], out)
         return True
 
     def resize(self, node: Node) -> bool:
@@ -876,6 +918,8 @@ class _Lowering:
             handlers[op] = lambda node: lower_control(self, node)
         for op in _VIEW_OPS:
             handlers[op] = self.view
+        for op, fn in lowering_q.HANDLERS.items():  # QLut, QAdd, QMul, QMatMul
+            handlers[op] = lambda node, fn=fn: fn(self, node)
         for op in ("LSTM", "GRU", "RNN"):  # lower_recurrent.py
             handlers[op] = lambda node: lower_recurrent(self, node, _padded_rows)
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):

@@ -134,3 +134,63 @@ def test_resize_kernel(case):
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     theirs = session.run(None, {"image": x})[0]
     np.testing.assert_allclose(got, theirs, rtol=0, atol=1e-6 * np.abs(theirs).max())
+
+
+# ---- ConvTranspose as a 1x1 convolution and a shuffle or fold (lowering.py) ----------------
+
+# (N, C, H, W, M, kernel, strides, pads, dilations, output_padding, group, bias, kernels):
+# two kernels for a direct one with output blocks under 8 and for one group with a stride,
+# else one.
+SPLIT_CASES = [
+    (1, 24, 10, 12, 1, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), (0, 0), 1, True, 2),  # PP-OCR's
+    (2, 8, 5, 7, 2, (3, 3), (3, 3), (0, 0, 0, 0), (1, 1), (0, 0), 1, True, 2),  # stride 3
+    (1, 5, 3, 4, 3, (2, 3), (2, 3), (0, 0, 0, 0), (1, 1), (0, 0), 1, False, 2),  # no bias
+    (3, 16, 4, 3, 4, (1, 2), (1, 2), (0, 0, 0, 0), (1, 1), (0, 0), 1, True, 2),
+    (1, 32, 8, 8, 16, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), (0, 0), 1, True, 1),  # U-Net's
+    (1, 6, 5, 5, 2, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), (1, 1), 1, True, 2),  # out padding
+    (2, 16, 7, 5, 16, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (1, 1), 1, True, 2),
+    (1, 12, 6, 9, 8, (4, 4), (2, 2), (1, 2, 2, 1), (1, 1), (0, 1), 1, False, 2),  # pads
+    (2, 8, 5, 4, 12, (3, 2), (3, 2), (2, 0, 1, 1), (2, 1), (2, 1), 1, True, 2),  # dilation
+    (1, 3, 4, 4, 6, (3, 3), (3, 3), (0, 0, 0, 0), (1, 1), (2, 1), 1, True, 2),  # odd blocks
+    (2, 8, 4, 5, 4, (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), (0, 0), 2, True, 1),  # groups
+    (1, 8, 6, 6, 8, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), (0, 0), 1, True, 1),  # stride 1
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[
+    f"n{c[0]}c{c[1]}m{c[4]}k{c[5][0]}{c[5][1]}s{c[6][0]}{c[6][1]}op{c[9][0]}{c[9][1]}g{c[10]}"
+    for c in SPLIT_CASES])
+def test_conv_transpose_in_two_kernels(case):
+    """Whole builds against graph/ops_nn (float64 and float32) and onnxruntime."""
+    from celosia.runtime.cpu import CpuModel
+
+    n, c, h, w, m, k, s, p, d, op, g, bias, kernels = case
+    rng = np.random.default_rng(sum(map(hash, map(str, case))) % 2**32)
+    x = rng.normal(size=(n, c, h, w)).astype(np.float32)
+    wt = rng.normal(size=(c, m // g, *k)).astype(np.float32)
+    b = rng.normal(size=m).astype(np.float32) if bias else None
+    attrs = dict(kernel_shape=list(k), strides=list(s), pads=list(p), dilations=list(d),
+                 output_padding=list(op), group=g)
+    inits = [numpy_helper.from_array(wt, "w")] + ([numpy_helper.from_array(b, "b")]
+                                                   if bias else [])
+    node = helper.make_node("ConvTranspose", ["image", "w"] + (["b"] if bias else []), ["y"],
+                            **attrs)
+    graph = helper.make_graph([node], "convT", [helper.make_tensor_value_info(
+        "image", TensorProto.FLOAT, list(x.shape))], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    built = CpuModel.build(model)
+    steps = [st["op"] for st in built.program.steps
+             if st["kind"] == "kernel" and st["op"] == "ConvTranspose"]
+    assert len(steps) == kernels
+    got = built.run({"image": x})["y"]
+    exact = conv_transpose(attrs, x.astype(np.float64), wt.astype(np.float64),
+                           None if b is None else b.astype(np.float64))
+    scale = np.abs(exact).max()
+    assert got.shape == exact.shape
+    assert np.abs(got - exact).max() <= 1e-6 * scale
+    assert np.abs(got - conv_transpose(attrs, x, wt, b)).max() <= 1e-6 * scale
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"image": x})[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * scale)
