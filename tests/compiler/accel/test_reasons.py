@@ -105,10 +105,10 @@ def test_conv_kept_float_by_a_run_time_mul_and_a_broadcast_gate():
     _every_cpu_reason_is_specific(placed)
 
 
-def test_transformer_linear_with_gelu_and_attention():
-    """A Linear on [B, S, D] becomes a QGemm on the accelerator; one whose epilogue ends in
-    GELU stays float, saying so; Q x K^T is a QMatMul with its own reason; Softmax has no
-    int8 form."""
+def test_transformer_linears_and_attention():
+    """A Linear on [B, S, D] becomes a QGemm on the accelerator (with GELU, a QLut after it);
+    one whose epilogue adds a broadcast run-time value stays float, saying so; Q x K^T is a
+    QMatMul with its own reason; Softmax has no int8 form."""
     c = helper.make_node
     nodes = [c("MatMul", ["x", "wq"], ["q"], name="proj_q"),
              c("MatMul", ["x", "wk"], ["k"], name="proj_k"),
@@ -117,17 +117,24 @@ def test_transformer_linear_with_gelu_and_attention():
              c("Softmax", ["s"], ["p"], axis=-1, name="softmax"),
              c("MatMul", ["p", "x"], ["ctx"], name="context"),
              c("MatMul", ["ctx", "w1"], ["h"], name="fc1"),
-             *_gelu("h", "y", 0)]
-    placed, _ = _placed(nodes, {"x": [1, 8, 32]}, {"y": [1, 8, 64]},
-                        {"wq": (32, 32), "wk": (32, 32), "w1": (32, 64)})
+             *_gelu("h", "g", 0),
+             c("MatMul", ["g", "w2"], ["f"], name="fc2"),
+             c("Add", ["f", "shift"], ["y"], name="add_shift")]
+    placed, _ = _placed(nodes, {"x": [1, 8, 32], "shift": [1, 1, 16]}, {"y": [1, 8, 16]},
+                        {"wq": (32, 32), "wk": (32, 32), "w1": (32, 64), "w2": (64, 16)})
     assert placed["proj_q"][:2] == ("QGemm", "accel")
+    assert placed["fc1"][:2] == ("QGemm", "accel")
+    assert [r for r in placed.values() if r[0] == "QLut"] == [
+        ("QLut", "cpu", "QLut (int8 lookup table) has no accelerator kernel yet")]
     assert placed["scores"][:2] == ("QMatMul", "cpu")
     assert placed["scores"][2].startswith("MatMul with two run-time operands (QMatMul)")
     assert placed["softmax"] == ("Softmax", "cpu", "Softmax left in float: the quantizer has "
                                  "no int8 form of Softmax")
-    op, target, reason = placed["fc1"]
+    op, target, reason = placed["fc2"]
     assert (op, target) == ("MatMul", "cpu")
-    assert reason.startswith("MatMul left in float: its epilogue's Gelu has no int8 form"), reason
+    assert reason == ("MatMul left in float: its epilogue adds a run-time value of type "
+                      "float32[1,1,16], broadcast to float32[1,8,16] (a residual must have "
+                      "the output's type)"), reason
     _every_cpu_reason_is_specific(placed)
 
 
