@@ -61,7 +61,7 @@ def placement_record(model) -> dict:
         if places[node.name].target == "accel":
             accel += m
         elif m:  # numbers as N: "depthwise convolution (groups=N)" is one reason
-            reason = re.sub(r"\d+", "N", places[node.name].reason)
+            reason = re.sub(r"(?<![A-Za-z0-9])\d+", "N", places[node.name].reason)
             by_reason[reason] = by_reason.get(reason, 0) + m
     top = sorted(by_reason.items(), key=lambda kv: -kv[1])[:_REASONS_KEPT]
     return {"accel_mac_share": accel / total if total else 0.0, "macs": total,
