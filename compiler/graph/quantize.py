@@ -93,7 +93,7 @@ MARGIN = 2.0
 _SAME_SCALE = ("MaxPool", "Flatten", "Reshape", "Relu", "Identity")
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 # Epilogue steps with no exact int8 form: the layer ends before them, a QLut computes them.
-_LUT_STEPS = ("SiLU", "HardSwish", "Sigmoid", "LeakyRelu", "HardSigmoid")
+_LUT_STEPS = ("SiLU", "HardSwish", "Sigmoid", "LeakyRelu", "HardSigmoid", "Gelu")
 # Element-wise functions of one value that become a QLut on an int8 input.
 _LUT_OPS = ("Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Gelu", "Elu",
             "Selu", "Softplus", "Softsign", "Erf", "Celu", "Mish", "ThresholdedRelu")
