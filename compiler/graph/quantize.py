@@ -15,7 +15,10 @@ Scales are symmetric, zero points are 0: a value v of scale s is stored as int8
 ``q = clip(rint(v / s), -128, 127)``, ``s = range / 127`` over the calibration samples,
 the range being max|v| (method "minmax") or, by default ("mse"), for values never
 negative that do not feed a QLut, the clipping range of least squared error
-(``_mse_ranges``; docs/graph.md has the measurements behind the choice).
+(``_mse_ranges``; docs/graph.md has the measurements behind the choice). The exception:
+values never negative whose writers and readers fold a zero point into their constants
+exactly (qzero.py: Relu outputs read by 1x1 convolutions, Gemm, Linear) get zero point
+-128 and all 256 steps on [0, range] (``zero_points=False`` turns this off).
 
 A Conv (2-D), Gemm (no transA) or MatMul (any rank >= 2 by a constant [K,O]; N-d inputs
 run as a QGemm on their rows, between two int8 Reshapes) with a constant weight becomes
@@ -71,6 +74,7 @@ import numpy as np
 from .ir import EPILOGUE_UNARY, Graph, GraphError, Node, TensorType, constant, verify_graph
 from .ops import KERNELS, OWN_INPUTS
 from .passes import remove_dead_code
+from .qzero import affine, asymmetric_classes, mse_top
 from .reference import apply_epilogue, evaluate_node
 
 __all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
@@ -81,6 +85,11 @@ __all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
 _KEPT = 20000
 _MSE_LOWEST = 0.3
 CALIBRATION_METHODS = ("mse", "minmax")
+# Zero points go to values never negative on the samples (Relu outputs) only: on the
+# signed values that could take one (SiLU outputs, projections read by 1x1 convolutions) they
+# cost EfficientNet (small) 0.99269 -> 0.96574 and YOLO 0.99974 -> 0.99969 in cosine to fp32
+# (test data beyond a calibrated minimum is clipped where the symmetric range had room).
+_SIGNED_ZERO_POINTS = 0.0  # the largest -min/max given one (0: never negative)
 # A[o], the bound on |acc + bias| the shift is chosen for, is MARGIN times the calibration
 # maximum: inputs somewhat beyond the samples still do not wrap.
 MARGIN = 2.0
@@ -477,6 +486,7 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
     """Run the float graph on every sample: max |x| of the ``needed`` values, and per layer
     the per-channel max |acc + bias| in float (its output before residual and activation)."""
     maxabs = dict.fromkeys(needed, 0.0)
+    mins: dict[str, tuple] = {}  # (min, max), for zero points
     mids = {node.name: _mid(node) for node in graph.nodes
             if node.name in plan.layers and plan.layers[node.name].tail}
     maxabs.update(dict.fromkeys(mids.values(), 0.0))
@@ -489,6 +499,8 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
     def record(name, v):
         v = np.asarray(v, dtype=np.float32).reshape(-1)
         maxabs[name] = max(maxabs[name], float(np.abs(v).max(initial=0)))
+        lo, hi = mins.get(name, (0.0, 0.0))
+        mins[name] = (min(lo, float(v.min(initial=0))), max(hi, float(v.max(initial=0))))
         kept[name].append(v[::max(1, v.size // _KEPT)])
 
     last_use = {i: k for k, node in enumerate(graph.nodes) for i in node.inputs}
@@ -525,18 +537,19 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
             for i in node.inputs:
                 if i and last_use.get(i) == k and i not in keep:
                     env.pop(i, None)
-    return maxabs, pre, {v: np.concatenate(a) if a else np.zeros(0, np.float32)
+    return maxabs, mins, pre, {v: np.concatenate(a) if a else np.zeros(0, np.float32)
                          for v, a in kept.items()}
 
 
-def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict) -> dict:
+def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) -> dict:
     """The "mse" method: the MSE range (_mse_range) for the classes of values that were never
     negative on the samples (a Relu output), the maximum for the others, for the inputs of
     a QLut and for the outputs of a layer clamped above (Relu6: the clamp already bounds
     the range, and narrowing it cost MobileNetV2 0.9975 -> 0.9970). Measured on the zoo's
     small models (docs/graph.md): MSE ranges for every value lose accuracy on the SiLU models (YOLO, EfficientNet: clipping a signed
     pre-activation or a residual cuts values the next layer needs), for non-negative ones
-    they gain (EfficientNet 0.987 -> 0.993, ResNet-18 0.9989 -> 0.9992)."""
+    they gain (EfficientNet 0.987 -> 0.993, ResNet-18 0.9989 -> 0.9992). A class with a
+    zero point (``asym``) searches the upper end of [0, t] in 256 steps instead."""
     kept = {plan.classes.find(_mid(n)) for n in graph.nodes
             if n.name in plan.layers and plan.layers[n.name].tail}
     kept |= {plan.classes.find(n.inputs[0]) for n in graph.nodes
@@ -547,7 +560,12 @@ def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict) -> dict:
     out = {}
     for root, t in top.items():
         values = np.concatenate(members[root])
-        out[root] = t if root in kept or values.min(initial=0) < 0 else _mse_range(values, t)
+        if root in kept or values.min(initial=0) < 0:
+            out[root] = t
+        elif root in asym:
+            out[root] = mse_top(values, t, _MSE_LOWEST)
+        else:
+            out[root] = _mse_range(values, t)
     return out
 
 
@@ -635,9 +653,10 @@ def _matmul_params(ratio: float, calibrated: float) -> tuple[int, int]:
                      "any shift; is the calibration data representative?")
 
 
-def _clamp_q(lo: float, hi: float, s_out: float) -> tuple[int, int]:
+def _clamp_q(lo: float, hi: float, s_out: float, z_out: int = 0) -> tuple[int, int]:
     def q(v, default):
-        return default if math.isinf(v) else int(np.clip(np.rint(v / s_out), -128, 127))
+        return default if math.isinf(v) else int(np.clip(np.rint(v / s_out) + z_out,
+                                                          -128, 127))
     return q(lo, -128), q(hi, 127)
 
 
@@ -726,13 +745,14 @@ def _emit_rows(b: _Builder, graph: Graph, node: Node, x_q: str, w_q, params, cla
     b.add("Reshape", [y2], [out], {"shape": list(out_shape)}, f"{node.name}/unrows")
 
 
-def _table(f, s_in: float, s_out: float) -> np.ndarray:
+def _table(f, s_in: float, s_out: float, z_in: int = 0, z_out: int = 0) -> np.ndarray:
     """The int8 -> int8 table of an element-wise float function f between two scales: entry
-    k is Quantize(f(Dequantize(k - 128))) with the kernels' own float32 steps."""
-    x = np.arange(-128, 128).astype(np.float32) * np.float32(s_in)
+    k is Quantize(f(Dequantize(k - 128))) with the kernels' own float32 steps (and zero
+    points z_in, z_out)."""
+    x = (np.arange(-128, 128) - z_in).astype(np.float32) * np.float32(s_in)
     with np.errstate(all="ignore"):
         y = np.asarray(f(x), dtype=np.float32)
-    q = np.rint(y / np.float32(s_out))
+    q = np.rint(y / np.float32(s_out)) + z_out
     return np.clip(np.nan_to_num(q, nan=0.0), -128, 127).astype(np.int8)
 
 
@@ -740,8 +760,11 @@ def _table(f, s_in: float, s_out: float) -> np.ndarray:
 
 
 def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
-                   method: str = "mse") -> Graph:
+                   method: str = "mse", zero_points: bool = True) -> Graph:
     """The quantized graph of an optimized float graph (module doc).
+
+    ``zero_points``: give a zero point to the values whose writers and readers fold it
+    into their constants exactly (qzero.py); False keeps every activation symmetric.
 
     ``calibration``: a list of feeds ({input name: array of the input's type}), one dict of
     arrays (one sample, or samples along a leading axis as in ``calibration_from_npz``), or
@@ -758,18 +781,32 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     if method not in CALIBRATION_METHODS:
         raise CalibrationError(f"unknown calibration method {method!r}: choose one of "
                                f"{', '.join(CALIBRATION_METHODS)}")
-    maxabs, pre, kept = _calibrate(graph, samples, plan, needed)
+    maxabs, mins, pre, kept = _calibrate(graph, samples, plan, needed)
     top: dict[str, float] = {}
+    low: dict[str, float] = {}
+    high: dict[str, float] = {}
     members: dict[str, list] = {}
     for v in maxabs:
         root = plan.classes.find(v)
         top[root] = max(top.get(root, 0.0), maxabs[v])
+        lo, hi = mins.get(v, (0.0, 0.0))
+        low[root], high[root] = min(low.get(root, 0.0), lo), max(high.get(root, 0.0), hi)
         members.setdefault(root, []).append(kept[v])
+    asym = asymmetric_classes(graph, plan.kinds, plan.layers, plan.classes, plan.int8) \
+        if zero_points else set()
     if method == "mse":
-        top = _mse_ranges(graph, plan, top, members)
+        top = _mse_ranges(graph, plan, top, members, asym)
+    asym = {r for r in asym if low[r] >= -_SIGNED_ZERO_POINTS * high[r]}
+    affine_of = {r: affine(low[r], top[r] if low[r] >= 0 else high[r])
+                 for r in asym}
 
     def scale(v):
-        return _scale(top[plan.classes.find(v)])
+        root = plan.classes.find(v)
+        return affine_of[root][0] if root in affine_of else _scale(top[root])
+
+    def zero(v):
+        root = plan.classes.find(v)
+        return affine_of[root][1] if root in affine_of else 0
 
     b = _Builder(graph)
     int8_name = {}
@@ -785,6 +822,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     def as_int8(v):
         if v in plan.int8:
             return int8_name[v]
+        assert zero(v) == 0, v  # qzero.py gives no zero point to a value Quantize writes
         if v not in quantized:
             quantized[v] = b.value(f"{v}/int8", TensorType("int8", graph.types[v].shape))
             b.add("Quantize", [v], [quantized[v]], {"scale": scale(v)}, f"{v}/quantize")
@@ -793,6 +831,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     def as_float(v):
         if v not in plan.int8:
             return v
+        assert zero(v) == 0, v  # nor to one a Dequantize reads
         if v not in dequantized:
             dequantized[v] = v if v in graph.outputs else b.value(f"{v}/float", graph.types[v])
             b.add("Dequantize", [int8_name[v]], [dequantized[v]], {"scale": scale(v)},
@@ -803,11 +842,17 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
         kind = plan.kinds.get(node.name)
         if kind == "layer":
             layer, out = plan.layers[node.name], node.outputs[0]
-            s_in, s_out = scale(node.inputs[0]), scale(_mid(node) if layer.tail else out)
+            written = _mid(node) if layer.tail else out
+            s_in, s_out, z_out = scale(node.inputs[0]), scale(written), zero(written)
             w_q, s_w = _quantize_weights(layer.weight, per_channel)
             acc_scale = s_in * s_w
-            bias_q = np.rint(layer.bias / acc_scale)
-            params = _requantization(acc_scale / s_out, bias_q, w_q, pre[node.name] / acc_scale)
+            # Zero points (qzero.py): the input's is taken off exactly, the output's added
+            # before the shift (within the ratio's rounding).
+            sum_w = w_q.reshape(len(s_w), -1).astype(np.float64).sum(axis=1)
+            shifted = np.rint(z_out * s_out / acc_scale)
+            bias_q = np.rint(layer.bias / acc_scale) - zero(node.inputs[0]) * sum_w + shifted
+            params = _requantization(acc_scale / s_out, bias_q, w_q,
+                                     pre[node.name] / acc_scale + np.abs(shifted))
             if params is None:
                 raise GraphError(f"node {node.name!r} ({node.op}): its requantization (scales "
                                  f"in {s_in:g}, out {s_out:g}, weights up to {s_w.max():g}) "
@@ -818,14 +863,16 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             target = int8_name[out]
             if layer.tail:
                 target = b.value(f"{out}/before_lut", TensorType("int8", graph.types[out].shape))
-            _emit_rows(b, graph, node, x_q, w_q, params, _clamp_q(layer.lo, layer.hi, s_out),
-                       s_out, target, residual)
+            _emit_rows(b, graph, node, x_q, w_q, params,
+                       _clamp_q(layer.lo, layer.hi, s_out, z_out), s_out, target, residual)
             if layer.tail:
                 s_lut = scale(_after_lut(node)) if layer.after else scale(out)
                 lut = int8_name[out]
                 if layer.after:
                     lut = b.value(f"{out}/lut", TensorType("int8", graph.types[out].shape))
-                table = _table(lambda v: apply_epilogue(v, layer.tail, ()), s_out, s_lut)
+                z_lut = 0 if layer.after else zero(out)
+                table = _table(lambda v: apply_epilogue(v, layer.tail, ()), s_out, s_lut,
+                               z_out, z_lut)
                 b.add("QLut", [target, b.const(f"{node.name}/table", table)],
                       [lut], {"scale": s_lut}, f"{node.name}/lut")
                 if layer.after:
@@ -845,7 +892,9 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                   fresh=False)
         elif kind == "lut":
             x = node.inputs[0]
-            table = _table(lambda v: evaluate_node(node, [v])[0], scale(x), scale(node.outputs[0]))
+            y = node.outputs[0]
+            table = _table(lambda v: evaluate_node(node, [v])[0], scale(x), scale(y),
+                           zero(x), zero(y))
             b.add("QLut", [as_int8(x), b.const(f"{node.name}/table", table)],
                   [int8_name[node.outputs[0]]], {"scale": scale(node.outputs[0])}, node.name,
                   fresh=False)

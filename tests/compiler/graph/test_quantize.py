@@ -336,10 +336,11 @@ def test_mobilenet_v2_depthwise_and_relu6():
     assert len(convs) == 52 and not any(n.op == "Conv" for n in q.nodes)
     depthwise = [n for n in convs if n.attrs["group"] > 1]
     assert len(depthwise) == 17
-    for n in depthwise:  # Clip(0, 6): lo = 0, hi = rint(6 / scale) (<= 127)
+    for n in depthwise:  # Clip(0, 6) with zero point -128 (read by a 1x1 projection):
+        # lo = -128, hi = rint(6 / scale) - 128 (<= 127)
         assert n.attrs["group"] == q.types[n.inputs[0]].shape[1]
-        assert n.attrs["lo"] == 0
-        assert n.attrs["hi"] == min(127, round(6 / n.attrs["scale"]))
+        assert n.attrs["lo"] == -128
+        assert n.attrs["hi"] == min(127, round(6 / n.attrs["scale"]) - 128)
     data = samples((1, 3, 32, 32), 4, 7)
     assert rms_relative_error(outputs(graph, data), outputs(q, data)) < 0.2  # 0.09 measured
     check_layers_exact(q, data[0])
@@ -424,7 +425,7 @@ def test_matmul_and_gemm_forms():
     q = quantize_graph(graph, data)
     check_types(q)
     assert [n.op for n in q.nodes] == ["Quantize", "QGemm", "QGemm", "Dequantize"]
-    assert q.nodes[1].attrs["lo"] == 0
+    assert q.nodes[1].attrs["lo"] == -128  # the Relu output's zero point (read by a Gemm)
     assert rms_relative_error(outputs(graph, data), outputs(q, data)) < 0.03  # 0.008 measured
     check_layers_exact(q, data[0])
 

@@ -1,0 +1,117 @@
+"""Zero points for int8 activations where the integer operators already take them exactly.
+
+A value of scale s and zero point z is stored as ``q = clip(rint(v / s) + z, -128, 127)``
+and means ``s * (q - z)``. The quantized operators (qops.py) have no zero-point attribute;
+a zero point is used only where folding it into constants the operators already have is
+exact (or as close as the symmetric scheme's own rounding), so qops.py, the compiled CPU
+kernels and the accelerator compute the same bits as before:
+
+- a QConv/QGemm *writing* the value adds ``z_out`` after its shift: ``rint(z_out / r[o])``
+  more in its int32 bias (r[o] the requantization ratio), its clamp [lo, hi] moved by z_out;
+  off from the exact z_out by the ratio's own rounding (``r/2`` of an output step);
+- a QConv/QGemm *reading* it with no padding (1x1 convolutions, Gemm, a transformer's
+  Linear) subtracts ``z_in * sum(w_q[o])`` from its bias: exact, ``sum w (q - z) = sum w q -
+  z sum w``. A zero-padded convolution is not: its border windows would read the padding as
+  ``-z``; such readers keep the value symmetric;
+- a QLut's table is indexed by q and filled from ``s_in (q - z_in)``, into ``z_out``;
+- MaxPool (its padding fill -128 is below any value), Flatten, Reshape, Identity, Concat and
+  QGlobalAveragePool (the average of q is the average of q - z, plus z) keep it.
+
+Everything else keeps zero points 0: a residual (added after the shift, in the output's own
+integers), QAdd/QMul/QMatMul (no offset step), Relu on int8 (clamps at 0), a Quantize or
+Dequantize (their one attribute is the scale) and so any value a float node reads, a graph
+output or input. ``asymmetric_classes`` finds the scale classes whose every writer and
+reader is of the first kinds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .ir import Graph
+
+# Ops that carry a zero point through unchanged (on int8, in the input's scale).
+_KEEPS_ZERO = ("MaxPool", "Flatten", "Reshape", "Identity", "Concat")
+
+
+def _reads_ok(graph: Graph, node, value: str, kind: str, layer) -> bool:
+    """Whether ``node`` (of plan kind ``kind``) can read ``value`` with a zero point."""
+    if kind == "layer":
+        at = [k for k, i in enumerate(node.inputs) if i == value]
+        if at != [0] or value == layer.residual or (layer.after and layer.after[2] == value):
+            return False
+        return node.op != "Conv" or not any(node.attrs["pads"])
+    if kind == "same":
+        return node.op in _KEEPS_ZERO
+    return kind in ("pool", "lut")
+
+
+def _writes_ok(node, kind: str, layer) -> bool:
+    """Whether ``node`` can write its output with a zero point."""
+    if kind == "layer":
+        return not layer.residual and not layer.after
+    if kind == "same":
+        return node.op in _KEEPS_ZERO
+    return kind in ("pool", "lut")
+
+
+def asymmetric_classes(graph: Graph, kinds: dict, layers: dict, classes, int8: set) -> set:
+    """The roots of the scale classes (union-find ``classes``) that may take a zero point:
+    every member an int8 value of the graph written by a node that can add one and read
+    only by nodes that can take one (module doc)."""
+    producers, consumers = graph.producers(), graph.consumers()
+    members: dict[str, list] = {}
+    for v in int8:
+        members.setdefault(classes.find(v), []).append(v)
+    out = set()
+    for root, values in members.items():
+        ok = True
+        for v in values:
+            p = producers.get(v)
+            if p is None or v in graph.outputs or p.name not in kinds or \
+                    not _writes_ok(p, kinds[p.name], layers.get(p.name)):
+                ok = False
+                break
+            for c in consumers.get(v, ()):
+                if c.name not in kinds or not _reads_ok(graph, c, v, kinds[c.name],
+                                                        layers.get(c.name)):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            out.add(root)
+    return out
+
+
+def affine(lo: float, hi: float) -> tuple[float, int]:
+    """(scale as float32, zero point) of the range [lo, hi] (widened to hold 0, so 0 is
+    exact): 256 steps from lo to hi."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if hi - lo <= 0:
+        return float(np.float32(1 / 127)), 0
+    s = float(np.float32((hi - lo) / 255))
+    z = int(np.clip(-128 - np.rint(lo / s), -128, 127))
+    return s, z
+
+
+def quantize_affine(v: np.ndarray, s: float, z: int) -> np.ndarray:
+    """The int8 values of float ``v`` in scale s, zero point z, as float64 dequantized."""
+    return (np.clip(np.rint(v / s) + z, -128, 127) - z) * s
+
+
+def mse_top(values: np.ndarray, top: float, lowest: float) -> float:
+    """For a non-negative value: the upper end in [lowest * top, top] of the range [0, t]
+    whose 256-step rounding (values beyond clipped) has the least mean squared error."""
+    if top <= 0 or values.size == 0:
+        return top
+    v = values.astype(np.float64)
+    best, best_err = top, math.inf
+    for t in np.linspace(lowest, 1.0, 57) * top:
+        s, z = affine(0.0, t)
+        err = float(((quantize_affine(v, s, z) - v) ** 2).mean())
+        if err < best_err:
+            best, best_err = t, err
+    return best
