@@ -606,6 +606,23 @@ def _quantize_weights(weight: np.ndarray, per_channel: bool):
     return w_q, scales
 
 
+def _bias_fit(weight: np.ndarray, w_q: np.ndarray, s_w: np.ndarray, bias: np.ndarray,
+              s_in: float):
+    """(w_q, s_w) with each channel's weight scale at least |bias| / (s_in * 2^24): a
+    channel whose weights are all but zero (a pruned channel after BatchNorm folding:
+    PP-OCR's have weights of 1e-40 and biases of 1e-19) would otherwise need a bias far
+    beyond int32 in its tiny accumulator scale. Raising the scale costs nothing real: such
+    weights round to about 0, which they are."""
+    need = np.abs(np.asarray(bias, np.float64)) / (s_in * 2.0 ** 24)
+    low = s_w < need
+    if not low.any():
+        return w_q, s_w
+    s_w = np.where(low, need, s_w)
+    w_q = np.clip(np.rint(weight / s_w.reshape((-1,) + (1,) * (weight.ndim - 1))),
+                  -127, 127).astype(np.int8)
+    return w_q, s_w
+
+
 def _requantization(ratio, bias_q, w_q, calibrated=None):
     """(multiplier int32[O], bias int32[O] with the rounding term, shift), or None when no
     shift in 0..31 makes the node fit int32 (module doc)."""
@@ -844,7 +861,9 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             layer, out = plan.layers[node.name], node.outputs[0]
             written = _mid(node) if layer.tail else out
             s_in, s_out, z_out = scale(node.inputs[0]), scale(written), zero(written)
-            w_q, s_w = _quantize_weights(layer.weight, per_channel)
+            # (the output's zero point is added in the accumulator's scale as the bias is)
+            w_q, s_w = _bias_fit(layer.weight, *_quantize_weights(layer.weight, per_channel),
+                                 np.abs(layer.bias) + abs(z_out * s_out), s_in)
             acc_scale = s_in * s_w
             # Zero points (qzero.py): the input's is taken off exactly, the output's added
             # before the shift (within the ratio's rounding).

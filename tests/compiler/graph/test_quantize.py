@@ -552,3 +552,39 @@ def test_qdq_uint8_stays_float(tmp_path):
     want = outputs(optimize(graph), held_out)
     np.testing.assert_array_equal(outputs(q, held_out), want)
     assert np.abs(want - ort_outputs(path, held_out)).max() <= 2 / 255 + 1e-6  # 1 step measured
+
+
+@pytest.mark.parametrize("relu", [False, True])  # with Relu: a zero point on the output
+def test_pruned_channels_with_tiny_biases_quantize(relu):
+    """A Conv whose folded BatchNorm left channels of weights ~1e-40 with biases ~1e-19
+    (PP-OCR's) quantizes: those channels' weight scales are raised until the bias fits
+    int32, they compute ~0 as in float, and the other channels are untouched; the int8
+    graph's result stays close to float's."""
+    from celosia.runtime.cpu import CpuModel
+
+    rng = np.random.default_rng(7)
+    w = rng.normal(0, 0.2, (6, 5, 3, 3)).astype(np.float32)
+    b = rng.normal(0, 0.1, 6).astype(np.float32)
+    w[[1, 4]] = np.float32(3e-40) * rng.choice([-1, 1], (2, 5, 3, 3))
+    b[[1, 4]] = [-8.6e-19, 2e-23]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], pads=[1, 1, 1, 1])]
+    if relu:  # read by a 1x1 Conv, the Relu's output takes a zero point (qzero.py)
+        nodes += [helper.make_node("Relu", ["c"], ["r"]),
+                  helper.make_node("Conv", ["r", "w1"], ["y"])]
+    graph = helper.make_graph(nodes, "pruned", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 5, 8, 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 6, 8, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+         numpy_helper.from_array(np.eye(6, dtype=np.float32).reshape(6, 6, 1, 1), "w1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = models.IR_VERSION
+    samples = [{"x": rng.normal(size=(1, 5, 8, 8)).astype(np.float32)} for _ in range(4)]
+    q = quantize_model(model, samples)
+    assert any(n.op == "QConv" for n in q.nodes)
+    x = samples[0]["x"]
+    want = run_graph(optimize(import_onnx(model)), {"x": x})["y"]
+    got = run_graph(q, {"x": x})["y"]
+    assert np.array_equal(CpuModel.from_graph(q).run({"x": x})["y"], got)  # int8 bit for bit
+    assert np.abs(got[0, [1, 4]]).max() < 1e-6
+    cos = (got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want)
+    assert cos > 0.999
