@@ -4,8 +4,11 @@ bias and multipliers that wrap int32, shifts 0 and 31, clamps), whole quantized 
 identical to graph_numpy.run_graph, the .cel round trip, and the report of kernel and
 numpy steps."""
 
+from functools import partial
+
 import numpy as np
 import pytest
+from int8_data import int8s as _int8s
 
 from celosia.compiler.cpu import kernels as graph_cpu_kernels
 from celosia.compiler.graph.ir import Graph, Node, NodeError, TensorType, constant
@@ -27,13 +30,7 @@ def _private_cache(tmp_path_factory, monkeypatch):
 # ---- data ------------------------------------------------------------------------------------
 
 
-def int8s(rng, shape, extremes=0.5):
-    """Random int8 with about ``extremes`` of the values -128 or 127."""
-    a = rng.integers(-128, 128, shape)
-    u = rng.random(shape)
-    a[u < extremes / 2] = -128
-    a[u > 1 - extremes / 2] = 127
-    return a.astype(np.int8)
+int8s = partial(_int8s, extremes=0.5)  # (tests/int8_data.py)
 
 
 def int32s(rng, shape):

@@ -6,6 +6,7 @@ from 6 calibration feeds with no q-op left as a numpy step."""
 
 import numpy as np
 import pytest
+from int8_data import int8s
 
 from celosia.compiler.graph.ir import Graph, Node, NodeError, TensorType, constant
 from celosia.compiler.graph.reference import infer_node, run_graph
@@ -20,12 +21,6 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
-def int8s(rng, shape, extremes=0.3):
-    a = rng.integers(-128, 128, shape)
-    u = rng.random(shape)
-    a[u < extremes / 2] = -128
-    a[u > 1 - extremes / 2] = 127
-    return a.astype(np.int8)
 
 
 def graph_of(nodes, inputs: dict, consts: dict, outputs, types=None) -> Graph:

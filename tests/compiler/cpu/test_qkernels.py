@@ -5,6 +5,7 @@ range (products wrap), every shift from 1 to 31 and int8 data heavy in -128 and 
 
 import numpy as np
 import pytest
+from int8_data import int8s
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from celosia.compiler.cpu.kernels import compile_spec
@@ -23,13 +24,6 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
-def int8s(rng, shape, extremes=0.3):
-    """Random int8 with about ``extremes`` of the values -128 or 127."""
-    a = rng.integers(-128, 128, shape)
-    u = rng.random(shape)
-    a[u < extremes / 2] = -128
-    a[u > 1 - extremes / 2] = 127
-    return a.astype(np.int8)
 
 
 def _params(op, attrs):
