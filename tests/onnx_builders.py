@@ -15,3 +15,46 @@ def make_model(nodes, inputs, outputs, inits=(), opset=17):
 def vi(name, shape, elem=TensorProto.FLOAT):
     """A value's type: ``shape`` None for an unknown rank."""
     return helper.make_tensor_value_info(name, elem, shape)
+
+
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+def recurrent_layer(op, *, steps=6, batch=3, size=7, hidden=5, direction="forward", layout=0,
+                    seq_lens=None, initial=True, bias=True, peepholes=False, seed=0,
+                    scale=None, opset=14, **attrs):
+    """One LSTM/GRU/RNN node named "rnn" on input X; weights (and lengths, initial states)
+    initializers, normal with ``scale`` (default min(0.5, 1.5 / sqrt(hidden)), which keeps
+    the gates out of saturation); ``layout`` written only when it is 1."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(seed)
+    dirs, g = (2 if direction == "bidirectional" else 1), GATES[op]
+    scale = min(0.5, 1.5 / np.sqrt(hidden)) if scale is None else scale
+
+    def rand(*shape):
+        return (rng.normal(size=shape) * scale).astype(np.float32)
+
+    inits = {"W": rand(dirs, g * hidden, size), "R": rand(dirs, g * hidden, hidden)}
+    names = ["X", "W", "R", "", "", "", "", ""]
+    if bias:
+        inits["B"], names[3] = rand(dirs, 2 * g * hidden), "B"
+    if seq_lens is not None:
+        inits["L"], names[4] = np.array(seq_lens, np.int32), "L"
+    state = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
+    if initial:
+        inits["H0"], names[5] = rand(*state), "H0"
+        if op == "LSTM":
+            inits["C0"], names[6] = rand(*state), "C0"
+    if peepholes:
+        inits["P"], names[7] = rand(dirs, 3 * hidden), "P"
+    while not names[-1]:
+        names.pop()
+    outs = ["Y", "Y_h", "Y_c"][:3 if op == "LSTM" else 2]
+    node = helper.make_node(op, names, outs, name="rnn", direction=direction,
+                            hidden_size=hidden, **({"layout": layout} if layout else {}),
+                            **attrs)
+    x_shape = [batch, steps, size] if layout else [steps, batch, size]
+    return make_model([node], [vi("X", x_shape)], [vi(o, None) for o in outs],
+                      [numpy_helper.from_array(v, k) for k, v in inits.items()], opset=opset)

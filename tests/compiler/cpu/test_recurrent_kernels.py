@@ -7,8 +7,8 @@ cover; what they do not cover stays a numpy step; the zoo's LSTM against onnxrun
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from onnx_builders import make_model, vi
+from onnx import TensorProto
+from onnx_builders import recurrent_layer as layer, vi
 
 from celosia.compiler.cpu.codegen import compile_cpu
 from celosia.compiler.cpu.kernels_recurrent import sigmoid, tanh
@@ -18,42 +18,6 @@ from celosia.compiler.graph.reference import run_graph
 from celosia.compiler.tensor.expr import Var
 from celosia.compiler.tensor.tir import Buffer, For, PrimFunc, Store, seq
 from celosia.runtime.cpu import CpuModel
-
-GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
-
-
-def layer(op, *, steps=6, batch=3, size=7, hidden=5, direction="forward", layout=0,
-          seq_lens=None, initial=True, bias=True, peepholes=False, seed=0, **attrs):
-    """One recurrent node on input X; weights (and lengths, initial states) constant."""
-    rng = np.random.default_rng(seed)
-    dirs, g = (2 if direction == "bidirectional" else 1), GATES[op]
-    scale = min(0.5, 1.5 / np.sqrt(hidden))  # keeps the gates out of saturation
-
-    def rand(*shape):
-        return (rng.normal(size=shape) * scale).astype(np.float32)
-
-    inits = {"W": rand(dirs, g * hidden, size), "R": rand(dirs, g * hidden, hidden)}
-    names = ["X", "W", "R", "", "", "", "", ""]
-    if bias:
-        inits["B"], names[3] = rand(dirs, 2 * g * hidden), "B"
-    if seq_lens is not None:
-        inits["L"], names[4] = np.array(seq_lens, np.int32), "L"
-    state = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
-    if initial:
-        inits["H0"], names[5] = rand(*state), "H0"
-        if op == "LSTM":
-            inits["C0"], names[6] = rand(*state), "C0"
-    if peepholes:
-        inits["P"], names[7] = rand(dirs, 3 * hidden), "P"
-    while not names[-1]:
-        names.pop()
-    outs = ["Y", "Y_h", "Y_c"][:3 if op == "LSTM" else 2]
-    node = helper.make_node(op, names, outs, name="rnn", direction=direction,
-                            hidden_size=hidden, layout=layout, **attrs)
-    x_shape = [batch, steps, size] if layout else [steps, batch, size]
-    return make_model([node], [vi("X", x_shape)], [vi(o, None) for o in outs],
-                      [numpy_helper.from_array(v, k) for k, v in inits.items()], opset=14)
-
 
 def x_for(m, seed=1):
     shape = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]

@@ -5,7 +5,8 @@ states, sequence lengths, peepholes, clip, activations with parameters, both lay
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
+from onnx_builders import recurrent_layer
 
 from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph.ir import NodeError
@@ -13,7 +14,6 @@ from celosia.compiler.graph.passes import optimize
 from celosia.compiler.graph.reference import run_graph
 from celosia.runtime.cpu import CpuModel
 
-GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 SEQ, BATCH, SIZE, HIDDEN = 6, 3, 5, 4
 
 
@@ -22,43 +22,11 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
-def recurrent_model(op, direction="forward", *, bias=True, initial=True, seq_lens=None,
-                    peepholes=False, layout=0, seed=0, opset=14, **attrs):
-    """One recurrent node; X is the graph input, everything else an initializer."""
-    rng = np.random.default_rng(seed)
-    dirs = 2 if direction == "bidirectional" else 1
-    g = GATES[op]
-
-    def rand(*shape, scale=0.5):
-        return (rng.normal(size=shape) * scale).astype(np.float32)
-
-    inits = {"W": rand(dirs, g * HIDDEN, SIZE), "R": rand(dirs, g * HIDDEN, HIDDEN)}
-    names = ["X", "W", "R", "", "", "", "", ""]
-    if bias:
-        inits["B"], names[3] = rand(dirs, 2 * g * HIDDEN), "B"
-    if seq_lens is not None:
-        inits["L"], names[4] = np.array(seq_lens, np.int32), "L"
-    state = (BATCH, dirs, HIDDEN) if layout else (dirs, BATCH, HIDDEN)
-    if initial:
-        inits["H0"], names[5] = rand(*state), "H0"
-        if op == "LSTM":
-            inits["C0"], names[6] = rand(*state), "C0"
-    if peepholes:
-        inits["P"], names[7] = rand(dirs, 3 * HIDDEN), "P"
-    while not names[-1]:
-        names.pop()
-    outs = ["Y", "Y_h", "Y_c"][:3 if op == "LSTM" else 2]
-    node = helper.make_node(op, names, outs, name="rnn", direction=direction,
-                            hidden_size=HIDDEN, **({"layout": layout} if layout else {}),
-                            **attrs)
-    x_shape = [BATCH, SEQ, SIZE] if layout else [SEQ, BATCH, SIZE]
-    graph = helper.make_graph(
-        [node], "rnn", [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8
-    return m
+def recurrent_model(op, direction="forward", **kwargs):
+    """One recurrent node at this file's sizes; X is the graph input, everything else an
+    initializer (onnx_builders.recurrent_layer)."""
+    return recurrent_layer(op, steps=SEQ, batch=BATCH, size=SIZE, hidden=HIDDEN,
+                           direction=direction, scale=0.5, **kwargs)
 
 
 def onnxruntime_run(m, feeds):
