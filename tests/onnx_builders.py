@@ -58,3 +58,12 @@ def recurrent_layer(op, *, steps=6, batch=3, size=7, hidden=5, direction="forwar
     x_shape = [batch, steps, size] if layout else [steps, batch, size]
     return make_model([node], [vi("X", x_shape)], [vi(o, None) for o in outs],
                       [numpy_helper.from_array(v, k) for k, v in inits.items()], opset=opset)
+
+
+def onnxruntime_run(model, feeds) -> dict:
+    """onnxruntime's outputs of ``model`` (a ModelProto) on ``feeds``, by output name."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))

@@ -8,10 +8,9 @@ reference (and onnxruntime); a small model of Silero's structure against onnxrun
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx_builders import make_model, vi
+from onnx_builders import make_model, vi, onnxruntime_run as _onnxruntime
 
 from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph.passes import optimize
@@ -30,10 +29,6 @@ def _private_cache(tmp_path_factory, monkeypatch):
 def _const(name, a):
     return numpy_helper.from_array(np.asarray(a), name)
 
-
-def _onnxruntime(m, feeds):
-    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
 
 
 def _no_generic_numpy(monkeypatch, ops):

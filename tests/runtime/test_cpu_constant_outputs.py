@@ -4,8 +4,8 @@ KeyError in the memory plan; now they come out beside outputs computed at run ti
 to onnxruntime's, as fresh arrays, through a profiled run and the .cel round trip."""
 
 import numpy as np
-import onnxruntime as ort
 import pytest
+from onnx_builders import onnxruntime_run as _onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 from celosia.runtime.cpu import CpuModel
@@ -30,10 +30,6 @@ def _model(outputs, nodes, inputs=True):
     m.ir_version = 8
     return m
 
-
-def _onnxruntime(model, feeds):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
 
 
 NODES = [helper.make_node("Shape", ["x"], ["shape"]),

@@ -10,8 +10,8 @@ import json
 import zipfile
 
 import numpy as np
-import onnxruntime as ort
 import pytest
+from onnx_builders import onnxruntime_run
 from onnx import TensorProto, helper, numpy_helper
 
 from celosia.compiler.frontend.onnx import import_onnx
@@ -43,10 +43,6 @@ def model(nodes, inputs, outputs, inits=()):
     m.ir_version = 8
     return m
 
-
-def onnxruntime_run(m, feeds):
-    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
 
 
 def check(m, feeds_list, tmp_path, compiled=("Loop", "Scan", "If")):

@@ -9,10 +9,9 @@ import re
 import threading
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-from onnx_builders import make_model, vi
+from onnx_builders import make_model, vi, onnxruntime_run as _onnxruntime
 
 from celosia.compiler.cpu import runner
 from celosia.compiler.cpu.threads import NativePool
@@ -27,10 +26,6 @@ from celosia.runtime.executor import GraphExecutor
 def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
-
-def _onnxruntime(model, feeds):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
 
 
 def _kernels_around_numpy(batch=2, c=5, h=7, w=9, seed=0):

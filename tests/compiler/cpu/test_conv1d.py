@@ -5,10 +5,9 @@ fused activations and residual adds, chains (read as 2-D between convolutions) a
 read both by a convolution and by other nodes."""
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
-from onnx_builders import make_model, vi
+from onnx_builders import make_model, vi, onnxruntime_run as _onnxruntime
 
 from celosia.compiler.graph.ops import conv
 from celosia.runtime.cpu import CpuModel
@@ -22,10 +21,6 @@ def _private_cache(tmp_path_factory, monkeypatch):
 def _const(name, a):
     return numpy_helper.from_array(np.asarray(a), name)
 
-
-def _onnxruntime(m, feeds):
-    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
 
 
 def _kinds(model) -> dict:

@@ -4,8 +4,8 @@ the CPU build (numpy steps, .cel round trip), against onnxruntime on seeded rand
 from dataclasses import replace
 
 import numpy as np
-import onnxruntime as ort
 import pytest
+from onnx_builders import onnxruntime_run
 from onnx import TensorProto, helper, numpy_helper
 
 from celosia.compiler.frontend.onnx import import_onnx
@@ -42,10 +42,6 @@ def model(nodes, inputs, outputs, inits=(), opset=17):
 def body(nodes, inputs, outputs, inits=(), name="body"):
     return helper.make_graph(nodes, name, inputs, outputs, list(inits))
 
-
-def onnxruntime_run(m, feeds):
-    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
 
 
 def assert_same(got: dict, want: dict, exact=False):

@@ -5,10 +5,9 @@ not read, then Squeeze/Reshape of its state), written with onnx.helper. onnxrunt
 the branch that fits and fails only when the other one runs; so must celosia."""
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx_builders import make_model, vi
+from onnx_builders import make_model, vi, onnxruntime_run as _onnxruntime
 
 from celosia.compiler.frontend.onnx import SUPPORTED_OPS, import_onnx
 from celosia.compiler.graph.ir import InputShapeError, NodeError, subgraphs
@@ -100,10 +99,6 @@ def _feeds(n, t, sr, seed=0):
             "state": rng.normal(size=(2, n, H)).astype(np.float32),
             "sr": np.array(sr, np.int64)}
 
-
-def _onnxruntime(m, feeds):
-    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
 
 
 def _assert_matches(got, want):

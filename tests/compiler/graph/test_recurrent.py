@@ -3,10 +3,9 @@ CPU build against onnxruntime on seeded random inputs, every direction, biases, 
 states, sequence lengths, peepholes, clip, activations with parameters, both layouts."""
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
-from onnx_builders import recurrent_layer
+from onnx_builders import recurrent_layer, onnxruntime_run
 
 from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph.ir import NodeError
@@ -28,10 +27,6 @@ def recurrent_model(op, direction="forward", **kwargs):
     return recurrent_layer(op, steps=SEQ, batch=BATCH, size=SIZE, hidden=HIDDEN,
                            direction=direction, scale=0.5, **kwargs)
 
-
-def onnxruntime_run(m, feeds):
-    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
 
 
 def assert_close(got, want):
