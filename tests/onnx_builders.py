@@ -67,3 +67,16 @@ def onnxruntime_run(model, feeds) -> dict:
     session = ort.InferenceSession(model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def float_graph(nodes, inputs: dict, inits: dict, opset=17):
+    """The optimized celosia graph of ``nodes`` on float inputs {name: shape}, initializers
+    {name: array} and one output "y"."""
+    from onnx import numpy_helper
+
+    from celosia.compiler.frontend.onnx import import_onnx
+    from celosia.compiler.graph.passes import optimize
+
+    return optimize(import_onnx(make_model(
+        nodes, [vi(k, list(s)) for k, s in inputs.items()], [vi("y", None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()], opset=opset)))

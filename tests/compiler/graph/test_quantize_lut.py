@@ -6,24 +6,14 @@ and the all-CPU int8 build against the numpy definitions (bit for bit)."""
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx_builders import float_graph as _graph
+from onnx import helper
 
-from celosia.compiler.frontend.onnx import import_onnx
-from celosia.compiler.graph.passes import optimize
 from celosia.compiler.graph.qops import QUANTIZED_KERNELS
 from celosia.compiler.graph.quantize import quantize_graph
 from celosia.compiler.graph.reference import evaluate_node, infer_node, run_graph
 from celosia.runtime.cpu import CpuModel
 
-
-def _graph(nodes, inputs, inits, opset=17):
-    g = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(s))
-                     for k, s in inputs.items()],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    return optimize(import_onnx(helper.make_model(g, opset_imports=[
-        helper.make_opsetid("", opset)])))
 
 
 def _feeds(shape, n, seed):
