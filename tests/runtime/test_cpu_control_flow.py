@@ -11,7 +11,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from onnx_builders import onnxruntime_run
+from onnx_builders import make_model as model, onnxruntime_run, vi
 from onnx import TensorProto, helper, numpy_helper
 
 from celosia.compiler.frontend.onnx import import_onnx
@@ -29,19 +29,9 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
-def vi(name, shape, elem=F):
-    return helper.make_tensor_value_info(name, elem, shape)
-
 
 def const(name, value):
     return numpy_helper.from_array(np.asarray(value), name)
-
-
-def model(nodes, inputs, outputs, inits=()):
-    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
 
 
 
