@@ -61,7 +61,7 @@ class _BodyExecutor(GraphExecutor):
             return BoundKernel(kernel, args, work=0 if _serial(spec, args) else None)
         if kind == "numpy":
             fast = bind_fast(s, arr)  # Slice, Pad, Gather...: copies (fast_steps.py)
-            return fast if fast is not None else _checked(super()._bind(s), s)
+            return fast if fast is not None else super()._bind(s)
         return super()._bind(s)
 
 
@@ -98,21 +98,6 @@ def _dims(v) -> list | None:
     if isinstance(v, list) and all(type(d) is int and 0 <= d < 1 << 40 for d in v):
         return v
     return None
-
-
-def _checked(call, s: dict):
-    """A body's numpy step whose result does not fit its output (attributes edited in a
-    .cel: the step's own check names the operator's errors, not the copy's) as a
-    NodeError."""
-    node = Node(s["op"], tuple(s["inputs"]), tuple(s["outputs"]), s.get("attrs", {}),
-                s["node"])
-
-    def run():
-        try:
-            call()
-        except ValueError as e:
-            raise NodeError(node, f"failed at run time: {e}") from None
-    return run
 
 
 _ROW_VIEWS = 1 << 16  # rows of a scan output kept as views

@@ -294,8 +294,8 @@ class GraphExecutor:
                                 and s["attrs"].get("axis") == 1
                                 and _concatenates(self.program.values, s)):
             return self._bind_concat(ins, outs[0])
-        if kind == "numpy" and s["op"] == "Slice" and _slice_offset(self.program, s) is not None \
-                and outs[0].ctypes.data == ins[0].ctypes.data + _slice_offset(self.program, s):
+        offset = _slice_offset(self.program, s) if kind == "numpy" and s["op"] == "Slice" else None
+        if offset is not None and outs[0].ctypes.data == ins[0].ctypes.data + offset:
             return None  # the output lives in the input (in_place)
         if kind == "numpy":
             fast = bind_fast(s, arr)  # a few copies between views, or one numpy call
