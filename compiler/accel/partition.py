@@ -181,23 +181,46 @@ def packed_shape(shape: tuple[int, ...], cfg: HwConfig) -> tuple[int, ...]:
 
 
 def pack_value(x: np.ndarray, cfg: HwConfig) -> np.ndarray:
-    """NCHW (or [N, C]) int8 -> the packed layout, channels zero-padded to BLOCK."""
+    """NCHW (or [N, C]) int8 -> the packed layout, channels zero-padded to BLOCK.
+
+    One strided copy into a fresh array: this runs at every region border of every
+    inference, so it avoids np.pad and intermediate copies (their fixed costs are most of
+    the time for a small value)."""
     b, k = cfg.batch, cfg.block
-    x = pad_channels(x, 1, k)
-    if x.ndim == 4:
-        return pack_nchw(x, b, k)
-    n, c = x.shape
-    return np.ascontiguousarray(x.reshape(n // b, b, c // k, k).transpose(0, 2, 1, 3))
+    x = np.asarray(x)
+    n, c = x.shape[:2]
+    cb = -(-c // k)
+    full = c // k
+    # Channel padding is zeros: a zeroed array (calloc) costs less than zeroing a strided
+    # view of the last block.
+    out = (np.zeros if cb > full else np.empty)(packed_shape(x.shape, cfg), x.dtype)
+    spatial = x.shape[2:]
+    # out[i, j, *s, bb, kk] = x[i*b + bb, j*k + kk, *s]: out's axes put in x's order.
+    axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
+    view = out.transpose(axes)  # (N/b, b, C/k, k, *spatial)
+    if full:
+        view[:, :, :full] = x[:, :full * k].reshape(n // b, b, full, k, *spatial)
+    if cb > full:
+        view[:, :, full:, :c - full * k] = x[:, full * k:].reshape(n // b, b, 1, c - full * k,
+                                                                   *spatial)
+    return out
 
 
 def unpack_value(p: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The packed layout -> NCHW (or [N, C]) of ``shape`` (padding channels dropped)."""
-    if p.ndim == 6:
-        x = unpack_nchw(p)
-    else:
-        nb, cb, b, k = p.shape
-        x = p.transpose(0, 2, 1, 3).reshape(nb * b, cb * k)
-    return np.ascontiguousarray(x[:, :shape[1]])
+    n, c = shape[:2]
+    spatial = tuple(shape[2:])
+    axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
+    view = p.transpose(axes)  # (N/b, b, C/k, k, *spatial)
+    out = np.empty(shape, p.dtype)
+    nb, b, cb, k = view.shape[:4]
+    full = c // k
+    if full:
+        out[:, :full * k].reshape(nb, b, full, k, *spatial)[...] = view[:, :, :full]
+    if c > full * k:
+        out[:, full * k:].reshape(nb, b, 1, c - full * k, *spatial)[...] = \
+            view[:, :, full:full + 1, :c - full * k]
+    return out
 
 
 # ---- accelerator layers ----------------------------------------------------------------------
