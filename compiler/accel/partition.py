@@ -27,8 +27,7 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..graph.ir import Graph, Node
-from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_nchw, pack_oihw, pad_channels,
-                  unpack_nchw)
+from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_knobs", "compile_layer",
