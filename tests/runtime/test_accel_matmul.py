@@ -153,3 +153,75 @@ def test_attention_model_end_to_end(tmp_path):
     # 3 heads of [10, 8] x [8, 10] and [10, 10] x [10, 8], padded to BLOCK columns: the
     # GEMM core's MACs (counters) are the padded products
     assert macs[mms[0]] == 3 * 10 * 16 * 16 and macs[mms[1]] == 3 * 10 * 16 * 16
+
+
+def test_a_value_in_another_layout_keeps_the_qmatmul_on_the_cpu():
+    """A QConv's NCHW output read as a 4-D QMatMul operand: a value has one DRAM layout, so
+    the QMatMul stays on the CPU and says why; the results still match."""
+    rng = np.random.default_rng(3)
+    inits = {"w": rng.integers(-128, 128, (16, 3, 3, 3), dtype=np.int8),
+             "bias": rng.integers(-500, 500, 16).astype(np.int32),
+             "m": rng.integers(1, 300, 16).astype(np.int32)}
+    types = {k: TensorType(str(v.dtype), v.shape) for k, v in inits.items()}
+    types.update(x=TensorType("int8", (1, 3, 4, 4)), c=TensorType("int8", (1, 16, 4, 4)),
+                 b=TensorType("int8", (1, 16, 4, 5)), y=TensorType("int8", (1, 16, 4, 5)))
+    nodes = (Node("QConv", ("x", "w", "bias", "m"), ("c",),
+                  dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1],
+                       group=1, shift=12, lo=-128, hi=127, scale=0.1), "conv"),
+             Node("QMatMul", ("c", "b"), ("y",), {"multiplier": 99, "shift": 12, "scale": 0.1},
+                  "mm"))
+    g = Graph("g", ("x", "b"), ("y",), nodes, inits, types)
+    model = AccelModel.build(g)
+    assert model.placements["conv"].target == "accel"
+    p = model.placements["mm"]
+    assert (p.target, p.reason) == ("cpu", "QMatMul operand 'c' is also used by accelerator "
+                                      "node 'conv' in the nchw layout (a value has one layout "
+                                      "in DRAM)")
+    feeds = {"x": rng.integers(-128, 128, (1, 3, 4, 4), dtype=np.int8),
+             "b": rng.integers(-128, 128, (1, 16, 4, 5), dtype=np.int8)}
+    np.testing.assert_array_equal(model.run(feeds, target="cycle")["y"],
+                                  model.cpu_build().run(feeds)["y"])
+
+
+def _edited(path, tmp_path, edit):
+    """A copy of a .cel with its manifest edited by ``edit(doc)`` and the digest resealed."""
+    import json
+    import zipfile
+
+    from celosia.runtime.artifact import seal
+
+    with zipfile.ZipFile(path) as z:
+        table = {n: z.read(n) for n in z.namelist()}
+    doc = json.loads(table["manifest.json"])
+    edit(doc)
+    table["manifest.json"] = json.dumps(doc).encode()
+    table["manifest.sha256"] = seal(table["manifest.json"])
+    out = tmp_path / "edited.cel"
+    with zipfile.ZipFile(out, "w") as z:
+        for n, d in table.items():
+            z.writestr(n, d)
+    return out
+
+
+def test_edited_staged_operands_are_refused(tmp_path):
+    from celosia.runtime.cpu import ArtifactError
+
+    g = _matmul_graph((2, 5, 7), (2, 7, 6), 5, 3)
+    path = tmp_path / "mm.cel"
+    AccelModel.build(g).save(path)
+
+    def staged(doc):
+        return doc["programs"]["mm"]["staged"][0]
+
+    for edit, message in [
+            (lambda d: staged(d).update(value="a"), r"staged\[0\].value: is not the second "
+                                                    r"input of QMatMul node 'mm'"),
+            (lambda d: staged(d).update(shape=[2, 64]), r"staged\[0\].shape: is \[2, 64\], "
+                                                        r"'b''s weight layout is \[2, 256\]"),
+            (lambda d: staged(d).update(addr=1 << 40), r"outside the \d+-byte DRAM image"),
+            (lambda d: d["programs"]["mm"].pop("staged"), r"QMatMul program without the weight"),
+            (lambda d: d["values"]["y"].pop("layout"), r'values\["y"\]: is not a 2-D or 4-D'),
+            (lambda d: d["values"]["a"].update(shape=[2, 64]),
+             r'values\["a"\].shape: is \[2, 64\], the value\'s packed shape is \[2, 128\]')]:
+        with pytest.raises(ArtifactError, match=message):
+            AccelModel.load(_edited(path, tmp_path, edit))
