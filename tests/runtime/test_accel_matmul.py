@@ -225,3 +225,38 @@ def test_edited_staged_operands_are_refused(tmp_path):
              r'values\["a"\].shape: is \[2, 64\], the value\'s packed shape is \[2, 128\]')]:
         with pytest.raises(ArtifactError, match=message):
             AccelModel.load(_edited(path, tmp_path, edit))
+
+
+def test_qmatmul_on_the_rtl_agrees_with_the_cycle_model():
+    """The small configuration: the same program on the RTL gives qmatmul's results and the
+    cycle model's cycle count."""
+    g = _matmul_graph((2, 3, 9), (2, 9, 6), 77777, 21)
+    model = AccelModel.build(g, "small")
+    rng = np.random.default_rng(1)
+    feeds = {k: rng.integers(-128, 128, g.types[k].shape, dtype=np.int8) for k in ("a", "b")}
+    want = qmatmul(g.nodes[0].attrs, feeds["a"], feeds["b"])
+    np.testing.assert_array_equal(model.run(feeds, target="rtl")["y"], want)
+    rtl_cycles = model.report[0]["cycles"]
+    np.testing.assert_array_equal(model.run(feeds, target="cycle")["y"], want)
+    assert model.report[0]["cycles"] == rtl_cycles > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_shapes_and_requantizations(seed):
+    """Seeded random M, K, N (1..40), 0-2 leading axes of which some broadcast, random
+    multiplier and shift, on fsim (both configurations) against qmatmul."""
+    rng = np.random.default_rng(100 + seed)
+    lead = tuple(int(d) for d in rng.integers(2, 5, rng.integers(0, 3)))
+    a_lead = tuple(1 if rng.random() < 0.3 else d for d in lead)
+    b_lead = tuple(1 if rng.random() < 0.3 else d for d in lead)[int(rng.integers(0, 2)):]
+    m, k, n = (int(v) for v in rng.integers(1, 41, 3))
+    # outputs mostly inside int8 (|acc| ~ 5500 sqrt(K)); large shifts wrap around int32
+    shift = int(rng.integers(4, 32))
+    mult = max(1, round(40 / (5500 * np.sqrt(k)) * 2**shift))
+    g = _matmul_graph(a_lead + (m, k), b_lead + (k, n), mult, shift)
+    for config in ("default", "small"):
+        model = AccelModel.build(g, config)
+        assert model.placements["mm"].target == "accel"
+        feeds = {v: rng.integers(-128, 128, g.types[v].shape, dtype=np.int8) for v in ("a", "b")}
+        np.testing.assert_array_equal(model.run(feeds)["y"],
+                                      qmatmul(g.nodes[0].attrs, feeds["a"], feeds["b"]))
