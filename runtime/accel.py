@@ -17,8 +17,9 @@ Running walks the graph in order. An accelerator node's int8 inputs are packed i
 only if the CPU produced them (values flowing between accelerator nodes never leave DRAM),
 its program runs, and its output stays in DRAM until a CPU node reads it (then it is read
 back and unpacked once). A QMatMul's second operand is packed into the weight layout
-before each run of its program (read back first if the accelerator made it): programs
-list such operands as ``staged``, counted as layout time and as crossings. CPU nodes run the numpy kernels that define each operator
+before each run of its program (read back first if the accelerator made it; a constant
+one once, at build time): programs list such operands as ``staged``, counted as layout
+time and as crossings. CPU nodes run the numpy kernels that define each operator
 (compiler/graph_numpy.py, graph_int.py), the same code as the all-CPU build
 (``accelerate=False``), so the two builds agree bit for bit.
 
@@ -138,7 +139,7 @@ class AccelModel:
         """Partition, compile and place a quantized graph (see the module docstring)."""
         from celosia.errors import CompilerError
 
-        from ..compiler.accel.matmul import bind_matmul, weights_shape
+        from ..compiler.accel.matmul import bind_matmul, pack_weights, weights_shape
         from ..compiler.accel.partition import (
             Placement,
             annotate,
@@ -203,17 +204,22 @@ class AccelModel:
             staged = []
             if layer.kind == "matmul":
                 # The second operand is packed by the runtime into its own weight buffer
-                # before every run (``run``); the program binds each matrix's slices.
+                # before every run (``run``), or here if it is a constant; the program binds
+                # each matrix's slices.
                 w_shape = weights_shape(graph.types[node.inputs[1]].shape, cfg)
-                w_buf = dev.alloc(int(np.prod(w_shape)), align=align[1])
+                if node.inputs[1] in graph.initializers:
+                    w_buf = dev.upload(pack_weights(np.asarray(graph.initializers[node.inputs[1]]),
+                                                    cfg), align=align[1])
+                else:
+                    w_buf = dev.alloc(int(np.prod(w_shape)), align=align[1])
+                    staged.append({"value": node.inputs[1], "addr": w_buf.addr,
+                                   "shape": list(w_shape), "layout": "weights"})
                 a_buf = value_buffer(node.inputs[0], align[0])
                 o_buf = value_buffer(node.outputs[0], align[-1])
                 bind_matmul(fn, dev, layer.shape, a_buf, values[node.inputs[0]][1], w_buf,
                             w_shape, dev.upload(layer.bias, align=align[2]),
                             dev.upload(layer.scale, align=align[3]), o_buf,
                             values[node.outputs[0]][1])
-                staged.append({"value": node.inputs[1], "addr": w_buf.addr,
-                               "shape": list(w_shape), "layout": "weights"})
                 prog = dev.build_program()
                 programs[node.name] = {
                     "insn_addr": prog.insn_addr, "insn_count": prog.insn_count,

@@ -260,3 +260,17 @@ def test_random_shapes_and_requantizations(seed):
         feeds = {v: rng.integers(-128, 128, g.types[v].shape, dtype=np.int8) for v in ("a", "b")}
         np.testing.assert_array_equal(model.run(feeds)["y"],
                                       qmatmul(g.nodes[0].attrs, feeds["a"], feeds["b"]))
+
+
+def test_a_constant_second_operand_is_packed_once_at_build_time(tmp_path):
+    rng = np.random.default_rng(8)
+    b = rng.integers(-128, 128, (3, 11, 18), dtype=np.int8)
+    g = _matmul_graph((3, 4, 11), b.shape, 1234, 17)
+    g = Graph("g", ("a",), g.outputs, g.nodes, {"b": b}, g.types)
+    model = AccelModel.build(g)
+    assert model.placements["mm"].target == "accel" and model.programs["mm"]["staged"] == []
+    path = tmp_path / "c.cel"
+    model.save(path)
+    a = rng.integers(-128, 128, (3, 4, 11), dtype=np.int8)
+    y = AccelModel.load(path).run({"a": a}, target="cycle")["y"]
+    np.testing.assert_array_equal(y, qmatmul(g.nodes[0].attrs, a, b))
