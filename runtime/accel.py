@@ -16,7 +16,10 @@ executor once and then only moves activations.
 Running walks the graph in order. An accelerator node's int8 inputs are packed into DRAM
 only if the CPU produced them (values flowing between accelerator nodes never leave DRAM),
 its program runs, and its output stays in DRAM until a CPU node reads it (then it is read
-back and unpacked once). CPU nodes run the numpy kernels that define each operator
+back and unpacked once). A QMatMul's second operand is packed into the weight layout
+before each run of its program (read back first if the accelerator made it; a constant
+one once, at build time): programs list such operands as ``staged``, counted as layout
+time and as crossings. CPU nodes run the numpy kernels that define each operator
 (compiler/graph_numpy.py, graph_int.py), the same code as the all-CPU build
 (``accelerate=False``), so the two builds agree bit for bit.
 
@@ -136,6 +139,7 @@ class AccelModel:
         """Partition, compile and place a quantized graph (see the module docstring)."""
         from celosia.errors import CompilerError
 
+        from ..compiler.accel.matmul import bind_matmul, pack_weights, weights_shape
         from ..compiler.accel.partition import (
             Placement,
             annotate,
@@ -143,6 +147,7 @@ class AccelModel:
             layer_for,
             packed_shape,
             regions,
+            value_layouts,
         )
         from ..driver import Device
 
@@ -164,12 +169,18 @@ class AccelModel:
                 progress(f"[{k + 1}/{len(accel)}] {node.name}: {layer.kind} {_spec_str(layer.spec)}"
                          f" -> {_knobs_str(knobs)} ({time.perf_counter() - t0:.2f} s)")
         region_of = regions(graph, placements)
+        layouts = value_layouts(graph, placements)
 
-        # DRAM: constants, values and programs, each in its own buffer.
-        need = sum(l.weight.nbytes + l.bias.nbytes + l.scale.nbytes for l, _, _ in compiled.values())
+        # DRAM: constants, values and programs, each in its own buffer (a matmul's weights:
+        # a buffer the runtime packs its second operand into).
+        need = sum((l.weight.nbytes if l.weight is not None else
+                    int(np.prod(weights_shape(graph.types[n.inputs[1]].shape, cfg))))
+                   + l.bias.nbytes + l.scale.nbytes
+                   for n in graph.nodes if n.name in compiled
+                   for l in (compiled[n.name][0],))
         for name in {i for n in graph.nodes if n.name in compiled for i in
                      (n.inputs[0], n.outputs[0], *n.inputs[4:]) if i}:
-            need += int(np.prod(packed_shape(graph.types[name].shape, cfg)))
+            need += int(np.prod(packed_shape(graph.types[name].shape, cfg, layouts.get(name))))
         # A device only to place programs and data (nothing runs on it); none for an all-CPU
         # build.
         dev = Device(cfg, target="fsim", dram_size=_round_up(2 * need + (64 << 20), 1 << 20)) \
@@ -180,7 +191,7 @@ class AccelModel:
             # A value is one element size wherever it is used (BATCH x BLOCK int8 bytes), so
             # its first user's alignment holds for every user.
             if name not in values:
-                shape = packed_shape(graph.types[name].shape, cfg)
+                shape = packed_shape(graph.types[name].shape, cfg, layouts.get(name))
                 values[name] = (dev.alloc(int(np.prod(shape)), align=align), shape)
             return values[name][0]
 
@@ -190,6 +201,32 @@ class AccelModel:
                 continue
             layer, fn, knobs = compiled[node.name]
             align = [a for _, _, _, a in fn.arg_specs()]
+            staged = []
+            if layer.kind == "matmul":
+                # The second operand is packed by the runtime into its own weight buffer
+                # before every run (``run``), or here if it is a constant; the program binds
+                # each matrix's slices.
+                w_shape = weights_shape(graph.types[node.inputs[1]].shape, cfg)
+                if node.inputs[1] in graph.initializers:
+                    w_buf = dev.upload(pack_weights(np.asarray(graph.initializers[node.inputs[1]]),
+                                                    cfg), align=align[1])
+                else:
+                    w_buf = dev.alloc(int(np.prod(w_shape)), align=align[1])
+                    staged.append({"value": node.inputs[1], "addr": w_buf.addr,
+                                   "shape": list(w_shape), "layout": "weights"})
+                a_buf = value_buffer(node.inputs[0], align[0])
+                o_buf = value_buffer(node.outputs[0], align[-1])
+                bind_matmul(fn, dev, layer.shape, a_buf, values[node.inputs[0]][1], w_buf,
+                            w_shape, dev.upload(layer.bias, align=align[2]),
+                            dev.upload(layer.scale, align=align[3]), o_buf,
+                            values[node.outputs[0]][1])
+                prog = dev.build_program()
+                programs[node.name] = {
+                    "insn_addr": prog.insn_addr, "insn_count": prog.insn_count,
+                    "kind": layer.kind, "spec": asdict(layer.spec), "knobs": asdict(knobs),
+                    "macs": layer.macs, "region": region_of[node.name], "staged": staged,
+                }
+                continue
             bufs = [value_buffer(node.inputs[0], align[0]),
                     dev.upload(layer.weight, align=align[1]),
                     dev.upload(layer.bias, align=align[2]), dev.upload(layer.scale, align=align[3])]
@@ -213,7 +250,9 @@ class AccelModel:
                 "instructions": sum(p["insn_count"] for p in programs.values()),
                 "total_s": time.perf_counter() - start}
         return cls(graph, cfg, placements, programs,
-                   {k: {"addr": b.addr, "shape": list(s)} for k, (b, s) in values.items()},
+                   {k: {"addr": b.addr, "shape": list(s),
+                        **({"layout": layouts[k]} if layouts.get(k) == "matrices" else {})}
+                    for k, (b, s) in values.items()},
                    image, segments=segments, source=source, build_info=info)
 
     @classmethod
@@ -311,7 +350,8 @@ class AccelModel:
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
         for node in graph.nodes:
             if node.name in self.programs:
-                for v in (node.inputs[0], *node.inputs[4:]):
+                staged = [s["value"] for s in self.programs[node.name].get("staged", ())]
+                for v in (node.inputs[0], *node.inputs[4:], *staged):
                     if v and v not in made:
                         return f"accelerator node {node.name!r} reads {v!r} before it is made"
                 made.add(node.outputs[0])
@@ -368,6 +408,7 @@ class AccelModel:
 
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
+        from ..compiler.accel.matmul import pack_weights
         from ..compiler.accel.partition import pack_value, unpack_value
         from ..compiler.graph.ir import InputShapeError
 
@@ -397,7 +438,7 @@ class AccelModel:
                 v = self.values[name]
                 raw = ex.read_dram(v["addr"], int(np.prod(v["shape"])))
                 host[name] = unpack_value(raw.view(np.int8).reshape(v["shape"]),
-                                          graph.types[name].shape)
+                                          graph.types[name].shape, v.get("layout"), cfg)
 
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
         rows: dict[str, dict] = {}
@@ -423,9 +464,16 @@ class AccelModel:
             if prog is not None:
                 for name in (node.inputs[0], *node.inputs[4:]):
                     if name and name not in in_dram:
-                        ex.write_dram(self.values[name]["addr"], pack_value(host[name], cfg))
+                        ex.write_dram(self.values[name]["addr"],
+                                      pack_value(host[name], cfg, self.values[name].get("layout")))
                         in_dram.add(name)
                         crossings["to_accel"] += 1
+                # Operands packed into a weight layout before every run (a matmul's second
+                # operand): read back first if the accelerator made it.
+                for st in prog.get("staged", ()):
+                    to_host(st["value"])
+                    ex.write_dram(st["addr"], pack_weights(host[st["value"]], cfg))
+                    crossings["to_accel"] += 1
                 row["layout_ms"] = (time.perf_counter() - t0) * 1e3
                 counters = ex.run(prog["insn_addr"], prog["insn_count"])
                 out = node.outputs[0]

@@ -372,21 +372,31 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
         programs[name] = {"insn_addr": addr, "insn_count": count, "kind": f["kind"].string(),
                           "spec": f["spec"].obj(), "knobs": f["knobs"].obj(),
                           "macs": f["macs"].integer(), "region": f["region"].integer()}
+        if f.get("staged") is not None:
+            programs[name]["staged"] = [_staged(s, nodes[name], graph, cfg, image_bytes)
+                                        for s in f["staged"].list()]
+        elif nodes[name].op == "QMatMul" and nodes[name].inputs[1] not in graph.initializers:
+            raise f.fail("is a QMatMul program without the weight operand it packs at run time "
+                         "(staged)")
     if set(programs) != accel:
         raise root["programs"].fail("does not hold one program per accelerator node")
     values = {}
     for name, f in root["values"].items():
-        if name not in graph.types or len(graph.types[name].shape) not in (2, 4):
-            raise f.fail("is not a 2-D or 4-D value of the graph")
+        layout = f["layout"].string(("matrices",)) if f.get("layout") is not None else None
+        if name not in graph.types or (len(graph.types[name].shape) not in (2, 4)
+                                       if layout is None else len(graph.types[name].shape) < 3):
+            raise f.fail("is not a 2-D or 4-D value of the graph (or, in the matrices layout, "
+                         "one of 3 or more axes)")
         addr, shape = f["addr"].integer(), f["shape"].shape()
-        if shape != packed_shape(graph.types[name].shape, cfg):
-            raise f["shape"].fail(f"is {list(shape)}, the value's packed shape is "
-                                  f"{list(packed_shape(graph.types[name].shape, cfg))}")
+        want = packed_shape(graph.types[name].shape, cfg, layout)
+        if shape != want:
+            raise f["shape"].fail(f"is {list(shape)}, the value's packed shape is {list(want)}")
         size = int(np.prod(shape, dtype=object))
         if addr + size > image_bytes:
             raise f.fail(f"lies at [{addr}, {addr + size}), outside the {image_bytes}-byte "
                          f"DRAM image")
-        values[name] = {"addr": addr, "shape": list(shape)}
+        values[name] = {"addr": addr, "shape": list(shape), **({"layout": layout} if layout
+                                                                 else {})}
     for name in sorted(accel):
         node = nodes[name]
         for v in (node.inputs[0], *node.inputs[4:], node.outputs[0]):
@@ -394,6 +404,24 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
                 raise root["values"].fail(f"has no buffer for {v!r}, which accelerator node "
                                           f"{name!r} uses")
     return {"placements": placements, "programs": programs, "values": values}
+
+
+def _staged(f: Field, node, graph, cfg, image_bytes: int) -> dict:
+    """One operand an accelerator node's program has packed at run time: a QMatMul's second
+    input in the weight layout, at a buffer inside the DRAM image."""
+    from ..compiler.accel.matmul import weights_shape
+
+    value, layout = f["value"].string(), f["layout"].string(("weights",))
+    if node.op != "QMatMul" or len(node.inputs) < 2 or value != node.inputs[1]:
+        raise f["value"].fail(f"is not the second input of QMatMul node {node.name!r}")
+    addr, shape = f["addr"].integer(), f["shape"].shape()
+    want = weights_shape(graph.types[value].shape, cfg)
+    if shape != want:
+        raise f["shape"].fail(f"is {list(shape)}, {value!r}'s weight layout is {list(want)}")
+    size = int(np.prod(shape, dtype=object))
+    if addr + size > image_bytes:
+        raise f.fail(f"lies at [{addr}, {addr + size}), outside the {image_bytes}-byte DRAM image")
+    return {"value": value, "addr": addr, "shape": list(shape), "layout": layout}
 
 
 def check_segments(root: Field, graph, placements: dict) -> list[list[str]]:

@@ -94,23 +94,33 @@ class AcceleratorFunction:
         per parameter, in order), without running it: ``dev.synchronize()`` runs it once,
         ``dev.build_program()`` keeps it resident to run many times. Returns the DRAM
         scratch buffers it allocated, which must live as long as the program."""
+        return self.bind_many(dev, [buffers])
+
+    def bind_many(self, dev, buffer_lists) -> list:
+        """``bind`` for several argument sets (one per call of the function, run in order)
+        as one instruction stream: the dependency tokens are inserted over all of them, so
+        a call's loads wait for the previous call's use of the on-chip buffers."""
         self._check_device(dev)
-        if len(buffers) != len(self.func.params):
-            raise CompilerError(f"{self.func.name} takes {len(self.func.params)} buffers, given "
-                                f"{len(buffers)}")
-        dram = {}
-        for buf, d in zip(self.func.params, buffers):
-            if d.nbytes < _nbytes(buf) or d.addr % _align(buf):
-                raise CompilerError(f"{self.func.name}: the DRAM buffer for {buf.name} must "
-                                    f"hold {_nbytes(buf)} bytes at a multiple of {_align(buf)}")
-            dram[buf] = d
-        scratch = []
-        for node in walk(self.func.body):
-            if isinstance(node, Allocate) and node.buffer.scope == "global":
-                dram[node.buffer] = dev.alloc(_nbytes(node.buffer), align=_align(node.buffer))
-                scratch.append(dram[node.buffer])
+        ops, scratch = [], []
         try:
-            emit(insert_dependencies(build_ops(self.func, self.config, dram), self.config), dev)
+            for buffers in buffer_lists:
+                if len(buffers) != len(self.func.params):
+                    raise CompilerError(f"{self.func.name} takes {len(self.func.params)} "
+                                        f"buffers, given {len(buffers)}")
+                dram = {}
+                for buf, d in zip(self.func.params, buffers):
+                    if d.nbytes < _nbytes(buf) or d.addr % _align(buf):
+                        raise CompilerError(f"{self.func.name}: the DRAM buffer for {buf.name} "
+                                            f"must hold {_nbytes(buf)} bytes at a multiple of "
+                                            f"{_align(buf)}")
+                    dram[buf] = d
+                for node in walk(self.func.body):
+                    if isinstance(node, Allocate) and node.buffer.scope == "global":
+                        dram[node.buffer] = dev.alloc(_nbytes(node.buffer),
+                                                      align=_align(node.buffer))
+                        scratch.append(dram[node.buffer])
+                ops += build_ops(self.func, self.config, dram)
+            emit(insert_dependencies(ops, self.config), dev)
         except BaseException:
             for b in scratch:
                 dev.free(b)

@@ -7,7 +7,8 @@ Layouts (BATCH = b, BLOCK = k):
     dense data   (N/b, K/k, b, k), weight (O/k, K/k, k, k)
     bias         (O/k, b, k) int32, the same for every batch lane
     scale        (O/k, b, k) int32, a per-channel multiplier, laid out like the bias
-The epilogue runs on the ALU, in this order: + bias, * multiplier (an immediate) or * scale
+The epilogue runs on the ALU, in this order: + bias (or after the multipliers, bias_last),
+* multiplier (an immediate) or * scale
 (per channel), >> shift, + residual (an int8 tensor loaded with ACC_8BIT), clip to
 [lo, hi] (by default [0 or -128, 127]), then the int8 OUT view is stored. This is the
 requantization of int8 models (compiler/quantize.py): QConv and QGemm map onto it exactly.
@@ -43,6 +44,9 @@ class Epilogue:
     scale: bool = False  # a per-channel int32 multiplier tensor (after any immediate one)
     lo: int | None = None  # clip bounds; lo defaults to 0 with relu, else -128
     hi: int = 127
+    # The bias is added after the multipliers: (x * m + bias) >> shift, a rounding term
+    # (QMatMul's requantization, compiler/accel/matmul.py).
+    bias_last: bool = False
 
     def __post_init__(self):
         if not -128 <= self.low <= self.hi <= 127:
@@ -58,12 +62,14 @@ class Epilogue:
     def apply(self, acc: np.ndarray, bias=None, residual=None, scale=None) -> np.ndarray:
         """The numpy reference of the epilogue on int32 accumulators (32-bit wrap)."""
         x = acc.astype(np.int64)
-        if self.bias:
+        if self.bias and not self.bias_last:
             x = _wrap(x + bias)
         if self.multiplier is not None:
             x = _wrap(x * self.multiplier)
         if self.scale:
             x = _wrap(x * scale.astype(np.int64))
+        if self.bias and self.bias_last:
+            x = _wrap(x + bias)
         x = x >> self.shift
         if self.residual:
             x = _wrap(x + residual.astype(np.int64))
@@ -71,12 +77,14 @@ class Epilogue:
 
     def expr(self, acc, bias, residual, scale=None):
         x = acc
-        if self.bias:
+        if self.bias and not self.bias_last:
             x = x + bias
         if self.multiplier is not None:
             x = x * self.multiplier
         if self.scale:
             x = x * scale
+        if self.bias and self.bias_last:
+            x = x + bias
         if self.shift:
             x = x >> self.shift
         if self.residual:

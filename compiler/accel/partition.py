@@ -4,10 +4,12 @@
 with groups = 1, no dilation, one stride and one padding for both axes, and a ``QGemm``,
 each with its fused bias, per-channel requantization, residual add and clip (the ALU
 epilogue of compiler/ops.py executes exactly the integer arithmetic that
-compiler/graph/qops.py defines). Everything else stays on the CPU, with the reason named by
+compiler/graph/qops.py defines), and a ``QMatMul`` of two run-time values (one dense
+product per matrix, its second operand packed into the weight layout at run time:
+compiler/accel/matmul.py). Everything else stays on the CPU, with the reason named by
 what is missing (``cpu_reason``): an integer operator with no accelerator kernel yet, a
-MatMul with two run-time operands, a conversion between float and int8, or a node the
-quantizer left in float, with the quantizer's own reason (its ``float_reason`` attribute).
+conversion between float and int8, or a node the quantizer left in float, with the
+quantizer's own reason (its ``float_reason`` attribute).
 
 ``regions`` merges accelerator nodes connected by values into regions: inside a region
 values stay in DRAM in the packed layout NCHW{BATCH}n{BLOCK}c (channels padded to BLOCK)
@@ -27,13 +29,14 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..graph.ir import Graph, Node
+from . import matmul
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_rows", "compile_layer",
-           "packed_shape", "pack_value", "unpack_value"]
+           "packed_shape", "pack_value", "unpack_value", "value_layouts"]
 
-ACCEL_OPS = ("QConv", "QGemm")
+ACCEL_OPS = ("QConv", "QGemm", "QMatMul")
 
 
 @dataclass(frozen=True)
@@ -80,13 +83,10 @@ _INT8_MOVES = ("Reshape", "Flatten", "Concat", "Identity", "Slice", "Transpose",
 
 
 def cpu_reason(node: Node, graph: Graph) -> str:
-    """Why a node that is not a QConv/QGemm runs on the CPU, named by what is missing."""
+    """Why a node that is not a QConv/QGemm/QMatMul runs on the CPU, named by what is
+    missing."""
     op = node.op
     out = graph.types.get(node.outputs[0]) if node.outputs else None
-    if op == "QMatMul":
-        return ("MatMul with two run-time operands (QMatMul): the GEMM core's second operand "
-                "is a weight packed at build time; packing a run-time value into the weight "
-                "layout is not done yet")
     if op in ("QuantizeLinear", "DequantizeLinear"):
         return f"{op} of the QDQ model: a conversion between float and int8, on the CPU"
     if op == "Quantize":
@@ -107,6 +107,8 @@ def cpu_reason(node: Node, graph: Graph) -> str:
 def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
     if node.op not in ACCEL_OPS:
         return cpu_reason(node, graph)
+    if node.op == "QMatMul":
+        return matmul.matmul_problem(node, graph, cfg)
     for i in node.inputs[1:4]:
         if not graph.is_constant(i):
             return f"{node.op} with a weight, bias or multiplier computed at run time"
@@ -128,10 +130,53 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
     for node in graph.nodes:
         problem = "all-CPU build" if not accelerate else _problem(node, graph, cfg)
         if problem is None:
-            what = "conv2d" if node.op == "QConv" else "dense"
-            out[node.name] = Placement("accel", f"{what} with its fused epilogue")
+            what = {"QConv": "conv2d", "QGemm": "dense"}.get(node.op)
+            out[node.name] = Placement("accel", f"{what} with its fused epilogue" if what else
+                                       "matmul: a dense product per matrix, its second "
+                                       "operand packed into the weight layout at run time")
         else:
             out[node.name] = Placement("cpu", problem)
+    # A value lives in DRAM in one layout: a QMatMul that would read or write a value in
+    # another layout than an accelerator QConv/QGemm stays on the CPU.
+    uses = _layout_uses(graph, out)
+    for node in graph.nodes:
+        if node.op == "QMatMul" and out[node.name].target == "accel":
+            for v in (node.inputs[0], node.outputs[0]):
+                other = [(n, lay) for n, lay in uses.get(v, ()) if lay != _matmul_layout(graph, v)]
+                if other:
+                    out[node.name] = Placement(
+                        "cpu", f"QMatMul operand {v!r} is also used by accelerator node "
+                               f"{other[0][0]!r} in the {other[0][1]} layout (a value has one "
+                               f"layout in DRAM)")
+                    break
+    return out
+
+
+def _matmul_layout(graph: Graph, v: str) -> str:
+    return matmul.value_layout(graph.types[v].shape)
+
+
+def _layout_uses(graph: Graph, placements: dict[str, Placement]) -> dict[str, list]:
+    """Per value: (accelerator QConv/QGemm node, layout) for each use as data, residual or
+    output."""
+    uses: dict[str, list] = {}
+    for n in graph.nodes:
+        if n.op != "QMatMul" and placements[n.name].target == "accel":
+            for v in (n.inputs[0], *n.inputs[4:], n.outputs[0]):
+                if v:
+                    lay = "nchw" if len(graph.types[v].shape) == 4 else "rows"
+                    uses.setdefault(v, []).append((n.name, lay))
+    return uses
+
+
+def value_layouts(graph: Graph, placements: dict[str, Placement]) -> dict[str, str]:
+    """The DRAM layout ("nchw", "rows" or "matrices") of each value an accelerator node
+    reads as data or residual or writes (``annotate`` keeps them consistent)."""
+    out = {v: uses[0][1] for v, uses in _layout_uses(graph, placements).items()}
+    for n in graph.nodes:
+        if n.op == "QMatMul" and placements[n.name].target == "accel":
+            for v in (n.inputs[0], n.outputs[0]):
+                out[v] = _matmul_layout(graph, v)
     return out
 
 
@@ -186,10 +231,14 @@ def dense_rows(n: int, cfg: HwConfig) -> int:
     return groups if groups <= DENSE_ROWS_UNPADDED else _ceil(groups, DENSE_ROW_MULTIPLE)
 
 
-def packed_shape(shape: tuple[int, ...], cfg: HwConfig) -> tuple[int, ...]:
+def packed_shape(shape: tuple[int, ...], cfg: HwConfig, layout: str | None = None
+                 ) -> tuple[int, ...]:
     """The accelerator layout of an int8 NCHW (or [N, C]) value, channels padded (and a
-    [N, C] value's rows: ``dense_rows``)."""
+    [N, C] value's rows: ``dense_rows``); with ``layout="matrices"`` that of a QMatMul
+    operand [..., M, K] (compiler/accel/matmul.py)."""
     b, k = cfg.batch, cfg.block
+    if layout == "matrices":
+        return matmul.matrices_shape(shape, cfg)
     if len(shape) == 4:
         n, c, h, w = shape
         return (n // b, _ceil(c, k) // k, h, w, b, k)
@@ -197,13 +246,16 @@ def packed_shape(shape: tuple[int, ...], cfg: HwConfig) -> tuple[int, ...]:
     return (dense_rows(n, cfg), _ceil(c, k) // k, b, k)
 
 
-def pack_value(x: np.ndarray, cfg: HwConfig) -> np.ndarray:
-    """NCHW (or [N, C]) int8 -> the packed layout, channels zero-padded to BLOCK.
+def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None) -> np.ndarray:
+    """NCHW (or [N, C]) int8 -> the packed layout, channels zero-padded to BLOCK (or the
+    "matrices" layout of a QMatMul operand).
 
     One strided copy into a fresh array: this runs at every region border of every
     inference, so it avoids np.pad and intermediate copies (their fixed costs are most of
     the time for a small value)."""
     b, k = cfg.batch, cfg.block
+    if layout == "matrices":
+        return matmul.pack_matrices(x, cfg)
     x = np.asarray(x)
     n, c = x.shape[:2]
     cb = -(-c // k)
@@ -224,8 +276,12 @@ def pack_value(x: np.ndarray, cfg: HwConfig) -> np.ndarray:
     return out
 
 
-def unpack_value(p: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """The packed layout -> NCHW (or [N, C]) of ``shape`` (padding channels dropped)."""
+def unpack_value(p: np.ndarray, shape: tuple[int, ...], layout: str | None = None,
+                 cfg: HwConfig | None = None) -> np.ndarray:
+    """The packed layout -> NCHW (or [N, C]) of ``shape`` (padding channels and rows
+    dropped); the "matrices" layout needs ``cfg``."""
+    if layout == "matrices":
+        return matmul.unpack_matrices(p, shape, cfg)
     n, c = shape[:2]
     spatial = tuple(shape[2:])
     axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
@@ -250,16 +306,17 @@ class AccelLayer:
     """One accelerator node: its operator spec and its constant operands, packed."""
 
     node: str
-    kind: str  # "conv2d" or "dense"
+    kind: str  # "conv2d", "dense" or "matmul" (a dense product per matrix)
     spec: ConvSpec | DenseSpec
-    weight: np.ndarray
+    weight: np.ndarray | None  # None for a matmul: its weights are packed at run time
     bias: np.ndarray
     scale: np.ndarray
     residual: bool
+    shape: "matmul.MatMulShape | None" = None  # a matmul's operands and matrices
 
     @property
     def macs(self) -> int:
-        return self.spec.macs
+        return self.spec.macs * (self.shape.count if self.shape is not None else 1)
 
 
 def _epilogue(node: Node) -> Epilogue:
@@ -272,8 +329,13 @@ def _epilogue(node: Node) -> Epilogue:
 
 
 def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
-    """The accelerator operator of a QConv or QGemm node (see ``annotate``)."""
+    """The accelerator operator of a QConv, QGemm or QMatMul node (see ``annotate``)."""
     b, k = cfg.batch, cfg.block
+    if node.op == "QMatMul":
+        shape = matmul.matmul_shape(node, graph, cfg)
+        bias_p, scale_p = matmul.matmul_constants(node, shape, cfg)
+        return AccelLayer(node.name, "matmul", shape.spec(matmul.matmul_epilogue(node)), None,
+                          bias_p, scale_p, False, shape)
     x_t = graph.types[node.inputs[0]]
     w, bias, mult = (np.asarray(graph.initializers[i]) for i in node.inputs[1:4])
     epi = _epilogue(node)
@@ -314,5 +376,6 @@ def compile_layer(layer: AccelLayer, cfg: HwConfig, *, top: int = 4):
         # tile serve any batch (and the search stays cheap and its cache shared).
         knobs, _ = tune_conv(cfg, replace(layer.spec, n=cfg.batch), top=top)
         return conv2d(cfg, layer.spec, knobs, name=layer.node), knobs
+    # a QGemm, or a QMatMul: the dense product of one matrix
     knobs, _ = tune_dense(cfg, layer.spec, top=min(top, 3))
     return dense(cfg, layer.spec, knobs, name=layer.node), knobs

@@ -107,8 +107,8 @@ def test_conv_kept_float_by_a_run_time_mul_and_a_broadcast_gate():
 
 def test_transformer_linears_and_attention():
     """A Linear on [B, S, D] becomes a QGemm on the accelerator (with GELU, a QLut after it);
-    one whose epilogue adds a broadcast run-time value stays float, saying so; Q x K^T is a
-    QMatMul with its own reason; Softmax has no int8 form."""
+    one whose epilogue adds a broadcast run-time value stays float, saying so; Q x K^T and
+    P x V are QMatMuls on the accelerator; Softmax has no int8 form."""
     c = helper.make_node
     nodes = [c("MatMul", ["x", "wq"], ["q"], name="proj_q"),
              c("MatMul", ["x", "wk"], ["k"], name="proj_k"),
@@ -126,8 +126,9 @@ def test_transformer_linears_and_attention():
     assert placed["fc1"][:2] == ("QGemm", "accel")
     assert [r for r in placed.values() if r[0] == "QLut"] == [
         ("QLut", "cpu", "QLut (int8 lookup table) has no accelerator kernel yet")]
-    assert placed["scores"][:2] == ("QMatMul", "cpu")
-    assert placed["scores"][2].startswith("MatMul with two run-time operands (QMatMul)")
+    for name in ("scores", "context"):
+        assert placed[name][:2] == ("QMatMul", "accel")
+        assert placed[name][2].startswith("matmul: a dense product per matrix")
     assert placed["softmax"] == ("Softmax", "cpu", "Softmax left in float: the quantizer has "
                                  "no int8 form of Softmax")
     op, target, reason = placed["fc2"]
