@@ -487,6 +487,8 @@ class Datapath:
                 out[rows] = 0
             return reset, dst.nbytes
         grid = self._compile_gemm_grid(insn, dst0, src0, wgt0)
+        if grid is None:
+            grid = self._compile_gemm_tiles(insn, dst0, src0, wgt0)
         if grid is not None:
             return grid
         return (lambda: self._gemm_general(insn, dst0, src0, wgt0)), 0
@@ -629,6 +631,127 @@ class Datapath:
                 out[dst] = new.astype(np.int8)
 
         return gemm_grid, nbytes
+
+    def _compile_gemm_tiles(self, insn: GemmInsn, dst0, src0, wgt0):
+        """Any other GEMM of at most _KERNEL_EXECS executions as batched float32 matrix
+        products (the grid kernel's exactness argument holds as it is); None if larger.
+
+        The executions are indexed (group, i, j, u): the micro-ops fall into G groups of g
+        (micro-ops sharing a dst row when such groups are equal-sized, else one micro-op
+        each) and (i, j) are the two loops. The g products of execution (group, i, j) are
+        summed into its dst row. Each of the three axes (group, i, j) plays a role by what
+        depends on it: both the input rows (X) and the weight rows (W): a batch axis of the
+        matrix product; only W: a column axis (N, weights side by side); only X, or
+        neither: a row axis (M). Then ``part[b] = X[b] (M*BATCH, g*BLOCK) @ W[b] (g*BLOCK,
+        N*BLOCK)`` for every batch index b, K cut into exact slices of 1024 products as in
+        the grid kernel, gives the sum of every (group, i, j); sums of (group, i, j) that
+        share a dst row (a loop factor of 0, repeated dst across groups) are added in
+        int32, modulo 2^32, before they are added to ACC. The usual case is a dense layer
+        whose weights move with one loop and input rows with the other: one product
+        X (rows, K) @ W (K, columns) per instruction.
+        """
+        cfg = self.cfg
+        batch, block = cfg.batch, cfg.block
+        k = dst0.size
+        I, J = insn.iter_out, insn.iter_in
+        if k * I * J > _KERNEL_EXECS or block > _EXACT_TERMS:
+            return None
+        order = np.argsort(dst0, kind="stable")
+        d = dst0[order]
+        starts = np.flatnonzero(np.concatenate(([True], d[1:] != d[:-1])))
+        G = starts.size
+        if k % G or np.any(np.diff(np.append(starts, k)) != k // G):
+            order, G = np.arange(k), k  # one micro-op per group; dst rows may repeat
+        g = k // G
+        dst_g = dst0[order].reshape(G, g)[:, 0]
+        src_g = src0[order].reshape(G, g)
+        wgt_g = wgt0[order].reshape(G, g)
+        x_dep = (not bool(np.all(src_g == src_g[:1])), bool(insn.src_factor_out) and I > 1,
+                 bool(insn.src_factor_in) and J > 1)
+        w_dep = (not bool(np.all(wgt_g == wgt_g[:1])), bool(insn.wgt_factor_out) and I > 1,
+                 bool(insn.wgt_factor_in) and J > 1)
+        roles = ["b" if x and w else "n" if w else "m" for x, w in zip(x_dep, w_dep)]
+        perm = [a for r in "bmn" for a, role in enumerate(roles) if role == r]
+        sizes = (G, I, J)
+        nb, mt, nt = (int(np.prod([sizes[a] for a in range(3) if roles[a] == r]))
+                      for r in "bmn")
+        i = np.arange(I, dtype=np.int64)[None, :, None, None]
+        j = np.arange(J, dtype=np.int64)[None, None, :, None]
+
+        def operand(base, f_out, f_in, drop: str, dep):
+            """Row indices (nb, mt or nt, g) of one operand; the axes of role ``drop``
+            (which it does not depend on) at index 0."""
+            b = base if dep[0] else base[:1]
+            full = b[:, None, None, :] + i * f_out + j * f_in  # (G|1, I, J, g)
+            full = full[tuple(slice(0, 1) if roles[a] == drop else slice(None)
+                              for a in range(3))]
+            full = np.broadcast_to(full, tuple(1 if roles[a] == drop else sizes[a]
+                                               for a in range(3)) + (g,))
+            return full.transpose(*perm, 3).reshape(nb, -1, g)
+
+        x_idx = operand(src_g, insn.src_factor_out, insn.src_factor_in, "n", x_dep)
+        w_idx = operand(wgt_g, insn.wgt_factor_out, insn.wgt_factor_in, "m", w_dep)
+        rows = (dst_g[:, None, None] + i[..., 0] * insn.dst_factor_out
+                + j[..., 0] * insn.dst_factor_in).transpose(*perm).reshape(-1)  # (b, m, n)
+        per_slice = _EXACT_TERMS // block
+        slices = []
+        nbytes = rows.nbytes
+        for u0 in range(0, g, per_slice):
+            xs = np.ascontiguousarray(x_idx[:, :, u0:u0 + per_slice])
+            ws = np.ascontiguousarray(w_idx[:, :, u0:u0 + per_slice])
+            slices.append((xs.shape[2], as_rows(xs.reshape(-1)), as_rows(ws.reshape(-1))))
+            nbytes += xs.nbytes + ws.nbytes
+        unique = rows.size < 2 or bool(np.all(rows[1:] > rows[:-1])) \
+            or np.unique(rows).size == rows.size
+        if unique:
+            dst, sum_order, sum_starts = as_rows(rows), None, None
+        else:  # sums that share a dst row are added first (in int32: modulo 2^32)
+            sum_order = np.argsort(rows, kind="stable")
+            r = rows[sum_order]
+            sum_starts = np.flatnonzero(np.concatenate(([True], r[1:] != r[:-1])))
+            dst = as_rows(r[sum_starts])
+            nbytes += sum_order.nbytes + sum_starts.nbytes
+        inp2 = self.inp_raw.view(np.int8)  # (depth, BATCH * BLOCK)
+        wgt2 = self.wgt_raw.view(np.int8)  # (depth, BLOCK * BLOCK)
+        acc, out = self.acc, self.out
+        f32 = np.float32
+        w_memo = [[None, None] for _ in slices]
+
+        def gemm_tiles():
+            total = None
+            for (gs, xs, ws), memo in zip(slices, w_memo):
+                x = inp2[xs] if isinstance(xs, slice) else inp2.take(xs, axis=0)
+                w = wgt2[ws] if isinstance(ws, slice) else wgt2.take(ws, axis=0)
+                key = w.tobytes()
+                if key != memo[0]:  # W^T (nb, nt*O, gs*C)
+                    wt = w.astype(f32).reshape(nb, nt, gs, block, block).transpose(0, 1, 3, 2, 4)
+                    memo[:] = key, wt.reshape(nb, nt * block, gs * block)
+                if batch == 1:
+                    xf = x.reshape(nb, mt, gs * block).astype(f32)
+                else:
+                    xf = np.empty((nb, mt, batch, gs, block), f32)
+                    np.copyto(xf, x.reshape(nb, mt, gs, batch, block).transpose(0, 1, 3, 2, 4))
+                    xf = xf.reshape(nb, mt * batch, gs * block)
+                part = np.matmul(xf, memo[1].transpose(0, 2, 1)).astype(np.int32)  # exact
+                if total is None:
+                    total = part
+                else:
+                    total += part  # int32 arrays wrap: addition modulo 2^32
+            # (nb, mt*B, nt*O) -> (nb*mt*nt, B, O), the order of ``rows``
+            total = total.reshape(nb, mt, batch, nt, block).transpose(0, 1, 3, 2, 4)
+            total = total.reshape(-1, batch, block)
+            if sum_order is not None:
+                total = np.add.reduceat(total[sum_order], sum_starts, axis=0, dtype=np.int32)
+            if isinstance(dst, slice):  # consecutive rows: a view of ACC
+                a = acc[dst]
+                a += total  # in place, modulo 2^32
+                np.copyto(out[dst], a, casting="unsafe")  # the low byte, as astype(int8)
+            else:
+                new = acc[dst] + total
+                acc[dst] = new
+                out[dst] = new.astype(np.int8)
+
+        return gemm_tiles, nbytes
 
     # ---- ALU --------------------------------------------------------------------------
 

@@ -379,3 +379,87 @@ def test_repeated_row_updates_take_linear_time(pairs, fo, fi, op):
     with single_threaded_blas():
         dp.alu(0, insn)
     assert time.process_time() - start < 5.0
+
+
+# ---- the tiles kernel: any affine GEMM as batched products ---------------------------------
+
+
+def _tiles_case(cfg, rng, fill, acc_fill):
+    """A GEMM the grid kernel does not take: random loop factors for dst, src and wgt
+    (weights moving with either loop or both, factors of 0 that repeat dst rows), micro-ops
+    in equal dst groups or scattered, and sometimes more than 1024 products per row."""
+    dp = Datapath(cfg, np.zeros(64, np.uint8))
+    dp.inp[:] = fill(rng, dp.inp.shape)
+    dp.wgt[:] = fill(rng, dp.wgt.shape)
+    dp.acc[:] = acc_fill(rng, dp.acc.shape)
+    io, ii = int(rng.integers(1, 6)), int(rng.integers(1, 7))
+    fs = [int(rng.choice([0, 1, 2, 3, 5])) for _ in range(6)]
+    if not (fs[4] or fs[5]):  # weights fixed over the loops: the grid kernel's case
+        fs[5] = 1
+    reach = [(io - 1) * fs[2 * k] + (ii - 1) * fs[2 * k + 1] for k in range(3)]
+    room = [cfg.acc_depth - reach[0], cfg.inp_depth - reach[1], cfg.wgt_depth - reach[2]]
+    assert min(room) > 8
+    groups = int(rng.integers(1, 4))
+    per = (int(rng.integers(1200 // cfg.block, 1500 // cfg.block)) if rng.random() < 0.2
+           else int(rng.integers(1, 12)))
+    per = min(per, cfg.uop_depth // groups)
+
+    def uop(dst):
+        return Uop(dst, int(rng.integers(0, room[1])), int(rng.integers(0, room[2])))
+
+    if rng.random() < 0.6:  # equal dst groups
+        dsts = rng.choice(room[0], groups, replace=False)
+        uops = [uop(int(d)) for d in dsts for _ in range(per)]
+        if rng.random() < 0.5:  # every group reads the same input rows
+            srcs = [u.src for u in uops[:per]] * groups
+            uops = [Uop(u.dst, s, u.wgt) for u, s in zip(uops, srcs)]
+        order = rng.permutation(len(uops))
+        uops = [uops[k] for k in order]
+    else:
+        uops = [uop(int(rng.integers(0, min(6, room[0])))) for _ in range(per)]
+    insn = GemmInsn(uop_bgn=0, uop_end=len(uops), iter_out=io, iter_in=ii,
+                    dst_factor_out=fs[0], dst_factor_in=fs[1], src_factor_out=fs[2],
+                    src_factor_in=fs[3], wgt_factor_out=fs[4], wgt_factor_in=fs[5])
+    dp.uop[:len(uops)] = encode_uops(uops, cfg)
+    return dp, insn, uops
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("fill", ["random", "extremes"])
+def test_tiles_kernel_matches_naive(cfg, fill):
+    """Random affine GEMMs with moving weights (dense layers, per-head matmuls, reductions
+    over a loop) on the tiles kernel: bit-identical to the naive loop, ACC wrapping."""
+    fills = {"random": lambda rng, shape: rng.integers(-128, 128, shape), "extremes": _extremes}
+    rng = np.random.default_rng(21 + CONFIGS.index(cfg) + 3 * (fill == "extremes"))
+    names = set()
+    for case in range(40):
+        acc_fill = ACC_FILLS[sorted(ACC_FILLS)[case % 3]]
+        dp, insn, uops = _tiles_case(cfg, rng, fills[fill], acc_fill)
+        names.add(_kernel_name(dp, insn))
+        want_acc, want_out = _naive(dp, insn, uops)
+        dp.gemm(0, insn)
+        np.testing.assert_array_equal(dp.acc, want_acc, err_msg=f"case {case}: {insn}")
+        np.testing.assert_array_equal(dp.out, want_out, err_msg=f"case {case}: {insn}")
+    assert names == {"gemm_tiles"}
+
+
+def test_dense_layer_is_one_product():
+    """The dense layer's loop nest (input rows with the outer loop, weight column blocks
+    with the inner one, K in the micro-ops) takes the tiles kernel and matches the naive
+    loop, run twice (the kernel and its float32 weights kept)."""
+    cfg = HwConfig()
+    rng = np.random.default_rng(4)
+    dp = Datapath(cfg, np.zeros(64, np.uint8))
+    dp.inp[:] = rng.integers(-128, 128, dp.inp.shape)
+    dp.wgt[:] = rng.integers(-128, 128, dp.wgt.shape)
+    dp.acc[:] = rng.integers(-2**31, 2**31, dp.acc.shape)
+    uops = [Uop(0, u, u) for u in range(8)]
+    dp.uop[:8] = encode_uops(uops, cfg)
+    insn = GemmInsn(uop_bgn=0, uop_end=8, iter_out=64, iter_in=8, dst_factor_out=8,
+                    dst_factor_in=1, src_factor_out=8, wgt_factor_in=8)
+    assert _kernel_name(dp, insn) == "gemm_tiles"
+    for _ in range(2):
+        want_acc, want_out = _naive(dp, insn, uops)
+        dp.gemm(0, insn)
+        np.testing.assert_array_equal(dp.acc, want_acc)
+        np.testing.assert_array_equal(dp.out, want_out)
