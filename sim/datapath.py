@@ -60,10 +60,13 @@ _CHUNK = 1 << 18
 # Instructions of at most this many executions are compiled into kernels that keep their
 # index arrays; larger ones compute them in chunks on every run.
 _KERNEL_EXECS = 1 << 20
-# Kernels kept per datapath (by count, and by the bytes of their index arrays).
-_KERNELS = 1024
+# Kernels kept per datapath (by count, and by the bytes of their index arrays and float32
+# weights), and instructions whose kernels are remembered by identity (a transformer's
+# programs hold tens of thousands; an entry holds references only).
+_KERNELS = 1 << 14
 _KERNEL_BYTES = 256 << 20
-_CACHED_MEM_KERNELS = 4096
+_CACHED_INSNS = 1 << 17
+_CACHED_MEM_KERNELS = 1 << 17
 # int8 x int8 products a float32 matrix product may sum exactly (1024 x 2^14 = 2^24).
 _EXACT_TERMS = 1024
 
@@ -389,7 +392,7 @@ class Datapath:
                 self._kernel_bytes = 0
             self._by_fields[fields] = kernel
             self._kernel_bytes += nbytes
-        if len(self._by_insn) >= _KERNELS:
+        if len(self._by_insn) >= _CACHED_INSNS:
             self._by_insn.clear()
         self._by_insn[id(insn)] = (insn, words, kernel)
         return kernel
@@ -577,7 +580,7 @@ class Datapath:
             x_rows = (off_src[None, :, None] + s[:, None, :]).reshape(-1)  # (G|1, R, gs)
             w_rows = wgt_g[:, u0:u0 + per_slice].reshape(-1)  # (G, gs)
             slices.append((s.shape[1], as_rows(x_rows), as_rows(w_rows)))
-            nbytes += x_rows.nbytes + w_rows.nbytes
+            nbytes += x_rows.nbytes + w_rows.nbytes + w_rows.size * block * block * 4  # W^T
         dst = as_rows(rows)
         inp2 = self.inp_raw.view(np.int8)  # (depth, BATCH * BLOCK)
         wgt2 = self.wgt_raw.view(np.int8)  # (depth, BLOCK * BLOCK)
@@ -700,7 +703,7 @@ class Datapath:
             xs = np.ascontiguousarray(x_idx[:, :, u0:u0 + per_slice])
             ws = np.ascontiguousarray(w_idx[:, :, u0:u0 + per_slice])
             slices.append((xs.shape[2], as_rows(xs.reshape(-1)), as_rows(ws.reshape(-1))))
-            nbytes += xs.nbytes + ws.nbytes
+            nbytes += xs.nbytes + ws.nbytes + ws.size * block * block * 4  # and W^T
         unique = rows.size < 2 or bool(np.all(rows[1:] > rows[:-1])) \
             or np.unique(rows).size == rows.size
         if unique:

@@ -15,6 +15,7 @@ The token rules (docs/isa.md, "Choices celosia makes"):
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 import numpy as np
@@ -76,10 +77,17 @@ class Program(list):
         self.cache: dict = {}
 
 
-# The last few programs decoded and checked, by (configuration, DRAM size, program bytes):
-# a model runs the same program image for every inference.
+# The programs last used, decoded and checked, by (configuration, DRAM size, program bytes):
+# a model runs the same program images for every inference, one per accelerator node (a
+# hundred or more for a transformer), so the cache keeps at least the last
+# _PROGRAM_CACHE_SIZE programs and more while their instructions total at most
+# _PROGRAM_CACHE_INSNS (with what executors derive from them, a few hundred bytes each),
+# least recently used first out.
 _PROGRAMS: dict = {}
 _PROGRAM_CACHE_SIZE = 8
+_PROGRAM_CACHE_INSNS = 1 << 19
+_program_insns = [0]  # instructions of the programs in _PROGRAMS
+_programs_lock = threading.Lock()
 
 
 def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfig) -> Program:
@@ -93,9 +101,11 @@ def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfi
         raise ProgramError(None, f"the program [{insn_addr}, {end}) is outside the "
                                  f"{dram.size}-byte DRAM")
     key = (cfg, dram.size, dram[insn_addr:end].tobytes())
-    cached = _PROGRAMS.get(key)
-    if cached is not None:
-        return cached
+    with _programs_lock:
+        cached = _PROGRAMS.pop(key, None)
+        if cached is not None:
+            _PROGRAMS[key] = cached  # now the most recently used
+            return cached
     insns = decode_program(dram[insn_addr:end], cfg)
     for index, insn in enumerate(insns):
         if isinstance(insn, FinishInsn) and index != len(insns) - 1:
@@ -104,9 +114,12 @@ def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfi
     if not isinstance(insns[-1], FinishInsn):
         raise ProgramError(len(insns) - 1, "the program does not end with FINISH")
     program = Program(insns)
-    if len(_PROGRAMS) >= _PROGRAM_CACHE_SIZE:
-        _PROGRAMS.pop(next(iter(_PROGRAMS)))
-    _PROGRAMS[key] = program
+    with _programs_lock:
+        if key not in _PROGRAMS:
+            _program_insns[0] += len(program)
+        _PROGRAMS[key] = program
+        while len(_PROGRAMS) > _PROGRAM_CACHE_SIZE and _program_insns[0] > _PROGRAM_CACHE_INSNS:
+            _program_insns[0] -= len(_PROGRAMS.pop(next(iter(_PROGRAMS))))
     return program
 
 
