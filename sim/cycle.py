@@ -27,6 +27,7 @@ PNG timeline in cycle_report.py. docs/cycle_model.md describes all three.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +45,21 @@ from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine
 __all__ = ["CycleSimulator", "Timeline", "Timing", "plot_timeline"]
 
 _MODULE_NAMES = {Module.LOAD: "load", Module.COMPUTE: "compute", Module.STORE: "store"}
-# LOAD/STORE plans are memoised per program (at most this many).
-_CACHED_PLANS = 4096
+# LOAD/STORE plans are memoised per timing, for all programs (at most this many each; the
+# plans are immutable and shared).
+_CACHED_PLANS = 1 << 15
+_CACHED_PLAN_TIMINGS = 8
+_PLANS: dict = {}
+
+
+def _mem_plans(timing: Timing) -> dict:
+    """The LOAD/STORE plans memoised for a timing."""
+    plans = _PLANS.get(timing)
+    if plans is None:
+        if len(_PLANS) >= _CACHED_PLAN_TIMINGS:
+            _PLANS.clear()
+        plans = _PLANS[timing] = {}
+    return plans
 # Timings (and program addresses) a program keeps its plans for.
 _CACHED_STATICS = 8
 
@@ -139,7 +153,8 @@ class _Static:
     def __init__(self, insns: Program, timing: Timing, cfg: HwConfig):
         n = len(insns)
         bytes_of = {mt: elem_bytes(cfg, mt) for mt in MemType}
-        mem_plans: dict = {}
+        mem_plans = _mem_plans(timing)
+        window = math.lcm(timing.burst_bytes, timing.bus_bytes)
         self.plans: list = [None] * n
         self.writes: dict = {}
         self.lower = [0] * n
@@ -153,16 +168,21 @@ class _Static:
             if isinstance(insn, (GemmInsn, AluInsn)):
                 plan = timing.loop_plan(insn)
             elif isinstance(insn, MemInsn):
-                # LOAD/STORE plans depend on the fields other than sram_base and the flags
-                key = (insn.opcode, insn.mem_type, insn.dram_base, insn.y_size, insn.x_size,
-                       insn.x_stride, insn.y_pad_0, insn.y_pad_1, insn.x_pad_0, insn.x_pad_1)
+                # LOAD/STORE plans depend on the fields other than sram_base and the flags,
+                # and on dram_base only through the byte address within a window of whole
+                # bursts and beats (bursts are cut at multiples of burst_bytes, beats at
+                # multiples of bus_bytes: every time is the same a window further on)
+                eb = bytes_of[insn.mem_type]
+                key = (insn.opcode, insn.mem_type, insn.dram_base * eb % window, insn.y_size,
+                       insn.x_size, insn.x_stride, insn.y_pad_0, insn.y_pad_1, insn.x_pad_0,
+                       insn.x_pad_1)
                 plan = mem_plans.get(key)
                 if plan is None:
-                    eb = bytes_of[insn.mem_type]
                     plan = (timing.store_plan(insn, eb) if insn.opcode == Opcode.STORE
                             else timing.load_plan(insn, eb))
-                    if len(mem_plans) < _CACHED_PLANS:
-                        mem_plans[key] = plan
+                    if len(mem_plans) >= _CACHED_PLANS:
+                        mem_plans.clear()
+                    mem_plans[key] = plan
                 if isinstance(plan, tuple):  # STORE: (push offset, write beats, bursts)
                     self.writes[j] = plan[1:]
                     plan = plan[0]

@@ -22,7 +22,7 @@ import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import DeadlockError, ProgramError, SimulationLimitError
-from celosia.isa import INSN_BYTES, FinishInsn, Insn, Module, decode_program, module_of
+from celosia.isa import INSN_BYTES, FinishInsn, Insn, Module, decode, module_of
 
 from .base import Executor
 from .datapath import DEFAULT_MAX_WORK, Datapath, check_insn, check_max_work, single_threaded_blas
@@ -106,11 +106,14 @@ def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfi
         if cached is not None:
             _PROGRAMS[key] = cached  # now the most recently used
             return cached
-    insns = decode_program(dram[insn_addr:end], cfg)
+    insns = _decode(key[2], cfg)
+    checked: set = set()
     for index, insn in enumerate(insns):
         if isinstance(insn, FinishInsn) and index != len(insns) - 1:
             raise ProgramError(index + 1, "instruction fetched after FINISH (FINISH must be last)")
-        check_insn(insn, index, cfg, dram.size)
+        if id(insn) not in checked:  # an instruction word repeated is checked once
+            check_insn(insn, index, cfg, dram.size)
+            checked.add(id(insn))
     if not isinstance(insns[-1], FinishInsn):
         raise ProgramError(len(insns) - 1, "the program does not end with FINISH")
     program = Program(insns)
@@ -121,6 +124,21 @@ def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfi
         while len(_PROGRAMS) > _PROGRAM_CACHE_SIZE and _program_insns[0] > _PROGRAM_CACHE_INSNS:
             _program_insns[0] -= len(_PROGRAMS.pop(next(iter(_PROGRAMS))))
     return program
+
+
+def _decode(raw: bytes, cfg: HwConfig) -> list[Insn]:
+    """isa.decode_program of a program image, decoding each distinct instruction word once
+    (a program repeats most of its words: the GEMMs and ALUs of every tile, their loads of
+    the same micro-ops); a repeated word is the same (immutable) instruction object."""
+    seen: dict = {}
+    insns = []
+    for i in range(0, len(raw), INSN_BYTES):
+        word = raw[i:i + INSN_BYTES]
+        insn = seen.get(word)
+        if insn is None:
+            insn = seen[word] = decode(int.from_bytes(word, "little"), cfg, i // INSN_BYTES)
+        insns.append(insn)
+    return insns
 
 
 class FunctionalSimulator(Executor):

@@ -201,6 +201,49 @@ def test_load_plans_row_by_row_and_vectorised_agree():
                 assert getattr(rows, name) == getattr(vec, name), (name, insn)
 
 
+
+def test_mem_plans_repeat_a_window_further_on():
+    """The cycle model memoises LOAD/STORE plans by dram_base's byte address within a
+    window of whole bursts and beats (cycle._Static): a plan is the same a whole number of
+    windows further on, on both load_plan paths and for stores."""
+    import dataclasses
+    import math
+    import random
+
+    import celosia.sim.cycle_timing as ct
+
+    rng = random.Random(2)
+    for cfg in (DEFAULT, SMALL, HwConfig(bus_bytes=64, dram_latency=1), HwConfig(bus_bytes=1)):
+        t = Timing.from_config(cfg)
+        window = math.lcm(t.burst_bytes, t.bus_bytes)
+        for _ in range(120):
+            store_ = rng.random() < 0.25
+            mt = MemType.OUT if store_ else rng.choice(
+                [MemType.UOP, MemType.INP, MemType.WGT, MemType.ACC, MemType.ACC_8BIT])
+            pads = {} if store_ else dict(y_pad_0=rng.randrange(3), y_pad_1=rng.randrange(3),
+                                          x_pad_0=rng.randrange(3), x_pad_1=rng.randrange(3))
+            insn = MemInsn(opcode=Opcode.STORE if store_ else Opcode.LOAD, mem_type=mt,
+                           dram_base=rng.randrange(5000), y_size=rng.randrange(1, 50),
+                           x_size=rng.randrange(1, 300), x_stride=rng.randrange(400), **pads)
+            eb = elem_bytes(cfg, mt)
+            step = window // math.gcd(window, eb)  # elements: a whole number of windows
+            moved = dataclasses.replace(insn, dram_base=insn.dram_base
+                                        + step * rng.randrange(1, 40))
+            assert moved.dram_base * eb % window == insn.dram_base * eb % window
+            for py_rows in (ct._PY_ROWS, -1):
+                saved, ct._PY_ROWS = ct._PY_ROWS, py_rows
+                try:
+                    a, b = (t.store_plan(i, eb) if store_ else t.load_plan(i, eb)
+                            for i in (insn, moved))
+                finally:
+                    ct._PY_ROWS = saved
+                if store_:
+                    assert a == b, insn
+                else:
+                    for name in ("req", "buf", "first", "span", "push", "beats",
+                                 "burst_beats", "lat_after"):
+                        assert getattr(a, name) == getattr(b, name), (name, insn)
+
 def gemm_only_image(cfg, uops, **loop):
     b = ProgramBuilder(cfg)
     base = b.uops(uops)
