@@ -393,15 +393,31 @@ def _is_int8_binary(graph: Graph, node: Node, int8: set) -> bool:
         v in int8 and graph.types[v].shape == out.shape for v in node.inputs)
 
 
+def _matmul_factor(graph: Graph, node: Node) -> float | None:
+    """The constant positive scalar a MatMul's epilogue multiplies its result by (attention's
+    ``(Q x K^T) * d**-0.5``: the QMatMul's requantization takes it), 1.0 without an
+    epilogue, None for any other epilogue."""
+    steps = node.attrs.get("epilogue") or ()
+    if not steps:
+        return 1.0 if len(node.inputs) == 2 else None
+    if len(steps) != 1 or steps[0][0] != "Mul" or len(node.inputs) != 3 or steps[0][1] != 2:
+        return None
+    k = graph.initializers.get(node.inputs[2])
+    if k is None or np.size(k) != 1 or not float(np.asarray(k).reshape(())) > 0:
+        return None
+    return float(np.asarray(k).reshape(()))
+
+
 def _is_activation_matmul(graph: Graph, node: Node) -> bool:
     """A MatMul of two values computed at run time (attention's Q x K^T and P x V), of
-    static shapes and without an epilogue: a QMatMul."""
-    if node.op != "MatMul" or len(node.inputs) != 2 or node.attrs.get("epilogue") \
-            or len(node.outputs) != 1:
+    static shapes, without an epilogue or with a constant positive scalar Mul as its only
+    epilogue: a QMatMul."""
+    if node.op != "MatMul" or _matmul_factor(graph, node) is None or len(node.outputs) != 1:
         return False
-    ts = [graph.types[v] for v in (*node.inputs, node.outputs[0])]
-    return not any(v in graph.initializers for v in node.inputs) and all(
-        t.dtype == "float32" and t.static and len(t.shape) >= 2 for t in ts)
+    if any(v in graph.initializers for v in node.inputs[:2]):
+        return False
+    ts = [graph.types[v] for v in (*node.inputs[:2], node.outputs[0])]
+    return all(t.dtype == "float32" and t.static and len(t.shape) >= 2 for t in ts)
 
 
 def _mid(node: Node) -> str:
@@ -449,11 +465,12 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
     inputs = [i for i in node.inputs if i]
     if any(isinstance(v, Graph) for v in node.attrs.values()):
         return "the quantizer does not look inside Loop, Scan and If bodies"
-    if node.op == "MatMul" and not any(i in graph.initializers for i in inputs):
-        ts = [graph.types[v] for v in (*inputs, *node.outputs)]
+    if node.op == "MatMul" and not any(i in graph.initializers for i in node.inputs[:2]):
+        ts = [graph.types[v] for v in (*node.inputs[:2], *node.outputs)]
         if node.attrs.get("epilogue"):
             steps = ", ".join(s[0] for s in node.attrs["epilogue"])
-            return f"a MatMul of two run-time values with an epilogue ({steps}): QMatMul has none"
+            return (f"a MatMul of two run-time values with an epilogue ({steps}): QMatMul "
+                    f"takes only a Mul by a constant positive scalar")
         if not all(t.static for t in ts):
             return "a MatMul of two run-time values whose shapes are only known at run time"
         return "a MatMul of two run-time values of rank < 2 or not float32"
@@ -791,7 +808,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     plan = _plan(graph)
     layer_inputs = {n.inputs[0] for n in graph.nodes if n.name in plan.layers}
     layer_inputs |= {v for n in graph.nodes if plan.kinds.get(n.name) == "matmul"
-                     for v in n.inputs}
+                     for v in n.inputs[:2]}
     layer_inputs |= {layer.after[2] for layer in plan.layers.values() if layer.after}
     residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
     needed = plan.int8 | layer_inputs | residuals
@@ -903,9 +920,10 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             _emit_binary(b, node.op, as_int8(x), as_int8(y), scale(x), scale(y), scale(out),
                          int8_name[out], node.name, fresh=False)
         elif kind == "matmul":
-            (a, c), out = node.inputs, node.outputs[0]
-            ratio = scale(a) * scale(c) / scale(out)
-            m, shift = _matmul_params(ratio, maxabs[out] / (scale(a) * scale(c)))
+            (a, c), out = node.inputs[:2], node.outputs[0]
+            factor = _matmul_factor(graph, node)  # a scalar Mul fused into the MatMul
+            ratio = scale(a) * scale(c) * factor / scale(out)
+            m, shift = _matmul_params(ratio, maxabs[out] / (scale(a) * scale(c) * factor))
             b.add("QMatMul", [as_int8(a), as_int8(c)], [int8_name[out]],
                   {"multiplier": m, "shift": shift, "scale": scale(out)}, node.name,
                   fresh=False)
