@@ -20,18 +20,20 @@ __all__ = ["quantize_model"]
 
 
 def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True,
-                   input_shapes: dict | None = None, method: str = "mse") -> Graph:
+                   input_shapes: dict | None = None, method: str = "mse",
+                   percentile: float | None = None) -> Graph:
     """The quantized graph of an ONNX model (path, bytes, ModelProto; imported with
     ``input_shapes``) or of a graph (imported, optimized or not).
 
     A model with QuantizeLinear/DequantizeLinear nodes is a QDQ model: ``from_qdq``, then
     ``optimize`` for the float rest (``calibration`` is not needed). Otherwise ``optimize``
     then ``quantize_graph`` with ``calibration`` (feeds, a dict of sample arrays or an .npz
-    path; ``method``: how each int8 range is chosen, "mse" or "minmax", quantize.py).
+    path; ``method``: how each int8 range is chosen, "mse", "minmax", "percentile" (with
+    ``percentile``, or "percentile:P") or "entropy", graph/calib.py).
     """
     graph = model_or_graph if isinstance(model_or_graph, Graph) else \
         import_onnx(model_or_graph, input_shapes)
     if is_qdq(graph):
         return optimize(from_qdq(graph))
     return quantize_graph(optimize(graph), calibration, per_channel=per_channel,
-                          method=method)
+                          method=method, percentile=percentile)
