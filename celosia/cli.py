@@ -108,7 +108,8 @@ def cmd_bench(args) -> int:
         raise CelosiaError(f"--time-limit must be a positive number of seconds, not "
                            f"{args.time_limit:g}")
     result = run_benchmark(args.name, quick=args.quick, models=args.models,
-                           int8=args.int8, accel=args.accel, time_limit=args.time_limit)
+                           int8=args.int8, accel=args.accel, time_limit=args.time_limit,
+                           calibration_method=args.calibration_method)
     if args.out:
         _write_json(args.out, result)
     width = max(len(k) for k in result["metrics"]) if result["metrics"] else 0
@@ -600,6 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accel", action="store_true",
                    help="zoo only: the int8 build on the accelerator (cycle model): bit-exact "
                         "check, MAC share, crossings, layout share, utilisation, cycles")
+    p.add_argument("--calibration-method", metavar="METHOD",
+                   help="zoo --int8/--accel only: celosia's calibration method (mse, minmax, "
+                        "percentile[:P], entropy; default mse)")
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="zoo --accel only: seconds per model for its accelerator build and "
                         "run (default 600); a model over it is recorded with the reason")

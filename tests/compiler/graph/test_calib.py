@@ -167,3 +167,15 @@ def test_cli_calibration_method(tmp_path, capsys):
     assert main(["compile", str(path), "--calibration-method", "entropy",
                  "-o", str(out)]) != 0
     assert "--calibration-method goes with --quantize int8" in capsys.readouterr().err
+
+
+def test_bench_calibration_method_errors():
+    """`bench zoo --int8 --calibration-method`: refused without --int8 or for another
+    benchmark, and a bad method fails before any model is built."""
+    from celosia.benchmarks import run_benchmark
+    from celosia.errors import CelosiaError
+
+    with pytest.raises(CelosiaError, match="goes with `bench zoo --int8`"):
+        run_benchmark("zoo", quick=True, calibration_method="entropy")
+    with pytest.raises(CalibrationError, match="unknown calibration method 'kl'"):
+        run_benchmark("zoo", quick=True, int8=True, calibration_method="kl")
