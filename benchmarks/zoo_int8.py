@@ -74,11 +74,12 @@ def mac_share(qgraph) -> float:
 
 
 def celosia_int8(model, calib: list, test: dict, want: list, names: list,
-                 keep: dict | None = None) -> dict:
+                 keep: dict | None = None, method: str = "mse") -> dict:
     from celosia.compiler.pipeline import quantize_model
     from celosia.runtime.cpu import CpuModel
 
-    q = quantize_model(model, calib, input_shapes={k: v.shape for k, v in test.items()})
+    q = quantize_model(model, calib, input_shapes={k: v.shape for k, v in test.items()},
+                       method=method)
     got = CpuModel.from_graph(q).run(test)
     if keep is not None:  # for zoo_accel: the same graph on the accelerator, the same feed
         keep.update(graph=q, feeds=test, outputs=got)
@@ -129,9 +130,10 @@ def ort_int8(model, calib: list, test: dict, want: list) -> float:
     return min(cosine(g, w) for g, w in zip(got, want))
 
 
-def measure(entry, size: str, keep: dict | None = None) -> dict:
+def measure(entry, size: str, keep: dict | None = None, method: str = "mse") -> dict:
     """The int8 record of one zoo entry (module doc); errors are kept as results. ``keep``
-    receives the quantized graph, the test feed and the int8 CPU build's outputs."""
+    receives the quantized graph, the test feed and the int8 CPU build's outputs;
+    ``method``: celosia's calibration method (compiler/graph/calib.py)."""
     import onnxruntime as ort
 
     model = entry.model(size)
@@ -143,7 +145,7 @@ def measure(entry, size: str, keep: dict | None = None) -> dict:
     want = session.run(None, test)
     record: dict = {}
     try:
-        record.update(celosia_int8(model, calib, test, want, names, keep))
+        record.update(celosia_int8(model, calib, test, want, names, keep, method))
     except CelosiaError as e:
         record["int8_error"] = f"{type(e).__name__}: {e}"
     except Exception as e:  # a bug in celosia, kept as a result

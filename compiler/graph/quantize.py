@@ -15,7 +15,8 @@ Scales are symmetric, zero points are 0: a value v of scale s is stored as int8
 ``q = clip(rint(v / s), -128, 127)``, ``s = range / 127`` over the calibration samples,
 the range being max|v| (method "minmax") or, by default ("mse"), for values never
 negative that do not feed a QLut, the clipping range of least squared error
-(``_mse_ranges``; docs/graph.md has the measurements behind the choice). The exception:
+(``_mse_ranges``; docs/graph.md has the measurements behind the choice), or a percentile
+of |v| ("percentile") or TensorRT's KL-divergence threshold ("entropy"), calib.py. The exception:
 values never negative whose writers and readers fold a zero point into their constants
 exactly (qzero.py: Relu outputs read by 1x1 convolutions, Gemm, Linear) get zero point
 -128 and all 256 steps on [0, range] (``zero_points=False`` turns this off).
@@ -71,6 +72,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .calib import CalibrationError, entropy_range, parse_method, percentile_range
 from .ir import EPILOGUE_UNARY, Graph, GraphError, Node, TensorType, constant, verify_graph
 from .ops import KERNELS, OWN_INPUTS
 from .passes import remove_dead_code
@@ -84,7 +86,6 @@ __all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
 # the MSE range search, which tries ranges down to _MSE_LOWEST of the maximum.
 _KEPT = 20000
 _MSE_LOWEST = 0.3
-CALIBRATION_METHODS = ("mse", "minmax")
 # Zero points go to values never negative on the samples (Relu outputs) only: on the
 # signed values that could take one (SiLU outputs, projections read by 1x1 convolutions) they
 # cost EfficientNet (small) 0.99269 -> 0.96574 and YOLO 0.99974 -> 0.99969 in cosine to fp32
@@ -107,10 +108,6 @@ def is_qdq(graph: Graph) -> bool:
     """Whether a graph is a QDQ model (QuantizeLinear/DequantizeLinear nodes): ``from_qdq``
     turns it into a quantized graph, with no calibration."""
     return any(n.op in _QDQ_OPS for n in graph.nodes)
-
-
-class CalibrationError(GraphError):
-    """Calibration samples that do not fit the graph: says which input, expected vs got."""
 
 
 # ---- calibration samples ---------------------------------------------------------------------
@@ -794,8 +791,13 @@ def _table(f, s_in: float, s_out: float, z_in: int = 0, z_out: int = 0) -> np.nd
 
 
 def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
-                   method: str = "mse", zero_points: bool = True) -> Graph:
+                   method: str = "mse", zero_points: bool = True,
+                   percentile: float | None = None) -> Graph:
     """The quantized graph of an optimized float graph (module doc).
+
+    ``method``: how each value's range is chosen from the samples, "mse" (default),
+    "minmax", "percentile" (of |x|: ``percentile``, default 99.99, or "percentile:P") or
+    "entropy" (KL divergence); calib.py has the details.
 
     ``zero_points``: give a zero point to the values whose writers and readers fold it
     into their constants exactly (qzero.py); False keeps every activation symmetric.
@@ -804,6 +806,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     arrays (one sample, or samples along a leading axis as in ``calibration_from_npz``), or
     an .npz path. Inputs and outputs keep their names and types.
     """
+    method, percent = parse_method(method, percentile)
     samples = _samples(graph, calibration)
     plan = _plan(graph)
     layer_inputs = {n.inputs[0] for n in graph.nodes if n.name in plan.layers}
@@ -812,9 +815,6 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     layer_inputs |= {layer.after[2] for layer in plan.layers.values() if layer.after}
     residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
     needed = plan.int8 | layer_inputs | residuals
-    if method not in CALIBRATION_METHODS:
-        raise CalibrationError(f"unknown calibration method {method!r}: choose one of "
-                               f"{', '.join(CALIBRATION_METHODS)}")
     maxabs, mins, pre, kept = _calibrate(graph, samples, plan, needed)
     top: dict[str, float] = {}
     low: dict[str, float] = {}
@@ -830,6 +830,13 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
         if zero_points else set()
     if method == "mse":
         top = _mse_ranges(graph, plan, top, members, asym)
+    elif method == "percentile":
+        top = {r: percentile_range(np.concatenate(members[r]), t, percent)
+               for r, t in top.items()}
+    elif method == "entropy":  # 256 levels on [0, t] for a value that takes a zero point
+        top = {r: entropy_range(np.concatenate(members[r]), t,
+                                256 if r in asym and low[r] >= 0 else 128)
+               for r, t in top.items()}
     asym = {r for r in asym if low[r] >= -_SIGNED_ZERO_POINTS * high[r]}
     affine_of = {r: affine(low[r], top[r] if low[r] >= 0 else high[r])
                  for r in asym}
