@@ -1,8 +1,10 @@
 """Partitioning a quantized graph between the accelerator and the CPU.
 
-``annotate`` decides, node by node, what the configured accelerator can run: a ``QConv``
-with groups = 1, no dilation, one stride and one padding for both axes, and a ``QGemm``,
-each with its fused bias, per-channel requantization, residual add and clip (the ALU
+``annotate`` decides, node by node, what the configured accelerator can run: a 2-D or 1-D
+``QConv`` without dilation (conv2d for groups = 1 with one stride and one padding for both
+axes; group_conv2d, compiler/accel/ops_group.py, for grouped and depthwise ones, per-side
+padding, a stride per axis and 1-D ones as 2-D with one row), and a ``QGemm``, each with
+its fused bias, per-channel requantization, residual add and clip (the ALU
 epilogue of compiler/ops.py executes exactly the integer arithmetic that
 compiler/graph/qops.py defines). Everything else stays on the CPU, with the reason named by
 what is missing (``cpu_reason``): an integer operator with no accelerator kernel yet, a
@@ -29,6 +31,7 @@ from celosia.errors import CompilerError
 from ..graph.ir import Graph, Node
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_nchw, pack_oihw, pad_channels,
                   unpack_nchw)
+from .ops_group import GroupConvSpec, group_layout_problem, pack_group_kernel
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_knobs", "compile_layer",
@@ -48,22 +51,45 @@ class Placement:
 def _conv_problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
     a = node.attrs
     x = graph.types[node.inputs[0]]
-    if len(x.shape) != 4:
-        return f"{len(x.shape) - 2}-D convolution (the accelerator runs 2-D ones)"
-    if a.get("group", 1) != 1:
-        kind = "depthwise" if a["group"] == x.shape[1] else "grouped"
-        return f"{kind} convolution (groups={a['group']}): the GEMM core takes groups=1"
-    if any(d != 1 for d in a.get("dilations", (1, 1))):
+    y = graph.types[node.outputs[0]]
+    if len(x.shape) not in (3, 4):
+        return (f"{len(x.shape) - 2}-D convolution (the accelerator runs 2-D ones, and 1-D "
+                f"ones as 2-D with one row)")
+    dims = len(x.shape) - 2
+    if any(d != 1 for d in a.get("dilations", (1,) * dims)):
         return f"dilations {list(a['dilations'])}: the accelerator has no dilated convolution"
-    strides = list(a.get("strides", (1, 1)))
-    if strides[0] != strides[1]:
-        return f"strides {strides} differ per axis"
-    pads = list(a.get("pads", (0, 0, 0, 0)))
-    if len(set(pads)) != 1:
-        return f"asymmetric padding {pads}"
+    group = int(a.get("group", 1))
+    if group != 1:
+        problem = group_layout_problem(x.shape[1], y.shape[1], group, cfg.block)
+        if problem:
+            kind = "depthwise" if group == x.shape[1] else "grouped"
+            return f"{kind} convolution: {problem}"
     if x.shape[0] % cfg.batch:
         return f"batch {x.shape[0]} is not a multiple of BATCH={cfg.batch}"
     return None
+
+
+def _conv_geometry(node: Node, graph: Graph) -> tuple:
+    """(groups, strides, pads (top, left, bottom, right), kernel (kh, kw)) of a QConv, a 1-D
+    one as 2-D with one row."""
+    a = node.attrs
+    x = graph.types[node.inputs[0]]
+    w = graph.initializers[node.inputs[1]]
+    dims = len(x.shape) - 2
+    strides = [int(s) for s in a.get("strides", (1,) * dims)]
+    pads = [int(p) for p in a.get("pads", (0,) * 2 * dims)]
+    kernel = tuple(int(d) for d in w.shape[2:])
+    if dims == 1:
+        strides, pads, kernel = [1] + strides, [0, pads[0], 0, pads[1]], (1,) + kernel
+    return int(a.get("group", 1)), tuple(strides), tuple(pads), kernel
+
+
+def _is_plain_conv2d(node: Node, graph: Graph) -> bool:
+    """Whether conv2d (searched schedules) takes the node: 2-D, groups 1, one stride and
+    one padding for both axes; otherwise group_conv2d runs it."""
+    group, strides, pads, _ = _conv_geometry(node, graph)
+    return (len(graph.types[node.inputs[0]].shape) == 4 and group == 1
+            and strides[0] == strides[1] and len(set(pads)) == 1)
 
 
 # Integer operators of a quantized graph with no accelerator kernel yet: what they compute.
@@ -129,7 +155,8 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
     for node in graph.nodes:
         problem = "all-CPU build" if not accelerate else _problem(node, graph, cfg)
         if problem is None:
-            what = "conv2d" if node.op == "QConv" else "dense"
+            what = "dense" if node.op != "QConv" else "conv2d" if _is_plain_conv2d(node, graph) \
+                else "group_conv2d"
             out[node.name] = Placement("accel", f"{what} with its fused epilogue")
         else:
             out[node.name] = Placement("cpu", problem)
@@ -173,6 +200,8 @@ def _ceil(n: int, k: int) -> int:
 def packed_shape(shape: tuple[int, ...], cfg: HwConfig) -> tuple[int, ...]:
     """The accelerator layout of an int8 NCHW (or [N, C]) value, channels padded."""
     b, k = cfg.batch, cfg.block
+    if len(shape) == 3:  # [N, C, L]: a 1-D convolution's value, as NCHW with one row
+        shape = (shape[0], shape[1], 1, shape[2])
     if len(shape) == 4:
         n, c, h, w = shape
         return (n // b, _ceil(c, k) // k, h, w, b, k)
@@ -181,9 +210,12 @@ def packed_shape(shape: tuple[int, ...], cfg: HwConfig) -> tuple[int, ...]:
 
 
 def pack_value(x: np.ndarray, cfg: HwConfig) -> np.ndarray:
-    """NCHW (or [N, C]) int8 -> the packed layout, channels zero-padded to BLOCK."""
+    """NCHW (or [N, C], or [N, C, L] as NCHW with one row) int8 -> the packed layout,
+    channels zero-padded to BLOCK."""
     b, k = cfg.batch, cfg.block
     x = pad_channels(x, 1, k)
+    if x.ndim == 3:
+        x = x[:, :, None, :]
     if x.ndim == 4:
         return pack_nchw(x, b, k)
     n, c = x.shape
@@ -191,9 +223,12 @@ def pack_value(x: np.ndarray, cfg: HwConfig) -> np.ndarray:
 
 
 def unpack_value(p: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """The packed layout -> NCHW (or [N, C]) of ``shape`` (padding channels dropped)."""
+    """The packed layout -> NCHW (or [N, C], or [N, C, L]) of ``shape`` (padding channels
+    dropped)."""
     if p.ndim == 6:
         x = unpack_nchw(p)
+        if len(shape) == 3:
+            x = x.reshape(x.shape[0], x.shape[1], x.shape[3])
     else:
         nb, cb, b, k = p.shape
         x = p.transpose(0, 2, 1, 3).reshape(nb * b, cb * k)
@@ -208,8 +243,8 @@ class AccelLayer:
     """One accelerator node: its operator spec and its constant operands, packed."""
 
     node: str
-    kind: str  # "conv2d" or "dense"
-    spec: ConvSpec | DenseSpec
+    kind: str  # "conv2d", "group_conv2d" or "dense"
+    spec: ConvSpec | GroupConvSpec | DenseSpec
     weight: np.ndarray
     bias: np.ndarray
     scale: np.ndarray
@@ -239,7 +274,15 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
     op = _ceil(o, k)
     bias_p = pack_bias(pad_channels(bias.astype(np.int32), 0, k), b, k)
     scale_p = pack_bias(pad_channels(mult.astype(np.int32), 0, k), b, k)
-    if node.op == "QConv":
+    if node.op == "QConv" and not _is_plain_conv2d(node, graph):
+        group, strides, pads, (kh, kw) = _conv_geometry(node, graph)
+        n, c = x_t.shape[:2]
+        h, wd = (1, x_t.shape[2]) if len(x_t.shape) == 3 else x_t.shape[2:]
+        spec = GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw, groups=group,
+                             strides=strides, pads=pads, block=k, epilogue=epi)
+        weight = pack_group_kernel(w.reshape(o, c // group, kh, kw), spec)
+        kind = "group_conv2d"
+    elif node.op == "QConv":
         n, c, h, wd = x_t.shape
         kh, kw = w.shape[2:]
         spec = ConvSpec(n=n, c=_ceil(c, k), h=h, w=wd, o=op, kh=kh, kw=kw,
@@ -290,9 +333,15 @@ def dense_knobs(cfg: HwConfig, spec: DenseSpec):
 
 def compile_layer(layer: AccelLayer, cfg: HwConfig, *, top: int = 4):
     """(AcceleratorFunction, knobs) for a layer: conv2d knobs searched on the cycle model
-    (compiler/tune.py, cached on disk), dense knobs by ``dense_knobs``."""
+    (compiler/tune.py, cached on disk), group_conv2d knobs by ``group_conv_knobs``, dense
+    knobs by ``dense_knobs``."""
     from .ops import conv2d, dense
+    from .ops_group import group_conv2d, group_conv_knobs
     from .tune import tune_conv
+
+    if layer.kind == "group_conv2d":
+        knobs = group_conv_knobs(cfg, layer.spec)
+        return group_conv2d(cfg, layer.spec, knobs, name=layer.node), knobs
 
     if layer.kind == "conv2d":
         # The batch is the outermost host loop of the schedule: knobs found for one batch

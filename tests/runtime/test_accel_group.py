@@ -1,0 +1,87 @@
+"""Grouped, depthwise and 1-D convolutions, per-side padding and per-axis strides in whole
+quantized ONNX models on the accelerator (compiler/accel/ops_group.py): the nodes placed on
+the accelerator, and the outputs on fsim and the cycle model bit-exact with the all-CPU int8
+build of the same graph."""
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+from onnx_builders import make_model, vi
+
+from celosia.compiler.pipeline import quantize_model
+from celosia.runtime.accel import AccelModel
+
+
+def _quantized(nodes, inputs, outputs, weights, seed=0):
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.normal(size=s) * 0.3).astype(np.float32), n)
+             for n, s in weights.items()]
+    model = make_model(nodes, [vi(n, s) for n, s in inputs.items()],
+                       [vi(n, s) for n, s in outputs.items()], inits)
+    calib = [{n: rng.normal(size=s).astype(np.float32) for n, s in inputs.items()}
+             for _ in range(4)]
+    feeds = {n: rng.normal(size=s).astype(np.float32) for n, s in inputs.items()}
+    return quantize_model(model, calib), feeds
+
+
+def _check(q, feeds, accel_ops: dict):
+    """Build on the accelerator; the named QConv nodes are there; fsim and the cycle model
+    give the all-CPU build's outputs exactly."""
+    model = AccelModel.build(q, "default")
+    for name, kind in accel_ops.items():
+        assert model.placements[name].target == "accel", model.placements[name]
+        assert model.programs[name]["kind"] == kind
+    cpu = model.cpu_build()
+    x = {k: v for k, v in feeds.items()}
+    q_in = {n: x[n] for n in q.inputs}
+    want = cpu.run(q_in)
+    for target in ("fsim", "cycle"):
+        got = model.run(q_in, target=target)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{target} {name}")
+    return model
+
+
+def test_mobilenet_block_depthwise_on_the_accelerator():
+    """1x1 expand (relu6) -> depthwise 3x3 stride 2 (relu6) -> 1x1 project + residual-free;
+    24 channels (not a multiple of 16) and a 5x5 depthwise with stride 1 after it."""
+    c = helper.make_node
+    nodes = [c("Conv", ["x", "w1"], ["a"], name="expand"),
+             c("Clip", ["a", "lo", "hi"], ["a6"], name="relu6a"),
+             c("Conv", ["a6", "wd"], ["d"], group=24, strides=[2, 2], pads=[1, 1, 1, 1],
+               name="dw3"),
+             c("Clip", ["d", "lo", "hi"], ["d6"], name="relu6d"),
+             c("Conv", ["d6", "wd5"], ["e"], group=24, pads=[2, 2, 2, 2], name="dw5"),
+             c("Conv", ["e", "w2"], ["y"], name="project")]
+    weights = {"w1": (24, 8, 1, 1), "wd": (24, 1, 3, 3), "wd5": (24, 1, 5, 5),
+               "w2": (16, 24, 1, 1)}
+    rng_consts = [numpy_helper.from_array(np.float32(0), "lo"),
+                  numpy_helper.from_array(np.float32(6), "hi")]
+    nodes = [c("Constant", [], ["lo"], value=rng_consts[0]),
+             c("Constant", [], ["hi"], value=rng_consts[1])] + nodes
+    q, feeds = _quantized(nodes, {"x": [1, 8, 10, 10]}, {"y": [1, 16, 5, 5]}, weights)
+    model = _check(q, feeds, {"dw3": "group_conv2d", "dw5": "group_conv2d",
+                              "expand": "conv2d", "project": "conv2d"})
+    assert model.build_info["regions"] == 1  # no value crosses around the depthwise layers
+
+
+def test_grouped_1d_and_asymmetric_convolutions():
+    c = helper.make_node
+    nodes = [c("Conv", ["x", "wg"], ["a"], group=4, pads=[1, 1, 1, 1], name="grouped"),
+             c("Conv", ["a", "wa"], ["b"], pads=[0, 1, 0, 1], strides=[2, 1], name="asym"),
+             c("Reshape", ["b", "shape"], ["r"], name="to1d"),
+             c("Conv", ["r", "w1d"], ["y"], pads=[1, 2], strides=[2], group=2, name="conv1d")]
+    weights = {"wg": (32, 8, 3, 3), "wa": (16, 32, 2, 2)}
+    shape = numpy_helper.from_array(np.array([1, 16, -1], np.int64), "shape")
+    w1d = numpy_helper.from_array(
+        (np.random.default_rng(5).normal(size=(8, 8, 3)) * 0.3).astype(np.float32), "w1d")
+    model = make_model(nodes, [vi("x", [1, 32, 8, 8])], [vi("y", [1, 8, 19])],
+                       [shape, w1d] + [numpy_helper.from_array(
+                           (np.random.default_rng(1).normal(size=s) * 0.3).astype(np.float32), n)
+                           for n, s in weights.items()])
+    rng = np.random.default_rng(2)
+    calib = [{"x": rng.normal(size=(1, 32, 8, 8)).astype(np.float32)} for _ in range(4)]
+    q = quantize_model(model, calib)
+    feeds = {"x": rng.normal(size=(1, 32, 8, 8)).astype(np.float32)}
+    _check(q, feeds, {"grouped": "group_conv2d", "asym": "group_conv2d",
+                       "conv1d": "group_conv2d"})
