@@ -16,10 +16,11 @@ per-axis strides conv2d does not take.
 
 The packed data, output, bias and scale are the same DRAM bytes as conv2d's
 (NCHW{b}n{k}c with channels padded to BLOCK); only the tensors' shapes split the channel
-block axis into (super-group, block within it). With more than one super-group the padding
-of channels up to BLOCK must coincide with whole (zero) groups: ``group_layout_problem``
-says when it does not. Groups that fill less than one super-group are one super-group of
-all the channel blocks.
+block axis into (super-group, block within it). Where the groups fill less than one
+super-group, or the super-groups do not end where the channel padding starts (3 channels
+per group, say), the layer is one super-group of all the channel blocks (a block-sparse
+kernel), as long as the GEMM core then does at most BLOCK times the layer's multiply-adds
+(``group_layout_problem`` says when not).
 
 Why not the ALU (a per-channel multiply-add on accumulator rows): see docs/compiler.md,
 "Grouped and depthwise convolutions".
@@ -27,8 +28,11 @@ Why not the ALU (a per-channel multiply-add on accumulator rows): see docs/compi
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -44,7 +48,7 @@ from .ops import Epilogue, _check_divides, _wrap
 
 __all__ = ["GroupConvSpec", "GroupConvKnobs", "group_conv2d", "group_conv2d_reference",
            "group_layout_problem", "pack_group_kernel", "group_conv_knobs",
-           "group_conv_candidates", "estimate_group_conv"]
+           "group_conv_candidates", "estimate_group_conv", "measure_group_conv"]
 
 
 def _super_group(cpg: int, opg: int, k: int) -> int:
@@ -53,19 +57,32 @@ def _super_group(cpg: int, opg: int, k: int) -> int:
     return a * b // math.gcd(a, b)
 
 
-def group_layout_problem(c: int, o: int, groups: int, k: int) -> str | None:
-    """Why a grouping does not map onto BLOCK-channel blocks (None if it does)."""
+def _layout(c: int, o: int, groups: int, k: int) -> tuple[int, int, int] | str:
+    """(super-groups, input blocks and output blocks per super-group), or why none."""
     if groups <= 0 or c % groups or o % groups:
         return f"groups={groups} must divide the {c} input and {o} output channels"
     cpg, opg = c // groups, o // groups
     gs = _super_group(cpg, opg, k)
     s = -(-groups // gs)
-    if s > 1 and s * gs * cpg != -(-c // k) * k or s * gs * opg != -(-o // k) * k:
+    cb, ob = -(-c // k), -(-o // k)
+    if s > 1 and s * gs * cpg == cb * k and s * gs * opg == ob * k:
+        return s, gs * cpg // k, gs * opg // k
+    # Fewer groups than a super-group, or super-groups that do not end where the channel
+    # padding starts: one super-group of every block (a block-sparse kernel), while the
+    # GEMM core does at most BLOCK times the multiply-adds of the layer with its input
+    # channels padded to BLOCK (what a depthwise layer costs).
+    if ob > opg:
         return (f"groups of {cpg} input / {opg} output channels do not tile BLOCK={k} "
-                f"channel blocks ({groups} groups, {c} -> {o} channels): a block would hold "
-                f"parts of two groups' channels and the channel padding would not be whole "
-                f"groups")
-    return None
+                f"channel blocks ({groups} groups, {c} -> {o} channels), and as one block-"
+                f"sparse layer the GEMM core would do {ob * k / opg:.0f}x its multiply-adds "
+                f"(more than BLOCK={k}x)")
+    return 1, cb, ob
+
+
+def group_layout_problem(c: int, o: int, groups: int, k: int) -> str | None:
+    """Why a grouping does not map onto BLOCK-channel blocks (None if it does)."""
+    layout = _layout(c, o, groups, k)
+    return layout if isinstance(layout, str) else None
 
 
 @dataclass(frozen=True)
@@ -95,26 +112,16 @@ class GroupConvSpec:
             raise CompilerError(f"{self}: the output would be empty")
 
     @property
-    def gs(self) -> int:
-        """Groups per super-group (all of them when they fill less than one super-group)."""
-        return min(self.groups,
-                   _super_group(self.c // self.groups, self.o // self.groups, self.block))
-
-    @property
     def supers(self) -> int:
-        return -(-self.groups // self.gs)
+        return _layout(self.c, self.o, self.groups, self.block)[0]
 
     @property
     def cpb(self) -> int:  # input channel blocks per super-group
-        if self.supers == 1:
-            return -(-self.c // self.block)
-        return self.gs * (self.c // self.groups) // self.block
+        return _layout(self.c, self.o, self.groups, self.block)[1]
 
     @property
-    def opb(self) -> int:
-        if self.supers == 1:
-            return -(-self.o // self.block)
-        return self.gs * (self.o // self.groups) // self.block
+    def opb(self) -> int:  # output channel blocks per super-group
+        return _layout(self.c, self.o, self.groups, self.block)[2]
 
     @property
     def cp(self) -> int:  # padded channel counts
@@ -215,12 +222,20 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     co_o, co_i = s[out].split(c_, knobs.tile_co)
     y_o, y_i = s[out].split(y_, knobs.tile_h)
     x_o, x_i = s[out].split(x_, knobs.tile_w)
-    order = [n_, g_o, co_o, y_o, x_o, g_i, co_i, y_i, x_i, b_, o_]
+    # With one input step per tile (every input block of the tile's super-groups loaded at
+    # once: always so for depthwise), the weights of a tile of super-groups are loaded once
+    # and kept while the batch and spatial tiles run: the batch goes inside the super-group
+    # tiles. (Block-diagonal weights are BLOCK times the layer's own: reloading them per
+    # spatial tile made small depthwise layers load-bound.)
+    hoist = knobs.tile_ci == cpb
+    order = ([g_o, co_o, n_] if hoist else [n_, g_o, co_o]) + \
+        [y_o, x_o, g_i, co_i, y_i, x_i, b_, o_]
     if knobs.vthreads > 1:
         _check_divides("vthreads", g_o.extent, knobs.vthreads)
         t, rest = s[out].split(g_o, g_o.extent // knobs.vthreads)
         s[out].bind_vthread(t, interleave="thread")
-        order[1:2] = [t, rest]
+        i = order.index(g_o)
+        order[i:i + 1] = [t, rest]
     s[out].reorder(*order)
     for stage in (conv, epi):
         s[stage].compute_at(s[out], x_o)
@@ -242,7 +257,10 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     s[inp].compute_at(s[conv], ci_o)
     s[inp].pragma(s[inp].axes[0], "dma_copy")
     wgt = s.cache_read(kernel, "wgt", [conv])
-    s[wgt].compute_at(s[conv], ci_o)
+    if hoist:
+        s[wgt].compute_at(s[out], co_o)
+    else:
+        s[wgt].compute_at(s[conv], ci_o)
     s[wgt].pragma(s[wgt].axes[0], "dma_copy")
     args = [data, kernel]
     for extra in (bias, scale, resid):
@@ -329,6 +347,11 @@ def group_conv_candidates(cfg: HwConfig, spec: GroupConvSpec) -> list[GroupConvK
             for tg in _divisors(spec.supers):
                 for tco in _divisors(spec.opb):
                     for tci in _divisors(spec.cpb):
+                        if tg > 1 and tci > 1:
+                            # (inject_dma merges the super-group and block loops of a
+                            # padded input copy into one and then leaves the first's
+                            # variable in the address: not schedules to offer)
+                            continue
                         for vt in (1, 2) if (spec.supers // tg) % 2 == 0 else (1,):
                             kb = GroupConvKnobs(th, tw, tg, tco, tci, vt)
                             rows = _rows(spec, kb)
@@ -353,19 +376,72 @@ def estimate_group_conv(cfg: HwConfig, spec: GroupConvSpec, kb: GroupConvKnobs) 
     blocks = kb.tile_g * kb.tile_co
     load = kb.tile_g * kb.tile_ci * _load_cycles(cfg, in_h, min(in_w, spec.w),
                                                   cfg.inp_elem_bytes, 0)
-    load += _load_cycles(cfg, blocks, kb.tile_ci * taps, cfg.wgt_elem_bytes, 0)
+    wgt = _load_cycles(cfg, blocks, kb.tile_ci * taps, cfg.wgt_elem_bytes, 0)
+    if kb.tile_ci == spec.cpb:  # loaded once per tile of super-groups (group_conv2d)
+        wgt_total = wgt * (spec.supers // kb.tile_g) * (spec.opb // kb.tile_co)
+    else:
+        load += wgt
+        wgt_total = 0.0
     rows = blocks * kb.tile_h * kb.tile_w
     gemm = rows * kb.tile_ci * taps + 3
     epi = _alu_ops(spec) * (rows + 3) + rows + 3
     store = _store_cycles(cfg, blocks * kb.tile_h, kb.tile_w, cfg.out_elem_bytes)
     step = max(load, gemm) if kb.vthreads > 1 else load + gemm
-    return tiles * (steps * step + epi + (0 if kb.vthreads > 1 else store))
+    return wgt_total + tiles * (steps * step + epi + (0 if kb.vthreads > 1 else store))
 
 
-def group_conv_knobs(cfg: HwConfig, spec: GroupConvSpec) -> GroupConvKnobs:
-    """The candidate with the lowest estimate (ties: the larger tile)."""
+def measure_group_conv(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs, *,
+                       seed: int = 0) -> dict:
+    """Run the layer with random operands on the cycle model; its counters."""
+    from celosia.driver import Device
+
+    rng = np.random.default_rng(seed)
+    fn = group_conv2d(cfg, spec, knobs)
+    args = []
+    for p in fn.func.params:
+        lo, hi = (-128, 128) if p.dtype == "int8" else (1, 999)
+        args.append(rng.integers(lo, hi, p.shape).astype(p.dtype))
+    size = sum(a.nbytes for a in args) * 2 + (8 << 20)
+    return fn(Device(cfg, target="cycle", dram_size=size), *args)
+
+
+def group_conv_knobs(cfg: HwConfig, spec: GroupConvSpec, *, top: int = 4,
+                     use_cache: bool = True) -> GroupConvKnobs:
+    """The knobs of a layer: every candidate estimated (``estimate_group_conv``), the best
+    ``top`` measured on the cycle model for one batch tile (the batch is a loop around the
+    same program), the fastest kept; cached on disk like conv2d's search (tune.py)."""
+    from dataclasses import replace
+
+    from .tune import _sources_hash, cache_dir
+
     cands = group_conv_candidates(cfg, spec)
     if not cands:
         raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
-    return min(cands, key=lambda kb: (estimate_group_conv(cfg, spec, kb),
-                                      -(kb.tile_h * kb.tile_w * kb.tile_g * kb.tile_co)))
+    one = replace(spec, n=cfg.batch)
+    key = hashlib.sha256(json.dumps(
+        {"src": _sources_hash(), "ops_group": hashlib.sha256(
+            Path(__file__).read_bytes()).hexdigest()[:16], "cfg": cfg.to_dict(),
+         "spec": asdict(one), "top": top}, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    path = cache_dir() / f"group-conv-{key}.json"
+    if use_cache and path.exists():
+        return GroupConvKnobs(**json.loads(path.read_text())["knobs"])
+    ranked = sorted(cands, key=lambda kb: (estimate_group_conv(cfg, spec, kb),
+                                           -(kb.tile_h * kb.tile_w * kb.tile_g * kb.tile_co)))
+    best, errors = None, []
+    for i, kb in enumerate(ranked):
+        if i >= top and best is not None:
+            break  # past the best ``top``: only while none of those compiled
+        try:
+            cycles = measure_group_conv(cfg, one, kb)["cycles"]
+        except CompilerError as e:  # (a candidate that does not compile: try the next one)
+            errors.append(str(e))
+            continue
+        if best is None or cycles < best[0]:
+            best = (cycles, kb)
+    if best is None:
+        raise CompilerError(f"no candidate schedule of {spec} compiled (the first: "
+                            f"{errors[0]})")
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"knobs": asdict(best[1]), "cycles": best[0]}, indent=1))
+    return best[1]

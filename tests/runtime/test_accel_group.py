@@ -4,7 +4,6 @@ the accelerator, and the outputs on fsim and the cycle model bit-exact with the 
 build of the same graph."""
 
 import numpy as np
-import pytest
 from onnx import helper, numpy_helper
 from onnx_builders import make_model, vi
 
