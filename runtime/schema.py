@@ -376,8 +376,8 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
         raise root["programs"].fail("does not hold one program per accelerator node")
     values = {}
     for name, f in root["values"].items():
-        if name not in graph.types or len(graph.types[name].shape) not in (2, 4):
-            raise f.fail("is not a 2-D or 4-D value of the graph")
+        if name not in graph.types or len(graph.types[name].shape) not in (2, 3, 4):
+            raise f.fail("is not a 2-D, 3-D or 4-D value of the graph")
         addr, shape = f["addr"].integer(), f["shape"].shape()
         if shape != packed_shape(graph.types[name].shape, cfg):
             raise f["shape"].fail(f"is {list(shape)}, the value's packed shape is "

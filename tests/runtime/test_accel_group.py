@@ -23,21 +23,29 @@ def _quantized(nodes, inputs, outputs, weights, seed=0):
     return quantize_model(model, calib), feeds
 
 
-def _check(q, feeds, accel_ops: dict):
+def _check(q, feeds, accel_ops: dict, tmp_path=None):
     """Build on the accelerator; the named QConv nodes are there; fsim and the cycle model
-    give the all-CPU build's outputs exactly."""
+    give the all-CPU build's outputs exactly (and, with ``tmp_path``, the build saved and
+    loaded again does on fsim)."""
     model = AccelModel.build(q, "default")
     for name, kind in accel_ops.items():
         assert model.placements[name].target == "accel", model.placements[name]
         assert model.programs[name]["kind"] == kind
     cpu = model.cpu_build()
-    x = {k: v for k, v in feeds.items()}
-    q_in = {n: x[n] for n in q.inputs}
+    q_in = {n: feeds[n] for n in q.inputs}
     want = cpu.run(q_in)
     for target in ("fsim", "cycle"):
         got = model.run(q_in, target=target)
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=f"{target} {name}")
+    if tmp_path is not None:
+        model.save(tmp_path / "m.cel")
+        loaded = AccelModel.load(tmp_path / "m.cel")
+        assert {k: (p["kind"], p["insn_count"]) for k, p in loaded.programs.items()} == \
+            {k: (p["kind"], p["insn_count"]) for k, p in model.programs.items()}
+        got = loaded.run(q_in)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"loaded {name}")
     return model
 
 
@@ -64,7 +72,7 @@ def test_mobilenet_block_depthwise_on_the_accelerator():
     assert model.build_info["regions"] == 1  # no value crosses around the depthwise layers
 
 
-def test_grouped_1d_and_asymmetric_convolutions():
+def test_grouped_1d_and_asymmetric_convolutions(tmp_path):
     c = helper.make_node
     nodes = [c("Conv", ["x", "wg"], ["a"], group=4, pads=[1, 1, 1, 1], name="grouped"),
              c("Conv", ["a", "wa"], ["b"], pads=[0, 1, 0, 1], strides=[2, 1], name="asym"),
@@ -83,4 +91,4 @@ def test_grouped_1d_and_asymmetric_convolutions():
     q = quantize_model(model, calib)
     feeds = {"x": rng.normal(size=(1, 32, 8, 8)).astype(np.float32)}
     _check(q, feeds, {"grouped": "group_conv2d", "asym": "group_conv2d",
-                       "conv1d": "group_conv2d"})
+                       "conv1d": "group_conv2d"}, tmp_path)
