@@ -48,7 +48,8 @@ from .ops import Epilogue, _check_divides, _wrap
 
 __all__ = ["GroupConvSpec", "GroupConvKnobs", "group_conv2d", "group_conv2d_reference",
            "group_layout_problem", "pack_group_kernel", "group_conv_knobs",
-           "group_conv_candidates", "estimate_group_conv", "measure_group_conv"]
+           "group_conv_candidates", "estimate_group_conv", "measure_group_conv",
+           "crop_taps"]
 
 
 def _super_group(cpg: int, opg: int, k: int) -> int:
@@ -287,6 +288,38 @@ def pack_group_kernel(w: np.ndarray, spec: GroupConvSpec) -> np.ndarray:
     blocks = np.zeros((S, opb, cpb, k, k, spec.kh, spec.kw), w.dtype)
     blocks[valid] = w[oc[valid], local[valid]]
     return np.ascontiguousarray(blocks.transpose(0, 1, 2, 5, 6, 3, 4))
+
+
+def _useful_taps(size: int, taps: int, stride: int, pad: int, out: int) -> tuple[int, int]:
+    """The first and last tap along one axis that reads an input element for some output."""
+    used = [d for d in range(taps) if any(0 <= y * stride + d - pad < size for y in range(out))]
+    return used[0], used[-1]
+
+
+def crop_taps(spec: GroupConvSpec, w: np.ndarray) -> tuple[GroupConvSpec, np.ndarray]:
+    """The same layer without the kernel rows and columns that only ever meet padding (a
+    3x3 kernel with padding 1 on a 1x1 input uses its centre only): the padding shrinks by
+    the taps dropped, so every output reads the same input elements. Block-diagonal
+    weights are BLOCK times the layer's own, so on small inputs those taps' weight loads
+    would dominate the layer."""
+    from dataclasses import replace
+
+    if not any(spec.pads):
+        return spec, w
+    sh, sw = spec.strides
+    pt, pl, pb, pr = spec.pads
+    y0, y1 = _useful_taps(spec.h, spec.kh, sh, pt, spec.oh)
+    x0, x1 = _useful_taps(spec.w, spec.kw, sw, pl, spec.ow)
+    kh, kw = y1 - y0 + 1, x1 - x0 + 1
+    if (kh, kw) == (spec.kh, spec.kw) or y0 > pt or x0 > pl:
+        return spec, w
+    top, left = pt - y0, pl - x0
+    bottom = max(0, (spec.oh - 1) * sh + kh - spec.h - top)
+    right = max(0, (spec.ow - 1) * sw + kw - spec.w - left)
+    cropped = replace(spec, kh=kh, kw=kw, pads=(top, left, bottom, right))
+    if (cropped.oh, cropped.ow) != (spec.oh, spec.ow):
+        return spec, w
+    return cropped, np.ascontiguousarray(w[:, :, y0:y1 + 1, x0:x1 + 1])
 
 
 def group_conv2d_reference(x: np.ndarray, w: np.ndarray, spec: GroupConvSpec, bias=None,

@@ -31,7 +31,7 @@ from celosia.errors import CompilerError
 from ..graph.ir import Graph, Node
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_nchw, pack_oihw, pad_channels,
                   unpack_nchw)
-from .ops_group import GroupConvSpec, group_layout_problem, pack_group_kernel
+from .ops_group import GroupConvSpec, crop_taps, group_layout_problem, pack_group_kernel
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_knobs", "compile_layer",
@@ -278,9 +278,11 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
         group, strides, pads, (kh, kw) = _conv_geometry(node, graph)
         n, c = x_t.shape[:2]
         h, wd = (1, x_t.shape[2]) if len(x_t.shape) == 3 else x_t.shape[2:]
-        spec = GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw, groups=group,
-                             strides=strides, pads=pads, block=k, epilogue=epi)
-        weight = pack_group_kernel(w.reshape(o, c // group, kh, kw), spec)
+        spec, w4 = crop_taps(GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw,
+                                           groups=group, strides=strides, pads=pads,
+                                           block=k, epilogue=epi),
+                             w.reshape(o, c // group, kh, kw))
+        weight = pack_group_kernel(w4, spec)
         kind = "group_conv2d"
     elif node.op == "QConv":
         n, c, h, wd = x_t.shape

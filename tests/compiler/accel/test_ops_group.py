@@ -197,3 +197,22 @@ def test_knob_candidates_fit_the_buffers():
     for kb in cands:
         in_h, in_w = kb.tile_h + 6, kb.tile_w + 6
         assert kb.vthreads * kb.tile_g * in_h * in_w <= cfg.inp_depth
+
+
+@pytest.mark.parametrize("dims", [
+    dict(h=1, w=1, kh=3, kw=3, pads=(1, 1, 1, 1)),          # the centre tap only
+    dict(h=2, w=1, kh=5, kw=3, pads=(2, 1, 2, 1)),          # 3 of 5 rows, 1 of 3 columns
+    dict(h=1, w=9, kh=3, kw=3, strides=(1, 2), pads=(1, 0, 1, 2)),  # a 1-D layer's rows
+    dict(h=3, w=3, kh=7, kw=7, strides=(2, 2), pads=(3, 3, 3, 3)),
+])
+def test_taps_that_only_meet_padding_are_dropped(dims):
+    from celosia.compiler.accel.ops_group import crop_taps
+
+    spec = GroupConvSpec(n=1, c=32, o=32, groups=32, epilogue=REQUANT, **dims)
+    rng = np.random.default_rng(4)
+    x, w, bias, scale, _ = _operands(spec, rng)
+    small, w2 = crop_taps(spec, w)
+    assert small.kh * small.kw < spec.kh * spec.kw
+    assert (small.oh, small.ow) == (spec.oh, spec.ow) and min(small.pads) >= 0
+    np.testing.assert_array_equal(group_conv2d_reference(x, w2, small, bias, None, scale),
+                                  group_conv2d_reference(x, w, spec, bias, None, scale))
