@@ -155,7 +155,7 @@ class GroupConvSpec:
 @dataclass(frozen=True)
 class GroupConvKnobs:
     """Output rows, columns, super-groups and output blocks (within a super-group) per tile,
-    input blocks per load, and virtual threads (on super-groups)."""
+    input blocks per load, and virtual threads (on super-groups or on output blocks)."""
 
     tile_h: int
     tile_w: int
@@ -163,6 +163,7 @@ class GroupConvKnobs:
     tile_co: int
     tile_ci: int
     vthreads: int = 1
+    vthread_axis: str = "g"  # "g" or "co"
 
 
 def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
@@ -231,12 +232,15 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     hoist = knobs.tile_ci == cpb
     order = ([g_o, co_o, n_] if hoist else [n_, g_o, co_o]) + \
         [y_o, x_o, g_i, co_i, y_i, x_i, b_, o_]
+    wgt_at = co_o  # the loop inside which a hoisted weight load sits
     if knobs.vthreads > 1:
-        _check_divides("vthreads", g_o.extent, knobs.vthreads)
-        t, rest = s[out].split(g_o, g_o.extent // knobs.vthreads)
+        axis = g_o if knobs.vthread_axis == "g" else co_o
+        _check_divides(f"vthreads on {knobs.vthread_axis}", axis.extent, knobs.vthreads)
+        t, rest = s[out].split(axis, axis.extent // knobs.vthreads)
         s[out].bind_vthread(t, interleave="thread")
-        i = order.index(g_o)
+        i = order.index(axis)
         order[i:i + 1] = [t, rest]
+        wgt_at = rest if axis is co_o else co_o
     s[out].reorder(*order)
     for stage in (conv, epi):
         s[stage].compute_at(s[out], x_o)
@@ -259,7 +263,7 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     s[inp].pragma(s[inp].axes[0], "dma_copy")
     wgt = s.cache_read(kernel, "wgt", [conv])
     if hoist:
-        s[wgt].compute_at(s[out], co_o)
+        s[wgt].compute_at(s[out], wgt_at)
     else:
         s[wgt].compute_at(s[conv], ci_o)
     s[wgt].pragma(s[wgt].axes[0], "dma_copy")
@@ -385,8 +389,13 @@ def group_conv_candidates(cfg: HwConfig, spec: GroupConvSpec) -> list[GroupConvK
                             # padded input copy into one and then leaves the first's
                             # variable in the address: not schedules to offer)
                             continue
-                        for vt in (1, 2) if (spec.supers // tg) % 2 == 0 else (1,):
-                            kb = GroupConvKnobs(th, tw, tg, tco, tci, vt)
+                        threads = [(1, "g")]
+                        if (spec.supers // tg) % 2 == 0:
+                            threads.append((2, "g"))
+                        if (spec.opb // tco) % 2 == 0:
+                            threads.append((2, "co"))
+                        for vt, axis in threads:
+                            kb = GroupConvKnobs(th, tw, tg, tco, tci, vt, axis)
                             rows = _rows(spec, kb)
                             if all(rows[x] <= limit[x] for x in rows):
                                 out.append(kb)

@@ -115,7 +115,9 @@ def test_depthwise_tiles_and_threads(knobs):
 
 
 @pytest.mark.parametrize("knobs", [GroupConvKnobs(2, 6, 2, 2, 1), GroupConvKnobs(3, 6, 1, 2, 2, 2),
-                                   GroupConvKnobs(6, 6, 2, 4, 1)])
+                                   GroupConvKnobs(6, 6, 2, 4, 1),
+                                   GroupConvKnobs(3, 6, 1, 2, 2, 2, vthread_axis="co"),
+                                   GroupConvKnobs(6, 6, 1, 1, 1, 2, vthread_axis="co")])
 def test_grouped_tiles_with_three_outer_gemm_loops(knobs):
     """Rows, super-groups and output blocks all > 1: the third is unrolled into micro-ops."""
     cfg = HwConfig()
