@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .frontend.onnx import import_onnx
 from .graph.ir import Graph
-from .graph.passes import optimize
+from .graph.passes import conv1d_as_2d, optimize
 from .graph.quantize import from_qdq, is_qdq, quantize_graph
 
 __all__ = ["quantize_model"]
@@ -33,5 +33,6 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
         import_onnx(model_or_graph, input_shapes)
     if is_qdq(graph):
         return optimize(from_qdq(graph))
-    return quantize_graph(optimize(graph), calibration, per_channel=per_channel,
+    # 1-D convolutions as 2-D ones of height 1: the integer convolutions are 2-D.
+    return quantize_graph(conv1d_as_2d(optimize(graph)), calibration, per_channel=per_channel,
                           method=method)

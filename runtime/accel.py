@@ -452,8 +452,11 @@ class AccelModel:
                     host[name] = value
                     in_dram.discard(name)
                 shown(k + len(names))
+        t0 = time.perf_counter()
         for name in graph.outputs:
             to_host(name)
+        if graph.nodes:  # reading outputs back from DRAM: layout at the model's exit
+            rows[graph.nodes[-1].name]["layout_ms"] += (time.perf_counter() - t0) * 1e3
         self.report = [rows[n.name] for n in graph.nodes]
         self.crossings = crossings
         return {name: host[name] for name in graph.outputs}
@@ -526,20 +529,22 @@ def _cpu_segments(graph, placements: dict, progress=None) -> list:
 
 
 def _attribute_profile(profile: list[dict], names: list[str], rows: dict, layout_ms: float):
-    """Per-node CPU times from a segment's profile; its layout steps (pack, unpack: named
-    after a value, not a node) and reading inputs back from DRAM count as layout time of
-    the next node (the last for trailing ones)."""
-    pending = layout_ms
+    """Per-node CPU times from a segment's profile. Reading the segment's inputs back from
+    DRAM and unpacking them (``layout_ms``) is layout time at a region border, of the
+    segment's first node. Steps named after no node of the segment (views, loop bodies'
+    hoisted steps, the CPU build's own blocked layouts) are CPU work: they count to the
+    next node (the last for trailing ones), not as layout."""
     known = set(names)
+    rows[names[0]]["layout_ms"] += layout_ms
+    pending = 0.0
     for step in profile:
         if step["node"] in known:
             row = rows[step["node"]]
-            row["cpu_ms"] += step["ms"]
-            row["layout_ms"] += pending
+            row["cpu_ms"] += step["ms"] + pending
             pending = 0.0
         else:
             pending += step["ms"]
-    rows[names[-1]]["layout_ms"] += pending
+    rows[names[-1]]["cpu_ms"] += pending
 
 
 def _round_up(n: int, m: int) -> int:

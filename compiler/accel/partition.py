@@ -29,12 +29,11 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..graph.ir import Graph, Node
-from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_nchw, pack_oihw, pad_channels,
-                  unpack_nchw)
+from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
 from .ops_group import GroupConvSpec, crop_taps, group_layout_problem, pack_group_kernel
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
-           "dense_knobs", "compile_layer",
+           "dense_rows", "compile_layer",
            "packed_shape", "pack_value", "unpack_value"]
 
 ACCEL_OPS = ("QConv", "QGemm")
@@ -197,8 +196,26 @@ def _ceil(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
+# Rows of a [N, C] value (dense layers' data: tokens, batch) past DENSE_ROWS_UNPADDED
+# BATCH groups are padded to a multiple of DENSE_ROW_MULTIPLE groups: a dense schedule
+# tiles the rows by divisors of their count, and a prime count (ViT's 197 tokens) leaves
+# tiles of 1 row or of all of them, which do not fit or reload the weights per row: several
+# times slower than tiles of 40 or 50 (compiler/accel/tune_dense.py). Up to
+# DENSE_ROWS_UNPADDED groups, a tile of all rows fits and padding would only add work.
+DENSE_ROWS_UNPADDED = 64
+DENSE_ROW_MULTIPLE = 8
+
+
+def dense_rows(n: int, cfg: HwConfig) -> int:
+    """BATCH groups of rows a [N, C] value holds in DRAM (padding rows are zeros when the
+    runtime packs the value; what a layer computes in them is never read)."""
+    groups = n // cfg.batch
+    return groups if groups <= DENSE_ROWS_UNPADDED else _ceil(groups, DENSE_ROW_MULTIPLE)
+
+
 def packed_shape(shape: tuple[int, ...], cfg: HwConfig) -> tuple[int, ...]:
-    """The accelerator layout of an int8 NCHW (or [N, C]) value, channels padded."""
+    """The accelerator layout of an int8 NCHW (or [N, C]) value, channels padded (and a
+    [N, C] value's rows: ``dense_rows``)."""
     b, k = cfg.batch, cfg.block
     if len(shape) == 3:  # [N, C, L]: a 1-D convolution's value, as NCHW with one row
         shape = (shape[0], shape[1], 1, shape[2])
@@ -206,33 +223,58 @@ def packed_shape(shape: tuple[int, ...], cfg: HwConfig) -> tuple[int, ...]:
         n, c, h, w = shape
         return (n // b, _ceil(c, k) // k, h, w, b, k)
     n, c = shape
-    return (n // b, _ceil(c, k) // k, b, k)
+    return (dense_rows(n, cfg), _ceil(c, k) // k, b, k)
 
 
 def pack_value(x: np.ndarray, cfg: HwConfig) -> np.ndarray:
     """NCHW (or [N, C], or [N, C, L] as NCHW with one row) int8 -> the packed layout,
-    channels zero-padded to BLOCK."""
+    channels zero-padded to BLOCK.
+
+    One strided copy into a fresh array: this runs at every region border of every
+    inference, so it avoids np.pad and intermediate copies (their fixed costs are most of
+    the time for a small value)."""
     b, k = cfg.batch, cfg.block
-    x = pad_channels(x, 1, k)
+    x = np.asarray(x)
     if x.ndim == 3:
         x = x[:, :, None, :]
-    if x.ndim == 4:
-        return pack_nchw(x, b, k)
-    n, c = x.shape
-    return np.ascontiguousarray(x.reshape(n // b, b, c // k, k).transpose(0, 2, 1, 3))
+    n, c = x.shape[:2]
+    cb = -(-c // k)
+    full = c // k
+    shape = packed_shape(x.shape, cfg)
+    # Channel (and row) padding is zeros: a zeroed array (calloc) costs less than zeroing
+    # a strided view of the last block.
+    out = (np.zeros if cb > full or shape[0] * b > n else np.empty)(shape, x.dtype)
+    spatial = x.shape[2:]
+    # out[i, j, *s, bb, kk] = x[i*b + bb, j*k + kk, *s]: out's axes put in x's order.
+    axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
+    view = out.transpose(axes)[:n // b]  # (N/b, b, C/k, k, *spatial)
+    if full:
+        view[:, :, :full] = x[:, :full * k].reshape(n // b, b, full, k, *spatial)
+    if cb > full:
+        view[:, :, full:, :c - full * k] = x[:, full * k:].reshape(n // b, b, 1, c - full * k,
+                                                                   *spatial)
+    return out
 
 
 def unpack_value(p: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The packed layout -> NCHW (or [N, C], or [N, C, L]) of ``shape`` (padding channels
     dropped)."""
-    if p.ndim == 6:
-        x = unpack_nchw(p)
-        if len(shape) == 3:
-            x = x.reshape(x.shape[0], x.shape[1], x.shape[3])
-    else:
-        nb, cb, b, k = p.shape
-        x = p.transpose(0, 2, 1, 3).reshape(nb * b, cb * k)
-    return np.ascontiguousarray(x[:, :shape[1]])
+    if len(shape) == 3:
+        return unpack_value(p, (shape[0], shape[1], 1, shape[2])).reshape(shape)
+    n, c = shape[:2]
+    spatial = tuple(shape[2:])
+    axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
+    view = p.transpose(axes)  # (N/b, b, C/k, k, *spatial)
+    out = np.empty(shape, p.dtype)
+    view = view[:n // view.shape[1]]  # rows beyond N: padding
+    nb, b, cb, k = view.shape[:4]
+    full = c // k
+    if full:
+        out[:, :full * k].reshape(nb, b, full, k, *spatial)[...] = view[:, :, :full]
+    if c > full * k:
+        out[:, full * k:].reshape(nb, b, 1, c - full * k, *spatial)[...] = \
+            view[:, :, full:full + 1, :c - full * k]
+    return out
 
 
 # ---- accelerator layers ----------------------------------------------------------------------
@@ -294,7 +336,7 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
         kind = "conv2d"
     else:
         n, kdim = x_t.shape
-        spec = DenseSpec(n=n, k=_ceil(kdim, k), o=op, epilogue=epi)
+        spec = DenseSpec(n=dense_rows(n, cfg) * b, k=_ceil(kdim, k), o=op, epilogue=epi)
         wp = pad_channels(pad_channels(w, 0, k), 1, k)
         weight = np.ascontiguousarray(wp.reshape(op // k, k, spec.k // k, k).transpose(0, 2, 1, 3))
         kind = "dense"
@@ -305,50 +347,22 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
 # ---- schedules -------------------------------------------------------------------------------
 
 
-def dense_knobs(cfg: HwConfig, spec: DenseSpec):
-    """Knobs for a dense layer: among the tiles whose buffers fit, the least DRAM traffic
-    (weights are reloaded once per batch tile, inputs once per output tile), then the
-    largest tiles; two virtual threads where the output tiles pair up."""
-    from .ops import DenseKnobs
-    from .tune import _divisors
-
-    b, k = cfg.batch, cfg.block
-    nb, kb, ob = spec.n // b, spec.k // k, spec.o // k
-    extra = 1 + spec.epilogue.bias + spec.epilogue.scale + spec.epilogue.residual
-    best = None
-    for tn in _divisors(nb):
-        for to in _divisors(ob):
-            for tk in _divisors(kb):
-                vt = 2 if (ob // to) % 2 == 0 else 1
-                rows = {"inp": vt * tn * tk, "wgt": vt * to * tk, "acc": vt * tn * to * extra}
-                if rows["inp"] > cfg.inp_depth or rows["wgt"] > cfg.wgt_depth or \
-                        rows["acc"] > cfg.acc_depth or tn * to * tk > cfg.uop_depth // 2:
-                    continue
-                traffic = (nb // tn) * ob * kb * k * k + (ob // to) * nb * kb * b * k
-                key = (traffic, -(tn * to * tk))
-                if best is None or key < best[0]:
-                    best = (key, DenseKnobs(tile_n=tn, tile_o=to, tile_k=tk, vthreads=vt))
-    if best is None:
-        raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
-    return best[1]
-
-
 def compile_layer(layer: AccelLayer, cfg: HwConfig, *, top: int = 4):
     """(AcceleratorFunction, knobs) for a layer: conv2d knobs searched on the cycle model
-    (compiler/tune.py, cached on disk), group_conv2d knobs by ``group_conv_knobs``, dense
-    knobs by ``dense_knobs``."""
+    (compiler/tune.py, cached on disk), dense knobs likewise (compiler/tune_dense.py),
+    group_conv2d knobs by ``group_conv_knobs`` (compiler/accel/ops_group.py)."""
     from .ops import conv2d, dense
     from .ops_group import group_conv2d, group_conv_knobs
     from .tune import tune_conv
+    from .tune_dense import tune_dense
 
     if layer.kind == "group_conv2d":
         knobs = group_conv_knobs(cfg, layer.spec)
         return group_conv2d(cfg, layer.spec, knobs, name=layer.node), knobs
-
     if layer.kind == "conv2d":
         # The batch is the outermost host loop of the schedule: knobs found for one batch
         # tile serve any batch (and the search stays cheap and its cache shared).
         knobs, _ = tune_conv(cfg, replace(layer.spec, n=cfg.batch), top=top)
         return conv2d(cfg, layer.spec, knobs, name=layer.node), knobs
-    knobs = dense_knobs(cfg, layer.spec)
+    knobs, _ = tune_dense(cfg, layer.spec, top=min(top, 3))
     return dense(cfg, layer.spec, knobs, name=layer.node), knobs

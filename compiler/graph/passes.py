@@ -36,7 +36,7 @@ from .ops import OWN_INPUTS
 from .reference import evaluate_node, stand_in
 
 __all__ = ["fold_constants", "eliminate_identities", "fold_batch_norm", "fuse_epilogues",
-           "remove_dead_code", "optimize", "PIPELINE", "inline_branch"]
+           "remove_dead_code", "optimize", "PIPELINE", "inline_branch", "conv1d_as_2d"]
 
 # A folded constant larger than this (elements) stays a node: folding would only grow the
 # model (a broadcast of a scalar to a feature map).
@@ -481,6 +481,68 @@ def _drop_unread_captures(node: Node) -> Node:
     own = node.inputs[:len(node.inputs) - len(captured)]
     return Node(node.op, own + tuple(captured[k] for k in keep), node.outputs,
                 {**node.attrs, **attrs}, node.name)
+
+
+def conv1d_as_2d(graph: Graph) -> Graph:
+    """Each 1-D Conv with a constant weight ([N, C, L] data) as a 2-D one of height 1:
+    Unsqueeze(axis 2) -> Conv [O, C/g, 1, K] -> Squeeze(axis 2), its attributes and
+    fused epilogue operands (a per-channel [C, 1] constant, a residual [N, C, L]) given
+    the height axis too. Not part of ``optimize`` (the CPU build has 1-D kernels of its
+    own): the quantizer's path runs it, so that 1-D layers become the 2-D integer
+    convolutions the CPU build and the accelerator run. The float meaning is unchanged."""
+    graph = _in_bodies(graph, conv1d_as_2d)
+    inits, types = dict(graph.initializers), dict(graph.types)
+    nodes: list[Node] = []
+    changed = False
+    for node in graph.nodes:
+        w = inits.get(node.inputs[1]) if node.op == "Conv" and len(node.inputs) > 1 else None
+        x = node.inputs[0] if node.inputs else ""
+        if w is None or w.ndim != 3 or len(types[x].shape) != 3:
+            nodes.append(node)
+            continue
+        changed = True
+        a = dict(node.attrs)
+
+        def lifted(v):  # a value of [.., C, L] rank >= 2 gets the height axis before L
+            t = types[v]
+            if len(t.shape) < 2:
+                return v
+            name = _fresh(f"{v}/h1", types)
+            shape = t.shape[:-1] + (1,) + t.shape[-1:]
+            types[name] = TensorType(t.dtype, shape)
+            if v in inits:
+                inits[name] = constant(np.asarray(inits[v]).reshape(shape))
+            else:
+                nodes.append(Node("Unsqueeze", (v,), (name,), {"axes": (len(t.shape) - 1,)},
+                                  _fresh(f"{node.name}/unsqueeze_{v}", types)))
+            return name
+
+        ins = list(node.inputs)
+        ins[0] = lifted(x)
+        ins[1] = _fresh(f"{node.inputs[1]}/h1", types)
+        inits[ins[1]] = constant(np.asarray(w)[:, :, None, :])
+        types[ins[1]] = TensorType(types[node.inputs[1]].dtype, inits[ins[1]].shape)
+        for k in range(3, len(ins)):  # fused epilogue operands
+            if ins[k]:
+                ins[k] = lifted(ins[k])
+        if "kernel_shape" in a:
+            a["kernel_shape"] = (1, *a["kernel_shape"])
+        for key in ("strides", "dilations"):
+            if key in a:
+                a[key] = (1, *a[key])
+        if "pads" in a:
+            p = tuple(a["pads"])
+            a["pads"] = (0, p[0], 0, p[1])
+        out = node.outputs[0]
+        t = types[out]
+        wide = _fresh(f"{out}/h1", types)
+        types[wide] = TensorType(t.dtype, t.shape[:2] + (1,) + t.shape[2:])
+        nodes.append(Node("Conv", tuple(ins), (wide,), a, node.name))
+        nodes.append(Node("Squeeze", (wide,), (out,), {"axes": (2,)},
+                          _fresh(f"{node.name}/squeeze", types)))
+    if not changed:
+        return graph
+    return graph.with_nodes(nodes, initializers=inits, types=types)
 
 
 # The pipeline, in order. Each entry: (name, pass); optimize verifies the graph after each.

@@ -267,16 +267,15 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | str:
         return f"its input and output are {x.dtype} and {out.dtype}, not float32"
     if w is None:
         return f"its weight {ins[1]!r} is computed at run time (an int8 layer needs a constant one)"
-    if w.ndim not in (2, 3, 4) or ins[0] in inits:
-        return (f"its weight has {w.ndim} axes (an int8 layer takes 2, 3 or 4)" if ins[0] not in
+    if w.ndim not in (2, 4) or ins[0] in inits:
+        return (f"its weight has {w.ndim} axes (an int8 layer takes 2 or 4)" if ins[0] not in
                 inits else "its data input is a constant")
     if own > 2 and ins[2] and ins[2] not in inits:
         return f"its bias {ins[2]!r} is computed at run time"
     c = inits[ins[2]] if own > 2 and ins[2] else None
     if node.op == "Conv":
-        if w.ndim not in (3, 4) or len(x.shape) != w.ndim:
-            return (f"a {len(x.shape) - 2}-D convolution (int8 layers are 1-D and 2-D "
-                    f"convolutions)")
+        if w.ndim != 4 or len(x.shape) != 4:
+            return f"a {len(x.shape) - 2}-D convolution (int8 layers are 2-D convolutions)"
         weight = w.astype(np.float64)
         bias = np.zeros(w.shape[0]) if c is None else c.astype(np.float64).reshape(-1)
     elif node.op == "Gemm":

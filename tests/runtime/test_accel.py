@@ -78,11 +78,23 @@ def _reference(g, x):
 def test_layouts_round_trip_with_channel_padding(config):
     cfg = HwConfig.load(config)
     rng = np.random.default_rng(1)
-    for shape in [(2, 3, 5, 7), (4, 20, 2, 2), (2, 37)]:
+    for shape in [(2, 3, 5, 7), (4, 20, 2, 2), (2, 37), (4, 32, 3, 1), (2, 16), (2, 5, 1, 1),
+                  (20, 37), (197, 48), (16, 5)]:
         x = rng.integers(-128, 128, shape, dtype=np.int8)
         p = pack_value(x, cfg)
         assert p.shape == packed_shape(shape, cfg)
         np.testing.assert_array_equal(unpack_value(p, shape), x)
+        # Against the layout's definition: out[i, j, ..., bb, kk] = x[i*b + bb, j*k + kk, ...]
+        b, k = cfg.batch, cfg.block
+        rows = p.shape[0] * b  # [N, C] values: rows padded (dense_rows) with zeros
+        assert rows == (shape[0] if len(shape) == 4 or shape[0] // b <= 64 else
+                        -(-shape[0] // (8 * b)) * 8 * b)
+        xp = np.zeros((rows, -(-shape[1] // k) * k) + shape[2:], np.int8)
+        xp[:shape[0], :shape[1]] = x
+        nb, cb = rows // b, xp.shape[1] // k
+        want = xp.reshape((nb, b, cb, k) + shape[2:])
+        want = np.moveaxis(np.moveaxis(want, 1, -1), 2, -1)  # (nb, cb, *spatial, b, k)
+        np.testing.assert_array_equal(p, want)
 
 
 def test_placement_reasons_and_regions():

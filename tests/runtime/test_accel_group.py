@@ -92,3 +92,43 @@ def test_grouped_1d_and_asymmetric_convolutions(tmp_path):
     feeds = {"x": rng.normal(size=(1, 32, 8, 8)).astype(np.float32)}
     _check(q, feeds, {"grouped": "group_conv2d", "asym": "group_conv2d",
                        "conv1d": "group_conv2d"}, tmp_path)
+
+
+def test_1d_qconvs_of_a_quantized_graph_on_the_accelerator(tmp_path):
+    """3-D QConvs (a graph quantized without the 1-D -> 2-D rewrite, or imported so): their
+    [N, C, L] values packed as NCHW with one row, also where the CPU reads them."""
+    from celosia.compiler.graph.ir import Graph, Node, TensorType, constant
+
+    rng = np.random.default_rng(7)
+    inits, types = {}, {"x": TensorType("int8", (2, 24, 20))}
+    nodes = []
+
+    def qconv(name, x, y, w_shape, out_shape, **attrs):
+        o = w_shape[0]
+        for suffix, a in (("w", rng.integers(-128, 128, w_shape, dtype=np.int8)),
+                          ("b", rng.integers(-4000, 4000, o).astype(np.int32)),
+                          ("m", rng.integers(1, 400, o).astype(np.int32))):
+            inits[f"{name}_{suffix}"] = constant(a)
+            types[f"{name}_{suffix}"] = TensorType(str(a.dtype), a.shape)
+        a = dict(kernel_shape=[w_shape[2]], strides=[1], pads=[0, 0], dilations=[1], group=1,
+                 shift=11, lo=-128, hi=127, scale=0.05)
+        a.update(attrs)
+        nodes.append(Node("QConv", (x, f"{name}_w", f"{name}_b", f"{name}_m"), (y,), a, name))
+        types[y] = TensorType("int8", out_shape)
+
+    qconv("dw", "x", "a", (24, 1, 3), (2, 24, 10), group=24, strides=[2], pads=[1, 0])
+    nodes.append(Node("Relu", ("a",), ("r",), {}, "relu"))  # the CPU reads a 3-D value
+    types["r"] = TensorType("int8", (2, 24, 10))
+    qconv("pw", "r", "y", (16, 24, 1), (2, 16, 10))
+    g = Graph("g", ("x",), ("a", "y"), tuple(nodes), inits, types)
+    model = AccelModel.build(g, "default")
+    assert model.programs["dw"]["kind"] == model.programs["pw"]["kind"] == "group_conv2d"
+    x = rng.integers(-128, 128, (2, 24, 20), dtype=np.int8)
+    want = model.cpu_build().run({"x": x})
+    for target in ("fsim", "cycle"):
+        got = model.run({"x": x}, target=target)
+        for name in ("a", "y"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{target} {name}")
+    model.save(tmp_path / "m.cel")
+    got = AccelModel.load(tmp_path / "m.cel").run({"x": x})
+    np.testing.assert_array_equal(got["y"], want["y"])

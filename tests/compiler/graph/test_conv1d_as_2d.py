@@ -1,0 +1,92 @@
+"""conv1d_as_2d: 1-D convolutions become 2-D ones of height 1 on the quantizer's path, with
+the same float meaning, and quantize to integer QConv layers bit-exact between the numpy
+definition and the compiled CPU build."""
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+from onnx_builders import make_model, onnxruntime_run, vi
+
+from celosia.compiler.frontend.onnx import import_onnx
+from celosia.compiler.graph.passes import conv1d_as_2d, optimize
+from celosia.compiler.graph.reference import run_graph
+from celosia.compiler.pipeline import quantize_model
+
+
+def _model(seed, *, cin, cout, k, stride, pads, dilation, group, length, residual):
+    rng = np.random.default_rng(seed)
+    w = (rng.normal(size=(cout, cin // group, k)) / np.sqrt(cin * k)).astype(np.float32)
+    b = rng.normal(size=cout).astype(np.float32) * 0.1
+    gamma = (1 + 0.1 * rng.normal(size=cout)).astype(np.float32)
+    beta = (0.1 * rng.normal(size=cout)).astype(np.float32)
+    inits = [numpy_helper.from_array(a, n) for a, n in
+             ((w, "w"), (b, "b"), (gamma, "g"), (beta, "be"),
+              (np.zeros(cout, np.float32), "mu"), (np.ones(cout, np.float32), "var"))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k],
+                              strides=[stride], pads=list(pads), dilations=[dilation],
+                              group=group),
+             helper.make_node("BatchNormalization", ["c", "g", "be", "mu", "var"], ["bn"])]
+    out_len = (length + sum(pads) - dilation * (k - 1) - 1) // stride + 1
+    if residual:  # a residual read by the fused epilogue: a run-time [N, C, L] operand
+        nodes.append(helper.make_node("Add", ["bn", "skip"], ["sum"]))
+        inputs = [vi("x", [2, cin, length]), vi("skip", [2, cout, out_len])]
+    else:
+        nodes.append(helper.make_node("Identity", ["bn"], ["sum"]))
+        inputs = [vi("x", [2, cin, length])]
+    nodes.append(helper.make_node("Relu", ["sum"], ["y"]))
+    return make_model(nodes, inputs, [vi("y", [2, cout, out_len])], inits)
+
+
+CASES = [
+    dict(cin=4, cout=8, k=3, stride=1, pads=(1, 1), dilation=1, group=1, length=20, residual=False),
+    dict(cin=6, cout=6, k=5, stride=2, pads=(2, 1), dilation=1, group=6, length=31, residual=False),
+    dict(cin=8, cout=12, k=3, stride=1, pads=(2, 2), dilation=2, group=4, length=16, residual=True),
+    dict(cin=3, cout=16, k=11, stride=4, pads=(5, 5), dilation=1, group=1, length=64, residual=True),
+]
+
+
+def _feeds(model, seed):
+    rng = np.random.default_rng(seed)
+    return {i.name: rng.normal(size=[d.dim_value for d in i.type.tensor_type.shape.dim])
+            .astype(np.float32) for i in model.graph.input}
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_conv1d_as_2d_keeps_the_float_meaning(case):
+    model = _model(case, **CASES[case])
+    g = optimize(import_onnx(model))
+    g2 = conv1d_as_2d(g)
+    convs = [n for n in g2.nodes if n.op == "Conv"]
+    assert convs and all(len(g2.types[n.inputs[1]].shape) == 4 for n in convs)
+    assert all(g2.types[n.inputs[0]].shape[2] == 1 for n in convs)
+    feeds = _feeds(model, 7)
+    want = onnxruntime_run(model, feeds)
+    got = run_graph(g2, feeds)
+    np.testing.assert_allclose(got["y"], want[0] if isinstance(want, list) else want["y"],
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_conv1d_layers_quantize_to_integer_convolutions(case):
+    from celosia.runtime.cpu import CpuModel
+
+    model = _model(case, **CASES[case])
+    calib = [_feeds(model, s) for s in range(1, 7)]
+    q = quantize_model(model, calib)
+    assert [n.op for n in q.nodes].count("QConv") == 1
+    assert not any(n.op == "Conv" for n in q.nodes)
+    feeds = _feeds(model, 100)
+    ref = run_graph(q, feeds)
+    cpu = CpuModel.from_graph(q).run(feeds)
+    np.testing.assert_array_equal(cpu["y"], ref["y"])  # the integer path, bit for bit
+    want = onnxruntime_run(model, feeds)
+    want = want[0] if isinstance(want, list) else want["y"]
+    a, b = cpu["y"].ravel().astype(np.float64), want.ravel().astype(np.float64)
+    assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.99
+
+
+def test_rewrite_runs_once_and_leaves_2d_convolutions_alone():
+    g2 = conv1d_as_2d(optimize(import_onnx(_model(0, **CASES[0]))))
+    g3 = conv1d_as_2d(g2)  # only 2-D convolutions left: nothing to do
+    assert [(n.op, n.inputs, n.outputs) for n in g3.nodes] == \
+        [(n.op, n.inputs, n.outputs) for n in g2.nodes]
