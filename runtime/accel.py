@@ -603,10 +603,14 @@ def _round_up(n: int, m: int) -> int:
 
 def _spec_str(spec) -> str:
     from ..compiler.accel.ops import ConvSpec
+    from ..compiler.accel.ops_group import GroupConvSpec
 
     if isinstance(spec, ConvSpec):
         return (f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.o} {spec.kh}x{spec.kw} "
                 f"s{spec.stride} p{spec.pad}")
+    if isinstance(spec, GroupConvSpec):
+        return (f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.o} {spec.kh}x{spec.kw} "
+                f"groups={spec.groups} s{list(spec.strides)} p{list(spec.pads)}")
     return f"{spec.n}x{spec.k} -> {spec.o}"
 
 
