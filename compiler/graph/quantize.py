@@ -26,10 +26,11 @@ run as a QGemm on their rows, between two int8 Reshapes) with a constant weight 
 QConv/QGemm when its epilogue has only constant per-channel Adds (a bias) and Muls (a layer
 scale, folded into the weights and the bias), at most one
 residual Add, then Relu/Clip steps (together one clamp [lo, hi]), optionally followed by
-unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...): those become a QLut
-(a 256-entry int8 table) after the layer, which then writes an intermediate int8 value. A
-ConvTranspose with strides equal to its kernel is a 1x1 Conv and an int8 pixel shuffle
-first (qtranspose.py):
+unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...) and constant Adds/Muls
+of one value: those become a QLut (a 256-entry int8 table) after the layer, which then
+writes an intermediate int8 value, and optionally a QMul of a run-time value of the
+output's type after the table. A ConvTranspose with strides equal to its kernel is a 1x1
+Conv and an int8 pixel shuffle first (qtranspose.py):
 
 - weights: per output channel (``per_channel``; else one scale) ``s_w[o] = max|w[o]|/127``,
   ``w_q = rint(w / s_w)``; Gemm's alpha is folded into w, its beta into the bias.
@@ -218,7 +219,8 @@ class _Layer:
     activations as one clamp [lo, hi] (infinite when absent). ``axis``: the output's channel
     axis (-1 for a MatMul, whose leading axes become QGemm rows). ``head``: the epilogue
     steps up to the clamp; ``tail``: the unary steps from the first one with no exact int8
-    form (SiLU, HardSwish, Sigmoid, ...) on, done by a QLut after the layer."""
+    form (SiLU, HardSwish, Sigmoid, ...) on, with constant Adds/Muls of one value among
+    them (_uniform), done by a QLut after the layer."""
 
     weight: np.ndarray
     bias: np.ndarray
@@ -241,6 +243,28 @@ def _per_channel(c: np.ndarray, out_shape, channel_axis: int):
     if any(d != 1 and (k != channel_axis or d != channels) for k, d in enumerate(padded)):
         return None
     return np.broadcast_to(c.astype(np.float64).reshape(-1), (channels,)).copy()
+
+
+def _uniform(graph: Graph, name: str, out_shape, channel_axis: int):
+    """A constant operand of an epilogue Add/Mul that is one value for every element of the
+    output (a scalar, or a per-channel vector of equal entries), as a float32 scalar, or
+    None."""
+    c = graph.initializers.get(name)
+    if c is None or c.size == 0:
+        return None
+    vector = _per_channel(c, out_shape, channel_axis)
+    if vector is None or not (c == c.reshape(-1)[0]).all():
+        return None
+    return np.float32(c.reshape(-1)[0])
+
+
+def _tail_function(graph: Graph, node: Node, layer: "_Layer"):
+    """The layer's table steps as a function of one float32 array (the QLut's table), its
+    constant operands (_uniform) as scalars."""
+    out = graph.types[node.outputs[0]].shape
+    operands = [_uniform(graph, i, out, layer.axis) if i in graph.initializers else None
+                for i in node.inputs]
+    return lambda v: apply_epilogue(v, layer.tail, operands)
 
 
 def _clamp(steps):
@@ -298,6 +322,13 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | str:
     for op, *args in node.attrs.get("epilogue", ()):
         if after:  # nothing after the Add/Mul that follows the table
             return f"its epilogue goes on with {op} after the {after[0]} that follows its table"
+        # A constant Add/Mul of one value for every element after the table (PP-LCNetV3's
+        # learnable affine a * hardswish(x) + b) keeps the tail a function of one int8
+        # value: the table computes it.
+        if tail and op in ("Add", "Mul") and _uniform(graph, node.inputs[args[0]], out.shape,
+                                                      axis) is not None:
+            tail.append((op, *args))
+            continue
         # SE's x * sigmoid(gate): a QMul after the table. (YOLO's x + silu(conv) stays a
         # float layer: quantized, with a QAdd or a float Add after the table, it cost YOLO
         # (small) 0.99974 -> 0.9989..0.99957 in cosine to fp32.)
@@ -305,8 +336,9 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | str:
             operand = node.inputs[args[0]]
             if operand in inits or types[operand] != out:
                 return (f"its epilogue multiplies the {tail[0][0]} result by "
-                        f"{'a constant' if operand in inits else types[operand]} (an int8 "
-                        f"Mul after a table takes a run-time value of the output's type {out})")
+                        f"{'a per-channel constant' if operand in inits else types[operand]}"
+                        f" (after a table an int8 layer takes a constant of one value, folded "
+                        f"into the table, or a run-time value of the output's type {out})")
             after = (op, args[0], operand)
             continue
         if tail or op in _LUT_STEPS:  # from here on a function of one int8 value: a table
@@ -315,6 +347,9 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | str:
                         f"has no int8 form: the quantizer keeps such a layer float (an int8 "
                         f"{op} after the table cost accuracy)"
                         if op == "Add" and node.inputs[args[0]] not in inits else
+                        f"its epilogue's {op} after {tail[0][0]} by a per-channel constant "
+                        f"has no int8 form (a table is one function for every channel)"
+                        if op == "Add" else
                         f"its epilogue's {op} after {tail[0][0]} has no int8 form")
             tail.append((op, *args))
             continue
@@ -924,8 +959,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                 if layer.after:
                     lut = b.value(f"{out}/lut", TensorType("int8", graph.types[out].shape))
                 z_lut = 0 if layer.after else zero(out)
-                table = _table(lambda v: apply_epilogue(v, layer.tail, ()), s_out, s_lut,
-                               z_out, z_lut)
+                table = _table(_tail_function(graph, node, layer), s_out, s_lut, z_out,
+                               z_lut)
                 b.add("QLut", [target, b.const(f"{node.name}/table", table)],
                       [lut], {"scale": s_lut}, f"{node.name}/lut")
                 if layer.after:

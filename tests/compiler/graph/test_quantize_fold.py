@@ -1,5 +1,7 @@
 """Conv arithmetic the quantizer used to leave in float, now int8 (issue #13):
 
+- a constant of one value multiplying or adding after a table activation (PP-LCNetV3's
+  learnable affine ``a * hardswish(x) + b``) goes into the table: QConv + QLut;
 - a ConvTranspose whose stride equals its kernel (the 2x2 s2 upsampler) is a 1x1 QConv and
   an int8 pixel shuffle (Reshape, Transpose, Reshape); an overlapping one stays float,
   saying why.
@@ -47,6 +49,43 @@ def _check(model, q, test, min_cosine):
     else:
         np.testing.assert_array_equal(got, ref)
     assert _cosine(want, ref) > min_cosine, _cosine(want, ref)
+
+
+def _affine_hardswish(scale, shift):
+    """Conv -> HardSwish -> Mul by ``scale`` -> Add ``shift`` (PP-LCNetV3's blocks)."""
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4, name="conv"),
+             helper.make_node("HardSwish", ["c"], ["h"]),
+             helper.make_node("Mul", ["h", "s"], ["m"]),
+             helper.make_node("Add", ["m", "t"], ["y"])]
+    weights = {"w": rng.normal(0, 0.3, (16, 8, 3, 3)), "b": rng.normal(0, 0.5, 16),
+               "s": scale, "t": shift}
+    return _quantized(nodes, (1, 8, 12, 12), weights)
+
+
+def test_a_constant_affine_after_hardswish_goes_into_the_table():
+    model, q, test = _affine_hardswish(np.array([0.43]), np.array([-0.08]))
+    ops = [n.op for n in q.nodes]
+    assert ops == ["Quantize", "QConv", "QLut", "Dequantize"], ops
+    assert not any("float_reason" in n.attrs for n in q.nodes)
+    _check(model, q, test, 0.999)
+    # The table is a * hardswish(v) + b on the QLut's input steps: some entry is negative
+    # (b < 0, where hardswish is 0) and the largest is a * max + b, not hardswish's max.
+    lut = q.nodes[2]
+    table = q.initializers[lut.inputs[1]].astype(np.float64) * lut.attrs["scale"]
+    assert table.min() < 0 and np.isclose(table.min(), -0.08 - 0.43 * 0.375,
+                                          atol=2 * lut.attrs["scale"])
+    places = annotate(q, HwConfig())
+    assert places["conv"].target == "accel", places["conv"]
+
+
+def test_a_per_channel_constant_after_the_table_stays_float_saying_why():
+    channel = np.linspace(0.2, 1.0, 16).reshape(1, 16, 1, 1)
+    model, q, test = _affine_hardswish(channel, np.array([0.1]))
+    conv = next(n for n in q.nodes if n.name == "conv")
+    assert conv.op == "Conv"
+    assert "per-channel constant" in conv.attrs["float_reason"], conv.attrs["float_reason"]
+    _check(model, q, test, 0.999)
 
 
 def _upsampler(kernel, strides, seed=2, **attrs):
