@@ -28,7 +28,7 @@ scale, folded into the weights and the bias), at most one
 residual Add, then Relu/Clip steps (together one clamp [lo, hi]), optionally followed by
 unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...) and constant Adds/Muls
 of one value: those become a QLut (a 256-entry int8 table) after the layer, which then
-writes an intermediate int8 value, and optionally a QMul of a run-time value of the
+writes an intermediate int8 value, and optionally a QAdd/QMul of a run-time value of the
 output's type after the table. A ConvTranspose with strides equal to its kernel is a 1x1
 Conv and an int8 pixel shuffle first (qtranspose.py):
 
@@ -329,9 +329,9 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | str:
                                                       axis) is not None:
             tail.append((op, *args))
             continue
-        # SE's x * sigmoid(gate): a QMul after the table. (YOLO's x + silu(conv) stays a
-        # float layer: quantized, with a QAdd or a float Add after the table, it cost YOLO
-        # (small) 0.99974 -> 0.9989..0.99957 in cosine to fp32.)
+        # SE's x * sigmoid(gate): a QMul after the table; YOLO's x + silu(conv): a QAdd
+        # (YOLO (small) in cosine to fp32: 0.99974 -> 0.99933 on the bench's test feed,
+        # 0.99882 -> 0.99912 in the mean over six; docs/graph.md).
         if tail and op == "Mul":
             operand = node.inputs[args[0]]
             if operand in inits or types[operand] != out:
@@ -341,11 +341,15 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | str:
                         f"into the table, or a run-time value of the output's type {out})")
             after = (op, args[0], operand)
             continue
+        if tail and op == "Add" and node.inputs[args[0]] not in inits and \
+                types[node.inputs[args[0]]] == out:
+            after = (op, args[0], node.inputs[args[0]])
+            continue
         if tail or op in _LUT_STEPS:  # from here on a function of one int8 value: a table
             if op not in EPILOGUE_UNARY:
-                return (f"its epilogue's {op} after {tail[0][0]} (a lookup table's result) "
-                        f"has no int8 form: the quantizer keeps such a layer float (an int8 "
-                        f"{op} after the table cost accuracy)"
+                return (f"its epilogue adds a run-time value of type "
+                        f"{types[node.inputs[args[0]]]} after {tail[0][0]} (a lookup table's "
+                        f"result), broadcast to {out} (QAdd takes the output's type)"
                         if op == "Add" and node.inputs[args[0]] not in inits else
                         f"its epilogue's {op} after {tail[0][0]} by a per-channel constant "
                         f"has no int8 form (a table is one function for every channel)"

@@ -140,3 +140,19 @@ def test_an_overlapping_conv_transpose_stays_float_saying_why():
         assert words in up.attrs["float_reason"], up.attrs["float_reason"]
         _check(model, q, test, 0.999)
 
+
+def test_a_residual_add_after_silu_is_a_qlut_then_a_qadd():
+    """YOLO's bottleneck x + silu(conv(x)): QConv (accelerator), QLut, QAdd."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["r"], pads=[1] * 4),
+             helper.make_node("Conv", ["r", "w1", "b1"], ["a"], pads=[1] * 4, name="conv"),
+             helper.make_node("Sigmoid", ["a"], ["s"]),
+             helper.make_node("Mul", ["a", "s"], ["t"]),
+             helper.make_node("Add", ["t", "r"], ["y"])]
+    weights = {"w0": rng.normal(0, 0.3, (8, 6, 3, 3)), "b0": rng.normal(0, 0.1, 8),
+               "w1": rng.normal(0, 0.3, (8, 8, 3, 3)), "b1": rng.normal(0, 0.1, 8)}
+    model, q, test = _quantized(nodes, (1, 6, 10, 10), weights, seed=5)
+    ops = [n.op for n in q.nodes]
+    assert ops == ["Quantize", "QConv", "QConv", "QLut", "QAdd", "Dequantize"], ops
+    _check(model, q, test, 0.999)
+    assert annotate(q, HwConfig())["conv"].target == "accel"
