@@ -26,14 +26,14 @@ def _cosine(a, b):
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def _quantized(nodes, x_shape, weights, seed=0):
+def _quantized(nodes, x_shape, weights, seed=0, method="mse"):
     """(float model, quantized graph, test feed): calibration on 4 normal samples."""
     rng = np.random.default_rng(seed)
     model = make_model(nodes, [vi("x", list(x_shape))], [vi("y", None)],
                        [numpy_helper.from_array(np.asarray(v, np.float32), k)
                         for k, v in weights.items()])
     calib = [{"x": rng.normal(size=x_shape).astype(np.float32)} for _ in range(4)]
-    q = quantize_model(model, calib)
+    q = quantize_model(model, calib, method=method)
     return model, q, {"x": rng.normal(size=x_shape).astype(np.float32)}
 
 
@@ -77,6 +77,24 @@ def test_a_constant_affine_after_hardswish_goes_into_the_table():
                                           atol=2 * lut.attrs["scale"])
     places = annotate(q, HwConfig())
     assert places["conv"].target == "accel", places["conv"]
+
+
+def test_an_affine_table_output_takes_the_mse_range():
+    """One channel in 64 twenty times the others' range: the table's output scale clips it
+    (the MSE range, quantize._mse_ranges) instead of spending every step on it."""
+    rng = np.random.default_rng(6)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4, name="conv"),
+             helper.make_node("HardSwish", ["c"], ["h"]),
+             helper.make_node("Mul", ["h", "s"], ["m"]),
+             helper.make_node("Add", ["m", "t"], ["y"])]
+    w = rng.normal(0, 0.3, (64, 8, 3, 3))
+    w[0] *= 20  # the outlier channel
+    weights = {"w": w, "b": np.zeros(64), "s": np.array([0.43]), "t": np.array([-0.08])}
+    (model, q, test), (_, q_max, _) = (_quantized(nodes, (1, 8, 12, 12), weights, 6, m)
+                                       for m in ("mse", "minmax"))
+    assert [n.op for n in q.nodes] == ["Quantize", "QConv", "QLut", "Dequantize"]
+    assert q.nodes[2].attrs["scale"] < 0.9 * q_max.nodes[2].attrs["scale"]
+    _check(model, q, test, 0.99)
 
 
 def test_a_per_channel_constant_after_the_table_stays_float_saying_why():
