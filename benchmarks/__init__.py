@@ -75,7 +75,8 @@ def machine_description() -> dict:
 
 def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
                   int8: bool = False, accel: bool = False,
-                  time_limit: float | None = None) -> dict:
+                  time_limit: float | None = None,
+                  calibration_method: str | None = None) -> dict:
     if name not in BENCHMARKS:
         raise CelosiaError(f"unknown benchmark {name!r}; `celosia bench --list` names them: "
                            f"{', '.join(BENCHMARKS)}")
@@ -94,6 +95,13 @@ def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
             raise CelosiaError(f"--accel and --time-limit measure zoo models; benchmark "
                                f"{name!r} has none")
         kwargs.update(accel=accel, time_limit=time_limit)
+    if calibration_method is not None:
+        from celosia.compiler.graph.calib import parse_method
+
+        if name != "zoo" or not (int8 or accel):
+            raise CelosiaError("--calibration-method goes with `bench zoo --int8` (or --accel)")
+        parse_method(calibration_method)  # a bad value fails before the models are built
+        kwargs["calibration_method"] = calibration_method
     result = getattr(importlib.import_module(module), function)(**kwargs)
     return {"benchmark": name, "summary": summary, "quick": quick, **result,
             "machine": machine_description()}

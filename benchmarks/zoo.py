@@ -147,7 +147,8 @@ def _summary(name: str, r: dict) -> str:
 
 
 def run(quick: bool = False, models: list | None = None, int8: bool = False,
-        accel: bool = False, time_limit: float | None = None) -> dict:
+        accel: bool = False, time_limit: float | None = None,
+        calibration_method: str = "mse") -> dict:
     try:
         import onnxruntime  # noqa: F401
     except ModuleNotFoundError:
@@ -177,7 +178,7 @@ def run(quick: bool = False, models: list | None = None, int8: bool = False,
             from celosia.benchmarks import zoo_int8
 
             kept: dict = {}
-            r.update(zoo_int8.measure(entry, size, keep=kept))
+            r.update(zoo_int8.measure(entry, size, keep=kept, method=calibration_method))
             _progress(f"[{k}/{len(chosen)}] {name}: int8 cosine "
                       f"{r.get('int8_cosine', float('nan')):.5f}, onnxruntime's quantizer "
                       f"{r.get('int8_cosine_ort', float('nan')):.5f}")
@@ -211,6 +212,7 @@ def run(quick: bool = False, models: list | None = None, int8: bool = False,
         "threads": threads,
         "models": results,
         "missing": missing,
+        **({"calibration_method": calibration_method} if int8 or accel else {}),
         "note": "per model: medians of interleaved blocks, same intra-op threads for both "
                 "runtimes; ratio = celosia / onnxruntime over the models whose CPU build "
                 "matches onnxruntime (ok_cpu)",

@@ -108,7 +108,8 @@ def cmd_bench(args) -> int:
         raise CelosiaError(f"--time-limit must be a positive number of seconds, not "
                            f"{args.time_limit:g}")
     result = run_benchmark(args.name, quick=args.quick, models=args.models,
-                           int8=args.int8, accel=args.accel, time_limit=args.time_limit)
+                           int8=args.int8, accel=args.accel, time_limit=args.time_limit,
+                           calibration_method=args.calibration_method)
     if args.out:
         _write_json(args.out, result)
     width = max(len(k) for k in result["metrics"]) if result["metrics"] else 0
@@ -156,6 +157,12 @@ def _accel_build(args) -> bool:
         raise CelosiaError(f"--quantize {args.quantize!r}: only int8 is supported")
     if args.calibration and not args.quantize:
         raise CelosiaError("--calibration goes with --quantize int8")
+    if args.calibration_method and not args.quantize:
+        raise CelosiaError("--calibration-method goes with --quantize int8")
+    if args.calibration_method:
+        from .compiler.graph.calib import parse_method
+
+        parse_method(args.calibration_method)  # a bad value fails before the build
     return args.target != "cpu" or args.quantize is not None
 
 
@@ -192,6 +199,7 @@ def cmd_compile(args) -> int:
         model = AccelModel.from_onnx(args.model, _config(args.config),
                                      input_shapes=_shapes_from_inputs(args),
                                      calibration=args.calibration, target=args.target,
+                                     calibration_method=args.calibration_method or "mse",
                                      progress=_progress(args.progress))
         model.save(args.output)
         info = model.build_info
@@ -387,9 +395,9 @@ def _run_accel(args, artifact: bool) -> int:
     compares = _compares(args.compare, ("cpu", "onnxruntime"))
     progress = _progress(args.progress)
     if artifact:
-        if args.quantize or args.calibration or args.input_shape:
-            raise CelosiaError(f"{args.model} is built already: --quantize, --calibration and "
-                               f"--input-shape apply to ONNX models")
+        if args.quantize or args.calibration or args.calibration_method or args.input_shape:
+            raise CelosiaError(f"{args.model} is built already: --quantize, --calibration, "
+                               f"--calibration-method and --input-shape apply to ONNX models")
         model = AccelModel.load(args.model)
         if args.config and _config(args.config) != model.config:
             raise CelosiaError(f"{args.model} was built for another configuration than "
@@ -398,6 +406,7 @@ def _run_accel(args, artifact: bool) -> int:
         model = AccelModel.from_onnx(args.model, _config(args.config),
                                      input_shapes=_shapes_from_inputs(args),
                                      calibration=args.calibration, target=args.target,
+                                     calibration_method=args.calibration_method or "mse",
                                      progress=progress)
     cpu = None
     if args.target == "cpu" or "cpu" in compares:  # the all-CPU build, made at most once
@@ -592,6 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accel", action="store_true",
                    help="zoo only: the int8 build on the accelerator (cycle model): bit-exact "
                         "check, MAC share, crossings, layout share, utilisation, cycles")
+    p.add_argument("--calibration-method", metavar="METHOD",
+                   help="zoo --int8/--accel only: celosia's calibration method (mse, minmax, "
+                        "percentile[:P], entropy; default mse)")
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="zoo --accel only: seconds per model for its accelerator build and "
                         "run (default 600); a model over it is recorded with the reason")
@@ -621,6 +633,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--calibration", metavar="DATA.npz",
                        help="calibration inputs for --quantize: one array per model input, "
                             "named after it, samples along the first axis")
+        p.add_argument("--calibration-method", metavar="METHOD",
+                       help="how --quantize chooses each int8 range from the calibration "
+                            "samples: mse (default), minmax, percentile (99.99 of |x|; "
+                            "percentile:P for another), entropy (KL divergence)")
         p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
                        help="static shape of an input with dynamic dimensions (repeatable); "
                             "`run` takes them from the --input arrays when left out")

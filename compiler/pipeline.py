@@ -20,14 +20,16 @@ __all__ = ["quantize_model"]
 
 
 def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True,
-                   input_shapes: dict | None = None, method: str = "mse") -> Graph:
+                   input_shapes: dict | None = None, method: str = "mse",
+                   percentile: float | None = None) -> Graph:
     """The quantized graph of an ONNX model (path, bytes, ModelProto; imported with
     ``input_shapes``) or of a graph (imported, optimized or not).
 
     A model with QuantizeLinear/DequantizeLinear nodes is a QDQ model: ``from_qdq``, then
     ``optimize`` for the float rest (``calibration`` is not needed). Otherwise ``optimize``
     then ``quantize_graph`` with ``calibration`` (feeds, a dict of sample arrays or an .npz
-    path; ``method``: how each int8 range is chosen, "mse" or "minmax", quantize.py).
+    path; ``method``: how each int8 range is chosen, "mse", "minmax", "percentile" (with
+    ``percentile``, or "percentile:P") or "entropy", graph/calib.py).
     """
     graph = model_or_graph if isinstance(model_or_graph, Graph) else \
         import_onnx(model_or_graph, input_shapes)
@@ -35,4 +37,4 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
         return optimize(from_qdq(graph))
     # 1-D convolutions as 2-D ones of height 1: the integer convolutions are 2-D.
     return quantize_graph(conv1d_as_2d(optimize(graph)), calibration, per_channel=per_channel,
-                          method=method)
+                          method=method, percentile=percentile)

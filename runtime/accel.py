@@ -258,10 +258,12 @@ class AccelModel:
     @classmethod
     def from_onnx(cls, model, config=None, *, input_shapes: dict | None = None,
                   calibration=None, target: str = "fsim", tune_top: int = 4,
-                  progress=None) -> "AccelModel":
+                  progress=None, calibration_method: str = "mse") -> "AccelModel":
         """Import an ONNX model (path, bytes or ModelProto), quantize it to int8 (with
         ``calibration``: an .npz path or {input: samples}; a QDQ model needs none) and build
-        it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph)."""
+        it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph).
+        ``calibration_method``: "mse", "minmax", "percentile[:P]" or "entropy"
+        (compiler/graph/calib.py)."""
         from ..compiler.frontend.onnx import import_onnx
         from ..compiler.graph.quantize import CalibrationError
         from ..compiler.pipeline import quantize_model
@@ -275,7 +277,7 @@ class AccelModel:
                 "the accelerator runs int8 models: quantize this float model with --quantize "
                 "int8 --calibration DATA.npz (in Python: calibration={input: samples}), or "
                 "give a QDQ model from onnxruntime's quantizer")
-        qgraph = quantize_model(graph, calibration)
+        qgraph = quantize_model(graph, calibration, method=calibration_method)
         if progress:
             n = sum(node.op in ("QConv", "QGemm") for node in qgraph.nodes)
             progress(f"quantized to int8: {n} integer conv/dense layers "
@@ -601,10 +603,14 @@ def _round_up(n: int, m: int) -> int:
 
 def _spec_str(spec) -> str:
     from ..compiler.accel.ops import ConvSpec
+    from ..compiler.accel.ops_group import GroupConvSpec
 
     if isinstance(spec, ConvSpec):
         return (f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.o} {spec.kh}x{spec.kw} "
                 f"s{spec.stride} p{spec.pad}")
+    if isinstance(spec, GroupConvSpec):
+        return (f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.o} {spec.kh}x{spec.kw} "
+                f"groups={spec.groups} s{list(spec.strides)} p{list(spec.pads)}")
     return f"{spec.n}x{spec.k} -> {spec.o}"
 
 

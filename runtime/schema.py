@@ -383,10 +383,10 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
     values = {}
     for name, f in root["values"].items():
         layout = f["layout"].string(("matrices",)) if f.get("layout") is not None else None
-        if name not in graph.types or (len(graph.types[name].shape) not in (2, 4)
+        if name not in graph.types or (len(graph.types[name].shape) not in (2, 3, 4)
                                        if layout is None else len(graph.types[name].shape) < 3):
-            raise f.fail("is not a 2-D or 4-D value of the graph (or, in the matrices layout, "
-                         "one of 3 or more axes)")
+            raise f.fail("is not a 2-D, 3-D or 4-D value of the graph (or, in the matrices "
+                         "layout, one of 3 or more axes)")
         addr, shape = f["addr"].integer(), f["shape"].shape()
         want = packed_shape(graph.types[name].shape, cfg, layout)
         if shape != want:

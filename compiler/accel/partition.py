@@ -1,8 +1,10 @@
 """Partitioning a quantized graph between the accelerator and the CPU.
 
-``annotate`` decides, node by node, what the configured accelerator can run: a ``QConv``
-with groups = 1, no dilation, one stride and one padding for both axes, and a ``QGemm``,
-each with its fused bias, per-channel requantization, residual add and clip (the ALU
+``annotate`` decides, node by node, what the configured accelerator can run: a 2-D or 1-D
+``QConv`` without dilation (conv2d for groups = 1 with one stride and one padding for both
+axes; group_conv2d, compiler/accel/ops_group.py, for grouped and depthwise ones, per-side
+padding, a stride per axis and 1-D ones as 2-D with one row), and a ``QGemm``, each with
+its fused bias, per-channel requantization, residual add and clip (the ALU
 epilogue of compiler/ops.py executes exactly the integer arithmetic that
 compiler/graph/qops.py defines), and a ``QMatMul`` of two run-time values (one dense
 product per matrix, its second operand packed into the weight layout at run time:
@@ -31,6 +33,7 @@ from celosia.errors import CompilerError
 from ..graph.ir import Graph, Node
 from . import matmul
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
+from .ops_group import GroupConvSpec, crop_taps, group_layout_problem, pack_group_kernel
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_rows", "compile_layer",
@@ -50,22 +53,45 @@ class Placement:
 def _conv_problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
     a = node.attrs
     x = graph.types[node.inputs[0]]
-    if len(x.shape) != 4:
-        return f"{len(x.shape) - 2}-D convolution (the accelerator runs 2-D ones)"
-    if a.get("group", 1) != 1:
-        kind = "depthwise" if a["group"] == x.shape[1] else "grouped"
-        return f"{kind} convolution (groups={a['group']}): the GEMM core takes groups=1"
-    if any(d != 1 for d in a.get("dilations", (1, 1))):
+    y = graph.types[node.outputs[0]]
+    if len(x.shape) not in (3, 4):
+        return (f"{len(x.shape) - 2}-D convolution (the accelerator runs 2-D ones, and 1-D "
+                f"ones as 2-D with one row)")
+    dims = len(x.shape) - 2
+    if any(d != 1 for d in a.get("dilations", (1,) * dims)):
         return f"dilations {list(a['dilations'])}: the accelerator has no dilated convolution"
-    strides = list(a.get("strides", (1, 1)))
-    if strides[0] != strides[1]:
-        return f"strides {strides} differ per axis"
-    pads = list(a.get("pads", (0, 0, 0, 0)))
-    if len(set(pads)) != 1:
-        return f"asymmetric padding {pads}"
+    group = int(a.get("group", 1))
+    if group != 1:
+        problem = group_layout_problem(x.shape[1], y.shape[1], group, cfg.block)
+        if problem:
+            kind = "depthwise" if group == x.shape[1] else "grouped"
+            return f"{kind} convolution: {problem}"
     if x.shape[0] % cfg.batch:
         return f"batch {x.shape[0]} is not a multiple of BATCH={cfg.batch}"
     return None
+
+
+def _conv_geometry(node: Node, graph: Graph) -> tuple:
+    """(groups, strides, pads (top, left, bottom, right), kernel (kh, kw)) of a QConv, a 1-D
+    one as 2-D with one row."""
+    a = node.attrs
+    x = graph.types[node.inputs[0]]
+    w = graph.initializers[node.inputs[1]]
+    dims = len(x.shape) - 2
+    strides = [int(s) for s in a.get("strides", (1,) * dims)]
+    pads = [int(p) for p in a.get("pads", (0,) * 2 * dims)]
+    kernel = tuple(int(d) for d in w.shape[2:])
+    if dims == 1:
+        strides, pads, kernel = [1] + strides, [0, pads[0], 0, pads[1]], (1,) + kernel
+    return int(a.get("group", 1)), tuple(strides), tuple(pads), kernel
+
+
+def _is_plain_conv2d(node: Node, graph: Graph) -> bool:
+    """Whether conv2d (searched schedules) takes the node: 2-D, groups 1, one stride and
+    one padding for both axes; otherwise group_conv2d runs it."""
+    group, strides, pads, _ = _conv_geometry(node, graph)
+    return (len(graph.types[node.inputs[0]].shape) == 4 and group == 1
+            and strides[0] == strides[1] and len(set(pads)) == 1)
 
 
 # Integer operators of a quantized graph with no accelerator kernel yet: what they compute.
@@ -130,7 +156,9 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
     for node in graph.nodes:
         problem = "all-CPU build" if not accelerate else _problem(node, graph, cfg)
         if problem is None:
-            what = {"QConv": "conv2d", "QGemm": "dense"}.get(node.op)
+            what = {"QGemm": "dense", "QMatMul": None}.get(node.op, "conv2d")
+            if what == "conv2d" and not _is_plain_conv2d(node, graph):
+                what = "group_conv2d"
             out[node.name] = Placement("accel", f"{what} with its fused epilogue" if what else
                                        "matmul: a dense product per matrix, its second "
                                        "operand packed into the weight layout at run time")
@@ -164,7 +192,7 @@ def _layout_uses(graph: Graph, placements: dict[str, Placement]) -> dict[str, li
         if n.op != "QMatMul" and placements[n.name].target == "accel":
             for v in (n.inputs[0], *n.inputs[4:], n.outputs[0]):
                 if v:
-                    lay = "nchw" if len(graph.types[v].shape) == 4 else "rows"
+                    lay = "nchw" if len(graph.types[v].shape) in (3, 4) else "rows"
                     uses.setdefault(v, []).append((n.name, lay))
     return uses
 
@@ -239,6 +267,8 @@ def packed_shape(shape: tuple[int, ...], cfg: HwConfig, layout: str | None = Non
     b, k = cfg.batch, cfg.block
     if layout == "matrices":
         return matmul.matrices_shape(shape, cfg)
+    if len(shape) == 3:  # [N, C, L]: a 1-D convolution's value, as NCHW with one row
+        shape = (shape[0], shape[1], 1, shape[2])
     if len(shape) == 4:
         n, c, h, w = shape
         return (n // b, _ceil(c, k) // k, h, w, b, k)
@@ -247,8 +277,8 @@ def packed_shape(shape: tuple[int, ...], cfg: HwConfig, layout: str | None = Non
 
 
 def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None) -> np.ndarray:
-    """NCHW (or [N, C]) int8 -> the packed layout, channels zero-padded to BLOCK (or the
-    "matrices" layout of a QMatMul operand).
+    """NCHW (or [N, C], or [N, C, L] as NCHW with one row) int8 -> the packed layout,
+    channels zero-padded to BLOCK (or the "matrices" layout of a QMatMul operand).
 
     One strided copy into a fresh array: this runs at every region border of every
     inference, so it avoids np.pad and intermediate copies (their fixed costs are most of
@@ -257,6 +287,8 @@ def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None) -> np.nd
     if layout == "matrices":
         return matmul.pack_matrices(x, cfg)
     x = np.asarray(x)
+    if x.ndim == 3:
+        x = x[:, :, None, :]
     n, c = x.shape[:2]
     cb = -(-c // k)
     full = c // k
@@ -278,10 +310,12 @@ def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None) -> np.nd
 
 def unpack_value(p: np.ndarray, shape: tuple[int, ...], layout: str | None = None,
                  cfg: HwConfig | None = None) -> np.ndarray:
-    """The packed layout -> NCHW (or [N, C]) of ``shape`` (padding channels and rows
-    dropped); the "matrices" layout needs ``cfg``."""
+    """The packed layout -> NCHW (or [N, C], or [N, C, L]) of ``shape`` (padding channels
+    and rows dropped); the "matrices" layout needs ``cfg``."""
     if layout == "matrices":
         return matmul.unpack_matrices(p, shape, cfg)
+    if len(shape) == 3:
+        return unpack_value(p, (shape[0], shape[1], 1, shape[2])).reshape(shape)
     n, c = shape[:2]
     spatial = tuple(shape[2:])
     axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
@@ -306,8 +340,8 @@ class AccelLayer:
     """One accelerator node: its operator spec and its constant operands, packed."""
 
     node: str
-    kind: str  # "conv2d", "dense" or "matmul" (a dense product per matrix)
-    spec: ConvSpec | DenseSpec
+    kind: str  # "conv2d", "group_conv2d", "dense" or "matmul" (a dense product per matrix)
+    spec: ConvSpec | GroupConvSpec | DenseSpec
     weight: np.ndarray | None  # None for a matmul: its weights are packed at run time
     bias: np.ndarray
     scale: np.ndarray
@@ -343,7 +377,17 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
     op = _ceil(o, k)
     bias_p = pack_bias(pad_channels(bias.astype(np.int32), 0, k), b, k)
     scale_p = pack_bias(pad_channels(mult.astype(np.int32), 0, k), b, k)
-    if node.op == "QConv":
+    if node.op == "QConv" and not _is_plain_conv2d(node, graph):
+        group, strides, pads, (kh, kw) = _conv_geometry(node, graph)
+        n, c = x_t.shape[:2]
+        h, wd = (1, x_t.shape[2]) if len(x_t.shape) == 3 else x_t.shape[2:]
+        spec, w4 = crop_taps(GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw,
+                                           groups=group, strides=strides, pads=pads,
+                                           block=k, epilogue=epi),
+                             w.reshape(o, c // group, kh, kw))
+        weight = pack_group_kernel(w4, spec)
+        kind = "group_conv2d"
+    elif node.op == "QConv":
         n, c, h, wd = x_t.shape
         kh, kw = w.shape[2:]
         spec = ConvSpec(n=n, c=_ceil(c, k), h=h, w=wd, o=op, kh=kh, kw=kw,
@@ -366,11 +410,16 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
 
 def compile_layer(layer: AccelLayer, cfg: HwConfig, *, top: int = 4):
     """(AcceleratorFunction, knobs) for a layer: conv2d knobs searched on the cycle model
-    (compiler/tune.py, cached on disk), dense knobs likewise (compiler/tune_dense.py)."""
+    (compiler/tune.py, cached on disk), dense knobs likewise (compiler/tune_dense.py),
+    group_conv2d knobs by ``group_conv_knobs`` (compiler/accel/ops_group.py)."""
     from .ops import conv2d, dense
+    from .ops_group import group_conv2d, group_conv_knobs
     from .tune import tune_conv
     from .tune_dense import tune_dense
 
+    if layer.kind == "group_conv2d":
+        knobs = group_conv_knobs(cfg, layer.spec)
+        return group_conv2d(cfg, layer.spec, knobs, name=layer.node), knobs
     if layer.kind == "conv2d":
         # The batch is the outermost host loop of the schedule: knobs found for one batch
         # tile serve any batch (and the search stays cheap and its cache shared).

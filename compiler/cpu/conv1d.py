@@ -2,7 +2,7 @@
 
 Audio and sequence models (Silero VAD's STFT-as-conv and encoder, temporal CNNs) convolve
 [N, C, L] inputs, which the CPU lowering otherwise leaves to numpy. ``conv1d_as_2d``
-rewrites each float32 Conv of a 3-D input with constant weights into
+rewrites each float32 Conv (and int8 QConv) of a 3-D input with constant weights into
 
     Reshape x [N, C, L] -> [N, C, 1, L];  Conv with kernel [1, k];  Reshape back
 
@@ -22,13 +22,14 @@ __all__ = ["conv1d_as_2d"]
 
 
 def _is_conv1d(node: Node, graph: Graph) -> bool:
-    if node.op != "Conv" or len(node.inputs) < 2:
+    if node.op not in ("Conv", "QConv") or len(node.inputs) < 2:
         return False
-    x, w = node.inputs[:2]
-    b = node.inputs[2] if len(node.inputs) > 2 else ""
+    x = node.inputs[0]
+    consts = [c for c in node.inputs[1:3 if node.op == "Conv" else 4] if c]
     t = graph.types[x]
-    return (len(t.shape) == 3 and t.dtype == "float32" and t.static
-            and w in graph.initializers and (not b or b in graph.initializers))
+    dtype = "float32" if node.op == "Conv" else "int8"
+    return (len(t.shape) == 3 and t.dtype == dtype and t.static and len(consts) >= 1
+            and all(c in graph.initializers for c in consts))
 
 
 def _with_height(shape, rank: int = 3) -> tuple:
@@ -75,8 +76,10 @@ def conv1d_as_2d(graph: Graph) -> Graph:
         inputs = [as_2d(x, f"{node.name}/2d"), w2]
         epilogue = [tuple(s) for s in a.get("epilogue", ())]
         for k, i in enumerate(rest):
-            # the bias stays [M]; an epilogue operand gets the height too
-            binary = any(s[0] in EPILOGUE_BINARY and s[1] == k + 2 for s in epilogue)
+            # the bias (and a QConv's multiplier) stays [M]; an epilogue operand (a QConv's
+            # residual) gets the height too
+            binary = any(s[0] in EPILOGUE_BINARY and s[1] == k + 2 for s in epilogue) or \
+                (node.op == "QConv" and k + 2 == 4)
             inputs.append(as_2d(i, f"{node.name}/operand{k}") if binary and i else i)
         y = node.outputs[0]
         t = types[y]
@@ -87,7 +90,7 @@ def conv1d_as_2d(graph: Graph) -> Graph:
         pads = list(a["pads"])
         attrs = {**a, "kernel_shape": [1, *a["kernel_shape"]], "strides": [1, *a["strides"]],
                  "dilations": [1, *a["dilations"]], "pads": [0, pads[0], 0, pads[1]]}
-        nodes.append(Node("Conv", tuple(inputs), (y2,), attrs, node.name))
+        nodes.append(Node(node.op, tuple(inputs), (y2,), attrs, node.name))
         twin[y] = y2
         # Back to 3-D only for readers that are not 1-D convolutions reading it as data.
         if y in graph.outputs or any(id(r) not in convs or r.inputs[0] != y

@@ -14,7 +14,8 @@ by ``wrap``); right shifts are arithmetic (floor).
 - ``Quantize(x float32) -> int8``, attr ``scale``: ``clip(rint(x / float32(scale)), -128,
   127)`` computed in float32 (rint rounds half to even).
 - ``Dequantize(x int8 or int32) -> float32``, attr ``scale``: ``float32(x) * float32(scale)``.
-- ``QConv(x int8 NCHW, w int8 OIHW, bias int32[O], multiplier int32[O] [, residual int8])``,
+- ``QConv(x int8 NCHW (or NCL), w int8 OIHW (or OIL), bias int32[O], multiplier int32[O]
+  [, residual int8])``,
   attrs ``kernel_shape, strides, pads, dilations, group`` (as Conv), ``shift`` (0..31),
   ``lo, hi`` (int8 bounds) and ``scale`` (the output's scale, informational)::
 
@@ -202,8 +203,10 @@ def _check_epilogue_operands(node: Node, types, channels: int, out_shape):
 
 def _qconv_types(node: Node, types):
     x, w, a = types[0], types[1], node.attrs
-    if x.dtype != "int8" or w.dtype != "int8" or len(x.shape) != 4 or len(w.shape) != 4:
-        raise NodeError(node, f"input {x} and weight {w} must be 4-D int8")
+    if x.dtype != "int8" or w.dtype != "int8" or len(x.shape) not in (3, 4) or \
+            len(w.shape) != len(x.shape):
+        raise NodeError(node, f"input {x} and weight {w} must be int8, both 4-D (or both 3-D: "
+                              f"a 1-D convolution)")
     if w.shape[0] % a["group"]:
         raise NodeError(node, f"input has {x.shape[1]} channels but weight {w} with "
                               f"group={a['group']} expects {w.shape[1] * a['group']}")

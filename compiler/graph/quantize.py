@@ -15,7 +15,8 @@ Scales are symmetric, zero points are 0: a value v of scale s is stored as int8
 ``q = clip(rint(v / s), -128, 127)``, ``s = range / 127`` over the calibration samples,
 the range being max|v| (method "minmax") or, by default ("mse"), for values never
 negative that do not feed a QLut, the clipping range of least squared error
-(``_mse_ranges``; docs/graph.md has the measurements behind the choice). The exception:
+(``_mse_ranges``; docs/graph.md has the measurements behind the choice), or a percentile
+of |v| ("percentile") or TensorRT's KL-divergence threshold ("entropy"), calib.py. The exception:
 values never negative whose writers and readers fold a zero point into their constants
 exactly (qzero.py: Relu outputs read by 1x1 convolutions, Gemm, Linear) get zero point
 -128 and all 256 steps on [0, range] (``zero_points=False`` turns this off).
@@ -25,8 +26,11 @@ run as a QGemm on their rows, between two int8 Reshapes) with a constant weight 
 QConv/QGemm when its epilogue has only constant per-channel Adds (a bias) and Muls (a layer
 scale, folded into the weights and the bias), at most one
 residual Add, then Relu/Clip steps (together one clamp [lo, hi]), optionally followed by
-unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...): those become a QLut
-(a 256-entry int8 table) after the layer, which then writes an intermediate int8 value:
+unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...) and constant Adds/Muls
+of one value: those become a QLut (a 256-entry int8 table) after the layer, which then
+writes an intermediate int8 value, and optionally a QAdd/QMul of a run-time value of the
+output's type after the table. A ConvTranspose with strides equal to its kernel is a 1x1
+Conv and an int8 pixel shuffle first (qtranspose.py):
 
 - weights: per output channel (``per_channel``; else one scale) ``s_w[o] = max|w[o]|/127``,
   ``w_q = rint(w / s_w)``; Gemm's alpha is folded into w, its beta into the bias.
@@ -50,10 +54,10 @@ unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...): those becom
 - Relu gives ``lo = 0``; Clip(a, b) gives ``lo, hi = clip(rint(a/s_out)), clip(rint(b/s_out))``
   within [-128, 127]; no activation gives [-128, 127].
 
-MaxPool, Flatten, Reshape, Relu and Identity on an int8 value stay int8 in the same scale
-(so does a Concat of int8 values that already share one scale); GlobalAveragePool becomes
-QGlobalAveragePool; an element-wise function of one value (``_LUT_OPS``) on an int8 value
-becomes a QLut. Every other node stays float: a Dequantize is inserted before it for an
+MaxPool, Flatten, Reshape, Relu and Identity (and a ConvTranspose's pixel shuffle) on an int8
+value stay int8 in the same scale (so does a Concat of int8 values that already share one scale); GlobalAveragePool
+becomes QGlobalAveragePool; an element-wise function of one value (``_LUT_OPS``) on an int8
+value becomes a QLut. Every other node stays float: a Dequantize is inserted before it for an
 int8 input, and a Quantize after a float value only where a quantized node reads it. Graph
 inputs and outputs keep their names and float types (a final Dequantize writes an output).
 Each node left float carries ``float_reason``, a string attribute saying why, named by
@@ -71,9 +75,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .calib import CalibrationError, entropy_range, parse_method, percentile_range
 from .ir import EPILOGUE_UNARY, Graph, GraphError, Node, TensorType, constant, verify_graph
 from .ops import KERNELS, OWN_INPUTS
 from .passes import remove_dead_code
+from .qtranspose import conv_transpose_reason, expand_conv_transposes
 from .qzero import affine, asymmetric_classes, mse_top
 from .reference import apply_epilogue, evaluate_node
 
@@ -84,7 +90,6 @@ __all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
 # the MSE range search, which tries ranges down to _MSE_LOWEST of the maximum.
 _KEPT = 20000
 _MSE_LOWEST = 0.3
-CALIBRATION_METHODS = ("mse", "minmax")
 # Zero points go to values never negative on the samples (Relu outputs) only: on the
 # signed values that could take one (SiLU outputs, projections read by 1x1 convolutions) they
 # cost EfficientNet (small) 0.99269 -> 0.96574 and YOLO 0.99974 -> 0.99969 in cosine to fp32
@@ -107,10 +112,6 @@ def is_qdq(graph: Graph) -> bool:
     """Whether a graph is a QDQ model (QuantizeLinear/DequantizeLinear nodes): ``from_qdq``
     turns it into a quantized graph, with no calibration."""
     return any(n.op in _QDQ_OPS for n in graph.nodes)
-
-
-class CalibrationError(GraphError):
-    """Calibration samples that do not fit the graph: says which input, expected vs got."""
 
 
 # ---- calibration samples ---------------------------------------------------------------------
@@ -218,7 +219,8 @@ class _Layer:
     activations as one clamp [lo, hi] (infinite when absent). ``axis``: the output's channel
     axis (-1 for a MatMul, whose leading axes become QGemm rows). ``head``: the epilogue
     steps up to the clamp; ``tail``: the unary steps from the first one with no exact int8
-    form (SiLU, HardSwish, Sigmoid, ...) on, done by a QLut after the layer."""
+    form (SiLU, HardSwish, Sigmoid, ...) on, with constant Adds/Muls of one value among
+    them (_uniform), done by a QLut after the layer."""
 
     weight: np.ndarray
     bias: np.ndarray
@@ -241,6 +243,28 @@ def _per_channel(c: np.ndarray, out_shape, channel_axis: int):
     if any(d != 1 and (k != channel_axis or d != channels) for k, d in enumerate(padded)):
         return None
     return np.broadcast_to(c.astype(np.float64).reshape(-1), (channels,)).copy()
+
+
+def _uniform(graph: Graph, name: str, out_shape, channel_axis: int):
+    """A constant operand of an epilogue Add/Mul that is one value for every element of the
+    output (a scalar, or a per-channel vector of equal entries), as a float32 scalar, or
+    None."""
+    c = graph.initializers.get(name)
+    if c is None or c.size == 0:
+        return None
+    vector = _per_channel(c, out_shape, channel_axis)
+    if vector is None or not (c == c.reshape(-1)[0]).all():
+        return None
+    return np.float32(c.reshape(-1)[0])
+
+
+def _tail_function(graph: Graph, node: Node, layer: "_Layer"):
+    """The layer's table steps as a function of one float32 array (the QLut's table), its
+    constant operands (_uniform) as scalars."""
+    out = graph.types[node.outputs[0]].shape
+    operands = [_uniform(graph, i, out, layer.axis) if i in graph.initializers else None
+                for i in node.inputs]
+    return lambda v: apply_epilogue(v, layer.tail, operands)
 
 
 def _clamp(steps):
@@ -298,23 +322,38 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | str:
     for op, *args in node.attrs.get("epilogue", ()):
         if after:  # nothing after the Add/Mul that follows the table
             return f"its epilogue goes on with {op} after the {after[0]} that follows its table"
-        # SE's x * sigmoid(gate): a QMul after the table. (YOLO's x + silu(conv) stays a
-        # float layer: quantized, with a QAdd or a float Add after the table, it cost YOLO
-        # (small) 0.99974 -> 0.9989..0.99957 in cosine to fp32.)
+        # A constant Add/Mul of one value for every element after the table (PP-LCNetV3's
+        # learnable affine a * hardswish(x) + b) keeps the tail a function of one int8
+        # value: the table computes it.
+        if tail and op in ("Add", "Mul") and _uniform(graph, node.inputs[args[0]], out.shape,
+                                                      axis) is not None:
+            tail.append((op, *args))
+            continue
+        # SE's x * sigmoid(gate): a QMul after the table; YOLO's x + silu(conv): a QAdd
+        # (YOLO (small) in cosine to fp32: 0.99974 -> 0.99933 on the bench's test feed,
+        # 0.99882 -> 0.99912 in the mean over six; docs/graph.md).
         if tail and op == "Mul":
             operand = node.inputs[args[0]]
             if operand in inits or types[operand] != out:
                 return (f"its epilogue multiplies the {tail[0][0]} result by "
-                        f"{'a constant' if operand in inits else types[operand]} (an int8 "
-                        f"Mul after a table takes a run-time value of the output's type {out})")
+                        f"{'a per-channel constant' if operand in inits else types[operand]}"
+                        f" (after a table an int8 layer takes a constant of one value, folded "
+                        f"into the table, or a run-time value of the output's type {out})")
             after = (op, args[0], operand)
+            continue
+        if tail and op == "Add" and node.inputs[args[0]] not in inits and \
+                types[node.inputs[args[0]]] == out:
+            after = (op, args[0], node.inputs[args[0]])
             continue
         if tail or op in _LUT_STEPS:  # from here on a function of one int8 value: a table
             if op not in EPILOGUE_UNARY:
-                return (f"its epilogue's {op} after {tail[0][0]} (a lookup table's result) "
-                        f"has no int8 form: the quantizer keeps such a layer float (an int8 "
-                        f"{op} after the table cost accuracy)"
+                return (f"its epilogue adds a run-time value of type "
+                        f"{types[node.inputs[args[0]]]} after {tail[0][0]} (a lookup table's "
+                        f"result), broadcast to {out} (QAdd takes the output's type)"
                         if op == "Add" and node.inputs[args[0]] not in inits else
+                        f"its epilogue's {op} after {tail[0][0]} by a per-channel constant "
+                        f"has no int8 form (a table is one function for every channel)"
+                        if op == "Add" else
                         f"its epilogue's {op} after {tail[0][0]} has no int8 form")
             tail.append((op, *args))
             continue
@@ -393,15 +432,31 @@ def _is_int8_binary(graph: Graph, node: Node, int8: set) -> bool:
         v in int8 and graph.types[v].shape == out.shape for v in node.inputs)
 
 
+def _matmul_factor(graph: Graph, node: Node) -> float | None:
+    """The constant positive scalar a MatMul's epilogue multiplies its result by (attention's
+    ``(Q x K^T) * d**-0.5``: the QMatMul's requantization takes it), 1.0 without an
+    epilogue, None for any other epilogue."""
+    steps = node.attrs.get("epilogue") or ()
+    if not steps:
+        return 1.0 if len(node.inputs) == 2 else None
+    if len(steps) != 1 or steps[0][0] != "Mul" or len(node.inputs) != 3 or steps[0][1] != 2:
+        return None
+    k = graph.initializers.get(node.inputs[2])
+    if k is None or np.size(k) != 1 or not float(np.asarray(k).reshape(())) > 0:
+        return None
+    return float(np.asarray(k).reshape(()))
+
+
 def _is_activation_matmul(graph: Graph, node: Node) -> bool:
     """A MatMul of two values computed at run time (attention's Q x K^T and P x V), of
-    static shapes and without an epilogue: a QMatMul."""
-    if node.op != "MatMul" or len(node.inputs) != 2 or node.attrs.get("epilogue") \
-            or len(node.outputs) != 1:
+    static shapes, without an epilogue or with a constant positive scalar Mul as its only
+    epilogue: a QMatMul."""
+    if node.op != "MatMul" or _matmul_factor(graph, node) is None or len(node.outputs) != 1:
         return False
-    ts = [graph.types[v] for v in (*node.inputs, node.outputs[0])]
-    return not any(v in graph.initializers for v in node.inputs) and all(
-        t.dtype == "float32" and t.static and len(t.shape) >= 2 for t in ts)
+    if any(v in graph.initializers for v in node.inputs[:2]):
+        return False
+    ts = [graph.types[v] for v in (*node.inputs[:2], node.outputs[0])]
+    return all(t.dtype == "float32" and t.static and len(t.shape) >= 2 for t in ts)
 
 
 def _mid(node: Node) -> str:
@@ -410,7 +465,10 @@ def _mid(node: Node) -> str:
     return f"{node.name}/before_lut"
 
 
-def _plan(graph: Graph) -> _Plan:
+def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
+    """Which nodes become integer ones; ``shuffles``: the Transposes of qtranspose.py's
+    pixel shuffles, int8 in the same scale (other Transposes stay float: int8 ones made
+    ConvNeXt's residual Adds QAdds, 0.99946 -> 0.99931 in mean cosine to fp32)."""
     plan = _Plan({}, {}, set(), _Classes(), {})
     for node in graph.nodes:
         layer = _layer_form(graph, node)
@@ -424,8 +482,9 @@ def _plan(graph: Graph) -> _Plan:
                 len(node.outputs) == 1 and graph.types[out].dtype == "float32":
             plan.kinds[node.name] = "lut"
         elif len(node.outputs) == 1 and int8_in and (
-                node.op in _SAME_SCALE or (node.op == "Concat" and len(
-                    {plan.classes.find(i) for i in node.inputs}) == 1)):
+                node.op in _SAME_SCALE or node.name in shuffles or (
+                    node.op == "Concat" and len({plan.classes.find(i)
+                                                 for i in node.inputs}) == 1)):
             plan.kinds[node.name] = "same"
             plan.classes.union(node.inputs[0], out)
         elif _is_activation_matmul(graph, node):
@@ -449,16 +508,19 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
     inputs = [i for i in node.inputs if i]
     if any(isinstance(v, Graph) for v in node.attrs.values()):
         return "the quantizer does not look inside Loop, Scan and If bodies"
-    if node.op == "MatMul" and not any(i in graph.initializers for i in inputs):
-        ts = [graph.types[v] for v in (*inputs, *node.outputs)]
+    if node.op == "MatMul" and not any(i in graph.initializers for i in node.inputs[:2]):
+        ts = [graph.types[v] for v in (*node.inputs[:2], *node.outputs)]
         if node.attrs.get("epilogue"):
             steps = ", ".join(s[0] for s in node.attrs["epilogue"])
-            return f"a MatMul of two run-time values with an epilogue ({steps}): QMatMul has none"
+            return (f"a MatMul of two run-time values with an epilogue ({steps}): QMatMul "
+                    f"takes only a Mul by a constant positive scalar")
         if not all(t.static for t in ts):
             return "a MatMul of two run-time values whose shapes are only known at run time"
         return "a MatMul of two run-time values of rank < 2 or not float32"
     if node.op in OWN_INPUTS:
         return layer_reason
+    if node.op == "ConvTranspose" and conv_transpose_reason(graph, node):
+        return conv_transpose_reason(graph, node)
     if out is None or out.dtype != "float32":
         return (f"it computes {out.dtype} values (indices, shapes or masks), not float data"
                 if out is not None else "it has no output")
@@ -546,10 +608,20 @@ def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) ->
     negative on the samples (a Relu output), the maximum for the others, for the inputs of
     a QLut and for the outputs of a layer clamped above (Relu6: the clamp already bounds
     the range, and narrowing it cost MobileNetV2 0.9975 -> 0.9970). Measured on the zoo's
-    small models (docs/graph.md): MSE ranges for every value lose accuracy on the SiLU models (YOLO, EfficientNet: clipping a signed
-    pre-activation or a residual cuts values the next layer needs), for non-negative ones
-    they gain (EfficientNet 0.987 -> 0.993, ResNet-18 0.9989 -> 0.9992). A class with a
-    zero point (``asym``) searches the upper end of [0, t] in 256 steps instead."""
+    small models (docs/graph.md): MSE ranges for every value lose accuracy on the SiLU
+    models (YOLO, EfficientNet: clipping a signed pre-activation or a residual cuts values
+    the next layer needs), for non-negative ones they gain (EfficientNet 0.987 -> 0.993,
+    ResNet-18 0.9989 -> 0.9992). A class with a zero point (``asym``) searches the upper end
+    of [0, t] in 256 steps instead.
+
+    The output of a table whose steps include a constant Add/Mul (PP-LCNetV3's learnable
+    affine ``a * hardswish(x) + b``) takes the MSE range even when signed (unless it gets a
+    zero point): a few channels reach 10x the others' range (PP-OCR rec's 2.76 against 0.27
+    for nine channels in ten). Measured (small, cosine to fp32 on the bench's test feed,
+    then the mean over six): PP-OCR rec 0.953 -> 0.988 (0.965 -> 0.981), det 0.522 -> 0.714
+    (0.338 -> 0.305). For every table it costs the SiLU and plain HardSwish models
+    (EfficientNet 0.883 -> 0.865, MobileNetV3 0.707 -> 0.657 in the mean): it stays with
+    these."""
     kept = {plan.classes.find(_mid(n)) for n in graph.nodes
             if n.name in plan.layers and plan.layers[n.name].tail}
     kept |= {plan.classes.find(n.inputs[0]) for n in graph.nodes
@@ -557,10 +629,15 @@ def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) ->
     kept |= {plan.classes.find(n.outputs[0]) for n in graph.nodes
              if n.name in plan.layers and not plan.layers[n.name].tail
              and math.isfinite(plan.layers[n.name].hi)}
+    affine_tails = {plan.classes.find(n.outputs[0]) for n in graph.nodes
+                    if n.name in plan.layers and not plan.layers[n.name].after
+                    and any(s[0] in ("Add", "Mul") for s in plan.layers[n.name].tail)}
     out = {}
     for root, t in top.items():
         values = np.concatenate(members[root])
-        if root in kept or values.min(initial=0) < 0:
+        if root in affine_tails and root not in asym:
+            out[root] = _mse_range(values, t)
+        elif root in kept or values.min(initial=0) < 0:
             out[root] = t
         elif root in asym:
             out[root] = mse_top(values, t, _MSE_LOWEST)
@@ -777,8 +854,13 @@ def _table(f, s_in: float, s_out: float, z_in: int = 0, z_out: int = 0) -> np.nd
 
 
 def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
-                   method: str = "mse", zero_points: bool = True) -> Graph:
+                   method: str = "mse", zero_points: bool = True,
+                   percentile: float | None = None) -> Graph:
     """The quantized graph of an optimized float graph (module doc).
+
+    ``method``: how each value's range is chosen from the samples, "mse" (default),
+    "minmax", "percentile" (of |x|: ``percentile``, default 99.99, or "percentile:P") or
+    "entropy" (KL divergence); calib.py has the details.
 
     ``zero_points``: give a zero point to the values whose writers and readers fold it
     into their constants exactly (qzero.py); False keeps every activation symmetric.
@@ -787,17 +869,16 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     arrays (one sample, or samples along a leading axis as in ``calibration_from_npz``), or
     an .npz path. Inputs and outputs keep their names and types.
     """
+    method, percent = parse_method(method, percentile)
     samples = _samples(graph, calibration)
-    plan = _plan(graph)
+    graph, shuffles = expand_conv_transposes(graph)  # the upsamplers' int8 form
+    plan = _plan(graph, shuffles)
     layer_inputs = {n.inputs[0] for n in graph.nodes if n.name in plan.layers}
     layer_inputs |= {v for n in graph.nodes if plan.kinds.get(n.name) == "matmul"
-                     for v in n.inputs}
+                     for v in n.inputs[:2]}
     layer_inputs |= {layer.after[2] for layer in plan.layers.values() if layer.after}
     residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
     needed = plan.int8 | layer_inputs | residuals
-    if method not in CALIBRATION_METHODS:
-        raise CalibrationError(f"unknown calibration method {method!r}: choose one of "
-                               f"{', '.join(CALIBRATION_METHODS)}")
     maxabs, mins, pre, kept = _calibrate(graph, samples, plan, needed)
     top: dict[str, float] = {}
     low: dict[str, float] = {}
@@ -813,6 +894,13 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
         if zero_points else set()
     if method == "mse":
         top = _mse_ranges(graph, plan, top, members, asym)
+    elif method == "percentile":
+        top = {r: percentile_range(np.concatenate(members[r]), t, percent)
+               for r, t in top.items()}
+    elif method == "entropy":  # 256 levels on [0, t] for a value that takes a zero point
+        top = {r: entropy_range(np.concatenate(members[r]), t,
+                                256 if r in asym and low[r] >= 0 else 128)
+               for r, t in top.items()}
     asym = {r for r in asym if low[r] >= -_SIGNED_ZERO_POINTS * high[r]}
     affine_of = {r: affine(low[r], top[r] if low[r] >= 0 else high[r])
                  for r in asym}
@@ -890,8 +978,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                 if layer.after:
                     lut = b.value(f"{out}/lut", TensorType("int8", graph.types[out].shape))
                 z_lut = 0 if layer.after else zero(out)
-                table = _table(lambda v: apply_epilogue(v, layer.tail, ()), s_out, s_lut,
-                               z_out, z_lut)
+                table = _table(_tail_function(graph, node, layer), s_out, s_lut, z_out,
+                               z_lut)
                 b.add("QLut", [target, b.const(f"{node.name}/table", table)],
                       [lut], {"scale": s_lut}, f"{node.name}/lut")
                 if layer.after:
@@ -903,9 +991,10 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             _emit_binary(b, node.op, as_int8(x), as_int8(y), scale(x), scale(y), scale(out),
                          int8_name[out], node.name, fresh=False)
         elif kind == "matmul":
-            (a, c), out = node.inputs, node.outputs[0]
-            ratio = scale(a) * scale(c) / scale(out)
-            m, shift = _matmul_params(ratio, maxabs[out] / (scale(a) * scale(c)))
+            (a, c), out = node.inputs[:2], node.outputs[0]
+            factor = _matmul_factor(graph, node)  # a scalar Mul fused into the MatMul
+            ratio = scale(a) * scale(c) * factor / scale(out)
+            m, shift = _matmul_params(ratio, maxabs[out] / (scale(a) * scale(c) * factor))
             b.add("QMatMul", [as_int8(a), as_int8(c)], [int8_name[out]],
                   {"multiplier": m, "shift": shift, "scale": scale(out)}, node.name,
                   fresh=False)

@@ -239,6 +239,24 @@ def test_compiled_conv2d(vthreads, tmp_path):
         assert_same_time(cfg, image)
 
 
+@pytest.mark.parametrize("groups", ["depthwise", "grouped"])
+def test_compiled_group_conv2d(groups, tmp_path):
+    from celosia.compiler.accel.ops import Epilogue
+    from celosia.compiler.accel.ops_group import GroupConvKnobs, GroupConvSpec, group_conv2d
+
+    cfg = SMALL
+    k = cfg.block
+    g = 2 * k if groups == "depthwise" else 4  # 1 or k/2 channels per group
+    spec = GroupConvSpec(n=cfg.batch, c=2 * k, h=5, w=6, o=2 * k, kh=3, kw=3, groups=g,
+                         strides=(1, 2), pads=(1, 0, 1, 1), block=k,
+                         epilogue=Epilogue(bias=True, scale=True, shift=9, residual=True))
+    fn = group_conv2d(cfg, spec, GroupConvKnobs(5, 3, 1, 1, 1, vthreads=2))
+    rng = np.random.default_rng(3)
+    args = [rng.integers(-128, 128, p.shape).astype(p.dtype) for p in fn.func.params]
+    for image in _driver_images(cfg, lambda dev: fn(dev, *args), tmp_path, 8 << 20):
+        assert_same_time(cfg, image)
+
+
 # ---- random programs ------------------------------------------------------------------------
 
 CHUNK = 25

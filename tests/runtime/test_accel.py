@@ -112,14 +112,21 @@ def test_placement_reasons_and_regions():
                                                 pads=[0, 0, 0, 0], dilations=[1, 1]), "pool"),
           (1, 16, 4, 4))
     b.add(_qconv("ok3", "f", "g", (16, 16, 3, 3)), (1, 16, 4, 4), (16, 16, 3, 3))
-    g = b.graph(["x"], ["g"])
+    b.add(_qconv("wide", "g", "h", (72, 16, 1, 1), pads=(0, 0, 0, 0)), (1, 72, 4, 4),
+          (72, 16, 1, 1))
+    b.add(_qconv("g24", "h", "i", (72, 3, 3, 3), group=24), (1, 72, 4, 4), (72, 3, 3, 3))
+    g = b.graph(["x"], ["i"])
     places = annotate(g, HwConfig())
-    assert "depthwise convolution (groups=16)" in places["dw"].reason
+    assert places["dw"].reason == "group_conv2d with its fused epilogue"
+    assert places["asym"].reason == "group_conv2d with its fused epilogue"
+    assert places["ok1"].reason == "conv2d with its fused epilogue"
     assert "dilations [2, 2]" in places["dil"].reason
-    assert "asymmetric padding" in places["asym"].reason
+    assert places["g24"].reason.startswith("grouped convolution: groups of 3 input / 3 output "
+                                           "channels do not tile BLOCK=16")
     assert places["pool"].reason == "MaxPool (int8 max pooling) has no accelerator kernel yet"
-    assert [n for n, p in places.items() if p.target == "accel"] == ["ok1", "ok2", "ok3"]
-    assert regions(g, places) == {"ok1": 0, "ok2": 0, "ok3": 1}
+    assert [n for n, p in places.items() if p.target == "accel"] == [
+        "dw", "asym", "ok1", "ok2", "ok3", "wide"]
+    assert regions(g, places) == {"dw": 0, "asym": 1, "ok1": 1, "ok2": 1, "ok3": 2, "wide": 2}
     assert all(p.target == "cpu" for p in annotate(g, HwConfig(), accelerate=False).values())
 
 

@@ -208,6 +208,41 @@ def test_attention_matmuls_become_qmatmul():
     _check(graph, q, _feeds((2, 6, 16), 1, 19)[0], 0.08)
 
 
+@pytest.mark.parametrize("factor", [0.25, -0.5])
+def test_attention_scores_scaled_by_a_constant(factor):
+    """(Q x K^T) * d**-0.5 (the scale fused into the MatMul as its epilogue): a positive
+    scalar goes into the QMatMul's requantization; any other epilogue keeps the MatMul
+    float with that reason."""
+    from celosia.compiler.accel.partition import annotate
+    from celosia import HwConfig
+
+    rng = np.random.default_rng(23)
+    wq, wk, wv = (rng.normal(0, 0.3, (16, 16)).astype(np.float32) for _ in range(3))
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]),
+             helper.make_node("MatMul", ["x", "wk"], ["k"]),
+             helper.make_node("MatMul", ["x", "wv"], ["v"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+             helper.make_node("Mul", ["s0", "d"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    graph = _graph(nodes, {"x": (2, 6, 16)}, {"wq": wq, "wk": wk, "wv": wv,
+                                              "d": np.array(factor, np.float32)})
+    assert [n for n in graph.nodes if n.op == "MatMul" and n.attrs.get("epilogue")]
+    q = quantize_graph(graph, _feeds((2, 6, 16), 4, 24))
+    ops = [n.op for n in q.nodes]
+    if factor > 0:
+        assert ops.count("QMatMul") == 2 and "MatMul" not in ops, ops
+        _check(graph, q, _feeds((2, 6, 16), 1, 25)[0], 0.08)
+        places = annotate(q, HwConfig())
+        assert all(places[n.name].target == "accel" for n in q.nodes if n.op == "QMatMul")
+    else:
+        scores = [n for n in q.nodes if n.op == "MatMul"]
+        assert len(scores) == 1 and "epilogue" in scores[0].attrs["float_reason"]
+        assert ops.count("QMatMul") == 1, ops
+        _check(graph, q, _feeds((2, 6, 16), 1, 25)[0], 0.08)
+
+
 def test_qadd_qmul_against_int64():
     rng = np.random.default_rng(20)
     a, b = (rng.integers(-128, 128, (2, 3, 4, 5)).astype(np.int8) for _ in range(2))
