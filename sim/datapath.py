@@ -67,6 +67,8 @@ _KERNELS = 1 << 14
 _KERNEL_BYTES = 256 << 20
 _CACHED_INSNS = 1 << 17
 _CACHED_MEM_KERNELS = 1 << 17
+# The most bytes of float32 operands one tiles kernel forms (larger GEMMs: the general path).
+_TILE_BYTES = 64 << 20
 # int8 x int8 products a float32 matrix product may sum exactly (1024 x 2^14 = 2^24).
 _EXACT_TERMS = 1024
 
@@ -694,6 +696,8 @@ class Datapath:
 
         x_idx = operand(src_g, insn.src_factor_out, insn.src_factor_in, "n", x_dep)
         w_idx = operand(wgt_g, insn.wgt_factor_out, insn.wgt_factor_in, "m", w_dep)
+        if (x_idx.size * batch + w_idx.size * block) * block * 4 > _TILE_BYTES:
+            return None  # float32 operands too large (weights moving with every execution)
         rows = (dst_g[:, None, None] + i[..., 0] * insn.dst_factor_out
                 + j[..., 0] * insn.dst_factor_in).transpose(*perm).reshape(-1)  # (b, m, n)
         per_slice = _EXACT_TERMS // block

@@ -463,3 +463,19 @@ def test_dense_layer_is_one_product():
         dp.gemm(0, insn)
         np.testing.assert_array_equal(dp.acc, want_acc)
         np.testing.assert_array_equal(dp.out, want_out)
+
+
+def test_tiles_kernel_falls_back_when_operands_are_large(monkeypatch):
+    """A GEMM whose float32 operands would pass _TILE_BYTES takes the general path, with the
+    same result."""
+    import celosia.sim.datapath as datapath
+
+    cfg = CONFIGS[2]
+    rng = np.random.default_rng(8)
+    dp, insn, uops = _tiles_case(cfg, rng, _extremes, ACC_FILLS["near_max"])
+    monkeypatch.setattr(datapath, "_TILE_BYTES", 64)
+    assert _kernel_name(dp, insn) == "<lambda>"  # the general path
+    want_acc, want_out = _naive(dp, insn, uops)
+    dp.gemm(0, insn)
+    np.testing.assert_array_equal(dp.acc, want_acc)
+    np.testing.assert_array_equal(dp.out, want_out)
