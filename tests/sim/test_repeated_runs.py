@@ -165,6 +165,79 @@ def test_random_programs_twice_on_one_simulator(seed):
         assert results[0] == results[1]
 
 
+
+def _repeated_words_program(cfg):
+    """Equal GEMM and ALU instruction words, several times each."""
+    rng = np.random.default_rng(4)
+    b = ProgramBuilder(cfg)
+    ib = b.data(rng.integers(-128, 128, (8, cfg.batch, cfg.block), dtype=np.int8),
+                cfg.inp_elem_bytes) // cfg.inp_elem_bytes
+    wb = b.data(rng.integers(-128, 128, (4, cfg.block, cfg.block), dtype=np.int8),
+                cfg.wgt_elem_bytes) // cfg.wgt_elem_bytes
+    ub = b.uops([Uop(0, 0, 0), Uop(0, 1, 1), Uop(0, 0)])
+    out = b.alloc(4 * cfg.out_elem_bytes) // cfg.out_elem_bytes
+    b.emit(_load(MemType.INP, 0, ib, 8))
+    b.emit(_load(MemType.WGT, 0, wb, 4, push_next=True))
+    b.emit(_load(MemType.UOP, 0, ub, 3))  # a compute-module load
+    b.emit(GemmInsn(uop_bgn=0, uop_end=2, iter_out=4, dst_factor_out=1, src_factor_out=2,
+                    pop_prev=True))
+    for _ in range(3):
+        b.emit(GemmInsn(uop_bgn=0, uop_end=2, iter_out=4, dst_factor_out=1, src_factor_out=2))
+        b.emit(AluInsn(alu_op=AluOp.SHR, use_imm=True, imm=1, uop_bgn=2, uop_end=3, iter_out=4,
+                       dst_factor_out=1))
+    b.emit(AluInsn(alu_op=AluOp.MAX, use_imm=True, imm=-9, uop_bgn=2, uop_end=3, iter_out=4,
+                   dst_factor_out=1, push_next=True))
+    b.emit(_store(0, out, 4, pop_prev=True))
+    b.emit(FinishInsn())
+    return b.image()
+
+
+@pytest.mark.parametrize("keep", ["all", "eight"])
+def test_many_programs_decoded_once(keep, monkeypatch):
+    """A model runs many programs in turn. Each distinct instruction word is decoded once
+    per program; the programs stay decoded while they total at most _PROGRAM_CACHE_INSNS
+    instructions (``all``: a second pass decodes nothing), else the least recently used
+    beyond the last eight are decoded again (``eight``); either way every run equals the
+    first run of its program on a fresh simulator."""
+    from celosia.sim import fsim
+
+    monkeypatch.setattr(fsim, "_PROGRAMS", {})
+    monkeypatch.setattr(fsim, "_program_insns", [0])
+    if keep == "eight":
+        monkeypatch.setattr(fsim, "_PROGRAM_CACHE_INSNS", 0)
+    calls = []
+    decode = fsim.decode
+    monkeypatch.setattr(fsim, "decode", lambda word, *a: calls.append(word) or decode(word, *a))
+    cfgs = [(SMALL, DEFAULT)[seed % 2] for seed in range(12)]
+    images = [random_program(cfg, 100 + seed, n_body=25).image
+              for seed, cfg in enumerate(cfgs[:-1])]
+    images.append(_repeated_words_program(cfgs[-1]))
+    first, repeats = [], 0
+    for cfg, image in zip(cfgs, images):
+        words = {image.dram[image.insn_addr + 16 * i:image.insn_addr + 16 * (i + 1)].tobytes()
+                 for i in range(image.insn_count)}
+        repeats += image.insn_count - len(words)
+        before = len(calls)
+        sim = CycleSimulator(cfg, image.dram.size)
+        sim.write_dram(0, image.dram)
+        first.append((sim.run(image.insn_addr, image.insn_count),
+                      sim.read_dram(0, image.dram.size).tobytes()))
+        assert len(calls) - before == len(words)
+    assert repeats > 0
+    before = len(calls)
+    for k, (cfg, image) in enumerate(zip(cfgs, images)):
+        for target in (CycleSimulator, FunctionalSimulator):
+            sim = target(cfg, image.dram.size)
+            sim.write_dram(0, image.dram)
+            stats = sim.run(image.insn_addr, image.insn_count)
+            assert sim.read_dram(0, image.dram.size).tobytes() == first[k][1]
+            assert stats == (first[k][0] if target is CycleSimulator
+                             else {key: first[k][0][key] for key in stats})
+    assert (len(calls) == before) == (keep == "all")
+    for target in (CycleSimulator, FunctionalSimulator):  # shared words: the reference's values
+        _check(target(cfgs[-1], images[-1].dram.size), images[-1], cfgs[-1])
+    assert len(fsim._PROGRAMS) == (12 if keep == "all" else 8)
+
 # ---- statistics ---------------------------------------------------------------------------
 
 
