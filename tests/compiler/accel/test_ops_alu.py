@@ -1,0 +1,93 @@
+"""Max pooling on the accelerator's ALU (compiler/accel/ops_alu.py) against the numpy
+definition (compiler/graph/ops.py max_pool, -128 padding), on fsim and the cycle model:
+random shapes, kernels, strides, dilations, paddings (also ceil mode's extra trailing
+window), both presets; fsim and the cycle model leave identical DRAM."""
+
+import zlib
+
+import numpy as np
+import pytest
+
+from celosia.compiler.accel.ops import pack_nchw, pad_channels, unpack_nchw
+from celosia.compiler.accel.ops_alu import (PoolKnobs, PoolSpec, maxpool, maxpool_reference,
+                                            pool_knobs)
+from celosia.compiler.graph.ops import pool_output_shape
+from celosia.config import HwConfig
+from celosia.driver import Device
+from celosia.errors import CompilerError
+
+
+def _spec(cfg, n, c, h, w, k, s, d, p, ceil):
+    oh, ow = pool_output_shape((h, w), k, s, d, (*p, *p), ceil)
+    return PoolSpec(n=n, c=-(-c // cfg.block) * cfg.block, h=h, w=w, oh=oh, ow=ow, kh=k[0],
+                    kw=k[1], stride_h=s[0], stride_w=s[1], dil_h=d[0], dil_w=d[1],
+                    pad_top=p[0], pad_left=p[1])
+
+
+def _run(cfg, spec, x, knobs=None, target="fsim"):
+    b, k = cfg.batch, cfg.block
+    fn = maxpool(cfg, spec, knobs or pool_knobs(cfg, spec))
+    xp = pack_nchw(pad_channels(x, 1, k), b, k)
+    out = np.zeros((spec.n // b, spec.c // k, spec.oh, spec.ow, b, k), np.int8)
+    dev = Device(cfg, target, dram_size=8 << 20)
+    stats = fn(dev, xp, out)
+    return unpack_nchw(out)[:, :x.shape[1]], stats
+
+
+CASES = [  # (preset, n, c, h, w, kernel, stride, dilation, pads, ceil_mode)
+    ("default", 1, 16, 12, 12, (3, 3), (2, 2), (1, 1), (1, 1), 0),   # ResNet's stem pool
+    ("default", 1, 20, 9, 7, (2, 2), (2, 2), (1, 1), (0, 0), 1),     # ceil: a half window
+    ("default", 1, 8, 6, 10, (3, 2), (1, 2), (2, 1), (2, 1), 0),     # dilated, uneven
+    ("default", 1, 32, 13, 13, (5, 5), (1, 1), (1, 1), (2, 2), 0),   # SPPF's pool
+    ("small", 1, 6, 8, 8, (3, 3), (2, 2), (1, 1), (1, 1), 0),
+    ("small", 1, 4, 7, 5, (2, 3), (1, 1), (1, 1), (0, 1), 1),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:5])))
+def test_maxpool_matches_the_definition_on_fsim_and_cycle(case):
+    preset, n, c, h, w, k, s, d, p, ceil = case
+    cfg = HwConfig.load(preset)
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.integers(-128, 128, (n, c, h, w), dtype=np.int8)
+    x[:, :, 0, :] = -100  # windows of only negative values at the border: padding must lose
+    spec = _spec(cfg, n, c, h, w, k, s, d, p, ceil)
+    want = maxpool_reference(x, spec)
+    got, _ = _run(cfg, spec, x)
+    np.testing.assert_array_equal(got, want)
+    got_cycle, stats = _run(cfg, spec, x, target="cycle")
+    np.testing.assert_array_equal(got_cycle, want)
+    assert stats["cycles"] > 0
+
+
+def test_small_tiles_cover_the_image():
+    """Tiles of a few rows and columns (several O buffers in flight, border and inner
+    tiles) give the same result as one tile."""
+    cfg = HwConfig.load("default")
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, (1, 16, 11, 9), dtype=np.int8)
+    spec = _spec(cfg, 1, 16, 11, 9, (3, 3), (2, 2), (1, 1), (1, 1), 1)
+    want = maxpool_reference(x, spec)
+    for knobs in (PoolKnobs(1, 1), PoolKnobs(2, 3), PoolKnobs(spec.oh, 2)):
+        got, _ = _run(cfg, spec, x, knobs)
+        np.testing.assert_array_equal(got, want, err_msg=str(knobs))
+
+
+def test_large_image_is_tiled_to_fit_the_accumulator():
+    cfg = HwConfig.load("small")
+    spec = _spec(cfg, 1, 4, 64, 64, (3, 3), (2, 2), (1, 1), (1, 1), 0)
+    knobs = pool_knobs(cfg, spec)
+    ih = (knobs.tile_h - 1) * 2 + 3
+    iw = (knobs.tile_w - 1) * 2 + 3
+    assert ih * iw + 2 * knobs.tile_h * knobs.tile_w <= cfg.acc_depth
+    x = np.random.default_rng(5).integers(-128, 128, (1, 4, 64, 64), dtype=np.int8)
+    got, _ = _run(cfg, spec, x, knobs)
+    np.testing.assert_array_equal(got, maxpool_reference(x, spec))
+
+
+def test_padding_beyond_the_dma_is_declined():
+    cfg = HwConfig.load("default")
+    spec = PoolSpec(n=1, c=16, h=40, w=40, oh=40, ow=40, kh=33, kw=33, pad_top=16,
+                    pad_left=16)
+    with pytest.raises(CompilerError, match="more than the DMA's padding of 15"):
+        pool_knobs(cfg, spec)
