@@ -137,12 +137,14 @@ class AccelModel:
         from celosia.errors import CompilerError
 
         from ..compiler.accel.partition import (
+            ALIAS_OPS,
             Placement,
             annotate,
             compile_layer,
             layer_for,
             packed_shape,
             regions,
+            root_of,
         )
         from ..driver import Device
 
@@ -150,10 +152,23 @@ class AccelModel:
         cfg = HwConfig.load(config)
         placements = annotate(graph, cfg, accelerate=accelerate)
         accel = [n for n in graph.nodes if placements[n.name].target == "accel"]
-        compiled = {}
+        producer = {o: n for n in graph.nodes for o in n.outputs if o}
+        compiled, views = {}, []
         for k, node in enumerate(accel):
+            if node.op in ALIAS_OPS or node.op == "MaxPool":
+                p = producer.get(node.inputs[0])
+                if p is None or placements[p.name].target != "accel":
+                    placements[node.name] = Placement(
+                        "cpu", f"{node.op} of a value the CPU makes (its producer "
+                        f"{p.name if p else node.inputs[0]!r} has no accelerator schedule): on "
+                        f"the accelerator it would add a crossing, not save one")
+                    continue
+            if node.op in ALIAS_OPS:  # a view: no program (partition.py)
+                views.append(node.name)
+                continue
             t0 = time.perf_counter()
-            layer = layer_for(node, graph, cfg)
+            roots = {v: root_of(v, producer, placements) for v in node.inputs[:1]}
+            layer = layer_for(node, graph, cfg, roots=roots)
             try:
                 fn, knobs = compile_layer(layer, cfg, top=tune_top)
             except CompilerError as e:
@@ -178,24 +193,33 @@ class AccelModel:
 
         def value_buffer(name, align):
             # A value is one element size wherever it is used (BATCH x BLOCK int8 bytes), so
-            # its first user's alignment holds for every user.
+            # its first user's alignment holds for every user. A view's value is its root's
+            # buffer.
             if name not in values:
-                shape = packed_shape(graph.types[name].shape, cfg)
-                values[name] = (dev.alloc(int(np.prod(shape)), align=align), shape)
+                root = root_of(name, producer, placements)
+                if root != name:
+                    buf = value_buffer(root, align)
+                    values[name] = (buf, values[root][1], root)
+                else:
+                    shape = packed_shape(graph.types[name].shape, cfg)
+                    values[name] = (dev.alloc(int(np.prod(shape)), align=align), shape, None)
             return values[name][0]
 
         programs = {}
+        elem = max(64, cfg.batch * cfg.block)
         for node in graph.nodes:
+            if node.name in views and dev is not None:
+                value_buffer(node.outputs[0], elem)
+                programs[node.name] = {
+                    "insn_addr": 0, "insn_count": 0, "kind": "view",
+                    "spec": {"of": root_of(node.outputs[0], producer, placements)},
+                    "knobs": {}, "macs": 0, "region": region_of[node.name]}
             if node.name not in compiled:
                 continue
             layer, fn, knobs = compiled[node.name]
             align = [a for _, _, _, a in fn.arg_specs()]
-            bufs = [value_buffer(node.inputs[0], align[0]),
-                    dev.upload(layer.weight, align=align[1]),
-                    dev.upload(layer.bias, align=align[2]), dev.upload(layer.scale, align=align[3])]
-            if layer.residual:
-                bufs.append(value_buffer(node.inputs[4], align[4]))
-            bufs.append(value_buffer(node.outputs[0], align[-1]))
+            bufs = [value_buffer(x, a) if what == "value" else dev.upload(x, align=a)
+                    for (what, x), a in zip(layer.operands(node), align)]
             fn.bind(dev, bufs)
             prog = dev.build_program()
             programs[node.name] = {
@@ -213,7 +237,8 @@ class AccelModel:
                 "instructions": sum(p["insn_count"] for p in programs.values()),
                 "total_s": time.perf_counter() - start}
         return cls(graph, cfg, placements, programs,
-                   {k: {"addr": b.addr, "shape": list(s)} for k, (b, s) in values.items()},
+                   {k: {"addr": b.addr, "shape": list(s), **({"of": r} if r else {})}
+                    for k, (b, s, r) in values.items()},
                    image, segments=segments, source=source, build_info=info)
 
     @classmethod
@@ -306,12 +331,14 @@ class AccelModel:
         """Walk the graph as ``run`` does: what is wrong if a node or CPU segment would
         read a value that nothing made (where it would be), or a segment disagrees with
         the graph on a value's type; None if nothing."""
+        from ..compiler.accel.partition import dram_reads
+
         graph = self.graph
         made = set(graph.inputs) | set(graph.initializers)
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
         for node in graph.nodes:
             if node.name in self.programs:
-                for v in (node.inputs[0], *node.inputs[4:]):
+                for v in dram_reads(node):
                     if v and v not in made:
                         return f"accelerator node {node.name!r} reads {v!r} before it is made"
                 made.add(node.outputs[0])
@@ -368,7 +395,7 @@ class AccelModel:
 
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
-        from ..compiler.accel.partition import pack_value, unpack_value
+        from ..compiler.accel.partition import dram_reads, pack_value, unpack_value
         from ..compiler.graph.ir import InputShapeError
 
         graph, cfg = self.graph, self.config
@@ -393,8 +420,12 @@ class AccelModel:
 
         def to_host(name):
             if name and name not in host:
-                crossings["to_cpu"] += 1
                 v = self.values[name]
+                if v.get("of"):  # a view: its root's bytes, unpacked once, reshaped
+                    to_host(v["of"])
+                    host[name] = host[v["of"]].reshape(graph.types[name].shape)
+                    return
+                crossings["to_cpu"] += 1
                 raw = ex.read_dram(v["addr"], int(np.prod(v["shape"])))
                 host[name] = unpack_value(raw.view(np.int8).reshape(v["shape"]),
                                           graph.types[name].shape)
@@ -421,13 +452,18 @@ class AccelModel:
             t0 = time.perf_counter()
             prog = self.programs.get(node.name)
             if prog is not None:
-                for name in (node.inputs[0], *node.inputs[4:]):
+                packed = False
+                for name in dram_reads(node):
                     if name and name not in in_dram:
                         ex.write_dram(self.values[name]["addr"], pack_value(host[name], cfg))
                         in_dram.add(name)
                         crossings["to_accel"] += 1
-                row["layout_ms"] = (time.perf_counter() - t0) * 1e3
-                counters = ex.run(prog["insn_addr"], prog["insn_count"])
+                        packed = True
+                # Layout time: packing values at the border (a node that packs nothing has
+                # none).
+                row["layout_ms"] = (time.perf_counter() - t0) * 1e3 if packed else 0.0
+                counters = (ex.run(prog["insn_addr"], prog["insn_count"])
+                            if prog["insn_count"] else {"cycles": 0})
                 out = node.outputs[0]
                 in_dram.add(out)
                 host.pop(out, None)
@@ -557,6 +593,8 @@ def _spec_str(spec) -> str:
     if isinstance(spec, ConvSpec):
         return (f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.o} {spec.kh}x{spec.kw} "
                 f"s{spec.stride} p{spec.pad}")
+    if not hasattr(spec, "k"):  # pooling
+        return f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.oh}x{spec.ow} {spec.kh}x{spec.kw}"
     return f"{spec.n}x{spec.k} -> {spec.o}"
 
 

@@ -349,7 +349,7 @@ def _epilogue(f: Field) -> tuple:
 def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
     """Placements, programs and value buffers of an accelerator build, against its graph
     and DRAM image (``image_bytes`` long)."""
-    from ..compiler.accel.partition import Placement, packed_shape
+    from ..compiler.accel.partition import Placement, dram_reads, packed_shape
 
     nodes = {n.name: n for n in graph.nodes}
     placements = {}
@@ -365,11 +365,13 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
     for name, f in root["programs"].items():
         if name not in accel:
             raise f.fail("is a program for a node not placed on the accelerator")
-        addr, count = f["insn_addr"].integer(), f["insn_count"].integer(1)
+        kind = f["kind"].string()
+        # A view runs no program (compiler/accel/partition.py).
+        addr, count = f["insn_addr"].integer(), f["insn_count"].integer(int(kind != "view"))
         if addr % 16 or addr + 16 * count > image_bytes:
             raise f.fail(f"has its {count} instructions at {addr}, not 16-byte aligned "
                          f"inside the {image_bytes}-byte DRAM image")
-        programs[name] = {"insn_addr": addr, "insn_count": count, "kind": f["kind"].string(),
+        programs[name] = {"insn_addr": addr, "insn_count": count, "kind": kind,
                           "spec": f["spec"].obj(), "knobs": f["knobs"].obj(),
                           "macs": f["macs"].integer(), "region": f["region"].integer()}
     if set(programs) != accel:
@@ -379,17 +381,30 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
         if name not in graph.types or len(graph.types[name].shape) not in (2, 4):
             raise f.fail("is not a 2-D or 4-D value of the graph")
         addr, shape = f["addr"].integer(), f["shape"].shape()
-        if shape != packed_shape(graph.types[name].shape, cfg):
-            raise f["shape"].fail(f"is {list(shape)}, the value's packed shape is "
-                                  f"{list(packed_shape(graph.types[name].shape, cfg))}")
+        # A view's bytes are those of its root, another value of the graph.
+        of = f["of"].string() if f.get("of") is not None else None
+        if of is not None and (of not in graph.types or len(graph.types[of].shape) not in (2, 4)
+                               or int(np.prod(graph.types[of].shape)) !=
+                               int(np.prod(graph.types[name].shape))):
+            raise f["of"].fail(f"names {of!r}, not a 2-D or 4-D value of the graph of the "
+                               f"same size")
+        want = packed_shape(graph.types[of or name].shape, cfg)
+        if shape != want:
+            raise f["shape"].fail(f"is {list(shape)}, the packed shape of "
+                                  f"{of or name!r} is {list(want)}")
         size = int(np.prod(shape, dtype=object))
         if addr + size > image_bytes:
             raise f.fail(f"lies at [{addr}, {addr + size}), outside the {image_bytes}-byte "
                          f"DRAM image")
-        values[name] = {"addr": addr, "shape": list(shape)}
+        values[name] = {"addr": addr, "shape": list(shape), **({"of": of} if of else {})}
+    for name, v in values.items():
+        if "of" in v and ("of" in values.get(v["of"], {"of": 1}) or
+                          values[v["of"]]["addr"] != v["addr"]):
+            raise root["values"][name].fail(
+                f"is a view of {v['of']!r}, which has no buffer of its own at {v['addr']}")
     for name in sorted(accel):
         node = nodes[name]
-        for v in (node.inputs[0], *node.inputs[4:], node.outputs[0]):
+        for v in (*dram_reads(node), node.outputs[0]):
             if v and v not in values:
                 raise root["values"].fail(f"has no buffer for {v!r}, which accelerator node "
                                           f"{name!r} uses")

@@ -14,6 +14,18 @@ values stay in DRAM in the packed layout NCHW{BATCH}n{BLOCK}c (channels padded t
 and are never transposed; a value is packed once where it enters a region and unpacked
 once where the CPU reads it (layout conversions are placed only at region borders).
 
+Regions grow across nodes that need no GEMM, so that values leave the accelerator only
+where the model really does: an int8 ``MaxPool`` runs on the ALU (compiler/accel/ops_alu.py),
+and ``Reshape``/``Flatten``/``Squeeze``/``Unsqueeze``/``Identity`` (``ALIAS_OPS``) are views
+with no program: their output is the packed bytes of their input (its *root*, see
+``root_of``). A view whose packed bytes coincide with its own packed layout (same batch
+and channels, same number of pixels: [N, C, 1, 1] <-> [N, C], [N, C, H, W] <-> [N, C, HW,
+1]) may be read by any accelerator node; a flatten of [N, C, H, W] to [N, CHW] only by a
+QGemm as its data, whose weight columns are permuted at build time to read the packed
+order (``layer_for``); the CPU reads any view by unpacking its root. These nodes go to the
+accelerator only when their input is made there (otherwise they would add a crossing, not
+save one). ``dram_reads`` names the values an accelerator node reads from DRAM.
+
 ``layer_for`` gives the accelerator operator (spec, packed constants) for a node.
 """
 
@@ -28,12 +40,39 @@ from celosia.errors import CompilerError
 
 from ..graph.ir import Graph, Node
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
+from .ops_alu import PoolSpec
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
-           "dense_knobs", "compile_layer",
+           "dense_knobs", "compile_layer", "ALIAS_OPS", "dram_reads", "root_of",
            "packed_shape", "pack_value", "unpack_value"]
 
-ACCEL_OPS = ("QConv", "QGemm")
+ACCEL_OPS = ("QConv", "QGemm", "MaxPool")
+# Views: the output is the input's packed bytes (no program runs).
+ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+
+
+def dram_reads(node: Node) -> tuple[str, ...]:
+    """The values an accelerator node reads from DRAM (packed there first if the CPU made
+    them): a QConv's or QGemm's data and residual, another node's data input."""
+    if node.op in ("QConv", "QGemm"):
+        return tuple(v for v in (node.inputs[0], *node.inputs[4:]) if v)
+    return (node.inputs[0],)
+
+
+def root_of(value: str, producer: dict, placements: dict) -> str:
+    """The value whose packed bytes ``value`` is: itself, or for the output of a view on the
+    accelerator, its input's root. ``producer``: value -> node."""
+    while True:
+        p = producer.get(value)
+        if p is None or p.op not in ALIAS_OPS or placements[p.name].target != "accel":
+            return value
+        value = p.inputs[0]
+
+
+def _same_bytes(a: tuple, b: tuple) -> bool:
+    """Whether the packed layouts of shapes ``a`` and ``b`` are the same bytes."""
+    return (len(a) in (2, 4) and len(b) in (2, 4) and a[:2] == b[:2] and
+            int(np.prod(a[2:])) == int(np.prod(b[2:])))
 
 
 @dataclass(frozen=True)
@@ -93,7 +132,7 @@ def cpu_reason(node: Node, graph: Graph) -> str:
         return "Quantize: a float value enters the int8 graph (the accelerator takes int8 values)"
     if op == "Dequantize":
         return "Dequantize: an int8 value leaves for a float reader or output"
-    if op in _INT8_WORK:
+    if op in _INT8_WORK and out is not None and out.dtype == "int8":
         return f"{op} ({_INT8_WORK[op]}) has no accelerator kernel yet"
     if op.startswith("Q") or (out is not None and out.dtype == "int8"):
         what = "int8 data movement" if op in _INT8_MOVES else f"{op} on int8 values"
@@ -104,8 +143,75 @@ def cpu_reason(node: Node, graph: Graph) -> str:
     return f"{op} is a float operator (the accelerator runs int8 ones)"
 
 
+def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
+                      out: dict) -> str | None:
+    """Why a MaxPool or a view stays on the CPU (None: it goes to the accelerator)."""
+    x = node.inputs[0] if node.inputs else None
+    y = node.outputs[0] if node.outputs else None
+    if x is None or y is None or graph.types[x].dtype != "int8" or \
+            graph.types[y].dtype != "int8":
+        return cpu_reason(node, graph)
+    unknown = [v for v in (x, y) if not graph.types[v].static]
+    if unknown:
+        return f"the size of {unknown[0]!r} ({graph.types[unknown[0]]}) is only known at run time"
+    p = producer.get(x)
+    if p is None or out[p.name].target != "accel":
+        return (f"{node.op} of a value the CPU makes: on the accelerator it would add a "
+                f"crossing between CPU and accelerator, not save one")
+    xs, ys = graph.types[x].shape, graph.types[y].shape
+    if xs[0] % cfg.batch:
+        return f"batch {xs[0]} is not a multiple of BATCH={cfg.batch}"
+    if node.op == "MaxPool":
+        if len(xs) != 4:
+            return f"{len(xs) - 2}-D max pooling (the accelerator pools 2-D)"
+        if len(node.outputs) > 1 and node.outputs[1]:
+            return "MaxPool with its Indices output: the accelerator computes the maximum only"
+        return None
+    root = root_of(x, producer, out)
+    rs = graph.types[root].shape
+    if len(ys) not in (2, 4) or ys[0] != rs[0]:
+        return (f"{node.op} to {list(ys)}: the packed layout keeps 2-D and 4-D values with "
+                f"the batch first ({root!r} is {list(rs)})")
+    if not _same_bytes(ys, rs) and not (len(ys) == 2 and len(rs) == 4):
+        return (f"{node.op} {list(rs)} -> {list(ys)} reorders the packed bytes (not a view)")
+    return None
+
+
+def _check_views(graph: Graph, out: dict) -> None:
+    """Views on the accelerator whose accelerator readers cannot read their bytes, and
+    MaxPools/views whose input is no longer made on the accelerator, go back to the CPU
+    (until nothing changes)."""
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    changed = True
+    while changed:
+        changed = False
+        for n in graph.nodes:
+            if out[n.name].target != "accel":
+                continue
+            if n.op in ALIAS_OPS or n.op == "MaxPool":
+                p = producer.get(n.inputs[0])
+                if p is None or out[p.name].target != "accel":
+                    out[n.name] = Placement("cpu", f"{n.op} of a value the CPU makes: on the "
+                                            f"accelerator it would add a crossing, not save one")
+                    changed = True
+                continue
+            for v in dram_reads(n):
+                p = producer.get(v)
+                if p is None or p.op not in ALIAS_OPS or out[p.name].target != "accel":
+                    continue
+                root = root_of(v, producer, out)
+                vs, rs = graph.types[v].shape, graph.types[root].shape
+                if _same_bytes(vs, rs) or (n.op == "QGemm" and v == n.inputs[0]):
+                    continue
+                out[p.name] = Placement(
+                    "cpu", f"{p.op} {list(rs)} -> {list(vs)}: its reader {n.name!r} ({n.op}) "
+                    f"would read the packed bytes in another order (only a QGemm's data "
+                    f"reads a flattened value)")
+                changed = True
+
+
 def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
-    if node.op not in ACCEL_OPS:
+    if node.op not in ("QConv", "QGemm"):
         return cpu_reason(node, graph)
     for i in node.inputs[1:4]:
         if not graph.is_constant(i):
@@ -125,13 +231,24 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
     """A Placement per node name. With ``accelerate=False`` every node is on the CPU (the
     all-CPU build of the same quantized graph)."""
     out = {}
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
     for node in graph.nodes:
-        problem = "all-CPU build" if not accelerate else _problem(node, graph, cfg)
+        if not accelerate:
+            problem = "all-CPU build"
+        elif node.op in ALIAS_OPS or node.op == "MaxPool":
+            problem = _movement_problem(node, graph, cfg, producer, out)
+        else:
+            problem = _problem(node, graph, cfg)
         if problem is None:
-            what = "conv2d" if node.op == "QConv" else "dense"
-            out[node.name] = Placement("accel", f"{what} with its fused epilogue")
+            what = {"QConv": "conv2d with its fused epilogue",
+                    "QGemm": "dense with its fused epilogue",
+                    "MaxPool": "max pooling on the ALU"}.get(
+                        node.op, "a view of its input's packed bytes (no program)")
+            out[node.name] = Placement("accel", what)
         else:
             out[node.name] = Placement("cpu", problem)
+    if accelerate:
+        _check_views(graph, out)
     return out
 
 
@@ -151,7 +268,7 @@ def regions(graph: Graph, placements: dict[str, Placement]) -> dict[str, int]:
         parent[n.name] = n.name
     producer = {o: n for n in accel for o in n.outputs}
     for n in accel:
-        for i in (n.inputs[0],) + tuple(n.inputs[4:]):
+        for i in dram_reads(n):
             if i in producer:
                 parent[find(n.name)] = find(producer[i].name)
     numbers: dict[str, int] = {}
@@ -230,8 +347,8 @@ class AccelLayer:
     """One accelerator node: its operator spec and its constant operands, packed."""
 
     node: str
-    kind: str  # "conv2d" or "dense"
-    spec: ConvSpec | DenseSpec
+    kind: str  # "conv2d", "dense" or "maxpool"
+    spec: ConvSpec | DenseSpec | PoolSpec
     weight: np.ndarray
     bias: np.ndarray
     scale: np.ndarray
@@ -240,6 +357,18 @@ class AccelLayer:
     @property
     def macs(self) -> int:
         return self.spec.macs
+
+    def operands(self, node: Node) -> list[tuple[str, object]]:
+        """The arguments of the layer's function, in order: ("value", name) for a value
+        in DRAM, ("const", array) for a constant packed at build time."""
+        if self.kind in ("conv2d", "dense"):
+            args = [("value", node.inputs[0]), ("const", self.weight), ("const", self.bias),
+                    ("const", self.scale)]
+            if self.residual:
+                args.append(("value", node.inputs[4]))
+        else:
+            args = [("value", v) for v in dram_reads(node)]
+        return args + [("value", node.outputs[0])]
 
 
 def _epilogue(node: Node) -> Epilogue:
@@ -251,9 +380,39 @@ def _epilogue(node: Node) -> Epilogue:
                     bool(node.inputs[4]), lo=int(a["lo"]), hi=int(a["hi"]))
 
 
-def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
-    """The accelerator operator of a QConv or QGemm node (see ``annotate``)."""
+def _pool_layer(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
+    a = node.attrs
+    n, c, h, w = graph.types[node.inputs[0]].shape
+    oh, ow = graph.types[node.outputs[0]].shape[2:]
+    (kh, kw), (sh, sw) = a["kernel_shape"], a.get("strides", (1, 1))
+    dh, dw = a.get("dilations", (1, 1))
+    pads = a.get("pads", (0, 0, 0, 0))
+    spec = PoolSpec(n=n, c=_ceil(c, cfg.block), h=h, w=w, oh=oh, ow=ow, kh=kh, kw=kw,
+                    stride_h=sh, stride_w=sw, dil_h=dh, dil_w=dw, pad_top=pads[0],
+                    pad_left=pads[1])
+    empty = np.zeros(0, np.int8)
+    return AccelLayer(node.name, "maxpool", spec, empty, empty.astype(np.int32),
+                      empty.astype(np.int32), False)
+
+
+def _flatten_columns(w: np.ndarray, shape: tuple, k: int) -> np.ndarray:
+    """A dense weight [O, C*H*W] over a flattened NCHW value, its columns permuted to read
+    the packed bytes of that value instead: column ((cb*H + y)*W + x)*k + kk holds the
+    flattened feature (cb*k + kk)*H*W + y*W + x (zero for padding channels)."""
+    _, c, h, wd = shape
+    o = w.shape[0]
+    wc = pad_channels(w.reshape(o, c, h * wd), 1, k)
+    cp = wc.shape[1]
+    return wc.reshape(o, cp // k, k, h * wd).transpose(0, 1, 3, 2).reshape(o, cp * h * wd)
+
+
+def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None) -> AccelLayer:
+    """The accelerator operator of a QConv, QGemm or MaxPool node (see ``annotate``).
+    ``roots``: value -> the value whose packed bytes it is (``root_of``), for a QGemm that
+    reads a flattened value."""
     b, k = cfg.batch, cfg.block
+    if node.op == "MaxPool":
+        return _pool_layer(node, graph, cfg)
     x_t = graph.types[node.inputs[0]]
     w, bias, mult = (np.asarray(graph.initializers[i]) for i in node.inputs[1:4])
     epi = _epilogue(node)
@@ -271,6 +430,10 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
         kind = "conv2d"
     else:
         n, kdim = x_t.shape
+        root = graph.types[(roots or {}).get(node.inputs[0], node.inputs[0])].shape
+        if len(root) == 4:  # reads the packed bytes of the NCHW value it flattens
+            w = _flatten_columns(w, root, k)
+            kdim = w.shape[1]
         spec = DenseSpec(n=n, k=_ceil(kdim, k), o=op, epilogue=epi)
         wp = pad_channels(pad_channels(w, 0, k), 1, k)
         weight = np.ascontiguousarray(wp.reshape(op // k, k, spec.k // k, k).transpose(0, 2, 1, 3))
@@ -312,9 +475,15 @@ def dense_knobs(cfg: HwConfig, spec: DenseSpec):
 
 def compile_layer(layer: AccelLayer, cfg: HwConfig, *, top: int = 4):
     """(AcceleratorFunction, knobs) for a layer: conv2d knobs searched on the cycle model
-    (compiler/tune.py, cached on disk), dense knobs by ``dense_knobs``."""
+    (compiler/tune.py, cached on disk), dense knobs by ``dense_knobs``, max pooling tiles
+    by ops_alu.pool_knobs."""
     from .ops import conv2d, dense
+    from .ops_alu import maxpool, pool_knobs
     from .tune import tune_conv
+
+    if layer.kind == "maxpool":
+        knobs = pool_knobs(cfg, layer.spec)
+        return maxpool(cfg, layer.spec, knobs, name=layer.node), knobs
 
     if layer.kind == "conv2d":
         # The batch is the outermost host loop of the schedule: knobs found for one batch

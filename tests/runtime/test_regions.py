@@ -1,0 +1,143 @@
+"""Regions that grow across max pooling (on the ALU) and views (Reshape, Flatten, ...:
+no program, the packed bytes of their input): small ONNX models quantized to int8 and
+built with AccelModel.build are bit-exact with the all-CPU build of the same graph on fsim
+and the cycle model, the nodes are on the accelerator, and only the model's own input and
+output cross between CPU and accelerator."""
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+from onnx_builders import make_model, vi
+
+from celosia.compiler.accel.partition import ALIAS_OPS, dram_reads
+from celosia.compiler.pipeline import quantize_model
+from celosia.runtime.accel import AccelModel, compare_outputs
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _conv(rng, name, x, y, cin, cout, k=3, pad=1, relu=True):
+    w = rng.normal(0, 1 / np.sqrt(cin * k * k), (cout, cin, k, k)).astype(np.float32)
+    b = rng.normal(0, 0.1, cout).astype(np.float32)
+    nodes = [helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_c" if relu else y],
+                              kernel_shape=[k, k], pads=[pad] * 4)]
+    if relu:
+        nodes.append(helper.make_node("Relu", [f"{name}_c"], [y]))
+    return nodes, [numpy_helper.from_array(w, f"{name}_w"), numpy_helper.from_array(b, f"{name}_b")]
+
+
+def _gemm(rng, name, x, y, k, o):
+    w = rng.normal(0, 1 / np.sqrt(k), (o, k)).astype(np.float32)
+    b = rng.normal(0, 0.1, o).astype(np.float32)
+    return ([helper.make_node("Gemm", [x, f"{name}_w", f"{name}_b"], [y], transB=1)],
+            [numpy_helper.from_array(w, f"{name}_w"), numpy_helper.from_array(b, f"{name}_b")])
+
+
+def _quantized(nodes, inits, shape, seed):
+    m = make_model(nodes, [vi("x", list(shape))], [vi("y", None)], inits)
+    rng = np.random.default_rng(seed)
+    calib = [{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(3)]
+    return quantize_model(m, calib, input_shapes={"x": shape})
+
+
+def _crossings(graph, places) -> int:
+    """Values that cross per inference from the placement alone (as in
+    tests/models/test_zoo_accel.py)."""
+    on = {n.name for n in graph.nodes if places[n.name].target == "accel"}
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    made = {n.outputs[0] for n in graph.nodes if n.name in on}
+
+    def root(v):
+        while v in producer and producer[v].op in ALIAS_OPS and producer[v].name in on:
+            v = producer[v].inputs[0]
+        return v
+
+    packed = {v for n in graph.nodes if n.name in on for v in dram_reads(n) if v not in made}
+    read = {root(v) for n in graph.nodes if n.name not in on for v in n.inputs if v in made}
+    read |= {root(v) for v in made & set(graph.outputs)}
+    return len(packed) + len(read)
+
+
+def _check(q, feeds, *, accel_ops, crossings, targets=("fsim", "cycle"), config=None):
+    model = AccelModel.build(q, config)
+    placed = {n.op: [] for n in q.nodes}
+    for n in q.nodes:
+        placed[n.op].append(model.placements[n.name].target)
+    for op in accel_ops:
+        assert placed[op] and set(placed[op]) == {"accel"}, (op, placed[op], [
+            model.placements[n.name].reason for n in q.nodes if n.op == op])
+    want = model.cpu_build().run(feeds)
+    for target in targets:
+        got = model.run(feeds, target=target)
+        same, detail = compare_outputs(got, want, exact=True)
+        assert same, f"{target}: {detail['summary']}"
+        assert model.summary()["crossings"] == crossings == _crossings(q, model.placements)
+    return model
+
+
+@pytest.mark.parametrize("cin,c1,c2,n", [(3, 20, 24, 2), (1, 16, 8, 1)])
+def test_conv_pool_flatten_dense_is_one_region(cin, c1, c2, n):
+    """small_cnn's shape: conv, MaxPool, conv, Flatten, Gemm, with channel counts that
+    are not multiples of BLOCK: the Gemm reads the conv's packed bytes through weight
+    columns permuted at build time; only the input and the output cross."""
+    rng = np.random.default_rng(cin * 100 + c1)
+    a, ia = _conv(rng, "c1", "x", "a", cin, c1)
+    b = [helper.make_node("MaxPool", ["a"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                          pads=[1, 1, 1, 1])]
+    c, ic = _conv(rng, "c2", "p", "c", c1, c2)
+    f = [helper.make_node("Flatten", ["c"], ["f"], axis=1)]
+    g, ig = _gemm(rng, "fc", "f", "y", c2 * 5 * 5, 10)
+    q = _quantized(a + b + c + f + g, ia + ic + ig, (n, cin, 9, 9), seed=cin)
+    model = _check(q, {"x": rng.normal(0, 1, (n, cin, 9, 9)).astype(np.float32)},
+                   accel_ops=("QConv", "MaxPool", "Flatten", "QGemm"), crossings=2)
+    assert len({p["region"] for p in model.programs.values()}) == 1
+    views = [v for v in model.values.values() if "of" in v]
+    assert len(views) == 1
+
+
+def test_pool_variants_and_a_view_read_by_the_cpu(tmp_path):
+    """Ceil mode, asymmetric padding and a 2x2 pool; a Reshape that keeps the packed bytes
+    ([N, C, H, W] -> [N, C, H*W, 1]) feeding a 1x1 conv; the model's output a view the CPU
+    reads (its root unpacked once, reshaped). The .cel file keeps all of it."""
+    rng = np.random.default_rng(7)
+    a, ia = _conv(rng, "c1", "x", "a", 4, 12)
+    p = [helper.make_node("MaxPool", ["a"], ["p1"], kernel_shape=[3, 2], strides=[2, 1],
+                          pads=[1, 0, 0, 1], ceil_mode=1),
+         helper.make_node("MaxPool", ["p1"], ["p2"], kernel_shape=[2, 2], strides=[2, 2])]
+    shape = numpy_helper.from_array(np.array([0, 12, -1, 1], np.int64), "shape")
+    r = [helper.make_node("Reshape", ["p2", "shape"], ["r"])]
+    c, ic = _conv(rng, "c2", "r", "c", 12, 8, k=1, pad=0)
+    f = [helper.make_node("Flatten", ["c"], ["y"], axis=1)]
+    q = _quantized(a + p + r + c + f, ia + [shape] + ic, (1, 4, 11, 10), seed=3)
+    feeds = {"x": rng.normal(0, 1, (1, 4, 11, 10)).astype(np.float32)}
+    model = _check(q, feeds, accel_ops=("QConv", "MaxPool", "Reshape", "Flatten"),
+                   crossings=2)
+    model.save(tmp_path / "m.cel")
+    loaded = AccelModel.load(tmp_path / "m.cel")
+    same, detail = compare_outputs(loaded.run(feeds, target="fsim"),
+                                   model.cpu_build().run(feeds), exact=True)
+    assert same, detail["summary"]
+    assert loaded.summary()["crossings"] == 2
+
+
+def test_pool_and_view_stay_on_the_cpu_with_the_reason():
+    """A MaxPool the quantizer leaves in float (before the input's Quantize) and a Reshape
+    that reorders the packed bytes stay on the CPU, each with its reason; the model is
+    still bit-exact."""
+    rng = np.random.default_rng(11)
+    p = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2])]
+    a, ia = _conv(rng, "c1", "p", "a", 16, 16)
+    shape = numpy_helper.from_array(np.array([1, 32, 2, 4], np.int64), "shape")
+    r = [helper.make_node("Reshape", ["a", "shape"], ["r"])]
+    c, ic = _conv(rng, "c2", "r", "y", 32, 8)
+    q = _quantized(p + a + r + c, ia + [shape] + ic, (1, 16, 8, 8), seed=5)
+    model = _check(q, {"x": rng.normal(0, 1, (1, 16, 8, 8)).astype(np.float32)},
+                   accel_ops=("QConv",), crossings=4, targets=("fsim",))
+    why = {n.op: model.placements[n.name].reason for n in q.nodes
+           if n.op in ("MaxPool", "Reshape")}
+    assert why["MaxPool"].startswith("MaxPool left in float: its input 'x' is float")
+    assert why["Reshape"] == "Reshape [1, 16, 4, 4] -> [1, 32, 2, 4] reorders the packed bytes " \
+        "(not a view)"
