@@ -138,6 +138,7 @@ class AccelModel:
 
         from ..compiler.accel.partition import (
             ALIAS_OPS,
+            ALU_OPS,
             Placement,
             annotate,
             compile_layer,
@@ -155,7 +156,7 @@ class AccelModel:
         producer = {o: n for n in graph.nodes for o in n.outputs if o}
         compiled, views = {}, []
         for k, node in enumerate(accel):
-            if node.op in ALIAS_OPS or node.op == "MaxPool":
+            if node.op in ALIAS_OPS + ALU_OPS:
                 p = producer.get(node.inputs[0])
                 if p is None or placements[p.name].target != "accel":
                     placements[node.name] = Placement(
@@ -593,7 +594,9 @@ def _spec_str(spec) -> str:
     if isinstance(spec, ConvSpec):
         return (f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.o} {spec.kh}x{spec.kw} "
                 f"s{spec.stride} p{spec.pad}")
-    if not hasattr(spec, "k"):  # pooling
+    if hasattr(spec, "multiplier"):  # global average pooling
+        return f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> 1x1"
+    if hasattr(spec, "oh"):  # max pooling
         return f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.oh}x{spec.ow} {spec.kh}x{spec.kw}"
     return f"{spec.n}x{spec.k} -> {spec.o}"
 

@@ -1,4 +1,5 @@
-"""Accelerator operators that run on the ALU alone (no GEMM): int8 max pooling.
+"""Accelerator operators that run on the ALU alone (no GEMM): int8 max pooling and int8
+global average pooling.
 
 Written directly against the driver's stream builder (``Device.load_2d``, ``alu``,
 ``store_2d`` and dependency tokens) rather than through te schedules: a pooling window is
@@ -23,6 +24,14 @@ Max pooling, per tile of output rows x columns of one (batch block, channel bloc
 
 Two ``O`` buffers alternate so that a tile's store overlaps the next tile's ALU work; the
 store -> compute tokens say when a buffer may be written again.
+
+Global average pooling (compiler/graph/qops.py qglobal_average_pool: ``(sum * multiplier +
+2^(shift-1)) >> shift``, clipped, in int32 arithmetic), per group of channel blocks of one
+batch block: ``ACC_8BIT`` LOAD of their pixels (contiguous in DRAM), one ALU ``ADD`` whose
+inner loop has destination factor 0 (each channel block's pixels summed into one row, after
+a ``MUL 0`` that clears it), then ``MUL`` by a row holding the multiplier and ``ADD`` of a
+row holding the rounding constant (both int32 constants loaded once: they need not fit the
+16-bit immediate), ``SHR``, ``MAX -128``, ``MIN 127`` and the store of those rows.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from celosia.errors import CompilerError
 from celosia.isa import AluOp, MemType, Module
 
 __all__ = ["PoolSpec", "PoolKnobs", "pool_knobs", "maxpool", "AluProgram",
-           "maxpool_reference"]
+           "maxpool_reference", "GapSpec", "global_average_pool", "gap_constants"]
 
 _MAX_PAD = 15  # the DMA's pad fields are 4 bits
 
@@ -148,12 +157,12 @@ class AluProgram:
     def __init__(self, name: str, config: HwConfig, args, emit):
         self.name = name
         self.config = config
-        self._args = args  # [(name, dtype, shape)]
+        self._args = args  # [(name, dtype, shape)]: packed, the last two axes one element
         self._emit = emit  # emit(dev, buffers)
 
     def arg_specs(self) -> list[tuple[str, str, tuple[int, ...], int]]:
-        b, k = self.config.batch, self.config.block
-        return [(n, dt, tuple(s), max(64, b * k)) for n, dt, s in self._args]
+        return [(n, dt, tuple(s), max(64, int(np.prod(s[-2:])) * np.dtype(dt).itemsize))
+                for n, dt, s in self._args]
 
     def bind(self, dev, buffers) -> list:
         if dev.config != self.config:
@@ -292,3 +301,113 @@ def maxpool_reference(x: np.ndarray, spec: PoolSpec) -> np.ndarray:
     y = max_pool(attrs, x)
     y = y[0] if isinstance(y, tuple) else y
     return y[:, :, :spec.oh, :spec.ow]
+
+
+# ---- global average pooling ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GapSpec:
+    """int8 global average pooling of packed [n, c, h, w] (c padded to BLOCK) to [n, c, 1, 1]:
+    ``(sum * multiplier + 2^(shift-1)) >> shift``, clipped to int8."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    multiplier: int
+    shift: int
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+def gap_constants(cfg: HwConfig, spec: GapSpec) -> np.ndarray:
+    """The int32 rows the program loads: the multiplier and the rounding constant."""
+    rows = np.empty((2, cfg.batch, cfg.block), np.int32)
+    rows[0] = np.int32(np.int64(spec.multiplier).astype(np.int32))
+    rows[1] = 1 << (spec.shift - 1)
+    return rows
+
+
+def global_average_pool(cfg: HwConfig, spec: GapSpec, name: str = "gap") -> AluProgram:
+    """Takes (data, constants (gap_constants), out); see the module docstring."""
+    b, k = cfg.batch, cfg.block
+    if spec.n % b or spec.c % k:
+        raise CompilerError(f"{name}: N={spec.n} must be a multiple of BATCH={b} and C="
+                            f"{spec.c} of BLOCK={k}")
+    if not 1 <= spec.shift <= 31:
+        raise CompilerError(f"{name}: shift {spec.shift} must be in [1, 31]")
+    nb, cb, hw = spec.n // b, spec.c // k, spec.h * spec.w
+    # ACC rows: 2 constants, then two result slots of g rows, then the pixels.
+    free = cfg.acc_depth - 2
+    g = min(cb, free // (hw + 2)) if hw + 2 <= free else 0
+    chunk = hw if g else free - 2  # pixels per load when one plane does not fit
+    if chunk < 1:
+        raise CompilerError(f"{name}: the accumulator buffer ({cfg.acc_depth} rows) is too "
+                            f"small")
+    g = max(g, 1)
+    C, S = Module.COMPUTE, Module.STORE
+
+    def emit(dev, bufs):
+        data, consts, out = bufs
+        dev.load_2d(consts, 0, 2, 1, 2, sram_index=0, mem_type=MemType.ACC)
+        t = 0
+        for n in range(nb):
+            for c0 in range(0, cb, g):
+                gg = min(g, cb - c0)
+                res = 2 + (t % 2) * g
+                pix = 2 + 2 * g
+                if t >= 2:
+                    dev.dep_pop(S, C)
+
+                def clear(kb, gg=gg, res=res):
+                    kb.loop(gg, 1, 0)
+                    kb.push(res, res)
+                dev.alu(("gap-clear", res, gg), clear, AluOp.MUL, imm=0)
+                if chunk == hw:  # gg whole planes in one load, one ADD
+                    dev.load_2d(data, (n * cb + c0) * hw, gg * hw, 1, gg * hw, sram_index=pix,
+                                mem_type=MemType.ACC_8BIT)
+
+                    def add(kb, gg=gg, res=res):
+                        if gg > 1:
+                            kb.loop(gg, 1, hw)
+                        if hw > 1:
+                            kb.loop(hw, 0, 1)
+                        kb.push(res, pix)
+                    dev.alu(("gap-sum", res, gg, hw, pix), add, AluOp.ADD)
+                else:  # one plane in chunks of pixels
+                    for p0 in range(0, hw, chunk):
+                        m = min(chunk, hw - p0)
+                        dev.load_2d(data, (n * cb + c0) * hw + p0, m, 1, m, sram_index=pix,
+                                    mem_type=MemType.ACC_8BIT)
+
+                        def add(kb, m=m, res=res):
+                            if m > 1:
+                                kb.loop(m, 0, 1)
+                            kb.push(res, pix)
+                        dev.alu(("gap-sum", res, 1, m, pix), add, AluOp.ADD)
+
+                def by_row(row, gg=gg, res=res):
+                    def record(kb):
+                        if gg > 1:
+                            kb.loop(gg, 1, 0)
+                        kb.push(res, row)
+                    return record
+                dev.alu(("gap-mul", res, gg), by_row(0), AluOp.MUL)
+                dev.alu(("gap-round", res, gg), by_row(1), AluOp.ADD)
+                dev.alu(("gap-shr", res, gg, spec.shift), by_row(res), AluOp.SHR, imm=spec.shift)
+                dev.alu(("gap-max", res, gg), by_row(res), AluOp.MAX, imm=-128)
+                dev.alu(("gap-min", res, gg), by_row(res), AluOp.MIN, imm=127)
+                dev.dep_push(C, S)
+                dev.dep_pop(C, S)
+                dev.store_2d(res, out, n * cb + c0, gg, 1, gg)
+                dev.dep_push(S, C)
+                t += 1
+        for _ in range(min(t, 2)):
+            dev.dep_pop(S, C)
+
+    return AluProgram(name, cfg, [("data", "int8", (nb, cb, spec.h, spec.w, b, k)),
+                                  ("constants", "int32", (2, b, k)),
+                                  ("out", "int8", (nb, cb, 1, 1, b, k))], emit)

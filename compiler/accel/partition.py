@@ -16,7 +16,8 @@ once where the CPU reads it (layout conversions are placed only at region border
 
 Regions grow across nodes that need no GEMM, so that values leave the accelerator only
 where the model really does: an int8 ``MaxPool`` runs on the ALU (compiler/accel/ops_alu.py),
-and ``Reshape``/``Flatten``/``Squeeze``/``Unsqueeze``/``Identity`` (``ALIAS_OPS``) are views
+and so does ``QGlobalAveragePool`` (``ALU_OPS``), and ``Reshape``/``Flatten``/``Squeeze``/
+``Unsqueeze``/``Identity`` (``ALIAS_OPS``) are views
 with no program: their output is the packed bytes of their input (its *root*, see
 ``root_of``). A view whose packed bytes coincide with its own packed layout (same batch
 and channels, same number of pixels: [N, C, 1, 1] <-> [N, C], [N, C, H, W] <-> [N, C, HW,
@@ -40,13 +41,15 @@ from celosia.errors import CompilerError
 
 from ..graph.ir import Graph, Node
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
-from .ops_alu import PoolSpec
+from .ops_alu import GapSpec, PoolSpec, gap_constants
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
-           "dense_knobs", "compile_layer", "ALIAS_OPS", "dram_reads", "root_of",
+           "dense_knobs", "compile_layer", "ALIAS_OPS", "ALU_OPS", "dram_reads", "root_of",
            "packed_shape", "pack_value", "unpack_value"]
 
-ACCEL_OPS = ("QConv", "QGemm", "MaxPool")
+# Nodes with an ALU-only program (compiler/accel/ops_alu.py).
+ALU_OPS = ("MaxPool", "QGlobalAveragePool")
+ACCEL_OPS = ("QConv", "QGemm", *ALU_OPS)
 # Views: the output is the input's packed bytes (no program runs).
 ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 
@@ -145,7 +148,8 @@ def cpu_reason(node: Node, graph: Graph) -> str:
 
 def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
                       out: dict) -> str | None:
-    """Why a MaxPool or a view stays on the CPU (None: it goes to the accelerator)."""
+    """Why a MaxPool, a QGlobalAveragePool or a view stays on the CPU (None: it goes to
+    the accelerator)."""
     x = node.inputs[0] if node.inputs else None
     y = node.outputs[0] if node.outputs else None
     if x is None or y is None or graph.types[x].dtype != "int8" or \
@@ -161,12 +165,15 @@ def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
     xs, ys = graph.types[x].shape, graph.types[y].shape
     if xs[0] % cfg.batch:
         return f"batch {xs[0]} is not a multiple of BATCH={cfg.batch}"
+    if node.op in ALU_OPS and len(xs) != 4:
+        return f"{node.op} of a {len(xs) - 2}-D image (the accelerator pools 2-D ones)"
     if node.op == "MaxPool":
-        if len(xs) != 4:
-            return f"{len(xs) - 2}-D max pooling (the accelerator pools 2-D)"
         if len(node.outputs) > 1 and node.outputs[1]:
             return "MaxPool with its Indices output: the accelerator computes the maximum only"
         return None
+    if node.op == "QGlobalAveragePool":
+        shift = int(node.attrs["shift"])
+        return None if 1 <= shift <= 31 else f"shift {shift} is outside [1, 31]"
     root = root_of(x, producer, out)
     rs = graph.types[root].shape
     if len(ys) not in (2, 4) or ys[0] != rs[0]:
@@ -188,7 +195,7 @@ def _check_views(graph: Graph, out: dict) -> None:
         for n in graph.nodes:
             if out[n.name].target != "accel":
                 continue
-            if n.op in ALIAS_OPS or n.op == "MaxPool":
+            if n.op in ALIAS_OPS + ALU_OPS:
                 p = producer.get(n.inputs[0])
                 if p is None or out[p.name].target != "accel":
                     out[n.name] = Placement("cpu", f"{n.op} of a value the CPU makes: on the "
@@ -235,14 +242,15 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
     for node in graph.nodes:
         if not accelerate:
             problem = "all-CPU build"
-        elif node.op in ALIAS_OPS or node.op == "MaxPool":
+        elif node.op in ALIAS_OPS + ALU_OPS:
             problem = _movement_problem(node, graph, cfg, producer, out)
         else:
             problem = _problem(node, graph, cfg)
         if problem is None:
             what = {"QConv": "conv2d with its fused epilogue",
                     "QGemm": "dense with its fused epilogue",
-                    "MaxPool": "max pooling on the ALU"}.get(
+                    "MaxPool": "max pooling on the ALU",
+                    "QGlobalAveragePool": "global average pooling on the ALU"}.get(
                         node.op, "a view of its input's packed bytes (no program)")
             out[node.name] = Placement("accel", what)
         else:
@@ -347,7 +355,7 @@ class AccelLayer:
     """One accelerator node: its operator spec and its constant operands, packed."""
 
     node: str
-    kind: str  # "conv2d", "dense" or "maxpool"
+    kind: str  # "conv2d", "dense", "maxpool" or "gap"
     spec: ConvSpec | DenseSpec | PoolSpec
     weight: np.ndarray
     bias: np.ndarray
@@ -366,6 +374,8 @@ class AccelLayer:
                     ("const", self.scale)]
             if self.residual:
                 args.append(("value", node.inputs[4]))
+        elif self.kind == "gap":
+            args = [("value", node.inputs[0]), ("const", self.weight)]
         else:
             args = [("value", v) for v in dram_reads(node)]
         return args + [("value", node.outputs[0])]
@@ -413,6 +423,12 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None
     b, k = cfg.batch, cfg.block
     if node.op == "MaxPool":
         return _pool_layer(node, graph, cfg)
+    if node.op == "QGlobalAveragePool":
+        n, c, h, w = graph.types[node.inputs[0]].shape
+        spec = GapSpec(n=n, c=_ceil(c, k), h=h, w=w, multiplier=int(node.attrs["multiplier"]),
+                       shift=int(node.attrs["shift"]))
+        empty = np.zeros(0, np.int32)
+        return AccelLayer(node.name, "gap", spec, gap_constants(cfg, spec), empty, empty, False)
     x_t = graph.types[node.inputs[0]]
     w, bias, mult = (np.asarray(graph.initializers[i]) for i in node.inputs[1:4])
     epi = _epilogue(node)
@@ -443,6 +459,11 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None
 
 
 # ---- schedules -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _NoKnobs:
+    """The knobs of a program with no choices."""
 
 
 def dense_knobs(cfg: HwConfig, spec: DenseSpec):
@@ -478,9 +499,11 @@ def compile_layer(layer: AccelLayer, cfg: HwConfig, *, top: int = 4):
     (compiler/tune.py, cached on disk), dense knobs by ``dense_knobs``, max pooling tiles
     by ops_alu.pool_knobs."""
     from .ops import conv2d, dense
-    from .ops_alu import maxpool, pool_knobs
+    from .ops_alu import global_average_pool, maxpool, pool_knobs
     from .tune import tune_conv
 
+    if layer.kind == "gap":
+        return global_average_pool(cfg, layer.spec, name=layer.node), _NoKnobs()
     if layer.kind == "maxpool":
         knobs = pool_knobs(cfg, layer.spec)
         return maxpool(cfg, layer.spec, knobs, name=layer.node), knobs

@@ -141,3 +141,18 @@ def test_pool_and_view_stay_on_the_cpu_with_the_reason():
     assert why["MaxPool"].startswith("MaxPool left in float: its input 'x' is float")
     assert why["Reshape"] == "Reshape [1, 16, 4, 4] -> [1, 32, 2, 4] reorders the packed bytes " \
         "(not a view)"
+
+
+@pytest.mark.parametrize("c,hw", [(40, 5), (16, 1)])
+def test_resnet_head_global_average_pool_flatten_dense(c, hw):
+    """ResNet's head: conv, GlobalAveragePool (on the ALU, int32 multiplier and rounding
+    rows), Flatten ([N, C, 1, 1] -> [N, C]: the same packed bytes), Gemm: one region."""
+    rng = np.random.default_rng(c + hw)
+    a, ia = _conv(rng, "c1", "x", "a", 3, c)
+    p = [helper.make_node("GlobalAveragePool", ["a"], ["p"]),
+         helper.make_node("Flatten", ["p"], ["f"], axis=1)]
+    g, ig = _gemm(rng, "fc", "f", "y", c, 7)
+    q = _quantized(a + p + g, ia + ig, (2, 3, hw, hw), seed=c)
+    model = _check(q, {"x": rng.normal(0, 1, (2, 3, hw, hw)).astype(np.float32)},
+                   accel_ops=("QConv", "QGlobalAveragePool", "Flatten", "QGemm"), crossings=2)
+    assert len({p["region"] for p in model.programs.values()}) == 1
