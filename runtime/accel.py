@@ -142,6 +142,7 @@ class AccelModel:
             Placement,
             annotate,
             compile_layer,
+            dram_reads,
             layer_for,
             packed_shape,
             regions,
@@ -157,12 +158,13 @@ class AccelModel:
         compiled, views = {}, []
         for k, node in enumerate(accel):
             if node.op in ALIAS_OPS + ALU_OPS:
-                p = producer.get(node.inputs[0])
-                if p is None or placements[p.name].target != "accel":
+                cpu = [producer[v].name for v in dram_reads(node) if v in producer and
+                       placements[producer[v].name].target != "accel"]
+                if cpu:
                     placements[node.name] = Placement(
-                        "cpu", f"{node.op} of a value the CPU makes (its producer "
-                        f"{p.name if p else node.inputs[0]!r} has no accelerator schedule): on "
-                        f"the accelerator it would add a crossing, not save one")
+                        "cpu", f"{node.op} of a value the CPU makes (its producer {cpu[0]!r} "
+                        f"has no accelerator schedule): on the accelerator it would add a "
+                        f"crossing, not save one")
                     continue
             if node.op in ALIAS_OPS:  # a view: no program (partition.py)
                 views.append(node.name)
@@ -184,7 +186,7 @@ class AccelModel:
         # DRAM: constants, values and programs, each in its own buffer.
         need = sum(l.weight.nbytes + l.bias.nbytes + l.scale.nbytes for l, _, _ in compiled.values())
         for name in {i for n in graph.nodes if n.name in compiled for i in
-                     (n.inputs[0], n.outputs[0], *n.inputs[4:]) if i}:
+                     (*dram_reads(n), n.outputs[0]) if i}:
             need += int(np.prod(packed_shape(graph.types[name].shape, cfg)))
         # A device only to place programs and data (nothing runs on it); none for an all-CPU
         # build.
@@ -594,6 +596,8 @@ def _spec_str(spec) -> str:
     if isinstance(spec, ConvSpec):
         return (f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.o} {spec.kh}x{spec.kw} "
                 f"s{spec.stride} p{spec.pad}")
+    if hasattr(spec, "op"):  # element-wise
+        return f"{spec.op} of {spec.rows} rows"
     if hasattr(spec, "multiplier"):  # global average pooling
         return f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> 1x1"
     if hasattr(spec, "oh"):  # max pooling

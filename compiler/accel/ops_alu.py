@@ -1,5 +1,5 @@
-"""Accelerator operators that run on the ALU alone (no GEMM): int8 max pooling and int8
-global average pooling.
+"""Accelerator operators that run on the ALU alone (no GEMM): int8 max pooling, int8
+global average pooling, and the element-wise int8 Add (QAdd) and Relu.
 
 Written directly against the driver's stream builder (``Device.load_2d``, ``alu``,
 ``store_2d`` and dependency tokens) rather than through te schedules: a pooling window is
@@ -32,6 +32,12 @@ inner loop has destination factor 0 (each channel block's pixels summed into one
 a ``MUL 0`` that clears it), then ``MUL`` by a row holding the multiplier and ``ADD`` of a
 row holding the rounding constant (both int32 constants loaded once: they need not fit the
 16-bit immediate), ``SHR``, ``MAX -128``, ``MIN 127`` and the store of those rows.
+
+Element-wise nodes see their operands as flat runs of ACC rows (two values of one shape
+have the same packed layout, element for element). QAdd (qops.qadd: ``(a * ma + b * mb +
+2^(shift-1)) >> shift``, clipped, int32 arithmetic), per chunk of rows: ``ACC_8BIT`` LOADs
+of both operands, ``MUL`` of each by a row holding its multiplier, ``ADD`` of the two and of
+the rounding row, ``SHR``, ``MAX -128``, ``MIN 127``, store. An int8 Relu is one ``MAX 0``.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ from celosia.errors import CompilerError
 from celosia.isa import AluOp, MemType, Module
 
 __all__ = ["PoolSpec", "PoolKnobs", "pool_knobs", "maxpool", "AluProgram",
-           "maxpool_reference", "GapSpec", "global_average_pool", "gap_constants"]
+           "maxpool_reference", "GapSpec", "global_average_pool", "gap_constants",
+           "EltSpec", "elementwise", "elt_constants"]
 
 _MAX_PAD = 15  # the DMA's pad fields are 4 bits
 
@@ -411,3 +418,94 @@ def global_average_pool(cfg: HwConfig, spec: GapSpec, name: str = "gap") -> AluP
     return AluProgram(name, cfg, [("data", "int8", (nb, cb, spec.h, spec.w, b, k)),
                                   ("constants", "int32", (2, b, k)),
                                   ("out", "int8", (nb, cb, 1, 1, b, k))], emit)
+
+
+# ---- element-wise ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EltSpec:
+    """An element-wise int8 node over ``rows`` packed elements (ACC rows) of each operand
+    (``shape``: the packed shape, for the arguments): ``op`` "add" (QAdd, with its
+    multipliers and shift) or "relu"."""
+
+    op: str
+    shape: tuple
+    multipliers: tuple = ()
+    shift: int = 0
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[:-2]))
+
+
+def elt_constants(cfg: HwConfig, spec: EltSpec) -> np.ndarray:
+    """The int32 rows a QAdd loads: its two multipliers and the rounding constant."""
+    rows = np.empty((3, cfg.batch, cfg.block), np.int32)
+    for i, m in enumerate(spec.multipliers):
+        rows[i] = np.int32(np.int64(m).astype(np.int32))
+    rows[2] = 1 << (spec.shift - 1)
+    return rows
+
+
+def elementwise(cfg: HwConfig, spec: EltSpec, name: str = "elementwise") -> AluProgram:
+    """Takes (a, b, constants (elt_constants), out) for "add", (a, out) for "relu"."""
+    add = spec.op == "add"
+    if spec.op not in ("add", "relu"):
+        raise CompilerError(f"{name}: no element-wise {spec.op!r} on the ALU")
+    if add and (not 1 <= spec.shift <= 31 or len(spec.multipliers) != 2):
+        raise CompilerError(f"{name}: QAdd needs two multipliers and a shift in [1, 31]")
+    base = 3 if add else 0
+    per = 2 if add else 1  # operand row blocks per slot
+    m = min(spec.rows, (cfg.acc_depth - base) // (2 * per))
+    if m < 1:
+        raise CompilerError(f"{name}: the accumulator buffer ({cfg.acc_depth} rows) is too small")
+    C, S = Module.COMPUTE, Module.STORE
+
+    def emit(dev, bufs):
+        if add:
+            a, b, consts, out = bufs
+            dev.load_2d(consts, 0, 3, 1, 3, sram_index=0, mem_type=MemType.ACC)
+        else:
+            a, out = bufs
+        for t, r0 in enumerate(range(0, spec.rows, m)):
+            n = min(m, spec.rows - r0)
+            ra = base + (t % 2) * per * m
+            rb = ra + m
+            if t >= 2:
+                dev.dep_pop(S, C)
+            dev.load_2d(a, r0, n, 1, n, sram_index=ra, mem_type=MemType.ACC_8BIT)
+
+            def rows(dst, src, src_step=0, n=n):
+                def record(kb):
+                    if n > 1:
+                        kb.loop(n, 1, src_step)
+                    kb.push(dst, src)
+                return record
+            if add:
+                dev.load_2d(b, r0, n, 1, n, sram_index=rb, mem_type=MemType.ACC_8BIT)
+                dev.alu(("qadd-mul", ra, n, 0), rows(ra, 0), AluOp.MUL)
+                dev.alu(("qadd-mul", rb, n, 1), rows(rb, 1), AluOp.MUL)
+                dev.alu(("qadd-add", ra, n, rb), rows(ra, rb, 1), AluOp.ADD)
+                dev.alu(("qadd-round", ra, n), rows(ra, 2), AluOp.ADD)
+                dev.alu(("elt-shr", ra, n, spec.shift), rows(ra, ra), AluOp.SHR, imm=spec.shift)
+                dev.alu(("elt-max", ra, n, -128), rows(ra, ra), AluOp.MAX, imm=-128)
+                dev.alu(("elt-min", ra, n, 127), rows(ra, ra), AluOp.MIN, imm=127)
+            else:
+                dev.alu(("elt-max", ra, n, 0), rows(ra, ra), AluOp.MAX, imm=0)
+            dev.dep_push(C, S)
+            dev.dep_pop(C, S)
+            dev.store_2d(ra, out, r0, n, 1, n)
+            dev.dep_push(S, C)
+        for _ in range(min(-(-spec.rows // m), 2)):
+            dev.dep_pop(S, C)
+
+    shape = tuple(spec.shape)
+    args = [("a", "int8", shape)]
+    if add:
+        args += [("b", "int8", shape), ("constants", "int32", (3, cfg.batch, cfg.block))]
+    return AluProgram(name, cfg, args + [("out", "int8", shape)], emit)

@@ -16,7 +16,7 @@ once where the CPU reads it (layout conversions are placed only at region border
 
 Regions grow across nodes that need no GEMM, so that values leave the accelerator only
 where the model really does: an int8 ``MaxPool`` runs on the ALU (compiler/accel/ops_alu.py),
-and so does ``QGlobalAveragePool`` (``ALU_OPS``), and ``Reshape``/``Flatten``/``Squeeze``/
+and so do ``QGlobalAveragePool``, ``QAdd`` and an int8 ``Relu`` (``ALU_OPS``), and ``Reshape``/``Flatten``/``Squeeze``/
 ``Unsqueeze``/``Identity`` (``ALIAS_OPS``) are views
 with no program: their output is the packed bytes of their input (its *root*, see
 ``root_of``). A view whose packed bytes coincide with its own packed layout (same batch
@@ -41,14 +41,14 @@ from celosia.errors import CompilerError
 
 from ..graph.ir import Graph, Node
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
-from .ops_alu import GapSpec, PoolSpec, gap_constants
+from .ops_alu import EltSpec, GapSpec, PoolSpec, elt_constants, gap_constants
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_knobs", "compile_layer", "ALIAS_OPS", "ALU_OPS", "dram_reads", "root_of",
            "packed_shape", "pack_value", "unpack_value"]
 
 # Nodes with an ALU-only program (compiler/accel/ops_alu.py).
-ALU_OPS = ("MaxPool", "QGlobalAveragePool")
+ALU_OPS = ("MaxPool", "QGlobalAveragePool", "QAdd", "Relu")
 ACCEL_OPS = ("QConv", "QGemm", *ALU_OPS)
 # Views: the output is the input's packed bytes (no program runs).
 ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
@@ -59,6 +59,8 @@ def dram_reads(node: Node) -> tuple[str, ...]:
     them): a QConv's or QGemm's data and residual, another node's data input."""
     if node.op in ("QConv", "QGemm"):
         return tuple(v for v in (node.inputs[0], *node.inputs[4:]) if v)
+    if node.op == "QAdd":
+        return tuple(node.inputs[:2])
     return (node.inputs[0],)
 
 
@@ -148,18 +150,17 @@ def cpu_reason(node: Node, graph: Graph) -> str:
 
 def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
                       out: dict) -> str | None:
-    """Why a MaxPool, a QGlobalAveragePool or a view stays on the CPU (None: it goes to
-    the accelerator)."""
+    """Why a node of ALU_OPS or a view stays on the CPU (None: it goes to the
+    accelerator)."""
     x = node.inputs[0] if node.inputs else None
     y = node.outputs[0] if node.outputs else None
-    if x is None or y is None or graph.types[x].dtype != "int8" or \
-            graph.types[y].dtype != "int8":
+    reads = dram_reads(node) if x else ()
+    if x is None or y is None or any(graph.types[v].dtype != "int8" for v in (*reads, y)):
         return cpu_reason(node, graph)
-    unknown = [v for v in (x, y) if not graph.types[v].static]
+    unknown = [v for v in (*reads, y) if not graph.types[v].static]
     if unknown:
         return f"the size of {unknown[0]!r} ({graph.types[unknown[0]]}) is only known at run time"
-    p = producer.get(x)
-    if p is None or out[p.name].target != "accel":
+    if _made_on_cpu(node, producer, out):
         return (f"{node.op} of a value the CPU makes: on the accelerator it would add a "
                 f"crossing between CPU and accelerator, not save one")
     xs, ys = graph.types[x].shape, graph.types[y].shape
@@ -174,6 +175,15 @@ def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
     if node.op == "QGlobalAveragePool":
         shift = int(node.attrs["shift"])
         return None if 1 <= shift <= 31 else f"shift {shift} is outside [1, 31]"
+    if node.op in ("QAdd", "Relu"):
+        if len(ys) not in (2, 4):
+            return f"{node.op} of a {len(ys)}-D value (the packed layout holds 2-D and 4-D ones)"
+        if any(graph.types[v].shape != ys for v in reads):
+            return (f"{node.op} with a broadcast operand ({', '.join(str(graph.types[v]) for v in reads)}"
+                    f" -> {graph.types[y]}): the ALU program adds values of one shape")
+        if node.op == "QAdd" and not 1 <= int(node.attrs["shift"]) <= 31:
+            return f"shift {node.attrs['shift']} is outside [1, 31]"
+        return None
     root = root_of(x, producer, out)
     rs = graph.types[root].shape
     if len(ys) not in (2, 4) or ys[0] != rs[0]:
@@ -182,6 +192,12 @@ def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
     if not _same_bytes(ys, rs) and not (len(ys) == 2 and len(rs) == 4):
         return (f"{node.op} {list(rs)} -> {list(ys)} reorders the packed bytes (not a view)")
     return None
+
+
+def _made_on_cpu(node: Node, producer: dict, out: dict) -> bool:
+    """Whether a value the node reads from DRAM is made on the CPU (or is an input)."""
+    return any(producer.get(v) is None or out[producer[v].name].target != "accel"
+               for v in dram_reads(node))
 
 
 def _check_views(graph: Graph, out: dict) -> None:
@@ -196,8 +212,7 @@ def _check_views(graph: Graph, out: dict) -> None:
             if out[n.name].target != "accel":
                 continue
             if n.op in ALIAS_OPS + ALU_OPS:
-                p = producer.get(n.inputs[0])
-                if p is None or out[p.name].target != "accel":
+                if _made_on_cpu(n, producer, out):
                     out[n.name] = Placement("cpu", f"{n.op} of a value the CPU makes: on the "
                                             f"accelerator it would add a crossing, not save one")
                     changed = True
@@ -250,7 +265,9 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
             what = {"QConv": "conv2d with its fused epilogue",
                     "QGemm": "dense with its fused epilogue",
                     "MaxPool": "max pooling on the ALU",
-                    "QGlobalAveragePool": "global average pooling on the ALU"}.get(
+                    "QGlobalAveragePool": "global average pooling on the ALU",
+                    "QAdd": "element-wise int8 Add on the ALU",
+                    "Relu": "int8 Relu on the ALU"}.get(
                         node.op, "a view of its input's packed bytes (no program)")
             out[node.name] = Placement("accel", what)
         else:
@@ -355,7 +372,7 @@ class AccelLayer:
     """One accelerator node: its operator spec and its constant operands, packed."""
 
     node: str
-    kind: str  # "conv2d", "dense", "maxpool" or "gap"
+    kind: str  # "conv2d", "dense", "maxpool", "gap" or "elt"
     spec: ConvSpec | DenseSpec | PoolSpec
     weight: np.ndarray
     bias: np.ndarray
@@ -374,8 +391,8 @@ class AccelLayer:
                     ("const", self.scale)]
             if self.residual:
                 args.append(("value", node.inputs[4]))
-        elif self.kind == "gap":
-            args = [("value", node.inputs[0]), ("const", self.weight)]
+        elif self.kind == "gap" or (self.kind == "elt" and self.weight.size):
+            args = [*(("value", v) for v in dram_reads(node)), ("const", self.weight)]
         else:
             args = [("value", v) for v in dram_reads(node)]
         return args + [("value", node.outputs[0])]
@@ -423,6 +440,15 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None
     b, k = cfg.batch, cfg.block
     if node.op == "MaxPool":
         return _pool_layer(node, graph, cfg)
+    if node.op in ("QAdd", "Relu"):
+        add = node.op == "QAdd"
+        spec = EltSpec("add" if add else "relu",
+                       packed_shape(graph.types[node.outputs[0]].shape, cfg),
+                       tuple(int(m) for m in node.attrs["multipliers"]) if add else (),
+                       int(node.attrs["shift"]) if add else 0)
+        empty = np.zeros(0, np.int32)
+        return AccelLayer(node.name, "elt", spec,
+                          elt_constants(cfg, spec) if add else empty, empty, empty, False)
     if node.op == "QGlobalAveragePool":
         n, c, h, w = graph.types[node.inputs[0]].shape
         spec = GapSpec(n=n, c=_ceil(c, k), h=h, w=w, multiplier=int(node.attrs["multiplier"]),
@@ -499,11 +525,13 @@ def compile_layer(layer: AccelLayer, cfg: HwConfig, *, top: int = 4):
     (compiler/tune.py, cached on disk), dense knobs by ``dense_knobs``, max pooling tiles
     by ops_alu.pool_knobs."""
     from .ops import conv2d, dense
-    from .ops_alu import global_average_pool, maxpool, pool_knobs
+    from .ops_alu import elementwise, global_average_pool, maxpool, pool_knobs
     from .tune import tune_conv
 
     if layer.kind == "gap":
         return global_average_pool(cfg, layer.spec, name=layer.node), _NoKnobs()
+    if layer.kind == "elt":
+        return elementwise(cfg, layer.spec, name=layer.node), _NoKnobs()
     if layer.kind == "maxpool":
         knobs = pool_knobs(cfg, layer.spec)
         return maxpool(cfg, layer.spec, knobs, name=layer.node), knobs

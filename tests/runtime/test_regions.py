@@ -156,3 +156,21 @@ def test_resnet_head_global_average_pool_flatten_dense(c, hw):
     model = _check(q, {"x": rng.normal(0, 1, (2, 3, hw, hw)).astype(np.float32)},
                    accel_ops=("QConv", "QGlobalAveragePool", "Flatten", "QGemm"), crossings=2)
     assert len({p["region"] for p in model.programs.values()}) == 1
+
+
+def test_add_of_two_branches_and_an_int8_relu():
+    """Two branches (conv, MaxPool) added (a QAdd: its operands come from MaxPools, so no
+    conv's residual epilogue takes it), an int8 Relu, a conv: all on the accelerator."""
+    rng = np.random.default_rng(21)
+    a, ia = _conv(rng, "c1", "x", "a", 3, 24, relu=False)
+    b, ib = _conv(rng, "c2", "x", "b", 3, 24, relu=False)
+    p = [helper.make_node("MaxPool", ["a"], ["pa"], kernel_shape=[2, 2], strides=[2, 2]),
+         helper.make_node("MaxPool", ["b"], ["pb"], kernel_shape=[3, 3], strides=[2, 2],
+                          pads=[1, 1, 1, 1]),
+         helper.make_node("Add", ["pa", "pb"], ["s"]),
+         helper.make_node("Relu", ["s"], ["r"])]
+    c, ic = _conv(rng, "c3", "r", "y", 24, 8)
+    q = _quantized(a + b + p + c, ia + ib + ic, (2, 3, 12, 12), seed=9)
+    model = _check(q, {"x": rng.normal(0, 1, (2, 3, 12, 12)).astype(np.float32)},
+                   accel_ops=("QConv", "MaxPool", "QAdd", "Relu"), crossings=2)
+    assert len({p["region"] for p in model.programs.values()}) == 1

@@ -123,3 +123,38 @@ def test_global_average_pool_matches_qops(case):
         fn(Device(cfg, target, dram_size=8 << 20), xp, gap_constants(cfg, spec), out)
         outs.append(unpack_nchw(out)[:, :c])
         np.testing.assert_array_equal(outs[-1], want, err_msg=target)
+
+
+ELT_CASES = [  # (preset, op, shape, multipliers, shift)
+    ("default", "add", (1, 40, 7, 9), (1 << 19, -(1 << 18) + 5), 24),  # past 16 bits
+    ("default", "add", (2, 16, 40, 40), (3, 5), 3),                    # many chunks
+    ("small", "add", (3, 10), (700, 1200), 11),                        # a 2-D value
+    ("default", "relu", (1, 20, 5, 5), (), 0),
+    ("small", "relu", (1, 6, 30, 30), (), 0),
+]
+
+
+@pytest.mark.parametrize("case", ELT_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{len(c[2])}d")
+def test_elementwise_matches_qops(case):
+    from celosia.compiler.accel.ops_alu import EltSpec, elementwise, elt_constants
+    from celosia.compiler.accel.partition import pack_value, packed_shape, unpack_value
+    from celosia.compiler.graph.ops import KERNELS
+    from celosia.compiler.graph.qops import qadd
+
+    preset, op, shape, mults, shift = case
+    cfg = HwConfig.load(preset)
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    a, b = (rng.integers(-128, 128, shape, dtype=np.int8) for _ in range(2))
+    if op == "add":
+        want = qadd({"shift": shift, "multipliers": list(mults)}, a, b)
+    else:
+        want = KERNELS["Relu"]({}, a)
+    spec = EltSpec(op, packed_shape(shape, cfg), mults, shift)
+    fn = elementwise(cfg, spec)
+    for target in ("fsim", "cycle"):
+        out = np.zeros(spec.shape, np.int8)
+        args = [pack_value(a, cfg)]
+        if op == "add":
+            args += [pack_value(b, cfg), elt_constants(cfg, spec)]
+        fn(Device(cfg, target, dram_size=8 << 20), *args, out)
+        np.testing.assert_array_equal(unpack_value(out, shape), want, err_msg=target)
