@@ -1,7 +1,8 @@
 """Partitioning a quantized graph between the accelerator and the CPU.
 
 ``annotate`` decides, node by node, what the configured accelerator can run: a ``QConv``
-with groups = 1, no dilation, one stride and one padding for both axes, and a ``QGemm``,
+with groups = 1, no dilation, one stride and one padding for both axes, and a ``QGemm``
+(and the ALU-only nodes and views below),
 each with its fused bias, per-channel requantization, residual add and clip (the ALU
 epilogue of compiler/ops.py executes exactly the integer arithmetic that
 compiler/graph/qops.py defines). Everything else stays on the CPU, with the reason named by
