@@ -349,7 +349,7 @@ def _epilogue(f: Field) -> tuple:
 def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
     """Placements, programs and value buffers of an accelerator build, against its graph
     and DRAM image (``image_bytes`` long)."""
-    from ..compiler.accel.partition import Placement, dram_reads, packed_shape
+    from ..compiler.accel.partition import ALIAS_OPS, Placement, dram_reads, packed_shape, root_of
 
     nodes = {n.name: n for n in graph.nodes}
     placements = {}
@@ -366,6 +366,9 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
         if name not in accel:
             raise f.fail("is a program for a node not placed on the accelerator")
         kind = f["kind"].string()
+        if (kind == "view") != (nodes[name].op in ALIAS_OPS):
+            raise f["kind"].fail(f"is {kind!r} for a {nodes[name].op} node (views are the "
+                                 f"accelerator's {', '.join(ALIAS_OPS)} nodes, and only they)")
         # A view runs no program (compiler/accel/partition.py).
         addr, count = f["insn_addr"].integer(), f["insn_count"].integer(int(kind != "view"))
         if addr % 16 or addr + 16 * count > image_bytes:
@@ -397,9 +400,14 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
             raise f.fail(f"lies at [{addr}, {addr + size}), outside the {image_bytes}-byte "
                          f"DRAM image")
         values[name] = {"addr": addr, "shape": list(shape), **({"of": of} if of else {})}
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
     for name, v in values.items():
-        if "of" in v and ("of" in values.get(v["of"], {"of": 1}) or
-                          values[v["of"]]["addr"] != v["addr"]):
+        want = root_of(name, producer, placements)
+        if v.get("of", name) != want:
+            raise root["values"][name].fail(
+                f"says it is the bytes of {v.get('of', name)!r}, but the graph and placements "
+                f"make it those of {want!r}")
+        if "of" in v and (v["of"] not in values or values[v["of"]]["addr"] != v["addr"]):
             raise root["values"][name].fail(
                 f"is a view of {v['of']!r}, which has no buffer of its own at {v['addr']}")
     for name in sorted(accel):
