@@ -174,3 +174,32 @@ def test_add_of_two_branches_and_an_int8_relu():
     model = _check(q, {"x": rng.normal(0, 1, (2, 3, 12, 12)).astype(np.float32)},
                    accel_ops=("QConv", "MaxPool", "QAdd", "Relu"), crossings=2)
     assert len({p["region"] for p in model.programs.values()}) == 1
+
+
+@pytest.mark.slow
+def test_alu_programs_on_the_rtl_agree_with_the_cycle_model():
+    """The small configuration (1x4x4): MaxPool, QAdd, Relu, QGlobalAveragePool and a view
+    give the same outputs and per-node cycles on the RTL as on the cycle model, and the
+    same outputs as the all-CPU build."""
+    rng = np.random.default_rng(31)
+    a, ia = _conv(rng, "c1", "x", "a", 3, 8, relu=False)
+    b, ib = _conv(rng, "c2", "x", "b", 3, 8, relu=False)
+    p = [helper.make_node("MaxPool", ["a"], ["pa"], kernel_shape=[2, 2], strides=[2, 2]),
+         helper.make_node("MaxPool", ["b"], ["pb"], kernel_shape=[3, 3], strides=[2, 2],
+                          pads=[1, 1, 1, 1]),
+         helper.make_node("Add", ["pa", "pb"], ["s"]),
+         helper.make_node("Relu", ["s"], ["r"]),
+         helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+         helper.make_node("Flatten", ["g"], ["f"], axis=1)]
+    g, ig = _gemm(rng, "fc", "f", "y", 8, 4)
+    q = _quantized(a + b + p + g, ia + ib + ig, (1, 3, 6, 6), seed=4)
+    feeds = {"x": rng.normal(0, 1, (1, 3, 6, 6)).astype(np.float32)}
+    model = _check(q, feeds, accel_ops=("QConv", "MaxPool", "QAdd", "Relu",
+                                        "QGlobalAveragePool", "Flatten", "QGemm"),
+                   crossings=2, targets=("rtl",), config="small")
+    rtl = model.run(feeds, target="rtl")
+    rtl_cycles = [r["cycles"] for r in model.report if r["target"] == "accel"]
+    cyc = model.run(feeds, target="cycle")
+    assert [r["cycles"] for r in model.report if r["target"] == "accel"] == rtl_cycles
+    for name in rtl:
+        np.testing.assert_array_equal(rtl[name], cyc[name])
