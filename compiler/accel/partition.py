@@ -201,10 +201,11 @@ def _made_on_cpu(node: Node, producer: dict, out: dict) -> bool:
                for v in dram_reads(node))
 
 
-def _check_views(graph: Graph, out: dict) -> None:
-    """Views on the accelerator whose accelerator readers cannot read their bytes, and
-    MaxPools/views whose input is no longer made on the accelerator, go back to the CPU
-    (until nothing changes)."""
+def _check_views(graph: Graph, out: dict, cfg: HwConfig) -> None:
+    """Views on the accelerator whose accelerator readers cannot read their bytes (or, for
+    a flattening read by a QGemm, would read more than twice the channels: padding to
+    BLOCK), and ALU nodes/views whose input is no longer made on the accelerator, go back
+    to the CPU (until nothing changes)."""
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
     changed = True
     while changed:
@@ -224,7 +225,18 @@ def _check_views(graph: Graph, out: dict) -> None:
                     continue
                 root = root_of(v, producer, out)
                 vs, rs = graph.types[v].shape, graph.types[root].shape
-                if _same_bytes(vs, rs) or (n.op == "QGemm" and v == n.inputs[0]):
+                if _same_bytes(vs, rs):
+                    continue
+                if n.op == "QGemm" and v == n.inputs[0]:
+                    c, block = rs[1], cfg.block
+                    if _ceil(c, block) <= 2 * c:
+                        continue
+                    why = (f"{p.op} {list(rs)} -> {list(vs)}: its reader {n.name!r} (QGemm) "
+                           f"reading the packed bytes would pad {c} channels to "
+                           f"{_ceil(c, block)} ({_ceil(c, block) / c:.1f}x its work and "
+                           f"weights); the CPU flattens it instead")
+                    out[p.name] = Placement("cpu", why)
+                    changed = True
                     continue
                 out[p.name] = Placement(
                     "cpu", f"{p.op} {list(rs)} -> {list(vs)}: its reader {n.name!r} ({n.op}) "
@@ -274,7 +286,7 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
         else:
             out[node.name] = Placement("cpu", problem)
     if accelerate:
-        _check_views(graph, out)
+        _check_views(graph, out, cfg)
     return out
 
 

@@ -203,3 +203,19 @@ def test_alu_programs_on_the_rtl_agree_with_the_cycle_model():
     assert [r["cycles"] for r in model.report if r["target"] == "accel"] == rtl_cycles
     for name in rtl:
         np.testing.assert_array_equal(rtl[name], cyc[name])
+
+
+def test_flatten_of_few_channels_stays_on_the_cpu():
+    """A flattened 3-channel value read by a QGemm would pad 3 channels to 16 (5.3x the
+    dense's weights and work): the CPU flattens it, and says so; still bit-exact."""
+    rng = np.random.default_rng(41)
+    a, ia = _conv(rng, "c1", "x", "a", 2, 3)
+    f = [helper.make_node("Flatten", ["a"], ["f"], axis=1)]
+    g, ig = _gemm(rng, "fc", "f", "y", 3 * 6 * 6, 5)
+    q = _quantized(a + f + g, ia + ig, (1, 2, 6, 6), seed=6)
+    model = _check(q, {"x": rng.normal(0, 1, (1, 2, 6, 6)).astype(np.float32)},
+                   accel_ops=("QConv", "QGemm"), crossings=4, targets=("fsim",))
+    flat = next(n for n in q.nodes if n.op == "Flatten")
+    assert model.placements[flat.name].target == "cpu"
+    assert "would pad 3 channels to 16 (5.3x its work and weights)" in \
+        model.placements[flat.name].reason
