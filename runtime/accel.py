@@ -481,9 +481,11 @@ class AccelModel:
             elif node.name in segment_of:
                 # A compiled CPU segment: the CPU nodes from here to the next accelerator node.
                 names, cpu = segment_of[node.name]
+                read = crossings["to_cpu"]
                 for name in cpu.program.inputs:
                     to_host(name)
-                layout = (time.perf_counter() - t0) * 1e3
+                # layout: reading values back at the border (none if all were on the host)
+                layout = (time.perf_counter() - t0) * 1e3 if crossings["to_cpu"] > read else 0.0
                 results = cpu.run({name: host[name] for name in cpu.program.inputs},
                                   profile=True)
                 _attribute_profile(cpu.profile, names, rows, layout)
@@ -492,9 +494,11 @@ class AccelModel:
                     in_dram.discard(name)
                 shown(k + len(names))
         t0 = time.perf_counter()
+        read = crossings["to_cpu"]
         for name in graph.outputs:
             to_host(name)
-        if graph.nodes:  # reading outputs back from DRAM: layout at the model's exit
+        if graph.nodes and crossings["to_cpu"] > read:
+            # reading outputs back from DRAM: layout at the model's exit
             rows[graph.nodes[-1].name]["layout_ms"] += (time.perf_counter() - t0) * 1e3
         self.report = [rows[n.name] for n in graph.nodes]
         self.crossings = crossings
