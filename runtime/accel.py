@@ -139,9 +139,11 @@ class AccelModel:
         from ..compiler.accel.partition import (
             ALIAS_OPS,
             ALU_OPS,
+            PLACED_OPS,
             Placement,
             annotate,
             compile_layer,
+            concat_slices,
             dram_reads,
             layer_for,
             packed_shape,
@@ -157,7 +159,7 @@ class AccelModel:
         producer = {o: n for n in graph.nodes for o in n.outputs if o}
         compiled, views = {}, []
         for k, node in enumerate(accel):
-            if node.op in ALIAS_OPS + ALU_OPS:
+            if node.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
                 cpu = [producer[v].name for v in dram_reads(node) if v in producer and
                        placements[producer[v].name].target != "accel"]
                 if cpu:
@@ -166,7 +168,7 @@ class AccelModel:
                         f"has no accelerator schedule): on the accelerator it would add a "
                         f"crossing, not save one")
                     continue
-            if node.op in ALIAS_OPS:  # a view: no program (partition.py)
+            if node.op in ALIAS_OPS + PLACED_OPS:  # a view or a placement: no program
                 views.append(node.name)
                 continue
             t0 = time.perf_counter()
@@ -193,6 +195,7 @@ class AccelModel:
         dev = Device(cfg, target="fsim", dram_size=_round_up(2 * need + (64 << 20), 1 << 20)) \
             if compiled else None
         values: dict[str, object] = {}
+        slices = concat_slices(graph, placements, cfg)
 
         def value_buffer(name, align):
             # A value is one element size wherever it is used (BATCH x BLOCK int8 bytes), so
@@ -203,6 +206,12 @@ class AccelModel:
                 if root != name:
                     buf = value_buffer(root, align)
                     values[name] = (buf, values[root][1], root)
+                elif name in slices:  # its bytes lie in a Concat's output
+                    outer, offset = slices[name]
+                    base = value_buffer(outer, align)
+                    shape = packed_shape(graph.types[name].shape, cfg)
+                    buf = _sub_buffer(base, offset, int(np.prod(shape)))
+                    values[name] = (buf, shape, None)
                 else:
                     shape = packed_shape(graph.types[name].shape, cfg)
                     values[name] = (dev.alloc(int(np.prod(shape)), align=align), shape, None)
@@ -213,9 +222,11 @@ class AccelModel:
         for node in graph.nodes:
             if node.name in views and dev is not None:
                 value_buffer(node.outputs[0], elem)
+                view = node.op in ALIAS_OPS
                 programs[node.name] = {
-                    "insn_addr": 0, "insn_count": 0, "kind": "view",
-                    "spec": {"of": root_of(node.outputs[0], producer, placements)},
+                    "insn_addr": 0, "insn_count": 0, "kind": "view" if view else "concat",
+                    "spec": {"of": root_of(node.outputs[0], producer, placements)} if view
+                    else {"slices": {v: slices[v][1] for v in node.inputs}},
                     "knobs": {}, "macs": 0, "region": region_of[node.name]}
             if node.name not in compiled:
                 continue
@@ -588,6 +599,15 @@ def _attribute_profile(profile: list[dict], names: list[str], rows: dict, layout
         else:
             pending += step["ms"]
     rows[names[-1]]["cpu_ms"] += pending
+
+
+def _sub_buffer(base, offset: int, nbytes: int):
+    """A DramBuffer for bytes [offset, offset + nbytes) of ``base`` (a Concat's input inside
+    its output; it lives as long as ``base``)."""
+    from ..driver.alloc import DramBuffer
+
+    assert offset + nbytes <= base.nbytes, (offset, nbytes, base)
+    return DramBuffer(base.addr + offset, nbytes, base._allocator, base._executor, base._config)
 
 
 def _round_up(n: int, m: int) -> int:

@@ -349,7 +349,8 @@ def _epilogue(f: Field) -> tuple:
 def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
     """Placements, programs and value buffers of an accelerator build, against its graph
     and DRAM image (``image_bytes`` long)."""
-    from ..compiler.accel.partition import ALIAS_OPS, Placement, dram_reads, packed_shape, root_of
+    from ..compiler.accel.partition import (ALIAS_OPS, PLACED_OPS, Placement, concat_slices,
+                                            dram_reads, packed_shape, root_of)
 
     nodes = {n.name: n for n in graph.nodes}
     placements = {}
@@ -366,11 +367,14 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
         if name not in accel:
             raise f.fail("is a program for a node not placed on the accelerator")
         kind = f["kind"].string()
-        if (kind == "view") != (nodes[name].op in ALIAS_OPS):
-            raise f["kind"].fail(f"is {kind!r} for a {nodes[name].op} node (views are the "
-                                 f"accelerator's {', '.join(ALIAS_OPS)} nodes, and only they)")
-        # A view runs no program (compiler/accel/partition.py).
-        addr, count = f["insn_addr"].integer(), f["insn_count"].integer(int(kind != "view"))
+        op = nodes[name].op
+        if (kind == "view") != (op in ALIAS_OPS) or (kind == "concat") != (op in PLACED_OPS):
+            raise f["kind"].fail(f"is {kind!r} for a {op} node (views are the accelerator's "
+                                 f"{', '.join(ALIAS_OPS)} nodes, placements its Concat nodes, "
+                                 f"and only they)")
+        # A view or a placement runs no program (compiler/accel/partition.py).
+        addr, count = f["insn_addr"].integer(), \
+            f["insn_count"].integer(int(kind not in ("view", "concat")))
         if addr % 16 or addr + 16 * count > image_bytes:
             raise f.fail(f"has its {count} instructions at {addr}, not 16-byte aligned "
                          f"inside the {image_bytes}-byte DRAM image")
@@ -416,6 +420,11 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
             if v and v not in values:
                 raise root["values"].fail(f"has no buffer for {v!r}, which accelerator node "
                                           f"{name!r} uses")
+    for v, (outer, offset) in concat_slices(graph, placements, cfg).items():
+        if values[v]["addr"] != values[outer]["addr"] + offset:
+            raise root["values"][v].fail(
+                f"lies at {values[v]['addr']}, not at byte {offset} of {outer!r} (at "
+                f"{values[outer]['addr']}), its slice of the Concat")
     return {"placements": placements, "programs": programs, "values": values}
 
 

@@ -45,7 +45,8 @@ from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_chann
 from .ops_alu import EltSpec, GapSpec, PoolSpec, elt_constants, gap_constants
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
-           "dense_knobs", "compile_layer", "ALIAS_OPS", "ALU_OPS", "dram_reads", "root_of",
+           "dense_knobs", "compile_layer", "ALIAS_OPS", "ALU_OPS", "PLACED_OPS", "dram_reads",
+           "root_of", "concat_slices",
            "packed_shape", "pack_value", "unpack_value"]
 
 # Nodes with an ALU-only program (compiler/accel/ops_alu.py).
@@ -53,6 +54,9 @@ ALU_OPS = ("MaxPool", "QGlobalAveragePool", "QAdd", "Relu")
 ACCEL_OPS = ("QConv", "QGemm", *ALU_OPS)
 # Views: the output is the input's packed bytes (no program runs).
 ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+# Placement, no program: a channel Concat whose inputs are written into their slices of its
+# output by their producers (``concat_slices``).
+PLACED_OPS = ("Concat",)
 
 
 def dram_reads(node: Node) -> tuple[str, ...]:
@@ -62,7 +66,25 @@ def dram_reads(node: Node) -> tuple[str, ...]:
         return tuple(v for v in (node.inputs[0], *node.inputs[4:]) if v)
     if node.op == "QAdd":
         return tuple(node.inputs[:2])
+    if node.op == "Concat":
+        return tuple(node.inputs)
     return (node.inputs[0],)
+
+
+def concat_slices(graph: Graph, placements: dict, cfg: HwConfig) -> dict[str, tuple[str, int]]:
+    """{input value: (output value, byte offset)} of the accelerator's Concat nodes: each
+    input lies in DRAM inside its Concat's output, at its channel offset (one batch block,
+    so a run of channel blocks is contiguous)."""
+    out = {}
+    for node in graph.nodes:
+        if node.op in PLACED_OPS and placements[node.name].target == "accel":
+            y = graph.types[node.outputs[0]].shape
+            pixels = int(np.prod(y[2:]))
+            c0 = 0
+            for v in node.inputs:
+                out[v] = (node.outputs[0], c0 // cfg.block * pixels * cfg.batch * cfg.block)
+                c0 += graph.types[v].shape[1]
+    return out
 
 
 def root_of(value: str, producer: dict, placements: dict) -> str:
@@ -176,6 +198,8 @@ def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
     if node.op == "QGlobalAveragePool":
         shift = int(node.attrs["shift"])
         return None if 1 <= shift <= 31 else f"shift {shift} is outside [1, 31]"
+    if node.op == "Concat":
+        return _concat_problem(node, graph, cfg, producer, out)
     if node.op in ("QAdd", "Relu"):
         if len(ys) not in (2, 4):
             return f"{node.op} of a {len(ys)}-D value (the packed layout holds 2-D and 4-D ones)"
@@ -192,6 +216,42 @@ def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
                 f"the batch first ({root!r} is {list(rs)})")
     if not _same_bytes(ys, rs) and not (len(ys) == 2 and len(rs) == 4):
         return (f"{node.op} {list(rs)} -> {list(ys)} reorders the packed bytes (not a view)")
+    return None
+
+
+def _concat_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
+                    out: dict) -> str | None:
+    """Why a Concat cannot be placed: its inputs written into slices of its output."""
+    ys = graph.types[node.outputs[0]].shape
+    axis = int(node.attrs.get("axis", 1)) % len(ys)
+    if len(ys) not in (2, 4) or axis != 1:
+        return (f"Concat on axis {axis} of a {len(ys)}-D value: the accelerator places "
+                f"channel slices (axis 1 of 2-D or 4-D values)")
+    if ys[0] != cfg.batch:
+        return (f"Concat of a batch of {ys[0]}: a channel slice is contiguous in the packed "
+                f"layout for one batch block (N = BATCH = {cfg.batch}) only")
+    if len(set(node.inputs)) != len(node.inputs):
+        return "Concat of one value twice: a value lies in one place"
+    pixels = int(np.prod(ys[2:]))
+    align = max(64, cfg.batch * cfg.block)
+    c0 = 0
+    for v in node.inputs:
+        p = producer[v]
+        if p.op in ALIAS_OPS + PLACED_OPS:
+            return (f"Concat of {v!r}, made by a {p.op} that places no bytes of its own: "
+                    f"only a computed value is written into its slice")
+        others = [n.name for n in graph.nodes if n is not node and n.op in PLACED_OPS and
+                  v in n.inputs]
+        if others:
+            return f"Concat of {v!r}, which {others[0]!r} concatenates too"
+        if c0 % cfg.block:
+            return (f"Concat: {v!r} starts at channel {c0}, not at a BLOCK ({cfg.block}) "
+                    f"boundary")
+        offset = c0 // cfg.block * pixels * cfg.batch * cfg.block
+        if offset % align:
+            return (f"Concat: {v!r} starts at byte {offset} of the packed output, not a "
+                    f"multiple of the {align}-byte alignment of accelerator buffers")
+        c0 += graph.types[v].shape[1]
     return None
 
 
@@ -213,7 +273,7 @@ def _check_views(graph: Graph, out: dict, cfg: HwConfig) -> None:
         for n in graph.nodes:
             if out[n.name].target != "accel":
                 continue
-            if n.op in ALIAS_OPS + ALU_OPS:
+            if n.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
                 if _made_on_cpu(n, producer, out):
                     out[n.name] = Placement("cpu", f"{n.op} of a value the CPU makes: on the "
                                             f"accelerator it would add a crossing, not save one")
@@ -270,7 +330,7 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
     for node in graph.nodes:
         if not accelerate:
             problem = "all-CPU build"
-        elif node.op in ALIAS_OPS + ALU_OPS:
+        elif node.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
             problem = _movement_problem(node, graph, cfg, producer, out)
         else:
             problem = _problem(node, graph, cfg)
@@ -280,7 +340,8 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
                     "MaxPool": "max pooling on the ALU",
                     "QGlobalAveragePool": "global average pooling on the ALU",
                     "QAdd": "element-wise int8 Add on the ALU",
-                    "Relu": "int8 Relu on the ALU"}.get(
+                    "Relu": "int8 Relu on the ALU",
+                    "Concat": "its inputs written into their channel slices (no program)"}.get(
                         node.op, "a view of its input's packed bytes (no program)")
             out[node.name] = Placement("accel", what)
         else:

@@ -219,3 +219,49 @@ def test_flatten_of_few_channels_stays_on_the_cpu():
     assert model.placements[flat.name].target == "cpu"
     assert "would pad 3 channels to 16 (5.3x its work and weights)" in \
         model.placements[flat.name].reason
+
+
+def _sppf(rng, c, n, seed, size=8):
+    """YOLO's SPPF with ReLU: conv, two 5x5 MaxPools in a row, a Concat of the three (int8:
+    MaxPool keeps its input's scale), a 1x1 conv."""
+    a, ia = _conv(rng, "c1", "x", "a", 3, c)
+    p = [helper.make_node("MaxPool", ["a"], ["m1"], kernel_shape=[5, 5], pads=[2, 2, 2, 2]),
+         helper.make_node("MaxPool", ["m1"], ["m2"], kernel_shape=[5, 5], pads=[2, 2, 2, 2]),
+         helper.make_node("Concat", ["a", "m1", "m2"], ["cat"], axis=1)]
+    c2, ic = _conv(rng, "c2", "cat", "y", 3 * c, 8, k=1, pad=0)
+    return _quantized(a + p + c2, ia + ic, (n, 3, size, size), seed=seed)
+
+
+def test_concat_inputs_are_written_into_their_slices(tmp_path):
+    """SPPF at batch 1: the conv and the MaxPools write straight into their channel slices
+    of the Concat's output (no program, no copy); one region, two crossings; the .cel
+    file keeps the placement."""
+    rng = np.random.default_rng(51)
+    q = _sppf(rng, 16, 1, seed=7)
+    assert [n.op for n in q.nodes].count("Concat") == 1
+    feeds = {"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)}
+    model = _check(q, feeds, accel_ops=("QConv", "MaxPool", "Concat"), crossings=2)
+    cat = next(n for n in q.nodes if n.op == "Concat")
+    base = model.values[cat.outputs[0]]["addr"]
+    assert [model.values[v]["addr"] - base for v in cat.inputs] == [0, 16 * 64, 2 * 16 * 64]
+    model.save(tmp_path / "m.cel")
+    loaded = AccelModel.load(tmp_path / "m.cel")
+    same, detail = compare_outputs(loaded.run(feeds, target="cycle"),
+                                   model.cpu_build().run(feeds), exact=True)
+    assert same, detail["summary"]
+
+
+@pytest.mark.parametrize("c,n,size,reason", [
+    (16, 2, 8, "Concat of a batch of 2: a channel slice is contiguous in the packed layout "
+               "for one batch block (N = BATCH = 1) only"),
+    (8, 1, 8, "starts at channel 8, not at a BLOCK (16) boundary"),
+    (16, 1, 7, "starts at byte 784 of the packed output, not a multiple of the 64-byte "
+               "alignment of accelerator buffers")])
+def test_concat_that_cannot_be_placed_stays_on_the_cpu(c, n, size, reason):
+    rng = np.random.default_rng(52)
+    q = _sppf(rng, c, n, seed=8, size=size)
+    model = _check(q, {"x": rng.normal(0, 1, (n, 3, size, size)).astype(np.float32)},
+                   accel_ops=("QConv", "MaxPool"), crossings=6, targets=("fsim",))
+    cat = next(n for n in q.nodes if n.op == "Concat")
+    assert model.placements[cat.name].target == "cpu"
+    assert reason in model.placements[cat.name].reason
