@@ -24,9 +24,12 @@ with no program: their output is the packed bytes of their input (its *root*, se
 and channels, same number of pixels: [N, C, 1, 1] <-> [N, C], [N, C, H, W] <-> [N, C, HW,
 1]) may be read by any accelerator node; a flatten of [N, C, H, W] to [N, CHW] only by a
 QGemm as its data, whose weight columns are permuted at build time to read the packed
-order (``layer_for``); the CPU reads any view by unpacking its root. These nodes go to the
-accelerator only when their input is made there (otherwise they would add a crossing, not
-save one). ``dram_reads`` names the values an accelerator node reads from DRAM.
+order (``layer_for``); the CPU reads any view by unpacking its root. A channel ``Concat``
+(``PLACED_OPS``) at BLOCK boundaries, for one batch block, is a placement: its inputs are
+allocated inside its output (``concat_slices``), so their producers write their slices
+and nothing is copied. These nodes go to the accelerator only when their inputs are made
+there (otherwise they would add a crossing, not save one). ``dram_reads`` names the values
+an accelerator node reads from DRAM.
 
 ``layer_for`` gives the accelerator operator (spec, packed constants) for a node.
 """
