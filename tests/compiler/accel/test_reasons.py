@@ -92,8 +92,10 @@ def test_conv_kept_float_by_a_run_time_mul_and_a_broadcast_gate():
     assert placed["conv_mul"] == ("Conv", "cpu", "Conv left in float: its epilogue multiplies "
                                   "by a run-time value (an int8 layer scales by constants only)")
     assert placed["conv_b"][:2] == ("QConv", "accel")
-    assert placed["squeeze"] == ("QGlobalAveragePool", "cpu", "QGlobalAveragePool (int8 global "
-                                 "average pool) has no accelerator kernel yet")
+    # the pool and the squeeze read values made on the accelerator: they run on its ALU
+    assert placed["pool"] == ("MaxPool", "accel", "max pooling on the ALU")
+    assert placed["squeeze"] == ("QGlobalAveragePool", "accel",
+                                 "global average pooling on the ALU")
     op, target, reason = placed["se_mul"]
     assert (op, target) == ("Mul", "cpu")
     assert reason == ("Mul left in float: it broadcasts its operands (float32[1,8,6,6], "
