@@ -168,14 +168,15 @@ class _Static:
             if isinstance(insn, (GemmInsn, AluInsn)):
                 plan = timing.loop_plan(insn)
             elif isinstance(insn, MemInsn):
-                # LOAD/STORE plans depend on the fields other than sram_base and the flags,
+                # LOAD/STORE plans depend on the element bytes (configurations of equal
+                # timings share the memo), the fields other than sram_base and the flags,
                 # and on dram_base only through the byte address within a window of whole
                 # bursts and beats (bursts are cut at multiples of burst_bytes, beats at
                 # multiples of bus_bytes: every time is the same a window further on)
                 eb = bytes_of[insn.mem_type]
-                key = (insn.opcode, insn.mem_type, insn.dram_base * eb % window, insn.y_size,
-                       insn.x_size, insn.x_stride, insn.y_pad_0, insn.y_pad_1, insn.x_pad_0,
-                       insn.x_pad_1)
+                key = (insn.opcode, insn.mem_type, eb, insn.dram_base * eb % window,
+                       insn.y_size, insn.x_size, insn.x_stride, insn.y_pad_0, insn.y_pad_1,
+                       insn.x_pad_0, insn.x_pad_1)
                 plan = mem_plans.get(key)
                 if plan is None:
                     plan = (timing.store_plan(insn, eb) if insn.opcode == Opcode.STORE

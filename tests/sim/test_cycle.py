@@ -244,6 +244,32 @@ def test_mem_plans_repeat_a_window_further_on():
                                  "burst_beats", "lat_after"):
                         assert getattr(a, name) == getattr(b, name), (name, insn)
 
+
+def test_mem_plans_shared_by_configurations_of_one_timing():
+    """Configurations with equal timings (bus, latencies, queues) but other element sizes
+    share the plan memo: each program still gets the plans of its own element bytes."""
+    from celosia.sim.cycle import _Static
+    from celosia.sim.fsim import Program
+
+    a = HwConfig()
+    b = HwConfig(log_block=3, log_inp_buff_size=12, log_wgt_buff_size=13, log_acc_buff_size=13)
+    assert Timing.from_config(a) == Timing.from_config(b)
+    assert elem_bytes(a, MemType.INP) != elem_bytes(b, MemType.INP)
+    insns = [load(mt, 0, 0, 7, y=3, stride=9, x_pad_0=1) for mt in  # dram_base 0: keys meet
+             (MemType.INP, MemType.WGT, MemType.ACC, MemType.UOP)] + [store(0, 0, 5, y=2),
+                                                                      FinishInsn()]
+    for cfg in (a, b, a):
+        t = Timing.from_config(cfg)
+        static = _Static(Program(insns), t, cfg)
+        for j, insn in enumerate(insns[:-1]):
+            eb = elem_bytes(cfg, insn.mem_type)
+            if insn.opcode == Opcode.STORE:
+                assert (static.plans[j], *static.writes[j]) == t.store_plan(insn, eb)
+            else:
+                want = t.load_plan(insn, eb)
+                assert [getattr(static.plans[j], f) for f in ("req", "first", "span", "push")] \
+                    == [getattr(want, f) for f in ("req", "first", "span", "push")]
+
 def gemm_only_image(cfg, uops, **loop):
     b = ProgramBuilder(cfg)
     base = b.uops(uops)
