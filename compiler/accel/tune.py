@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 from dataclasses import asdict
@@ -27,7 +28,7 @@ from .ops import ConvKnobs, ConvSpec, _row_strided, conv2d
 
 __all__ = ["conv_candidates", "estimate_conv", "measure_conv", "tune_conv", "cache_dir"]
 
-_VERSION = 2  # bump when schedules change, so cached choices are not reused
+_VERSION = 3  # bump when schedules change, so cached choices are not reused
 # Candidates whose estimate is more than this fraction above the best estimate are not
 # measured (the estimate's spread against the cycle model is a few per cent).
 _MARGIN = 0.04
@@ -51,8 +52,27 @@ def _rows(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs) -> dict:
         "inp": k.vthreads * k.tile_ci * in_h * in_w,
         "wgt": k.vthreads * k.tile_co * k.tile_ci * spec.kh * spec.kw,
         "acc": k.vthreads * (k.tile_co * k.tile_h * k.tile_w + extra_acc),
-        "uop": k.tile_ci * spec.kh * spec.kw * k.tile_w,
+        "uop": _gemm_uops(spec, k),
     }
+
+
+def _unrolled(extents) -> int:
+    """Micro-ops of a kernel over loops of these extents (outermost first): loops of one
+    iteration drop out, the two outermost others become the instruction's loops and the
+    rest are unrolled (tensorize.py's _fold_loops)."""
+    loops = [e for e in extents if e > 1]
+    return math.prod(loops[2:])
+
+
+def _gemm_uops(spec: ConvSpec, k: ConvKnobs) -> int:
+    """The GEMM kernel's micro-ops: conv2d's loops rows, output blocks, input blocks, taps,
+    columns (a 1-D layer's single row and output block make columns an instruction loop)."""
+    return _unrolled((k.tile_h, k.tile_co, k.tile_ci, spec.kh, spec.kw, k.tile_w))
+
+
+def _alu_uops(k: ConvKnobs) -> int:
+    """Micro-ops of each ALU kernel (and the reset): output blocks, rows, columns."""
+    return _unrolled((k.tile_co, k.tile_h, k.tile_w))
 
 
 def _input_tile(spec: ConvSpec, k: ConvKnobs) -> tuple[int, int]:
@@ -205,7 +225,7 @@ def estimate_conv(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs, *, groups: int = 
     else:
         store = _store_cycles(cfg, tco * th, tw, oeb)
     # Each thread's kernels are loaded into the UOP buffer on first use.
-    uops_first = vt * ((tci * taps * tw + lat + 8) + (alu_ops + 1) * (tw + lat + 8))
+    uops_first = vt * ((_gemm_uops(spec, k) + lat + 8) + (alu_ops + 1) * (_alu_uops(k) + lat + 8))
 
     def simulate(n_groups: int) -> float:
         free = [0, uops_first, 0]  # load, compute, store: the cycle each is free
