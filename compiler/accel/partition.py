@@ -1,11 +1,11 @@
 """Partitioning a quantized graph between the accelerator and the CPU.
 
 ``annotate`` decides, node by node, what the configured accelerator can run: a 2-D or 1-D
-``QConv`` without dilation (conv2d for groups = 1 with one stride and one padding for both
-axes; group_conv2d, compiler/accel/ops_group.py, for grouped and depthwise ones, per-side
-padding, a stride per axis and 1-D ones as 2-D with one row), and a ``QGemm`` (and the
-ALU-only nodes and views below), each with its fused bias, per-channel requantization,
-residual add and clip (the ALU epilogue of compiler/ops.py executes exactly the integer arithmetic that
+``QConv`` without dilation (conv2d for groups = 1, group_conv2d, compiler/accel/ops_group.py,
+for grouped and depthwise ones; both with per-side padding, a stride per axis and 1-D ones
+as 2-D with one row), and a ``QGemm`` (and the ALU-only nodes and views below), each with
+its fused bias, per-channel requantization, residual add and clip (the ALU epilogue of
+compiler/ops.py executes exactly the integer arithmetic that
 compiler/graph/qops.py defines), and a ``QMatMul`` of two run-time values (one dense
 product per matrix, its second operand packed into the weight layout at run time:
 compiler/accel/matmul.py). Everything else stays on the CPU, with the reason named by
@@ -156,11 +156,9 @@ def _conv_geometry(node: Node, graph: Graph) -> tuple:
 
 
 def _is_plain_conv2d(node: Node, graph: Graph) -> bool:
-    """Whether conv2d (searched schedules) takes the node: 2-D, groups 1, one stride and
-    one padding for both axes; otherwise group_conv2d runs it."""
-    group, strides, pads, _ = _conv_geometry(node, graph)
-    return (len(graph.types[node.inputs[0]].shape) == 4 and group == 1
-            and strides[0] == strides[1] and len(set(pads)) == 1)
+    """Whether conv2d (searched schedules) takes the node: groups 1, any strides and pads,
+    a 1-D one as 2-D with one row; otherwise group_conv2d runs it."""
+    return _conv_geometry(node, graph)[0] == 1
 
 
 # Integer operators of a quantized graph with no accelerator kernel yet: what they compute.
@@ -665,12 +663,16 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None
         weight = pack_group_kernel(w4, spec)
         kind = "group_conv2d"
     elif node.op == "QConv":
-        n, c, h, wd = x_t.shape
-        kh, kw = w.shape[2:]
-        spec = ConvSpec(n=n, c=_ceil(c, k), h=h, w=wd, o=op, kh=kh, kw=kw,
-                        stride=int(node.attrs.get("strides", (1, 1))[0]),
-                        pad=int(node.attrs.get("pads", (0, 0, 0, 0))[0]), epilogue=epi)
-        weight = pack_oihw(pad_channels(pad_channels(w, 0, k), 1, k), k)
+        _, strides, pads, (kh, kw) = _conv_geometry(node, graph)
+        n, c = x_t.shape[:2]
+        h, wd = (1, x_t.shape[2]) if len(x_t.shape) == 3 else x_t.shape[2:]
+        # without the kernel rows and columns that only ever meet padding (crop_taps)
+        g, w4 = crop_taps(GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw,
+                                        strides=strides, pads=pads, block=k, epilogue=epi),
+                          w.reshape(o, c, kh, kw))
+        spec = ConvSpec(n=n, c=_ceil(c, k), h=h, w=wd, o=op, kh=g.kh, kw=g.kw,
+                        stride=g.strides, pad=g.pads, epilogue=epi)
+        weight = pack_oihw(pad_channels(pad_channels(w4, 0, k), 1, k), k)
         kind = "conv2d"
     else:
         n, kdim = x_t.shape

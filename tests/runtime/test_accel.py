@@ -118,7 +118,7 @@ def test_placement_reasons_and_regions():
     g = b.graph(["x"], ["i"])
     places = annotate(g, HwConfig())
     assert places["dw"].reason == "group_conv2d with its fused epilogue"
-    assert places["asym"].reason == "group_conv2d with its fused epilogue"
+    assert places["asym"].reason == "conv2d with its fused epilogue"  # per-side pads
     assert places["ok1"].reason == "conv2d with its fused epilogue"
     assert "dilations [2, 2]" in places["dil"].reason
     assert places["g24"].reason.startswith("grouped convolution: groups of 3 input / 3 output "
