@@ -14,14 +14,16 @@ from __future__ import annotations
 from .frontend.onnx import import_onnx
 from .graph.ir import Graph
 from .graph.passes import conv1d_as_2d, optimize
-from .graph.quantize import from_qdq, is_qdq, quantize_graph
+from .graph.quantize import _samples, from_qdq, is_qdq, quantize_graph
+from .graph.smooth import DEFAULT_ALPHA, smooth_graph
 
 __all__ = ["quantize_model"]
 
 
 def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True,
                    input_shapes: dict | None = None, method: str = "mse",
-                   percentile: float | None = None) -> Graph:
+                   percentile: float | None = None,
+                   smooth: float | None = DEFAULT_ALPHA) -> Graph:
     """The quantized graph of an ONNX model (path, bytes, ModelProto; imported with
     ``input_shapes``) or of a graph (imported, optimized or not).
 
@@ -36,5 +38,9 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
     if is_qdq(graph):
         return optimize(from_qdq(graph))
     # 1-D convolutions as 2-D ones of height 1: the integer convolutions are 2-D.
-    return quantize_graph(conv1d_as_2d(optimize(graph)), calibration, per_channel=per_channel,
+    graph = conv1d_as_2d(optimize(graph))
+    if smooth:
+        calibration = _samples(graph, calibration)
+        graph = smooth_graph(graph, calibration, smooth)
+    return quantize_graph(graph, calibration, per_channel=per_channel,
                           method=method, percentile=percentile)
