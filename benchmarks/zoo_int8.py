@@ -74,12 +74,13 @@ def mac_share(qgraph) -> float:
 
 
 def celosia_int8(model, calib: list, test: dict, want: list, names: list,
-                 keep: dict | None = None, method: str = "mse") -> dict:
+                 keep: dict | None = None, method: str = "mse",
+                 smooth: float | None = None) -> dict:
     from celosia.compiler.pipeline import quantize_model
     from celosia.runtime.cpu import CpuModel
 
     q = quantize_model(model, calib, input_shapes={k: v.shape for k, v in test.items()},
-                       method=method)
+                       method=method, **({} if smooth is None else {"smooth": smooth}))
     got = CpuModel.from_graph(q).run(test)
     if keep is not None:  # for zoo_accel: the same graph on the accelerator, the same feed
         keep.update(graph=q, feeds=test, outputs=got)
@@ -130,10 +131,12 @@ def ort_int8(model, calib: list, test: dict, want: list) -> float:
     return min(cosine(g, w) for g, w in zip(got, want))
 
 
-def measure(entry, size: str, keep: dict | None = None, method: str = "mse") -> dict:
+def measure(entry, size: str, keep: dict | None = None, method: str = "mse",
+            smooth: float | None = None) -> dict:
     """The int8 record of one zoo entry (module doc); errors are kept as results. ``keep``
     receives the quantized graph, the test feed and the int8 CPU build's outputs;
-    ``method``: celosia's calibration method (compiler/graph/calib.py)."""
+    ``method``: celosia's calibration method (compiler/graph/calib.py); ``smooth``: the
+    smoothing alpha (compiler/graph/smooth.py; None for quantize_model's default)."""
     import onnxruntime as ort
 
     model = entry.model(size)
@@ -145,7 +148,7 @@ def measure(entry, size: str, keep: dict | None = None, method: str = "mse") -> 
     want = session.run(None, test)
     record: dict = {}
     try:
-        record.update(celosia_int8(model, calib, test, want, names, keep, method))
+        record.update(celosia_int8(model, calib, test, want, names, keep, method, smooth))
     except CelosiaError as e:
         record["int8_error"] = f"{type(e).__name__}: {e}"
     except Exception as e:  # a bug in celosia, kept as a result

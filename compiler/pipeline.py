@@ -15,7 +15,7 @@ from .frontend.onnx import import_onnx
 from .graph.ir import Graph
 from .graph.passes import conv1d_as_2d, optimize
 from .graph.quantize import _samples, from_qdq, is_qdq, quantize_graph
-from .graph.smooth import DEFAULT_ALPHA, smooth_graph
+from .graph.smooth import DEFAULT_ALPHA, check_alpha, smooth_graph
 
 __all__ = ["quantize_model"]
 
@@ -39,7 +39,7 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
         return optimize(from_qdq(graph))
     # 1-D convolutions as 2-D ones of height 1: the integer convolutions are 2-D.
     graph = conv1d_as_2d(optimize(graph))
-    if smooth:
+    if smooth and check_alpha(smooth):
         calibration = _samples(graph, calibration)
         graph = smooth_graph(graph, calibration, smooth)
     return quantize_graph(graph, calibration, per_channel=per_channel,

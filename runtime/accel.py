@@ -258,12 +258,14 @@ class AccelModel:
     @classmethod
     def from_onnx(cls, model, config=None, *, input_shapes: dict | None = None,
                   calibration=None, target: str = "fsim", tune_top: int = 4,
-                  progress=None, calibration_method: str = "mse") -> "AccelModel":
+                  progress=None, calibration_method: str = "mse",
+                  smooth: float | None = None) -> "AccelModel":
         """Import an ONNX model (path, bytes or ModelProto), quantize it to int8 (with
         ``calibration``: an .npz path or {input: samples}; a QDQ model needs none) and build
         it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph).
         ``calibration_method``: "mse", "minmax", "percentile[:P]" or "entropy"
-        (compiler/graph/calib.py)."""
+        (compiler/graph/calib.py); ``smooth``: the SmoothQuant alpha (compiler/graph/smooth.py;
+        None for quantize_model's default, 0 for none)."""
         from ..compiler.frontend.onnx import import_onnx
         from ..compiler.graph.quantize import CalibrationError
         from ..compiler.pipeline import quantize_model
@@ -277,7 +279,8 @@ class AccelModel:
                 "the accelerator runs int8 models: quantize this float model with --quantize "
                 "int8 --calibration DATA.npz (in Python: calibration={input: samples}), or "
                 "give a QDQ model from onnxruntime's quantizer")
-        qgraph = quantize_model(graph, calibration, method=calibration_method)
+        qgraph = quantize_model(graph, calibration, method=calibration_method,
+                                **({} if smooth is None else {"smooth": smooth}))
         if progress:
             n = sum(node.op in ("QConv", "QGemm") for node in qgraph.nodes)
             progress(f"quantized to int8: {n} integer conv/dense layers "

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ir import Graph, Node, TensorType, constant
+from .ir import Graph, GraphError, Node, TensorType, constant
 from .reference import evaluate_node
 
-__all__ = ["smooth_graph", "smoothing_candidates", "DEFAULT_ALPHA"]
+__all__ = ["smooth_graph", "smoothing_candidates", "check_alpha", "DEFAULT_ALPHA"]
 
 DEFAULT_ALPHA = 0.5
 # The smallest smoothing factor: a channel that was never nonzero keeps s = 1.
@@ -42,6 +42,19 @@ _TINY = 1e-12
 # Ops between the normalization and its layers that keep the last axis (channel j stays
 # channel j of the last axis).
 _PASS = ("Reshape", "Flatten", "Gather", "Slice", "Squeeze", "Unsqueeze")
+
+
+def check_alpha(alpha) -> float:
+    """``alpha`` as a float in [0, 1], else a GraphError saying what it means."""
+    try:
+        a = float(alpha)
+    except (TypeError, ValueError):
+        a = float("nan")
+    if not 0.0 <= a <= 1.0:
+        raise GraphError(f"smoothing alpha {alpha!r} is not a number in [0, 1]: 0 leaves the "
+                         "activations as they are (no smoothing), 1 moves all of their range "
+                         f"into the weights; the default is {DEFAULT_ALPHA}")
+    return a
 
 
 def _keeps_last_axis(graph: Graph, node: Node, channels: int) -> bool:
@@ -168,9 +181,7 @@ def smooth_graph(graph: Graph, samples: list[dict], alpha: float = DEFAULT_ALPHA
     """The graph with each smoothing candidate rewritten (module doc); ``samples``: feeds
     ({input name: array}) the activation maxima are taken over. Returns ``graph`` itself
     when there is nothing to smooth."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"smoothing alpha {alpha} is outside [0, 1]: 0 leaves the "
-                         "activations as they are, 1 moves all of their range into the weights")
+    check_alpha(alpha)
     candidates = smoothing_candidates(graph)
     if not candidates or not samples:
         return graph

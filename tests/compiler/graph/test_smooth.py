@@ -9,6 +9,7 @@ from onnx import helper, numpy_helper
 from onnx_builders import make_model, vi
 
 from celosia.compiler.frontend.onnx import import_onnx
+from celosia.compiler.graph.ir import GraphError
 from celosia.compiler.graph.passes import optimize
 from celosia.compiler.graph.reference import run_graph
 from celosia.compiler.graph.smooth import smooth_graph, smoothing_candidates
@@ -140,6 +141,26 @@ def test_what_is_not_rewritten():
     assert smoothing_candidates(g) == []
 
 
-def test_alpha_out_of_range():
-    with pytest.raises(ValueError, match=r"alpha 1.5 is outside \[0, 1\]"):
-        smooth_graph(_block(0), _feeds(0), alpha=1.5)
+@pytest.mark.parametrize("alpha", [1.5, -0.1, float("nan"), "x"])
+def test_alpha_out_of_range(alpha):
+    with pytest.raises(GraphError, match=r"smoothing alpha .* is not a number in \[0, 1\]: "
+                                         r"0 leaves the activations as they are"):
+        smooth_graph(_block(0), _feeds(0), alpha=alpha)
+    with pytest.raises(GraphError, match=r"smoothing alpha"):
+        quantize_model(_block(0), _feeds(0), smooth=alpha)
+
+
+def test_cli_smooth_flag(tmp_path, capsys):
+    """`--smooth` goes with --quantize (and bench zoo --int8); a bad value fails before
+    the build, naming what it means."""
+    from celosia.cli import main
+
+    out = str(tmp_path / "m.cel")
+    for argv, message in [
+        (["compile", "m.onnx", "--smooth", "0.5", "-o", out], "--smooth goes with --quantize int8"),
+        (["compile", "m.onnx", "--quantize", "int8", "--smooth", "2", "-o", out],
+         "smoothing alpha 2.0 is not a number in [0, 1]"),
+        (["bench", "zoo", "--smooth", "0.5"], "--smooth goes with `bench zoo --int8`"),
+    ]:
+        assert main(argv) == 2
+        assert message in capsys.readouterr().err
