@@ -614,7 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration-method", metavar="METHOD",
                    help="zoo --int8/--accel only: celosia's calibration method (mse, minmax, "
                         "percentile[:P], entropy; default mse)")
-    p.add_argument("--smooth", type=float, metavar="ALPHA",
+    p.add_argument("--smooth", metavar="ALPHA",
                    help="zoo --int8/--accel only: SmoothQuant alpha for LayerNorm -> Linear "
                         "(0 for none; default 0.5, docs/graph.md)")
     p.add_argument("--time-limit", type=float, metavar="S",
@@ -650,7 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how --quantize chooses each int8 range from the calibration "
                             "samples: mse (default), minmax, percentile (99.99 of |x|; "
                             "percentile:P for another), entropy (KL divergence)")
-        p.add_argument("--smooth", type=float, metavar="ALPHA",
+        p.add_argument("--smooth", metavar="ALPHA",
                        help="--quantize: SmoothQuant alpha, how much of LayerNorm outputs' "
                             "per-channel range moves into the Linear weights reading them "
                             "(0 for none; default 0.5, docs/graph.md)")

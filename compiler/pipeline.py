@@ -23,7 +23,7 @@ __all__ = ["quantize_model"]
 def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True,
                    input_shapes: dict | None = None, method: str = "mse",
                    percentile: float | None = None,
-                   smooth: float | None = DEFAULT_ALPHA) -> Graph:
+                   smooth: float | str | None = DEFAULT_ALPHA) -> Graph:
     """The quantized graph of an ONNX model (path, bytes, ModelProto; imported with
     ``input_shapes``) or of a graph (imported, optimized or not).
 
@@ -31,7 +31,9 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
     ``optimize`` for the float rest (``calibration`` is not needed). Otherwise ``optimize``
     then ``quantize_graph`` with ``calibration`` (feeds, a dict of sample arrays or an .npz
     path; ``method``: how each int8 range is chosen, "mse", "minmax", "percentile" (with
-    ``percentile``, or "percentile:P") or "entropy", graph/calib.py).
+    ``percentile``, or "percentile:P") or "entropy", graph/calib.py). ``smooth``:
+    the SmoothQuant alpha of ``smooth_graph`` (graph/smooth.py: a number in [0, 1] or
+    "auto"), applied before quantizing; None or 0 leaves the activations as they are.
     """
     graph = model_or_graph if isinstance(model_or_graph, Graph) else \
         import_onnx(model_or_graph, input_shapes)
@@ -39,7 +41,7 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
         return optimize(from_qdq(graph))
     # 1-D convolutions as 2-D ones of height 1: the integer convolutions are 2-D.
     graph = conv1d_as_2d(optimize(graph))
-    if smooth and check_alpha(smooth):
+    if smooth is not None and check_alpha(smooth):
         calibration = _samples(graph, calibration)
         graph = smooth_graph(graph, calibration, smooth)
     return quantize_graph(graph, calibration, per_channel=per_channel,

@@ -37,6 +37,10 @@ from .reference import evaluate_node
 __all__ = ["smooth_graph", "smoothing_candidates", "check_alpha", "DEFAULT_ALPHA"]
 
 DEFAULT_ALPHA = 0.5
+# "auto": the alphas tried per normalization, and the rows of its output the error is
+# measured on.
+AUTO_GRID = (0.25, 0.4, 0.5, 0.6, 0.75, 0.9)
+AUTO_ROWS = 256
 # The smallest smoothing factor: a channel that was never nonzero keeps s = 1.
 _TINY = 1e-12
 # Ops between the normalization and its layers that keep the last axis (channel j stays
@@ -44,16 +48,19 @@ _TINY = 1e-12
 _PASS = ("Reshape", "Flatten", "Gather", "Slice", "Squeeze", "Unsqueeze")
 
 
-def check_alpha(alpha) -> float:
-    """``alpha`` as a float in [0, 1], else a GraphError saying what it means."""
+def check_alpha(alpha):
+    """``alpha`` as "auto" or a float in [0, 1], else a GraphError saying what it means."""
+    if isinstance(alpha, str) and alpha.strip().lower() == "auto":
+        return "auto"
     try:
         a = float(alpha)
     except (TypeError, ValueError):
         a = float("nan")
     if not 0.0 <= a <= 1.0:
-        raise GraphError(f"smoothing alpha {alpha!r} is not a number in [0, 1]: 0 leaves the "
-                         "activations as they are (no smoothing), 1 moves all of their range "
-                         f"into the weights; the default is {DEFAULT_ALPHA}")
+        raise GraphError(f"smoothing alpha {alpha!r} is not a number in [0, 1] nor 'auto': 0 "
+                         "leaves the activations as they are (no smoothing), 1 moves all of "
+                         "their range into the weights, 'auto' chooses per LayerNorm; the "
+                         f"default is {DEFAULT_ALPHA!r}")
     return a
 
 
@@ -148,9 +155,12 @@ def smoothing_candidates(graph: Graph) -> list[tuple[Node, list, list, bool]]:
     return found
 
 
-def _channel_maxima(graph: Graph, samples: list[dict], values: set) -> dict:
-    """Per-channel (last axis) max |v| of ``values`` over the samples, by the reference."""
+def _channel_maxima(graph: Graph, samples: list[dict], values: set, rows: int = 0):
+    """Per-channel (last axis) max |v| of ``values`` over the samples, by the reference, and
+    up to ``rows`` rows (vectors along the last axis) of each, spread over the samples."""
     out = {v: np.zeros(graph.types[v].shape[-1]) for v in values}
+    kept: dict[str, list] = {v: [] for v in values}
+    per_sample = -(-rows // max(len(samples), 1))
     last_use = {i: k for k, node in enumerate(graph.nodes) for i in node.inputs}
     for feeds in samples:
         env = {**graph.initializers, **feeds}
@@ -160,12 +170,15 @@ def _channel_maxima(graph: Graph, samples: list[dict], values: set) -> dict:
                 if o:
                     env[o] = v
                     if o in out:
-                        a = np.abs(np.asarray(v, dtype=np.float64)).reshape(-1, v.shape[-1])
-                        out[o] = np.maximum(out[o], a.max(axis=0, initial=0))
+                        a = np.asarray(v, dtype=np.float32).reshape(-1, v.shape[-1])
+                        out[o] = np.maximum(out[o], np.abs(a).max(axis=0, initial=0))
+                        if per_sample:
+                            step = max(1, -(-len(a) // per_sample))
+                            kept[o].append(a[::step])
             for i in node.inputs:
                 if i and last_use.get(i) == k and i not in graph.initializers:
                     env.pop(i, None)
-    return out
+    return out, {v: np.concatenate(a)[:rows] if a else None for v, a in kept.items()}
 
 
 def _fresh(base: str, taken: set) -> str:
@@ -177,15 +190,63 @@ def _fresh(base: str, taken: set) -> str:
     return name
 
 
-def smooth_graph(graph: Graph, samples: list[dict], alpha: float = DEFAULT_ALPHA) -> Graph:
+def _factors(x_max: np.ndarray, w_max: np.ndarray, alpha: float) -> np.ndarray:
+    """SmoothQuant's s_j, relative to their median and never below 1: the channels above
+    the median are divided down, the others keep their values (scaling a channel up to the
+    calibration maximum leaves it no headroom for data beyond the samples, which then
+    clips); 1 where a channel or its weights were all zero."""
+    ok = (x_max > _TINY) & (w_max > _TINY)
+    s = np.ones_like(w_max)
+    with np.errstate(all="ignore"):
+        s[ok] = x_max[ok] ** alpha / w_max[ok] ** (1 - alpha)
+    s[~np.isfinite(s) | (s <= 0)] = 1.0
+    if ok.any():
+        s[ok] = np.maximum(s[ok] / np.median(s[ok]), 1.0)
+    return s
+
+
+def _int8_error(x: np.ndarray, x_max: np.ndarray, weights: list, s: np.ndarray) -> float:
+    """The relative squared error of the layers' products with the activation (rows ``x``,
+    channel maxima ``x_max``) divided by ``s`` in per-tensor int8 and the weights (C x N)
+    multiplied by ``s`` in per-output-channel int8: how the quantizer will see them."""
+    xs = x / s
+    step = float((x_max / s).max()) / 127 or 1.0
+    xq = np.clip(np.rint(xs / step), -127, 127) * step
+    num = den = 0.0
+    for w in weights:
+        want = x @ w
+        ws = w * s[:, None]
+        w_step = np.abs(ws).max(axis=0) / 127
+        w_step[w_step == 0] = 1.0
+        got = xq @ (np.rint(ws / w_step) * w_step)
+        num += float(np.square(got - want).sum())
+        den += float(np.square(want).sum())
+    return num / den if den else 0.0
+
+
+def smooth_graph(graph: Graph, samples: list[dict], alpha=DEFAULT_ALPHA) -> Graph:
     """The graph with each smoothing candidate rewritten (module doc); ``samples``: feeds
-    ({input name: array}) the activation maxima are taken over. Returns ``graph`` itself
-    when there is nothing to smooth."""
-    check_alpha(alpha)
+    ({input name: array}) the activation maxima are taken over. ``alpha``: a number in
+    [0, 1] (0: no smoothing), or "auto": per normalization, the alpha of ``AUTO_GRID`` (or
+    none) whose int8 product with the layers' weights is closest to float on the samples.
+    Returns ``graph`` itself when there is nothing to smooth."""
+    alpha = check_alpha(alpha)
+    auto = alpha == "auto"
     candidates = smoothing_candidates(graph)
-    if not candidates or not samples:
+    if not candidates or not samples or (not auto and alpha == 0):
         return graph
-    x_max = _channel_maxima(graph, samples, {n.outputs[0] for n, *_ in candidates})
+    values = {n.outputs[0] for n, *_ in candidates}
+    if auto and len(samples) > 1:
+        # Choose on held-out data: the maxima of half of the samples, the error on rows of
+        # the other half (a factor fitted too closely to the samples' maxima clips there).
+        fit, _ = _channel_maxima(graph, samples[0::2], values)
+        x_max, rows = _channel_maxima(graph, samples[1::2], values, AUTO_ROWS)
+        x_max, fit = {v: np.maximum(x_max[v], fit[v]) for v in values}, fit
+    elif auto:
+        x_max, rows = _channel_maxima(graph, samples, values, AUTO_ROWS)
+        fit = x_max
+    else:
+        x_max, _ = _channel_maxima(graph, samples, values)
     inits = dict(graph.initializers)
     types = dict(graph.types)
     taken = set(types) | {n.name for n in graph.nodes}
@@ -196,11 +257,20 @@ def smooth_graph(graph: Graph, samples: list[dict], alpha: float = DEFAULT_ALPHA
         for _, w, axis in layers:
             a = np.abs(graph.initializers[w].astype(np.float64))
             w_max = np.maximum(w_max, a.max(axis=1 - axis))
-        ok = (x_max[y] > _TINY) & (w_max > _TINY)
-        s = np.ones_like(w_max)
-        s[ok] = x_max[y][ok] ** alpha / w_max[ok] ** (1 - alpha)
-        if not np.all(np.isfinite(s)):
-            continue
+        if auto:
+            ws = {w: graph.initializers[w].astype(np.float32) for _, w, _ in layers}
+            ws = [ws[w] if axis == 0 else ws[w].T for _, w, axis in layers]
+            x = rows[y].astype(np.float32)
+            best, chosen = _int8_error(x, fit[y], ws, np.ones_like(w_max)), None
+            for a in AUTO_GRID:
+                e = _int8_error(x, fit[y], ws, _factors(fit[y], w_max, a))
+                if e < best:
+                    best, chosen = e, a
+            if chosen is None:
+                continue
+            s = _factors(x_max[y], w_max, chosen)
+        else:
+            s = _factors(x_max[y], w_max, alpha)
         scale = graph.initializers[node.inputs[1]]
         dtype = scale.dtype
         ins = list(node.inputs)

@@ -21,14 +21,16 @@ B, T, C, H = 2, 6, 32, 24
 
 def _block(seed, *, post_norm=False, reshape=False, gemm=False, outliers=(3, 17, 29),
            gain=40.0, axis=-1):
-    """x -> LayerNorm (scale and bias with ``outliers`` channels ``gain`` times larger) ->
+    """x -> LayerNorm (``outliers`` channels with a bias of +-``gain``, a 10x larger scale) ->
     MatMul(+bias) and MatMul readers, optionally a Gemm (transB=1) through a Reshape to
     rows, optionally a residual Add reading the normalization (post-norm)."""
     rng = np.random.default_rng(seed)
     gamma = rng.uniform(0.5, 1.5, C).astype(np.float32)
     beta = rng.normal(0, 0.1, C).astype(np.float32)
-    gamma[list(outliers)] *= gain
-    beta[list(outliers)] *= gain
+    # Outlier channels as trained transformers have them: large and systematic (a large
+    # offset with a spread around it), not just a wider spread.
+    gamma[list(outliers)] *= gain / 4
+    beta[list(outliers)] = gain * rng.choice([-1.0, 1.0], len(outliers))
     inits = {"gamma": gamma, "beta": beta,
              "w1": rng.normal(0, C ** -0.5, (C, H)).astype(np.float32),
              "b1": rng.normal(0, 0.1, H).astype(np.float32),
@@ -66,18 +68,20 @@ def _cosine(a, b):
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-@pytest.mark.parametrize("seed, kw, layers, duplicate", [
-    (0, {}, 2, False),
-    (1, {"reshape": True}, 3, False),
-    (2, {"reshape": True, "gemm": True}, 3, False),
-    (3, {"post_norm": True}, 2, True),
-    (4, {"post_norm": True, "reshape": True, "gemm": True}, 3, True),
+@pytest.mark.parametrize("seed, kw, layers, duplicate, alpha", [
+    (0, {}, 2, False, 0.5),
+    (1, {"reshape": True}, 3, False, 0.5),
+    (2, {"reshape": True, "gemm": True}, 3, False, 1.0),
+    (3, {"post_norm": True}, 2, True, 0.5),
+    (4, {"post_norm": True, "reshape": True, "gemm": True}, 3, True, 0.3),
+    (5, {"post_norm": True, "reshape": True}, 3, True, 0.8),
 ])
-def test_rewrite_keeps_float_outputs(seed, kw, layers, duplicate):
+def test_rewrite_keeps_float_outputs(seed, kw, layers, duplicate, alpha):
     g = _block(seed, **kw)
     [(node, found, _, dup)] = smoothing_candidates(g)
     assert node.op == "LayerNormalization" and len(found) == layers and dup == duplicate
-    s = smooth_graph(g, _feeds(seed + 100, 3), alpha=0.5)
+    assert smooth_graph(g, _feeds(seed + 100, 3), alpha=0) is g
+    s = smooth_graph(g, _feeds(seed + 100, 4), alpha=alpha)
     assert sum(n.op == "LayerNormalization" for n in s.nodes) == (2 if duplicate else 1)
     # The layers read rescaled weights: the rewrite did something.
     assert not any(np.array_equal(s.initializers.get(n.inputs[1], 0), g.initializers[w])
@@ -91,7 +95,8 @@ def test_rewrite_keeps_float_outputs(seed, kw, layers, duplicate):
                                        atol=1e-5 * float(np.abs(want[k]).max()))
 
 
-def test_smoothing_improves_int8():
+@pytest.mark.parametrize("alpha", [0.5, "auto"])
+def test_smoothing_improves_int8(alpha):
     """With outlier channels on the normalization's output, per-tensor int8 activations
     lose the small channels; smoothed, the int8 build is closer to float on every model
     (the error, 1 - cosine, of its worst layer output falls by 10% or more, and by more
@@ -104,8 +109,8 @@ def test_smoothing_improves_int8():
         calib, test = _feeds(seed + 10, 6), _feeds(seed + 20)[0]
         want = run_graph(g, test)
         err = {}
-        for alpha in (None, 0.5):
-            q = quantize_model(g, calib, smooth=alpha)
+        for a in (None, alpha):
+            q = quantize_model(g, calib, smooth=a)
             ref = run_graph(q, test)
             got = CpuModel.from_graph(q).run(test)
             producers = q.producers()
@@ -115,9 +120,9 @@ def test_smoothing_improves_int8():
                 else:  # a float op's (post-norm's residual Add): to float32 rounding
                     np.testing.assert_allclose(got[k], ref[k], rtol=1e-6, atol=1e-6)
             # The layers' outputs (post-norm's sum reads the unsmoothed normalization).
-            err[alpha] = max(1 - _cosine(got[k], want[k]) for k in want if k != "y4")
-        assert err[0.5] < 0.9 * err[None], (seed, err)
-        ratios.append(err[0.5] / err[None])
+            err[a] = max(1 - _cosine(got[k], want[k]) for k in want if k != "y4")
+        assert err[alpha] < 0.9 * err[None], (seed, err)
+        ratios.append(err[alpha] / err[None])
     assert float(np.exp(np.mean(np.log(ratios)))) < 0.5, ratios
 
 
@@ -143,8 +148,8 @@ def test_what_is_not_rewritten():
 
 @pytest.mark.parametrize("alpha", [1.5, -0.1, float("nan"), "x"])
 def test_alpha_out_of_range(alpha):
-    with pytest.raises(GraphError, match=r"smoothing alpha .* is not a number in \[0, 1\]: "
-                                         r"0 leaves the activations as they are"):
+    with pytest.raises(GraphError, match=r"smoothing alpha .* is not a number in \[0, 1\] nor "
+                                         r"'auto': 0 leaves the activations as they are"):
         smooth_graph(_block(0), _feeds(0), alpha=alpha)
     with pytest.raises(GraphError, match=r"smoothing alpha"):
         quantize_model(_block(0), _feeds(0), smooth=alpha)
@@ -159,7 +164,7 @@ def test_cli_smooth_flag(tmp_path, capsys):
     for argv, message in [
         (["compile", "m.onnx", "--smooth", "0.5", "-o", out], "--smooth goes with --quantize int8"),
         (["compile", "m.onnx", "--quantize", "int8", "--smooth", "2", "-o", out],
-         "smoothing alpha 2.0 is not a number in [0, 1]"),
+         "smoothing alpha '2' is not a number in [0, 1] nor 'auto'"),
         (["bench", "zoo", "--smooth", "0.5"], "--smooth goes with `bench zoo --int8`"),
     ]:
         assert main(argv) == 2
