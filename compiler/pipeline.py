@@ -15,6 +15,7 @@ from .frontend.onnx import import_onnx
 from .graph.ir import Graph
 from .graph.passes import conv1d_as_2d, optimize
 from .graph.quantize import _samples, from_qdq, is_qdq, quantize_graph
+from .graph.residual import float_residuals
 from .graph.smooth import DEFAULT_ALPHA, check_alpha, smooth_graph
 
 __all__ = ["quantize_model"]
@@ -23,7 +24,8 @@ __all__ = ["quantize_model"]
 def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True,
                    input_shapes: dict | None = None, method: str = "mse",
                    percentile: float | None = None,
-                   smooth: float | str | None = DEFAULT_ALPHA) -> Graph:
+                   smooth: float | str | None = DEFAULT_ALPHA,
+                   int8_residuals: bool = False) -> Graph:
     """The quantized graph of an ONNX model (path, bytes, ModelProto; imported with
     ``input_shapes``) or of a graph (imported, optimized or not).
 
@@ -34,6 +36,8 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
     ``percentile``, or "percentile:P") or "entropy", graph/calib.py). ``smooth``:
     the SmoothQuant alpha of ``smooth_graph`` (graph/smooth.py: a number in [0, 1] or
     "auto"), applied before quantizing; None or 0 leaves the activations as they are.
+    ``int8_residuals``: keep dense layers' residual sums fused and int8; by default they are
+    float (``float_residuals``, graph/residual.py).
     """
     graph = model_or_graph if isinstance(model_or_graph, Graph) else \
         import_onnx(model_or_graph, input_shapes)
@@ -44,5 +48,7 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
     if smooth is not None and check_alpha(smooth):
         calibration = _samples(graph, calibration)
         graph = smooth_graph(graph, calibration, smooth)
+    if not int8_residuals:
+        graph = float_residuals(graph)
     return quantize_graph(graph, calibration, per_channel=per_channel,
                           method=method, percentile=percentile)
