@@ -75,12 +75,13 @@ def mac_share(qgraph) -> float:
 
 def celosia_int8(model, calib: list, test: dict, want: list, names: list,
                  keep: dict | None = None, method: str = "mse",
-                 smooth: float | None = None) -> dict:
+                 smooth: float | None = None, int8_residuals: bool = False) -> dict:
     from celosia.compiler.pipeline import quantize_model
     from celosia.runtime.cpu import CpuModel
 
     q = quantize_model(model, calib, input_shapes={k: v.shape for k, v in test.items()},
-                       method=method, **({} if smooth is None else {"smooth": smooth}))
+                       method=method, int8_residuals=int8_residuals,
+                       **({} if smooth is None else {"smooth": smooth}))
     got = CpuModel.from_graph(q).run(test)
     if keep is not None:  # for zoo_accel: the same graph on the accelerator, the same feed
         keep.update(graph=q, feeds=test, outputs=got)
@@ -132,11 +133,12 @@ def ort_int8(model, calib: list, test: dict, want: list) -> float:
 
 
 def measure(entry, size: str, keep: dict | None = None, method: str = "mse",
-            smooth: float | None = None) -> dict:
+            smooth: float | None = None, int8_residuals: bool = False) -> dict:
     """The int8 record of one zoo entry (module doc); errors are kept as results. ``keep``
     receives the quantized graph, the test feed and the int8 CPU build's outputs;
     ``method``: celosia's calibration method (compiler/graph/calib.py); ``smooth``: the
-    smoothing alpha (compiler/graph/smooth.py; None for quantize_model's default)."""
+    smoothing alpha (compiler/graph/smooth.py; None for quantize_model's default);
+    ``int8_residuals``: dense layers' residual sums int8 (compiler/graph/residual.py)."""
     import onnxruntime as ort
 
     model = entry.model(size)
@@ -148,7 +150,8 @@ def measure(entry, size: str, keep: dict | None = None, method: str = "mse",
     want = session.run(None, test)
     record: dict = {}
     try:
-        record.update(celosia_int8(model, calib, test, want, names, keep, method, smooth))
+        record.update(celosia_int8(model, calib, test, want, names, keep, method, smooth,
+                                           int8_residuals))
     except CelosiaError as e:
         record["int8_error"] = f"{type(e).__name__}: {e}"
     except Exception as e:  # a bug in celosia, kept as a result

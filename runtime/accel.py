@@ -259,13 +259,15 @@ class AccelModel:
     def from_onnx(cls, model, config=None, *, input_shapes: dict | None = None,
                   calibration=None, target: str = "fsim", tune_top: int = 4,
                   progress=None, calibration_method: str = "mse",
-                  smooth: float | None = None) -> "AccelModel":
+                  smooth: float | None = None,
+                  int8_residuals: bool = False) -> "AccelModel":
         """Import an ONNX model (path, bytes or ModelProto), quantize it to int8 (with
         ``calibration``: an .npz path or {input: samples}; a QDQ model needs none) and build
         it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph).
         ``calibration_method``: "mse", "minmax", "percentile[:P]" or "entropy"
         (compiler/graph/calib.py); ``smooth``: the SmoothQuant alpha (compiler/graph/smooth.py;
-        None for quantize_model's default, 0 for none)."""
+        None for quantize_model's default, 0 for none); ``int8_residuals``: dense layers'
+        residual sums int8 rather than float (compiler/graph/residual.py)."""
         from ..compiler.frontend.onnx import import_onnx
         from ..compiler.graph.quantize import CalibrationError
         from ..compiler.pipeline import quantize_model
@@ -280,6 +282,7 @@ class AccelModel:
                 "int8 --calibration DATA.npz (in Python: calibration={input: samples}), or "
                 "give a QDQ model from onnxruntime's quantizer")
         qgraph = quantize_model(graph, calibration, method=calibration_method,
+                                int8_residuals=int8_residuals,
                                 **({} if smooth is None else {"smooth": smooth}))
         if progress:
             n = sum(node.op in ("QConv", "QGemm") for node in qgraph.nodes)

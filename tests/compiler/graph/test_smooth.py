@@ -166,6 +166,9 @@ def test_cli_smooth_flag(tmp_path, capsys):
         (["compile", "m.onnx", "--quantize", "int8", "--smooth", "2", "-o", out],
          "smoothing alpha '2' is not a number in [0, 1] nor 'auto'"),
         (["bench", "zoo", "--smooth", "0.5"], "--smooth goes with `bench zoo --int8`"),
+        (["compile", "m.onnx", "--int8-residuals", "-o", out],
+         "--int8-residuals goes with --quantize int8"),
+        (["bench", "zoo", "--int8-residuals"], "--int8-residuals goes with `bench zoo --int8`"),
     ]:
         assert main(argv) == 2
         assert message in capsys.readouterr().err
