@@ -137,7 +137,7 @@ def measure(entry, size: str, keep: dict | None = None, method: str = "mse",
     """The int8 record of one zoo entry (module doc); errors are kept as results. ``keep``
     receives the quantized graph, the test feed and the int8 CPU build's outputs;
     ``method``: celosia's calibration method (compiler/graph/calib.py); ``smooth``: the
-    smoothing alpha (compiler/graph/smooth.py; None for quantize_model's default);
+    smoothing alpha (compiler/graph/smooth.py; None: quantize_model's default, none);
     ``int8_residuals``: dense layers' residual sums int8 (compiler/graph/residual.py)."""
     import onnxruntime as ort
 

@@ -618,8 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="zoo --int8/--accel only: celosia's calibration method (mse, minmax, "
                         "percentile[:P], entropy; default mse)")
     p.add_argument("--smooth", metavar="ALPHA",
-                   help="zoo --int8/--accel only: SmoothQuant alpha for LayerNorm -> Linear "
-                        "(0 for none; default 0.5, docs/graph.md)")
+                   help="zoo --int8/--accel only: SmoothQuant alpha (0..1, or auto) for "
+                        "LayerNorm -> Linear (default none, docs/graph.md)")
     p.add_argument("--int8-residuals", action="store_true",
                    help="zoo --int8/--accel only: keep dense layers' residual sums int8 "
                         "(default: float, docs/graph.md)")
@@ -657,9 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "samples: mse (default), minmax, percentile (99.99 of |x|; "
                             "percentile:P for another), entropy (KL divergence)")
         p.add_argument("--smooth", metavar="ALPHA",
-                       help="--quantize: SmoothQuant alpha, how much of LayerNorm outputs' "
-                            "per-channel range moves into the Linear weights reading them "
-                            "(0 for none; default 0.5, docs/graph.md)")
+                       help="--quantize: SmoothQuant alpha (0..1, or auto: chosen per "
+                            "LayerNorm), how much of LayerNorm outputs' per-channel range moves "
+                            "into the Linear weights reading them (default none, docs/graph.md)")
         p.add_argument("--int8-residuals", action="store_true",
                        help="--quantize: keep the residual sums of dense (MatMul/Gemm) layers "
                             "int8 (default: float, docs/graph.md)")

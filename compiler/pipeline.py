@@ -16,7 +16,7 @@ from .graph.ir import Graph
 from .graph.passes import conv1d_as_2d, optimize
 from .graph.quantize import _samples, from_qdq, is_qdq, quantize_graph
 from .graph.residual import float_residuals
-from .graph.smooth import DEFAULT_ALPHA, check_alpha, smooth_graph
+from .graph.smooth import check_alpha, smooth_graph
 
 __all__ = ["quantize_model"]
 
@@ -24,7 +24,7 @@ __all__ = ["quantize_model"]
 def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True,
                    input_shapes: dict | None = None, method: str = "mse",
                    percentile: float | None = None,
-                   smooth: float | str | None = DEFAULT_ALPHA,
+                   smooth: float | str | None = None,
                    int8_residuals: bool = False) -> Graph:
     """The quantized graph of an ONNX model (path, bytes, ModelProto; imported with
     ``input_shapes``) or of a graph (imported, optimized or not).
@@ -35,7 +35,8 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
     path; ``method``: how each int8 range is chosen, "mse", "minmax", "percentile" (with
     ``percentile``, or "percentile:P") or "entropy", graph/calib.py). ``smooth``:
     the SmoothQuant alpha of ``smooth_graph`` (graph/smooth.py: a number in [0, 1] or
-    "auto"), applied before quantizing; None or 0 leaves the activations as they are.
+    "auto"), applied before quantizing; None (the default: measured, it does not pay on the
+    zoo once residual sums are float, docs/graph.md) or 0 leaves the activations as they are.
     ``int8_residuals``: keep dense layers' residual sums fused and int8; by default they are
     float (``float_residuals``, graph/residual.py).
     """

@@ -266,7 +266,7 @@ class AccelModel:
         it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph).
         ``calibration_method``: "mse", "minmax", "percentile[:P]" or "entropy"
         (compiler/graph/calib.py); ``smooth``: the SmoothQuant alpha (compiler/graph/smooth.py;
-        None for quantize_model's default, 0 for none); ``int8_residuals``: dense layers'
+        None or 0 for none, quantize_model's default); ``int8_residuals``: dense layers'
         residual sums int8 rather than float (compiler/graph/residual.py)."""
         from ..compiler.frontend.onnx import import_onnx
         from ..compiler.graph.quantize import CalibrationError
