@@ -141,13 +141,19 @@ class AccelModel:
 
         from ..compiler.accel.matmul import bind_matmul, pack_weights, weights_shape
         from ..compiler.accel.partition import (
+            ALIAS_OPS,
+            ALU_OPS,
+            PLACED_OPS,
             Placement,
             annotate,
             compile_layer,
+            concat_slices,
+            dram_reads,
             layer_for,
             packed_shape,
             regions,
             value_layouts,
+            root_of,
         )
         from ..driver import Device
 
@@ -155,10 +161,24 @@ class AccelModel:
         cfg = HwConfig.load(config)
         placements = annotate(graph, cfg, accelerate=accelerate)
         accel = [n for n in graph.nodes if placements[n.name].target == "accel"]
-        compiled = {}
+        producer = {o: n for n in graph.nodes for o in n.outputs if o}
+        compiled, views = {}, []
         for k, node in enumerate(accel):
+            if node.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
+                cpu = [producer[v].name for v in dram_reads(node) if v in producer and
+                       placements[producer[v].name].target != "accel"]
+                if cpu:
+                    placements[node.name] = Placement(
+                        "cpu", f"{node.op} of a value the CPU makes (its producer {cpu[0]!r} "
+                        f"has no accelerator schedule): on the accelerator it would add a "
+                        f"crossing, not save one")
+                    continue
+            if node.op in ALIAS_OPS + PLACED_OPS:  # a view or a placement: no program
+                views.append(node.name)
+                continue
             t0 = time.perf_counter()
-            layer = layer_for(node, graph, cfg)
+            roots = {v: root_of(v, producer, placements) for v in node.inputs[:1]}
+            layer = layer_for(node, graph, cfg, roots=roots)
             try:
                 fn, knobs = compile_layer(layer, cfg, top=tune_top)
             except CompilerError as e:
@@ -179,24 +199,46 @@ class AccelModel:
                    for n in graph.nodes if n.name in compiled
                    for l in (compiled[n.name][0],))
         for name in {i for n in graph.nodes if n.name in compiled for i in
-                     (n.inputs[0], n.outputs[0], *n.inputs[4:]) if i}:
+                     (*dram_reads(n), n.outputs[0]) if i}:
             need += int(np.prod(packed_shape(graph.types[name].shape, cfg, layouts.get(name))))
         # A device only to place programs and data (nothing runs on it); none for an all-CPU
         # build.
         dev = Device(cfg, target="fsim", dram_size=_round_up(2 * need + (64 << 20), 1 << 20)) \
             if compiled else None
         values: dict[str, object] = {}
+        slices = concat_slices(graph, placements, cfg)
 
         def value_buffer(name, align):
             # A value is one element size wherever it is used (BATCH x BLOCK int8 bytes), so
-            # its first user's alignment holds for every user.
+            # its first user's alignment holds for every user. A view's value is its root's
+            # buffer.
             if name not in values:
-                shape = packed_shape(graph.types[name].shape, cfg, layouts.get(name))
-                values[name] = (dev.alloc(int(np.prod(shape)), align=align), shape)
+                root = root_of(name, producer, placements)
+                if root != name:
+                    buf = value_buffer(root, align)
+                    values[name] = (buf, values[root][1], root)
+                elif name in slices:  # its bytes lie in a Concat's output
+                    outer, offset = slices[name]
+                    base = value_buffer(outer, align)
+                    shape = packed_shape(graph.types[name].shape, cfg, layouts.get(name))
+                    buf = _sub_buffer(base, offset, int(np.prod(shape)))
+                    values[name] = (buf, shape, None)
+                else:
+                    shape = packed_shape(graph.types[name].shape, cfg, layouts.get(name))
+                    values[name] = (dev.alloc(int(np.prod(shape)), align=align), shape, None)
             return values[name][0]
 
         programs = {}
+        elem = max(64, cfg.batch * cfg.block)
         for node in graph.nodes:
+            if node.name in views and dev is not None:
+                value_buffer(node.outputs[0], elem)
+                view = node.op in ALIAS_OPS
+                programs[node.name] = {
+                    "insn_addr": 0, "insn_count": 0, "kind": "view" if view else "concat",
+                    "spec": {"of": root_of(node.outputs[0], producer, placements)} if view
+                    else {"slices": {v: slices[v][1] for v in node.inputs}},
+                    "knobs": {}, "macs": 0, "region": region_of[node.name]}
             if node.name not in compiled:
                 continue
             layer, fn, knobs = compiled[node.name]
@@ -227,12 +269,8 @@ class AccelModel:
                     "macs": layer.macs, "region": region_of[node.name], "staged": staged,
                 }
                 continue
-            bufs = [value_buffer(node.inputs[0], align[0]),
-                    dev.upload(layer.weight, align=align[1]),
-                    dev.upload(layer.bias, align=align[2]), dev.upload(layer.scale, align=align[3])]
-            if layer.residual:
-                bufs.append(value_buffer(node.inputs[4], align[4]))
-            bufs.append(value_buffer(node.outputs[0], align[-1]))
+            bufs = [value_buffer(x, a) if what == "value" else dev.upload(x, align=a)
+                    for (what, x), a in zip(layer.operands(node), align)]
             fn.bind(dev, bufs)
             prog = dev.build_program()
             programs[node.name] = {
@@ -251,8 +289,9 @@ class AccelModel:
                 "total_s": time.perf_counter() - start}
         return cls(graph, cfg, placements, programs,
                    {k: {"addr": b.addr, "shape": list(s),
-                        **({"layout": layouts[k]} if layouts.get(k) == "matrices" else {})}
-                    for k, (b, s) in values.items()},
+                        **({"layout": layouts[k]} if layouts.get(k) == "matrices" else {}),
+                        **({"of": r} if r else {})}
+                    for k, (b, s, r) in values.items()},
                    image, segments=segments, source=source, build_info=info)
 
     @classmethod
@@ -353,13 +392,15 @@ class AccelModel:
         """Walk the graph as ``run`` does: what is wrong if a node or CPU segment would
         read a value that nothing made (where it would be), or a segment disagrees with
         the graph on a value's type; None if nothing."""
+        from ..compiler.accel.partition import dram_reads
+
         graph = self.graph
         made = set(graph.inputs) | set(graph.initializers)
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
         for node in graph.nodes:
             if node.name in self.programs:
                 staged = [s["value"] for s in self.programs[node.name].get("staged", ())]
-                for v in (node.inputs[0], *node.inputs[4:], *staged):
+                for v in (*dram_reads(node), *staged):
                     if v and v not in made:
                         return f"accelerator node {node.name!r} reads {v!r} before it is made"
                 made.add(node.outputs[0])
@@ -417,7 +458,7 @@ class AccelModel:
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
         from ..compiler.accel.matmul import pack_weights
-        from ..compiler.accel.partition import pack_value, unpack_value
+        from ..compiler.accel.partition import dram_reads, pack_value, unpack_value
         from ..compiler.graph.ir import InputShapeError
 
         graph, cfg = self.graph, self.config
@@ -442,8 +483,12 @@ class AccelModel:
 
         def to_host(name):
             if name and name not in host:
-                crossings["to_cpu"] += 1
                 v = self.values[name]
+                if v.get("of"):  # a view: its root's bytes, unpacked once, reshaped
+                    to_host(v["of"])
+                    host[name] = host[v["of"]].reshape(graph.types[name].shape)
+                    return
+                crossings["to_cpu"] += 1
                 raw = ex.read_dram(v["addr"], int(np.prod(v["shape"])))
                 host[name] = unpack_value(raw.view(np.int8).reshape(v["shape"]),
                                           graph.types[name].shape, v.get("layout"), cfg)
@@ -470,20 +515,26 @@ class AccelModel:
             t0 = time.perf_counter()
             prog = self.programs.get(node.name)
             if prog is not None:
-                for name in (node.inputs[0], *node.inputs[4:]):
+                packed = False
+                for name in dram_reads(node):
                     if name and name not in in_dram:
                         ex.write_dram(self.values[name]["addr"],
                                       pack_value(host[name], cfg, self.values[name].get("layout")))
                         in_dram.add(name)
                         crossings["to_accel"] += 1
+                        packed = True
                 # Operands packed into a weight layout before every run (a matmul's second
                 # operand): read back first if the accelerator made it.
                 for st in prog.get("staged", ()):
                     to_host(st["value"])
                     ex.write_dram(st["addr"], pack_weights(host[st["value"]], cfg))
                     crossings["to_accel"] += 1
-                row["layout_ms"] = (time.perf_counter() - t0) * 1e3
-                counters = ex.run(prog["insn_addr"], prog["insn_count"])
+                    packed = True
+                # Layout time: packing values at the border (a node that packs nothing has
+                # none).
+                row["layout_ms"] = (time.perf_counter() - t0) * 1e3 if packed else 0.0
+                counters = (ex.run(prog["insn_addr"], prog["insn_count"])
+                            if prog["insn_count"] else {"cycles": 0})
                 out = node.outputs[0]
                 in_dram.add(out)
                 host.pop(out, None)
@@ -498,9 +549,11 @@ class AccelModel:
             elif node.name in segment_of:
                 # A compiled CPU segment: the CPU nodes from here to the next accelerator node.
                 names, cpu = segment_of[node.name]
+                read = crossings["to_cpu"]
                 for name in cpu.program.inputs:
                     to_host(name)
-                layout = (time.perf_counter() - t0) * 1e3
+                # layout: reading values back at the border (none if all were on the host)
+                layout = (time.perf_counter() - t0) * 1e3 if crossings["to_cpu"] > read else 0.0
                 results = cpu.run({name: host[name] for name in cpu.program.inputs},
                                   profile=True)
                 _attribute_profile(cpu.profile, names, rows, layout)
@@ -509,9 +562,11 @@ class AccelModel:
                     in_dram.discard(name)
                 shown(k + len(names))
         t0 = time.perf_counter()
+        read = crossings["to_cpu"]
         for name in graph.outputs:
             to_host(name)
-        if graph.nodes:  # reading outputs back from DRAM: layout at the model's exit
+        if graph.nodes and crossings["to_cpu"] > read:
+            # reading outputs back from DRAM: layout at the model's exit
             rows[graph.nodes[-1].name]["layout_ms"] += (time.perf_counter() - t0) * 1e3
         self.report = [rows[n.name] for n in graph.nodes]
         self.crossings = crossings
@@ -603,6 +658,15 @@ def _attribute_profile(profile: list[dict], names: list[str], rows: dict, layout
     rows[names[-1]]["cpu_ms"] += pending
 
 
+def _sub_buffer(base, offset: int, nbytes: int):
+    """A DramBuffer for bytes [offset, offset + nbytes) of ``base`` (a Concat's input inside
+    its output; it lives as long as ``base``)."""
+    from ..driver.alloc import DramBuffer
+
+    assert offset + nbytes <= base.nbytes, (offset, nbytes, base)
+    return DramBuffer(base.addr + offset, nbytes, base._allocator, base._executor, base._config)
+
+
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
@@ -617,6 +681,12 @@ def _spec_str(spec) -> str:
     if isinstance(spec, GroupConvSpec):
         return (f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.o} {spec.kh}x{spec.kw} "
                 f"groups={spec.groups} s{list(spec.strides)} p{list(spec.pads)}")
+    if hasattr(spec, "op"):  # element-wise
+        return f"{spec.op} of {spec.rows} rows"
+    if hasattr(spec, "multiplier"):  # global average pooling
+        return f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> 1x1"
+    if hasattr(spec, "oh"):  # max pooling
+        return f"{spec.n}x{spec.c}x{spec.h}x{spec.w} -> {spec.oh}x{spec.ow} {spec.kh}x{spec.kw}"
     return f"{spec.n}x{spec.k} -> {spec.o}"
 
 

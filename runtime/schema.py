@@ -349,7 +349,8 @@ def _epilogue(f: Field) -> tuple:
 def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
     """Placements, programs and value buffers of an accelerator build, against its graph
     and DRAM image (``image_bytes`` long)."""
-    from ..compiler.accel.partition import Placement, packed_shape
+    from ..compiler.accel.partition import (ALIAS_OPS, PLACED_OPS, Placement, concat_slices,
+                                            dram_reads, packed_shape, root_of)
 
     nodes = {n.name: n for n in graph.nodes}
     placements = {}
@@ -365,11 +366,19 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
     for name, f in root["programs"].items():
         if name not in accel:
             raise f.fail("is a program for a node not placed on the accelerator")
-        addr, count = f["insn_addr"].integer(), f["insn_count"].integer(1)
+        kind = f["kind"].string()
+        op = nodes[name].op
+        if (kind == "view") != (op in ALIAS_OPS) or (kind == "concat") != (op in PLACED_OPS):
+            raise f["kind"].fail(f"is {kind!r} for a {op} node (views are the accelerator's "
+                                 f"{', '.join(ALIAS_OPS)} nodes, placements its Concat nodes, "
+                                 f"and only they)")
+        # A view or a placement runs no program (compiler/accel/partition.py).
+        addr, count = f["insn_addr"].integer(), \
+            f["insn_count"].integer(int(kind not in ("view", "concat")))
         if addr % 16 or addr + 16 * count > image_bytes:
             raise f.fail(f"has its {count} instructions at {addr}, not 16-byte aligned "
                          f"inside the {image_bytes}-byte DRAM image")
-        programs[name] = {"insn_addr": addr, "insn_count": count, "kind": f["kind"].string(),
+        programs[name] = {"insn_addr": addr, "insn_count": count, "kind": kind,
                           "spec": f["spec"].obj(), "knobs": f["knobs"].obj(),
                           "macs": f["macs"].integer(), "region": f["region"].integer()}
         if f.get("staged") is not None:
@@ -388,21 +397,44 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
             raise f.fail("is not a 2-D, 3-D or 4-D value of the graph (or, in the matrices "
                          "layout, one of 3 or more axes)")
         addr, shape = f["addr"].integer(), f["shape"].shape()
-        want = packed_shape(graph.types[name].shape, cfg, layout)
+        # A view's bytes are those of its root, another value of the graph.
+        of = f["of"].string() if f.get("of") is not None else None
+        if of is not None and (of not in graph.types or len(graph.types[of].shape) not in (2, 3, 4)
+                               or int(np.prod(graph.types[of].shape)) !=
+                               int(np.prod(graph.types[name].shape))):
+            raise f["of"].fail(f"names {of!r}, not a 2-D, 3-D or 4-D value of the graph of the "
+                               f"same size")
+        want = packed_shape(graph.types[of or name].shape, cfg, layout)
         if shape != want:
-            raise f["shape"].fail(f"is {list(shape)}, the value's packed shape is {list(want)}")
+            raise f["shape"].fail(f"is {list(shape)}, the packed shape of "
+                                  f"{of or name!r} is {list(want)}")
         size = int(np.prod(shape, dtype=object))
         if addr + size > image_bytes:
             raise f.fail(f"lies at [{addr}, {addr + size}), outside the {image_bytes}-byte "
                          f"DRAM image")
-        values[name] = {"addr": addr, "shape": list(shape), **({"layout": layout} if layout
-                                                                 else {})}
+        values[name] = {"addr": addr, "shape": list(shape),
+                        **({"layout": layout} if layout else {}), **({"of": of} if of else {})}
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    for name, v in values.items():
+        want = root_of(name, producer, placements)
+        if v.get("of", name) != want:
+            raise root["values"][name].fail(
+                f"says it is the bytes of {v.get('of', name)!r}, but the graph and placements "
+                f"make it those of {want!r}")
+        if "of" in v and (v["of"] not in values or values[v["of"]]["addr"] != v["addr"]):
+            raise root["values"][name].fail(
+                f"is a view of {v['of']!r}, which has no buffer of its own at {v['addr']}")
     for name in sorted(accel):
         node = nodes[name]
-        for v in (node.inputs[0], *node.inputs[4:], node.outputs[0]):
+        for v in (*dram_reads(node), node.outputs[0]):
             if v and v not in values:
                 raise root["values"].fail(f"has no buffer for {v!r}, which accelerator node "
                                           f"{name!r} uses")
+    for v, (outer, offset) in concat_slices(graph, placements, cfg).items():
+        if values[v]["addr"] != values[outer]["addr"] + offset:
+            raise root["values"][v].fail(
+                f"lies at {values[v]['addr']}, not at byte {offset} of {outer!r} (at "
+                f"{values[outer]['addr']}), its slice of the Concat")
     return {"placements": placements, "programs": programs, "values": values}
 
 

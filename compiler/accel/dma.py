@@ -113,6 +113,13 @@ def _copy_to_dma(nest, where: str):
     for v, ext in outer:
         info.append(_Loop(v, ext, _coef(dst_elem, v, where), _coef(src_elem, v, where), bounds.get(v)))
     host, x, y = _fold(info, "dst_stride" if load else "src_stride", where)
+    # A host loop made of merged loops runs its innermost part's variable over all of their
+    # iterations (contiguous on both sides): the outer parts' variables leave the addresses.
+    merged_away = {p.var: Const(0, "int32") for loop in host for p in loop.parts
+                   if p.var is not loop.var}
+    if merged_away:
+        src_elem = simplify(substitute(src_elem, merged_away))
+        dst_elem = simplify(substitute(dst_elem, merged_away))
     if load:
         acc8 = cast_to_acc8 or dst.dtype == "int8"  # int8 data held sign-extended in ACC
         mem_type = {"inp": MemType.INP, "wgt": MemType.WGT,
@@ -120,6 +127,13 @@ def _copy_to_dma(nest, where: str):
         call = _load_call(src, src_elem, dst, dst_elem, x, y, mem_type)
     else:
         call = _store_call(src, src_elem, dst, dst_elem, x, y)
+    # Every copy loop is now a host loop or folded into the DMA: none may be left in it.
+    stray = {v for v, _ in outer} - {loop.var for loop in host}
+    for arg in call.args:
+        left = [v.name for v in free_vars(arg) if v in stray] if isinstance(arg, Expr) else []
+        if left:
+            raise CompilerError(f"{where}: folding the copy into {call.name} left loop "
+                                f"variable(s) {left} in its argument {expr_str(arg)}")
     stmt = Evaluate(call)
     for loop in reversed(host):
         stmt = For(loop.var, loop.extent, stmt)

@@ -101,7 +101,12 @@ def _wrap(x):
 
 @dataclass(frozen=True)
 class ConvSpec:
-    """A conv2d layer in NCHW terms (channels are multiples of BLOCK after pad_channels)."""
+    """A conv2d layer in NCHW terms (channels are multiples of BLOCK after pad_channels).
+
+    ``stride`` is one stride for both axes or (rows, columns); ``pad`` one padding for every
+    side or (top, left, bottom, right), ONNX order. Both are kept as one number when the
+    axes (sides) agree, so equal layers have equal specs (and share tuned choices);
+    ``strides`` and ``pads`` give them per axis (side)."""
 
     n: int
     c: int
@@ -110,17 +115,39 @@ class ConvSpec:
     o: int
     kh: int
     kw: int
-    stride: int = 1
-    pad: int = 0
+    stride: int | tuple = 1
+    pad: int | tuple = 0
     epilogue: Epilogue = field(default_factory=Epilogue)
+
+    def __post_init__(self):
+        for name, size in (("stride", 2), ("pad", 4)):
+            v = getattr(self, name)
+            v = (int(v),) * size if np.ndim(v) == 0 else tuple(int(x) for x in v)
+            if len(v) != size:
+                raise CompilerError(f"ConvSpec {name}={getattr(self, name)!r}: give one number "
+                                    f"or {size} ({'rows, columns' if size == 2 else 'top, left, bottom, right'})")
+            if min(v) < (1 if name == "stride" else 0):
+                raise CompilerError(f"ConvSpec {name}={getattr(self, name)!r} must be "
+                                    f"{'positive' if name == 'stride' else 'non-negative'}")
+            object.__setattr__(self, name, v[0] if len(set(v)) == 1 else v)
+        if self.oh <= 0 or self.ow <= 0:
+            raise CompilerError(f"{self}: the output would be empty")
+
+    @property
+    def strides(self) -> tuple[int, int]:
+        return self.stride if isinstance(self.stride, tuple) else (self.stride,) * 2
+
+    @property
+    def pads(self) -> tuple[int, int, int, int]:
+        return self.pad if isinstance(self.pad, tuple) else (self.pad,) * 4
 
     @property
     def oh(self) -> int:
-        return (self.h + 2 * self.pad - self.kh) // self.stride + 1
+        return (self.h + self.pads[0] + self.pads[2] - self.kh) // self.strides[0] + 1
 
     @property
     def ow(self) -> int:
-        return (self.w + 2 * self.pad - self.kw) // self.stride + 1
+        return (self.w + self.pads[1] + self.pads[3] - self.kw) // self.strides[1] + 1
 
     @property
     def macs(self) -> int:
@@ -145,6 +172,12 @@ def _check_divides(what: str, extent: int, factor: int):
         raise CompilerError(f"{what}={factor} must divide {extent}")
 
 
+def _row_strided(spec: ConvSpec) -> bool:
+    """Whether conv2d's input tiles hold only the rows the kernel reads (one kernel row, a
+    row stride above 1, no padding)."""
+    return spec.kh == 1 and spec.strides[0] > 1 and not any(spec.pads)
+
+
 def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d") -> AcceleratorFunction:
     """Compile one conv2d layer with its epilogue for the accelerator.
 
@@ -155,21 +188,24 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
         raise CompilerError(f"{name}: N={spec.n} must be a multiple of BATCH={b} and C={spec.c}, "
                             f"O={spec.o} of BLOCK={k}; pad the channels (pad_channels) first")
     nb, cb, ob = spec.n // b, spec.c // k, spec.o // k
-    oh, ow, st, p = spec.oh, spec.ow, spec.stride, spec.pad
-    data = te.placeholder((nb, cb, spec.h, spec.w, b, k), "int8", "data")
+    oh, ow = spec.oh, spec.ow
+    sh, sw = spec.strides
+    pt, pl, pb, pr = spec.pads
+    h, w = spec.h, spec.w
+    data = te.placeholder((nb, cb, h, w, b, k), "int8", "data")
     kernel = te.placeholder((ob, cb, spec.kh, spec.kw, k, k), "int8", "kernel")
-    # A strided 1x1 convolution reads every st-th input row only: the input tile holds just
-    # those rows (a DMA with a row stride of st rows) instead of every row between them.
-    row_strided = spec.kh == 1 and st > 1 and not p
-    ys = 1 if row_strided else st
-    if p:
-        padded = te.compute((nb, cb, spec.h + 2 * p, spec.w + 2 * p, b, k),
+    # A row-strided 1xN convolution reads every sh-th input row only: the input tile holds
+    # just those rows (a DMA with a row stride of sh rows) instead of every row between them.
+    row_strided = _row_strided(spec)
+    ys = 1 if row_strided else sh
+    if any(spec.pads):
+        padded = te.compute((nb, cb, h + pt + pb, w + pl + pr, b, k),
                             lambda n, c, y, x, bb, kk: select(
-                                (y >= p) & (y < spec.h + p) & (x >= p) & (x < spec.w + p),
-                                data[n, c, y - p, x - p, bb, kk], 0), "data_pad")
+                                (y >= pt) & (y < h + pt) & (x >= pl) & (x < w + pl),
+                                data[n, c, y - pt, x - pl, bb, kk], 0), "data_pad")
     elif row_strided:
-        padded = te.compute((nb, cb, oh, spec.w, b, k),
-                            lambda n, c, y, x, bb, kk: data[n, c, y * st, x, bb, kk], "data_rows")
+        padded = te.compute((nb, cb, oh, w, b, k),
+                            lambda n, c, y, x, bb, kk: data[n, c, y * sh, x, bb, kk], "data_rows")
     else:
         padded = data
     ci = te.reduce_axis(cb, "ci")
@@ -178,7 +214,7 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     conv = te.compute(
         (nb, ob, oh, ow, b, k),
         lambda n, o, y, x, bb, oo: te.sum(
-            padded[n, ci, y * ys + dy, x * st + dx, bb, ki].astype("int32")
+            padded[n, ci, y * ys + dy, x * sw + dx, bb, ki].astype("int32")
             * kernel[o, ci, dy, dx, oo, ki].astype("int32"), axis=[ci, dy, dx, ki]), "conv")
     bias = te.placeholder((ob, b, k), "int32", "bias") if spec.epilogue.bias else None
     scale = te.placeholder((ob, b, k), "int32", "scale") if spec.epilogue.scale else None
@@ -222,7 +258,7 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     s[conv].reorder(ci_o, cn, cy, cc, ci_i, cdy, cdx, cx, cb_, co_, cki)
     s[conv].tensorize(cb_, gemm_intrinsic(cfg))
     s[conv].init_in_reduce_loop()
-    if p or row_strided:
+    if padded is not data:
         s[padded].set_scope("inp")
         inp = padded
     else:
@@ -247,12 +283,13 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, spec: ConvSpec, bias=None, re
     """NCHW int8 conv2d with the epilogue, in numpy (int64 products, int32 wrap)."""
     n, c, h, wd = x.shape
     o = w.shape[0]
-    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (spec.pad,) * 2, (spec.pad,) * 2))
+    pt, pl, pb, pr = spec.pads
+    sh, sw = spec.strides
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     acc = np.zeros((n, o, spec.oh, spec.ow), np.int64)
-    s = spec.stride
     for dy in range(spec.kh):
         for dx in range(spec.kw):
-            patch = xp[:, :, dy:dy + s * (spec.oh - 1) + 1:s, dx:dx + s * (spec.ow - 1) + 1:s]
+            patch = xp[:, :, dy:dy + sh * (spec.oh - 1) + 1:sh, dx:dx + sw * (spec.ow - 1) + 1:sw]
             acc += np.einsum("nchw,oc->nohw", patch, w[:, :, dy, dx].astype(np.int64))
     acc = _wrap(acc)
     b = bias.astype(np.int64)[None, :, None, None] if bias is not None else None

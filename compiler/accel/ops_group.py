@@ -384,11 +384,6 @@ def group_conv_candidates(cfg: HwConfig, spec: GroupConvSpec) -> list[GroupConvK
             for tg in _divisors(spec.supers):
                 for tco in _divisors(spec.opb):
                     for tci in _divisors(spec.cpb):
-                        if tg > 1 and tci > 1:
-                            # (inject_dma merges the super-group and block loops of a
-                            # padded input copy into one and then leaves the first's
-                            # variable in the address: not schedules to offer)
-                            continue
                         threads = [(1, "g")]
                         if (spec.supers // tg) % 2 == 0:
                             threads.append((2, "g"))

@@ -1,11 +1,11 @@
 """Partitioning a quantized graph between the accelerator and the CPU.
 
 ``annotate`` decides, node by node, what the configured accelerator can run: a 2-D or 1-D
-``QConv`` without dilation (conv2d for groups = 1 with one stride and one padding for both
-axes; group_conv2d, compiler/accel/ops_group.py, for grouped and depthwise ones, per-side
-padding, a stride per axis and 1-D ones as 2-D with one row), and a ``QGemm``, each with
-its fused bias, per-channel requantization, residual add and clip (the ALU
-epilogue of compiler/ops.py executes exactly the integer arithmetic that
+``QConv`` without dilation (conv2d for groups = 1, group_conv2d, compiler/accel/ops_group.py,
+for grouped and depthwise ones; both with per-side padding, a stride per axis and 1-D ones
+as 2-D with one row), and a ``QGemm`` (and the ALU-only nodes and views below), each with
+its fused bias, per-channel requantization, residual add and clip (the ALU epilogue of
+compiler/ops.py executes exactly the integer arithmetic that
 compiler/graph/qops.py defines), and a ``QMatMul`` of two run-time values (one dense
 product per matrix, its second operand packed into the weight layout at run time:
 compiler/accel/matmul.py). Everything else stays on the CPU, with the reason named by
@@ -17,6 +17,22 @@ quantizer's own reason (its ``float_reason`` attribute).
 values stay in DRAM in the packed layout NCHW{BATCH}n{BLOCK}c (channels padded to BLOCK)
 and are never transposed; a value is packed once where it enters a region and unpacked
 once where the CPU reads it (layout conversions are placed only at region borders).
+
+Regions grow across nodes that need no GEMM, so that values leave the accelerator only
+where the model really does: an int8 ``MaxPool`` runs on the ALU (compiler/accel/ops_alu.py),
+and so do ``QGlobalAveragePool``, ``QAdd`` and an int8 ``Relu`` (``ALU_OPS``), and ``Reshape``/``Flatten``/``Squeeze``/
+``Unsqueeze``/``Identity`` (``ALIAS_OPS``) are views
+with no program: their output is the packed bytes of their input (its *root*, see
+``root_of``). A view whose packed bytes coincide with its own packed layout (same batch
+and channels, same number of pixels: [N, C, 1, 1] <-> [N, C], [N, C, H, W] <-> [N, C, HW,
+1]) may be read by any accelerator node; a flatten of [N, C, H, W] to [N, CHW] only by a
+QGemm as its data, whose weight columns are permuted at build time to read the packed
+order (``layer_for``); the CPU reads any view by unpacking its root. A channel ``Concat``
+(``PLACED_OPS``) at BLOCK boundaries, for one batch block, is a placement: its inputs are
+allocated inside its output (``concat_slices``), so their producers write their slices
+and nothing is copied. These nodes go to the accelerator only when their inputs are made
+there (otherwise they would add a crossing, not save one). ``dram_reads`` names the values
+an accelerator node reads from DRAM.
 
 ``layer_for`` gives the accelerator operator (spec, packed constants) for a node.
 """
@@ -33,13 +49,66 @@ from celosia.errors import CompilerError
 from ..graph.ir import Graph, Node
 from . import matmul
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
+from .ops_alu import EltSpec, GapSpec, PoolSpec, elt_constants, gap_constants
 from .ops_group import GroupConvSpec, crop_taps, group_layout_problem, pack_group_kernel
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
-           "dense_rows", "compile_layer",
+           "dense_rows", "compile_layer", "ALIAS_OPS", "ALU_OPS", "PLACED_OPS", "dram_reads",
+           "root_of", "concat_slices",
            "packed_shape", "pack_value", "unpack_value", "value_layouts"]
 
-ACCEL_OPS = ("QConv", "QGemm", "QMatMul")
+# Nodes with an ALU-only program (compiler/accel/ops_alu.py).
+ALU_OPS = ("MaxPool", "QGlobalAveragePool", "QAdd", "Relu")
+ACCEL_OPS = ("QConv", "QGemm", "QMatMul", *ALU_OPS)
+# Views: the output is the input's packed bytes (no program runs).
+ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+# Placement, no program: a channel Concat whose inputs are written into their slices of its
+# output by their producers (``concat_slices``).
+PLACED_OPS = ("Concat",)
+
+
+def dram_reads(node: Node) -> tuple[str, ...]:
+    """The values an accelerator node reads from DRAM (packed there first if the CPU made
+    them): a QConv's or QGemm's data and residual, another node's data input."""
+    if node.op in ("QConv", "QGemm"):
+        return tuple(v for v in (node.inputs[0], *node.inputs[4:]) if v)
+    if node.op == "QAdd":
+        return tuple(node.inputs[:2])
+    if node.op == "Concat":
+        return tuple(node.inputs)
+    return (node.inputs[0],)
+
+
+def concat_slices(graph: Graph, placements: dict, cfg: HwConfig) -> dict[str, tuple[str, int]]:
+    """{input value: (output value, byte offset)} of the accelerator's Concat nodes: each
+    input lies in DRAM inside its Concat's output, at its channel offset (one batch block,
+    so a run of channel blocks is contiguous)."""
+    out = {}
+    for node in graph.nodes:
+        if node.op in PLACED_OPS and placements[node.name].target == "accel":
+            y = graph.types[node.outputs[0]].shape
+            pixels = int(np.prod(y[2:]))
+            c0 = 0
+            for v in node.inputs:
+                out[v] = (node.outputs[0], c0 // cfg.block * pixels * cfg.batch * cfg.block)
+                c0 += graph.types[v].shape[1]
+    return out
+
+
+def root_of(value: str, producer: dict, placements: dict) -> str:
+    """The value whose packed bytes ``value`` is: itself, or for the output of a view on the
+    accelerator, its input's root. ``producer``: value -> node."""
+    while True:
+        p = producer.get(value)
+        if p is None or p.op not in ALIAS_OPS or placements[p.name].target != "accel":
+            return value
+        value = p.inputs[0]
+
+
+def _same_bytes(a: tuple, b: tuple) -> bool:
+    """Whether the packed layouts of shapes ``a`` and ``b`` are the same bytes."""
+    return (len(a) in (2, 4) and len(b) in (2, 4) and a[:2] == b[:2] and
+            int(np.prod(a[2:])) == int(np.prod(b[2:])))
 
 
 @dataclass(frozen=True)
@@ -87,11 +156,9 @@ def _conv_geometry(node: Node, graph: Graph) -> tuple:
 
 
 def _is_plain_conv2d(node: Node, graph: Graph) -> bool:
-    """Whether conv2d (searched schedules) takes the node: 2-D, groups 1, one stride and
-    one padding for both axes; otherwise group_conv2d runs it."""
-    group, strides, pads, _ = _conv_geometry(node, graph)
-    return (len(graph.types[node.inputs[0]].shape) == 4 and group == 1
-            and strides[0] == strides[1] and len(set(pads)) == 1)
+    """Whether conv2d (searched schedules) takes the node: groups 1, any strides and pads,
+    a 1-D one as 2-D with one row; otherwise group_conv2d runs it."""
+    return _conv_geometry(node, graph)[0] == 1
 
 
 # Integer operators of a quantized graph with no accelerator kernel yet: what they compute.
@@ -119,7 +186,7 @@ def cpu_reason(node: Node, graph: Graph) -> str:
         return "Quantize: a float value enters the int8 graph (the accelerator takes int8 values)"
     if op == "Dequantize":
         return "Dequantize: an int8 value leaves for a float reader or output"
-    if op in _INT8_WORK:
+    if op in _INT8_WORK and out is not None and out.dtype == "int8":
         return f"{op} ({_INT8_WORK[op]}) has no accelerator kernel yet"
     if op.startswith("Q") or (out is not None and out.dtype == "int8"):
         what = "int8 data movement" if op in _INT8_MOVES else f"{op} on int8 values"
@@ -130,8 +197,142 @@ def cpu_reason(node: Node, graph: Graph) -> str:
     return f"{op} is a float operator (the accelerator runs int8 ones)"
 
 
+def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
+                      out: dict) -> str | None:
+    """Why a node of ALU_OPS or a view stays on the CPU (None: it goes to the
+    accelerator)."""
+    x = node.inputs[0] if node.inputs else None
+    y = node.outputs[0] if node.outputs else None
+    reads = dram_reads(node) if x else ()
+    if x is None or y is None or any(graph.types[v].dtype != "int8" for v in (*reads, y)):
+        return cpu_reason(node, graph)
+    unknown = [v for v in (*reads, y) if not graph.types[v].static]
+    if unknown:
+        return f"the size of {unknown[0]!r} ({graph.types[unknown[0]]}) is only known at run time"
+    if _made_on_cpu(node, producer, out):
+        return (f"{node.op} of a value the CPU makes: on the accelerator it would add a "
+                f"crossing between CPU and accelerator, not save one")
+    xs, ys = graph.types[x].shape, graph.types[y].shape
+    if xs[0] % cfg.batch:
+        return f"batch {xs[0]} is not a multiple of BATCH={cfg.batch}"
+    if node.op in ALU_OPS and len(xs) != 4:
+        return f"{node.op} of a {len(xs) - 2}-D image (the accelerator pools 2-D ones)"
+    if node.op == "MaxPool":
+        if len(node.outputs) > 1 and node.outputs[1]:
+            return "MaxPool with its Indices output: the accelerator computes the maximum only"
+        return None
+    if node.op == "QGlobalAveragePool":
+        shift = int(node.attrs["shift"])
+        return None if 1 <= shift <= 31 else f"shift {shift} is outside [1, 31]"
+    if node.op == "Concat":
+        return _concat_problem(node, graph, cfg, producer, out)
+    if node.op in ("QAdd", "Relu"):
+        if len(ys) not in (2, 4):
+            return f"{node.op} of a {len(ys)}-D value (the packed layout holds 2-D and 4-D ones)"
+        if any(graph.types[v].shape != ys for v in reads):
+            return (f"{node.op} with a broadcast operand ({', '.join(str(graph.types[v]) for v in reads)}"
+                    f" -> {graph.types[y]}): the ALU program adds values of one shape")
+        if node.op == "QAdd" and not 1 <= int(node.attrs["shift"]) <= 31:
+            return f"shift {node.attrs['shift']} is outside [1, 31]"
+        return None
+    root = root_of(x, producer, out)
+    rs = graph.types[root].shape
+    if len(ys) not in (2, 4) or ys[0] != rs[0]:
+        return (f"{node.op} to {list(ys)}: the packed layout keeps 2-D and 4-D values with "
+                f"the batch first ({root!r} is {list(rs)})")
+    if not _same_bytes(ys, rs) and not (len(ys) == 2 and len(rs) == 4):
+        return (f"{node.op} {list(rs)} -> {list(ys)} reorders the packed bytes (not a view)")
+    return None
+
+
+def _concat_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
+                    out: dict) -> str | None:
+    """Why a Concat cannot be placed: its inputs written into slices of its output."""
+    ys = graph.types[node.outputs[0]].shape
+    axis = int(node.attrs.get("axis", 1)) % len(ys)
+    if len(ys) not in (2, 4) or axis != 1:
+        return (f"Concat on axis {axis} of a {len(ys)}-D value: the accelerator places "
+                f"channel slices (axis 1 of 2-D or 4-D values)")
+    if ys[0] != cfg.batch:
+        return (f"Concat of a batch of {ys[0]}: a channel slice is contiguous in the packed "
+                f"layout for one batch block (N = BATCH = {cfg.batch}) only")
+    if len(set(node.inputs)) != len(node.inputs):
+        return "Concat of one value twice: a value lies in one place"
+    pixels = int(np.prod(ys[2:]))
+    align = max(64, cfg.batch * cfg.block)
+    c0 = 0
+    for v in node.inputs:
+        p = producer[v]
+        if p.op in ALIAS_OPS + PLACED_OPS:
+            return (f"Concat of {v!r}, made by a {p.op} that places no bytes of its own: "
+                    f"only a computed value is written into its slice")
+        others = [n.name for n in graph.nodes if n is not node and n.op in PLACED_OPS and
+                  v in n.inputs]
+        if others:
+            return f"Concat of {v!r}, which {others[0]!r} concatenates too"
+        if c0 % cfg.block:
+            return (f"Concat: {v!r} starts at channel {c0}, not at a BLOCK ({cfg.block}) "
+                    f"boundary")
+        offset = c0 // cfg.block * pixels * cfg.batch * cfg.block
+        if offset % align:
+            return (f"Concat: {v!r} starts at byte {offset} of the packed output, not a "
+                    f"multiple of the {align}-byte alignment of accelerator buffers")
+        c0 += graph.types[v].shape[1]
+    return None
+
+
+def _made_on_cpu(node: Node, producer: dict, out: dict) -> bool:
+    """Whether a value the node reads from DRAM is made on the CPU (or is an input)."""
+    return any(producer.get(v) is None or out[producer[v].name].target != "accel"
+               for v in dram_reads(node))
+
+
+def _check_views(graph: Graph, out: dict, cfg: HwConfig) -> None:
+    """Views on the accelerator whose accelerator readers cannot read their bytes (or, for
+    a flattening read by a QGemm, would read more than twice the channels: padding to
+    BLOCK), and ALU nodes/views whose input is no longer made on the accelerator, go back
+    to the CPU (until nothing changes)."""
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    changed = True
+    while changed:
+        changed = False
+        for n in graph.nodes:
+            if out[n.name].target != "accel":
+                continue
+            if n.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
+                if _made_on_cpu(n, producer, out):
+                    out[n.name] = Placement("cpu", f"{n.op} of a value the CPU makes: on the "
+                                            f"accelerator it would add a crossing, not save one")
+                    changed = True
+                continue
+            for v in dram_reads(n):
+                p = producer.get(v)
+                if p is None or p.op not in ALIAS_OPS or out[p.name].target != "accel":
+                    continue
+                root = root_of(v, producer, out)
+                vs, rs = graph.types[v].shape, graph.types[root].shape
+                if _same_bytes(vs, rs):
+                    continue
+                if n.op == "QGemm" and v == n.inputs[0]:
+                    c, block = rs[1], cfg.block
+                    if _ceil(c, block) <= 2 * c:
+                        continue
+                    why = (f"{p.op} {list(rs)} -> {list(vs)}: its reader {n.name!r} (QGemm) "
+                           f"reading the packed bytes would pad {c} channels to "
+                           f"{_ceil(c, block)} ({_ceil(c, block) / c:.1f}x its work and "
+                           f"weights); the CPU flattens it instead")
+                    out[p.name] = Placement("cpu", why)
+                    changed = True
+                    continue
+                out[p.name] = Placement(
+                    "cpu", f"{p.op} {list(rs)} -> {list(vs)}: its reader {n.name!r} ({n.op}) "
+                    f"would read the packed bytes in another order (only a QGemm's data "
+                    f"reads a flattened value)")
+                changed = True
+
+
 def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
-    if node.op not in ACCEL_OPS:
+    if node.op not in ("QConv", "QGemm", "QMatMul"):
         return cpu_reason(node, graph)
     if node.op == "QMatMul":
         return matmul.matmul_problem(node, graph, cfg)
@@ -153,19 +354,32 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
     """A Placement per node name. With ``accelerate=False`` every node is on the CPU (the
     all-CPU build of the same quantized graph)."""
     out = {}
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
     for node in graph.nodes:
-        problem = "all-CPU build" if not accelerate else _problem(node, graph, cfg)
+        if not accelerate:
+            problem = "all-CPU build"
+        elif node.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
+            problem = _movement_problem(node, graph, cfg, producer, out)
+        else:
+            problem = _problem(node, graph, cfg)
         if problem is None:
-            what = {"QGemm": "dense", "QMatMul": None}.get(node.op, "conv2d")
-            if what == "conv2d" and not _is_plain_conv2d(node, graph):
-                what = "group_conv2d"
-            out[node.name] = Placement("accel", f"{what} with its fused epilogue" if what else
-                                       "matmul: a dense product per matrix, its second "
-                                       "operand packed into the weight layout at run time")
+            what = {"QGemm": "dense with its fused epilogue",
+                    "QMatMul": "matmul: a dense product per matrix, its second operand packed "
+                               "into the weight layout at run time",
+                    "MaxPool": "max pooling on the ALU",
+                    "QGlobalAveragePool": "global average pooling on the ALU",
+                    "QAdd": "element-wise int8 Add on the ALU",
+                    "Relu": "int8 Relu on the ALU",
+                    "Concat": "its inputs written into their channel slices (no program)"}.get(
+                        node.op, "a view of its input's packed bytes (no program)")
+            if node.op == "QConv":
+                what = ("conv2d" if _is_plain_conv2d(node, graph) else "group_conv2d") + \
+                    " with its fused epilogue"
+            out[node.name] = Placement("accel", what)
         else:
             out[node.name] = Placement("cpu", problem)
     # A value lives in DRAM in one layout: a QMatMul that would read or write a value in
-    # another layout than an accelerator QConv/QGemm stays on the CPU.
+    # another layout than another accelerator node stays on the CPU.
     uses = _layout_uses(graph, out)
     for node in graph.nodes:
         if node.op == "QMatMul" and out[node.name].target == "accel":
@@ -177,6 +391,8 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
                                f"{other[0][0]!r} in the {other[0][1]} layout (a value has one "
                                f"layout in DRAM)")
                     break
+    if accelerate:
+        _check_views(graph, out, cfg)
     return out
 
 
@@ -185,12 +401,12 @@ def _matmul_layout(graph: Graph, v: str) -> str:
 
 
 def _layout_uses(graph: Graph, placements: dict[str, Placement]) -> dict[str, list]:
-    """Per value: (accelerator QConv/QGemm node, layout) for each use as data, residual or
-    output."""
+    """Per value: (accelerator node other than a QMatMul, layout) for each value it reads
+    from DRAM or writes."""
     uses: dict[str, list] = {}
     for n in graph.nodes:
         if n.op != "QMatMul" and placements[n.name].target == "accel":
-            for v in (n.inputs[0], *n.inputs[4:], n.outputs[0]):
+            for v in (*dram_reads(n), n.outputs[0]):
                 if v:
                     lay = "nchw" if len(graph.types[v].shape) in (3, 4) else "rows"
                     uses.setdefault(v, []).append((n.name, lay))
@@ -224,7 +440,7 @@ def regions(graph: Graph, placements: dict[str, Placement]) -> dict[str, int]:
         parent[n.name] = n.name
     producer = {o: n for n in accel for o in n.outputs}
     for n in accel:
-        for i in (n.inputs[0],) + tuple(n.inputs[4:]):
+        for i in dram_reads(n):
             if i in producer:
                 parent[find(n.name)] = find(producer[i].name)
     numbers: dict[str, int] = {}
@@ -340,8 +556,8 @@ class AccelLayer:
     """One accelerator node: its operator spec and its constant operands, packed."""
 
     node: str
-    kind: str  # "conv2d", "group_conv2d", "dense" or "matmul" (a dense product per matrix)
-    spec: ConvSpec | GroupConvSpec | DenseSpec
+    kind: str  # conv2d, group_conv2d, dense, matmul, maxpool, gap or elt
+    spec: ConvSpec | GroupConvSpec | DenseSpec | PoolSpec
     weight: np.ndarray | None  # None for a matmul: its weights are packed at run time
     bias: np.ndarray
     scale: np.ndarray
@@ -351,6 +567,20 @@ class AccelLayer:
     @property
     def macs(self) -> int:
         return self.spec.macs * (self.shape.count if self.shape is not None else 1)
+
+    def operands(self, node: Node) -> list[tuple[str, object]]:
+        """The arguments of the layer's function, in order: ("value", name) for a value
+        in DRAM, ("const", array) for a constant packed at build time."""
+        if self.kind in ("conv2d", "group_conv2d", "dense"):
+            args = [("value", node.inputs[0]), ("const", self.weight), ("const", self.bias),
+                    ("const", self.scale)]
+            if self.residual:
+                args.append(("value", node.inputs[4]))
+        elif self.kind == "gap" or (self.kind == "elt" and self.weight.size):
+            args = [*(("value", v) for v in dram_reads(node)), ("const", self.weight)]
+        else:
+            args = [("value", v) for v in dram_reads(node)]
+        return args + [("value", node.outputs[0])]
 
 
 def _epilogue(node: Node) -> Epilogue:
@@ -362,14 +592,59 @@ def _epilogue(node: Node) -> Epilogue:
                     bool(node.inputs[4]), lo=int(a["lo"]), hi=int(a["hi"]))
 
 
-def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
-    """The accelerator operator of a QConv, QGemm or QMatMul node (see ``annotate``)."""
+def _pool_layer(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
+    a = node.attrs
+    n, c, h, w = graph.types[node.inputs[0]].shape
+    oh, ow = graph.types[node.outputs[0]].shape[2:]
+    (kh, kw), (sh, sw) = a["kernel_shape"], a.get("strides", (1, 1))
+    dh, dw = a.get("dilations", (1, 1))
+    pads = a.get("pads", (0, 0, 0, 0))
+    spec = PoolSpec(n=n, c=_ceil(c, cfg.block), h=h, w=w, oh=oh, ow=ow, kh=kh, kw=kw,
+                    stride_h=sh, stride_w=sw, dil_h=dh, dil_w=dw, pad_top=pads[0],
+                    pad_left=pads[1])
+    empty = np.zeros(0, np.int8)
+    return AccelLayer(node.name, "maxpool", spec, empty, empty.astype(np.int32),
+                      empty.astype(np.int32), False)
+
+
+def _flatten_columns(w: np.ndarray, shape: tuple, k: int) -> np.ndarray:
+    """A dense weight [O, C*H*W] over a flattened NCHW value, its columns permuted to read
+    the packed bytes of that value instead: column ((cb*H + y)*W + x)*k + kk holds the
+    flattened feature (cb*k + kk)*H*W + y*W + x (zero for padding channels)."""
+    _, c, h, wd = shape
+    o = w.shape[0]
+    wc = pad_channels(w.reshape(o, c, h * wd), 1, k)
+    cp = wc.shape[1]
+    return wc.reshape(o, cp // k, k, h * wd).transpose(0, 1, 3, 2).reshape(o, cp * h * wd)
+
+
+def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None) -> AccelLayer:
+    """The accelerator operator of a QConv, QGemm, QMatMul or ALU node (see ``annotate``).
+    ``roots``: value -> the value whose packed bytes it is (``root_of``), for a QGemm that
+    reads a flattened value."""
     b, k = cfg.batch, cfg.block
     if node.op == "QMatMul":
         shape = matmul.matmul_shape(node, graph, cfg)
         bias_p, scale_p = matmul.matmul_constants(node, shape, cfg)
         return AccelLayer(node.name, "matmul", shape.spec(matmul.matmul_epilogue(node)), None,
                           bias_p, scale_p, False, shape)
+    if node.op == "MaxPool":
+        return _pool_layer(node, graph, cfg)
+    if node.op in ("QAdd", "Relu"):
+        add = node.op == "QAdd"
+        spec = EltSpec("add" if add else "relu",
+                       packed_shape(graph.types[node.outputs[0]].shape, cfg),
+                       tuple(int(m) for m in node.attrs["multipliers"]) if add else (),
+                       int(node.attrs["shift"]) if add else 0)
+        empty = np.zeros(0, np.int32)
+        return AccelLayer(node.name, "elt", spec,
+                          elt_constants(cfg, spec) if add else empty, empty, empty, False)
+    if node.op == "QGlobalAveragePool":
+        n, c, h, w = graph.types[node.inputs[0]].shape
+        spec = GapSpec(n=n, c=_ceil(c, k), h=h, w=w, multiplier=int(node.attrs["multiplier"]),
+                       shift=int(node.attrs["shift"]))
+        empty = np.zeros(0, np.int32)
+        return AccelLayer(node.name, "gap", spec, gap_constants(cfg, spec), empty, empty, False)
     x_t = graph.types[node.inputs[0]]
     w, bias, mult = (np.asarray(graph.initializers[i]) for i in node.inputs[1:4])
     epi = _epilogue(node)
@@ -388,16 +663,26 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
         weight = pack_group_kernel(w4, spec)
         kind = "group_conv2d"
     elif node.op == "QConv":
-        n, c, h, wd = x_t.shape
-        kh, kw = w.shape[2:]
-        spec = ConvSpec(n=n, c=_ceil(c, k), h=h, w=wd, o=op, kh=kh, kw=kw,
-                        stride=int(node.attrs.get("strides", (1, 1))[0]),
-                        pad=int(node.attrs.get("pads", (0, 0, 0, 0))[0]), epilogue=epi)
-        weight = pack_oihw(pad_channels(pad_channels(w, 0, k), 1, k), k)
+        _, strides, pads, (kh, kw) = _conv_geometry(node, graph)
+        n, c = x_t.shape[:2]
+        h, wd = (1, x_t.shape[2]) if len(x_t.shape) == 3 else x_t.shape[2:]
+        # without the kernel rows and columns that only ever meet padding (crop_taps)
+        g, w4 = crop_taps(GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw,
+                                        strides=strides, pads=pads, block=k, epilogue=epi),
+                          w.reshape(o, c, kh, kw))
+        spec = ConvSpec(n=n, c=_ceil(c, k), h=h, w=wd, o=op, kh=g.kh, kw=g.kw,
+                        stride=g.strides, pad=g.pads, epilogue=epi)
+        weight = pack_oihw(pad_channels(pad_channels(w4, 0, k), 1, k), k)
         kind = "conv2d"
     else:
         n, kdim = x_t.shape
-        spec = DenseSpec(n=dense_rows(n, cfg) * b, k=_ceil(kdim, k), o=op, epilogue=epi)
+        root = graph.types[(roots or {}).get(node.inputs[0], node.inputs[0])].shape
+        rows = dense_rows(n, cfg) * b
+        if len(root) == 4:  # reads the packed bytes of the NCHW value it flattens (rows
+            w = _flatten_columns(w, root, k)  # not padded: the root's buffer has N)
+            kdim = w.shape[1]
+            rows = n
+        spec = DenseSpec(n=rows, k=_ceil(kdim, k), o=op, epilogue=epi)
         wp = pad_channels(pad_channels(w, 0, k), 1, k)
         weight = np.ascontiguousarray(wp.reshape(op // k, k, spec.k // k, k).transpose(0, 2, 1, 3))
         kind = "dense"
@@ -408,11 +693,18 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig) -> AccelLayer:
 # ---- schedules -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _NoKnobs:
+    """The knobs of a program with no choices."""
+
+
 def compile_layer(layer: AccelLayer, cfg: HwConfig, *, top: int = 4):
     """(AcceleratorFunction, knobs) for a layer: conv2d knobs searched on the cycle model
     (compiler/tune.py, cached on disk), dense knobs likewise (compiler/tune_dense.py),
-    group_conv2d knobs by ``group_conv_knobs`` (compiler/accel/ops_group.py)."""
+    group_conv2d knobs by ``group_conv_knobs`` (compiler/accel/ops_group.py), max pooling
+    tiles by ops_alu.pool_knobs."""
     from .ops import conv2d, dense
+    from .ops_alu import elementwise, global_average_pool, maxpool, pool_knobs
     from .ops_group import group_conv2d, group_conv_knobs
     from .tune import tune_conv
     from .tune_dense import tune_dense
@@ -420,6 +712,14 @@ def compile_layer(layer: AccelLayer, cfg: HwConfig, *, top: int = 4):
     if layer.kind == "group_conv2d":
         knobs = group_conv_knobs(cfg, layer.spec)
         return group_conv2d(cfg, layer.spec, knobs, name=layer.node), knobs
+    if layer.kind == "gap":
+        return global_average_pool(cfg, layer.spec, name=layer.node), _NoKnobs()
+    if layer.kind == "elt":
+        return elementwise(cfg, layer.spec, name=layer.node), _NoKnobs()
+    if layer.kind == "maxpool":
+        knobs = pool_knobs(cfg, layer.spec)
+        return maxpool(cfg, layer.spec, knobs, name=layer.node), knobs
+
     if layer.kind == "conv2d":
         # The batch is the outermost host loop of the schedule: knobs found for one batch
         # tile serve any batch (and the search stays cheap and its cache shared).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 from dataclasses import asdict
@@ -23,11 +24,11 @@ import numpy as np
 from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
-from .ops import ConvKnobs, ConvSpec, conv2d
+from .ops import ConvKnobs, ConvSpec, _row_strided, conv2d
 
 __all__ = ["conv_candidates", "estimate_conv", "measure_conv", "tune_conv", "cache_dir"]
 
-_VERSION = 2  # bump when schedules change, so cached choices are not reused
+_VERSION = 3  # bump when schedules change, so cached choices are not reused
 # Candidates whose estimate is more than this fraction above the best estimate are not
 # measured (the estimate's spread against the cycle model is a few per cent).
 _MARGIN = 0.04
@@ -51,27 +52,57 @@ def _rows(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs) -> dict:
         "inp": k.vthreads * k.tile_ci * in_h * in_w,
         "wgt": k.vthreads * k.tile_co * k.tile_ci * spec.kh * spec.kw,
         "acc": k.vthreads * (k.tile_co * k.tile_h * k.tile_w + extra_acc),
-        "uop": k.tile_ci * spec.kh * spec.kw * k.tile_w,
+        "uop": _gemm_uops(spec, k),
     }
 
 
-def _row_strided(spec: ConvSpec) -> bool:
-    return spec.kh == 1 and spec.stride > 1 and not spec.pad
+def _unrolled(extents) -> int:
+    """Micro-ops of a kernel over loops of these extents (outermost first): loops of one
+    iteration drop out, the two outermost others become the instruction's loops and the
+    rest are unrolled (tensorize.py's _fold_loops)."""
+    loops = [e for e in extents if e > 1]
+    return math.prod(loops[2:])
+
+
+def _gemm_uops(spec: ConvSpec, k: ConvKnobs) -> int:
+    """The GEMM kernel's micro-ops: conv2d's loops rows, output blocks, input blocks, taps,
+    columns (a 1-D layer's single row and output block make columns an instruction loop)."""
+    return _unrolled((k.tile_h, k.tile_co, k.tile_ci, spec.kh, spec.kw, k.tile_w))
+
+
+def _alu_uops(k: ConvKnobs) -> int:
+    """Micro-ops of each ALU kernel (and the reset): output blocks, rows, columns."""
+    return _unrolled((k.tile_co, k.tile_h, k.tile_w))
 
 
 def _input_tile(spec: ConvSpec, k: ConvKnobs) -> tuple[int, int]:
     """Rows and columns of a tile's input (a strided 1x1 convolution loads only the rows it
     reads, see ops.conv2d)."""
+    sh, sw = spec.strides
     if _row_strided(spec):
         in_h = k.tile_h
     else:
-        in_h = (k.tile_h - 1) * spec.stride + spec.kh
-    return in_h, (k.tile_w - 1) * spec.stride + spec.kw
+        in_h = (k.tile_h - 1) * sh + spec.kh
+    return in_h, (k.tile_w - 1) * sw + spec.kw
+
+
+def _reads_padding_only(spec: ConvSpec, k: ConvKnobs) -> bool:
+    """Whether some tile's input lies entirely in the padding (padding of a kernel's size or
+    more on a side: those output rows or columns see no input; the DMA cannot copy nothing,
+    so larger tiles must cover them)."""
+    if _row_strided(spec) or not any(spec.pads):
+        return False
+    in_h, in_w = _input_tile(spec, k)
+    (sh, sw), (pt, pl) = spec.strides, spec.pads[:2]
+    rows = any(y * k.tile_h * sh - pt + in_h <= 0 or y * k.tile_h * sh - pt >= spec.h
+               for y in range(spec.oh // k.tile_h))
+    return rows or any(x * k.tile_w * sw - pl + in_w <= 0 or x * k.tile_w * sw - pl >= spec.w
+                       for x in range(spec.ow // k.tile_w))
 
 
 def conv_candidates(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True) -> list[ConvKnobs]:
     """Every knob combination whose buffers fit: tile sizes dividing the output (widths of at
-    least 7 columns, or the whole row), and with ``vthreads`` also two threads on output
+    least 7 columns, or the whole row), each tile reading some input, and with ``vthreads`` also two threads on output
     channel blocks or rows wherever their tile count is even."""
     ob, cb = spec.o // cfg.block, spec.c // cfg.block
     limit = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth,
@@ -91,7 +122,8 @@ def conv_candidates(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True) -> 
                     for vt, axis in threads:
                         knobs = ConvKnobs(th, tw, tco, tci, vt, axis)
                         rows = _rows(cfg, spec, knobs)
-                        if all(rows[b] <= limit[b] for b in rows):
+                        if (all(rows[b] <= limit[b] for b in rows)
+                                and not _reads_padding_only(spec, knobs)):
                             out.append(knobs)
     return out
 
@@ -139,11 +171,13 @@ def estimate_conv(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs, *, groups: int = 
     below the cycle model, and ranks schedules the same way within about that."""
     blk = cfg.block
     ob, cb = spec.o // blk, spec.c // blk
-    oh, ow, st, pad = spec.oh, spec.ow, spec.stride, spec.pad
+    oh, ow = spec.oh, spec.ow
+    sh, sw = spec.strides
+    pt, pl = spec.pads[:2]
     th, tw, tco, tci, vt = k.tile_h, k.tile_w, k.tile_co, k.tile_ci, k.vthreads
     in_h, in_w = _input_tile(spec, k)
     # input rows per output row, and the rows the tiles' input is cut from
-    ys, image_h = (1, oh) if _row_strided(spec) else (st, spec.h)
+    ys, image_h = (1, oh) if _row_strided(spec) else (sh, spec.h)
     taps = spec.kh * spec.kw
     steps = cb // tci
     nco, nh, nw = ob // tco, oh // th, ow // tw
@@ -164,7 +198,7 @@ def estimate_conv(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs, *, groups: int = 
 
     def inp_load(y: int, x: int) -> float:
         if (y, x) not in inp_memo:
-            y0, x0 = y * th * ys - pad, x * tw * st - pad
+            y0, x0 = y * th * ys - pt, x * tw * sw - pl
             dy = max(0, min(y0 + in_h, image_h) - max(y0, 0))
             dx = max(0, min(x0 + in_w, spec.w) - max(x0, 0))
             inp_memo[(y, x)] = _load_cycles(cfg, dy, dx, ieb, in_h * in_w - dy * dx)
@@ -191,7 +225,7 @@ def estimate_conv(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs, *, groups: int = 
     else:
         store = _store_cycles(cfg, tco * th, tw, oeb)
     # Each thread's kernels are loaded into the UOP buffer on first use.
-    uops_first = vt * ((tci * taps * tw + lat + 8) + (alu_ops + 1) * (tw + lat + 8))
+    uops_first = vt * ((_gemm_uops(spec, k) + lat + 8) + (alu_ops + 1) * (_alu_uops(k) + lat + 8))
 
     def simulate(n_groups: int) -> float:
         free = [0, uops_first, 0]  # load, compute, store: the cycle each is free

@@ -14,8 +14,8 @@ kernels and the accelerator compute the same bits as before:
   z sum w``. A zero-padded convolution is not: its border windows would read the padding as
   ``-z``; such readers keep the value symmetric;
 - a QLut's table is indexed by q and filled from ``s_in (q - z_in)``, into ``z_out``;
-- MaxPool (its padding fill -128 is below any value), Flatten, Reshape, Identity, Concat and
-  QGlobalAveragePool (the average of q is the average of q - z, plus z) keep it.
+- MaxPool (its padding fill -128 is below any value), Flatten, Reshape, Transpose, Identity,
+  Concat and QGlobalAveragePool (the average of q is the average of q - z, plus z) keep it.
 
 Everything else keeps zero points 0: a residual (added after the shift, in the output's own
 integers), QAdd/QMul/QMatMul (no offset step), Relu on int8 (clamps at 0), a Quantize or
@@ -33,7 +33,7 @@ import numpy as np
 from .ir import Graph
 
 # Ops that carry a zero point through unchanged (on int8, in the input's scale).
-_KEEPS_ZERO = ("MaxPool", "Flatten", "Reshape", "Identity", "Concat")
+_KEEPS_ZERO = ("MaxPool", "Flatten", "Reshape", "Transpose", "Identity", "Concat")
 
 
 def _reads_ok(graph: Graph, node, value: str, kind: str, layer) -> bool:

@@ -257,6 +257,43 @@ def test_compiled_group_conv2d(groups, tmp_path):
         assert_same_time(cfg, image)
 
 
+def test_compiled_conv2d_per_side_padding_and_per_axis_strides(tmp_path):
+    from celosia.compiler.accel.ops import (ConvKnobs, ConvSpec, Epilogue, conv2d, pack_bias,
+                                            pack_nchw, pack_oihw)
+
+    cfg = SMALL
+    b, k = cfg.batch, cfg.block
+    spec = ConvSpec(n=b, c=2 * k, h=6, w=7, o=2 * k, kh=2, kw=3, stride=(1, 2),
+                    pad=(1, 0, 0, 2), epilogue=Epilogue(bias=True, scale=True, shift=9))
+    rng = np.random.default_rng(5)
+    x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
+    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
+    args = [pack_nchw(x, b, k), pack_oihw(w, k),
+            pack_bias(rng.integers(-3000, 3000, spec.o).astype(np.int32), b, k),
+            pack_bias(rng.integers(-900, 900, spec.o).astype(np.int32), b, k),
+            np.zeros((spec.n // b, spec.o // k, spec.oh, spec.ow, b, k), np.int8)]
+    fn = conv2d(cfg, spec, ConvKnobs(3, spec.ow, 1, 1, vthreads=2, vthread_axis="h"))
+    for image in _driver_images(cfg, lambda dev: fn(dev, *args), tmp_path, 8 << 20):
+        assert_same_time(cfg, image)
+
+
+def test_compiled_group_conv2d_tiles_of_super_groups_and_input_blocks(tmp_path):
+    """Two super-groups of two input blocks per tile: inject_dma merges their loops."""
+    from celosia.compiler.accel.ops import Epilogue
+    from celosia.compiler.accel.ops_group import GroupConvKnobs, GroupConvSpec, group_conv2d
+
+    cfg = SMALL
+    k = cfg.block
+    spec = GroupConvSpec(n=cfg.batch, c=4 * k, h=4, w=5, o=4 * k, kh=3, kw=3, groups=2,
+                         pads=(1, 1, 1, 1), block=k, epilogue=Epilogue(bias=True, shift=9))
+    assert (spec.supers, spec.cpb) == (2, 2)
+    fn = group_conv2d(cfg, spec, GroupConvKnobs(2, 5, 2, 1, 2))
+    rng = np.random.default_rng(4)
+    args = [rng.integers(-128, 128, p.shape).astype(p.dtype) for p in fn.func.params]
+    for image in _driver_images(cfg, lambda dev: fn(dev, *args), tmp_path, 8 << 20):
+        assert_same_time(cfg, image)
+
+
 # ---- random programs ------------------------------------------------------------------------
 
 CHUNK = 25

@@ -118,16 +118,33 @@ def test_placement_reasons_and_regions():
     g = b.graph(["x"], ["i"])
     places = annotate(g, HwConfig())
     assert places["dw"].reason == "group_conv2d with its fused epilogue"
-    assert places["asym"].reason == "group_conv2d with its fused epilogue"
+    assert places["asym"].reason == "conv2d with its fused epilogue"  # per-side pads
     assert places["ok1"].reason == "conv2d with its fused epilogue"
     assert "dilations [2, 2]" in places["dil"].reason
     assert places["g24"].reason.startswith("grouped convolution: groups of 3 input / 3 output "
                                            "channels do not tile BLOCK=16")
-    assert places["pool"].reason == "MaxPool (int8 max pooling) has no accelerator kernel yet"
+    assert places["pool"].reason == "max pooling on the ALU"  # its input is made there
     assert [n for n, p in places.items() if p.target == "accel"] == [
-        "dw", "asym", "ok1", "ok2", "ok3", "wide"]
-    assert regions(g, places) == {"dw": 0, "asym": 1, "ok1": 1, "ok2": 1, "ok3": 2, "wide": 2}
+        "dw", "asym", "ok1", "ok2", "pool", "ok3", "wide"]
+    assert regions(g, places) == {"dw": 0, "asym": 1, "ok1": 1, "ok2": 1, "pool": 1, "ok3": 1,
+                                  "wide": 1}
     assert all(p.target == "cpu" for p in annotate(g, HwConfig(), accelerate=False).values())
+
+
+def test_pool_of_a_value_the_cpu_makes_stays_on_the_cpu():
+    """An int8 MaxPool of the model's input would add a crossing on the accelerator (its
+    input comes from the CPU), so it stays there, and says so."""
+    b = _Builder()
+    b.types["x"] = TensorType("int8", (1, 16, 8, 8))
+    b.add(Node("MaxPool", ("x",), ("p",), dict(kernel_shape=[2, 2], strides=[2, 2],
+                                              pads=[0, 0, 0, 0], dilations=[1, 1]), "pool"),
+          (1, 16, 4, 4))
+    b.add(_qconv("c", "p", "y", (16, 16, 3, 3)), (1, 16, 4, 4), (16, 16, 3, 3))
+    places = annotate(b.graph(["x"], ["y"]), HwConfig())
+    assert (places["pool"].target, places["pool"].reason) == (
+        "cpu", "MaxPool of a value the CPU makes: on the accelerator it would add a crossing "
+        "between CPU and accelerator, not save one")
+    assert places["c"].target == "accel"
 
 
 @pytest.mark.parametrize("target", ["fsim", "cycle"])
@@ -135,14 +152,18 @@ def test_residual_network_is_bit_exact_and_reported(target):
     g = _residual_net()
     x = np.random.default_rng(2).integers(-128, 128, (2, 3, 8, 8), dtype=np.int8)
     model = AccelModel.build(g, "default")
-    assert model.build_info["accel_nodes"] == 3 and model.build_info["regions"] == 2
+    # The Flatten is a view of c2's packed output, which the dense reads directly: one
+    # region, and only x and z cross.
+    assert model.build_info["accel_nodes"] == 4 and model.build_info["regions"] == 1
     out = model.run({"x": x}, target=target)
     np.testing.assert_array_equal(out["z"], _reference(g, x))
     rows = {r["node"]: r for r in model.report}
-    assert rows["flat"]["target"] == "cpu" and "Flatten (int8 data movement) has no accelerator" in rows["flat"]["reason"]
+    assert rows["flat"]["target"] == "accel" and rows["flat"]["cycles"] == 0
+    assert model.values["f"] == {**model.values["y2"], "of": "y2"}
     assert rows["c1"]["target"] == "accel" and rows["c2"]["region"] == rows["c1"]["region"]
     summary = model.summary()
-    assert summary["accel_nodes"] == 3 and summary["cpu_nodes"] == 1
+    assert summary["accel_nodes"] == 4 and summary["cpu_nodes"] == 0
+    assert summary["crossings"] == 2
     if target == "cycle":
         assert summary["cycles"] == sum(rows[n]["cycles"] for n in ("c1", "c2", "fc")) > 0
         assert 0 < summary["utilization"] <= 1
@@ -169,7 +190,7 @@ def test_artifact_round_trip(tmp_path):
     model.save(path)
     assert is_accel_artifact(path)
     loaded = AccelModel.load(path)
-    assert loaded.config == model.config and set(loaded.programs) == {"c1", "c2", "fc"}
+    assert loaded.config == model.config and set(loaded.programs) == {"c1", "c2", "flat", "fc"}
     np.testing.assert_array_equal(loaded.run({"x": x}, target="cycle")["z"], _reference(g, x))
     path.write_bytes(path.read_bytes()[:300])
     with pytest.raises(ArtifactError, match="m.cel: not a complete zip archive"):

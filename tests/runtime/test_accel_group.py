@@ -90,7 +90,8 @@ def test_grouped_1d_and_asymmetric_convolutions(tmp_path):
     calib = [{"x": rng.normal(size=(1, 32, 8, 8)).astype(np.float32)} for _ in range(4)]
     q = quantize_model(model, calib)
     feeds = {"x": rng.normal(size=(1, 32, 8, 8)).astype(np.float32)}
-    _check(q, feeds, {"grouped": "group_conv2d", "asym": "group_conv2d",
+    # groups = 1 with per-side padding and a stride per axis: conv2d's searched schedules
+    _check(q, feeds, {"grouped": "group_conv2d", "asym": "conv2d",
                        "conv1d": "group_conv2d"}, tmp_path)
 
 
@@ -122,7 +123,8 @@ def test_1d_qconvs_of_a_quantized_graph_on_the_accelerator(tmp_path):
     qconv("pw", "r", "y", (16, 24, 1), (2, 16, 10))
     g = Graph("g", ("x",), ("a", "y"), tuple(nodes), inits, types)
     model = AccelModel.build(g, "default")
-    assert model.programs["dw"]["kind"] == model.programs["pw"]["kind"] == "group_conv2d"
+    assert model.programs["dw"]["kind"] == "group_conv2d"
+    assert model.programs["pw"]["kind"] == "conv2d"  # groups = 1: a 1-D conv2d of one row
     x = rng.integers(-128, 128, (2, 24, 20), dtype=np.int8)
     want = model.cpu_build().run({"x": x})
     for target in ("fsim", "cycle"):
@@ -132,3 +134,33 @@ def test_1d_qconvs_of_a_quantized_graph_on_the_accelerator(tmp_path):
     model.save(tmp_path / "m.cel")
     got = AccelModel.load(tmp_path / "m.cel").run({"x": x})
     np.testing.assert_array_equal(got["y"], want["y"])
+
+
+def test_groups_1_convs_with_per_side_padding_run_conv2d_with_their_taps_cropped(tmp_path):
+    """groups = 1 with per-side padding, a stride per axis, 1-D: conv2d's searched schedules;
+    a 3x3 kernel on a 1x1 input keeps only its centre tap (crop_taps), as group_conv2d does."""
+    c = helper.make_node
+    nodes = [c("Conv", ["x", "wa"], ["a"], pads=[1, 0, 2, 1], strides=[2, 1], name="asym"),
+             c("Conv", ["a", "wp"], ["p"], strides=[4, 8], name="pool"),
+             c("Conv", ["p", "wc"], ["q"], pads=[1, 1, 1, 1], name="centre"),
+             c("Reshape", ["q", "shape"], ["r"], name="to1d"),
+             c("Conv", ["r", "w1d"], ["y"], pads=[2, 1], strides=[2], name="conv1d")]
+    weights = {"wa": (24, 16, 3, 2), "wp": (32, 24, 4, 8), "wc": (40, 32, 3, 3),
+               "w1d": (16, 8, 5)}
+    shape = numpy_helper.from_array(np.array([1, 8, -1], np.int64), "shape")
+    rng = np.random.default_rng(3)
+    model = make_model(nodes, [vi("x", [1, 16, 7, 8])], [vi("y", [1, 16, 2])],
+                       [shape] + [numpy_helper.from_array(
+                           (rng.normal(size=s) * 0.3).astype(np.float32), n)
+                           for n, s in weights.items()])
+    calib = [{"x": rng.normal(size=(1, 16, 7, 8)).astype(np.float32)} for _ in range(4)]
+    q = quantize_model(model, calib)
+    feeds = {"x": rng.normal(size=(1, 16, 7, 8)).astype(np.float32)}
+    built = _check(q, feeds, {"asym": "conv2d", "pool": "conv2d", "centre": "conv2d",
+                              "conv1d": "conv2d"}, tmp_path)
+    spec = built.programs["asym"]["spec"]
+    assert (tuple(spec["stride"]), tuple(spec["pad"])) == ((2, 1), (1, 0, 2, 1))
+    assert (built.programs["centre"]["spec"]["kh"], built.programs["centre"]["spec"]["kw"]) == (1, 1)
+    spec = built.programs["conv1d"]["spec"]
+    assert (spec["h"], spec["kh"], spec["kw"], tuple(spec["stride"]), tuple(spec["pad"])) == \
+        (1, 1, 5, (1, 2), (0, 2, 0, 1))

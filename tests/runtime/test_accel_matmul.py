@@ -222,9 +222,9 @@ def test_edited_staged_operands_are_refused(tmp_path):
             (lambda d: d["programs"]["mm"].pop("staged"), r"QMatMul program without the weight"),
             # without its layout, a 3-D value is read as a 1-D convolution's NCHW value
             (lambda d: d["values"]["y"].pop("layout"),
-             r'values\["y"\].shape: is \[2, 128\], the value\'s packed shape is \[2, 1, 1, 6'),
+             r'values\["y"\].shape: is \[2, 128\], the packed shape of \'y\' is \[2, 1, 1, 6'),
             (lambda d: d["values"]["a"].update(shape=[2, 64]),
-             r'values\["a"\].shape: is \[2, 64\], the value\'s packed shape is \[2, 128\]')]:
+             r'values\["a"\].shape: is \[2, 64\], the packed shape of .a. is \[2, 128\]')]:
         with pytest.raises(ArtifactError, match=message):
             AccelModel.load(_edited(path, tmp_path, edit))
 

@@ -111,6 +111,29 @@ def test_edited_accel_manifest(accel_cel, tmp_path):
             AccelModel.load(path)
 
 
+def test_edited_view_is_refused(accel_cel, tmp_path):
+    """The small CNN's Reshape is a view of the second convolution's packed output: a view
+    said to be another value's bytes, a view without its root, or a view program given to
+    a node that computes, would read the wrong bytes; each is refused, naming the field."""
+    import re
+
+    doc = json.loads(zipfile.ZipFile(io.BytesIO(accel_cel)).read("manifest.json"))
+    view, v = next((k, v) for k, v in doc["values"].items() if "of" in v)
+    other = next(k for k, w in doc["values"].items() if k not in (view, v["of"]))
+    pool = next(n["name"] for n in doc["graph"]["nodes"] if n["op"] == "MaxPool")
+    field = re.escape(f'values["{view}"]')
+
+    def drop_of(d):
+        del d["values"][view]["of"]
+
+    for edit, message in [
+            (drop_of, field + r".*packed shape of"),
+            (_set(f"values/{view}/of", other), field + r"\.of: names"),
+            (_set(f"programs/{pool}/kind", "view"), r"is 'view' for a MaxPool node")]:
+        with pytest.raises(ArtifactError, match=message):
+            AccelModel.load(_rewrite(accel_cel, tmp_path, manifest=edit))
+
+
 def test_unsealed_edits_and_flipped_weights_are_caught_by_the_digests(cpu_cel, tmp_path):
     """Flipped weight bytes used to run and give another answer."""
     path = _rewrite(cpu_cel, tmp_path, manifest=_set("build/nodes", 7), reseal=False)

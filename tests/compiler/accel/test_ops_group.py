@@ -218,3 +218,24 @@ def test_taps_that_only_meet_padding_are_dropped(dims):
     assert (small.oh, small.ow) == (spec.oh, spec.ow) and min(small.pads) >= 0
     np.testing.assert_array_equal(group_conv2d_reference(x, w2, small, bias, None, scale),
                                   group_conv2d_reference(x, w, spec, bias, None, scale))
+
+
+@pytest.mark.parametrize("pads", [(1, 1, 1, 1), (0, 0, 0, 0), (0, 1, 2, 1)])
+@pytest.mark.parametrize("knobs", [GroupConvKnobs(0, 0, 2, 2, 2), GroupConvKnobs(0, 0, 2, 1, 2, 2, "co")])
+def test_tiles_of_several_super_groups_and_input_blocks(pads, knobs):
+    """Tiles of 2 super-groups with both input blocks of each loaded at once: inject_dma
+    merges the super-group and block loops of the input copy into one host loop (these
+    tiles were not offered while it left the super-group variable in the address)."""
+    from dataclasses import replace
+
+    cfg = HwConfig()
+    spec = GroupConvSpec(n=1, c=64, h=6, w=6, o=128, kh=3, kw=3, groups=2, pads=pads,
+                         epilogue=FULL)
+    assert (spec.supers, spec.cpb, spec.opb) == (2, 2, 4)
+    knobs = replace(knobs, tile_h=spec.oh // (2 if knobs.vthreads > 1 else 1), tile_w=spec.ow)
+    assert knobs in group_conv_candidates(cfg, spec)
+    got, want, stats, raw_f = run_group_conv(cfg, spec, knobs)
+    np.testing.assert_array_equal(got, want)
+    _, _, cycle_stats, raw_c = run_group_conv(cfg, spec, knobs, target="cycle")
+    np.testing.assert_array_equal(raw_c, raw_f)
+    assert cycle_stats["macs"] == stats["macs"] == spec.gemm_macs

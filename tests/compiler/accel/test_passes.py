@@ -216,3 +216,42 @@ def test_dependencies_before_and_after():
         ["COMPUTE"], ["COMPUTE"], ["LOAD"], ["STORE"], ["COMPUTE"], ["COMPUTE"], []]
     assert [{m.name: n for m, n in o.pops.items()} for o in ops] == [
         {}, {}, {"LOAD": 1}, {"LOAD": 1}, {"COMPUTE": 1}, {"COMPUTE": 1}, {"LOAD": 1, "STORE": 1}]
+
+
+def test_inject_dma_merged_host_loops_leave_no_loop_variable_in_the_addresses():
+    """A padded copy whose three outer loops (batch, super-group, block) are contiguous on
+    both sides: they merge into one host loop of 8 iterations, and the variables of the
+    outer two leave the DMA addresses (they used to stay there, unbound)."""
+    from celosia.compiler.tensor.expr import select
+
+    data = te.placeholder((2, 2, 2, 3, 4, 1, 16), "int8", "data")
+    pad = te.compute((2, 2, 2, 5, 6, 1, 16), lambda n, s, c, y, x, b, k: select(
+        (y >= 1) & (y < 4) & (x >= 1) & (x < 5), data[n, s, c, y - 1, x - 1, b, k], 0),
+        "data_pad")
+    res = te.compute(pad.shape, lambda *i: pad[i], "res")
+    sch = create_schedule(res)
+    sch[pad].set_scope("inp")
+    sch[pad].pragma(sch[pad].axes[0], "dma_copy")
+    before = lower(sch, [data, res], "t")
+    copy = body(before).split("# stage res")[0]
+    assert copy == textwrap.dedent("""\
+        data_pad = alloc(2, 2, 2, 5, 6, 1, 16; int8, inp)
+        # stage data_pad
+        # pragma dma_copy
+        for n in range(2):
+          for s in range(2):
+            for c in range(2):
+              for y in range(5):
+                for x in range(6):
+                  for b in range(1):
+                    for k in range(16):
+                      data_pad[n, s, c, y, x, b, k] = select(y >= 1 && y < 4 && x >= 1 && x < 5, data[n, s, c, y - 1, x - 1, b, k], int8(0))
+        """)
+    # One 4 x 3 DMA per (n, s, c) block, padded by one element on every side: block
+    # c' = 4n + 2s + c starts at 12c' in DRAM and 30c' in the input buffer.
+    assert body(inject_dma(before)).split("# stage res")[0] == textwrap.dedent("""\
+        data_pad = alloc(2, 2, 2, 5, 6, 1, 16; int8, inp)
+        # stage data_pad
+        for c in range(8):
+          load_2d(data, c * 12, 4, 3, 4, 1, 1, 1, 1, data_pad, c * 30, 2)
+        """)

@@ -58,9 +58,8 @@ def test_conv_with_a_table_activation_is_an_accelerator_conv_and_a_cpu_lut():
     _every_cpu_reason_is_specific(placed)
 
 
-def test_conv_kept_float_by_an_add_after_silu_says_so():
-    """YOLO's bottleneck: x + silu(conv(...)); the quantizer keeps the Add after the table,
-    and so the convolution, in float."""
+def test_an_add_after_silu_is_a_qadd_after_the_table_and_the_conv_is_accelerated():
+    """YOLO's bottleneck: x + silu(conv(...)) is QConv (accelerator), QLut, QAdd."""
     c = helper.make_node
     nodes = [c("Conv", ["x", "w1"], ["r"], pads=[1, 1, 1, 1], name="conv_r"),
              c("Conv", ["r", "w2"], ["a"], pads=[1, 1, 1, 1], name="conv_silu"),
@@ -68,12 +67,10 @@ def test_conv_kept_float_by_an_add_after_silu_says_so():
              c("Add", ["t", "r"], ["y"])]
     placed, q = _placed(nodes, {"x": [1, 8, 6, 6]}, {"y": [1, 8, 6, 6]},
                         {"w1": (8, 8, 3, 3), "w2": (8, 8, 3, 3)})
-    op, target, reason = placed["conv_silu"]
-    assert (op, target) == ("Conv", "cpu")
-    assert reason.startswith("Conv left in float: its epilogue's Add after SiLU"), reason
-    node = next(n for n in q.nodes if n.name == "conv_silu")
-    assert node.attrs["float_reason"] in reason  # the quantizer's own words
+    assert placed["conv_silu"][:2] == ("QConv", "accel")
     assert placed["conv_r"][:2] == ("QConv", "accel")
+    assert [n.op for n in q.nodes] == ["Quantize", "QConv", "QConv", "QLut", "QAdd",
+                                       "Dequantize"]
     _every_cpu_reason_is_specific(placed)
 
 
@@ -95,8 +92,10 @@ def test_conv_kept_float_by_a_run_time_mul_and_a_broadcast_gate():
     assert placed["conv_mul"] == ("Conv", "cpu", "Conv left in float: its epilogue multiplies "
                                   "by a run-time value (an int8 layer scales by constants only)")
     assert placed["conv_b"][:2] == ("QConv", "accel")
-    assert placed["squeeze"] == ("QGlobalAveragePool", "cpu", "QGlobalAveragePool (int8 global "
-                                 "average pool) has no accelerator kernel yet")
+    # the pool and the squeeze read values made on the accelerator: they run on its ALU
+    assert placed["pool"] == ("MaxPool", "accel", "max pooling on the ALU")
+    assert placed["squeeze"] == ("QGlobalAveragePool", "accel",
+                                 "global average pooling on the ALU")
     op, target, reason = placed["se_mul"]
     assert (op, target) == ("Mul", "cpu")
     assert reason == ("Mul left in float: it broadcasts its operands (float32[1,8,6,6], "

@@ -1,0 +1,511 @@
+"""Accelerator operators that run on the ALU alone (no GEMM): int8 max pooling, int8
+global average pooling, and the element-wise int8 Add (QAdd) and Relu.
+
+Written directly against the driver's stream builder (``Device.load_2d``, ``alu``,
+``store_2d`` and dependency tokens) rather than through te schedules: a pooling window is
+a handful of MAX micro-ops over rows of one accumulator tile, and its padding is not the
+DMA's zero padding (see below).
+
+Layout: data and output are packed NCHW{b}n{k}c int8 (compiler/accel/ops.py); one ACC row
+(or one ACC_8BIT / OUT element in DRAM) is one pixel of b images x k channels.
+
+Max pooling, per tile of output rows x columns of one (batch block, channel block):
+
+1. ``ACC_8BIT`` LOAD of the input window the tile reads into ACC rows ``T`` (sign-extended),
+   with the DMA's zero padding where the window leaves the image;
+2. ALU ``ADD -128`` on exactly the padding rows, which the DMA made 0: max pooling pads
+   with -inf, and -128 is the smallest int8, so a padding pixel never wins unless the whole
+   window is padding (the reference, compiler/graph/ops.py max_pool, fills with -128 too);
+3. ALU ``MIN -128`` on the tile's output rows ``O`` (whatever they held, they are now
+   <= -128, below every int8 value), then one ALU ``MAX`` with a micro-op per window tap:
+   the instruction's two loops walk output rows and columns (strides in the source
+   factors), the micro-ops the kernel taps;
+4. STORE of the OUT view of ``O`` (the low byte of values in [-128, 127]: exact).
+
+Two ``O`` buffers alternate so that a tile's store overlaps the next tile's ALU work; the
+store -> compute tokens say when a buffer may be written again.
+
+Global average pooling (compiler/graph/qops.py qglobal_average_pool: ``(sum * multiplier +
+2^(shift-1)) >> shift``, clipped, in int32 arithmetic), per group of channel blocks of one
+batch block: ``ACC_8BIT`` LOAD of their pixels (contiguous in DRAM), one ALU ``ADD`` whose
+inner loop has destination factor 0 (each channel block's pixels summed into one row, after
+a ``MUL 0`` that clears it), then ``MUL`` by a row holding the multiplier and ``ADD`` of a
+row holding the rounding constant (both int32 constants loaded once: they need not fit the
+16-bit immediate), ``SHR``, ``MAX -128``, ``MIN 127`` and the store of those rows.
+
+Element-wise nodes see their operands as flat runs of ACC rows (two values of one shape
+have the same packed layout, element for element). QAdd (qops.qadd: ``(a * ma + b * mb +
+2^(shift-1)) >> shift``, clipped, int32 arithmetic), per chunk of rows: ``ACC_8BIT`` LOADs
+of both operands, ``MUL`` of each by a row holding its multiplier, ``ADD`` of the two and of
+the rounding row, ``SHR``, ``MAX -128``, ``MIN 127``, store. An int8 Relu is one ``MAX 0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from celosia.config import HwConfig
+from celosia.errors import CompilerError
+from celosia.isa import AluOp, MemType, Module
+
+__all__ = ["PoolSpec", "PoolKnobs", "pool_knobs", "maxpool", "AluProgram",
+           "maxpool_reference", "GapSpec", "global_average_pool", "gap_constants",
+           "EltSpec", "elementwise", "elt_constants"]
+
+_MAX_PAD = 15  # the DMA's pad fields are 4 bits
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A 2-D max pooling on packed data: channels ``c`` padded to BLOCK, the output size
+    given (it depends on ceil_mode), padding before each axis (the window of output row y
+    starts at input row y * stride_h - pad_top; rows outside the image are -inf)."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    stride_h: int = 1
+    stride_w: int = 1
+    dil_h: int = 1
+    dil_w: int = 1
+    pad_top: int = 0
+    pad_left: int = 0
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+    @property
+    def span_h(self) -> int:
+        return (self.kh - 1) * self.dil_h + 1
+
+    @property
+    def span_w(self) -> int:
+        return (self.kw - 1) * self.dil_w + 1
+
+
+@dataclass(frozen=True)
+class PoolKnobs:
+    tile_h: int  # output rows per tile
+    tile_w: int  # output columns per tile
+
+
+def _window(lo_out: int, hi_out: int, stride: int, pad: int, span: int, size: int):
+    """(first input index, input extent incl. padding, padding before, padding after) of
+    output positions [lo_out, hi_out) along one axis."""
+    r0 = lo_out * stride - pad
+    r1 = (hi_out - 1) * stride - pad + span
+    return r0, r1 - r0, max(0, -r0), max(0, r1 - size)
+
+
+def _tiles(extent: int, tile: int):
+    return [(a, min(a + tile, extent)) for a in range(0, extent, tile)]
+
+
+def _check_axis(what: str, spec_size: int, out: int, tile: int, stride: int, pad: int,
+                span: int) -> str | None:
+    for a, b in _tiles(out, tile):
+        r0, ext, p0, p1 = _window(a, b, stride, pad, span, spec_size)
+        if max(p0, p1) > _MAX_PAD:
+            return (f"a window reaches {max(p0, p1)} {what} past the image, more than the "
+                    f"DMA's padding of {_MAX_PAD}")
+        if p0 + p1 >= ext:
+            return f"a tile of output {what} reads only padding"
+    return None
+
+
+def pool_knobs(cfg: HwConfig, spec: PoolSpec) -> PoolKnobs:
+    """The largest tiles (whole rows first) whose input window and two output buffers fit
+    the accumulator buffer; a CompilerError names what does not fit."""
+    best = None
+    for tw in sorted({spec.ow, *range(1, spec.ow + 1)}, reverse=True):
+        iw = (tw - 1) * spec.stride_w + spec.span_w
+        if iw > cfg.uop_depth // 2:
+            continue
+        for th in range(spec.oh, 0, -1):
+            ih = (th - 1) * spec.stride_h + spec.span_h
+            if ih * iw + 2 * th * tw <= cfg.acc_depth:
+                break
+        else:
+            continue
+        if ih * iw + 2 * th * tw > cfg.acc_depth:
+            continue
+        key = (th * tw, tw)
+        if best is None or key > best[0]:
+            best = (key, PoolKnobs(th, tw))
+        if tw == spec.ow:
+            break  # whole rows fit: no reason to split them
+    if best is None:
+        raise CompilerError(f"max pooling {spec.kh}x{spec.kw}: not even one output pixel's "
+                            f"window fits the {cfg.acc_depth}-row accumulator buffer")
+    knobs = best[1]
+    for what, args in (("rows", (spec.h, spec.oh, knobs.tile_h, spec.stride_h, spec.pad_top,
+                                 spec.span_h)),
+                       ("columns", (spec.w, spec.ow, knobs.tile_w, spec.stride_w,
+                                    spec.pad_left, spec.span_w))):
+        problem = _check_axis(what, *args)
+        if problem:
+            raise CompilerError(f"max pooling: {problem}")
+    return knobs
+
+
+class AluProgram:
+    """An accelerator function emitted by a Python generator over the driver (the same
+    interface as compiler/accel/build.py's AcceleratorFunction: ``arg_specs`` and
+    ``bind``)."""
+
+    def __init__(self, name: str, config: HwConfig, args, emit):
+        self.name = name
+        self.config = config
+        self._args = args  # [(name, dtype, shape)]: packed, the last two axes one element
+        self._emit = emit  # emit(dev, buffers)
+
+    def arg_specs(self) -> list[tuple[str, str, tuple[int, ...], int]]:
+        return [(n, dt, tuple(s), max(64, int(np.prod(s[-2:])) * np.dtype(dt).itemsize))
+                for n, dt, s in self._args]
+
+    def bind(self, dev, buffers) -> list:
+        if dev.config != self.config:
+            raise CompilerError(f"{self.name} was compiled for another configuration")
+        if len(buffers) != len(self._args):
+            raise CompilerError(f"{self.name} takes {len(self._args)} buffers, given "
+                                f"{len(buffers)}")
+        for (n, dt, shape, align), d in zip(self.arg_specs(), buffers):
+            need = int(np.prod(shape)) * np.dtype(dt).itemsize
+            if d.nbytes < need or d.addr % align:
+                raise CompilerError(f"{self.name}: the DRAM buffer for {n} must hold {need} "
+                                    f"bytes at a multiple of {align}")
+        self._emit(dev, buffers)
+        return []
+
+    def __call__(self, dev, *arrays: np.ndarray) -> dict:
+        """Run once on ``dev`` with numpy arrays (outputs updated in place), for tests."""
+        specs = self.arg_specs()
+        bufs = [dev.upload(np.ascontiguousarray(a), align=s[3]) for a, s in zip(arrays, specs)]
+        try:
+            self.bind(dev, bufs)
+            stats = dev.synchronize()
+            for d, a in zip(bufs, arrays):
+                a[...] = d.read(a.dtype, a.shape)
+        finally:
+            for d in bufs:
+                dev.free(d)
+        return stats
+
+
+def maxpool(cfg: HwConfig, spec: PoolSpec, knobs: PoolKnobs, name: str = "maxpool") -> AluProgram:
+    """Max pooling on packed int8 data (module docstring); takes (data, out)."""
+    b, k = cfg.batch, cfg.block
+    if spec.n % b or spec.c % k:
+        raise CompilerError(f"{name}: N={spec.n} must be a multiple of BATCH={b} and C="
+                            f"{spec.c} of BLOCK={k}")
+    nb, cb = spec.n // b, spec.c // k
+    th, tw = knobs.tile_h, knobs.tile_w
+    t_rows = ((th - 1) * spec.stride_h + spec.span_h) * ((tw - 1) * spec.stride_w + spec.span_w)
+    if t_rows + 2 * th * tw > cfg.acc_depth:
+        raise CompilerError(f"{name}: tiles of {th}x{tw} outputs need {t_rows + 2 * th * tw} "
+                            f"accumulator rows, more than {cfg.acc_depth}")
+    rows = _tiles(spec.oh, th)
+    cols = _tiles(spec.ow, tw)
+    taps = [(dy * spec.dil_h, dx * spec.dil_w) for dy in range(spec.kh) for dx in range(spec.kw)]
+    C, S = Module.COMPUTE, Module.STORE
+
+    def emit(dev, bufs):
+        data, out = bufs
+        t = 0
+        for n in range(nb):
+            for c in range(cb):
+                plane_in = (n * cb + c) * spec.h * spec.w
+                plane_out = (n * cb + c) * spec.oh * spec.ow
+                for y0, y1 in rows:
+                    r0, ih, pt, pb = _window(y0, y1, spec.stride_h, spec.pad_top, spec.span_h,
+                                             spec.h)
+                    for x0, x1 in cols:
+                        q0, iw, pl, pr = _window(x0, x1, spec.stride_w, spec.pad_left,
+                                                 spec.span_w, spec.w)
+                        o_base = t_rows + (t % 2) * th * tw
+                        if t >= 2:
+                            dev.dep_pop(S, C)  # the store of tile t-2 has read this buffer
+                        dev.load_2d(data, plane_in + (r0 + pt) * spec.w + q0 + pl,
+                                    iw - pl - pr, ih - pt - pb, spec.w, y_pad_0=pt, y_pad_1=pb,
+                                    x_pad_0=pl, x_pad_1=pr, sram_index=0,
+                                    mem_type=MemType.ACC_8BIT)
+                        _fill_padding(dev, ih, iw, pt, pb, pl, pr)
+                        _max_window(dev, spec, taps, y1 - y0, x1 - x0, iw, o_base)
+                        dev.dep_push(C, S)
+                        dev.dep_pop(C, S)
+                        dev.store_2d(o_base, out, plane_out + y0 * spec.ow + x0, x1 - x0,
+                                     y1 - y0, spec.ow)
+                        dev.dep_push(S, C)
+                        t += 1
+        for _ in range(min(t, 2)):  # take the last stores' tokens: none left for later programs
+            dev.dep_pop(S, C)
+
+    return AluProgram(name, cfg, [("data", "int8", (nb, cb, spec.h, spec.w, b, k)),
+                                  ("out", "int8", (nb, cb, spec.oh, spec.ow, b, k))], emit)
+
+
+def _fill_padding(dev, ih, iw, pt, pb, pl, pr):
+    """ADD -128 to the tile's padding rows (0 after the DMA's zero padding)."""
+    def rows(first, count):
+        def record(kb):
+            kb.loop(count, 1, 0)
+            kb.push(first, first)
+        return record
+
+    if pt:
+        dev.alu(("maxpool-pad", 0, pt * iw), rows(0, pt * iw), AluOp.ADD, imm=-128)
+    if pb:
+        dev.alu(("maxpool-pad", (ih - pb) * iw, pb * iw), rows((ih - pb) * iw, pb * iw),
+                AluOp.ADD, imm=-128)
+    if pl or pr:
+        inner = ih - pt - pb
+
+        def record(kb):
+            if inner > 1:
+                kb.loop(inner, iw, 0)
+            for x in (*range(pl), *range(iw - pr, iw)):
+                kb.push(pt * iw + x, pt * iw + x)
+        dev.alu(("maxpool-pad-cols", pt, inner, iw, pl, pr), record, AluOp.ADD, imm=-128)
+
+
+def _max_window(dev, spec: PoolSpec, taps, oh, ow, iw, o_base):
+    """O = max over the taps of the input tile (its rows start at ACC row 0)."""
+    def init(kb):
+        kb.loop(oh * ow, 1, 0)
+        kb.push(o_base, o_base)
+
+    dev.alu(("maxpool-init", o_base, oh * ow), init, AluOp.MIN, imm=-128)
+
+    def record(kb):
+        if oh > 1:
+            kb.loop(oh, ow, spec.stride_h * iw)
+        if ow > 1:
+            kb.loop(ow, 1, spec.stride_w)
+        for dy, dx in taps:
+            kb.push(o_base, dy * iw + dx)
+
+    dev.alu(("maxpool-max", o_base, oh, ow, iw, spec.stride_h, spec.stride_w, tuple(taps)),
+            record, AluOp.MAX)
+
+
+def maxpool_reference(x: np.ndarray, spec: PoolSpec) -> np.ndarray:
+    """NCHW int8 max pooling with -128 padding (the definition, compiler/graph/ops.py)."""
+    from ..graph.ops import max_pool
+
+    pb = max(0, (spec.oh - 1) * spec.stride_h + spec.span_h - spec.h - spec.pad_top)
+    pr = max(0, (spec.ow - 1) * spec.stride_w + spec.span_w - spec.w - spec.pad_left)
+    attrs = {"kernel_shape": (spec.kh, spec.kw), "strides": (spec.stride_h, spec.stride_w),
+             "dilations": (spec.dil_h, spec.dil_w),
+             "pads": (spec.pad_top, spec.pad_left, pb, pr), "ceil_mode": 0}
+    y = max_pool(attrs, x)
+    y = y[0] if isinstance(y, tuple) else y
+    return y[:, :, :spec.oh, :spec.ow]
+
+
+# ---- global average pooling ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GapSpec:
+    """int8 global average pooling of packed [n, c, h, w] (c padded to BLOCK) to [n, c, 1, 1]:
+    ``(sum * multiplier + 2^(shift-1)) >> shift``, clipped to int8."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    multiplier: int
+    shift: int
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+
+def gap_constants(cfg: HwConfig, spec: GapSpec) -> np.ndarray:
+    """The int32 rows the program loads: the multiplier and the rounding constant."""
+    rows = np.empty((2, cfg.batch, cfg.block), np.int32)
+    rows[0] = np.int32(np.int64(spec.multiplier).astype(np.int32))
+    rows[1] = 1 << (spec.shift - 1)
+    return rows
+
+
+def global_average_pool(cfg: HwConfig, spec: GapSpec, name: str = "gap") -> AluProgram:
+    """Takes (data, constants (gap_constants), out); see the module docstring."""
+    b, k = cfg.batch, cfg.block
+    if spec.n % b or spec.c % k:
+        raise CompilerError(f"{name}: N={spec.n} must be a multiple of BATCH={b} and C="
+                            f"{spec.c} of BLOCK={k}")
+    if not 1 <= spec.shift <= 31:
+        raise CompilerError(f"{name}: shift {spec.shift} must be in [1, 31]")
+    nb, cb, hw = spec.n // b, spec.c // k, spec.h * spec.w
+    # ACC rows: 2 constants, then two result slots of g rows, then the pixels.
+    free = cfg.acc_depth - 2
+    g = min(cb, free // (hw + 2)) if hw + 2 <= free else 0
+    chunk = hw if g else free - 2  # pixels per load when one plane does not fit
+    if chunk < 1:
+        raise CompilerError(f"{name}: the accumulator buffer ({cfg.acc_depth} rows) is too "
+                            f"small")
+    g = max(g, 1)
+    C, S = Module.COMPUTE, Module.STORE
+
+    def emit(dev, bufs):
+        data, consts, out = bufs
+        dev.load_2d(consts, 0, 2, 1, 2, sram_index=0, mem_type=MemType.ACC)
+        t = 0
+        for n in range(nb):
+            for c0 in range(0, cb, g):
+                gg = min(g, cb - c0)
+                res = 2 + (t % 2) * g
+                pix = 2 + 2 * g
+                if t >= 2:
+                    dev.dep_pop(S, C)
+
+                def clear(kb, gg=gg, res=res):
+                    kb.loop(gg, 1, 0)
+                    kb.push(res, res)
+                dev.alu(("gap-clear", res, gg), clear, AluOp.MUL, imm=0)
+                if chunk == hw:  # gg whole planes in one load, one ADD
+                    dev.load_2d(data, (n * cb + c0) * hw, gg * hw, 1, gg * hw, sram_index=pix,
+                                mem_type=MemType.ACC_8BIT)
+
+                    def add(kb, gg=gg, res=res):
+                        if gg > 1:
+                            kb.loop(gg, 1, hw)
+                        if hw > 1:
+                            kb.loop(hw, 0, 1)
+                        kb.push(res, pix)
+                    dev.alu(("gap-sum", res, gg, hw, pix), add, AluOp.ADD)
+                else:  # one plane in chunks of pixels
+                    for p0 in range(0, hw, chunk):
+                        m = min(chunk, hw - p0)
+                        dev.load_2d(data, (n * cb + c0) * hw + p0, m, 1, m, sram_index=pix,
+                                    mem_type=MemType.ACC_8BIT)
+
+                        def add(kb, m=m, res=res):
+                            if m > 1:
+                                kb.loop(m, 0, 1)
+                            kb.push(res, pix)
+                        dev.alu(("gap-sum", res, 1, m, pix), add, AluOp.ADD)
+
+                def by_row(row, gg=gg, res=res):
+                    def record(kb):
+                        if gg > 1:
+                            kb.loop(gg, 1, 0)
+                        kb.push(res, row)
+                    return record
+                dev.alu(("gap-mul", res, gg), by_row(0), AluOp.MUL)
+                dev.alu(("gap-round", res, gg), by_row(1), AluOp.ADD)
+                dev.alu(("gap-shr", res, gg, spec.shift), by_row(res), AluOp.SHR, imm=spec.shift)
+                dev.alu(("gap-max", res, gg), by_row(res), AluOp.MAX, imm=-128)
+                dev.alu(("gap-min", res, gg), by_row(res), AluOp.MIN, imm=127)
+                dev.dep_push(C, S)
+                dev.dep_pop(C, S)
+                dev.store_2d(res, out, n * cb + c0, gg, 1, gg)
+                dev.dep_push(S, C)
+                t += 1
+        for _ in range(min(t, 2)):
+            dev.dep_pop(S, C)
+
+    return AluProgram(name, cfg, [("data", "int8", (nb, cb, spec.h, spec.w, b, k)),
+                                  ("constants", "int32", (2, b, k)),
+                                  ("out", "int8", (nb, cb, 1, 1, b, k))], emit)
+
+
+# ---- element-wise ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EltSpec:
+    """An element-wise int8 node over ``rows`` packed elements (ACC rows) of each operand
+    (``shape``: the packed shape, for the arguments): ``op`` "add" (QAdd, with its
+    multipliers and shift) or "relu"."""
+
+    op: str
+    shape: tuple
+    multipliers: tuple = ()
+    shift: int = 0
+
+    @property
+    def macs(self) -> int:
+        return 0
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[:-2]))
+
+
+def elt_constants(cfg: HwConfig, spec: EltSpec) -> np.ndarray:
+    """The int32 rows a QAdd loads: its two multipliers and the rounding constant."""
+    rows = np.empty((3, cfg.batch, cfg.block), np.int32)
+    for i, m in enumerate(spec.multipliers):
+        rows[i] = np.int32(np.int64(m).astype(np.int32))
+    rows[2] = 1 << (spec.shift - 1)
+    return rows
+
+
+def elementwise(cfg: HwConfig, spec: EltSpec, name: str = "elementwise") -> AluProgram:
+    """Takes (a, b, constants (elt_constants), out) for "add", (a, out) for "relu"."""
+    add = spec.op == "add"
+    if spec.op not in ("add", "relu"):
+        raise CompilerError(f"{name}: no element-wise {spec.op!r} on the ALU")
+    if add and (not 1 <= spec.shift <= 31 or len(spec.multipliers) != 2):
+        raise CompilerError(f"{name}: QAdd needs two multipliers and a shift in [1, 31]")
+    base = 3 if add else 0
+    per = 2 if add else 1  # operand row blocks per slot
+    m = min(spec.rows, (cfg.acc_depth - base) // (2 * per))
+    if m < 1:
+        raise CompilerError(f"{name}: the accumulator buffer ({cfg.acc_depth} rows) is too small")
+    C, S = Module.COMPUTE, Module.STORE
+
+    def emit(dev, bufs):
+        if add:
+            a, b, consts, out = bufs
+            dev.load_2d(consts, 0, 3, 1, 3, sram_index=0, mem_type=MemType.ACC)
+        else:
+            a, out = bufs
+        for t, r0 in enumerate(range(0, spec.rows, m)):
+            n = min(m, spec.rows - r0)
+            ra = base + (t % 2) * per * m
+            rb = ra + m
+            if t >= 2:
+                dev.dep_pop(S, C)
+            dev.load_2d(a, r0, n, 1, n, sram_index=ra, mem_type=MemType.ACC_8BIT)
+
+            def rows(dst, src, src_step=0, n=n):
+                def record(kb):
+                    if n > 1:
+                        kb.loop(n, 1, src_step)
+                    kb.push(dst, src)
+                return record
+            if add:
+                dev.load_2d(b, r0, n, 1, n, sram_index=rb, mem_type=MemType.ACC_8BIT)
+                dev.alu(("qadd-mul", ra, n, 0), rows(ra, 0), AluOp.MUL)
+                dev.alu(("qadd-mul", rb, n, 1), rows(rb, 1), AluOp.MUL)
+                dev.alu(("qadd-add", ra, n, rb), rows(ra, rb, 1), AluOp.ADD)
+                dev.alu(("qadd-round", ra, n), rows(ra, 2), AluOp.ADD)
+                dev.alu(("elt-shr", ra, n, spec.shift), rows(ra, ra), AluOp.SHR, imm=spec.shift)
+                dev.alu(("elt-max", ra, n, -128), rows(ra, ra), AluOp.MAX, imm=-128)
+                dev.alu(("elt-min", ra, n, 127), rows(ra, ra), AluOp.MIN, imm=127)
+            else:
+                dev.alu(("elt-max", ra, n, 0), rows(ra, ra), AluOp.MAX, imm=0)
+            dev.dep_push(C, S)
+            dev.dep_pop(C, S)
+            dev.store_2d(ra, out, r0, n, 1, n)
+            dev.dep_push(S, C)
+        for _ in range(min(-(-spec.rows // m), 2)):
+            dev.dep_pop(S, C)
+
+    shape = tuple(spec.shape)
+    args = [("a", "int8", shape)]
+    if add:
+        args += [("b", "int8", shape), ("constants", "int32", (3, cfg.batch, cfg.block))]
+    return AluProgram(name, cfg, args + [("out", "int8", shape)], emit)

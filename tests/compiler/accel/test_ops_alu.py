@@ -1,0 +1,160 @@
+"""Max pooling on the accelerator's ALU (compiler/accel/ops_alu.py) against the numpy
+definition (compiler/graph/ops.py max_pool, -128 padding), on fsim and the cycle model:
+random shapes, kernels, strides, dilations, paddings (also ceil mode's extra trailing
+window), both presets; fsim and the cycle model leave identical DRAM."""
+
+import zlib
+
+import numpy as np
+import pytest
+
+from celosia.compiler.accel.ops import pack_nchw, pad_channels, unpack_nchw
+from celosia.compiler.accel.ops_alu import (PoolKnobs, PoolSpec, maxpool, maxpool_reference,
+                                            pool_knobs)
+from celosia.compiler.graph.ops import pool_output_shape
+from celosia.config import HwConfig
+from celosia.driver import Device
+from celosia.errors import CompilerError
+
+
+def _spec(cfg, n, c, h, w, k, s, d, p, ceil):
+    oh, ow = pool_output_shape((h, w), k, s, d, (*p, *p), ceil)
+    return PoolSpec(n=n, c=-(-c // cfg.block) * cfg.block, h=h, w=w, oh=oh, ow=ow, kh=k[0],
+                    kw=k[1], stride_h=s[0], stride_w=s[1], dil_h=d[0], dil_w=d[1],
+                    pad_top=p[0], pad_left=p[1])
+
+
+def _run(cfg, spec, x, knobs=None, target="fsim"):
+    b, k = cfg.batch, cfg.block
+    fn = maxpool(cfg, spec, knobs or pool_knobs(cfg, spec))
+    xp = pack_nchw(pad_channels(x, 1, k), b, k)
+    out = np.zeros((spec.n // b, spec.c // k, spec.oh, spec.ow, b, k), np.int8)
+    dev = Device(cfg, target, dram_size=8 << 20)
+    stats = fn(dev, xp, out)
+    return unpack_nchw(out)[:, :x.shape[1]], stats
+
+
+CASES = [  # (preset, n, c, h, w, kernel, stride, dilation, pads, ceil_mode)
+    ("default", 1, 16, 12, 12, (3, 3), (2, 2), (1, 1), (1, 1), 0),   # ResNet's stem pool
+    ("default", 1, 20, 9, 7, (2, 2), (2, 2), (1, 1), (0, 0), 1),     # ceil: a half window
+    ("default", 1, 8, 6, 10, (3, 2), (1, 2), (2, 1), (2, 1), 0),     # dilated, uneven
+    ("default", 1, 32, 13, 13, (5, 5), (1, 1), (1, 1), (2, 2), 0),   # SPPF's pool
+    ("small", 1, 6, 8, 8, (3, 3), (2, 2), (1, 1), (1, 1), 0),
+    ("small", 1, 4, 7, 5, (2, 3), (1, 1), (1, 1), (0, 1), 1),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:5])))
+def test_maxpool_matches_the_definition_on_fsim_and_cycle(case):
+    preset, n, c, h, w, k, s, d, p, ceil = case
+    cfg = HwConfig.load(preset)
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.integers(-128, 128, (n, c, h, w), dtype=np.int8)
+    x[:, :, 0, :] = -100  # windows of only negative values at the border: padding must lose
+    spec = _spec(cfg, n, c, h, w, k, s, d, p, ceil)
+    want = maxpool_reference(x, spec)
+    got, _ = _run(cfg, spec, x)
+    np.testing.assert_array_equal(got, want)
+    got_cycle, stats = _run(cfg, spec, x, target="cycle")
+    np.testing.assert_array_equal(got_cycle, want)
+    assert stats["cycles"] > 0
+
+
+def test_small_tiles_cover_the_image():
+    """Tiles of a few rows and columns (several O buffers in flight, border and inner
+    tiles) give the same result as one tile."""
+    cfg = HwConfig.load("default")
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, (1, 16, 11, 9), dtype=np.int8)
+    spec = _spec(cfg, 1, 16, 11, 9, (3, 3), (2, 2), (1, 1), (1, 1), 1)
+    want = maxpool_reference(x, spec)
+    for knobs in (PoolKnobs(1, 1), PoolKnobs(2, 3), PoolKnobs(spec.oh, 2)):
+        got, _ = _run(cfg, spec, x, knobs)
+        np.testing.assert_array_equal(got, want, err_msg=str(knobs))
+
+
+def test_large_image_is_tiled_to_fit_the_accumulator():
+    cfg = HwConfig.load("small")
+    spec = _spec(cfg, 1, 4, 64, 64, (3, 3), (2, 2), (1, 1), (1, 1), 0)
+    knobs = pool_knobs(cfg, spec)
+    ih = (knobs.tile_h - 1) * 2 + 3
+    iw = (knobs.tile_w - 1) * 2 + 3
+    assert ih * iw + 2 * knobs.tile_h * knobs.tile_w <= cfg.acc_depth
+    x = np.random.default_rng(5).integers(-128, 128, (1, 4, 64, 64), dtype=np.int8)
+    got, _ = _run(cfg, spec, x, knobs)
+    np.testing.assert_array_equal(got, maxpool_reference(x, spec))
+
+
+def test_padding_beyond_the_dma_is_declined():
+    cfg = HwConfig.load("default")
+    spec = PoolSpec(n=1, c=16, h=40, w=40, oh=40, ow=40, kh=33, kw=33, pad_top=16,
+                    pad_left=16)
+    with pytest.raises(CompilerError, match="more than the DMA's padding of 15"):
+        pool_knobs(cfg, spec)
+
+
+GAP_CASES = [  # (preset, n, c, h, w, multiplier, shift)
+    ("default", 1, 40, 7, 7, 1 << 20, 26),       # multiplier and rounding past 16 bits
+    ("default", 1, 512, 2, 2, 12345, 17),         # many channel blocks, groups of them
+    ("default", 1, 16, 50, 50, 3, 12),           # one plane larger than the accumulator
+    ("small", 1, 10, 5, 3, -7000, 9),
+    ("small", 1, 4, 40, 40, 9, 14),              # small preset: pixels in chunks
+]
+
+
+@pytest.mark.parametrize("case", GAP_CASES, ids=lambda c: "-".join(map(str, c[:5])))
+def test_global_average_pool_matches_qops(case):
+    from celosia.compiler.accel.ops_alu import GapSpec, gap_constants, global_average_pool
+    from celosia.compiler.graph.qops import qglobal_average_pool
+
+    preset, n, c, h, w, mult, shift = case
+    cfg = HwConfig.load(preset)
+    b, k = cfg.batch, cfg.block
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    x = rng.integers(-128, 128, (n, c, h, w), dtype=np.int8)
+    x[:, :1] = 127  # a channel that saturates
+    want = qglobal_average_pool({"shift": shift, "multiplier": mult}, x)
+    spec = GapSpec(n=n, c=-(-c // k) * k, h=h, w=w, multiplier=mult, shift=shift)
+    fn = global_average_pool(cfg, spec)
+    xp = pack_nchw(pad_channels(x, 1, k), b, k)
+    outs = []
+    for target in ("fsim", "cycle"):
+        out = np.zeros((n // b, spec.c // k, 1, 1, b, k), np.int8)
+        fn(Device(cfg, target, dram_size=8 << 20), xp, gap_constants(cfg, spec), out)
+        outs.append(unpack_nchw(out)[:, :c])
+        np.testing.assert_array_equal(outs[-1], want, err_msg=target)
+
+
+ELT_CASES = [  # (preset, op, shape, multipliers, shift)
+    ("default", "add", (1, 40, 7, 9), (1 << 19, -(1 << 18) + 5), 24),  # past 16 bits
+    ("default", "add", (2, 16, 40, 40), (3, 5), 3),                    # many chunks
+    ("small", "add", (3, 10), (700, 1200), 11),                        # a 2-D value
+    ("default", "relu", (1, 20, 5, 5), (), 0),
+    ("small", "relu", (1, 6, 30, 30), (), 0),
+]
+
+
+@pytest.mark.parametrize("case", ELT_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{len(c[2])}d")
+def test_elementwise_matches_qops(case):
+    from celosia.compiler.accel.ops_alu import EltSpec, elementwise, elt_constants
+    from celosia.compiler.accel.partition import pack_value, packed_shape, unpack_value
+    from celosia.compiler.graph.ops import KERNELS
+    from celosia.compiler.graph.qops import qadd
+
+    preset, op, shape, mults, shift = case
+    cfg = HwConfig.load(preset)
+    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
+    a, b = (rng.integers(-128, 128, shape, dtype=np.int8) for _ in range(2))
+    if op == "add":
+        want = qadd({"shift": shift, "multipliers": list(mults)}, a, b)
+    else:
+        want = KERNELS["Relu"]({}, a)
+    spec = EltSpec(op, packed_shape(shape, cfg), mults, shift)
+    fn = elementwise(cfg, spec)
+    for target in ("fsim", "cycle"):
+        out = np.zeros(spec.shape, np.int8)
+        args = [pack_value(a, cfg)]
+        if op == "add":
+            args += [pack_value(b, cfg), elt_constants(cfg, spec)]
+        fn(Device(cfg, target, dram_size=8 << 20), *args, out)
+        np.testing.assert_array_equal(unpack_value(out, shape), want, err_msg=target)
