@@ -306,17 +306,17 @@ def smooth_graph(graph: Graph, samples: list[dict], alpha=DEFAULT_ALPHA) -> Grap
                     p.op, tuple(rename.get(i, i) for i in p.inputs),
                     tuple(rename.get(o, o) for o in p.outputs), p.attrs,
                     _fresh(f"{p.name}_smooth", taken)))
-        weights: dict[str, str] = {}
+        weights: dict[tuple, str] = {}  # (weight, channel axis) -> its smoothed copy
         for layer, w, axis in layers:
-            if w not in weights:
+            if (w, axis) not in weights:
                 weight = graph.initializers[w]
                 s_w = s.reshape(-1, 1) if axis == 0 else s.reshape(1, -1)
-                weights[w] = _fresh(f"{w}_smooth", taken)
-                inits[weights[w]] = constant((weight * s_w).astype(weight.dtype))
-                types[weights[w]] = types[w]
+                name = weights[w, axis] = _fresh(f"{w}_smooth", taken)
+                inits[name] = constant((weight * s_w).astype(weight.dtype))
+                types[name] = types[w]
             ins_l = list(layer.inputs)
             ins_l[0] = rename.get(ins_l[0], ins_l[0])
-            ins_l[1] = weights[w]
+            ins_l[1] = weights[w, axis]
             replace[id(layer)] = [Node(layer.op, tuple(ins_l), layer.outputs, layer.attrs,
                                         layer.name)]
     nodes = [m for n in graph.nodes for m in replace.get(id(n), [n])]

@@ -20,10 +20,11 @@ B, T, C, H = 2, 6, 32, 24
 
 
 def _block(seed, *, post_norm=False, reshape=False, gemm=False, outliers=(3, 17, 29),
-           gain=40.0, axis=-1):
+           gain=40.0, axis=-1, shared=False):
     """x -> LayerNorm (``outliers`` channels with a bias of +-``gain``, a 10x larger scale) ->
     MatMul(+bias) and MatMul readers, optionally a Gemm (transB=1) through a Reshape to
-    rows, optionally a residual Add reading the normalization (post-norm)."""
+    rows, optionally a residual Add reading the normalization (post-norm); ``shared``: the
+    Gemm reads the MatMul's square weight."""
     rng = np.random.default_rng(seed)
     gamma = rng.uniform(0.5, 1.5, C).astype(np.float32)
     beta = rng.normal(0, 0.1, C).astype(np.float32)
@@ -47,7 +48,8 @@ def _block(seed, *, post_norm=False, reshape=False, gemm=False, outliers=(3, 17,
     if reshape:
         nodes += [helper.make_node("Reshape", ["n", "rows"], ["r"]),
                   helper.make_node("Gemm" if gemm else "MatMul",
-                                   ["r", "w3"] if gemm else ["r", "w2"], ["y3"],
+                                   ["r", "w2" if shared else "w3"] if gemm else ["r", "w2"],
+                                   ["y3"],
                                    **({"transB": 1} if gemm else {}))]
         outputs.append(vi("y3", None))
     if post_norm:
@@ -75,6 +77,8 @@ def _cosine(a, b):
     (3, {"post_norm": True}, 2, True, 0.5),
     (4, {"post_norm": True, "reshape": True, "gemm": True}, 3, True, 0.3),
     (5, {"post_norm": True, "reshape": True}, 3, True, 0.8),
+    # One square weight read as MatMul's B (rows) and as Gemm's transposed B (columns).
+    (6, {"reshape": True, "gemm": True, "shared": True}, 3, False, 0.5),
 ])
 def test_rewrite_keeps_float_outputs(seed, kw, layers, duplicate, alpha):
     g = _block(seed, **kw)
