@@ -76,7 +76,8 @@ def machine_description() -> dict:
 def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
                   int8: bool = False, accel: bool = False,
                   time_limit: float | None = None,
-                  calibration_method: str | None = None) -> dict:
+                  calibration_method: str | None = None,
+                  smooth: float | None = None, int8_residuals: bool = False) -> dict:
     if name not in BENCHMARKS:
         raise CelosiaError(f"unknown benchmark {name!r}; `celosia bench --list` names them: "
                            f"{', '.join(BENCHMARKS)}")
@@ -102,6 +103,16 @@ def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
             raise CelosiaError("--calibration-method goes with `bench zoo --int8` (or --accel)")
         parse_method(calibration_method)  # a bad value fails before the models are built
         kwargs["calibration_method"] = calibration_method
+    if smooth is not None:
+        from celosia.compiler.graph.smooth import check_alpha
+
+        if name != "zoo" or not (int8 or accel):
+            raise CelosiaError("--smooth goes with `bench zoo --int8` (or --accel)")
+        kwargs["smooth"] = check_alpha(smooth)
+    if int8_residuals:
+        if name != "zoo" or not (int8 or accel):
+            raise CelosiaError("--int8-residuals goes with `bench zoo --int8` (or --accel)")
+        kwargs["int8_residuals"] = True
     result = getattr(importlib.import_module(module), function)(**kwargs)
     return {"benchmark": name, "summary": summary, "quick": quick, **result,
             "machine": machine_description()}

@@ -109,7 +109,8 @@ def cmd_bench(args) -> int:
                            f"{args.time_limit:g}")
     result = run_benchmark(args.name, quick=args.quick, models=args.models,
                            int8=args.int8, accel=args.accel, time_limit=args.time_limit,
-                           calibration_method=args.calibration_method)
+                           calibration_method=args.calibration_method, smooth=args.smooth,
+                           int8_residuals=args.int8_residuals)
     if args.out:
         _write_json(args.out, result)
     width = max(len(k) for k in result["metrics"]) if result["metrics"] else 0
@@ -159,6 +160,14 @@ def _accel_build(args) -> bool:
         raise CelosiaError("--calibration goes with --quantize int8")
     if args.calibration_method and not args.quantize:
         raise CelosiaError("--calibration-method goes with --quantize int8")
+    if args.smooth is not None and not args.quantize:
+        raise CelosiaError("--smooth goes with --quantize int8")
+    if args.int8_residuals and not args.quantize:
+        raise CelosiaError("--int8-residuals goes with --quantize int8")
+    if args.smooth is not None:
+        from .compiler.graph.smooth import check_alpha
+
+        check_alpha(args.smooth)  # a bad value fails before the build
     if args.calibration_method:
         from .compiler.graph.calib import parse_method
 
@@ -200,6 +209,7 @@ def cmd_compile(args) -> int:
                                      input_shapes=_shapes_from_inputs(args),
                                      calibration=args.calibration, target=args.target,
                                      calibration_method=args.calibration_method or "mse",
+                                     smooth=args.smooth, int8_residuals=args.int8_residuals,
                                      progress=_progress(args.progress))
         model.save(args.output)
         info = model.build_info
@@ -395,9 +405,11 @@ def _run_accel(args, artifact: bool) -> int:
     compares = _compares(args.compare, ("cpu", "onnxruntime"))
     progress = _progress(args.progress)
     if artifact:
-        if args.quantize or args.calibration or args.calibration_method or args.input_shape:
+        if args.quantize or args.calibration or args.calibration_method or args.input_shape \
+                or args.smooth is not None or args.int8_residuals:
             raise CelosiaError(f"{args.model} is built already: --quantize, --calibration, "
-                               f"--calibration-method and --input-shape apply to ONNX models")
+                               f"--calibration-method, --smooth, --int8-residuals and "
+                               f"--input-shape apply to ONNX models")
         model = AccelModel.load(args.model)
         if args.config and _config(args.config) != model.config:
             raise CelosiaError(f"{args.model} was built for another configuration than "
@@ -407,6 +419,7 @@ def _run_accel(args, artifact: bool) -> int:
                                      input_shapes=_shapes_from_inputs(args),
                                      calibration=args.calibration, target=args.target,
                                      calibration_method=args.calibration_method or "mse",
+                                     smooth=args.smooth, int8_residuals=args.int8_residuals,
                                      progress=progress)
     cpu = None
     if args.target == "cpu" or "cpu" in compares:  # the all-CPU build, made at most once
@@ -604,6 +617,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration-method", metavar="METHOD",
                    help="zoo --int8/--accel only: celosia's calibration method (mse, minmax, "
                         "percentile[:P], entropy; default mse)")
+    p.add_argument("--smooth", metavar="ALPHA",
+                   help="zoo --int8/--accel only: SmoothQuant alpha (0..1, or auto) for "
+                        "LayerNorm -> Linear (default none, docs/graph.md)")
+    p.add_argument("--int8-residuals", action="store_true",
+                   help="zoo --int8/--accel only: keep dense layers' residual sums int8 "
+                        "(default: float, docs/graph.md)")
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="zoo --accel only: seconds per model for its accelerator build and "
                         "run (default 600); a model over it is recorded with the reason")
@@ -637,6 +656,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how --quantize chooses each int8 range from the calibration "
                             "samples: mse (default), minmax, percentile (99.99 of |x|; "
                             "percentile:P for another), entropy (KL divergence)")
+        p.add_argument("--smooth", metavar="ALPHA",
+                       help="--quantize: SmoothQuant alpha (0..1, or auto: chosen per "
+                            "LayerNorm), how much of LayerNorm outputs' per-channel range moves "
+                            "into the Linear weights reading them (default none, docs/graph.md)")
+        p.add_argument("--int8-residuals", action="store_true",
+                       help="--quantize: keep the residual sums of dense (MatMul/Gemm) layers "
+                            "int8 (default: float, docs/graph.md)")
         p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
                        help="static shape of an input with dynamic dimensions (repeatable); "
                             "`run` takes them from the --input arrays when left out")

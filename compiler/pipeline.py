@@ -14,14 +14,18 @@ from __future__ import annotations
 from .frontend.onnx import import_onnx
 from .graph.ir import Graph
 from .graph.passes import conv1d_as_2d, optimize
-from .graph.quantize import from_qdq, is_qdq, quantize_graph
+from .graph.quantize import _samples, from_qdq, is_qdq, quantize_graph
+from .graph.residual import float_residuals
+from .graph.smooth import check_alpha, smooth_graph
 
 __all__ = ["quantize_model"]
 
 
 def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True,
                    input_shapes: dict | None = None, method: str = "mse",
-                   percentile: float | None = None) -> Graph:
+                   percentile: float | None = None,
+                   smooth: float | str | None = None,
+                   int8_residuals: bool = False) -> Graph:
     """The quantized graph of an ONNX model (path, bytes, ModelProto; imported with
     ``input_shapes``) or of a graph (imported, optimized or not).
 
@@ -29,12 +33,23 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
     ``optimize`` for the float rest (``calibration`` is not needed). Otherwise ``optimize``
     then ``quantize_graph`` with ``calibration`` (feeds, a dict of sample arrays or an .npz
     path; ``method``: how each int8 range is chosen, "mse", "minmax", "percentile" (with
-    ``percentile``, or "percentile:P") or "entropy", graph/calib.py).
+    ``percentile``, or "percentile:P") or "entropy", graph/calib.py). ``smooth``:
+    the SmoothQuant alpha of ``smooth_graph`` (graph/smooth.py: a number in [0, 1] or
+    "auto"), applied before quantizing; None (the default: measured, it does not pay on the
+    zoo once residual sums are float, docs/graph.md) or 0 leaves the activations as they are.
+    ``int8_residuals``: keep dense layers' residual sums fused and int8; by default they are
+    float (``float_residuals``, graph/residual.py).
     """
     graph = model_or_graph if isinstance(model_or_graph, Graph) else \
         import_onnx(model_or_graph, input_shapes)
     if is_qdq(graph):
         return optimize(from_qdq(graph))
     # 1-D convolutions as 2-D ones of height 1: the integer convolutions are 2-D.
-    return quantize_graph(conv1d_as_2d(optimize(graph)), calibration, per_channel=per_channel,
+    graph = conv1d_as_2d(optimize(graph))
+    if smooth is not None and check_alpha(smooth):
+        calibration = _samples(graph, calibration)
+        graph = smooth_graph(graph, calibration, smooth)
+    if not int8_residuals:
+        graph = float_residuals(graph)
+    return quantize_graph(graph, calibration, per_channel=per_channel,
                           method=method, percentile=percentile)

@@ -297,12 +297,16 @@ class AccelModel:
     @classmethod
     def from_onnx(cls, model, config=None, *, input_shapes: dict | None = None,
                   calibration=None, target: str = "fsim", tune_top: int = 4,
-                  progress=None, calibration_method: str = "mse") -> "AccelModel":
+                  progress=None, calibration_method: str = "mse",
+                  smooth: float | None = None,
+                  int8_residuals: bool = False) -> "AccelModel":
         """Import an ONNX model (path, bytes or ModelProto), quantize it to int8 (with
         ``calibration``: an .npz path or {input: samples}; a QDQ model needs none) and build
         it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph).
         ``calibration_method``: "mse", "minmax", "percentile[:P]" or "entropy"
-        (compiler/graph/calib.py)."""
+        (compiler/graph/calib.py); ``smooth``: the SmoothQuant alpha (compiler/graph/smooth.py;
+        None or 0 for none, quantize_model's default); ``int8_residuals``: dense layers'
+        residual sums int8 rather than float (compiler/graph/residual.py)."""
         from ..compiler.frontend.onnx import import_onnx
         from ..compiler.graph.quantize import CalibrationError
         from ..compiler.pipeline import quantize_model
@@ -316,7 +320,9 @@ class AccelModel:
                 "the accelerator runs int8 models: quantize this float model with --quantize "
                 "int8 --calibration DATA.npz (in Python: calibration={input: samples}), or "
                 "give a QDQ model from onnxruntime's quantizer")
-        qgraph = quantize_model(graph, calibration, method=calibration_method)
+        qgraph = quantize_model(graph, calibration, method=calibration_method,
+                                int8_residuals=int8_residuals,
+                                **({} if smooth is None else {"smooth": smooth}))
         if progress:
             n = sum(node.op in ("QConv", "QGemm") for node in qgraph.nodes)
             progress(f"quantized to int8: {n} integer conv/dense layers "
