@@ -449,36 +449,21 @@ def group_conv_knobs(cfg: HwConfig, spec: GroupConvSpec, *, top: int = 4,
     same program), the fastest kept; cached on disk like conv2d's search (tune.py)."""
     from dataclasses import replace
 
-    from .tune import _sources_hash, cache_dir
+    from .tune import _sources_hash, cache_dir, search_cached
 
-    cands = group_conv_candidates(cfg, spec)
-    if not cands:
-        raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
     one = replace(spec, n=cfg.batch)
     key = hashlib.sha256(json.dumps(
         {"src": _sources_hash(), "ops_group": hashlib.sha256(
             Path(__file__).read_bytes()).hexdigest()[:16], "cfg": cfg.to_dict(),
          "spec": asdict(one), "top": top}, sort_keys=True, default=str).encode()).hexdigest()[:24]
-    path = cache_dir() / f"group-conv-{key}.json"
-    if use_cache and path.exists():
-        return GroupConvKnobs(**json.loads(path.read_text())["knobs"])
-    ranked = sorted(cands, key=lambda kb: (estimate_group_conv(cfg, spec, kb),
-                                           -(kb.tile_h * kb.tile_w * kb.tile_g * kb.tile_co)))
-    best, errors = None, []
-    for i, kb in enumerate(ranked):
-        if i >= top and best is not None:
-            break  # past the best ``top``: only while none of those compiled
-        try:
-            cycles = measure_group_conv(cfg, one, kb)["cycles"]
-        except CompilerError as e:  # (a candidate that does not compile: try the next one)
-            errors.append(str(e))
-            continue
-        if best is None or cycles < best[0]:
-            best = (cycles, kb)
-    if best is None:
-        raise CompilerError(f"no candidate schedule of {spec} compiled (the first: "
-                            f"{errors[0]})")
-    if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"knobs": asdict(best[1]), "cycles": best[0]}, indent=1))
-    return best[1]
+
+    def ranked():
+        cands = group_conv_candidates(cfg, spec)
+        if not cands:
+            raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
+        ranked = sorted(cands, key=lambda kb: (estimate_group_conv(cfg, spec, kb),
+                                               -(kb.tile_h * kb.tile_w * kb.tile_g * kb.tile_co)))
+        return ranked, top
+
+    return search_cached(cache_dir() / f"group-conv-{key}.json", use_cache, GroupConvKnobs,
+                         ranked, lambda kb: measure_group_conv(cfg, one, kb), spec)[0]
