@@ -40,11 +40,11 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..tensor import te
-from ..tensor.expr import select
 from ..tensor.schedule import create_schedule
 from .build import AcceleratorFunction, build
 from .intrin import gemm_intrinsic
-from .ops import Epilogue, _check_divides, _wrap
+from .ops import (Epilogue, _check_divides, _ConvOutput, _epilogue_stages,
+                  _load_epilogue_inputs, _pad_input, _wrap)
 
 __all__ = ["GroupConvSpec", "GroupConvKnobs", "group_conv2d", "group_conv2d_reference",
            "group_layout_problem", "pack_group_kernel", "group_conv_knobs",
@@ -87,7 +87,7 @@ def group_layout_problem(c: int, o: int, groups: int, k: int) -> str | None:
 
 
 @dataclass(frozen=True)
-class GroupConvSpec:
+class GroupConvSpec(_ConvOutput):
     """A grouped conv layer in NCHW terms (channel counts as in the model, before padding)."""
 
     n: int
@@ -133,14 +133,6 @@ class GroupConvSpec:
         return self.supers * self.opb * self.block
 
     @property
-    def oh(self) -> int:
-        return (self.h + self.pads[0] + self.pads[2] - self.kh) // self.strides[0] + 1
-
-    @property
-    def ow(self) -> int:
-        return (self.w + self.pads[1] + self.pads[3] - self.kw) // self.strides[1] + 1
-
-    @property
     def macs(self) -> int:
         """The layer's own multiply-adds (not the zeros of the block-diagonal tiles)."""
         return self.n * self.o * self.oh * self.ow * (self.c // self.groups) * self.kh * self.kw
@@ -182,15 +174,11 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     nb, S, cpb, opb = spec.n // b, spec.supers, spec.cpb, spec.opb
     oh, ow = spec.oh, spec.ow
     sh, sw = spec.strides
-    pt, pl, pb, pr = spec.pads
     h, w = spec.h, spec.w
     data = te.placeholder((nb, S, cpb, h, w, b, k), "int8", "data")
     kernel = te.placeholder((S, opb, cpb, spec.kh, spec.kw, k, k), "int8", "kernel")
     if any(spec.pads):
-        padded = te.compute((nb, S, cpb, h + pt + pb, w + pl + pr, b, k),
-                            lambda n, s, c, y, x, bb, kk: select(
-                                (y >= pt) & (y < h + pt) & (x >= pl) & (x < w + pl),
-                                data[n, s, c, y - pt, x - pl, bb, kk], 0), "data_pad")
+        padded = _pad_input(data, spec.pads, ("n", "s", "c", "y", "x", "bb", "kk"))
     else:
         padded = data
     ci = te.reduce_axis(cpb, "ci")
@@ -201,15 +189,7 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
         lambda n, s, o, y, x, bb, oo: te.sum(
             padded[n, s, ci, y * sh + dy, x * sw + dx, bb, ki].astype("int32")
             * kernel[s, o, ci, dy, dx, oo, ki].astype("int32"), axis=[ci, dy, dx, ki]), "conv")
-    e = spec.epilogue
-    bias = te.placeholder((S, opb, b, k), "int32", "bias") if e.bias else None
-    scale = te.placeholder((S, opb, b, k), "int32", "scale") if e.scale else None
-    resid = te.placeholder(conv.shape, "int8", "residual") if e.residual else None
-    epi = te.compute(conv.shape, lambda n, s, o, y, x, bb, oo: e.expr(
-        conv[n, s, o, y, x, bb, oo], bias[s, o, bb, oo] if bias is not None else None,
-        resid[n, s, o, y, x, bb, oo] if resid is not None else None,
-        scale[s, o, bb, oo] if scale is not None else None), "epilogue")
-    out = te.compute(conv.shape, lambda *i: epi[i].astype("int8"), "out")
+    epi, out, extras = _epilogue_stages(spec.epilogue, conv, (1, 2))
 
     _check_divides("tile_h", oh, knobs.tile_h)
     _check_divides("tile_w", ow, knobs.tile_w)
@@ -267,14 +247,8 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     else:
         s[wgt].compute_at(s[conv], ci_o)
     s[wgt].pragma(s[wgt].axes[0], "dma_copy")
-    args = [data, kernel]
-    for extra in (bias, scale, resid):
-        if extra is not None:
-            cached = s.cache_read(extra, "acc", [epi])
-            s[cached].compute_at(s[out], x_o)
-            s[cached].pragma(s[cached].axes[0], "dma_copy")
-            args.append(extra)
-    return build(s, args + [out], cfg, name)
+    _load_epilogue_inputs(s, extras, epi, out, x_o)
+    return build(s, [data, kernel, *extras, out], cfg, name)
 
 
 def pack_group_kernel(w: np.ndarray, spec: GroupConvSpec) -> np.ndarray:
