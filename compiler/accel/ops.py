@@ -231,6 +231,46 @@ def _load_epilogue_inputs(s, extras, epi, out, at) -> None:
         s[cached].pragma(s[cached].axes[0], "dma_copy")
 
 
+def _accumulator_schedule(acc, epi, out):
+    """The schedule of ``out``, its GEMM (``acc``) and epilogue stages in the accumulator."""
+    s = create_schedule(out)
+    s[acc].set_scope("acc")
+    s[epi].set_scope("acc")
+    return s
+
+
+def _split_vthreads(s, out, order: list, axis, n: int, what: str):
+    """Split loop ``axis`` of ``out`` into ``n`` virtual threads (replacing it in the loop
+    ``order`` by the thread loop and the rest); the rest."""
+    _check_divides(what, axis.extent, n)
+    t, rest = s[out].split(axis, axis.extent // n)
+    s[out].bind_vthread(t, interleave="thread")
+    i = order.index(axis)
+    order[i:i + 1] = [t, rest]
+    return rest
+
+
+def _per_tile(s, acc, epi, out, at, store_at) -> None:
+    """Compute the GEMM and the epilogue (on the ALU) per output tile, inside loop ``at`` of
+    ``out``, and store the tile from loop ``store_at`` on."""
+    for stage in (acc, epi):
+        s[stage].compute_at(s[out], at)
+    s[out].pragma(store_at, "dma_copy")
+    s[epi].pragma(s[epi].axes[0], "alu")
+
+
+def _load_input(s, data, padded, conv, at) -> None:
+    """Load the convolution's input (the padded or row-selected stage if there is one) into
+    the input buffer per input step, inside loop ``at`` of ``conv``."""
+    if padded is not data:
+        s[padded].set_scope("inp")
+        inp = padded
+    else:
+        inp = s.cache_read(data, "inp", [conv])
+    s[inp].compute_at(s[conv], at)
+    s[inp].pragma(s[inp].axes[0], "dma_copy")
+
+
 def _row_strided(spec: ConvSpec) -> bool:
     """Whether conv2d's input tiles hold only the rows the kernel reads (one kernel row, a
     row stride above 1, no padding)."""
@@ -277,9 +317,7 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     _check_divides("tile_w", ow, knobs.tile_w)
     _check_divides("tile_co", ob, knobs.tile_co)
     _check_divides("tile_ci", cb, knobs.tile_ci)
-    s = create_schedule(out)
-    s[conv].set_scope("acc")
-    s[epi].set_scope("acc")
+    s = _accumulator_schedule(conv, epi, out)
     n_, c_, y_, x_, b_, o_ = s[out].axes
     co_o, co_i = s[out].split(c_, knobs.tile_co)
     y_o, y_i = s[out].split(y_, knobs.tile_h)
@@ -287,16 +325,9 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     order = [n_, co_o, y_o, x_o, co_i, y_i, x_i, b_, o_]
     if knobs.vthreads > 1:
         axis = co_o if knobs.vthread_axis == "co" else y_o
-        _check_divides(f"vthreads on {knobs.vthread_axis}", axis.extent, knobs.vthreads)
-        t, rest = s[out].split(axis, axis.extent // knobs.vthreads)
-        s[out].bind_vthread(t, interleave="thread")
-        i = order.index(axis)
-        order[i:i + 1] = [t, rest]
+        _split_vthreads(s, out, order, axis, knobs.vthreads, f"vthreads on {knobs.vthread_axis}")
     s[out].reorder(*order)
-    for stage in (conv, epi):
-        s[stage].compute_at(s[out], x_o)
-    s[out].pragma(co_i, "dma_copy")
-    s[epi].pragma(s[epi].axes[0], "alu")
+    _per_tile(s, conv, epi, out, x_o, co_i)
     cn, cc, cy, cx, cb_, co_ = s[conv].axes
     cci, cdy, cdx, cki = s[conv].reduce_axes
     ci_o, ci_i = s[conv].split(cci, knobs.tile_ci)
@@ -306,13 +337,7 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     s[conv].reorder(ci_o, cn, cy, cc, ci_i, cdy, cdx, cx, cb_, co_, cki)
     s[conv].tensorize(cb_, gemm_intrinsic(cfg))
     s[conv].init_in_reduce_loop()
-    if padded is not data:
-        s[padded].set_scope("inp")
-        inp = padded
-    else:
-        inp = s.cache_read(data, "inp", [conv])
-    s[inp].compute_at(s[conv], ci_o)
-    s[inp].pragma(s[inp].axes[0], "dma_copy")
+    _load_input(s, data, padded, conv, ci_o)
     wgt = s.cache_read(kernel, "wgt", [conv])
     s[wgt].compute_at(s[conv], ci_o)
     s[wgt].pragma(s[wgt].axes[0], "dma_copy")
@@ -380,23 +405,15 @@ def dense(cfg: HwConfig, spec: DenseSpec, knobs: DenseKnobs, name: str = "dense"
     _check_divides("tile_n", nb, knobs.tile_n)
     _check_divides("tile_o", ob, knobs.tile_o)
     _check_divides("tile_k", kb, knobs.tile_k)
-    s = create_schedule(out)
-    s[gemm].set_scope("acc")
-    s[epi].set_scope("acc")
+    s = _accumulator_schedule(gemm, epi, out)
     i_, j_, b_, o_ = s[out].axes
     io, ii = s[out].split(i_, knobs.tile_n)
     jo, ji = s[out].split(j_, knobs.tile_o)
     order = [io, jo, ii, ji, b_, o_]
     if knobs.vthreads > 1:
-        _check_divides("vthreads", jo.extent, knobs.vthreads)
-        t, rest = s[out].split(jo, jo.extent // knobs.vthreads)
-        s[out].bind_vthread(t, interleave="thread")
-        order[1:2] = [t, rest]
+        _split_vthreads(s, out, order, jo, knobs.vthreads, "vthreads")
     s[out].reorder(*order)
-    for stage in (gemm, epi):
-        s[stage].compute_at(s[out], order[-5])
-    s[out].pragma(ii, "dma_copy")
-    s[epi].pragma(s[epi].axes[0], "alu")
+    _per_tile(s, gemm, epi, out, order[-5], ii)
     gi, gj, gb, go = s[gemm].axes
     gko, gki = s[gemm].reduce_axes
     k_o, k_i = s[gemm].split(gko, knobs.tile_k)

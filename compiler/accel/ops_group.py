@@ -40,11 +40,11 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..tensor import te
-from ..tensor.schedule import create_schedule
 from .build import AcceleratorFunction, build
 from .intrin import gemm_intrinsic
-from .ops import (Epilogue, _check_divides, _ConvOutput, _epilogue_stages,
-                  _load_epilogue_inputs, _pad_input, _wrap)
+from .ops import (Epilogue, _accumulator_schedule, _check_divides, _ConvOutput,
+                  _epilogue_stages, _load_epilogue_inputs, _load_input, _pad_input,
+                  _per_tile, _split_vthreads, _wrap)
 
 __all__ = ["GroupConvSpec", "GroupConvKnobs", "group_conv2d", "group_conv2d_reference",
            "group_layout_problem", "pack_group_kernel", "group_conv_knobs",
@@ -196,9 +196,7 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     _check_divides("tile_g", S, knobs.tile_g)
     _check_divides("tile_co", opb, knobs.tile_co)
     _check_divides("tile_ci", cpb, knobs.tile_ci)
-    s = create_schedule(out)
-    s[conv].set_scope("acc")
-    s[epi].set_scope("acc")
+    s = _accumulator_schedule(conv, epi, out)
     n_, g_, c_, y_, x_, b_, o_ = s[out].axes
     g_o, g_i = s[out].split(g_, knobs.tile_g)
     co_o, co_i = s[out].split(c_, knobs.tile_co)
@@ -215,17 +213,11 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     wgt_at = co_o  # the loop inside which a hoisted weight load sits
     if knobs.vthreads > 1:
         axis = g_o if knobs.vthread_axis == "g" else co_o
-        _check_divides(f"vthreads on {knobs.vthread_axis}", axis.extent, knobs.vthreads)
-        t, rest = s[out].split(axis, axis.extent // knobs.vthreads)
-        s[out].bind_vthread(t, interleave="thread")
-        i = order.index(axis)
-        order[i:i + 1] = [t, rest]
+        rest = _split_vthreads(s, out, order, axis, knobs.vthreads,
+                               f"vthreads on {knobs.vthread_axis}")
         wgt_at = rest if axis is co_o else co_o
     s[out].reorder(*order)
-    for stage in (conv, epi):
-        s[stage].compute_at(s[out], x_o)
-    s[out].pragma(g_i, "dma_copy")
-    s[epi].pragma(s[epi].axes[0], "alu")
+    _per_tile(s, conv, epi, out, x_o, g_i)
     cn, cg, cc, cy, cx, cb_, co_ = s[conv].axes
     cci, cdy, cdx, cki = s[conv].reduce_axes
     ci_o, ci_i = s[conv].split(cci, knobs.tile_ci)
@@ -234,13 +226,7 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     s[conv].reorder(ci_o, cn, cy, cg, cc, ci_i, cdy, cdx, cx, cb_, co_, cki)
     s[conv].tensorize(cb_, gemm_intrinsic(cfg))
     s[conv].init_in_reduce_loop()
-    if padded is not data:
-        s[padded].set_scope("inp")
-        inp = padded
-    else:
-        inp = s.cache_read(data, "inp", [conv])
-    s[inp].compute_at(s[conv], ci_o)
-    s[inp].pragma(s[inp].axes[0], "dma_copy")
+    _load_input(s, data, padded, conv, ci_o)
     wgt = s.cache_read(kernel, "wgt", [conv])
     if hoist:
         s[wgt].compute_at(s[out], wgt_at)
