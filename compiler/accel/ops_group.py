@@ -310,10 +310,6 @@ def group_conv2d_reference(x: np.ndarray, w: np.ndarray, spec: GroupConvSpec, bi
 # ---- knobs -------------------------------------------------------------------------------
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _uops(spec: GroupConvSpec, kb: GroupConvKnobs) -> int:
     """Micro-ops of the GEMM kernel: input blocks x taps x columns, times the outer loops
     that are not among the instruction's two (form_gemm_kernels unrolls them)."""
@@ -335,10 +331,11 @@ def _rows(spec: GroupConvSpec, kb: GroupConvKnobs) -> dict:
 
 def group_conv_candidates(cfg: HwConfig, spec: GroupConvSpec) -> list[GroupConvKnobs]:
     """Every knob combination whose buffers fit (widths of at least 7 columns or the row)."""
-    limit = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth,
-             "uop": cfg.uop_depth // 2}
+    from .tune import _buffer_limits, _divisors, _tile_widths
+
+    limit = _buffer_limits(cfg)
     out = []
-    widths = [w for w in _divisors(spec.ow) if w >= min(spec.ow, 7)]
+    widths = _tile_widths(spec.ow)
     for th in _divisors(spec.oh):
         for tw in widths:
             for tg in _divisors(spec.supers):

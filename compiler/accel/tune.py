@@ -43,6 +43,19 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _buffer_limits(cfg: HwConfig) -> dict:
+    """SRAM rows a schedule may hold per buffer (half the micro-op buffer: the kernels of
+    two threads)."""
+    return {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth,
+            "uop": cfg.uop_depth // 2}
+
+
+def _tile_widths(ow: int) -> list[int]:
+    """Tile widths searched: divisors of the output width of at least 7 columns (or the
+    whole row)."""
+    return [w for w in _divisors(ow) if w >= min(ow, 7)]
+
+
 def _rows(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs) -> dict:
     """SRAM rows a schedule holds at once, per buffer."""
     in_h, in_w = _input_tile(spec, k)
@@ -105,10 +118,9 @@ def conv_candidates(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True) -> 
     least 7 columns, or the whole row), each tile reading some input, and with ``vthreads`` also two threads on output
     channel blocks or rows wherever their tile count is even."""
     ob, cb = spec.o // cfg.block, spec.c // cfg.block
-    limit = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth,
-             "uop": cfg.uop_depth // 2}
+    limit = _buffer_limits(cfg)
     out = []
-    widths = [w for w in _divisors(spec.ow) if w >= min(spec.ow, 7)]
+    widths = _tile_widths(spec.ow)
     for th in _divisors(spec.oh):
         for tw in widths:
             for tco in _divisors(ob):

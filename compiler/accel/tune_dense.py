@@ -22,7 +22,7 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from .ops import DenseKnobs, DenseSpec, dense, pack_bias
-from .tune import _divisors, _key, cache_dir, search_cached
+from .tune import _buffer_limits, _divisors, _key, cache_dir, search_cached
 
 __all__ = ["dense_candidates", "estimate_dense", "measure_dense", "tune_dense"]
 
@@ -46,6 +46,7 @@ def dense_candidates(cfg: HwConfig, spec: DenseSpec) -> list[DenseKnobs]:
     tiles pair up and with one."""
     b, k = cfg.batch, cfg.block
     nb, kb, ob = spec.n // b, spec.k // k, spec.o // k
+    limit = _buffer_limits(cfg)
     out = []
     for tn in _divisors(nb):
         for to in _divisors(ob):
@@ -53,8 +54,7 @@ def dense_candidates(cfg: HwConfig, spec: DenseSpec) -> list[DenseKnobs]:
                 for vt in ((1, 2) if (ob // to) % 2 == 0 else (1,)):
                     knobs = DenseKnobs(tile_n=tn, tile_o=to, tile_k=tk, vthreads=vt)
                     r = _rows(cfg, spec, knobs)
-                    if r["inp"] <= cfg.inp_depth and r["wgt"] <= cfg.wgt_depth and \
-                            r["acc"] <= cfg.acc_depth and r["uop"] <= cfg.uop_depth // 2:
+                    if all(r[x] <= limit[x] for x in r):
                         out.append(knobs)
     return out
 
