@@ -16,6 +16,7 @@ requantization of int8 models (compiler/quantize.py): QConv and QGemm map onto i
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,8 +100,22 @@ def _wrap(x):
 # ---- conv2d ------------------------------------------------------------------------------
 
 
+class _ConvOutput:
+    """Output rows and columns of a convolution from h, w, kh, kw and its ``strides``
+    (rows, columns) and ``pads`` (top, left, bottom, right): conv2d's and group_conv2d's
+    specs."""
+
+    @property
+    def oh(self) -> int:
+        return (self.h + self.pads[0] + self.pads[2] - self.kh) // self.strides[0] + 1
+
+    @property
+    def ow(self) -> int:
+        return (self.w + self.pads[1] + self.pads[3] - self.kw) // self.strides[1] + 1
+
+
 @dataclass(frozen=True)
-class ConvSpec:
+class ConvSpec(_ConvOutput):
     """A conv2d layer in NCHW terms (channels are multiples of BLOCK after pad_channels).
 
     ``stride`` is one stride for both axes or (rows, columns); ``pad`` one padding for every
@@ -142,14 +157,6 @@ class ConvSpec:
         return self.pad if isinstance(self.pad, tuple) else (self.pad,) * 4
 
     @property
-    def oh(self) -> int:
-        return (self.h + self.pads[0] + self.pads[2] - self.kh) // self.strides[0] + 1
-
-    @property
-    def ow(self) -> int:
-        return (self.w + self.pads[1] + self.pads[3] - self.kw) // self.strides[1] + 1
-
-    @property
     def macs(self) -> int:
         return self.n * self.o * self.oh * self.ow * self.c * self.kh * self.kw
 
@@ -172,6 +179,98 @@ def _check_divides(what: str, extent: int, factor: int):
         raise CompilerError(f"{what}={factor} must divide {extent}")
 
 
+def _named(fn, names):
+    """``fn(*indices)`` with its indices named ``names`` (te.compute names a stage's axes
+    after its function's parameters; they show in the printed program)."""
+    fn.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names])
+    return fn
+
+
+def _pad_input(data, pads: tuple, names: tuple):
+    """The zero-padded input stage (axes ``names``) of a packed (..., H, W, b, k) tensor,
+    padded by (top, left, bottom, right)."""
+    *lead, h, w, b, k = data.shape
+    pt, pl, pb, pr = pads
+
+    def at(*i):
+        y, x = i[-4], i[-3]
+        return select((y >= pt) & (y < h + pt) & (x >= pl) & (x < w + pl),
+                      data[(*i[:-4], y - pt, x - pl, *i[-2:])], 0)
+
+    return te.compute((*lead, h + pt + pb, w + pl + pr, b, k), _named(at, names), "data_pad")
+
+
+def _epilogue_stages(e: Epilogue, acc, channel_axes: tuple):
+    """The fused epilogue of accumulators ``acc`` (..., b, k): its bias, scale and residual
+    placeholders (bias and scale indexed by ``channel_axes`` of acc, then b, k; the residual
+    shaped like acc), the epilogue stage and the int8 output. Returns (epi, out, the
+    placeholders present in argument order)."""
+    chans = tuple(acc.shape[a] for a in channel_axes) + acc.shape[-2:]
+    bias = te.placeholder(chans, "int32", "bias") if e.bias else None
+    scale = te.placeholder(chans, "int32", "scale") if e.scale else None
+    resid = te.placeholder(acc.shape, "int8", "residual") if e.residual else None
+
+    def at(*i):
+        c = tuple(i[a] for a in channel_axes) + i[-2:]
+        return e.expr(acc[i], bias[c] if bias is not None else None,
+                      resid[i] if resid is not None else None,
+                      scale[c] if scale is not None else None)
+
+    epi = te.compute(acc.shape, _named(at, [a.name for a in acc.op.axes]), "epilogue")
+    out = te.compute(acc.shape, lambda *i: epi[i].astype("int8"), "out")
+    return epi, out, [t for t in (bias, scale, resid) if t is not None]
+
+
+def _load_epilogue_inputs(s, extras, epi, out, at) -> None:
+    """Load the epilogue's bias, scale and residual into the accumulator buffer per output
+    tile (inside loop ``at`` of ``out``)."""
+    for extra in extras:
+        cached = s.cache_read(extra, "acc", [epi])
+        s[cached].compute_at(s[out], at)
+        s[cached].pragma(s[cached].axes[0], "dma_copy")
+
+
+def _accumulator_schedule(acc, epi, out):
+    """The schedule of ``out``, its GEMM (``acc``) and epilogue stages in the accumulator."""
+    s = create_schedule(out)
+    s[acc].set_scope("acc")
+    s[epi].set_scope("acc")
+    return s
+
+
+def _split_vthreads(s, out, order: list, axis, n: int, what: str):
+    """Split loop ``axis`` of ``out`` into ``n`` virtual threads (replacing it in the loop
+    ``order`` by the thread loop and the rest); the rest."""
+    _check_divides(what, axis.extent, n)
+    t, rest = s[out].split(axis, axis.extent // n)
+    s[out].bind_vthread(t, interleave="thread")
+    i = order.index(axis)
+    order[i:i + 1] = [t, rest]
+    return rest
+
+
+def _per_tile(s, acc, epi, out, at, store_at) -> None:
+    """Compute the GEMM and the epilogue (on the ALU) per output tile, inside loop ``at`` of
+    ``out``, and store the tile from loop ``store_at`` on."""
+    for stage in (acc, epi):
+        s[stage].compute_at(s[out], at)
+    s[out].pragma(store_at, "dma_copy")
+    s[epi].pragma(s[epi].axes[0], "alu")
+
+
+def _load_input(s, data, padded, conv, at) -> None:
+    """Load the convolution's input (the padded or row-selected stage if there is one) into
+    the input buffer per input step, inside loop ``at`` of ``conv``."""
+    if padded is not data:
+        s[padded].set_scope("inp")
+        inp = padded
+    else:
+        inp = s.cache_read(data, "inp", [conv])
+    s[inp].compute_at(s[conv], at)
+    s[inp].pragma(s[inp].axes[0], "dma_copy")
+
+
 def _row_strided(spec: ConvSpec) -> bool:
     """Whether conv2d's input tiles hold only the rows the kernel reads (one kernel row, a
     row stride above 1, no padding)."""
@@ -190,7 +289,6 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     nb, cb, ob = spec.n // b, spec.c // k, spec.o // k
     oh, ow = spec.oh, spec.ow
     sh, sw = spec.strides
-    pt, pl, pb, pr = spec.pads
     h, w = spec.h, spec.w
     data = te.placeholder((nb, cb, h, w, b, k), "int8", "data")
     kernel = te.placeholder((ob, cb, spec.kh, spec.kw, k, k), "int8", "kernel")
@@ -199,10 +297,7 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     row_strided = _row_strided(spec)
     ys = 1 if row_strided else sh
     if any(spec.pads):
-        padded = te.compute((nb, cb, h + pt + pb, w + pl + pr, b, k),
-                            lambda n, c, y, x, bb, kk: select(
-                                (y >= pt) & (y < h + pt) & (x >= pl) & (x < w + pl),
-                                data[n, c, y - pt, x - pl, bb, kk], 0), "data_pad")
+        padded = _pad_input(data, spec.pads, ("n", "c", "y", "x", "bb", "kk"))
     elif row_strided:
         padded = te.compute((nb, cb, oh, w, b, k),
                             lambda n, c, y, x, bb, kk: data[n, c, y * sh, x, bb, kk], "data_rows")
@@ -216,22 +311,13 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
         lambda n, o, y, x, bb, oo: te.sum(
             padded[n, ci, y * ys + dy, x * sw + dx, bb, ki].astype("int32")
             * kernel[o, ci, dy, dx, oo, ki].astype("int32"), axis=[ci, dy, dx, ki]), "conv")
-    bias = te.placeholder((ob, b, k), "int32", "bias") if spec.epilogue.bias else None
-    scale = te.placeholder((ob, b, k), "int32", "scale") if spec.epilogue.scale else None
-    resid = te.placeholder((nb, ob, oh, ow, b, k), "int8", "residual") if spec.epilogue.residual else None
-    epi = te.compute(conv.shape, lambda n, o, y, x, bb, oo: spec.epilogue.expr(
-        conv[n, o, y, x, bb, oo], bias[o, bb, oo] if bias is not None else None,
-        resid[n, o, y, x, bb, oo] if resid is not None else None,
-        scale[o, bb, oo] if scale is not None else None), "epilogue")
-    out = te.compute(conv.shape, lambda *i: epi[i].astype("int8"), "out")
+    epi, out, extras = _epilogue_stages(spec.epilogue, conv, (1,))
 
     _check_divides("tile_h", oh, knobs.tile_h)
     _check_divides("tile_w", ow, knobs.tile_w)
     _check_divides("tile_co", ob, knobs.tile_co)
     _check_divides("tile_ci", cb, knobs.tile_ci)
-    s = create_schedule(out)
-    s[conv].set_scope("acc")
-    s[epi].set_scope("acc")
+    s = _accumulator_schedule(conv, epi, out)
     n_, c_, y_, x_, b_, o_ = s[out].axes
     co_o, co_i = s[out].split(c_, knobs.tile_co)
     y_o, y_i = s[out].split(y_, knobs.tile_h)
@@ -239,16 +325,9 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     order = [n_, co_o, y_o, x_o, co_i, y_i, x_i, b_, o_]
     if knobs.vthreads > 1:
         axis = co_o if knobs.vthread_axis == "co" else y_o
-        _check_divides(f"vthreads on {knobs.vthread_axis}", axis.extent, knobs.vthreads)
-        t, rest = s[out].split(axis, axis.extent // knobs.vthreads)
-        s[out].bind_vthread(t, interleave="thread")
-        i = order.index(axis)
-        order[i:i + 1] = [t, rest]
+        _split_vthreads(s, out, order, axis, knobs.vthreads, f"vthreads on {knobs.vthread_axis}")
     s[out].reorder(*order)
-    for stage in (conv, epi):
-        s[stage].compute_at(s[out], x_o)
-    s[out].pragma(co_i, "dma_copy")
-    s[epi].pragma(s[epi].axes[0], "alu")
+    _per_tile(s, conv, epi, out, x_o, co_i)
     cn, cc, cy, cx, cb_, co_ = s[conv].axes
     cci, cdy, cdx, cki = s[conv].reduce_axes
     ci_o, ci_i = s[conv].split(cci, knobs.tile_ci)
@@ -258,24 +337,12 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     s[conv].reorder(ci_o, cn, cy, cc, ci_i, cdy, cdx, cx, cb_, co_, cki)
     s[conv].tensorize(cb_, gemm_intrinsic(cfg))
     s[conv].init_in_reduce_loop()
-    if padded is not data:
-        s[padded].set_scope("inp")
-        inp = padded
-    else:
-        inp = s.cache_read(data, "inp", [conv])
-    s[inp].compute_at(s[conv], ci_o)
-    s[inp].pragma(s[inp].axes[0], "dma_copy")
+    _load_input(s, data, padded, conv, ci_o)
     wgt = s.cache_read(kernel, "wgt", [conv])
     s[wgt].compute_at(s[conv], ci_o)
     s[wgt].pragma(s[wgt].axes[0], "dma_copy")
-    args = [data, kernel]
-    for extra in (bias, scale, resid):
-        if extra is not None:
-            cached = s.cache_read(extra, "acc", [epi])
-            s[cached].compute_at(s[out], x_o)
-            s[cached].pragma(s[cached].axes[0], "dma_copy")
-            args.append(extra)
-    return build(s, args + [out], cfg, name)
+    _load_epilogue_inputs(s, extras, epi, out, x_o)
+    return build(s, [data, kernel, *extras, out], cfg, name)
 
 
 def conv2d_reference(x: np.ndarray, w: np.ndarray, spec: ConvSpec, bias=None, residual=None,
@@ -334,34 +401,19 @@ def dense(cfg: HwConfig, spec: DenseSpec, knobs: DenseKnobs, name: str = "dense"
     gemm = te.compute((nb, ob, b, k), lambda i, j, bb, oo: te.sum(
         data[i, ko, bb, ki].astype("int32") * weight[j, ko, oo, ki].astype("int32"),
         axis=[ko, ki]), "gemm")
-    bias = te.placeholder((ob, b, k), "int32", "bias") if spec.epilogue.bias else None
-    scale = te.placeholder((ob, b, k), "int32", "scale") if spec.epilogue.scale else None
-    resid = te.placeholder((nb, ob, b, k), "int8", "residual") if spec.epilogue.residual else None
-    epi = te.compute(gemm.shape, lambda i, j, bb, oo: spec.epilogue.expr(
-        gemm[i, j, bb, oo], bias[j, bb, oo] if bias is not None else None,
-        resid[i, j, bb, oo] if resid is not None else None,
-        scale[j, bb, oo] if scale is not None else None), "epilogue")
-    out = te.compute(gemm.shape, lambda *i: epi[i].astype("int8"), "out")
+    epi, out, extras = _epilogue_stages(spec.epilogue, gemm, (1,))
     _check_divides("tile_n", nb, knobs.tile_n)
     _check_divides("tile_o", ob, knobs.tile_o)
     _check_divides("tile_k", kb, knobs.tile_k)
-    s = create_schedule(out)
-    s[gemm].set_scope("acc")
-    s[epi].set_scope("acc")
+    s = _accumulator_schedule(gemm, epi, out)
     i_, j_, b_, o_ = s[out].axes
     io, ii = s[out].split(i_, knobs.tile_n)
     jo, ji = s[out].split(j_, knobs.tile_o)
     order = [io, jo, ii, ji, b_, o_]
     if knobs.vthreads > 1:
-        _check_divides("vthreads", jo.extent, knobs.vthreads)
-        t, rest = s[out].split(jo, jo.extent // knobs.vthreads)
-        s[out].bind_vthread(t, interleave="thread")
-        order[1:2] = [t, rest]
+        _split_vthreads(s, out, order, jo, knobs.vthreads, "vthreads")
     s[out].reorder(*order)
-    for stage in (gemm, epi):
-        s[stage].compute_at(s[out], order[-5])
-    s[out].pragma(ii, "dma_copy")
-    s[epi].pragma(s[epi].axes[0], "alu")
+    _per_tile(s, gemm, epi, out, order[-5], ii)
     gi, gj, gb, go = s[gemm].axes
     gko, gki = s[gemm].reduce_axes
     k_o, k_i = s[gemm].split(gko, knobs.tile_k)
@@ -372,14 +424,8 @@ def dense(cfg: HwConfig, spec: DenseSpec, knobs: DenseKnobs, name: str = "dense"
         cached = s.cache_read(t, scope, [gemm])
         s[cached].compute_at(s[gemm], k_o)
         s[cached].pragma(s[cached].axes[0], "dma_copy")
-    args = [data, weight]
-    for extra in (bias, scale, resid):
-        if extra is not None:
-            cached = s.cache_read(extra, "acc", [epi])
-            s[cached].compute_at(s[out], order[-5])
-            s[cached].pragma(s[cached].axes[0], "dma_copy")
-            args.append(extra)
-    return build(s, args + [out], cfg, name)
+    _load_epilogue_inputs(s, extras, epi, out, order[-5])
+    return build(s, [data, weight, *extras, out], cfg, name)
 
 
 def dense_reference(x: np.ndarray, w: np.ndarray, spec: DenseSpec, bias=None, residual=None,

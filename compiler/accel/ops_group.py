@@ -40,11 +40,11 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..tensor import te
-from ..tensor.expr import select
-from ..tensor.schedule import create_schedule
 from .build import AcceleratorFunction, build
 from .intrin import gemm_intrinsic
-from .ops import Epilogue, _check_divides, _wrap
+from .ops import (Epilogue, _accumulator_schedule, _check_divides, _ConvOutput,
+                  _epilogue_stages, _load_epilogue_inputs, _load_input, _pad_input,
+                  _per_tile, _split_vthreads, _wrap)
 
 __all__ = ["GroupConvSpec", "GroupConvKnobs", "group_conv2d", "group_conv2d_reference",
            "group_layout_problem", "pack_group_kernel", "group_conv_knobs",
@@ -87,7 +87,7 @@ def group_layout_problem(c: int, o: int, groups: int, k: int) -> str | None:
 
 
 @dataclass(frozen=True)
-class GroupConvSpec:
+class GroupConvSpec(_ConvOutput):
     """A grouped conv layer in NCHW terms (channel counts as in the model, before padding)."""
 
     n: int
@@ -133,14 +133,6 @@ class GroupConvSpec:
         return self.supers * self.opb * self.block
 
     @property
-    def oh(self) -> int:
-        return (self.h + self.pads[0] + self.pads[2] - self.kh) // self.strides[0] + 1
-
-    @property
-    def ow(self) -> int:
-        return (self.w + self.pads[1] + self.pads[3] - self.kw) // self.strides[1] + 1
-
-    @property
     def macs(self) -> int:
         """The layer's own multiply-adds (not the zeros of the block-diagonal tiles)."""
         return self.n * self.o * self.oh * self.ow * (self.c // self.groups) * self.kh * self.kw
@@ -182,15 +174,11 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     nb, S, cpb, opb = spec.n // b, spec.supers, spec.cpb, spec.opb
     oh, ow = spec.oh, spec.ow
     sh, sw = spec.strides
-    pt, pl, pb, pr = spec.pads
     h, w = spec.h, spec.w
     data = te.placeholder((nb, S, cpb, h, w, b, k), "int8", "data")
     kernel = te.placeholder((S, opb, cpb, spec.kh, spec.kw, k, k), "int8", "kernel")
     if any(spec.pads):
-        padded = te.compute((nb, S, cpb, h + pt + pb, w + pl + pr, b, k),
-                            lambda n, s, c, y, x, bb, kk: select(
-                                (y >= pt) & (y < h + pt) & (x >= pl) & (x < w + pl),
-                                data[n, s, c, y - pt, x - pl, bb, kk], 0), "data_pad")
+        padded = _pad_input(data, spec.pads, ("n", "s", "c", "y", "x", "bb", "kk"))
     else:
         padded = data
     ci = te.reduce_axis(cpb, "ci")
@@ -201,24 +189,14 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
         lambda n, s, o, y, x, bb, oo: te.sum(
             padded[n, s, ci, y * sh + dy, x * sw + dx, bb, ki].astype("int32")
             * kernel[s, o, ci, dy, dx, oo, ki].astype("int32"), axis=[ci, dy, dx, ki]), "conv")
-    e = spec.epilogue
-    bias = te.placeholder((S, opb, b, k), "int32", "bias") if e.bias else None
-    scale = te.placeholder((S, opb, b, k), "int32", "scale") if e.scale else None
-    resid = te.placeholder(conv.shape, "int8", "residual") if e.residual else None
-    epi = te.compute(conv.shape, lambda n, s, o, y, x, bb, oo: e.expr(
-        conv[n, s, o, y, x, bb, oo], bias[s, o, bb, oo] if bias is not None else None,
-        resid[n, s, o, y, x, bb, oo] if resid is not None else None,
-        scale[s, o, bb, oo] if scale is not None else None), "epilogue")
-    out = te.compute(conv.shape, lambda *i: epi[i].astype("int8"), "out")
+    epi, out, extras = _epilogue_stages(spec.epilogue, conv, (1, 2))
 
     _check_divides("tile_h", oh, knobs.tile_h)
     _check_divides("tile_w", ow, knobs.tile_w)
     _check_divides("tile_g", S, knobs.tile_g)
     _check_divides("tile_co", opb, knobs.tile_co)
     _check_divides("tile_ci", cpb, knobs.tile_ci)
-    s = create_schedule(out)
-    s[conv].set_scope("acc")
-    s[epi].set_scope("acc")
+    s = _accumulator_schedule(conv, epi, out)
     n_, g_, c_, y_, x_, b_, o_ = s[out].axes
     g_o, g_i = s[out].split(g_, knobs.tile_g)
     co_o, co_i = s[out].split(c_, knobs.tile_co)
@@ -235,17 +213,11 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     wgt_at = co_o  # the loop inside which a hoisted weight load sits
     if knobs.vthreads > 1:
         axis = g_o if knobs.vthread_axis == "g" else co_o
-        _check_divides(f"vthreads on {knobs.vthread_axis}", axis.extent, knobs.vthreads)
-        t, rest = s[out].split(axis, axis.extent // knobs.vthreads)
-        s[out].bind_vthread(t, interleave="thread")
-        i = order.index(axis)
-        order[i:i + 1] = [t, rest]
+        rest = _split_vthreads(s, out, order, axis, knobs.vthreads,
+                               f"vthreads on {knobs.vthread_axis}")
         wgt_at = rest if axis is co_o else co_o
     s[out].reorder(*order)
-    for stage in (conv, epi):
-        s[stage].compute_at(s[out], x_o)
-    s[out].pragma(g_i, "dma_copy")
-    s[epi].pragma(s[epi].axes[0], "alu")
+    _per_tile(s, conv, epi, out, x_o, g_i)
     cn, cg, cc, cy, cx, cb_, co_ = s[conv].axes
     cci, cdy, cdx, cki = s[conv].reduce_axes
     ci_o, ci_i = s[conv].split(cci, knobs.tile_ci)
@@ -254,27 +226,15 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     s[conv].reorder(ci_o, cn, cy, cg, cc, ci_i, cdy, cdx, cx, cb_, co_, cki)
     s[conv].tensorize(cb_, gemm_intrinsic(cfg))
     s[conv].init_in_reduce_loop()
-    if padded is not data:
-        s[padded].set_scope("inp")
-        inp = padded
-    else:
-        inp = s.cache_read(data, "inp", [conv])
-    s[inp].compute_at(s[conv], ci_o)
-    s[inp].pragma(s[inp].axes[0], "dma_copy")
+    _load_input(s, data, padded, conv, ci_o)
     wgt = s.cache_read(kernel, "wgt", [conv])
     if hoist:
         s[wgt].compute_at(s[out], wgt_at)
     else:
         s[wgt].compute_at(s[conv], ci_o)
     s[wgt].pragma(s[wgt].axes[0], "dma_copy")
-    args = [data, kernel]
-    for extra in (bias, scale, resid):
-        if extra is not None:
-            cached = s.cache_read(extra, "acc", [epi])
-            s[cached].compute_at(s[out], x_o)
-            s[cached].pragma(s[cached].axes[0], "dma_copy")
-            args.append(extra)
-    return build(s, args + [out], cfg, name)
+    _load_epilogue_inputs(s, extras, epi, out, x_o)
+    return build(s, [data, kernel, *extras, out], cfg, name)
 
 
 def pack_group_kernel(w: np.ndarray, spec: GroupConvSpec) -> np.ndarray:
@@ -350,10 +310,6 @@ def group_conv2d_reference(x: np.ndarray, w: np.ndarray, spec: GroupConvSpec, bi
 # ---- knobs -------------------------------------------------------------------------------
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _uops(spec: GroupConvSpec, kb: GroupConvKnobs) -> int:
     """Micro-ops of the GEMM kernel: input blocks x taps x columns, times the outer loops
     that are not among the instruction's two (form_gemm_kernels unrolls them)."""
@@ -375,10 +331,11 @@ def _rows(spec: GroupConvSpec, kb: GroupConvKnobs) -> dict:
 
 def group_conv_candidates(cfg: HwConfig, spec: GroupConvSpec) -> list[GroupConvKnobs]:
     """Every knob combination whose buffers fit (widths of at least 7 columns or the row)."""
-    limit = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth,
-             "uop": cfg.uop_depth // 2}
+    from .tune import _buffer_limits, _divisors, _tile_widths
+
+    limit = _buffer_limits(cfg)
     out = []
-    widths = [w for w in _divisors(spec.ow) if w >= min(spec.ow, 7)]
+    widths = _tile_widths(spec.ow)
     for th in _divisors(spec.oh):
         for tw in widths:
             for tg in _divisors(spec.supers):
@@ -449,36 +406,21 @@ def group_conv_knobs(cfg: HwConfig, spec: GroupConvSpec, *, top: int = 4,
     same program), the fastest kept; cached on disk like conv2d's search (tune.py)."""
     from dataclasses import replace
 
-    from .tune import _sources_hash, cache_dir
+    from .tune import _sources_hash, cache_dir, search_cached
 
-    cands = group_conv_candidates(cfg, spec)
-    if not cands:
-        raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
     one = replace(spec, n=cfg.batch)
     key = hashlib.sha256(json.dumps(
         {"src": _sources_hash(), "ops_group": hashlib.sha256(
             Path(__file__).read_bytes()).hexdigest()[:16], "cfg": cfg.to_dict(),
          "spec": asdict(one), "top": top}, sort_keys=True, default=str).encode()).hexdigest()[:24]
-    path = cache_dir() / f"group-conv-{key}.json"
-    if use_cache and path.exists():
-        return GroupConvKnobs(**json.loads(path.read_text())["knobs"])
-    ranked = sorted(cands, key=lambda kb: (estimate_group_conv(cfg, spec, kb),
-                                           -(kb.tile_h * kb.tile_w * kb.tile_g * kb.tile_co)))
-    best, errors = None, []
-    for i, kb in enumerate(ranked):
-        if i >= top and best is not None:
-            break  # past the best ``top``: only while none of those compiled
-        try:
-            cycles = measure_group_conv(cfg, one, kb)["cycles"]
-        except CompilerError as e:  # (a candidate that does not compile: try the next one)
-            errors.append(str(e))
-            continue
-        if best is None or cycles < best[0]:
-            best = (cycles, kb)
-    if best is None:
-        raise CompilerError(f"no candidate schedule of {spec} compiled (the first: "
-                            f"{errors[0]})")
-    if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"knobs": asdict(best[1]), "cycles": best[0]}, indent=1))
-    return best[1]
+
+    def ranked():
+        cands = group_conv_candidates(cfg, spec)
+        if not cands:
+            raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
+        ranked = sorted(cands, key=lambda kb: (estimate_group_conv(cfg, spec, kb),
+                                               -(kb.tile_h * kb.tile_w * kb.tile_g * kb.tile_co)))
+        return ranked, top
+
+    return search_cached(cache_dir() / f"group-conv-{key}.json", use_cache, GroupConvKnobs,
+                         ranked, lambda kb: measure_group_conv(cfg, one, kb), spec)[0]

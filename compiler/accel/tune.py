@@ -43,6 +43,19 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _buffer_limits(cfg: HwConfig) -> dict:
+    """SRAM rows a schedule may hold per buffer (half the micro-op buffer: the kernels of
+    two threads)."""
+    return {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth,
+            "uop": cfg.uop_depth // 2}
+
+
+def _tile_widths(ow: int) -> list[int]:
+    """Tile widths searched: divisors of the output width of at least 7 columns (or the
+    whole row)."""
+    return [w for w in _divisors(ow) if w >= min(ow, 7)]
+
+
 def _rows(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs) -> dict:
     """SRAM rows a schedule holds at once, per buffer."""
     in_h, in_w = _input_tile(spec, k)
@@ -105,10 +118,9 @@ def conv_candidates(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True) -> 
     least 7 columns, or the whole row), each tile reading some input, and with ``vthreads`` also two threads on output
     channel blocks or rows wherever their tile count is even."""
     ob, cb = spec.o // cfg.block, spec.c // cfg.block
-    limit = {"inp": cfg.inp_depth, "wgt": cfg.wgt_depth, "acc": cfg.acc_depth,
-             "uop": cfg.uop_depth // 2}
+    limit = _buffer_limits(cfg)
     out = []
-    widths = [w for w in _divisors(spec.ow) if w >= min(spec.ow, 7)]
+    widths = _tile_widths(spec.ow)
     for th in _divisors(spec.oh):
         for tw in widths:
             for tco in _divisors(ob):
@@ -320,28 +332,44 @@ def tune_conv(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True, top: int 
     ``vthreads=False`` searches the single-threaded schedules only; ``vthreads=True`` all of
     them (threads on output channel blocks or rows, or none when that is faster)."""
     path = cache_dir() / f"conv-{_key(cfg, spec, vthreads, top)}.json"
+
+    def ranked():
+        candidates = conv_candidates(cfg, spec, vthreads=vthreads)
+        if not candidates:
+            raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
+        estimates = {k: estimate_conv(cfg, spec, k) for k in candidates}
+        ranked = sorted(candidates, key=estimates.get)
+        cutoff = estimates[ranked[0]] * (1 + _MARGIN)
+        return ranked, len([k for k in ranked[:max(1, top)] if estimates[k] <= cutoff])
+
+    return search_cached(path, use_cache, ConvKnobs, ranked,
+                         lambda knobs: measure_conv(cfg, spec, knobs), spec)
+
+
+def search_cached(path: Path, use_cache: bool, knobs_type, rank, measure, what) -> tuple:
+    """The search every layer kind shares: the cached (knobs, counters) at ``path`` if
+    ``use_cache`` and it exists; else ``rank()`` gives the candidates best estimate first
+    and how many of them (the pool) to measure, each is measured (``measure(knobs)``, the
+    cycle-model counters) and the fastest kept, written to ``path`` with ``use_cache``.
+    Past the pool a candidate is measured only while none measured so far compiled."""
     if use_cache and path.exists():
         data = json.loads(path.read_text())
-        return ConvKnobs(**data["knobs"]), data["stats"]
-    candidates = conv_candidates(cfg, spec, vthreads=vthreads)
-    if not candidates:
-        raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
-    estimates = {k: estimate_conv(cfg, spec, k) for k in candidates}
-    ranked = sorted(candidates, key=estimates.get)
-    cutoff = estimates[ranked[0]] * (1 + _MARGIN)
-    pool = [k for k in ranked[:max(1, top)] if estimates[k] <= cutoff]
-    best = None
+        return knobs_type(**data["knobs"]), data["stats"]
+    ranked, pool = rank()
+    best, errors = None, []
     for i, knobs in enumerate(ranked):
-        if i >= len(pool) and best is not None:
+        if i >= pool and best is not None:
             break  # past the pool: only while nothing measured so far compiled
         try:
-            stats = measure_conv(cfg, spec, knobs)
-        except CompilerError:
-            continue  # (a candidate that does not compile: try the next one)
+            stats = measure(knobs)
+        except CompilerError as e:  # (a candidate that does not compile: try the next one)
+            errors.append(str(e))
+            continue
         if best is None or stats["cycles"] < best[1]["cycles"]:
             best = (knobs, stats)
     if best is None:
-        raise CompilerError(f"no candidate schedule of {spec} compiled")
+        raise CompilerError(f"no candidate schedule of {what} compiled (the first: "
+                            f"{errors[0]})")
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"knobs": asdict(best[0]), "stats": best[1]}, indent=1))

@@ -16,16 +16,13 @@ cached on disk like ``tune.tune_conv`` (same key scheme and cache directory).
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
-
 import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from .ops import DenseKnobs, DenseSpec, dense, pack_bias
-from .tune import _divisors, _key, cache_dir
+from .tune import _buffer_limits, _divisors, _key, cache_dir, search_cached
 
 __all__ = ["dense_candidates", "estimate_dense", "measure_dense", "tune_dense"]
 
@@ -49,6 +46,7 @@ def dense_candidates(cfg: HwConfig, spec: DenseSpec) -> list[DenseKnobs]:
     tiles pair up and with one."""
     b, k = cfg.batch, cfg.block
     nb, kb, ob = spec.n // b, spec.k // k, spec.o // k
+    limit = _buffer_limits(cfg)
     out = []
     for tn in _divisors(nb):
         for to in _divisors(ob):
@@ -56,8 +54,7 @@ def dense_candidates(cfg: HwConfig, spec: DenseSpec) -> list[DenseKnobs]:
                 for vt in ((1, 2) if (ob // to) % 2 == 0 else (1,)):
                     knobs = DenseKnobs(tile_n=tn, tile_o=to, tile_k=tk, vthreads=vt)
                     r = _rows(cfg, spec, knobs)
-                    if r["inp"] <= cfg.inp_depth and r["wgt"] <= cfg.wgt_depth and \
-                            r["acc"] <= cfg.acc_depth and r["uop"] <= cfg.uop_depth // 2:
+                    if all(r[x] <= limit[x] for x in r):
                         out.append(knobs)
     return out
 
@@ -109,29 +106,16 @@ def tune_dense(cfg: HwConfig, spec: DenseSpec, *, top: int = 3,
     """The fastest knobs found and their cycle-model counters: every candidate estimated,
     at most ``top`` of the best (within ``_MARGIN`` of the best estimate) measured."""
     path = cache_dir() / f"dense-{_key(cfg, spec, True, top)}.json"
-    if use_cache and path.exists():
-        data = json.loads(path.read_text())
-        return DenseKnobs(**data["knobs"]), data["stats"]
-    candidates = dense_candidates(cfg, spec)
-    if not candidates:
-        raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
-    estimates = {k: estimate_dense(cfg, spec, k) for k in candidates}
-    ranked = sorted(candidates, key=lambda k: (estimates[k], -k.tile_n * k.tile_o * k.tile_k))
-    cutoff = estimates[ranked[0]] * (1 + _MARGIN)
-    pool = [k for k in ranked[:max(1, top)] if estimates[k] <= cutoff]
-    best = None
-    for i, knobs in enumerate(ranked):
-        if i >= len(pool) and best is not None:
-            break  # past the pool: only while nothing measured so far compiled
-        try:
-            stats = measure_dense(cfg, spec, knobs)
-        except CompilerError:
-            continue
-        if best is None or stats["cycles"] < best[1]["cycles"]:
-            best = (knobs, stats)
-    if best is None:
-        raise CompilerError(f"no candidate schedule of {spec} compiled")
-    if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"knobs": asdict(best[0]), "stats": best[1]}, indent=1))
-    return best
+
+    def ranked():
+        candidates = dense_candidates(cfg, spec)
+        if not candidates:
+            raise CompilerError(f"no schedule of {spec} fits this configuration's buffers")
+        estimates = {k: estimate_dense(cfg, spec, k) for k in candidates}
+        ranked = sorted(candidates,
+                        key=lambda k: (estimates[k], -k.tile_n * k.tile_o * k.tile_k))
+        cutoff = estimates[ranked[0]] * (1 + _MARGIN)
+        return ranked, len([k for k in ranked[:max(1, top)] if estimates[k] <= cutoff])
+
+    return search_cached(path, use_cache, DenseKnobs, ranked,
+                         lambda knobs: measure_dense(cfg, spec, knobs), spec)

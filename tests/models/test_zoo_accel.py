@@ -6,36 +6,11 @@ import json
 
 import numpy as np
 import pytest
+from accel_helpers import crossings
 
 from celosia.benchmarks import zoo_accel
 from celosia.cli import main
 from celosia.models.registry import ZOO
-
-
-def _crossings(graph, places) -> int:
-    """Values that cross per inference, from the placement alone: a value an accelerator
-    node reads from DRAM (partition.dram_reads) that the CPU (or the caller) makes, and a
-    value made on the accelerator that a CPU node or the caller reads. A view on the
-    accelerator (Reshape, Flatten, ...) is its input's bytes: reading it reads its root."""
-    from celosia.compiler.accel.partition import ALIAS_OPS, dram_reads
-
-    on_accel = {n.name for n in graph.nodes if places[n.name].target == "accel"}
-    producer = {o: n for n in graph.nodes for o in n.outputs if o}
-    made_on_accel = {n.outputs[0] for n in graph.nodes if n.name in on_accel}
-
-    def root(v):
-        while v in producer and producer[v].op in ALIAS_OPS and producer[v].name in on_accel:
-            v = producer[v].inputs[0]
-        return v
-
-    packed, read = set(), set()
-    for n in graph.nodes:
-        if n.name in on_accel:
-            packed |= {v for v in dram_reads(n) if v not in made_on_accel}
-        else:
-            read |= {root(v) for v in n.inputs if v in made_on_accel}
-    read |= {root(v) for v in made_on_accel & set(graph.outputs)}
-    return len(packed) + len(read)
 
 
 def test_bench_zoo_accel_record_on_the_small_cnn(tmp_path, capsys):
@@ -66,7 +41,7 @@ def test_bench_zoo_accel_record_on_the_small_cnn(tmp_path, capsys):
     # goes in, the QGemm's output comes back.
     assert [places[n.name].target for n in q.nodes if n.op in ("MaxPool", "Reshape")] == \
         ["accel", "accel"]
-    assert r["cpu_accel_transitions"] == _crossings(q, places) == 2
+    assert r["cpu_accel_transitions"] == crossings(q, places) == 2
     assert r["accel_cycles"] > 0 and r["accel_sim_wall_s"] > 0
     assert r["utilization_real"] == pytest.approx(macs / (r["accel_cycles"] * 256))
     assert 0 < r["layout_share"] < 1 and r["accel_latency_ms"] > 0

@@ -6,6 +6,7 @@ bit-exact with the all-CPU build, its .cel round trip)."""
 import numpy as np
 import pytest
 from onnx import helper, numpy_helper
+from accel_helpers import edit_manifest
 from onnx_builders import make_model, vi
 
 from celosia import HwConfig
@@ -183,26 +184,6 @@ def test_a_value_in_another_layout_keeps_the_qmatmul_on_the_cpu():
                                   model.cpu_build().run(feeds)["y"])
 
 
-def _edited(path, tmp_path, edit):
-    """A copy of a .cel with its manifest edited by ``edit(doc)`` and the digest resealed."""
-    import json
-    import zipfile
-
-    from celosia.runtime.artifact import seal
-
-    with zipfile.ZipFile(path) as z:
-        table = {n: z.read(n) for n in z.namelist()}
-    doc = json.loads(table["manifest.json"])
-    edit(doc)
-    table["manifest.json"] = json.dumps(doc).encode()
-    table["manifest.sha256"] = seal(table["manifest.json"])
-    out = tmp_path / "edited.cel"
-    with zipfile.ZipFile(out, "w") as z:
-        for n, d in table.items():
-            z.writestr(n, d)
-    return out
-
-
 def test_edited_staged_operands_are_refused(tmp_path):
     from celosia.runtime.cpu import ArtifactError
 
@@ -226,7 +207,7 @@ def test_edited_staged_operands_are_refused(tmp_path):
             (lambda d: d["values"]["a"].update(shape=[2, 64]),
              r'values\["a"\].shape: is \[2, 64\], the packed shape of .a. is \[2, 128\]')]:
         with pytest.raises(ArtifactError, match=message):
-            AccelModel.load(_edited(path, tmp_path, edit))
+            AccelModel.load(edit_manifest(path, edit, tmp_path / "edited.cel"))
 
 
 def test_qmatmul_on_the_rtl_agrees_with_the_cycle_model():

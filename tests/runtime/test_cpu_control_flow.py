@@ -4,13 +4,9 @@ random inputs of several shapes, the path each node took, and the .cel round tri
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
-import zipfile
-
 import numpy as np
 import pytest
+from accel_helpers import edit_manifest
 from onnx_builders import make_model as model, onnxruntime_run, vi
 from onnx import TensorProto, helper, numpy_helper
 
@@ -18,7 +14,7 @@ from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph.passes import optimize
 from celosia.compiler.graph.reference import run_graph
 from celosia.models import recurrent
-from celosia.runtime.artifact import ArtifactError, seal
+from celosia.runtime.artifact import ArtifactError
 from celosia.runtime.cpu import CpuModel
 
 F, I64, I32, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL
@@ -285,22 +281,6 @@ def test_changing_shape_stays_numpy_and_says_why(tmp_path):
 # ---- the .cel --------------------------------------------------------------------------------
 
 
-def _rewrite(path, edit):
-    """The .cel at ``path`` with its manifest changed by ``edit(doc)``, digests resealed."""
-    with zipfile.ZipFile(path) as z:
-        table = {n: z.read(n) for n in z.namelist()}
-    doc = json.loads(table["manifest.json"])
-    edit(doc)
-    table["manifest.json"] = json.dumps(doc).encode()
-    table["manifest.sha256"] = seal(table["manifest.json"])
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        for n, d in table.items():
-            z.writestr(n, d)
-    path.write_bytes(buf.getvalue())
-    assert hashlib.sha256(table["manifest.json"]).hexdigest()
-
-
 def _control(doc):
     return next(s for s in doc["program"]["steps"] if s["kind"] == "control")
 
@@ -318,7 +298,7 @@ def test_edited_control_step_is_one_error_naming_the_field(edit, message, tmp_pa
     mdl, _ = scan_model(2, 3, 4, [0, 0], [0, 0], [0, 0], [0, 0])
     path = tmp_path / "s.cel"
     CpuModel.from_graph(optimize(import_onnx(mdl))).save(path)
-    _rewrite(path, lambda doc: edit(_control(doc)))
+    edit_manifest(path, lambda doc: edit(_control(doc)))
     with pytest.raises(ArtifactError, match=message) as e:
         CpuModel.load(path)
     assert "\n" not in str(e.value) and "program.steps[0]" in str(e.value)
@@ -358,8 +338,8 @@ def test_mutated_control_steps_are_errors_not_tracebacks(tmp_path):
     rng = np.random.default_rng(7)
     for _ in range(120):
         path.write_bytes(original)
-        _rewrite(path, lambda doc: [_mutate(_control(doc), rng)
-                                    for _ in range(int(rng.integers(1, 3)))])
+        edit_manifest(path, lambda doc: [_mutate(_control(doc), rng)
+                                         for _ in range(int(rng.integers(1, 3)))])
         try:
             CpuModel.load(path).run(feeds)
         except CelosiaError:

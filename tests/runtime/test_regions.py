@@ -7,9 +7,9 @@ output cross between CPU and accelerator."""
 import numpy as np
 import pytest
 from onnx import helper, numpy_helper
+from accel_helpers import crossings as count_crossings
 from onnx_builders import make_model, vi
 
-from celosia.compiler.accel.partition import ALIAS_OPS, dram_reads
 from celosia.compiler.pipeline import quantize_model
 from celosia.runtime.accel import AccelModel, compare_outputs
 
@@ -43,24 +43,6 @@ def _quantized(nodes, inits, shape, seed):
     return quantize_model(m, calib, input_shapes={"x": shape})
 
 
-def _crossings(graph, places) -> int:
-    """Values that cross per inference from the placement alone (as in
-    tests/models/test_zoo_accel.py)."""
-    on = {n.name for n in graph.nodes if places[n.name].target == "accel"}
-    producer = {o: n for n in graph.nodes for o in n.outputs if o}
-    made = {n.outputs[0] for n in graph.nodes if n.name in on}
-
-    def root(v):
-        while v in producer and producer[v].op in ALIAS_OPS and producer[v].name in on:
-            v = producer[v].inputs[0]
-        return v
-
-    packed = {v for n in graph.nodes if n.name in on for v in dram_reads(n) if v not in made}
-    read = {root(v) for n in graph.nodes if n.name not in on for v in n.inputs if v in made}
-    read |= {root(v) for v in made & set(graph.outputs)}
-    return len(packed) + len(read)
-
-
 def _check(q, feeds, *, accel_ops, crossings, targets=("fsim", "cycle"), config=None):
     model = AccelModel.build(q, config)
     placed = {n.op: [] for n in q.nodes}
@@ -74,7 +56,7 @@ def _check(q, feeds, *, accel_ops, crossings, targets=("fsim", "cycle"), config=
         got = model.run(feeds, target=target)
         same, detail = compare_outputs(got, want, exact=True)
         assert same, f"{target}: {detail['summary']}"
-        assert model.summary()["crossings"] == crossings == _crossings(q, model.placements)
+        assert model.summary()["crossings"] == crossings == count_crossings(q, model.placements)
     return model
 
 

@@ -1,0 +1,51 @@
+"""Helpers shared by the accelerator build's tests (tests/conftest.py puts this folder on
+sys.path): crossings counted from a placement, and .cel manifests edited in place."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+
+def crossings(graph, places) -> int:
+    """Values that cross per inference, from the placement alone: a value an accelerator
+    node reads from DRAM (partition.dram_reads) that the CPU (or the caller) makes, and a
+    value made on the accelerator that a CPU node or the caller reads. A view on the
+    accelerator (Reshape, Flatten, ...) is its input's bytes: reading it reads its root."""
+    from celosia.compiler.accel.partition import ALIAS_OPS, dram_reads
+
+    on_accel = {n.name for n in graph.nodes if places[n.name].target == "accel"}
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    made_on_accel = {n.outputs[0] for n in graph.nodes if n.name in on_accel}
+
+    def root(v):
+        while v in producer and producer[v].op in ALIAS_OPS and producer[v].name in on_accel:
+            v = producer[v].inputs[0]
+        return v
+
+    packed, read = set(), set()
+    for n in graph.nodes:
+        if n.name in on_accel:
+            packed |= {v for v in dram_reads(n) if v not in made_on_accel}
+        else:
+            read |= {root(v) for v in n.inputs if v in made_on_accel}
+    read |= {root(v) for v in made_on_accel & set(graph.outputs)}
+    return len(packed) + len(read)
+
+
+def edit_manifest(path, edit, out=None):
+    """Write the .cel at ``path`` with its manifest changed by ``edit(doc)`` and its digest
+    resealed to ``out`` (default: ``path`` itself); the path written."""
+    from celosia.runtime.artifact import seal
+
+    with zipfile.ZipFile(path) as z:
+        table = {n: z.read(n) for n in z.namelist()}
+    doc = json.loads(table["manifest.json"])
+    edit(doc)
+    table["manifest.json"] = json.dumps(doc).encode()
+    table["manifest.sha256"] = seal(table["manifest.json"])
+    out = path if out is None else out
+    with zipfile.ZipFile(out, "w") as z:
+        for n, d in table.items():
+            z.writestr(n, d)
+    return out
