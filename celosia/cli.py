@@ -565,6 +565,21 @@ def _run_cpu(args) -> int:
 # ---- parser --------------------------------------------------------------------------------
 
 
+def quantizer_options(p, scope: str) -> None:
+    """The int8 quantizer's choices, for `compile`/`run --quantize` and `bench zoo --int8`."""
+    p.add_argument("--calibration-method", metavar="METHOD",
+                   help=f"{scope}: how each int8 range is chosen from the calibration "
+                        f"samples: mse (default), minmax, percentile (99.99 of |x|; "
+                        f"percentile:P for another), entropy (KL divergence)")
+    p.add_argument("--smooth", metavar="ALPHA",
+                   help=f"{scope}: SmoothQuant alpha (0..1, or auto: chosen per LayerNorm), "
+                        f"how much of LayerNorm outputs' per-channel range moves into the "
+                        f"Linear weights reading them (default none, docs/graph.md)")
+    p.add_argument("--int8-residuals", action="store_true",
+                   help=f"{scope}: keep the residual sums of dense (MatMul/Gemm) layers int8 "
+                        f"(default: float, docs/graph.md)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="celosia", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -614,15 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accel", action="store_true",
                    help="zoo only: the int8 build on the accelerator (cycle model): bit-exact "
                         "check, MAC share, crossings, layout share, utilisation, cycles")
-    p.add_argument("--calibration-method", metavar="METHOD",
-                   help="zoo --int8/--accel only: celosia's calibration method (mse, minmax, "
-                        "percentile[:P], entropy; default mse)")
-    p.add_argument("--smooth", metavar="ALPHA",
-                   help="zoo --int8/--accel only: SmoothQuant alpha (0..1, or auto) for "
-                        "LayerNorm -> Linear (default none, docs/graph.md)")
-    p.add_argument("--int8-residuals", action="store_true",
-                   help="zoo --int8/--accel only: keep dense layers' residual sums int8 "
-                        "(default: float, docs/graph.md)")
+    quantizer_options(p, "zoo --int8/--accel only")
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="zoo --accel only: seconds per model for its accelerator build and "
                         "run (default 600); a model over it is recorded with the reason")
@@ -652,17 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--calibration", metavar="DATA.npz",
                        help="calibration inputs for --quantize: one array per model input, "
                             "named after it, samples along the first axis")
-        p.add_argument("--calibration-method", metavar="METHOD",
-                       help="how --quantize chooses each int8 range from the calibration "
-                            "samples: mse (default), minmax, percentile (99.99 of |x|; "
-                            "percentile:P for another), entropy (KL divergence)")
-        p.add_argument("--smooth", metavar="ALPHA",
-                       help="--quantize: SmoothQuant alpha (0..1, or auto: chosen per "
-                            "LayerNorm), how much of LayerNorm outputs' per-channel range moves "
-                            "into the Linear weights reading them (default none, docs/graph.md)")
-        p.add_argument("--int8-residuals", action="store_true",
-                       help="--quantize: keep the residual sums of dense (MatMul/Gemm) layers "
-                            "int8 (default: float, docs/graph.md)")
+        quantizer_options(p, "with --quantize")
         p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
                        help="static shape of an input with dynamic dimensions (repeatable); "
                             "`run` takes them from the --input arrays when left out")

@@ -35,6 +35,7 @@ import numpy as np
 
 from .ir import Graph, GraphError, Node, TensorType, constant
 from .reference import evaluate_node
+from .residual import _fresh
 
 __all__ = ["smooth_graph", "smoothing_candidates", "check_alpha", "DEFAULT_ALPHA"]
 
@@ -181,15 +182,6 @@ def _channel_maxima(graph: Graph, samples: list[dict], values: set, rows: int = 
                 if i and last_use.get(i) == k and i not in graph.initializers:
                     env.pop(i, None)
     return out, {v: np.concatenate(a)[:rows] if a else None for v, a in kept.items()}
-
-
-def _fresh(base: str, taken: set) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
 
 
 def _factors(x_max: np.ndarray, w_max: np.ndarray, alpha: float) -> np.ndarray:
