@@ -14,6 +14,7 @@ from celosia.compiler.graph.reference import run_graph
 from celosia.compiler.graph.residual import float_residuals
 from celosia.compiler.pipeline import quantize_model
 from celosia.runtime.cpu import CpuModel
+from celosia.benchmarks.zoo_int8 import cosine as _cosine
 
 B, T, D, F = 2, 8, 32, 64
 
@@ -45,11 +46,6 @@ def _stack(seed, blocks=4):
 def _feeds(seed, n=1):
     rng = np.random.default_rng(seed)
     return [{"x": rng.normal(0, 1, (B, T, D)).astype(np.float32)} for _ in range(n)]
-
-
-def _cosine(a, b):
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def test_float_residuals_keep_the_float_graph():

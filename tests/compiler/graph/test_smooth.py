@@ -15,6 +15,7 @@ from celosia.compiler.graph.reference import run_graph
 from celosia.compiler.graph.smooth import smooth_graph, smoothing_candidates
 from celosia.compiler.pipeline import quantize_model
 from celosia.runtime.cpu import CpuModel
+from celosia.benchmarks.zoo_int8 import cosine as _cosine
 
 B, T, C, H = 2, 6, 32, 24
 
@@ -63,11 +64,6 @@ def _block(seed, *, post_norm=False, reshape=False, gemm=False, outliers=(3, 17,
 def _feeds(seed, n=1):
     rng = np.random.default_rng(seed)
     return [{"x": rng.normal(0, 2, (B, T, C)).astype(np.float32)} for _ in range(n)]
-
-
-def _cosine(a, b):
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 @pytest.mark.parametrize("seed, kw, layers, duplicate, alpha", [
