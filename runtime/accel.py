@@ -262,21 +262,16 @@ class AccelModel:
                             w_shape, dev.upload(layer.bias, align=align[2]),
                             dev.upload(layer.scale, align=align[3]), o_buf,
                             values[node.outputs[0]][1])
-                prog = dev.build_program()
-                programs[node.name] = {
-                    "insn_addr": prog.insn_addr, "insn_count": prog.insn_count,
-                    "kind": layer.kind, "spec": asdict(layer.spec), "knobs": asdict(knobs),
-                    "macs": layer.macs, "region": region_of[node.name], "staged": staged,
-                }
-                continue
-            bufs = [value_buffer(x, a) if what == "value" else dev.upload(x, align=a)
-                    for (what, x), a in zip(layer.operands(node), align)]
-            fn.bind(dev, bufs)
+            else:
+                bufs = [value_buffer(x, a) if what == "value" else dev.upload(x, align=a)
+                        for (what, x), a in zip(layer.operands(node), align)]
+                fn.bind(dev, bufs)
             prog = dev.build_program()
             programs[node.name] = {
                 "insn_addr": prog.insn_addr, "insn_count": prog.insn_count, "kind": layer.kind,
                 "spec": asdict(layer.spec), "knobs": asdict(knobs), "macs": layer.macs,
                 "region": region_of[node.name],
+                **({"staged": staged} if layer.kind == "matmul" else {}),
             }
         image = (dev.executor.read_dram(0, dev.allocator.high_water) if dev is not None
                  else np.zeros(0, np.uint8))
