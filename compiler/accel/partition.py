@@ -161,18 +161,16 @@ def _is_plain_conv2d(node: Node, graph: Graph) -> bool:
     return _conv_geometry(node, graph)[0] == 1
 
 
-# Integer operators of a quantized graph with no accelerator kernel yet: what they compute.
+# Integer operators of a quantized graph with no accelerator kernel yet: what they compute
+# (int8 MaxPool, QGlobalAveragePool, QAdd and Relu are ALU_OPS, placed by
+# ``_movement_problem``).
 _INT8_WORK = {
     "QLut": "int8 lookup table",
-    "QAdd": "int8 element-wise Add of two values",
     "QMul": "int8 element-wise Mul of two values",
-    "QGlobalAveragePool": "int8 global average pool",
-    "MaxPool": "int8 max pooling",
-    "Relu": "int8 clamp at 0",
 }
-# Operators that only move int8 values: data movement the accelerator does not do yet.
-_INT8_MOVES = ("Reshape", "Flatten", "Concat", "Identity", "Slice", "Transpose", "Squeeze",
-               "Unsqueeze", "Split", "Pad", "Resize")
+# Operators that only move int8 values: data movement the accelerator does not do yet
+# (views and Concat are ALIAS_OPS and PLACED_OPS).
+_INT8_MOVES = ("Slice", "Transpose", "Split", "Pad", "Resize")
 
 
 def cpu_reason(node: Node, graph: Graph) -> str:
@@ -652,28 +650,22 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None
     op = _ceil(o, k)
     bias_p = pack_bias(pad_channels(bias.astype(np.int32), 0, k), b, k)
     scale_p = pack_bias(pad_channels(mult.astype(np.int32), 0, k), b, k)
-    if node.op == "QConv" and not _is_plain_conv2d(node, graph):
+    if node.op == "QConv":
         group, strides, pads, (kh, kw) = _conv_geometry(node, graph)
-        n, c = x_t.shape[:2]
-        h, wd = (1, x_t.shape[2]) if len(x_t.shape) == 3 else x_t.shape[2:]
-        spec, w4 = crop_taps(GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw,
-                                           groups=group, strides=strides, pads=pads,
-                                           block=k, epilogue=epi),
-                             w.reshape(o, c // group, kh, kw))
-        weight = pack_group_kernel(w4, spec)
-        kind = "group_conv2d"
-    elif node.op == "QConv":
-        _, strides, pads, (kh, kw) = _conv_geometry(node, graph)
         n, c = x_t.shape[:2]
         h, wd = (1, x_t.shape[2]) if len(x_t.shape) == 3 else x_t.shape[2:]
         # without the kernel rows and columns that only ever meet padding (crop_taps)
         g, w4 = crop_taps(GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw,
-                                        strides=strides, pads=pads, block=k, epilogue=epi),
-                          w.reshape(o, c, kh, kw))
-        spec = ConvSpec(n=n, c=_ceil(c, k), h=h, w=wd, o=op, kh=g.kh, kw=g.kw,
-                        stride=g.strides, pad=g.pads, epilogue=epi)
-        weight = pack_oihw(pad_channels(pad_channels(w4, 0, k), 1, k), k)
-        kind = "conv2d"
+                                        groups=group, strides=strides, pads=pads, block=k,
+                                        epilogue=epi),
+                          w.reshape(o, c // group, kh, kw))
+        if group != 1:  # not _is_plain_conv2d
+            spec, weight, kind = g, pack_group_kernel(w4, g), "group_conv2d"
+        else:
+            spec = ConvSpec(n=n, c=_ceil(c, k), h=h, w=wd, o=op, kh=g.kh, kw=g.kw,
+                            stride=g.strides, pad=g.pads, epilogue=epi)
+            weight = pack_oihw(pad_channels(pad_channels(w4, 0, k), 1, k), k)
+            kind = "conv2d"
     else:
         n, kdim = x_t.shape
         root = graph.types[(roots or {}).get(node.inputs[0], node.inputs[0])].shape
