@@ -29,7 +29,6 @@ from celosia.errors import CelosiaError
 
 CALIBRATION_SEEDS = range(1, 7)
 TEST_SEEDS = range(100, 106)
-TEST_SEED = TEST_SEEDS[0]  # the feed --accel runs
 
 
 def cosine(a, b) -> float:
