@@ -508,7 +508,12 @@ class _Emitter:
                     h.store(b.trunc(v, _I8), out, at)
                 h.when(inside, one)
         if g.mg % lanes == 0 and g.ob % lanes == 0:
-            whole()   # every vector is whole channels of one output block
+            # every vector is whole channels of one output block, or all padding (a tile
+            # of more vectors than the group's channels fill)
+            if g.mgp == g.mg:
+                whole()
+            else:
+                h.when(b.icmp_signed("<", oc, _c(g.mg)), whole)
             return
         # a vector is stored whole when its channels are all real and in one block
         fits = b.and_(b.icmp_signed("<=", b.add(oc, _c(lanes)), _c(g.mg)),

@@ -146,5 +146,5 @@ def qgemm(lw, node: Node) -> bool:
             "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "pad_value": 0,
             "tile": [vectors, columns], "residual": bool(residual)}
     lw.kernel(node, spec, args + [flat], flat)
-    lw.step("view", node, [flat], [lw.produce(out_v, 0)])
+    lw.step("view", None, [flat], [lw.produce(out_v, 0)])  # the node's step is the kernel
     return True
