@@ -54,7 +54,7 @@ from .int8_forms import DotForm, form as get_form
 
 __all__ = ["DOT_OPS", "compile_dot", "dot_tile", "Geometry"]
 
-DOT_OPS = ("qdot",)
+DOT_OPS = ("qdot", "qdot_matmul")
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 _PTR = _I8.as_pointer()
 # Work items per kernel call at least (the pool cuts a loop into 4 x threads chunks).
@@ -79,6 +79,16 @@ class Geometry:
         self.spec = spec
         self.form: DotForm = get_form(spec["form"])
         f = self.form
+        self.matmul = spec["op"] == "qdot_matmul"
+        if self.matmul:  # Z images of one row of M pixels of K channels, N outputs each
+            (z, m, k), n = spec["a"], spec["b"][2]
+            if tuple(spec["b"][:2]) != (z, k):
+                raise CompilerError(f"qdot_matmul: a {spec['a']} and b {spec['b']} do not "
+                                    f"multiply")
+            spec = {"data": [z, 1, 1, m, k], "channels": k, "groups": 1,
+                    "out": [z, 1, 1, m, n], "out_channels": n, "kernel": [1, 1],
+                    "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1],
+                    "tile": spec["tile"], "residual": False}
         self.n, self.cb_count, self.h, self.w, self.cb = spec["data"]
         self.c, self.g, self.m = spec["channels"], spec["groups"], spec["out_channels"]
         _, self.mb_count, self.oh, self.ow, self.ob = spec["out"]
@@ -129,9 +139,27 @@ class Geometry:
     def staged_shape(self) -> tuple:
         return (self.n, self.hs, self.ws, self.ctot)
 
-    def params(self) -> list[Buffer]:
+    def weight_shape(self) -> tuple:
         f = self.form
-        wshape = (self.g, self.tiles, self.kh, self.kw, self.q, self.vectors, f.lanes, f.group)
+        return (self.g, self.tiles, self.kh, self.kw, self.q, self.vectors, f.lanes, f.group)
+
+    def temps(self) -> list[Buffer]:
+        """The staged input; for a matmul also its right operand packed as weights and the
+        bias that carries VNNI's correction, per matrix."""
+        ts = [Buffer("staged", self.staged_shape, self.form.operand)]
+        if self.matmul:
+            ts += [Buffer("packed", (self.n,) + self.weight_shape(), self.form.operand),
+                   Buffer("colbias", (self.n, self.mgp), "int32")]
+        return ts
+
+    def params(self) -> list[Buffer]:
+        if self.matmul:
+            z, m, k = self.spec["a"]
+            return [Buffer("a", (z, m, k), "int8"), Buffer("b", tuple(self.spec["b"]), "int8"),
+                    Buffer("qparams", (2,), "int32"),
+                    Buffer("out", (z, m, self.m), "int8")]
+        f = self.form
+        wshape = self.weight_shape()
         ps = [Buffer("data", tuple(self.spec["data"]), "int8"),
               Buffer("weight", wshape, f.operand),
               Buffer("bias", (self.g, self.mgp), "int32"),
@@ -239,10 +267,6 @@ def _segment(module, name: str):
     return fn, b
 
 
-def _buffers(b: ir.IRBuilder, fn, count: int) -> list:
-    return [b.load(b.gep(fn.args[0], [_c(k)])) for k in range(count)]
-
-
 class _Emitter:
     def __init__(self, geo: Geometry, symbol: str):
         self.geo, self.f, self.symbol = geo, geo.form, symbol
@@ -251,7 +275,11 @@ class _Emitter:
         self.elem = _I8 if f.bytes == 1 else _I16
         self.acc_ty = ir.VectorType(_I32, f.lanes)
         self.operand_ty = ir.VectorType(self.elem, f.lanes * f.group)
-        self.nparams = len(geo.params())
+        self.names = [buf.name for buf in geo.params() + geo.temps()]
+
+    def _named(self, b: ir.IRBuilder, fn) -> dict:
+        """{buffer name: i8*} of a segment's buffers (parameters, then temporaries)."""
+        return {name: b.load(b.gep(fn.args[0], [_c(k)])) for k, name in enumerate(self.names)}
 
     # -- the transform of an input value into the staged operand
     def _stage_value(self, b, v):
@@ -289,10 +317,11 @@ class _Emitter:
     def stage(self):
         g, f = self.geo, self.f
         eb = f.bytes
-        fn, b = _segment(self.module, f"{self.symbol}_seg0")
+        name = f"{self.symbol}_stage"
+        fn, b = _segment(self.module, name)
         h = _Builder(b)
-        bufs = _buffers(b, fn, self.nparams + 1)
-        data, staged = bufs[0], bufs[self.nparams]
+        bufs = self._named(b, fn)
+        data, staged = bufs["a" if g.matmul else "data"], bufs["staged"]
         row_bytes = g.ws * g.ctot * eb
         x_lo = min(g.ws, -(-g.pl // g.step_w))
         x_hi = max(x_lo, min(g.ws, -(-(g.w + g.pl) // g.step_w)))
@@ -314,6 +343,7 @@ class _Emitter:
             h.when(inside, copy_row, lambda: self._fill(h, staged, dst, g.ws * g.ctot))
         h.loop(fn.args[1], fn.args[2], row)
         b.ret_void()
+        return name
 
     def _pixel(self, h: _Builder, data, staged, n, iy, xs, dst):
         """Stage the input pixel read by staged column ``xs`` of a row."""
@@ -350,17 +380,103 @@ class _Emitter:
             h.store(self._stage_value(b, v), staged, at)
         h.loop(0, g.c, channel)
 
-    # -- segment 1: the dot products and the epilogue
+    # -- a matmul's segment 2: its right operand packed as weights, per matrix
+    def pack(self):
+        """``b [Z, K, N]`` into ``packed [Z, 1, T, 1, 1, Q, V, L, group]`` (zeros past K
+        and N) and ``colbias [Z, Mgp]``: ``-128 * sum over k of b[k, n]`` for an unsigned
+        form, else 0 (what ``pack_dot_weight`` and ``unsigned_bias`` do to constant
+        weights). Per ``group`` rows of b and ``L`` columns: the rows loaded as vectors
+        (column tails and a K tail through a zeroed scratch row) and interleaved."""
+        g, f = self.geo, self.f
+        eb, lanes, grp = f.bytes, f.lanes, f.group
+        z_count, k_count, n_count = self.geo.spec["b"]
+        name = f"{self.symbol}_pack"
+        fn, b = _segment(self.module, name)
+        h = _Builder(b)
+        bufs = self._named(b, fn)
+        src, packed, colbias = bufs["b"], bufs["packed"], bufs["colbias"]
+        row_ty = ir.VectorType(_I8, lanes)
+        scratch = b.alloca(row_ty, name="row")
+        scratch_p = b.bitcast(scratch, _PTR)
+        sums = b.alloca(self.acc_ty, name="sums")
+        wide_row = ir.VectorType(self.elem, lanes)
+        mask = [e * lanes + lane for lane in range(lanes) for e in range(grp)]
+
+        def matrix(z):
+            def vector(t, j):
+                n0 = b.add(b.mul(t, _c(g.tile)), _c(j * lanes))
+                whole = b.icmp_signed("<=", b.add(n0, _c(lanes)), _c(n_count))
+                b.store(_splat_const(self.acc_ty, 0), sums)
+
+                def row(k):
+                    """Row k of b at columns n0.., zeros past N (k < K)."""
+                    at = b.add(b.mul(b.add(b.mul(z, _c(k_count)), k), _c(n_count)), n0)
+                    b.store(_splat_const(row_ty, 0), scratch)
+
+                    def copy_lanes():
+                        def lane(i):
+                            inside = b.icmp_signed("<", b.add(n0, i), _c(n_count))
+                            h.when(inside, lambda: h.store(h.load(src, b.add(at, i), _I8),
+                                                           scratch_p, i))
+                        h.loop(0, lanes, lane)
+                    h.when(whole, lambda: b.store(h.load(src, at, row_ty), scratch),
+                           copy_lanes)
+                    return b.load(scratch)
+
+                def step(q, rows_there: int):
+                    rows = []
+                    for e in range(grp):
+                        if e < rows_there:
+                            v = row(b.add(b.mul(q, _c(grp)), _c(e)))
+                        else:
+                            v = _splat_const(row_ty, 0)
+                        rows.append(v if eb == 1 else b.sext(v, wide_row))
+                    total = b.load(sums)
+                    for v in rows:
+                        total = b.add(total, b.sext(v, self.acc_ty))
+                    b.store(total, sums)
+                    while len(rows) > 2:  # concatenate pairs: a shuffle takes two vectors
+                        rows = [b.shuffle_vector(rows[i], rows[i + 1], ir.Constant(
+                            ir.VectorType(_I32, 2 * rows[i].type.count),
+                            list(range(2 * rows[i].type.count)))) for i in range(0, len(rows), 2)]
+                    inter = b.shuffle_vector(rows[0], rows[1], ir.Constant(
+                        ir.VectorType(_I32, len(mask)), mask))
+                    index = b.add(b.mul(b.add(b.mul(b.add(b.mul(z, _c(g.tiles)), t), _c(g.q)),
+                                              q), _c(g.vectors)), _c(j))
+                    h.store(inter, packed, b.mul(index, _c(lanes * grp * eb)))
+                full_steps, rest = divmod(k_count, grp)
+                h.loop(0, full_steps, lambda q: step(q, grp))
+                if rest:
+                    step(_c(full_steps), rest)
+                total = b.load(sums)
+                if f.unsigned:
+                    total = b.mul(total, _splat_const(self.acc_ty, -128))
+                else:
+                    total = _splat_const(self.acc_ty, 0)
+                h.store(total, colbias, b.mul(b.add(b.mul(z, _c(g.mgp)), n0), _c(4)))
+            h.loop(0, g.tiles, lambda t: [vector(t, j) for j in range(g.vectors)])
+        h.loop(fn.args[1], fn.args[2], matrix)
+        b.ret_void()
+        return name
+
+    # -- the last segment: the dot products and the epilogue
     def dot(self):
         g, f = self.geo, self.f
         eb = f.bytes
-        fn, b = _segment(self.module, f"{self.symbol}_seg1")
+        name = f"{self.symbol}_dot"
+        fn, b = _segment(self.module, name)
         h = _Builder(b)
-        bufs = _buffers(b, fn, self.nparams + 1)
-        weight, bias, mult, requant = bufs[1:5]
-        residual = bufs[5] if g.residual else None
-        out, staged = bufs[self.nparams - 1], bufs[self.nparams]
-        rq = [h.load(requant, 4 * k, _I32) for k in range(4)]
+        bufs = self._named(b, fn)
+        residual, out, staged = bufs.get("residual"), bufs["out"], bufs["staged"]
+        if g.matmul:  # qops.qmatmul: [multiplier, shift], rounding 2**(shift-1), int8 range
+            weight, bias = bufs["packed"], bufs["colbias"]
+            m_value, s_value = (h.load(bufs["qparams"], 4 * k, _I32) for k in range(2))
+            rq = [s_value, _c(-128, _I32), _c(127, _I32),
+                  b.shl(_c(1, _I32), b.sub(s_value, _c(1, _I32)))]
+            mult = h.splat(m_value, self.acc_ty)
+        else:
+            weight, bias, mult = bufs["weight"], bufs["bias"], bufs["multiplier"]
+            rq = [h.load(bufs["requant"], 4 * k, _I32) for k in range(4)]
         shift, lo, hi, rnd = (h.splat(v, self.acc_ty) for v in rq)
         r_max, v_count = g.columns, g.vectors
         acc = b.alloca(ir.ArrayType(self.acc_ty, r_max * v_count), name="acc")
@@ -378,10 +494,12 @@ class _Emitter:
             gi = b.srem(rest, _c(g.g))
             n = b.sdiv(rest, _c(g.g))
             tap_bytes = g.q * v_count * f.lanes * f.group * eb
-            w_tile = b.mul(b.add(b.mul(gi, _c(g.tiles)), t), _c(g.kh * g.kw * tap_bytes))
+            # a matmul's weights and bias are its image's (n's) own
+            own = b.add(b.mul(n, _c(g.g)), gi) if g.matmul else gi
+            w_tile = b.mul(b.add(b.mul(own, _c(g.tiles)), t), _c(g.kh * g.kw * tap_bytes))
             row0 = b.add(b.mul(n, _c(g.hs)), b.mul(oy, _c(g.rs_h)))
             in_row = b.add(b.mul(row0, _c(g.ws * g.ctot * eb)), b.mul(gi, _c(g.cp * eb)))
-            ch0 = b.add(b.mul(gi, _c(g.mgp)), b.mul(t, _c(g.tile)))  # bias/multiplier index
+            ch0 = b.add(b.mul(own, _c(g.mgp)), b.mul(t, _c(g.tile)))  # bias/multiplier index
             oc0 = b.mul(t, _c(g.tile))                                # channel in the group
             first = b.mul(xc, _c(g.blocks_per_chunk))
             last = b.add(first, _c(g.blocks_per_chunk))
@@ -399,6 +517,7 @@ class _Emitter:
         bufs_ctx = (weight, bias, mult, residual, out, staged, shift, lo, hi, rnd)
         h.loop(fn.args[1], fn.args[2], item)
         b.ret_void()
+        return name
 
     def _dot_step(self, b, a, wv, s):
         """One instruction's worth: ``s + dot(a, wv)`` per lane."""
@@ -456,7 +575,7 @@ class _Emitter:
         for j in range(v_count):
             at = b.add(ch0, _c(j * f.lanes))
             bv = h.load(bias, b.mul(at, _c(4)), self.acc_ty)
-            mv = h.load(mult, b.mul(at, _c(4)), self.acc_ty)
+            mv = mult if self.geo.matmul else h.load(mult, b.mul(at, _c(4)), self.acc_ty)
             oc = b.add(oc0, _c(j * f.lanes))  # first channel of the vector in its group
             for r in range(cols):
                 t = b.mul(b.add(b.load(slot(r, j)), bv), mv)
@@ -528,16 +647,15 @@ def compile_dot(spec: dict, *, use_cache: bool = True) -> CpuKernel:
     geo = Geometry(spec)
     symbol = "qdot"
     e = _Emitter(geo, symbol)
-    e.stage()
-    e.dot()
+    segments = [SavedSegment(e.stage(), geo.n * geo.hs)]
+    if geo.matmul:
+        segments.append(SavedSegment(e.pack(), geo.n))
+    segments.append(SavedSegment(e.dot(), geo.items))
     llvm_ir = str(e.module)
     obj, path, hit = _load_or_compile(llvm_ir, use_cache)
     params = geo.params()
-    temps = [Buffer("staged", geo.staged_shape, geo.form.operand)]
-    segments = [SavedSegment(f"{symbol}_seg0", geo.n * geo.hs),
-                SavedSegment(f"{symbol}_seg1", geo.items)]
-    return CpuKernel(None, llvm_ir, obj, temps, segments, path, hit,
-                     time.perf_counter() - start, name="qdot", params=params,
+    return CpuKernel(None, llvm_ir, obj, geo.temps(), segments, path, hit,
+                     time.perf_counter() - start, name=spec["op"], params=params,
                      written=[len(params) - 1])
 
 

@@ -1,6 +1,7 @@
-"""Lowering QConv and QGemm to the dot-product kernels of int8_dot.py, when the build has
-an int8 form (int8_forms.py: chosen from the host CPU, or forced by the build's
-``int8_form`` option or $CELOSIA_INT8_FORM).
+"""Lowering QConv, QGemm and QMatMul to the dot-product kernels of int8_dot.py, when the
+build has an int8 form (int8_forms.py: chosen from the host CPU, or forced by the build's
+``int8_form`` option or $CELOSIA_INT8_FORM). QMatMul's checks and operands stay
+lowering_q.py's; ``matmul_spec`` gives its kernel.
 
 Each handler takes the lowering (lowering._Lowering) and a node and returns False to leave
 the node to lowering.py's tensor-language kernels (float32 FMA on exact integers):
@@ -25,7 +26,7 @@ from ..graph.ir import Node
 from .int8_dot import dot_tile
 from .int8_forms import FORMS, pack_dot_weight, per_channel, unsigned_bias
 
-__all__ = ["qconv", "qgemm", "dot_reason"]
+__all__ = ["qconv", "qgemm", "matmul_spec", "dot_reason"]
 
 I8 = "int8"
 # At most this much more work than the layer's own multiply-adds, counting the zero
@@ -148,3 +149,13 @@ def qgemm(lw, node: Node) -> bool:
     lw.kernel(node, spec, args + [flat], flat)
     lw.step("view", None, [flat], [lw.produce(out_v, 0)])  # the node's step is the kernel
     return True
+
+
+def matmul_spec(lw, z: int, m: int, k: int, n: int) -> dict | None:
+    """The ``qdot_matmul`` spec of a QMatMul of ``[z, m, k] @ [z, k, n]`` (lowering_q.py
+    builds the rest), or None without a form."""
+    if lw.int8_form is None:
+        return None
+    vectors, columns = dot_tile(FORMS[lw.int8_form], n, m)
+    return {"op": "qdot_matmul", "form": lw.int8_form, "a": [z, m, k], "b": [z, k, n],
+            "tile": [vectors, columns]}

@@ -1,11 +1,11 @@
 """The int8 dot-product kernels (compiler/cpu/int8_dot.py) in every form this CPU runs
-(int8_forms.py: AVX-512 VNNI, VNNI on ymm, AVX2 vpmaddwd), bit for bit against qops.py:
-hypothesis draws the geometry (kernels, strides, dilations, per-side padding, groups,
-channel counts that fill no vector, input and output channel blocks, batches), the padding
-value, the register tile (padded vectors and tails included), the residual and the
-requantization over the whole int32 range, with int8 data heavy in -128 and 127. Then the
-lowering: QConv and QGemm graphs and a quantized ResNet built with each form forced equal
-the reference executor, and the form is recorded."""
+(int8_forms.py: AVX-512 VNNI, VNNI on ymm, AVX2 vpmaddwd), bit for bit against qops.py's
+QConv and QMatMul: hypothesis draws the geometry (kernels, strides, dilations, per-side
+padding, groups, channel counts that fill no vector, input and output channel blocks,
+batches), the padding value, the register tile (padded vectors and tails included), the
+residual and the requantization over the whole int32 range, with int8 data heavy in -128
+and 127. Then the lowering: QConv, QGemm and QMatMul graphs and a quantized ResNet built
+with each form forced equal the reference executor, and the form is recorded."""
 
 import numpy as np
 import pytest
@@ -166,6 +166,35 @@ def test_wrapping_sums_and_extreme_operands(name):
         assert len(np.unique(got)) > 10  # the window sums land in range, not clipped
 
 
+@st.composite
+def matmul_cases(draw):
+    z, m = draw(st.integers(1, 4)), draw(st.integers(1, 20))
+    return dict(z=z, m=m, k=draw(st.integers(1, 70)), n=draw(st.integers(1, 40)),
+                multiplier=draw(st.one_of(INT32, st.integers(1, 2**15))),
+                shift=draw(st.integers(1, 31)),
+                tile=draw(st.one_of(st.none(), st.tuples(st.integers(1, 4),
+                                                         st.integers(1, m)))),
+                seed=draw(st.integers(0, 2**32 - 1)))
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+@SETTINGS
+@given(case=matmul_cases())
+def test_matmul_forms_are_bit_exact(name, case):
+    """QMatMul: the right operand packed by the kernel at run time (column sums for VNNI's
+    bias), any K and N (tails of a group of rows and of a vector of columns)."""
+    rng = np.random.default_rng(case["seed"])
+    z, m, k, n = case["z"], case["m"], case["k"], case["n"]
+    a, b = int8s(rng, (z, m, k)), int8s(rng, (z, k, n))
+    attrs = {"multiplier": case["multiplier"], "shift": case["shift"]}
+    vectors, columns = case["tile"] or dot_tile(FORMS[name], n, m)
+    kernel = compile_dot({"op": "qdot_matmul", "form": name, "a": [z, m, k], "b": [z, k, n],
+                          "tile": [vectors, columns]})
+    out = np.full((z, m, n), 99, np.int8)
+    kernel(a, b, np.array([case["multiplier"], case["shift"]], np.int32), out)
+    np.testing.assert_array_equal(out, qops.qmatmul(attrs, a, b))
+
+
 def test_geometry_errors_name_what_is_wrong():
     spec = {"op": "qdot", "form": RUNNABLE[0], "data": [1, 1, 5, 5, 16], "channels": 16,
             "groups": 1, "out": [1, 1, 4, 5, 16], "out_channels": 16, "kernel": [3, 3],
@@ -258,6 +287,21 @@ def test_qconv_chain_and_qgemm_through_the_lowering(name):
         assert built.program.specs[steps[node]["kernel"]]["op"] == "qdot", node
         assert built.program.specs[steps[node]["kernel"]]["form"] == name
     assert built.build_info["int8_form"] == name
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_qmatmul_through_the_lowering(name):
+    """Attention's shapes: [2, 3, M, K] @ [2, 3, K, N] as one ``qdot_matmul`` kernel."""
+    rng = np.random.default_rng(5)
+    inputs = {"a": TensorType("int8", (2, 3, 10, 24)), "b": TensorType("int8", (2, 3, 24, 17))}
+    node = Node("QMatMul", ("a", "b"), ("y",), {"multiplier": 12345, "shift": 15,
+                                                 "scale": 0.1}, "mm")
+    g = _graph([node], inputs, {}, ["y"])
+    feeds = {k: int8s(rng, t.shape) for k, t in inputs.items()}
+    built = CpuModel.from_graph(g, int8_form=name)
+    np.testing.assert_array_equal(built.run(feeds)["y"], run_graph(g, feeds)["y"])
+    (step,) = [s for s in built.program.steps if s["op"] == "QMatMul" and s["kind"] == "kernel"]
+    assert built.program.specs[step["kernel"]]["op"] == "qdot_matmul"
 
 
 @pytest.mark.parametrize("name", RUNNABLE)
