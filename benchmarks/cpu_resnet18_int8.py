@@ -14,13 +14,20 @@ model and against onnxruntime's own int8 model of it.
   S8S8) and QUInt8 (U8S8, the form its x86 kernels are known for), and the faster of the two
   is ``onnxruntime_int8_ms``. onnxruntime's fp32 model runs too, for reference.
 
+The bound: the int8 layers' multiply-adds (QConv, QGemm) at the form's peak rate, measured
+in the same blocks as the models by a kernel of independent dot-product instructions on
+every thread (``compile_peak``): ``bound_ms``, and ``fraction_of_peak`` = bound / latency.
+``bound_vs_onnxruntime_int8`` = bound / onnxruntime's time is the least
+``ratio_vs_onnxruntime_int8`` any exact kernel could reach on this machine.
+
 All run in one process in interleaved blocks (a pause, a warm-up run, then ``per_block``
 timed runs of one runtime, then the next), so a shared machine's load falls on all alike
 and no runtime's spinning threads steal a core from another. Figures are medians with the
 interquartile range (``iqr_ms``: [25th, 75th percentile]) over ``repetitions`` runs each.
 
 Metrics: latency_ms, fp32_latency_ms, onnxruntime_int8_ms, ratio_vs_fp32 (goal <= 0.4),
-ratio_vs_onnxruntime_int8 (goal <= 0.6), onnxruntime_fp32_ms.
+ratio_vs_onnxruntime_int8 (goal <= 0.6), onnxruntime_fp32_ms, bound_ms, fraction_of_peak,
+bound_vs_onnxruntime_int8.
 """
 
 from __future__ import annotations
@@ -79,7 +86,9 @@ def run(quick: bool = False) -> dict:
     except ModuleNotFoundError:
         raise CelosiaError("cpu-resnet18-int8 compares with onnxruntime: pip install "
                            "onnxruntime") from None
+    from celosia.benchmarks.zoo_int8 import node_macs
     from celosia.compiler.cpu.host import num_threads
+    from celosia.compiler.cpu.int8_dot import compile_peak
     from celosia.compiler.graph.reference import run_graph
     from celosia.compiler.pipeline import quantize_model
     from celosia.models import zoo as models
@@ -113,6 +122,12 @@ def run(quick: bool = False) -> dict:
     runners = {"celosia_int8": lambda: int8.run(feeds), "celosia_fp32": lambda: fp32.run(feeds)}
     for name, s in sessions.items():
         runners[name] = lambda s=s: s.run(None, feeds)
+    form = int8.build_info.get("int8_form")
+    macs = sum(node_macs(n, graph.types) for n in graph.nodes if n.op in ("QConv", "QGemm"))
+    if form and form != "none":
+        items = 8 * threads
+        peak, peak_macs = compile_peak(form, items, 4000)
+        runners["peak"] = peak.bind(np.empty(peak.params[0].shape, np.int32))
 
     blocks, per_block = (3, 3) if quick else (10, 6)
     samples: dict = {name: [] for name in runners}
@@ -129,6 +144,12 @@ def run(quick: bool = False) -> dict:
     ours, fp = stats["celosia_int8"]["median_ms"], stats["celosia_fp32"]["median_ms"]
     ort_int8 = min(stats[n]["median_ms"] for n in ("onnxruntime_int8_s8s8",
                                                     "onnxruntime_int8_u8s8"))
+    bound = {}
+    if "peak" in stats:
+        rate = peak_macs / (stats["peak"]["median_ms"] * 1e-3)
+        bound_ms = macs / rate * 1e3
+        bound = {"bound_ms": bound_ms, "fraction_of_peak": bound_ms / ours,
+                 "bound_vs_onnxruntime_int8": bound_ms / ort_int8}
     int8.run(feeds, profile=True)
     report = int8.report()
     print(f"  celosia int8 {ours:.2f} ms, celosia fp32 {fp:.2f} ms, onnxruntime int8 "
@@ -142,7 +163,11 @@ def run(quick: bool = False) -> dict:
             "ratio_vs_fp32": ours / fp,
             "ratio_vs_onnxruntime_int8": ours / ort_int8,
             "onnxruntime_fp32_ms": stats["onnxruntime_fp32"]["median_ms"],
+            **bound,
         },
+        "int8_macs": macs,
+        "peak_gmac_per_s": (peak_macs / stats["peak"]["median_ms"] * 1e-6
+                            if "peak" in stats else None),
         "timings": stats,
         "threads": threads,
         "repetitions": blocks * per_block,

@@ -40,7 +40,6 @@ the output's shape)], out (int8). One temporary: the staged input.
 
 from __future__ import annotations
 
-import math
 import time
 
 from llvmlite import ir
@@ -52,7 +51,7 @@ from .codegen import CpuKernel, SavedSegment, _load_or_compile
 from .host import llvm_binding
 from .int8_forms import DotForm, form as get_form
 
-__all__ = ["DOT_OPS", "compile_dot", "dot_tile", "Geometry"]
+__all__ = ["DOT_OPS", "compile_dot", "compile_peak", "dot_tile", "Geometry"]
 
 DOT_OPS = ("qdot", "qdot_matmul")
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
@@ -659,5 +658,45 @@ def compile_dot(spec: dict, *, use_cache: bool = True) -> CpuKernel:
                      written=[len(params) - 1])
 
 
-def staged_bytes(geo: Geometry) -> int:
-    return math.prod(geo.staged_shape) * geo.form.bytes
+def compile_peak(form_name: str, items: int, steps: int) -> tuple[CpuKernel, int]:
+    """(kernel, multiply-adds per call) of the form's peak: ``items`` parallel iterations
+    of ``steps`` rounds of 16 independent dot-product instructions on registers, the sums
+    stored (``out`` int32 ``[items, lanes]``). What the convolutions' inner loop could
+    reach on this machine at best (benchmarks: the bound of a model's int8 layers)."""
+    f = get_form(form_name)
+    accumulators = 16
+    spec = {"op": "qdot_matmul", "form": form_name, "a": [1, 1, 4], "b": [1, 4, 1],
+            "tile": [1, 1]}
+    e = _Emitter(Geometry(spec), "peak")
+    fn, b = _segment(e.module, "peak_seg0")
+    h = _Builder(b)
+    out = b.load(b.gep(fn.args[0], [_c(0)]))
+    acc = b.alloca(ir.ArrayType(e.acc_ty, accumulators))
+
+    def item(i):
+        seed = b.trunc(i, _I32)
+        a = b.bitcast(h.splat(b.or_(seed, _c(0x01010101, _I32)), e.acc_ty), e.operand_ty)
+        wv = b.bitcast(h.splat(b.add(seed, _c(0x02030405, _I32)), e.acc_ty), e.operand_ty)
+        slots = [b.gep(acc, [_c(0, _I32), _c(k, _I32)]) for k in range(accumulators)]
+        for s in slots:
+            b.store(_splat_const(e.acc_ty, 0), s)
+
+        def rounds(_):
+            # each round's activations depend on the last round's first sum, so nothing
+            # is loop-invariant (LLVM would hoist a vpmaddwd of constant operands)
+            step_a = b.bitcast(b.xor(b.load(slots[0]), b.bitcast(a, e.acc_ty)), e.operand_ty)
+            for s in slots:
+                b.store(e._dot_step(b, step_a, wv, b.load(s)), s)
+        h.loop(0, steps, rounds)
+        total = b.load(slots[0])
+        for s in slots[1:]:
+            total = b.add(total, b.load(s))
+        h.store(total, out, b.mul(i, _c(f.lanes * 4)))
+    h.loop(fn.args[1], fn.args[2], item)
+    b.ret_void()
+    llvm_ir = str(e.module)
+    obj, path, hit = _load_or_compile(llvm_ir, True)
+    kernel = CpuKernel(None, llvm_ir, obj, [], [SavedSegment("peak_seg0", items)], path, hit,
+                       0.0, name="peak", params=[Buffer("out", (items, f.lanes), "int32")],
+                       written=[0])
+    return kernel, items * steps * accumulators * f.lanes * f.group
