@@ -48,7 +48,7 @@ from celosia.errors import CompilerError
 
 from ..tensor.tir import Buffer
 from .codegen import CpuKernel, SavedSegment, _load_or_compile
-from .host import llvm_binding
+from .host import host_target, llvm_binding
 from .int8_forms import DotForm, form as get_form
 
 __all__ = ["DOT_OPS", "compile_dot", "compile_peak", "dot_tile", "Geometry"]
@@ -640,6 +640,18 @@ class _Emitter:
         h.when(fits, whole, lane_by_lane)
 
 
+def _as_compiled_for(llvm_ir: str, f: DotForm) -> str:
+    """The avx2 form's functions without AVX-512 (a function attribute): on an AVX-512
+    host LLVM would otherwise use 32 registers and fuse ``vpmaddwd`` + ``vpaddd`` into
+    VNNI's ``vpdpwssd``, so a test of the form on such a host would not run an AVX2
+    host's code. (The VNNI forms need the host's own features.)"""
+    if f.name != "avx2" or "+avx512f" not in host_target().features.split(","):
+        return llvm_ir
+    lines = [line + " #0" if line.startswith("define ") else line
+             for line in llvm_ir.splitlines()]
+    return "\n".join(lines) + '\nattributes #0 = { "target-features"="-avx512f" }\n'
+
+
 def compile_dot(spec: dict, *, use_cache: bool = True) -> CpuKernel:
     """The compiled ``qdot`` kernel of a spec (see the module docstring)."""
     start = time.perf_counter()
@@ -650,7 +662,7 @@ def compile_dot(spec: dict, *, use_cache: bool = True) -> CpuKernel:
     if geo.matmul:
         segments.append(SavedSegment(e.pack(), geo.n))
     segments.append(SavedSegment(e.dot(), geo.items))
-    llvm_ir = str(e.module)
+    llvm_ir = _as_compiled_for(str(e.module), geo.form)
     obj, path, hit = _load_or_compile(llvm_ir, use_cache)
     params = geo.params()
     return CpuKernel(None, llvm_ir, obj, geo.temps(), segments, path, hit,

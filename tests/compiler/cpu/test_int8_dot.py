@@ -341,3 +341,19 @@ def test_bench_cpu_resnet18_int8_quick():
     assert result["repetitions"] == 9
     for t in result["timings"].values():
         assert t["iqr_ms"][0] <= t["median_ms"] <= t["iqr_ms"][1]
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_each_form_runs_its_own_instructions(name):
+    """The machine code has the form's instruction and, for avx2 on an AVX-512 host, no
+    AVX-512 at all (else LLVM fuses vpmaddwd + vpaddd into VNNI's vpdpwssd and the test of
+    the form would not run an AVX2 host's code)."""
+    spec = {"op": "qdot", "form": name, "data": [1, 2, 6, 6, 16], "channels": 32, "groups": 1,
+            "out": [1, 2, 6, 6, 16], "out_channels": 32, "kernel": [3, 3], "strides": [1, 1],
+            "pads": [1, 1, 1, 1], "dilations": [1, 1], "pad_value": 0, "tile": [1, 6],
+            "residual": False}
+    asm = compile_dot(spec, use_cache=False).assembly()
+    if name == "avx2":
+        assert "vpmaddwd" in asm and "vpdpwssd" not in asm and "zmm" not in asm
+    else:
+        assert "vpdpbusd" in asm and ("zmm" in asm) == (name == "vnni512")
