@@ -86,7 +86,8 @@ def qconv(lw, node: Node) -> bool:
     tx, a = lw.type(x), node.attrs
     if len(tx.shape) != 4 or tx.dtype != I8 or len(node.outputs) != 1 \
             or not all(lw.is_const(v) for v in (wv, bias, multiplier)) \
-            or not _valid_epilogue(a) or len(a.get("kernel_shape", ())) != 2:
+            or not _valid_epilogue(a) or lw.type(wv).dtype != I8 \
+            or len(lw.type(wv).shape) != 4:
         return False
     w = np.asarray(lw.const(wv), np.int8)
     out_t = lw.type(node.outputs[0])
@@ -129,7 +130,8 @@ def qgemm(lw, node: Node) -> bool:
     tx = lw.type(x)
     if len(tx.shape) != 2 or tx.dtype != I8 or len(node.outputs) != 1 \
             or not all(lw.is_const(v) for v in (wv, bias, multiplier)) \
-            or not _valid_epilogue(node.attrs):
+            or not _valid_epilogue(node.attrs) or lw.type(wv).dtype != I8 \
+            or len(lw.type(wv).shape) != 2:
         return False
     (m, k), w = tx.shape, np.asarray(lw.const(wv), np.int8)
     n = w.shape[0]
