@@ -482,7 +482,8 @@ def build_function(spec: dict):
 _SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
             "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py",
             "cpu/kernels_recurrent.py", "cpu/kernels_q.py", "cpu/operands.py", "cpu/lut.py",
-            "cpu/rowwise.py", "cpu/copies.py", "cpu/int8_dot.py", "cpu/int8_forms.py",
+            "cpu/rowwise.py", "cpu/copies.py", "cpu/int8_dot.py", "cpu/int8_emit.py",
+            "cpu/int8_forms.py",
             "cpu/codegen.py", "cpu/host.py", "tensor/te.py",
             "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []
