@@ -53,8 +53,11 @@ def _divisors(n):
 
 @st.composite
 def conv_cases(draw):
-    g = draw(st.sampled_from([1, 1, 2, 3]))
-    cg, mg = draw(st.integers(1, 20)), draw(st.integers(1, 40))
+    if draw(st.sampled_from([False, False, False, True])):  # depthwise (x1 or x2)
+        g, cg, mg = draw(st.integers(2, 24)), 1, draw(st.integers(1, 2))
+    else:
+        g = draw(st.sampled_from([1, 1, 2, 3]))
+        cg, mg = draw(st.integers(1, 20)), draw(st.integers(1, 40))
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     strides = [draw(st.integers(1, 3)) for _ in range(2)]
     dil = [draw(st.integers(1, 2)) for _ in range(2)]
