@@ -14,14 +14,16 @@ order: data (and weights), bias, the epilogue's tensor operands in step order, o
 
 Quantized operators (graph_int.py), bit-exact with its numpy kernels:
 
-    {"op": "qconv" | "qdwconv", ...the geometry of "conv" | "dwconv"..., "residual": True}
+    {"op": "qconv" | "qdwconv", ...the geometry of "conv" | "dwconv"..., "residual": True
+     [, "pad_value": True]}
     {"op": "qdense", "data": [M, K], "weight": [N//n, K, n], "residual": False}
     {"op": "qgap", "data": [N, C//c, H, W, c], "multiplier": 16644, "shift": 23}
     {"op": "qadd" | "qmul" | "qlut" | "qmatmul", ...}     kernels_q.py (QAdd, QMul, QLut,
                                                            QMatMul)
 
 QConv and QGemm kernels take data, weight, bias, multiplier, ``requant`` (int32 [shift, lo,
-hi]: run-time operands, so layers of one shape share a kernel) [, residual], output: int8
+hi], and QConv's ``pad_value`` fourth when the spec has ``"pad_value"``: the padding reads
+it, not 0; run-time operands, so layers of one shape share a kernel) [, residual], output: int8
 data and weights, int32 bias and multipliers (``[C//c, c]`` blocked, ``[N]`` dense), the
 integer sums wrapping to int32 as graph_int's ``wrap``. Pooling, ``pack`` and ``unpack`` specs
 carry the ``"dtype"`` of their data (``maxpool``: float32 or int8, the padding being the
@@ -190,7 +192,10 @@ def _conv(spec):
     if quantized:
         b = te.placeholder((occ, ob), "int32", "bias")
         multiplier = te.placeholder((occ, ob), "int32", "multiplier")
-        rq = te.placeholder((3,), "int32", "requant")
+        # [shift, lo, hi] (and the padding's value, QConv's pad_value, with "pad_value")
+        rq = te.placeholder((4 if spec.get("pad_value") else 3,), "int32", "requant")
+        if spec.get("pad_value"):
+            kw["pad_value"] = rq[3]
         ops = [te.placeholder(shape, "int8", "residual")] if spec["residual"] else []
 
         def epilogue(v, idx):

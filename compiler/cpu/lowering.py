@@ -47,6 +47,7 @@ import numpy as np
 
 from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
+from ..graph.qops import pad_value
 from .control import CONTROL_OPS, control_fallback_reason, lower_control
 from .lower_recurrent import lower_recurrent
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
@@ -74,6 +75,10 @@ _POOL_DTYPES = {"MaxPool": (F32, I8), "AveragePool": (F32,), "GlobalAveragePool"
 def _requantizes(attrs) -> bool:
     """Whether a QConv/QGemm's epilogue attributes are valid (else the numpy step reports
     them at run time, as graph_numpy would)."""
+    try:
+        pad_value(attrs)
+    except ValueError:
+        return False
     return 0 <= int(attrs["shift"]) <= 31 and -128 <= int(attrs["lo"]) <= int(attrs["hi"]) <= 127
 
 
@@ -491,11 +496,13 @@ class _Lowering:
         self.kernel(node, spec, args + [out], out)
         return True
 
-    def requant_const(self, node: Node) -> str:
-        """A QConv/QGemm's [shift, lo, hi], an operand of its kernel."""
+    def requant_const(self, node: Node, pad_value: int | None = None) -> str:
+        """A QConv/QGemm's [shift, lo, hi] (and a QConv's pad_value), an operand of its
+        kernel."""
         a = node.attrs
+        extra = [] if pad_value is None else [pad_value]
         return self.add_const(f"{node.name}@requant",
-                              np.array([a["shift"], a["lo"], a["hi"]], np.int32))
+                              np.array([a["shift"], a["lo"], a["hi"], *extra], np.int32))
 
     def qconv(self, node: Node) -> bool:
         x, w, bias, multiplier = node.inputs[:4]
@@ -508,13 +515,19 @@ class _Lowering:
         if layout is None:
             return False
         depthwise, cb, ob, wname, geometry = layout
+        # the padding's value (qops.pad_value): a run-time operand, only where some window
+        # reads padding (the other kernels keep their specs)
+        fill = pad_value(node.attrs) if any(geometry["pads"]) else 0
         data = self.blocked(x, cb)
         args = [data, wname, self.channel_const(bias, ob, "int32"),
-                self.channel_const(multiplier, ob, "int32"), self.requant_const(node)]
+                self.channel_const(multiplier, ob, "int32"),
+                self.requant_const(node, fill if fill else None)]
         if residual:
             args.append(self.blocked(residual, ob))
         spec = {"op": "qdwconv" if depthwise else "qconv", "data": self.values[data]["shape"],
                 **geometry, "residual": bool(residual)}
+        if fill:
+            spec["pad_value"] = True
         out = self.produce(node.outputs[0], ob)
         self.kernel(node, spec, args + [out], out)
         return True

@@ -17,9 +17,12 @@ by ``wrap``); right shifts are arithmetic (floor).
 - ``QConv(x int8 NCHW (or NCL), w int8 OIHW (or OIL), bias int32[O], multiplier int32[O]
   [, residual int8])``,
   attrs ``kernel_shape, strides, pads, dilations, group`` (as Conv), ``shift`` (0..31),
-  ``lo, hi`` (int8 bounds) and ``scale`` (the output's scale, informational)::
+  ``lo, hi`` (int8 bounds), ``scale`` (the output's scale, informational) and
+  ``pad_value`` (int8, default 0: what the padding reads, the input's zero point, so that
+  with ``bias`` holding ``- pad_value * sum(w[o])`` every window sums ``w (x - z)``)::
 
-      acc = wrap(conv(x, w))                 exact integer convolution, zero padding
+      acc = wrap(conv(x, w))                 exact integer convolution, the padding
+                                             filled with pad_value
       t = wrap(acc + bias[o]); t = wrap(t * multiplier[o]); t = t >> shift
       t = wrap(t + residual)                 when the residual input is given
       y = int8(clip(t, lo, hi))
@@ -69,7 +72,7 @@ import numpy as np
 from .ir import Node, NodeError, TensorType
 from .ops import conv, conv_types
 
-__all__ = ["QUANTIZED_KERNELS", "QUANTIZED_SHAPE_RULES", "wrap"]
+__all__ = ["QUANTIZED_KERNELS", "QUANTIZED_SHAPE_RULES", "pad_value", "wrap"]
 
 
 def wrap(x: np.ndarray) -> np.ndarray:
@@ -103,10 +106,18 @@ def _int8(*arrays):
             raise ValueError(f"expects int8 operands, got {a.dtype}")
 
 
+def pad_value(attrs) -> int:
+    """A QConv's ``pad_value`` (0 when absent), checked to be an int8."""
+    v = attrs.get("pad_value", 0)
+    if isinstance(v, bool) or int(v) != v or not -128 <= int(v) <= 127:
+        raise ValueError(f"pad_value {v!r} must be an integer in [-128, 127]")
+    return int(v)
+
+
 def qconv(attrs, x, w, bias, multiplier, residual=None):
     _int8(x, w, residual)
     shift, lo, hi = _epilogue_args(attrs)
-    acc = conv(attrs, x.astype(np.float64), w.astype(np.float64))
+    acc = conv(attrs, x.astype(np.float64), w.astype(np.float64), fill=pad_value(attrs))
     return _requantize(wrap(acc.astype(np.int64)), bias, multiplier, shift, lo, hi, residual)
 
 
@@ -210,6 +221,10 @@ def _qconv_types(node: Node, types):
     if w.shape[0] % a["group"]:
         raise NodeError(node, f"input has {x.shape[1]} channels but weight {w} with "
                               f"group={a['group']} expects {w.shape[1] * a['group']}")
+    try:
+        pad_value(a)
+    except ValueError as e:
+        raise NodeError(node, str(e)) from None
     (t,) = conv_types(node, types)  # channels, window and output shape as for Conv
     shape = t.shape
     _check_epilogue_operands(node, types, w.shape[0], shape)
