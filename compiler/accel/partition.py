@@ -47,7 +47,9 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..graph.ir import Graph, Node
+from ..graph.qops import pad_value
 from . import matmul
+from .border import bias_table, pack_bias_table
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
 from .ops_alu import EltSpec, GapSpec, PoolSpec, elt_constants, gap_constants
 from .ops_group import GroupConvSpec, crop_taps, group_layout_problem, pack_group_kernel
@@ -654,16 +656,26 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None
         group, strides, pads, (kh, kw) = _conv_geometry(node, graph)
         n, c = x_t.shape[:2]
         h, wd = (1, x_t.shape[2]) if len(x_t.shape) == 3 else x_t.shape[2:]
+        full = GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw, groups=group,
+                             strides=strides, pads=pads, block=k, epilogue=epi)
+        w4 = w.reshape(o, c // group, kh, kw)
+        classes = ()
+        z = pad_value(node.attrs)
+        if z and any(pads):  # the padding reads z, the DMA's is 0: a bias table (border.py)
+            table, rows, cols = bias_table(bias, w4, z, (h, wd), strides, pads,
+                                           (full.oh, full.ow))
+            if rows.count * cols.count > 1:
+                classes = (rows, cols)
+                bias_p = pack_bias_table(pad_channels(table, 0, k), b, k)
+            else:  # only taps crop_taps drops read padding: one bias per channel still
+                bias_p = pack_bias(pad_channels(table[:, 0, 0], 0, k), b, k)
         # without the kernel rows and columns that only ever meet padding (crop_taps)
-        g, w4 = crop_taps(GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw,
-                                        groups=group, strides=strides, pads=pads, block=k,
-                                        epilogue=epi),
-                          w.reshape(o, c // group, kh, kw))
+        g, w4 = crop_taps(replace(full, bias_classes=classes), w4)
         if group != 1:  # not _is_plain_conv2d
             spec, weight, kind = g, pack_group_kernel(w4, g), "group_conv2d"
         else:
             spec = ConvSpec(n=n, c=_ceil(c, k), h=h, w=wd, o=op, kh=g.kh, kw=g.kw,
-                            stride=g.strides, pad=g.pads, epilogue=epi)
+                            stride=g.strides, pad=g.pads, epilogue=epi, bias_classes=classes)
             weight = pack_oihw(pad_channels(pad_channels(w4, 0, k), 1, k), k)
             kind = "conv2d"
     else:

@@ -803,9 +803,10 @@ class _Builder:
 
 
 def _emit_layer(b: _Builder, node: Node, x_q: str, w_q, params, clamp, s_out: float,
-                out: str, residual: str = "") -> None:
+                out: str, residual: str = "", z_in: int = 0) -> None:
     """A QConv/QGemm in place of ``node``: params = (multiplier, bias, shift), clamp =
-    (lo, hi)."""
+    (lo, hi); ``z_in`` the input's zero point, which a padded QConv's padding reads
+    (``pad_value``, qzero.py)."""
     (mult, bias, shift), (lo, hi), base = params, clamp, node.name
     inputs = [x_q, b.const(f"{base}/weight_int8", w_q), b.const(f"{base}/bias_int32", bias),
               b.const(f"{base}/multiplier", mult)] + ([residual] if residual else [])
@@ -813,16 +814,18 @@ def _emit_layer(b: _Builder, node: Node, x_q: str, w_q, params, clamp, s_out: fl
     if node.op == "Conv":
         attrs = {k: node.attrs[k] for k in ("kernel_shape", "strides", "pads", "dilations",
                                             "group")} | attrs
+        if z_in and any(node.attrs["pads"]):
+            attrs["pad_value"] = int(z_in)
     b.add("QConv" if node.op == "Conv" else "QGemm", inputs, [out], attrs, base, fresh=False)
 
 
 def _emit_rows(b: _Builder, graph: Graph, node: Node, x_q: str, w_q, params, clamp,
-               s_out: float, out: str, residual: str = "") -> None:
+               s_out: float, out: str, residual: str = "", z_in: int = 0) -> None:
     """_emit_layer, for a MatMul on an N-d input as a QGemm on its rows: Reshape to [rows,
     K] (and the residual to [rows, O]), QGemm, Reshape back (int8 values, same scales)."""
     shape = graph.types[node.inputs[0]].shape
     if node.op != "MatMul" or len(shape) == 2:
-        _emit_layer(b, node, x_q, w_q, params, clamp, s_out, out, residual)
+        _emit_layer(b, node, x_q, w_q, params, clamp, s_out, out, residual, z_in)
         return
     out_shape = tuple(b.types[out].shape)
     rows = math.prod(shape[:-1])
@@ -971,7 +974,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             if layer.tail:
                 target = b.value(f"{out}/before_lut", TensorType("int8", graph.types[out].shape))
             _emit_rows(b, graph, node, x_q, w_q, params,
-                       _clamp_q(layer.lo, layer.hi, s_out, z_out), s_out, target, residual)
+                       _clamp_q(layer.lo, layer.hi, s_out, z_out), s_out, target, residual,
+                       zero(node.inputs[0]))
             if layer.tail:
                 s_lut = scale(_after_lut(node)) if layer.after else scale(out)
                 lut = int8_name[out]

@@ -9,10 +9,10 @@ kernels and the accelerator compute the same bits as before:
 - a QConv/QGemm *writing* the value adds ``z_out`` after its shift: ``rint(z_out / r[o])``
   more in its int32 bias (r[o] the requantization ratio), its clamp [lo, hi] moved by z_out;
   off from the exact z_out by the ratio's own rounding (``r/2`` of an output step);
-- a QConv/QGemm *reading* it with no padding (1x1 convolutions, Gemm, a transformer's
-  Linear) subtracts ``z_in * sum(w_q[o])`` from its bias: exact, ``sum w (q - z) = sum w q -
-  z sum w``. A zero-padded convolution is not: its border windows would read the padding as
-  ``-z``; such readers keep the value symmetric;
+- a QConv/QGemm *reading* it subtracts ``z_in * sum(w_q[o])`` from its bias: exact, ``sum w
+  (q - z) = sum w q - z sum w``. A padded QConv's padding reads ``z_in`` (its ``pad_value``,
+  qops.py; the accelerator adds what its zero-filling DMA leaves out to a bias table,
+  compiler/accel/border.py), so its border windows are exact too;
 - a QLut's table is indexed by q and filled from ``s_in (q - z_in)``, into ``z_out``;
 - MaxPool (its padding fill -128 is below any value), Flatten, Reshape, Transpose, Identity,
   Concat and QGlobalAveragePool (the average of q is the average of q - z, plus z) keep it.
@@ -40,9 +40,8 @@ def _reads_ok(graph: Graph, node, value: str, kind: str, layer) -> bool:
     """Whether ``node`` (of plan kind ``kind``) can read ``value`` with a zero point."""
     if kind == "layer":
         at = [k for k, i in enumerate(node.inputs) if i == value]
-        if at != [0] or value == layer.residual or (layer.after and layer.after[2] == value):
-            return False
-        return node.op != "Conv" or not any(node.attrs["pads"])
+        return at == [0] and value != layer.residual and \
+            not (layer.after and layer.after[2] == value)
     if kind == "same":
         return node.op in _KEEPS_ZERO
     return kind in ("pool", "lut")
