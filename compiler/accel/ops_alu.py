@@ -26,11 +26,11 @@ Two ``O`` buffers alternate so that a tile's store overlaps the next tile's ALU 
 store -> compute tokens say when a buffer may be written again.
 
 Global average pooling (compiler/graph/qops.py qglobal_average_pool: ``(sum * multiplier +
-2^(shift-1)) >> shift``, clipped, in int32 arithmetic), per group of channel blocks of one
+2^(shift-1) + offset) >> shift``, clipped, in int32 arithmetic), per group of channel blocks of one
 batch block: ``ACC_8BIT`` LOAD of their pixels (contiguous in DRAM), one ALU ``ADD`` whose
 inner loop has destination factor 0 (each channel block's pixels summed into one row, after
 a ``MUL 0`` that clears it), then ``MUL`` by a row holding the multiplier and ``ADD`` of a
-row holding the rounding constant (both int32 constants loaded once: they need not fit the
+row holding the rounding constant and the offset (both int32 constants loaded once: they need not fit the
 16-bit immediate), ``SHR``, ``MAX -128``, ``MIN 127`` and the store of those rows.
 
 Element-wise nodes see their operands as flat runs of ACC rows (two values of one shape
@@ -316,7 +316,7 @@ def maxpool_reference(x: np.ndarray, spec: PoolSpec) -> np.ndarray:
 @dataclass(frozen=True)
 class GapSpec:
     """int8 global average pooling of packed [n, c, h, w] (c padded to BLOCK) to [n, c, 1, 1]:
-    ``(sum * multiplier + 2^(shift-1)) >> shift``, clipped to int8."""
+    ``(sum * multiplier + 2^(shift-1) + offset) >> shift``, clipped to int8."""
 
     n: int
     c: int
@@ -324,6 +324,7 @@ class GapSpec:
     w: int
     multiplier: int
     shift: int
+    offset: int = 0
 
     @property
     def macs(self) -> int:
@@ -331,10 +332,11 @@ class GapSpec:
 
 
 def gap_constants(cfg: HwConfig, spec: GapSpec) -> np.ndarray:
-    """The int32 rows the program loads: the multiplier and the rounding constant."""
+    """The int32 rows the program loads: the multiplier and the rounding constant (with
+    the offset, wrapped to int32)."""
     rows = np.empty((2, cfg.batch, cfg.block), np.int32)
     rows[0] = np.int32(np.int64(spec.multiplier).astype(np.int32))
-    rows[1] = 1 << (spec.shift - 1)
+    rows[1] = np.int64((1 << (spec.shift - 1)) + spec.offset).astype(np.int32)
     return rows
 
 

@@ -642,7 +642,7 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None
     if node.op == "QGlobalAveragePool":
         n, c, h, w = graph.types[node.inputs[0]].shape
         spec = GapSpec(n=n, c=_ceil(c, k), h=h, w=w, multiplier=int(node.attrs["multiplier"]),
-                       shift=int(node.attrs["shift"]))
+                       shift=int(node.attrs["shift"]), offset=int(node.attrs.get("offset", 0)))
         empty = np.zeros(0, np.int32)
         return AccelLayer(node.name, "gap", spec, gap_constants(cfg, spec), empty, empty, False)
     x_t = graph.types[node.inputs[0]]

@@ -17,7 +17,8 @@ Quantized operators (graph_int.py), bit-exact with its numpy kernels:
     {"op": "qconv" | "qdwconv", ...the geometry of "conv" | "dwconv"..., "residual": True
      [, "pad_value": True]}
     {"op": "qdense", "data": [M, K], "weight": [N//n, K, n], "residual": False}
-    {"op": "qgap", "data": [N, C//c, H, W, c], "multiplier": 16644, "shift": 23}
+    {"op": "qgap", "data": [N, C//c, H, W, c], "multiplier": 16644, "shift": 23
+     [, "offset": -8388608]}
     {"op": "qadd" | "qmul" | "qlut" | "qmatmul", ...}     kernels_q.py (QAdd, QMul, QLut,
                                                            QMatMul)
 
@@ -316,11 +317,12 @@ def _pool(spec):
     return schedule_elementwise(y), [x, recip, y]
 
 
-def _requantized_average(total, multiplier: int, shift: int):
+def _requantized_average(total, multiplier: int, shift: int, offset: int = 0):
     """graph_int's QGlobalAveragePool from the int32 sum: ``(total * multiplier +
-    2**(shift-1)) >> shift`` (wrapping), clipped to int8."""
+    2**(shift-1) + offset) >> shift`` (wrapping), clipped to int8."""
     m = (multiplier + 2**31) % 2**32 - 2**31  # a product wraps alike with m mod 2**32
-    t = (total * m + (1 << (shift - 1))) >> shift
+    add = ((1 << (shift - 1)) + offset + 2**31) % 2**32 - 2**31
+    t = (total * m + add) >> shift
     return min_expr(max_expr(t, -128), 127).astype("int8")
 
 
@@ -342,7 +344,7 @@ def _global_avg_pool(spec):
                            "sum")
     if quantized:
         y = te.compute((n, cc, 1, 1, cb), lambda b, c, i, j, ci: _requantized_average(
-            total[b, c, ci], spec["multiplier"], spec["shift"]), "out")
+            total[b, c, ci], spec["multiplier"], spec["shift"], spec.get("offset", 0)), "out")
     else:
         y = te.compute((n, cc, 1, 1, cb), lambda b, c, i, j, ci: total[b, c, ci]
                        * as_expr(1.0 / (h * w)), "out")

@@ -720,9 +720,11 @@ class _Lowering:
             self.kernel(node, {"op": "gap", "data": self.values[data]["shape"]}, [data, out], out)
             return True
         if node.op == "QGlobalAveragePool":
-            self.kernel(node, {"op": "qgap", "data": self.values[data]["shape"],
-                               "multiplier": int(a["multiplier"]), "shift": int(a["shift"])},
-                        [data, out], out)
+            spec = {"op": "qgap", "data": self.values[data]["shape"],
+                    "multiplier": int(a["multiplier"]), "shift": int(a["shift"])}
+            if int(a.get("offset", 0)):
+                spec["offset"] = int(a["offset"])
+            self.kernel(node, spec, [data, out], out)
             return True
         spec = {"op": "maxpool" if node.op == "MaxPool" else "avgpool", "dtype": tx.dtype,
                 "data": self.values[data]["shape"], "out": self.values[out]["shape"],

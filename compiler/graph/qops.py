@@ -30,11 +30,12 @@ by ``wrap``); right shifts are arithmetic (floor).
 - ``QGemm(x int8[N,K], w int8[O,K], bias, multiplier [, residual int8[N,O]])``: the same
   epilogue on ``acc = x @ w.T``.
 - ``QGlobalAveragePool(x int8 NCHW) -> int8[N,C,1,1]``, attrs ``multiplier``, ``shift``,
-  ``scale`` (the input's scale, which the output keeps)::
+  ``scale`` (the output's scale, informational) and ``offset`` (int, default 0)::
 
-      y = clip(((sum over H,W of x) * multiplier + 2**(shift-1)) >> shift, -128, 127)
+      y = clip(((sum over H,W of x) * multiplier + 2**(shift-1) + offset) >> shift, -128, 127)
 
-  with ``multiplier / 2**shift ~ 1/(H*W)``: the added half makes the floor shift round to
+  with ``multiplier / 2**shift ~ s_in / (s_out * H*W)`` and ``offset / 2**shift ~ z_out -
+  z_in * s_in / s_out`` (the zero points): the added half makes the floor shift round to
   nearest (half up). quantize.py picks the shift so that no step can overflow int32.
 
 - ``QMatMul(a int8[..., M, K], b int8[..., K, N]) -> int8[..., M, N]`` (batch axes
@@ -134,7 +135,8 @@ def qglobal_average_pool(attrs, x):
     if not 1 <= shift <= 31:
         raise ValueError(f"shift {shift} must be in [1, 31]")
     total = x.astype(np.int64).sum(axis=tuple(range(2, x.ndim)), keepdims=True)
-    t = wrap(wrap(total * multiplier) + (1 << (shift - 1))) >> shift
+    offset = int(attrs.get("offset", 0))
+    t = wrap(wrap(total * multiplier) + (1 << (shift - 1)) + offset) >> shift
     return np.clip(t, -128, 127).astype(np.int8)
 
 

@@ -492,8 +492,7 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
         elif _is_int8_binary(graph, node, plan.int8):
             plan.kinds[node.name] = "binary"
         elif node.op == "GlobalAveragePool" and int8_in and len(graph.types[out].shape) == 4:
-            plan.kinds[node.name] = "pool"
-            plan.classes.union(node.inputs[0], out)
+            plan.kinds[node.name] = "pool"  # its own scale (_pool_params)
         else:
             plan.float_reasons[node.name] = _float_reason(graph, node, plan, layer)
             continue
@@ -646,6 +645,42 @@ def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) ->
     return out
 
 
+def _table_lows(graph: Graph, plan: _Plan, roots: set, scale, zero) -> dict:
+    """{class root: the least value its QLut tables write} for the classes among ``roots``
+    whose every member a table writes (a layer's tail or a lookup node, not one with an
+    Add/Mul after it), each table's input in a class not among ``roots`` (its scale and
+    zero point are final: ``scale``, ``zero``). The table's entries are f at every int8
+    input, ``s_in * (q - z_in)``, so nothing it writes is below that least f."""
+    tables = {}  # output value -> (input value, function)
+    for n in graph.nodes:
+        layer = plan.layers.get(n.name)
+        if layer is not None and layer.tail and not layer.after:
+            tables[n.outputs[0]] = (_mid(n), _tail_function(graph, n, layer))
+        elif plan.kinds.get(n.name) == "lut":
+            tables[n.outputs[0]] = (n.inputs[0],
+                                    lambda v, n=n: evaluate_node(n, [v])[0])
+    values: dict = {}
+    for v in plan.int8:
+        if plan.classes.find(v) in roots:
+            values.setdefault(plan.classes.find(v), []).append(v)
+    out = {}
+    for root, vs in values.items():
+        if not all(v in tables and plan.classes.find(tables[v][0]) not in roots for v in vs):
+            continue
+        lows = []
+        for v in vs:
+            x_in, f = tables[v]
+            grid = (np.arange(-128, 128) - zero(x_in)).astype(np.float32) * np.float32(
+                scale(x_in))
+            with np.errstate(all="ignore"):
+                y = np.asarray(f(grid), np.float64)
+            lows.append(float(np.nanmin(y)) if np.isfinite(y).any() else -math.inf)
+        lo = min(lows)
+        if math.isfinite(lo) and lo < 0:
+            out[root] = lo
+    return out
+
+
 def _mse_range(values: np.ndarray, top: float) -> float:
     """The range in [_MSE_LOWEST * top, top] whose symmetric int8 rounding (values beyond it
     clipped) has the least mean squared error over ``values``: a few outliers no longer
@@ -754,14 +789,20 @@ def _clamp_q(lo: float, hi: float, s_out: float, z_out: int = 0) -> tuple[int, i
     return q(lo, -128), q(hi, 127)
 
 
-def _pool_params(hw: int) -> tuple[int, int]:
-    """(multiplier, shift) of QGlobalAveragePool over hw elements: the largest shift with
-    which ``sum * multiplier + 2**(shift-1)`` stays within int32 for any int8 input."""
+def _pool_params(hw: int, ratio: float = 1.0, offset: float = 0.0) -> tuple[int, int, int]:
+    """(multiplier, shift, offset) of QGlobalAveragePool over hw elements from the input's
+    scale to the output's (``ratio`` = s_in / s_out) with the zero points' ``offset`` (z_out
+    - z_in * ratio, in output steps): the largest shift with which ``sum * multiplier +
+    2**(shift-1) + offset`` stays within int32 for any int8 input. The output has its own
+    scale: an average of a SiLU or Relu output spans a fraction of the input's range (a
+    squeeze-excitation's input), which the input's steps would cover with a few levels."""
     for shift in range(31, 0, -1):
-        m = round(2**shift / hw)
-        if m >= 1 and 128 * hw * m + 2 ** (shift - 1) < 2**31:
-            return m, shift
-    raise GraphError(f"global average pool over {hw} elements cannot be done in int32")
+        m = round(2**shift * ratio / hw)
+        off = round(offset * 2**shift)
+        if m >= 1 and 128 * hw * m + 2 ** (shift - 1) + abs(off) < 2**31:
+            return m, shift, off
+    raise GraphError(f"global average pool over {hw} elements (scales {ratio:g} apart) "
+                     "cannot be done in int32")
 
 
 class _Builder:
@@ -904,9 +945,9 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
         top = {r: entropy_range(np.concatenate(members[r]), t,
                                 256 if r in asym and low[r] >= 0 else 128)
                for r, t in top.items()}
-    asym = {r for r in asym if low[r] >= -_SIGNED_ZERO_POINTS * high[r]}
+    signed = {r for r in asym if low[r] < -_SIGNED_ZERO_POINTS * high[r]}
     affine_of = {r: affine(low[r], top[r] if low[r] >= 0 else high[r])
-                 for r in asym}
+                 for r in asym - signed}
 
     def scale(v):
         root = plan.classes.find(v)
@@ -915,6 +956,12 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     def zero(v):
         root = plan.classes.find(v)
         return affine_of[root][1] if root in affine_of else 0
+
+    # A signed value only tables write (SiLU, HardSwish, GELU outputs) has an exact lower
+    # end, the least entry of its tables: no test value falls below it, so it takes a zero
+    # point (``_table_lows``) where a calibrated minimum would clip.
+    for r, lo in _table_lows(graph, plan, signed, scale, zero).items():
+        affine_of[r] = affine(lo, high[r])
 
     b = _Builder(graph)
     int8_name = {}
@@ -1014,10 +1061,15 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             b.add(node.op, [as_int8(i) for i in node.inputs], [int8_name[node.outputs[0]]],
                   node.attrs, node.name, fresh=False)
         elif kind == "pool":
-            x = node.inputs[0]
-            m, shift = _pool_params(math.prod(graph.types[x].shape[2:]))
-            b.add("QGlobalAveragePool", [as_int8(x)], [int8_name[node.outputs[0]]],
-                  {"multiplier": m, "shift": shift, "scale": scale(x)}, node.name, fresh=False)
+            x, y = node.inputs[0], node.outputs[0]
+            ratio = scale(x) / scale(y)
+            m, shift, off = _pool_params(math.prod(graph.types[x].shape[2:]), ratio,
+                                         zero(y) - zero(x) * ratio)
+            attrs = {"multiplier": m, "shift": shift, "scale": scale(y)}
+            if off:
+                attrs["offset"] = off
+            b.add("QGlobalAveragePool", [as_int8(x)], [int8_name[y]], attrs, node.name,
+                  fresh=False)
         else:
             attrs = node.attrs
             if node.name in plan.float_reasons:  # for the partition's report

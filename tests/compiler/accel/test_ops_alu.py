@@ -93,12 +93,14 @@ def test_padding_beyond_the_dma_is_declined():
         pool_knobs(cfg, spec)
 
 
-GAP_CASES = [  # (preset, n, c, h, w, multiplier, shift)
+GAP_CASES = [  # (preset, n, c, h, w, multiplier, shift[, offset])
     ("default", 1, 40, 7, 7, 1 << 20, 26),       # multiplier and rounding past 16 bits
     ("default", 1, 512, 2, 2, 12345, 17),         # many channel blocks, groups of them
     ("default", 1, 16, 50, 50, 3, 12),           # one plane larger than the accumulator
     ("small", 1, 10, 5, 3, -7000, 9),
     ("small", 1, 4, 40, 40, 9, 14),              # small preset: pixels in chunks
+    ("default", 1, 40, 7, 7, 1 << 20, 26, -(1 << 30) - 12345),  # zero points' offset
+    ("small", 1, 10, 5, 3, 7000, 9, 128 << 9),
 ]
 
 
@@ -107,14 +109,16 @@ def test_global_average_pool_matches_qops(case):
     from celosia.compiler.accel.ops_alu import GapSpec, gap_constants, global_average_pool
     from celosia.compiler.graph.qops import qglobal_average_pool
 
-    preset, n, c, h, w, mult, shift = case
+    preset, n, c, h, w, mult, shift, *offset = case
+    offset = offset[0] if offset else 0
     cfg = HwConfig.load(preset)
     b, k = cfg.batch, cfg.block
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     x = rng.integers(-128, 128, (n, c, h, w), dtype=np.int8)
     x[:, :1] = 127  # a channel that saturates
-    want = qglobal_average_pool({"shift": shift, "multiplier": mult}, x)
-    spec = GapSpec(n=n, c=-(-c // k) * k, h=h, w=w, multiplier=mult, shift=shift)
+    want = qglobal_average_pool({"shift": shift, "multiplier": mult, "offset": offset}, x)
+    spec = GapSpec(n=n, c=-(-c // k) * k, h=h, w=w, multiplier=mult, shift=shift,
+                   offset=offset)
     fn = global_average_pool(cfg, spec)
     xp = pack_nchw(pad_channels(x, 1, k), b, k)
     outs = []

@@ -150,7 +150,7 @@ def test_qgemm_matches_slow_reference(data):
 def test_qglobal_average_pool_rounds_to_nearest(hw):
     from celosia.compiler.graph.quantize import _pool_params
 
-    m, shift = _pool_params(hw[0] * hw[1])
+    m, shift, _ = _pool_params(hw[0] * hw[1])
     x = np.concatenate([int8s(3, 4, *hw), int8s(1, 4, *hw, extreme=127),
                         int8s(1, 4, *hw, extreme=-128)])
     got = run_node("QGlobalAveragePool", {"multiplier": m, "shift": shift, "scale": 0.1}, x)
@@ -160,6 +160,27 @@ def test_qglobal_average_pool_rounds_to_nearest(hw):
     mean = total / (hw[0] * hw[1])
     assert np.abs(got - mean).max() <= 0.5 + 1e-6  # a rounded average (half up)
     assert (got[3] == 127).all() and (got[4] == -128).all()
+
+
+@pytest.mark.parametrize("hw,ratio,z_in,z_out", [((7, 7), 3.7, -128, 0), ((2, 3), 0.4, 0, -128),
+                                                   ((56, 56), 1.0, -20, 17), ((1, 1), 9.5, 3, -3)])
+def test_qglobal_average_pool_into_its_own_scale_and_zero_point(hw, ratio, z_in, z_out):
+    """The output's own scale (s_in / s_out = ratio) and zero points: within one step of
+    the exact ``ratio * (mean - z_in) + z_out``, in the numpy kernel and the compiled one."""
+    from celosia.compiler.graph.quantize import _pool_params
+    from celosia.runtime.cpu import CpuModel
+    from celosia.compiler.graph.ir import Graph, Node, TensorType
+
+    m, shift, off = _pool_params(hw[0] * hw[1], ratio, z_out - z_in * ratio)
+    x = np.concatenate([int8s(3, 4, *hw), int8s(1, 4, *hw, extreme=127),
+                        int8s(1, 4, *hw, extreme=-128)])
+    attrs = {"multiplier": m, "shift": shift, "scale": 0.1, "offset": off}
+    got = run_node("QGlobalAveragePool", attrs, x)
+    exact = ratio * (x.astype(np.float64).mean(axis=(2, 3), keepdims=True) - z_in) + z_out
+    assert np.abs(got - np.clip(exact, -128, 127)).max() <= 0.5 + 1e-3 * max(1, ratio)
+    g = Graph("g", ("x",), ("y",), (Node("QGlobalAveragePool", ("x",), ("y",), attrs, "gap"),),
+              {}, {"x": TensorType("int8", x.shape), "y": TensorType("int8", (*x.shape[:2], 1, 1))})
+    np.testing.assert_array_equal(CpuModel.from_graph(g).run({"x": x})["y"], got)
 
 
 def test_quantize_and_dequantize():
