@@ -18,8 +18,10 @@ negative that do not feed a QLut, the clipping range of least squared error
 (``_mse_ranges``; docs/graph.md has the measurements behind the choice), or a percentile
 of |v| ("percentile") or TensorRT's KL-divergence threshold ("entropy"), calib.py. The exception:
 values never negative whose writers and readers fold a zero point into their constants
-exactly (qzero.py: Relu outputs read by 1x1 convolutions, Gemm, Linear) get zero point
--128 and all 256 steps on [0, range] (``zero_points=False`` turns this off).
+exactly (qzero.py: Relu outputs read by convolutions, padded ones too (``pad_value``), Gemm,
+Linear) get zero point -128 and all 256 steps on [0, range], and so do signed values only
+lookup tables write, from the tables' least entry (``_table_lows``); a global average
+pool writes its own scale (``_pool_params``). ``zero_points=False`` turns zero points off.
 
 A Conv (2-D), Gemm (no transA) or MatMul (any rank >= 2 by a constant [K,O]; N-d inputs
 run as a QGemm on their rows, between two int8 Reshapes) with a constant weight becomes
@@ -1006,7 +1008,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             # Zero points (qzero.py): the input's is taken off exactly, the output's added
             # before the shift (within the ratio's rounding).
             sum_w = w_q.reshape(len(s_w), -1).astype(np.float64).sum(axis=1)
-            shifted = np.rint(z_out * s_out / acc_scale)
+            # (a residual, of the output's class, brings z_out itself: qzero.py)
+            shifted = 0.0 if layer.residual else np.rint(z_out * s_out / acc_scale)
             bias_q = np.rint(layer.bias / acc_scale) - zero(node.inputs[0]) * sum_w + shifted
             params = _requantization(acc_scale / s_out, bias_q, w_q,
                                      pre[node.name] / acc_scale + np.abs(shifted))

@@ -8,19 +8,22 @@ kernels and the accelerator compute the same bits as before:
 
 - a QConv/QGemm *writing* the value adds ``z_out`` after its shift: ``rint(z_out / r[o])``
   more in its int32 bias (r[o] the requantization ratio), its clamp [lo, hi] moved by z_out;
-  off from the exact z_out by the ratio's own rounding (``r/2`` of an output step);
+  off from the exact z_out by the ratio's own rounding (``r/2`` of an output step). One
+  with a residual adds nothing: the residual, of the output's class, brings z_out (``y - z
+  = t + (r - z)``), exact;
 - a QConv/QGemm *reading* it subtracts ``z_in * sum(w_q[o])`` from its bias: exact, ``sum w
   (q - z) = sum w q - z sum w``. A padded QConv's padding reads ``z_in`` (its ``pad_value``,
   qops.py; the accelerator adds what its zero-filling DMA leaves out to a bias table,
   compiler/accel/border.py), so its border windows are exact too;
 - a QLut's table is indexed by q and filled from ``s_in (q - z_in)``, into ``z_out``;
-- MaxPool (its padding fill -128 is below any value), Flatten, Reshape, Transpose, Identity,
-  Concat and QGlobalAveragePool (the average of q is the average of q - z, plus z) keep it.
+- a QGlobalAveragePool (its own output scale) folds ``z_out - z_in * s_in / s_out`` into
+  its rounding constant (``offset``, within its rounding);
+- MaxPool (its padding fill -128 is below any value), Flatten, Reshape, Transpose, Identity
+  and Concat keep it.
 
-Everything else keeps zero points 0: a residual (added after the shift, in the output's own
-integers), QAdd/QMul/QMatMul (no offset step), Relu on int8 (clamps at 0), a Quantize or
-Dequantize (their one attribute is the scale) and so any value a float node reads, a graph
-output or input. ``asymmetric_classes`` finds the scale classes whose every writer and
+Everything else keeps zero points 0: QAdd/QMul/QMatMul (no offset step), Relu on int8
+(clamps at 0), a Quantize or Dequantize (their one attribute is the scale) and so any
+value a float node reads, a graph output or input. ``asymmetric_classes`` finds the scale classes whose every writer and
 reader is of the first kinds.
 """
 
@@ -40,7 +43,9 @@ def _reads_ok(graph: Graph, node, value: str, kind: str, layer) -> bool:
     """Whether ``node`` (of plan kind ``kind``) can read ``value`` with a zero point."""
     if kind == "layer":
         at = [k for k, i in enumerate(node.inputs) if i == value]
-        return at == [0] and value != layer.residual and \
+        # as its data (z taken off through the bias) or its residual (one class with the
+        # output: it carries the output's zero point, see _writes_ok)
+        return all(k == 0 or value == layer.residual for k in at) and \
             not (layer.after and layer.after[2] == value)
     if kind == "same":
         return node.op in _KEEPS_ZERO
@@ -50,7 +55,7 @@ def _reads_ok(graph: Graph, node, value: str, kind: str, layer) -> bool:
 def _writes_ok(node, kind: str, layer) -> bool:
     """Whether ``node`` can write its output with a zero point."""
     if kind == "layer":
-        return not layer.residual and not layer.after
+        return not layer.after
     if kind == "same":
         return node.op in _KEEPS_ZERO
     return kind in ("pool", "lut")

@@ -31,10 +31,10 @@ def wrap32(x):
     return (x ^ 0x80000000) - 0x80000000
 
 
-def slow_conv(x, w, strides, pads, dilations, group):
+def slow_conv(x, w, strides, pads, dilations, group, pad_value=0):
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
-    xp = np.zeros((n, c, h + pads[0] + pads[2], wd + pads[1] + pads[3]), np.int64)
+    xp = np.full((n, c, h + pads[0] + pads[2], wd + pads[1] + pads[3]), pad_value, np.int64)
     xp[:, :, pads[0]:pads[0] + h, pads[1]:pads[1] + wd] = x
     oh = (xp.shape[2] - (kh - 1) * dilations[0] - 1) // strides[0] + 1
     ow = (xp.shape[3] - (kw - 1) * dilations[1] - 1) // strides[1] + 1
@@ -292,7 +292,8 @@ def check_layers_exact(graph: Graph, feeds):
         if node.op in ("QConv", "QGemm"):
             a = node.attrs
             x, w, bias, mult, *res = ins
-            acc = slow_conv(x, w, a["strides"], a["pads"], a["dilations"], a["group"]) \
+            acc = slow_conv(x, w, a["strides"], a["pads"], a["dilations"], a["group"],
+                            a.get("pad_value", 0)) \
                 if node.op == "QConv" else x.astype(np.int64) @ w.astype(np.int64).T
             want = slow_epilogue(acc, bias, mult, a["shift"], a["lo"], a["hi"], *res)
             np.testing.assert_array_equal(env[node.outputs[0]], want)
@@ -308,7 +309,10 @@ def test_small_cnn():
     assert q.types["softmax20"] == TensorType("float32", (1, 10))
     assert [n.name for n in q.nodes if n.op in ("QConv", "QGemm")] == ["conv2", "conv8", "fc19"]
     conv1, conv2 = (n for n in q.nodes if n.op == "QConv")
-    assert (conv1.attrs["lo"], conv1.attrs["hi"]) == (0, 127)  # the fused Relu
+    # the fused Relu, its output of zero point -128 (qzero.py: MaxPool carries it, conv2's
+    # padding reads it)
+    assert (conv1.attrs["lo"], conv1.attrs["hi"]) == (-128, 127)
+    assert conv2.attrs["pad_value"] == -128
     assert q.types[conv1.inputs[1]].dtype == "int8" and q.types[conv1.inputs[2]].dtype == "int32"
     # MaxPool keeps its input's scale; the next layer reads it as its input scale.
     assert scale_of(q, conv2.inputs[0]) == conv1.attrs["scale"]
@@ -331,7 +335,10 @@ def test_resnet18_residuals_share_scales():
     assert len(residual) == 8  # one per BasicBlock
     for n in residual:
         assert scale_of(q, n.inputs[4]) == n.attrs["scale"]
-        assert n.attrs["lo"] == 0  # the Relu after the Add
+    # the Relu after the Add: the first stage's residual class (stem, MaxPool and block
+    # outputs, never negative) takes the zero point -128 (qzero.py: the residual brings
+    # it); the others hold a downsampling's signed output and stay symmetric
+    assert [n.attrs["lo"] for n in residual] == [-128] * 2 + [0] * 6
     assert q.outputs == graph.outputs and q.types[q.outputs[0]].dtype == "float32"
     held_out = samples((1, 3, 32, 32), 4, 4)
     err = rms_relative_error(outputs(graph, held_out), outputs(q, held_out))

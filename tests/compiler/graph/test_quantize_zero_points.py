@@ -133,3 +133,26 @@ def test_signed_values_and_graph_outputs_stay_symmetric():
     assert e_zp == e_sym
     for a, b in zip(q_sym.nodes, q_zp.nodes):
         assert a.op == b.op and a.attrs == b.attrs
+
+
+def test_zero_point_through_a_fused_residual():
+    """Relu(conv(r1) + r1): the residual shares the output's class and brings its zero
+    point (the layer adds none of its own), so both Relu outputs take -128; the CPU build
+    is the numpy one's bits (``_errors``) and the error shrinks."""
+    rng = np.random.default_rng(9)
+    inits = {"w1": rng.normal(0, 0.3, (16, 4, 3, 3)).astype(np.float32),
+             "w2": rng.normal(0, 0.1, (16, 16, 3, 3)).astype(np.float32),
+             "w3": rng.normal(0, 0.2, (8, 16, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 4),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1] * 4),
+             helper.make_node("Add", ["c2", "r1"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r2"]),
+             helper.make_node("Conv", ["r2", "w3"], ["y"])]
+    graph = _graph(nodes, {"x": (1, 4, 8, 8)}, inits)
+    (q_sym, e_sym), (q_zp, e_zp) = _errors(graph, 3)
+    convs = [n for n in q_zp.nodes if n.op == "QConv"]
+    assert len(convs[1].inputs) == 5  # the residual fused
+    assert [n.attrs["lo"] for n in convs[:2]] == [-128, -128]
+    assert convs[1].attrs["pad_value"] == -128
+    assert e_zp < e_sym, (e_zp, e_sym)
