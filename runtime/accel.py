@@ -567,6 +567,66 @@ class AccelModel:
         self.crossings = crossings
         return {name: host[name] for name in graph.outputs}
 
+    def run_stream(self, stream: list[dict], *, target: str = "cycle", depth: int = 2,
+                   warm_up: bool = True, progress=None) -> list[dict]:
+        """Run a stream of inputs and pipeline them (runtime/overlap.py): each input runs as
+        ``run`` runs it (its outputs are ``run``'s, in order); their measured work is laid on
+        one timeline where the CPU side of one input overlaps the accelerator side of another,
+        at most ``depth`` inputs in flight. ``self.stream`` holds the timeline's figures and
+        ``self.stream_reports`` each input's report. ``warm_up`` first runs the first input
+        once, untimed, so one-time costs (the first call of each compiled CPU segment) are
+        not counted as a pipeline stage."""
+        from ..errors import CelosiaError
+        from .overlap import schedule
+
+        stream = list(stream)
+        if not stream:
+            raise CelosiaError("run_stream: the stream has no inputs")
+        if warm_up:
+            self.run(stream[0], target=target)
+        outputs, reports = [], []
+        for k, feeds in enumerate(stream):
+            outputs.append(self.run(feeds, target=target))
+            reports.append(self.report)
+            if progress:
+                progress(f"stream: input {k + 1}/{len(stream)} run")
+        try:
+            self.stream = schedule(reports, depth)
+        except ValueError as e:
+            raise CelosiaError(f"run_stream on target {target!r}: {e}") from None
+        self.stream_reports = reports
+        return outputs
+
+    def run_batch(self, feeds: dict, *, target: str = "cycle", depth: int = 2,
+                  warm_up: bool = True, progress=None) -> dict:
+        """``feeds`` with k times the model's batch along the first axis of every input: the
+        k slices as a pipelined stream (``run_stream``), outputs concatenated back."""
+        from ..errors import CelosiaError
+
+        types = {i: self.graph.types[i] for i in self.graph.inputs}
+        counts = set()
+        for name, a in feeds.items():
+            if name not in types:
+                raise CelosiaError(f"unknown input {name!r}: the model's inputs are "
+                                   f"{list(types)}")
+            shape, got = types[name].shape, np.shape(a)
+            if not shape or len(got) != len(shape) or tuple(got[1:]) != tuple(shape[1:]) \
+                    or got[0] % shape[0]:
+                raise CelosiaError(
+                    f"run_batch: input {name!r} is [{','.join(map(str, got))}]; the model was "
+                    f"built for {types[name]}, so a batch must be a multiple of {shape[0]} "
+                    f"along the first axis with the other dimensions the same")
+            counts.add(got[0] // shape[0])
+        if len(counts) != 1:
+            raise CelosiaError(f"run_batch: the inputs hold different numbers of batches "
+                               f"({sorted(counts)})")
+        k = counts.pop()
+        stream = [{name: np.asarray(a)[i * types[name].shape[0]:(i + 1) * types[name].shape[0]]
+                   for name, a in feeds.items()} for i in range(k)]
+        outs = self.run_stream(stream, target=target, depth=depth, warm_up=warm_up,
+                               progress=progress)
+        return {name: np.concatenate([o[name] for o in outs]) for name in outs[0]}
+
     def summary(self) -> dict:
         """Totals of the last run's report."""
         rows = self.report
