@@ -41,7 +41,7 @@ def _recurrent_macs(node, types) -> int:
     """MACs of an LSTM/GRU/RNN: gates x hidden x (input + hidden) per step and direction."""
     x = types[node.inputs[0]].shape
     hidden = int(node.attrs.get("hidden_size") or 0)
-    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[node.op]
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[node.op.removeprefix("Q")]
     directions = 2 if node.attrs.get("direction") == "bidirectional" else 1
     return int(x[0] * x[1] * directions * gates * hidden * (x[2] + hidden))
 
@@ -61,7 +61,7 @@ def node_macs(node, types) -> int:
         a = types[node.inputs[0]].shape
         k = a[0] if op == "Gemm" and node.attrs.get("transA") else a[-1]
         return int(math.prod(out) * k)
-    if op in ("LSTM", "GRU", "RNN"):
+    if op in ("LSTM", "GRU", "RNN", "QLSTM", "QGRU", "QRNN"):
         return _recurrent_macs(node, types)
     return 0
 

@@ -79,6 +79,9 @@ from .calib import CalibrationError, entropy_range, parse_method, percentile_ran
 from .ir import EPILOGUE_UNARY, Graph, GraphError, Node, TensorType, constant, verify_graph
 from .ops import KERNELS, OWN_INPUTS
 from .passes import remove_dead_code
+from .qrecurrent import WEIGHT_BITS as RECURRENT_WEIGHT_BITS
+from .qrecurrent import (calibrated_values, h_range, quantized_layer, recurrent_problem,
+                         Q_RECURRENT_OPS)
 from .qtranspose import conv_transpose_reason, expand_conv_transposes
 from .qzero import affine, asymmetric_classes, mse_top
 from .reference import apply_epilogue, evaluate_node
@@ -100,6 +103,7 @@ _SIGNED_ZERO_POINTS = 0.0  # the largest -min/max given one (0: never negative)
 MARGIN = 2.0
 # Ops that keep their int8 input's scale (they only move or select values, or clamp at 0).
 _SAME_SCALE = ("MaxPool", "Flatten", "Reshape", "Relu", "Identity")
+_RECURRENT = tuple(Q_RECURRENT_OPS.values())  # LSTM, GRU, RNN: qrecurrent.py
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 # Epilogue steps with no exact int8 form: the layer ends before them, a QLut computes them.
 _LUT_STEPS = ("SiLU", "HardSwish", "Sigmoid", "LeakyRelu", "HardSigmoid", "Gelu")
@@ -489,6 +493,9 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
             plan.classes.union(node.inputs[0], out)
         elif _is_activation_matmul(graph, node):
             plan.kinds[node.name] = "matmul"
+        elif node.op in _RECURRENT and recurrent_problem(graph, node) is None:
+            plan.kinds[node.name] = "recurrent"  # float in and out: integer products inside
+            continue
         elif _is_int8_binary(graph, node, plan.int8):
             plan.kinds[node.name] = "binary"
         elif node.op == "GlobalAveragePool" and int8_in and len(graph.types[out].shape) == 4:
@@ -519,6 +526,8 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
         return "a MatMul of two run-time values of rank < 2 or not float32"
     if node.op in OWN_INPUTS:
         return layer_reason
+    if node.op in _RECURRENT:
+        return recurrent_problem(graph, node)
     if node.op == "ConvTranspose" and conv_transpose_reason(graph, node):
         return conv_transpose_reason(graph, node)
     if out is None or out.dtype != "float32":
@@ -855,12 +864,15 @@ def _table(f, s_in: float, s_out: float, z_in: int = 0, z_out: int = 0) -> np.nd
 
 def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                    method: str = "mse", zero_points: bool = True,
-                   percentile: float | None = None) -> Graph:
+                   percentile: float | None = None,
+                   recurrent_weight_bits: int = RECURRENT_WEIGHT_BITS) -> Graph:
     """The quantized graph of an optimized float graph (module doc).
 
     ``method``: how each value's range is chosen from the samples, "mse" (default),
     "minmax", "percentile" (of |x|: ``percentile``, default 99.99, or "percentile:P") or
     "entropy" (KL divergence); calib.py has the details.
+
+    ``recurrent_weight_bits``: 8 or 16, the weights of LSTM/GRU/RNN layers (qrecurrent.py).
 
     ``zero_points``: give a zero point to the values whose writers and readers fold it
     into their constants exactly (qzero.py); False keeps every activation symmetric.
@@ -878,7 +890,9 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                      for v in n.inputs[:2]}
     layer_inputs |= {layer.after[2] for layer in plan.layers.values() if layer.after}
     residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
-    needed = plan.int8 | layer_inputs | residuals
+    recurrent = {v for n in graph.nodes if plan.kinds.get(n.name) == "recurrent"
+                 for v in calibrated_values(n) if v not in graph.initializers}
+    needed = plan.int8 | layer_inputs | residuals | recurrent
     maxabs, mins, pre, kept = _calibrate(graph, samples, plan, needed)
     top: dict[str, float] = {}
     low: dict[str, float] = {}
@@ -998,6 +1012,15 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             b.add("QMatMul", [as_int8(a), as_int8(c)], [int8_name[out]],
                   {"multiplier": m, "shift": shift, "scale": scale(out)}, node.name,
                   fresh=False)
+        elif kind == "recurrent":
+            known = {**maxabs, **{v: float(np.abs(graph.initializers[v]).max(initial=0))
+                                  for v in node.inputs if v in graph.initializers}}
+            op, ins, attrs = quantized_layer(node, graph, known.get(node.inputs[0], 0.0),
+                                             h_range(node, known), recurrent_weight_bits)
+            names = ("", "W_q", "R_q", "W_scale", "R_scale")
+            ins = [b.const(f"{node.name}/{names[k]}", v) if not isinstance(v, str) else
+                   (as_float(v) if v else "") for k, v in enumerate(ins)]
+            b.add(op, ins, node.outputs, attrs, node.name, fresh=False)
         elif kind == "lut":
             x = node.inputs[0]
             y = node.outputs[0]
