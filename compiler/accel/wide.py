@@ -264,10 +264,19 @@ def pack_wide_activation(a: np.ndarray, cfg: HwConfig, rows: int | None = None) 
     padded K columns meet zero weights, padded rows are never read back."""
     b, k = cfg.batch, cfg.block
     a = np.asarray(a)
-    digits = a[None] if a.dtype == np.int8 else split_activation(a)
     m, kd = a.shape
     mp = rows if rows is not None else -(-m // b) * b
     kp = -(-kd // k) * k
+    if b == 1 and mp == m and kp == kd and a.dtype == np.int16:
+        # The layout is the [2, M, K] digit planes themselves: the int16's bytes, the high
+        # one as it is, the low one XOR 0x80 (an unsigned byte minus 128). This runs per
+        # time step of a recurrent layer, so it avoids the general path's copies.
+        lo_hi = np.ascontiguousarray(a, "<i2").view(np.uint8).reshape(m, kd, 2)
+        out = np.empty((2, m, kd), np.uint8)
+        out[0] = lo_hi[:, :, 1]
+        np.bitwise_xor(lo_hi[:, :, 0], 0x80, out=out[1])
+        return out.view(np.int8).reshape(2, m, kd // k, 1, k)
+    digits = a[None] if a.dtype == np.int8 else split_activation(a)
     out = np.zeros((digits.shape[0], mp, kp), np.int8)
     out[:, :m, :kd] = digits
     return np.ascontiguousarray(out.reshape(-1, mp // b, b, kp // k, k).transpose(0, 1, 3, 2, 4))
@@ -295,6 +304,9 @@ def wide_correction(w: np.ndarray, cfg: HwConfig) -> np.ndarray:
 def unpack_acc32(planes: np.ndarray, m: int, o: int) -> np.ndarray:
     """The ``out`` layout -> int32 [m, o]: the four byte planes put together."""
     _, mb, ob, b, k = planes.shape
+    if b == 1:  # (4, M, O) byte planes: each int32's four bytes gathered, read as one
+        p = planes.reshape(4, mb * ob * k).T.copy()
+        return p.view("<i4").reshape(mb, ob * k)[:m, :o].astype(np.int32, copy=False)
     p = planes.transpose(0, 1, 3, 2, 4).reshape(4, mb * b, ob * k)[:, :m, :o]
     u = p.view(np.uint8).astype(np.uint32)
     return (u[0] | (u[1] << 8) | (u[2] << 16) | (u[3] << 24)).view(np.int32)
