@@ -273,10 +273,3 @@ QUANTIZED_SHAPE_RULES = {"QConv": _qconv_types, "QGemm": _qgemm_types, "QLut": _
                          "QMatMul": _qmatmul_types, "QAdd": _qbinary_types,
                          "QMul": _qbinary_types}
 
-
-# The quantized recurrent layers (QLSTM, QGRU, QRNN) use wide_matmul: registered here, after
-# it is defined, so that qrecurrent.py can import it.
-from .qrecurrent import Q_RECURRENT_KERNELS, Q_RECURRENT_SHAPE_RULES  # noqa: E402
-
-QUANTIZED_KERNELS.update(Q_RECURRENT_KERNELS)
-QUANTIZED_SHAPE_RULES.update(Q_RECURRENT_SHAPE_RULES)

@@ -25,6 +25,11 @@ from .ops_control import BRANCH_KERNELS, BRANCH_SHAPE_RULES, CONTROL_KERNELS, CO
 from .ops_nn import gelu
 from .ops_recurrent import RECURRENT_KERNELS, RECURRENT_SHAPE_RULES
 from .qops import QUANTIZED_KERNELS, QUANTIZED_SHAPE_RULES
+from .qrecurrent import Q_RECURRENT_KERNELS, Q_RECURRENT_SHAPE_RULES
+
+# celosia's quantized operators: qops.py's and the recurrent layers of qrecurrent.py
+_QUANTIZED = {**QUANTIZED_KERNELS, **Q_RECURRENT_KERNELS}
+_QUANTIZED_RULES = {**QUANTIZED_SHAPE_RULES, **Q_RECURRENT_SHAPE_RULES}
 
 __all__ = ["OPERATORS", "run_graph", "run_body", "evaluate_node", "infer_node", "apply_epilogue", "stand_in", "fits",
            "check_result", "KERNEL_ERRORS"]
@@ -33,7 +38,7 @@ __all__ = ["OPERATORS", "run_graph", "run_body", "evaluate_node", "infer_node", 
 # celosia's quantized operators, and the stand-in for an If branch that cannot run
 # (what a saved model's steps may name).
 OPERATORS = frozenset(KERNELS) | frozenset(RECURRENT_KERNELS) | frozenset(CONTROL_KERNELS) \
-    | frozenset(QUANTIZED_KERNELS) | frozenset(BRANCH_KERNELS)
+    | frozenset(_QUANTIZED) | frozenset(BRANCH_KERNELS)
 
 # What a kernel raises on values it cannot take (an index out of range, a Range of step 0,
 # a size too large for memory): reported as a NodeError naming the node.
@@ -76,7 +81,7 @@ def _kernel(node: Node):
         return runtime_kernel(node.op)
     kernel = KERNELS.get(node.op) or RECURRENT_KERNELS.get(node.op) \
         or BRANCH_KERNELS.get(node.op)
-    return kernel if kernel is not None else QUANTIZED_KERNELS[node.op]
+    return kernel if kernel is not None else _QUANTIZED[node.op]
 
 
 def evaluate_node(node: Node, inputs: list) -> tuple:
@@ -203,7 +208,7 @@ def _infer_static(node: Node, types: list, values: list) -> list[TensorType]:
     rule = SHAPE_RULES.get(node.op) or RECURRENT_SHAPE_RULES.get(node.op) \
         or BRANCH_SHAPE_RULES.get(node.op)
     if rule is None and node.op not in KERNELS:
-        rule = QUANTIZED_SHAPE_RULES.get(node.op)
+        rule = _QUANTIZED_RULES.get(node.op)
     if rule is not None:  # an epilogue keeps the output's type
         return rule(node, types)
     inputs = [v if v is not None else (None if t is None else stand_in(t))
