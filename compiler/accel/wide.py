@@ -53,6 +53,8 @@ __all__ = ["WideSpec", "WideKnobs", "wide_knobs", "wide_dense", "split_activatio
            "unpack_acc32", "wide_weight_problem", "WEIGHT16_MAX"]
 
 WEIGHT16_MAX = 32639  # the largest int16 weight whose signed digits are both int8
+# XOR per byte of a little-endian int16 (low, high): the low byte minus 128 as int8
+_HI_LO_FLIP = np.array([[0x80], [0]], np.uint8)
 
 
 @dataclass(frozen=True)
@@ -271,10 +273,9 @@ def pack_wide_activation(a: np.ndarray, cfg: HwConfig, rows: int | None = None) 
         # The layout is the [2, M, K] digit planes themselves: the int16's bytes, the high
         # one as it is, the low one XOR 0x80 (an unsigned byte minus 128). This runs per
         # time step of a recurrent layer, so it avoids the general path's copies.
-        lo_hi = np.ascontiguousarray(a, "<i2").view(np.uint8).reshape(m, kd, 2)
-        out = np.empty((2, m, kd), np.uint8)
-        out[0] = lo_hi[:, :, 1]
-        np.bitwise_xor(lo_hi[:, :, 0], 0x80, out=out[1])
+        lo_hi = np.ascontiguousarray(a.astype("<i2", copy=False)).view(np.uint8).reshape(m * kd, 2)
+        out = np.empty((2, m * kd), np.uint8)
+        np.bitwise_xor(lo_hi.T, _HI_LO_FLIP, out=out[::-1])  # rows: high byte, low ^ 0x80
         return out.view(np.int8).reshape(2, m, kd // k, 1, k)
     digits = a[None] if a.dtype == np.int8 else split_activation(a)
     out = np.zeros((digits.shape[0], mp, kp), np.int8)
