@@ -50,7 +50,8 @@ from .ops_alu import AluProgram
 
 __all__ = ["WideSpec", "WideKnobs", "wide_knobs", "wide_dense", "split_activation",
            "split_weight", "pack_wide_activation", "pack_wide_weight", "wide_correction",
-           "unpack_acc32", "wide_weight_problem", "WEIGHT16_MAX"]
+           "unpack_acc32", "wide_weight_problem", "WEIGHT16_MAX", "combine_exact",
+           "exact_correction"]
 
 WEIGHT16_MAX = 32639  # the largest int16 weight whose signed digits are both int8
 # XOR per byte of a little-endian int16 (low, high): the low byte minus 128 as int8
@@ -67,6 +68,11 @@ class WideSpec:
     o: int
     a_digits: int = 2
     w_digits: int = 1
+    # exact: store every accumulator (``accumulators`` x 4 byte planes) instead of
+    # combining them on the ALU, and leave the activation's correction to the host
+    # (``combine_exact``): the product exactly, in int64, where Horner's rule in 32 bits
+    # could wrap (16 x 16-bit products: a sum of 256 already can).
+    exact: bool = False
 
     @property
     def macs(self) -> int:
@@ -138,7 +144,7 @@ def wide_dense(cfg: HwConfig, spec: WideSpec, knobs: WideKnobs | None = None,
     na, nw, nacc = spec.a_digits, spec.w_digits, spec.accumulators
     rows = tm * to                       # ACC rows of one accumulator
     inp_slot, wgt_slot = na * tm * tk, nw * to * tk
-    corrected = na == 2
+    corrected = na == 2 and not spec.exact
     L, C, S = Module.LOAD, Module.COMPUTE, Module.STORE
 
     def gemm(dev, acc: int, slot: int, da: int, dw: int):
@@ -200,17 +206,22 @@ def wide_dense(cfg: HwConfig, spec: WideSpec, knobs: WideKnobs | None = None,
                             gemm(dev, da + dw, slot, da, dw)
                     dev.dep_push(C, L)
                     chunk += 1
-                for acc in range(1, nacc):  # Horner: acc0 = (acc0 << 8) + acc
-                    rows_op(dev, "shl", AluOp.SHR, imm=-8)
-                    rows_op(dev, "add", AluOp.ADD, dst=0, src=acc * rows)
-                for byte in range(4):
-                    if byte:
-                        dev.dep_pop(S, C)  # the store of the byte before has read OUT
-                        rows_op(dev, "shr", AluOp.SHR, imm=8)
-                    dev.dep_push(C, S)
-                    dev.dep_pop(C, S)
-                    dev.store_2d(0, out, (byte * mb + m0) * ob + o0, to, tm, ob)
-                    dev.dep_push(S, C)
+                stored = range(nacc) if spec.exact else range(1)
+                if not spec.exact:
+                    for acc in range(1, nacc):  # Horner: acc0 = (acc0 << 8) + acc
+                        rows_op(dev, "shl", AluOp.SHR, imm=-8)
+                        rows_op(dev, "add", AluOp.ADD, dst=0, src=acc * rows)
+                for acc in stored:
+                    for byte in range(4):
+                        if acc or byte:
+                            dev.dep_pop(S, C)  # the store before has read OUT
+                        if byte:
+                            rows_op(dev, "shr", AluOp.SHR, imm=8, dst=acc * rows)
+                        dev.dep_push(C, S)
+                        dev.dep_pop(C, S)
+                        dev.store_2d(acc * rows, out, ((acc * 4 + byte) * mb + m0) * ob + o0,
+                                     to, tm, ob)
+                        dev.dep_push(S, C)
         dev.dep_pop(S, C)  # the last store's token: none left for later programs
         for _ in range(min(chunk, 2)):
             dev.dep_pop(C, L)
@@ -218,7 +229,7 @@ def wide_dense(cfg: HwConfig, spec: WideSpec, knobs: WideKnobs | None = None,
     args = [("a", "int8", (na, mb, kb, b, k)), ("w", "int8", (nw, ob, kb, k, k))]
     if corrected:
         args.append(("corr", "int32", (ob, b, k)))
-    args.append(("out", "int8", (4, mb, ob, b, k)))
+    args.append(("out", "int8", ((nacc if spec.exact else 1) * 4, mb, ob, b, k)))
     return AluProgram(name, cfg, args, emit)
 
 
@@ -300,6 +311,22 @@ def wide_correction(w: np.ndarray, cfg: HwConfig) -> np.ndarray:
     s = ((s + 2**31) % 2**32 - 2**31).astype(np.int32)
     s = _pad_to(s, 0, k)
     return np.broadcast_to(s.reshape(-1, 1, k), (s.size // k, b, k)).copy()
+
+
+def combine_exact(planes: np.ndarray, m: int, o: int, correction=None) -> np.ndarray:
+    """An exact program's ``out`` (accumulators x 4 byte planes) -> the int64 product [m, o]:
+    ``sum_i acc_i * 256**(n-1-i)`` plus ``correction`` (``exact_correction``, int16
+    activations)."""
+    n = planes.shape[0] // 4
+    total = np.zeros((m, o), np.int64)
+    for i in range(n):
+        total = total * 256 + unpack_acc32(planes[4 * i:4 * i + 4], m, o)
+    return total if correction is None else total + correction[:o]
+
+
+def exact_correction(w: np.ndarray) -> np.ndarray:
+    """``128 * sum_k w[o, k]`` in int64: the int16 activation digits' constant."""
+    return 128 * np.asarray(w).astype(np.int64).sum(axis=1)
 
 
 def unpack_acc32(planes: np.ndarray, m: int, o: int) -> np.ndarray:

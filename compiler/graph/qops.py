@@ -74,7 +74,8 @@ import numpy as np
 from .ir import Node, NodeError, TensorType
 from .ops import conv, conv_types
 
-__all__ = ["QUANTIZED_KERNELS", "QUANTIZED_SHAPE_RULES", "wrap", "wide_matmul"]
+__all__ = ["QUANTIZED_KERNELS", "QUANTIZED_SHAPE_RULES", "wrap", "wide_matmul",
+           "wide_matmul_exact"]
 
 
 def wrap(x: np.ndarray) -> np.ndarray:
@@ -132,6 +133,17 @@ def wide_matmul(a: np.ndarray, w: np.ndarray) -> np.ndarray:
         raise ValueError(f"wide_matmul: K={a.shape[1]} is too long for an exact float64 sum")
     acc = a.astype(np.float64) @ w.astype(np.float64).T
     return wrap(acc.astype(np.int64)).astype(np.int32)
+
+
+def wide_matmul_exact(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``a @ w.T`` exactly, as int64 (no wrap): ``a``, ``w`` int8 or int16 [M, K], [O, K]."""
+    for what, v in (("a", a), ("w", w)):
+        if v.dtype not in (np.int8, np.int16) or v.ndim != 2:
+            raise ValueError(f"wide_matmul_exact: {what} must be int8 or int16 with 2 axes, "
+                             f"got {v.dtype}{list(v.shape)}")
+    if a.shape[1] >= 1 << 22:
+        raise ValueError(f"wide_matmul_exact: K={a.shape[1]} is too long for an exact sum")
+    return (a.astype(np.float64) @ w.astype(np.float64).T).astype(np.int64)
 
 
 def qglobal_average_pool(attrs, x):

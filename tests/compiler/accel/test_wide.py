@@ -114,3 +114,34 @@ def test_tiles_that_do_not_fit_are_refused():
         wide_dense(cfg, spec, WideKnobs(16, 64, 32))
     with pytest.raises(CompilerError, match="must divide"):
         wide_dense(cfg, spec, WideKnobs(3, 1, 1))
+
+
+@pytest.mark.parametrize("preset,m,kd,o,abits,wbits", [
+    ("default", 1, 256, 256, 16, 16), ("default", 3, 70, 40, 16, 8), ("small", 2, 20, 9, 16, 16),
+    ("default", 2, 33, 20, 8, 16)])
+def test_exact_products_do_not_wrap(preset, m, kd, o, abits, wbits):
+    """The exact mode stores each accumulator: int16 x int16 products of 256 terms, which
+    wrap in 32 bits, come out exactly (int64) on fsim and the cycle model."""
+    from celosia.compiler.accel.wide import combine_exact, exact_correction
+    from celosia.compiler.graph.qops import wide_matmul_exact
+
+    cfg = HwConfig.load(preset)
+    b, k = cfg.batch, cfg.block
+    rng = np.random.default_rng(kd)
+    a = _operand(rng, abits, (m, kd))
+    w = _operand(rng, wbits, (o, kd), WEIGHT16_MAX)
+    a[0, :] = -32768 if abits == 16 else -128
+    w[0, :] = WEIGHT16_MAX if wbits == 16 else 127
+    want = wide_matmul_exact(a, w)
+    if abits == wbits == 16:
+        assert (want != wide_matmul(a, w)).any()  # 32 bits would wrap
+    spec = WideSpec(-(-m // b) * b, -(-kd // k) * k, -(-o // k) * k, abits // 8, wbits // 8,
+                    exact=True)
+    fn = wide_dense(cfg, spec)
+    out = np.zeros((4 * spec.accumulators, spec.m // b, spec.o // k, b, k), np.int8)
+    for target in ("fsim", "cycle"):
+        out[...] = 0
+        fn(Device(cfg, target, dram_size=16 << 20), pack_wide_activation(a, cfg),
+           pack_wide_weight(w, cfg), out)
+        got = combine_exact(out, m, o, exact_correction(w) if abits == 16 else None)
+        np.testing.assert_array_equal(got, want, err_msg=target)
