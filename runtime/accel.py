@@ -52,6 +52,7 @@ import numpy as np
 
 from ..config import HwConfig
 from . import schema
+from .accel_recurrent import HOST_KINDS
 from .artifact import Artifact, artifact_format, write_artifact
 from .cpu import npy_bytes
 
@@ -141,7 +142,6 @@ class AccelModel:
 
         from ..compiler.accel.matmul import bind_matmul, pack_weights, weights_shape
         from ..compiler.accel.partition import (
-            RECURRENT_OPS,
             ALIAS_OPS,
             ALU_OPS,
             PLACED_OPS,
@@ -156,8 +156,9 @@ class AccelModel:
             value_layouts,
             root_of,
         )
+        from ..compiler.accel.recurrent import is_host_node
         from ..driver import Device
-        from .accel_recurrent import build_recurrent, recurrent_bytes
+        from .accel_recurrent import build_host_node, host_bytes
 
         start = time.perf_counter()
         cfg = HwConfig.load(config)
@@ -178,7 +179,7 @@ class AccelModel:
             if node.op in ALIAS_OPS + PLACED_OPS:  # a view or a placement: no program
                 views.append(node.name)
                 continue
-            if node.op in RECURRENT_OPS:  # programs per product: accel_recurrent.py
+            if is_host_node(node):  # programs per product: accel_recurrent.py
                 compiled[node.name] = None
                 continue
             t0 = time.perf_counter()
@@ -203,7 +204,7 @@ class AccelModel:
                    + l.bias.nbytes + l.scale.nbytes
                    for n in graph.nodes if compiled.get(n.name)
                    for l in (compiled[n.name][0],))
-        need += sum(recurrent_bytes(n, graph, cfg) for n in graph.nodes
+        need += sum(host_bytes(n, graph, cfg) for n in graph.nodes
                     if n.name in compiled and compiled[n.name] is None)
         for name in {i for n in graph.nodes if compiled.get(n.name) for i in
                      (*dram_reads(n), n.outputs[0]) if i}:
@@ -248,8 +249,8 @@ class AccelModel:
                     "knobs": {}, "macs": 0, "region": region_of[node.name]}
             if node.name not in compiled:
                 continue
-            if compiled[node.name] is None:  # a recurrent layer
-                programs[node.name] = {**build_recurrent(node, graph, cfg, dev),
+            if compiled[node.name] is None:  # a recurrent layer, or control flow
+                programs[node.name] = {**build_host_node(node, graph, cfg, dev),
                                        "region": region_of[node.name]}
                 continue
             layer, fn, knobs = compiled[node.name]
@@ -404,7 +405,7 @@ class AccelModel:
         made = set(graph.inputs) | set(graph.initializers)
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
         for node in graph.nodes:
-            if node.name in self.programs and self.programs[node.name]["kind"] == "recurrent":
+            if node.name in self.programs and self.programs[node.name]["kind"] in HOST_KINDS:
                 missing = [v for v in node.inputs if v and v not in made]
                 if missing:
                     return f"accelerator node {node.name!r} reads {missing[0]!r} before it is made"
@@ -471,7 +472,7 @@ class AccelModel:
         from ..compiler.accel.matmul import pack_weights
         from ..compiler.accel.partition import dram_reads, pack_value, unpack_value
         from ..compiler.graph.ir import InputShapeError
-        from .accel_recurrent import run_recurrent
+        from .accel_recurrent import run_host_node
 
         graph, cfg = self.graph, self.config
         for name in graph.inputs:
@@ -526,12 +527,12 @@ class AccelModel:
             row = rows[node.name]
             t0 = time.perf_counter()
             prog = self.programs.get(node.name)
-            if prog is not None and prog["kind"] == "recurrent":
+            if prog is not None and prog["kind"] in HOST_KINDS:
                 # Values on the host; the layer packs its products' operands itself.
                 for name in node.inputs:
                     to_host(name)
                 t1 = time.perf_counter()
-                results, st = run_recurrent(node, prog, [host[v] if v else None
+                results, st = run_host_node(node, prog, [host[v] if v else None
                                                          for v in node.inputs], ex, cfg)
                 for name, value in zip(node.outputs, results):
                     if name:

@@ -114,6 +114,7 @@ class CpuModel:
         from ..compiler.cpu.lowering import compile_program, lower_graph
         from ..compiler.graph.qops import QUANTIZED_KERNELS
         from ..compiler.graph.qrecurrent import Q_RECURRENT_KERNELS
+        from ..compiler.graph.qwide import QWIDE_KERNELS
 
         start = time.perf_counter()
         program = lower_graph(graph)
@@ -127,7 +128,7 @@ class CpuModel:
             info["control_flow"] = program.control
         origin = {"from": "graph",
                   "quantized": any(n.op in QUANTIZED_KERNELS or n.op in Q_RECURRENT_KERNELS
-                                    for n in graph.nodes)}
+                                    or n.op in QWIDE_KERNELS for n in graph.nodes)}
         return cls(program, source=source, build_info=info, origin=origin)
 
     @classmethod

@@ -351,7 +351,8 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
     and DRAM image (``image_bytes`` long)."""
     from ..compiler.accel.partition import (ALIAS_OPS, PLACED_OPS, RECURRENT_OPS, Placement,
                                             concat_slices, dram_reads, packed_shape, root_of)
-    from .accel_recurrent import check_recurrent_program
+    from ..compiler.accel.recurrent import is_host_node
+    from .accel_recurrent import HOST_KINDS, check_host_program
 
     nodes = {n.name: n for n in graph.nodes}
     placements = {}
@@ -370,24 +371,24 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
         kind = f["kind"].string()
         op = nodes[name].op
         if (kind == "view") != (op in ALIAS_OPS) or (kind == "concat") != (op in PLACED_OPS) \
-                or (kind == "recurrent") != (op in RECURRENT_OPS):
+                or (kind in HOST_KINDS) != is_host_node(nodes[name]):
             raise f["kind"].fail(f"is {kind!r} for a {op} node (views are the accelerator's "
                                  f"{', '.join(ALIAS_OPS)} nodes, placements its Concat nodes, "
-                                 f"recurrent programs its {', '.join(RECURRENT_OPS)} nodes, "
+                                 f"recurrent and control programs its {', '.join(RECURRENT_OPS)}"
+                                 f" nodes and control flow with integer products, "
                                  f"and only they)")
         # A view or a placement runs no program (compiler/accel/partition.py), a recurrent
         # layer one per product (listed in its products).
         addr, count = f["insn_addr"].integer(), \
-            f["insn_count"].integer(int(kind not in ("view", "concat", "recurrent")))
+            f["insn_count"].integer(int(kind not in ("view", "concat", *HOST_KINDS)))
         if addr % 16 or addr + 16 * count > image_bytes:
             raise f.fail(f"has its {count} instructions at {addr}, not 16-byte aligned "
                          f"inside the {image_bytes}-byte DRAM image")
         programs[name] = {"insn_addr": addr, "insn_count": count, "kind": kind,
                           "spec": f["spec"].obj(), "knobs": f["knobs"].obj(),
                           "macs": f["macs"].integer(), "region": f["region"].integer()}
-        if kind == "recurrent":
-            programs[name]["products"] = check_recurrent_program(f, nodes[name], graph, cfg,
-                                                                 image_bytes)
+        if kind in HOST_KINDS:
+            programs[name].update(check_host_program(f, nodes[name], graph, cfg, image_bytes))
         if f.get("staged") is not None:
             programs[name]["staged"] = [_staged(s, nodes[name], graph, cfg, image_bytes)
                                         for s in f["staged"].list()]
@@ -433,7 +434,7 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
                 f"is a view of {v['of']!r}, which has no buffer of its own at {v['addr']}")
     for name in sorted(accel):
         node = nodes[name]
-        if node.op in RECURRENT_OPS:  # its values stay on the host
+        if is_host_node(node):  # its values stay on the host
             continue
         for v in (*dram_reads(node), node.outputs[0]):
             if v and v not in values:

@@ -9,7 +9,9 @@ import numpy as np
 from ..graph.qrecurrent import Q_RECURRENT_OPS, float_op, product_weights
 from .wide import wide_weight_problem
 
-__all__ = ["RECURRENT_OPS", "recurrent_problem", "layer_products", "time_steps"]
+__all__ = ["RECURRENT_OPS", "recurrent_problem", "layer_products", "time_steps", "CONTROL_OPS",
+           "WIDE_BODY_OPS", "body_nodes", "body_keys", "wide_products", "control_problem",
+           "is_host_node"]
 
 RECURRENT_OPS = tuple(Q_RECURRENT_OPS)
 
@@ -45,3 +47,81 @@ def recurrent_problem(node, graph) -> str | None:
     if 0 in time_steps(node, graph):
         return f"{node.op} of an empty sequence or batch"
     return None
+
+
+# ---- control flow whose bodies hold integer products (compiler/graph/qbody.py) -----------
+
+CONTROL_OPS = ("If", "Loop", "Scan")
+WIDE_BODY_OPS = ("QMatMulWide", *RECURRENT_OPS)
+
+
+def body_nodes(node, path: str = "") -> list[tuple[str, object, object]]:
+    """(key, body, node) of every integer-product node inside ``node``'s bodies (bodies of
+    bodies too); a key is ``node/attribute/.../node``, the body's key the key's head."""
+    from ..graph.ir import subgraphs
+
+    out = []
+    for attr, body in subgraphs(node):
+        key = f"{path}{node.name}/{attr}"
+        for n in body.nodes:
+            if n.op in WIDE_BODY_OPS:
+                out.append((f"{key}/{n.name}", body, n))
+            elif subgraphs(n):
+                out += body_nodes(n, key + "/")
+    return out
+
+
+def body_keys(node, path: str = "") -> dict:
+    """{id(body): key} of every body inside ``node``."""
+    from ..graph.ir import subgraphs
+
+    out = {}
+    for attr, body in subgraphs(node):
+        key = f"{path}{node.name}/{attr}"
+        out[id(body)] = key
+        for n in body.nodes:
+            if subgraphs(n):
+                out.update(body_keys(n, key + "/"))
+    return out
+
+
+def wide_products(node, graph) -> dict:
+    """{key: (integer weight [O, K], rows M)} of a QMatMulWide (key ("M",)), as
+    ``layer_products`` gives a recurrent layer's."""
+    x = graph.types[node.inputs[0]].shape
+    w = np.asarray(graph.initializers[node.inputs[1]])
+    return {("M",): (w, int(np.prod(x[:-1])))}
+
+
+def control_problem(node) -> str | None:
+    """Why a control-flow node stays on the CPU (None: its bodies' integer products go to
+    the accelerator)."""
+    found = body_nodes(node)
+    if not found:
+        why = node.attrs.get("float_reason")
+        return (f"{node.op}: its bodies hold no integer product (MatMul, Gemm, LSTM, GRU or "
+                f"RNN with constant weights, quantized)" + (f"; {why}" if why else ""))
+    for key, body, n in found:
+        problem = (recurrent_problem(n, body) if n.op in RECURRENT_OPS else
+                   _wide_problem(n, body))
+        if problem:
+            return f"{key} ({n.op}) inside its body: {problem}"
+    return None
+
+
+def _wide_problem(node, graph) -> str | None:
+    unknown = [v for v in (*node.inputs, *node.outputs) if v and not graph.types[v].static]
+    if unknown:
+        return f"the size of {unknown[0]!r} ({graph.types[unknown[0]]}) is only known at run time"
+    w = np.asarray(graph.initializers[node.inputs[1]])
+    if w.dtype == np.int16 and wide_weight_problem(w):
+        return wide_weight_problem(w)
+    if 0 in graph.types[node.inputs[0]].shape:
+        return "an empty input"
+    return None
+
+
+def is_host_node(node) -> bool:
+    """Whether ``node`` is placed as an accelerator node whose values stay on the host: a
+    recurrent layer, or control flow with integer products in its bodies."""
+    return node.op in RECURRENT_OPS or (node.op in CONTROL_OPS and bool(body_nodes(node)))

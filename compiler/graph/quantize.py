@@ -79,6 +79,7 @@ from .calib import CalibrationError, entropy_range, parse_method, percentile_ran
 from .ir import EPILOGUE_UNARY, Graph, GraphError, Node, TensorType, constant, verify_graph
 from .ops import KERNELS, OWN_INPUTS
 from .passes import remove_dead_code
+from .qbody import inline_constant_captures, quantize_bodies
 from .qrecurrent import WEIGHT_BITS as RECURRENT_WEIGHT_BITS
 from .qrecurrent import (calibrated_values, h_range, quantized_layer, recurrent_problem,
                          Q_RECURRENT_OPS)
@@ -514,7 +515,9 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
     out = graph.types[node.outputs[0]] if node.outputs else None
     inputs = [i for i in node.inputs if i]
     if any(isinstance(v, Graph) for v in node.attrs.values()):
-        return "the quantizer does not look inside Loop, Scan and If bodies"
+        return ("control flow: its bodies' MatMul, Gemm, LSTM, GRU and RNN layers with "
+                "constant weights take the 16-bit integer form (qbody.py), the rest of "
+                "them stays float")
     if node.op == "MatMul" and not any(i in graph.initializers for i in node.inputs[:2]):
         ts = [graph.types[v] for v in (*node.inputs[:2], *node.outputs)]
         if node.attrs.get("epilogue"):
@@ -884,6 +887,11 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     method, percent = parse_method(method, percentile)
     samples = _samples(graph, calibration)
     graph, shuffles = expand_conv_transposes(graph)  # the upsamplers' int8 form
+    # Control-flow bodies: their products in 16-bit integer form (qbody.py), calibrated on
+    # what each body sees when the float graph runs; the node holding a body is unchanged.
+    graph = inline_constant_captures(graph)
+    bodies = {n.name: n.attrs for n in quantize_bodies(graph, samples).nodes
+              if any(isinstance(v, Graph) for v in n.attrs.values())}
     plan = _plan(graph, shuffles)
     layer_inputs = {n.inputs[0] for n in graph.nodes if n.name in plan.layers}
     layer_inputs |= {v for n in graph.nodes if plan.kinds.get(n.name) == "matmul"
@@ -1038,7 +1046,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             b.add("QGlobalAveragePool", [as_int8(x)], [int8_name[node.outputs[0]]],
                   {"multiplier": m, "shift": shift, "scale": scale(x)}, node.name, fresh=False)
         else:
-            attrs = node.attrs
+            attrs = bodies.get(node.name, node.attrs)
             if node.name in plan.float_reasons:  # for the partition's report
                 attrs = {**attrs, "float_reason": plan.float_reasons[node.name]}
             b.add(node.op, [as_float(i) if i else "" for i in node.inputs], node.outputs,

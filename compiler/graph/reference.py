@@ -26,10 +26,13 @@ from .ops_nn import gelu
 from .ops_recurrent import RECURRENT_KERNELS, RECURRENT_SHAPE_RULES
 from .qops import QUANTIZED_KERNELS, QUANTIZED_SHAPE_RULES
 from .qrecurrent import Q_RECURRENT_KERNELS, Q_RECURRENT_SHAPE_RULES
+from .qwide import QWIDE_KERNELS, QWIDE_OWN_INPUTS, QWIDE_SHAPE_RULES
 
-# celosia's quantized operators: qops.py's and the recurrent layers of qrecurrent.py
-_QUANTIZED = {**QUANTIZED_KERNELS, **Q_RECURRENT_KERNELS}
-_QUANTIZED_RULES = {**QUANTIZED_SHAPE_RULES, **Q_RECURRENT_SHAPE_RULES}
+# celosia's quantized operators: qops.py's, the recurrent layers of qrecurrent.py and the
+# 16-bit products of qwide.py
+_QUANTIZED = {**QUANTIZED_KERNELS, **Q_RECURRENT_KERNELS, **QWIDE_KERNELS}
+_QUANTIZED_RULES = {**QUANTIZED_SHAPE_RULES, **Q_RECURRENT_SHAPE_RULES, **QWIDE_SHAPE_RULES}
+_OWN_INPUTS = {**OWN_INPUTS, **QWIDE_OWN_INPUTS}
 
 __all__ = ["OPERATORS", "run_graph", "run_body", "evaluate_node", "infer_node", "apply_epilogue", "stand_in", "fits",
            "check_result", "KERNEL_ERRORS"]
@@ -88,7 +91,7 @@ def evaluate_node(node: Node, inputs: list) -> tuple:
     """Run one node on numpy arrays (None for a missing optional input). A node with
     bodies (If, Loop, Scan) gets its captured values as its last inputs, like any other."""
     epilogue = node.attrs.get("epilogue")
-    own = inputs[:OWN_INPUTS[node.op]] if epilogue else inputs
+    own = inputs[:_OWN_INPUTS[node.op]] if epilogue else inputs
     with np.errstate(all="ignore"):
         control = CONTROL_KERNELS.get(node.op)
         if control is not None:
