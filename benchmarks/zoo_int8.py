@@ -101,7 +101,7 @@ def node_macs(node, types, initializers=None) -> int:
     if not node.outputs or node.outputs[0] not in types:
         return 0
     out = types[node.outputs[0]].shape
-    if op in ("Conv", "QConv", "ConvTranspose"):
+    if op in ("Conv", "QConv", "ConvTranspose", "QConvWide"):
         w = types[node.inputs[1]].shape
         if op == "ConvTranspose":  # every input element meets C_out/group x kernel weights
             return int(math.prod(types[node.inputs[0]].shape) * math.prod(w[1:]))

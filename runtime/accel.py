@@ -533,7 +533,7 @@ class AccelModel:
                     to_host(name)
                 t1 = time.perf_counter()
                 results, st = run_host_node(node, prog, [host[v] if v else None
-                                                         for v in node.inputs], ex, cfg)
+                                                         for v in node.inputs], ex, cfg, graph)
                 for name, value in zip(node.outputs, results):
                     if name:
                         host[name] = value

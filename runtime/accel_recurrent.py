@@ -48,7 +48,7 @@ def _key_str(key) -> str:
 def _products_of(node, graph) -> dict:
     from ..compiler.accel.recurrent import layer_products, wide_products
 
-    return wide_products(node, graph) if node.op == "QMatMulWide" else \
+    return wide_products(node, graph) if node.op in ("QMatMulWide", "QConvWide") else \
         layer_products(node, graph)
 
 
@@ -65,10 +65,12 @@ def _build_products(node, graph, cfg, dev, name: str) -> tuple[list, int]:
                                        wide_dense, wide_knobs)
 
     b, k = cfg.batch, cfg.block
-    exact = node.op == "QMatMulWide"
     products, macs = [], 0
     for key, (w, m) in _products_of(node, graph).items():
         o, kd = w.shape
+        # the convolutions' and dense products' definition is exact, a recurrent layer's
+        # with int16 weights too (its int8 one wraps in 32 bits, as Horner's rule does)
+        exact = node.op in ("QMatMulWide", "QConvWide") or w.dtype == np.int16
         spec = WideSpec(-(-m // b) * b, -(-kd // k) * k, -(-o // k) * k, 2,
                         1 if w.dtype == np.int8 else 2, exact=exact)
         knobs = wide_knobs(cfg, spec)
@@ -149,7 +151,7 @@ class _Launcher:
                                     int(np.prod(p["out_shape"])), tuple(p["out_shape"]),
                                     p["o"], p["k"],
                                     exact_correction(weights[tuple(p["key"])])
-                                    if weights is not None else None)
+                                    if weights and tuple(p["key"]) in weights else None)
                   for p in records}
         clock = time.perf_counter
 
@@ -185,26 +187,55 @@ def _run_node(node, inputs: list, products):
     """One integer-product node with its products on the accelerator: what
     reference.evaluate_node computes, the products excepted."""
     from ..compiler.graph.qrecurrent import q_recurrent
-    from ..compiler.graph.qwide import qmatmul_wide
+    from ..compiler.graph.qwide import conv_columns, qconv_wide, qmatmul_wide
     from ..compiler.graph.reference import apply_epilogue
 
+    def conv_product(q):
+        # im2col on the host (at the border, with the packing), then the product
+        n = q.shape[0]
+        acc = products(("M",), conv_columns(q, node.attrs))
+        return np.moveaxis(acc.reshape(n, *out_shape, -1), -1, 1)
+
     with np.errstate(all="ignore"):
-        if node.op == "QMatMulWide":
+        if node.op in ("QMatMulWide", "QConvWide"):
             epilogue = node.attrs.get("epilogue")
             own = inputs[:4] if epilogue else inputs
-            y = qmatmul_wide(node.attrs, *own, product=lambda a, w: products(("M",), a))
+            if node.op == "QConvWide":
+                out_shape = _conv_out(node, inputs[0].shape)
+                y = qconv_wide(node.attrs, *own, product=conv_product)
+            else:
+                y = qmatmul_wide(node.attrs, *own, product=lambda a, w: products(("M",), a))
             if epilogue:
                 y = apply_epilogue(y, epilogue, inputs)
             return (y,)
         return q_recurrent(node.op, node.attrs, *inputs, products=products)
 
 
-def run_host_node(node, prog: dict, inputs: list, ex, cfg) -> tuple[tuple, dict]:
+def _exact_weights(node, graph) -> dict | None:
+    """{key: weight} of the node's products that are exact (their activation correction
+    is added on the host), None if none is."""
+    if node.op in ("QMatMulWide", "QConvWide"):
+        w = np.asarray(graph.initializers[node.inputs[1]])
+        return {("M",): w.reshape(w.shape[0], -1)}
+    exact = {key: w for key, (w, _) in _products_of(node, graph).items() if w.dtype == np.int16}
+    return exact or None
+
+
+def _conv_out(node, x_shape) -> list[int]:
+    from ..compiler.graph.ops import pool_output_shape
+
+    a = node.attrs
+    return pool_output_shape(x_shape[2:], a["kernel_shape"], a["strides"], a["dilations"],
+                             a["pads"])
+
+
+def run_host_node(node, prog: dict, inputs: list, ex, cfg, graph) -> tuple[tuple, dict]:
     """Run the node with its products on executor ``ex``; (outputs, {"cycles", "macs",
     "layout_ms", "sim_ms", "launches"})."""
     launcher = _Launcher(ex, cfg)
     if prog["kind"] == "recurrent":
-        outs = _run_node(node, inputs, launcher.products(prog["products"]))
+        outs = _run_node(node, inputs, launcher.products(prog["products"],
+                                                          _exact_weights(node, graph)))
         return outs, launcher.result()
     from ..compiler.accel.recurrent import body_keys
     from ..compiler.graph.ir import captured_inputs
@@ -221,8 +252,7 @@ def run_host_node(node, prog: dict, inputs: list, ex, cfg) -> tuple[tuple, dict]
     def runner(key, n, body):
         if key not in runners:
             rec = by_key[key]
-            weights = ({("M",): np.asarray(body.initializers[n.inputs[1]])}
-                       if n.op == "QMatMulWide" else None)
+            weights = _exact_weights(n, body)
             runners[key] = launcher.products(rec["products"], weights)
         return runners[key]
 

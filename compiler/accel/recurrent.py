@@ -52,7 +52,7 @@ def recurrent_problem(node, graph) -> str | None:
 # ---- control flow whose bodies hold integer products (compiler/graph/qbody.py) -----------
 
 CONTROL_OPS = ("If", "Loop", "Scan")
-WIDE_BODY_OPS = ("QMatMulWide", *RECURRENT_OPS)
+WIDE_BODY_OPS = ("QMatMulWide", "QConvWide", *RECURRENT_OPS)
 
 
 def body_nodes(node, path: str = "") -> list[tuple[str, object, object]]:
@@ -86,10 +86,14 @@ def body_keys(node, path: str = "") -> dict:
 
 
 def wide_products(node, graph) -> dict:
-    """{key: (integer weight [O, K], rows M)} of a QMatMulWide (key ("M",)), as
-    ``layer_products`` gives a recurrent layer's."""
-    x = graph.types[node.inputs[0]].shape
+    """{key: (integer weight [O, K], rows M)} of a QMatMulWide or QConvWide (key ("M",);
+    a convolution's rows are its output pixels, K its window), as ``layer_products`` gives
+    a recurrent layer's."""
     w = np.asarray(graph.initializers[node.inputs[1]])
+    if node.op == "QConvWide":
+        y = graph.types[node.outputs[0]].shape
+        return {("M",): (w.reshape(w.shape[0], -1), y[0] * int(np.prod(y[2:])))}
+    x = graph.types[node.inputs[0]].shape
     return {("M",): (w, int(np.prod(x[:-1])))}
 
 

@@ -113,7 +113,7 @@ def _integer_products(node: Node) -> str | None:
     or None."""
     for _, body in subgraphs(node):
         for n in body.nodes:
-            if n.op in ("QMatMulWide", "QLSTM", "QGRU", "QRNN"):
+            if n.op in ("QMatMulWide", "QConvWide", "QLSTM", "QGRU", "QRNN"):
                 return f"{n.op} {n.name!r}"
             inner = _integer_products(n) if subgraphs(n) else None
             if inner:

@@ -12,7 +12,8 @@ body, after the enclosing graph's calibration run has shown what each body sees:
    spread over the calls); the body's own values are then measured by running the body
    on those records.
 3. In the body, a MatMul or Gemm with a constant weight becomes ``QMatMulWide`` (qwide.py:
-   16-bit activation, int16 per-row weights, the exact integer product), an LSTM, GRU or
+   16-bit activation, int16 per-row weights, the exact integer product), a Conv of group 1
+   ``QConvWide`` (the same, per output channel), an LSTM, GRU or
    RNN with constant weights ``QLSTM``/``QGRU``/``QRNN`` (qrecurrent.py); everything else
    keeps its float form and carries ``float_reason``. Bodies of bodies are rewritten the
    same way. The body's inputs and outputs keep their float types, so the node holding it
@@ -42,7 +43,7 @@ BODY_WEIGHT_BITS = 16
 _WEIGHT_MAX = {8: 127, 16: 32639}
 _CONTROL = ("If", "Loop", "Scan")
 # The integer-product nodes a quantized body holds (the accelerator runs their products).
-WIDE_OPS = ("QMatMulWide", *Q_RECURRENT_OPS)
+WIDE_OPS = ("QMatMulWide", "QConvWide", *Q_RECURRENT_OPS)
 
 
 # ---- 1. constants of the enclosing graph into the bodies -----------------------------------
@@ -134,7 +135,7 @@ def _dense_form(body: Graph, node: Node):
     """(x, weight [O, K], bias [O] or None, epilogue index shift) of a MatMul/Gemm with a
     constant weight, or why it stays float."""
     inits, types = body.initializers, body.types
-    if node.op not in ("MatMul", "Gemm"):
+    if node.op not in ("MatMul", "Gemm", "Conv"):
         return None
     x, w = node.inputs[0], node.inputs[1]
     if w not in inits or x in inits:
@@ -142,6 +143,15 @@ def _dense_form(body: Graph, node: Node):
     if types[x].dtype != "float32" or not types[node.outputs[0]].static:
         return "its input is not float32 of sizes known before run time"
     wt = np.asarray(inits[w], np.float64)
+    if node.op == "Conv":
+        if int(node.attrs.get("group", 1)) != 1:
+            return f"a grouped convolution (group={node.attrs['group']}): the integer form takes group 1"
+        bias = None
+        if len(node.inputs) > 2 and node.inputs[2]:
+            if node.inputs[2] not in inits:
+                return "its bias is computed at run time"
+            bias = np.asarray(inits[node.inputs[2]], np.float32)
+        return x, wt, bias, 1
     if node.op == "MatMul":
         if wt.ndim != 2 or len(types[x].shape) < 2:
             return f"a MatMul with a {wt.ndim}-D weight (the integer form takes [K, O])"
@@ -163,10 +173,12 @@ def _dense_form(body: Graph, node: Node):
 
 
 def _per_row(w: np.ndarray, bits: int):
-    top = np.abs(w).max(axis=1)
+    """Per output row (axis 0; a conv's output channel) scales and integer weights."""
+    flat = w.reshape(w.shape[0], -1)
+    top = np.abs(flat).max(axis=1)
     s = np.where(top > 0, top / _WEIGHT_MAX[bits], 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / s[:, None]), -_WEIGHT_MAX[bits], _WEIGHT_MAX[bits])
-    return q.astype(np.int8 if bits == 8 else np.int16), s
+    q = np.clip(np.rint(flat / s[:, None]), -_WEIGHT_MAX[bits], _WEIGHT_MAX[bits])
+    return q.astype(np.int8 if bits == 8 else np.int16).reshape(w.shape), s
 
 
 def _fresh(taken: set, base: str) -> str:
@@ -207,19 +219,23 @@ def _quantize_body(body: Graph, records: list, seen: dict, key: str, bits: int) 
                 inits[name], types[name] = constant(arr), TensorType(str(arr.dtype), arr.shape)
                 names.append(name)
             own = 2 if n.op == "MatMul" else 3
+            op = "QConvWide" if n.op == "Conv" else "QMatMulWide"
             extra = list(n.inputs[own:])
             attrs = {"x_scale": float(np.float32(max(maxabs.get(x, 0.0) * X_HEADROOM, 1e-30)
                                                  / 32767))}
+            if n.op == "Conv":
+                attrs.update({k: v for k, v in n.attrs.items()
+                              if k in ("kernel_shape", "strides", "pads", "dilations", "group")})
             if n.attrs.get("epilogue"):
                 attrs["epilogue"] = [tuple(s[:-1]) + (s[-1] + shift,) if s[0] in ("Add", "Mul")
                                      else tuple(s) for s in n.attrs["epilogue"]]
             ins = [x, *names, *([""] if bias is None else []), *extra]
-            n = Node("QMatMulWide", tuple(ins), n.outputs, attrs, n.name)
+            n = Node(op, tuple(ins), n.outputs, attrs, n.name)
         elif n.op in Q_RECURRENT_OPS.values() and records and recurrent_problem(body, n) is None:
             known = {**maxabs, **{v: float(np.abs(inits[v]).max(initial=0))
                                   for v in n.inputs if v in inits}}
             op, ins, attrs = quantized_layer(n, body, known.get(n.inputs[0], 0.0),
-                                             h_range(n, known))
+                                             h_range(n, known), bits)
             names = ("", "W_q", "R_q", "W_scale", "R_scale")
             args = []
             for k, v in enumerate(ins):

@@ -21,6 +21,8 @@ and GRU's ``r * h``). Per direction d:
     XW  = float32(wide_matmul(xq, W_q[d])) * float32(x_scale * W_scale[d])
     per step: hq = clip(rint(h / h_scale), ...); hR = float32(wide_matmul(hq, R_q[d][rows]))
               * float32(h_scale * R_scale[d][rows])
+
+(int16 weights: ``wide_matmul_exact``, the product in int64, which 32 bits would wrap).
     then ops_recurrent.py's step on XW + biases and hR.
 
 GRU runs R in two products (the z/r rows on h, the h rows on h or ``r * h``); LSTM and
@@ -37,7 +39,7 @@ import numpy as np
 
 from .ir import NodeError, TensorType
 from .ops_recurrent import GATES, RECURRENT_SHAPE_RULES, _Direction, _run
-from .qops import wide_matmul
+from .qops import wide_matmul, wide_matmul_exact
 
 __all__ = ["Q_RECURRENT_KERNELS", "Q_RECURRENT_SHAPE_RULES", "Q_RECURRENT_OPS",
            "quantize16", "product_weights", "float_op"]
@@ -108,7 +110,8 @@ def q_recurrent(op: str, attrs, x, w_q, r_q, w_scale, r_scale, b=None, seq_lens=
         weights = product_weights(base, attrs, w_q, r_q)
 
         def products(key, a):
-            return wide_matmul(a, weights[key])
+            w = weights[key]
+            return (wide_matmul_exact if w.dtype == np.int16 else wide_matmul)(a, w)
 
     def direction(op_, attrs_, d, w, r, b_, dtype):
         return _QDirection(op_, attrs_, d, w, r, b_, dtype, w_scale=w_scale, r_scale=r_scale,
