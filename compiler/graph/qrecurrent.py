@@ -201,13 +201,15 @@ def calibrated_values(node) -> list[str]:
 
 
 def h_range(node, maxabs: dict) -> float:
-    """The range of the recurrent operand: the activations' bound or the calibrated outputs
-    (with X_HEADROOM), and the initial state."""
+    """The range of the recurrent operand: the activations' bound or the calibrated outputs,
+    and the calibrated initial state (both with X_HEADROOM: a state beyond the calibration
+    would be clipped)."""
     ins = list(node.inputs) + [""] * (8 - len(node.inputs))
     bound = h_bound(node)
     if bound is None:
         bound = X_HEADROOM * max([maxabs.get(v, 0.0) for v in node.outputs[:2] if v] + [0.0])
-    return max(bound, maxabs.get(ins[5], 0.0) if ins[5] else 0.0, 1e-6)
+    initial = X_HEADROOM * maxabs.get(ins[5], 0.0) if ins[5] else 0.0
+    return max(bound, initial, 1e-6)
 
 
 def quantized_layer(node, graph, x_max: float, h_max: float, bits: int = WEIGHT_BITS):

@@ -140,3 +140,83 @@ def test_a_loop_body_without_products_stays_on_the_cpu_with_its_reason():
     assert built.placements[loop.name].target == "cpu"
     assert "its bodies hold no integer product" in built.placements[loop.name].reason
     np.testing.assert_array_equal(built.run(feeds[0])["y"], feeds[0]["x"] + 3)
+
+
+def _if_with_conv_and_lstm():
+    """Silero's shape in small: an If on a run-time input whose branch runs a 1-D Conv
+    (stride 2, padding), Relu, an LSTM step (its state from the input) and a Gemm."""
+    rng = np.random.default_rng(3)
+    c, h, o = 6, 10, 3
+    branch = helper.make_graph([
+        helper.make_node("Conv", ["x", "Wc", "Bc"], ["cv"], kernel_shape=[3], strides=[2],
+                         pads=[1, 1]),
+        helper.make_node("Relu", ["cv"], ["r"]),
+        helper.make_node("ReduceMean", ["r"], ["m"], axes=[2], keepdims=0),
+        helper.make_node("Unsqueeze", ["m", "ax0"], ["X"]),
+        helper.make_node("Gather", ["state", "i0"], ["h0"], axis=0),
+        helper.make_node("Gather", ["state", "i1"], ["c0"], axis=0),
+        helper.make_node("Unsqueeze", ["h0", "ax0"], ["H0"]),
+        helper.make_node("Unsqueeze", ["c0", "ax0"], ["C0"]),
+        helper.make_node("LSTM", ["X", "W", "R", "B", "", "H0", "C0"], ["Y", "Yh", "Yc"],
+                         hidden_size=h),
+        helper.make_node("Squeeze", ["Yh", "ax0"], ["hq"]),
+        helper.make_node("Gemm", ["hq", "Wo"], ["y"], transB=1)], "then", [],
+        [vi("y", None)])
+    other = helper.make_graph([helper.make_node("Gemm", ["zeros", "Wo"], ["y2"], transB=1)],
+                              "else", [], [vi("y2", None)])
+    nodes = [helper.make_node("Greater", ["sr", "k8"], ["wide"]),
+             helper.make_node("If", ["wide"], ["out"], then_branch=branch, else_branch=other)]
+
+    def arr(name, *shape, s=0.4):
+        return numpy_helper.from_array((rng.normal(size=shape) * s).astype(np.float32), name)
+    inits = [arr("Wc", 8, c, 3), arr("Bc", 8, s=0.1), arr("W", 1, 4 * h, 8), arr("R", 1, 4 * h, h),
+             arr("B", 1, 8 * h, s=0.1), arr("Wo", o, h), arr("zeros", 2, h, s=0.0),
+             numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+             numpy_helper.from_array(np.array(0, np.int64), "i0"),
+             numpy_helper.from_array(np.array(1, np.int64), "i1"),
+             numpy_helper.from_array(np.array(8000, np.int64), "k8")]
+    return make_model(nodes, [vi("x", [2, c, 9]), vi("state", [2, 2, h]),
+                              vi("sr", [], TensorProto.INT64)], [vi("out", None)], inits)
+
+
+def test_if_branch_with_a_convolution_and_an_lstm():
+    model = _if_with_conv_and_lstm()
+    rng = np.random.default_rng(4)
+
+    def feeds():
+        return {"x": rng.normal(size=(2, 6, 9)).astype(np.float32),
+                "state": (0.5 * rng.normal(size=(2, 2, 10))).astype(np.float32),
+                "sr": np.array(16000, np.int64)}
+    q, built = _check(model, [feeds() for _ in range(3)], [feeds() for _ in range(2)])
+    cond = next(n for n in q.nodes if n.op == "If")
+    ops = [n.op for n in cond.attrs["then_branch"].nodes]
+    assert {"QConvWide", "QLSTM", "QMatMulWide"} <= set(ops), ops
+    assert built.placements[cond.name].target == "accel"
+    assert placement_record(built)["accel_mac_share"] == 1.0
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], group=1),
+    dict(kernel_shape=[1, 4], strides=[1, 2], pads=[0, 1, 0, 2], dilations=[1, 2], group=1)])
+def test_the_wide_convolution_is_exact_on_its_16_bit_values(attrs):
+    """QConvWide's product (an exact float64 convolution of the int16 values) equals the
+    accelerator's way, im2col and an integer product, and stays within the 16-bit steps of
+    the float convolution."""
+    from celosia.compiler.graph.ops import conv
+    from celosia.compiler.graph.qops import wide_matmul_exact
+    from celosia.compiler.graph.qrecurrent import quantize16
+    from celosia.compiler.graph.qwide import conv_columns, qconv_wide
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 5, 7, 9)).astype(np.float32)
+    w = rng.integers(-32639, 32640, (4, 5, *attrs["kernel_shape"])).astype(np.int16)
+    a = {**attrs, "x_scale": float(np.float32(4 / 32767))}
+    q = quantize16(x, a["x_scale"])
+    exact = conv(a, q.astype(np.float64), w.astype(np.float64)).astype(np.int64)
+    cols = wide_matmul_exact(conv_columns(q, a), w.reshape(4, -1))
+    np.testing.assert_array_equal(np.moveaxis(cols.reshape(2, *exact.shape[2:], 4), -1, 1),
+                                  exact)
+    scale = np.full(4, 1e-4, np.float32)
+    y = qconv_wide(a, x, w, scale)
+    ref = conv(a, x.astype(np.float64), w.astype(np.float64) * 1e-4)
+    assert cosine(y, ref) > 0.9999999
