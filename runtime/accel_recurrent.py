@@ -38,7 +38,7 @@ __all__ = ["HOST_KINDS", "build_host_node", "run_host_node", "check_host_program
 
 # Program kinds of accelerator nodes whose values stay on the host: a recurrent layer, and
 # control flow whose bodies hold integer products (QMatMulWide, recurrent layers).
-HOST_KINDS = ("recurrent", "control")
+HOST_KINDS = ("recurrent", "wide", "control")
 
 
 def _key_str(key) -> str:
@@ -109,7 +109,8 @@ def build_host_node(node, graph, cfg, dev) -> dict:
                 "spec": {"nodes": len(bodies), "macs_per_call": "each body node's, once"},
                 "knobs": {}, "macs": macs, "bodies": bodies}
     products, macs = _build_products(node, graph, cfg, dev, node.name)
-    return {"insn_addr": 0, "insn_count": 0, "kind": "recurrent",
+    kind = "wide" if node.op in ("QMatMulWide", "QConvWide") else "recurrent"
+    return {"insn_addr": 0, "insn_count": 0, "kind": kind,
             "spec": {"products": len(products)}, "knobs": {}, "macs": macs,
             "products": products}
 
@@ -233,7 +234,7 @@ def run_host_node(node, prog: dict, inputs: list, ex, cfg, graph) -> tuple[tuple
     """Run the node with its products on executor ``ex``; (outputs, {"cycles", "macs",
     "layout_ms", "sim_ms", "launches"})."""
     launcher = _Launcher(ex, cfg)
-    if prog["kind"] == "recurrent":
+    if prog["kind"] != "control":
         outs = _run_node(node, inputs, launcher.products(prog["products"],
                                                           _exact_weights(node, graph)))
         return outs, launcher.result()
@@ -324,7 +325,7 @@ def check_host_program(f, node, graph, cfg, image_bytes: int) -> dict:
     node's program in a .cel manifest."""
     from ..compiler.accel.recurrent import body_nodes
 
-    if f["kind"].string() == "recurrent":
+    if f["kind"].string() != "control":
         return {"products": _check_products(f["products"], node, graph, image_bytes)}
     found = {key: (body, n) for key, body, n in body_nodes(node)}
     bodies = []

@@ -58,7 +58,8 @@ from . import matmul
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
 from .ops_alu import EltSpec, GapSpec, PoolSpec, elt_constants, gap_constants
 from .ops_group import GroupConvSpec, crop_taps, group_layout_problem, pack_group_kernel
-from .recurrent import CONTROL_OPS, RECURRENT_OPS, control_problem, is_host_node, recurrent_problem
+from .recurrent import (CONTROL_OPS, RECURRENT_OPS, control_problem, is_host_node,
+                        recurrent_problem, wide_problem)
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_rows", "compile_layer", "ALIAS_OPS", "ALU_OPS", "PLACED_OPS", "dram_reads",
@@ -344,6 +345,8 @@ def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
         return recurrent_problem(node, graph)
     if node.op in CONTROL_OPS:
         return control_problem(node)
+    if node.op in ("QMatMulWide", "QConvWide"):
+        return wide_problem(node, graph)
     if node.op not in ("QConv", "QGemm", "QMatMul"):
         return cpu_reason(node, graph)
     if node.op == "QMatMul":
@@ -389,7 +392,9 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
                     **dict.fromkeys(CONTROL_OPS, "control flow: its bodies' integer products "
                                     "on the accelerator at every iteration (16-bit "
                                     "activations as int8 GEMM passes), the rest of the bodies "
-                                    "on the CPU")}.get(
+                                    "on the CPU"),
+                    **dict.fromkeys(("QMatMulWide", "QConvWide"), "16-bit integer product "
+                                    "(int8 GEMM passes), float epilogue on the CPU")}.get(
                         node.op, "a view of its input's packed bytes (no program)")
             if node.op == "QConv":
                 what = ("conv2d" if _is_plain_conv2d(node, graph) else "group_conv2d") + \

@@ -11,7 +11,7 @@ from .wide import wide_weight_problem
 
 __all__ = ["RECURRENT_OPS", "recurrent_problem", "layer_products", "time_steps", "CONTROL_OPS",
            "WIDE_BODY_OPS", "body_nodes", "body_keys", "wide_products", "control_problem",
-           "is_host_node"]
+           "is_host_node", "wide_problem"]
 
 RECURRENT_OPS = tuple(Q_RECURRENT_OPS)
 
@@ -107,13 +107,14 @@ def control_problem(node) -> str | None:
                 f"RNN with constant weights, quantized)" + (f"; {why}" if why else ""))
     for key, body, n in found:
         problem = (recurrent_problem(n, body) if n.op in RECURRENT_OPS else
-                   _wide_problem(n, body))
+                   wide_problem(n, body))
         if problem:
             return f"{key} ({n.op}) inside its body: {problem}"
     return None
 
 
-def _wide_problem(node, graph) -> str | None:
+def wide_problem(node, graph) -> str | None:
+    """Why a QMatMulWide or QConvWide stays on the CPU (None: it goes to the accelerator)."""
     unknown = [v for v in (*node.inputs, *node.outputs) if v and not graph.types[v].static]
     if unknown:
         return f"the size of {unknown[0]!r} ({graph.types[unknown[0]]}) is only known at run time"
@@ -127,5 +128,6 @@ def _wide_problem(node, graph) -> str | None:
 
 def is_host_node(node) -> bool:
     """Whether ``node`` is placed as an accelerator node whose values stay on the host: a
-    recurrent layer, or control flow with integer products in its bodies."""
-    return node.op in RECURRENT_OPS or (node.op in CONTROL_OPS and bool(body_nodes(node)))
+    recurrent layer, a QMatMulWide or QConvWide, or control flow with integer products in
+    its bodies."""
+    return node.op in WIDE_BODY_OPS or (node.op in CONTROL_OPS and bool(body_nodes(node)))

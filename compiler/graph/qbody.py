@@ -35,7 +35,8 @@ from .qrecurrent import (X_HEADROOM, Q_RECURRENT_OPS, calibrated_values, h_range
                          quantized_layer, recurrent_problem)
 from .reference import evaluate_node
 
-__all__ = ["inline_constant_captures", "quantize_bodies", "MAX_BODY_SAMPLES",
+__all__ = ["inline_constant_captures", "quantize_bodies", "hoist_loop_products",
+           "MAX_BODY_SAMPLES",
            "BODY_WEIGHT_BITS", "WIDE_OPS"]
 
 MAX_BODY_SAMPLES = 48
@@ -276,3 +277,85 @@ def quantize_bodies(graph: Graph, samples: list[dict], *, bits: int = BODY_WEIGH
                                 for attr, g in subgraphs(n)})
         nodes.append(n)
     return graph.with_nodes(nodes)
+
+
+# ---- 4. a Loop body's input projections, hoisted -----------------------------------------
+
+
+def hoist_loop_products(graph: Graph) -> Graph:
+    """A Loop body's ``QMatMulWide(Gather(x, iteration), W)`` of an outer value ``x``
+    becomes one QMatMulWide of all of ``x`` before the Loop, and a Gather of its rows in the
+    body (the product's Add/Mul epilogue steps as nodes after it): exactly the same values
+    (``quantize16`` is element-wise, a product row depends only on its input row), in one
+    accelerator launch instead of one per iteration."""
+    from .passes import remove_dead_code
+
+    nodes, inits, types = [], dict(graph.initializers), dict(graph.types)
+    changed = False
+    for node in graph.nodes:
+        if node.op != "Loop":
+            nodes.append(node)
+            continue
+        body = node.attrs["body"]
+        captured = dict(zip(body.outer, captured_inputs(node)))
+        producers = {o: n for n in body.nodes for o in n.outputs if o}
+        readers: dict = {}
+        for n in body.nodes:
+            for v in n.inputs:
+                readers.setdefault(v, []).append(n)
+        b_nodes, b_types, outer = list(body.nodes), dict(body.types), list(body.outer)
+        extra = []
+        for mm in body.nodes:
+            epilogue = mm.attrs.get("epilogue", ())
+            if mm.op != "QMatMulWide" or any(len(e) != 2 or e[0] not in ("Add", "Mul")
+                                             for e in epilogue):
+                continue
+            gather = producers.get(mm.inputs[0])
+            if gather is None or gather.op != "Gather" or gather.attrs.get("axis", 0) != 0 \
+                    or len(readers.get(mm.inputs[0], ())) != 1 \
+                    or gather.inputs[1] != body.inputs[0] or gather.inputs[0] not in captured \
+                    or any(v and v not in body.initializers for v in mm.inputs[1:4]):
+                continue
+            x = captured[gather.inputs[0]]
+            xt, out_t = types[x], body.types[mm.outputs[0]]
+            if not xt.static:
+                continue
+            base = mm.name  # a body node's name carries its path
+            names = []
+            for v in mm.inputs[1:4]:
+                if not v:
+                    names.append("")
+                    continue
+                name = base + "/" + v.rsplit("/", 1)[-1]
+                inits[name], types[name] = body.initializers[v], body.types[v]
+                names.append(name)
+            y = base + "/all"
+            types[y] = TensorType("float32", (*xt.shape[:-1], out_t.shape[-1]))
+            nodes.append(Node("QMatMulWide", (x, *names), (y,),
+                              {"x_scale": mm.attrs["x_scale"]}, base + "/hoisted"))
+            inner = f"{mm.name}/hoisted"
+            outer.append(inner)
+            extra.append(y)
+            b_types[inner] = types[y]
+            out = mm.outputs[0]
+            rows = f"{out}/rows" if epilogue else out
+            new = [Node("Gather", (inner, gather.inputs[1]), (rows,), {"axis": 0}, gather.name)]
+            b_types[rows] = out_t
+            for e, (op, arg) in enumerate(epilogue):  # the fused steps as nodes again
+                made = out if e == len(epilogue) - 1 else f"{out}/{e}"
+                new.append(Node(op, (new[-1].outputs[0], mm.inputs[arg]), (made,), {},
+                                f"{mm.name}/{op.lower()}{e}"))
+                b_types[made] = out_t
+            at = b_nodes.index(mm)
+            b_nodes = [n for n in b_nodes[:at] if n is not gather] + new + b_nodes[at + 1:]
+        if not extra:
+            nodes.append(node)
+            continue
+        changed = True
+        body = Graph(body.name, body.inputs, body.outputs, tuple(b_nodes), body.initializers,
+                     b_types, tuple(outer))
+        nodes.append(Node(node.op, (*node.inputs, *extra), node.outputs,
+                          {**node.attrs, "body": remove_dead_code(body)}, node.name))
+    if not changed:
+        return graph
+    return remove_dead_code(graph.with_nodes(nodes, inits, types))

@@ -79,7 +79,7 @@ from .calib import CalibrationError, entropy_range, parse_method, percentile_ran
 from .ir import EPILOGUE_UNARY, Graph, GraphError, Node, TensorType, constant, verify_graph
 from .ops import KERNELS, OWN_INPUTS
 from .passes import remove_dead_code
-from .qbody import inline_constant_captures, quantize_bodies
+from .qbody import hoist_loop_products, inline_constant_captures, quantize_bodies
 from .qrecurrent import WEIGHT_BITS as RECURRENT_WEIGHT_BITS
 from .qrecurrent import (calibrated_values, h_range, quantized_layer, recurrent_problem,
                          Q_RECURRENT_OPS)
@@ -1053,7 +1053,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                   attrs, node.name, fresh=False)
     for o in graph.outputs:
         as_float(o)
-    return b.graph(graph)
+    return hoist_loop_products(b.graph(graph))
 
 
 # ---- from_qdq --------------------------------------------------------------------------------
