@@ -318,9 +318,15 @@ def combine_exact(planes: np.ndarray, m: int, o: int, correction=None) -> np.nda
     ``sum_i acc_i * 256**(n-1-i)`` plus ``correction`` (``exact_correction``, int16
     activations)."""
     n = planes.shape[0] // 4
-    total = np.zeros((m, o), np.int64)
-    for i in range(n):
-        total = total * 256 + unpack_acc32(planes[4 * i:4 * i + 4], m, o)
+    _, mb, ob, b, k = planes.shape
+    if b == 1:  # one gather of every accumulator's bytes, then the int64 sum in one product
+        words = planes.reshape(4 * n, mb * ob * k).T.copy().view("<i4")  # [M * O, n]
+        total = (words.astype(np.int64) @ (256 ** np.arange(n - 1, -1, -1, dtype=np.int64)))
+        total = total.reshape(mb, ob * k)[:m, :o]
+    else:
+        total = np.zeros((m, o), np.int64)
+        for i in range(n):
+            total = total * 256 + unpack_acc32(planes[4 * i:4 * i + 4], m, o)
     return total if correction is None else total + correction[:o]
 
 
