@@ -35,7 +35,8 @@ from .qrecurrent import (X_HEADROOM, Q_RECURRENT_OPS, calibrated_values, h_range
                          quantized_layer, recurrent_problem)
 from .reference import evaluate_node
 
-__all__ = ["inline_constant_captures", "quantize_bodies", "hoist_loop_products",
+__all__ = ["inline_constant_captures", "quantize_bodies", "hoist_loop_products", "wide_layer",
+           "dense_input",
            "MAX_BODY_SAMPLES",
            "BODY_WEIGHT_BITS", "WIDE_OPS"]
 
@@ -191,6 +192,36 @@ def _fresh(taken: set, base: str) -> str:
     return name
 
 
+def wide_layer(graph: Graph, n: Node, x_max: float, bits: int = BODY_WEIGHT_BITS,
+               taken: set | None = None):
+    """(QMatMulWide/QConvWide node, {name: constant}) of a MatMul/Gemm/Conv with a
+    constant weight (``_dense_form``), its 16-bit input range ``x_max`` times the
+    headroom; None if it has no such form."""
+    form = _dense_form(graph, n)
+    if not isinstance(form, tuple):
+        return None
+    taken = set(graph.types) if taken is None else taken
+    x, w, bias, shift = form
+    w_q, w_s = _per_row(w, bits)
+    consts, names = {}, []
+    for what, arr in (("w_q", w_q), ("w_scale", w_s),
+                      *((("bias", bias),) if bias is not None else ())):
+        name = _fresh(taken, f"{n.name}/{what}")
+        consts[name] = arr
+        names.append(name)
+    own = 2 if n.op == "MatMul" else 3
+    attrs = {"x_scale": float(np.float32(max(x_max * X_HEADROOM, 1e-30) / 32767))}
+    if n.op == "Conv":
+        attrs.update({k: v for k, v in n.attrs.items()
+                      if k in ("kernel_shape", "strides", "pads", "dilations", "group")})
+    if n.attrs.get("epilogue"):
+        attrs["epilogue"] = [tuple(s[:-1]) + (s[-1] + shift,) if s[0] in ("Add", "Mul")
+                             else tuple(s) for s in n.attrs["epilogue"]]
+    ins = [x, *names, *([""] if bias is None else []), *n.inputs[own:]]
+    op = "QConvWide" if n.op == "Conv" else "QMatMulWide"
+    return Node(op, tuple(ins), n.outputs, attrs, n.name), consts
+
+
 def _quantize_body(body: Graph, records: list, seen: dict, key: str, bits: int) -> Graph:
     """The body with its products in integer form (module doc, 3)."""
     records = _spread(records, MAX_BODY_SAMPLES)
@@ -211,27 +242,9 @@ def _quantize_body(body: Graph, records: list, seen: dict, key: str, bits: int) 
                                                      _body_key(key + "/", n, attr), bits)
                                 for attr, g in subgraphs(n)})
         elif isinstance(form, tuple) and records:
-            x, w, bias, shift = form
-            w_q, w_s = _per_row(w, bits)
-            names = []
-            for what, arr in (("w_q", w_q), ("w_scale", w_s),
-                              *((("bias", bias),) if bias is not None else ())):
-                name = _fresh(taken, f"{n.name}/{what}")
+            n, consts = wide_layer(body, n, maxabs.get(form[0], 0.0), bits, taken)
+            for name, arr in consts.items():
                 inits[name], types[name] = constant(arr), TensorType(str(arr.dtype), arr.shape)
-                names.append(name)
-            own = 2 if n.op == "MatMul" else 3
-            op = "QConvWide" if n.op == "Conv" else "QMatMulWide"
-            extra = list(n.inputs[own:])
-            attrs = {"x_scale": float(np.float32(max(maxabs.get(x, 0.0) * X_HEADROOM, 1e-30)
-                                                 / 32767))}
-            if n.op == "Conv":
-                attrs.update({k: v for k, v in n.attrs.items()
-                              if k in ("kernel_shape", "strides", "pads", "dilations", "group")})
-            if n.attrs.get("epilogue"):
-                attrs["epilogue"] = [tuple(s[:-1]) + (s[-1] + shift,) if s[0] in ("Add", "Mul")
-                                     else tuple(s) for s in n.attrs["epilogue"]]
-            ins = [x, *names, *([""] if bias is None else []), *extra]
-            n = Node(op, tuple(ins), n.outputs, attrs, n.name)
         elif n.op in Q_RECURRENT_OPS.values() and records and recurrent_problem(body, n) is None:
             known = {**maxabs, **{v: float(np.abs(inits[v]).max(initial=0))
                                   for v in n.inputs if v in inits}}
@@ -359,3 +372,9 @@ def hoist_loop_products(graph: Graph) -> Graph:
     if not changed:
         return graph
     return remove_dead_code(graph.with_nodes(nodes, inits, types))
+
+
+def dense_input(graph: Graph, n: Node) -> str | None:
+    """The data input of a MatMul/Gemm/Conv that has an integer wide form, or None."""
+    form = _dense_form(graph, n)
+    return form[0] if isinstance(form, tuple) else None

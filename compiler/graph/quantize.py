@@ -79,7 +79,8 @@ from .calib import CalibrationError, entropy_range, parse_method, percentile_ran
 from .ir import EPILOGUE_UNARY, Graph, GraphError, Node, TensorType, constant, verify_graph
 from .ops import KERNELS, OWN_INPUTS
 from .passes import remove_dead_code
-from .qbody import hoist_loop_products, inline_constant_captures, quantize_bodies
+from .qbody import (dense_input, hoist_loop_products, inline_constant_captures,
+                    quantize_bodies, wide_layer)
 from .qrecurrent import WEIGHT_BITS as RECURRENT_WEIGHT_BITS
 from .qrecurrent import (calibrated_values, h_range, quantized_layer, recurrent_problem,
                          Q_RECURRENT_OPS)
@@ -475,7 +476,11 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
     pixel shuffles, int8 in the same scale (other Transposes stay float: int8 ones made
     ConvNeXt's residual Adds QAdds, 0.99946 -> 0.99931 in mean cosine to fp32)."""
     plan = _Plan({}, {}, set(), _Classes(), {})
+    producers = {o: n for n in graph.nodes for o in n.outputs if o}
     for node in graph.nodes:
+        if node.op in ("MatMul", "Gemm") and _reads_recurrent(graph, node, producers, plan):
+            plan.kinds[node.name] = "wide"  # float in and out, a 16-bit product inside
+            continue
         layer = _layer_form(graph, node)
         out = node.outputs[0] if node.outputs else ""
         int8_in = bool(node.inputs) and all(i in plan.int8 for i in node.inputs)
@@ -507,6 +512,29 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
             continue
         plan.int8.add(out)
     return plan
+
+
+# Operators that only move a value (the way from a recurrent layer's output to its head).
+_MOVES = ("Squeeze", "Unsqueeze", "Reshape", "Flatten", "Transpose", "Gather", "Slice",
+          "Identity", "Concat")
+
+
+def _reads_recurrent(graph: Graph, node: Node, producers: dict, plan: _Plan) -> bool:
+    """Whether a MatMul/Gemm with a constant weight reads (through views) the output of a
+    recurrent layer the plan makes QLSTM/QGRU/QRNN: such a head keeps the 16-bit form of
+    the recurrence (QMatMulWide) rather than narrowing the state to int8."""
+    v = dense_input(graph, node)
+    seen = 0
+    while v is not None and seen < 16:
+        p = producers.get(v)
+        if p is None:
+            return False
+        if plan.kinds.get(p.name) == "recurrent":
+            return True
+        if p.op not in _MOVES or not p.inputs:
+            return False
+        v, seen = p.inputs[0], seen + 1
+    return False
 
 
 def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> str:
@@ -897,6 +925,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     layer_inputs |= {v for n in graph.nodes if plan.kinds.get(n.name) == "matmul"
                      for v in n.inputs[:2]}
     layer_inputs |= {layer.after[2] for layer in plan.layers.values() if layer.after}
+    layer_inputs |= {n.inputs[0] for n in graph.nodes if plan.kinds.get(n.name) == "wide"}
     residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
     recurrent = {v for n in graph.nodes if plan.kinds.get(n.name) == "recurrent"
                  for v in calibrated_values(n) if v not in graph.initializers}
@@ -1020,6 +1049,12 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             b.add("QMatMul", [as_int8(a), as_int8(c)], [int8_name[out]],
                   {"multiplier": m, "shift": shift, "scale": scale(out)}, node.name,
                   fresh=False)
+        elif kind == "wide":
+            wide, consts = wide_layer(graph, node, maxabs.get(node.inputs[0], 0.0),
+                                      taken=set(b.types))
+            names = {c: b.const(c, arr) for c, arr in consts.items()}
+            b.add(wide.op, [names.get(i, as_float(i) if i else "") for i in wide.inputs],
+                  node.outputs, wide.attrs, node.name, fresh=False)
         elif kind == "recurrent":
             known = {**maxabs, **{v: float(np.abs(graph.initializers[v]).max(initial=0))
                                   for v in node.inputs if v in graph.initializers}}
