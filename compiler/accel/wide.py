@@ -320,7 +320,7 @@ def combine_exact(planes: np.ndarray, m: int, o: int, correction=None) -> np.nda
     n = planes.shape[0] // 4
     _, mb, ob, b, k = planes.shape
     if b == 1:  # one gather of every accumulator's bytes, then the int64 sum in one product
-        words = planes.reshape(4 * n, mb * ob * k).T.copy().view("<i4")  # [M * O, n]
+        words = _gather_bytes(planes.reshape(4 * n, mb * ob * k)).view("<i4")  # [M * O, n]
         total = (words.astype(np.int64) @ (256 ** np.arange(n - 1, -1, -1, dtype=np.int64)))
         total = total.reshape(mb, ob * k)[:m, :o]
     else:
@@ -335,11 +335,23 @@ def exact_correction(w: np.ndarray) -> np.ndarray:
     return 128 * np.asarray(w).astype(np.int64).sum(axis=1)
 
 
+def _gather_bytes(rows: np.ndarray) -> np.ndarray:
+    """[R, N] byte planes -> [N, R] (each element's bytes side by side): one transposing
+    copy for a few thousand elements, a strided copy per plane for more (3x faster on a
+    100-step input projection's result, slower on one step's)."""
+    if rows.shape[1] <= 2048:
+        return rows.T.copy()
+    out = np.empty(rows.shape[::-1], rows.dtype)
+    for r in range(rows.shape[0]):
+        out[:, r] = rows[r]
+    return out
+
+
 def unpack_acc32(planes: np.ndarray, m: int, o: int) -> np.ndarray:
     """The ``out`` layout -> int32 [m, o]: the four byte planes put together."""
     _, mb, ob, b, k = planes.shape
     if b == 1:  # (4, M, O) byte planes: each int32's four bytes gathered, read as one
-        p = planes.reshape(4, mb * ob * k).T.copy()
+        p = _gather_bytes(planes.reshape(4, mb * ob * k))
         return p.view("<i4").reshape(mb, ob * k)[:m, :o].astype(np.int32, copy=False)
     p = planes.transpose(0, 1, 3, 2, 4).reshape(4, mb * b, ob * k)[:, :m, :o]
     u = p.view(np.uint8).astype(np.uint32)

@@ -39,6 +39,7 @@ def _run(cfg, a, w, target, knobs=None):
 CASES = [  # preset, m, k, o, activation bits, weight bits
     ("default", 1, 256, 1024, 16, 8),   # an LSTM step, hidden 256
     ("default", 7, 40, 70, 16, 8),      # ragged K and O
+    ("default", 7, 40, 400, 16, 8),     # a result of more than 2048 elements
     ("default", 3, 33, 20, 8, 8),
     ("default", 2, 20, 17, 16, 16),     # 4 passes, 3 accumulators
     ("default", 2, 24, 40, 8, 16),
@@ -118,7 +119,7 @@ def test_tiles_that_do_not_fit_are_refused():
 
 @pytest.mark.parametrize("preset,m,kd,o,abits,wbits", [
     ("default", 1, 256, 256, 16, 16), ("default", 3, 70, 40, 16, 8), ("small", 2, 20, 9, 16, 16),
-    ("default", 2, 33, 20, 8, 16)])
+    ("default", 2, 33, 20, 8, 16), ("default", 9, 30, 300, 16, 16)])
 def test_exact_products_do_not_wrap(preset, m, kd, o, abits, wbits):
     """The exact mode stores each accumulator: int16 x int16 products of 256 terms, which
     wrap in 32 bits, come out exactly (int64) on fsim and the cycle model."""
