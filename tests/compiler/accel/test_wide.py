@@ -146,3 +146,34 @@ def test_exact_products_do_not_wrap(preset, m, kd, o, abits, wbits):
            pack_wide_weight(w, cfg), out)
         got = combine_exact(out, m, o, exact_correction(w) if abits == 16 else None)
         np.testing.assert_array_equal(got, want, err_msg=target)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_the_rtl_agrees_with_the_cycle_model(exact):
+    """The small configuration: the same wide programs on the RTL (Verilator) give the
+    definition's products and the cycle model's cycle counts."""
+    from celosia.compiler.accel.wide import combine_exact, exact_correction
+    from celosia.compiler.graph.qops import wide_matmul_exact
+
+    cfg = HwConfig.load("small")
+    b, k = cfg.batch, cfg.block
+    rng = np.random.default_rng(8)
+    a = _operand(rng, 16, (2, 10))
+    w = _operand(rng, 16 if exact else 8, (6, 10), WEIGHT16_MAX)
+    spec = WideSpec(2, -(-10 // k) * k, -(-6 // k) * k, 2, 2 if exact else 1, exact=exact)
+    fn = wide_dense(cfg, spec)
+    args = [pack_wide_activation(a, cfg), pack_wide_weight(w, cfg)]
+    if not exact:
+        args.append(wide_correction(w, cfg))
+    cycles = {}
+    for target in ("rtl", "cycle"):
+        out = np.zeros(((spec.accumulators if exact else 1) * 4, spec.m // b, spec.o // k, b, k),
+                       np.int8)
+        stats = fn(Device(cfg, target, dram_size=1 << 20), *args, out)
+        cycles[target] = stats["cycles"]
+        if exact:
+            got, want = combine_exact(out, 2, 6, exact_correction(w)), wide_matmul_exact(a, w)
+        else:
+            got, want = unpack_acc32(out, 2, 6), wide_matmul(a, w)
+        np.testing.assert_array_equal(got, want, err_msg=target)
+    assert cycles["rtl"] == cycles["cycle"] > 0
