@@ -19,7 +19,10 @@ its program runs, and its output stays in DRAM until a CPU node reads it (then i
 back and unpacked once). A QMatMul's second operand is packed into the weight layout
 before each run of its program (read back first if the accelerator made it; a constant
 one once, at build time): programs list such operands as ``staged``, counted as layout
-time and as crossings. CPU nodes run the numpy kernels that define each operator
+time and as crossings. A recurrent layer (QLSTM, QGRU, QRNN), a 16-bit product (QMatMulWide, QConvWide) and
+control flow whose bodies hold such nodes are accelerator nodes whose values stay on the
+host: they pack their own operands and run a program per product, per step or iteration
+(runtime/accel_recurrent.py). CPU nodes run the numpy kernels that define each operator
 (compiler/graph_numpy.py, graph_int.py), the same code as the all-CPU build
 (``accelerate=False``), so the two builds agree bit for bit.
 
