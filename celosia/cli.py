@@ -110,7 +110,7 @@ def cmd_bench(args) -> int:
     result = run_benchmark(args.name, quick=args.quick, models=args.models,
                            int8=args.int8, accel=args.accel, time_limit=args.time_limit,
                            calibration_method=args.calibration_method, smooth=args.smooth,
-                           int8_residuals=args.int8_residuals)
+                           int8_residuals=args.int8_residuals, out=args.out)
     if args.out:
         _write_json(args.out, result)
     width = max(len(k) for k in result["metrics"]) if result["metrics"] else 0

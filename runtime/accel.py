@@ -19,7 +19,10 @@ its program runs, and its output stays in DRAM until a CPU node reads it (then i
 back and unpacked once). A QMatMul's second operand is packed into the weight layout
 before each run of its program (read back first if the accelerator made it; a constant
 one once, at build time): programs list such operands as ``staged``, counted as layout
-time and as crossings. CPU nodes run the numpy kernels that define each operator
+time and as crossings. A recurrent layer (QLSTM, QGRU, QRNN), a 16-bit product (QMatMulWide, QConvWide) and
+control flow whose bodies hold such nodes are accelerator nodes whose values stay on the
+host: they pack their own operands and run a program per product, per step or iteration
+(runtime/accel_recurrent.py). CPU nodes run the numpy kernels that define each operator
 (compiler/graph_numpy.py, graph_int.py), the same code as the all-CPU build
 (``accelerate=False``), so the two builds agree bit for bit.
 
@@ -52,6 +55,7 @@ import numpy as np
 
 from ..config import HwConfig
 from . import schema
+from .accel_recurrent import HOST_KINDS
 from .artifact import Artifact, artifact_format, write_artifact
 from .cpu import npy_bytes
 
@@ -155,7 +159,9 @@ class AccelModel:
             value_layouts,
             root_of,
         )
+        from ..compiler.accel.recurrent import is_host_node
         from ..driver import Device
+        from .accel_recurrent import build_host_node, host_bytes
 
         start = time.perf_counter()
         cfg = HwConfig.load(config)
@@ -175,6 +181,9 @@ class AccelModel:
                     continue
             if node.op in ALIAS_OPS + PLACED_OPS:  # a view or a placement: no program
                 views.append(node.name)
+                continue
+            if is_host_node(node):  # programs per product: accel_recurrent.py
+                compiled[node.name] = None
                 continue
             t0 = time.perf_counter()
             roots = {v: root_of(v, producer, placements) for v in node.inputs[:1]}
@@ -196,9 +205,11 @@ class AccelModel:
         need = sum((l.weight.nbytes if l.weight is not None else
                     int(np.prod(weights_shape(graph.types[n.inputs[1]].shape, cfg))))
                    + l.bias.nbytes + l.scale.nbytes
-                   for n in graph.nodes if n.name in compiled
+                   for n in graph.nodes if compiled.get(n.name)
                    for l in (compiled[n.name][0],))
-        for name in {i for n in graph.nodes if n.name in compiled for i in
+        need += sum(host_bytes(n, graph, cfg) for n in graph.nodes
+                    if n.name in compiled and compiled[n.name] is None)
+        for name in {i for n in graph.nodes if compiled.get(n.name) for i in
                      (*dram_reads(n), n.outputs[0]) if i}:
             need += int(np.prod(packed_shape(graph.types[name].shape, cfg, layouts.get(name))))
         # A device only to place programs and data (nothing runs on it); none for an all-CPU
@@ -240,6 +251,10 @@ class AccelModel:
                     else {"slices": {v: slices[v][1] for v in node.inputs}},
                     "knobs": {}, "macs": 0, "region": region_of[node.name]}
             if node.name not in compiled:
+                continue
+            if compiled[node.name] is None:  # a recurrent layer, or control flow
+                programs[node.name] = {**build_host_node(node, graph, cfg, dev),
+                                       "region": region_of[node.name]}
                 continue
             layer, fn, knobs = compiled[node.name]
             align = [a for _, _, _, a in fn.arg_specs()]
@@ -393,7 +408,12 @@ class AccelModel:
         made = set(graph.inputs) | set(graph.initializers)
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
         for node in graph.nodes:
-            if node.name in self.programs:
+            if node.name in self.programs and self.programs[node.name]["kind"] in HOST_KINDS:
+                missing = [v for v in node.inputs if v and v not in made]
+                if missing:
+                    return f"accelerator node {node.name!r} reads {missing[0]!r} before it is made"
+                made.update(o for o in node.outputs if o)
+            elif node.name in self.programs:
                 staged = [s["value"] for s in self.programs[node.name].get("staged", ())]
                 for v in (*dram_reads(node), *staged):
                     if v and v not in made:
@@ -455,6 +475,7 @@ class AccelModel:
         from ..compiler.accel.matmul import pack_weights
         from ..compiler.accel.partition import dram_reads, pack_value, unpack_value
         from ..compiler.graph.ir import InputShapeError
+        from .accel_recurrent import run_host_node
 
         graph, cfg = self.graph, self.config
         for name in graph.inputs:
@@ -509,7 +530,31 @@ class AccelModel:
             row = rows[node.name]
             t0 = time.perf_counter()
             prog = self.programs.get(node.name)
-            if prog is not None:
+            if prog is not None and prog["kind"] in HOST_KINDS:
+                # Values on the host; the layer packs its products' operands itself.
+                for name in node.inputs:
+                    to_host(name)
+                t1 = time.perf_counter()
+                results, st = run_host_node(node, prog, [host[v] if v else None
+                                                         for v in node.inputs], ex, cfg, graph)
+                for name, value in zip(node.outputs, results):
+                    if name:
+                        host[name] = value
+                        in_dram.discard(name)
+                layout = st["layout_ms"] + (t1 - t0) * 1e3
+                # each product packs its operand into DRAM and reads its result back
+                crossings["to_accel"] += st["launches"]
+                crossings["to_cpu"] += st["launches"]
+                row.update(target="accel", region=prog["region"], cycles=st["cycles"],
+                           accel_ms=st["cycles"] / clock_khz, macs=st["macs"],
+                           utilization=(st["macs"] / (st["cycles"] * cfg.macs_per_cycle)
+                                        if st["cycles"] else None),
+                           layout_ms=layout, launches=st["launches"],
+                           cpu_ms=max(0.0, (time.perf_counter() - t1) * 1e3 - st["layout_ms"]
+                                      - st["sim_ms"]),
+                           sim_s=time.perf_counter() - t0)
+                shown(k + 1)
+            elif prog is not None:
                 packed = False
                 for name in dram_reads(node):
                     if name and name not in in_dram:
@@ -566,6 +611,66 @@ class AccelModel:
         self.report = [rows[n.name] for n in graph.nodes]
         self.crossings = crossings
         return {name: host[name] for name in graph.outputs}
+
+    def run_stream(self, stream: list[dict], *, target: str = "cycle", depth: int = 2,
+                   warm_up: bool = True, progress=None) -> list[dict]:
+        """Run a stream of inputs and pipeline them (runtime/overlap.py): each input runs as
+        ``run`` runs it (its outputs are ``run``'s, in order); their measured work is laid on
+        one timeline where the CPU side of one input overlaps the accelerator side of another,
+        at most ``depth`` inputs in flight. ``self.stream`` holds the timeline's figures and
+        ``self.stream_reports`` each input's report. ``warm_up`` first runs the first input
+        once, untimed, so one-time costs (the first call of each compiled CPU segment) are
+        not counted as a pipeline stage."""
+        from ..errors import CelosiaError
+        from .overlap import schedule
+
+        stream = list(stream)
+        if not stream:
+            raise CelosiaError("run_stream: the stream has no inputs")
+        if warm_up:
+            self.run(stream[0], target=target)
+        outputs, reports = [], []
+        for k, feeds in enumerate(stream):
+            outputs.append(self.run(feeds, target=target))
+            reports.append(self.report)
+            if progress:
+                progress(f"stream: input {k + 1}/{len(stream)} run")
+        try:
+            self.stream = schedule(reports, depth)
+        except ValueError as e:
+            raise CelosiaError(f"run_stream on target {target!r}: {e}") from None
+        self.stream_reports = reports
+        return outputs
+
+    def run_batch(self, feeds: dict, *, target: str = "cycle", depth: int = 2,
+                  warm_up: bool = True, progress=None) -> dict:
+        """``feeds`` with k times the model's batch along the first axis of every input: the
+        k slices as a pipelined stream (``run_stream``), outputs concatenated back."""
+        from ..errors import CelosiaError
+
+        types = {i: self.graph.types[i] for i in self.graph.inputs}
+        counts = set()
+        for name, a in feeds.items():
+            if name not in types:
+                raise CelosiaError(f"unknown input {name!r}: the model's inputs are "
+                                   f"{list(types)}")
+            shape, got = types[name].shape, np.shape(a)
+            if not shape or len(got) != len(shape) or tuple(got[1:]) != tuple(shape[1:]) \
+                    or got[0] % shape[0]:
+                raise CelosiaError(
+                    f"run_batch: input {name!r} is [{','.join(map(str, got))}]; the model was "
+                    f"built for {types[name]}, so a batch must be a multiple of {shape[0]} "
+                    f"along the first axis with the other dimensions the same")
+            counts.add(got[0] // shape[0])
+        if len(counts) != 1:
+            raise CelosiaError(f"run_batch: the inputs hold different numbers of batches "
+                               f"({sorted(counts)})")
+        k = counts.pop()
+        stream = [{name: np.asarray(a)[i * types[name].shape[0]:(i + 1) * types[name].shape[0]]
+                   for name, a in feeds.items()} for i in range(k)]
+        outs = self.run_stream(stream, target=target, depth=depth, warm_up=warm_up,
+                               progress=progress)
+        return {name: np.concatenate([o[name] for o in outs]) for name in outs[0]}
 
     def summary(self) -> dict:
         """Totals of the last run's report."""

@@ -35,6 +35,13 @@ and nothing is copied. These nodes go to the accelerator only when their inputs 
 there (otherwise they would add a crossing, not save one). ``dram_reads`` names the values
 an accelerator node reads from DRAM.
 
+A quantized recurrent layer (``RECURRENT_OPS``: QLSTM, QGRU, QRNN; compiler/accel/
+recurrent.py), and an If, Loop or Scan whose bodies hold integer products (QMatMulWide or
+a recurrent layer, compiler/graph/qbody.py), are accelerator nodes whose values stay on the
+host (``is_host_node``): they run their products' programs on operands they pack
+themselves, step by step or iteration by iteration (runtime/accel_recurrent.py), and read
+or write no value in DRAM.
+
 ``layer_for`` gives the accelerator operator (spec, packed constants) for a node.
 """
 
@@ -54,6 +61,8 @@ from .border import bias_table, pack_bias_table
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
 from .ops_alu import EltSpec, GapSpec, PoolSpec, elt_constants, gap_constants
 from .ops_group import GroupConvSpec, crop_taps, group_layout_problem, pack_group_kernel
+from .recurrent import (CONTROL_OPS, RECURRENT_OPS, control_problem, is_host_node,
+                        recurrent_problem, wide_problem)
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_rows", "compile_layer", "ALIAS_OPS", "ALU_OPS", "PLACED_OPS", "dram_reads",
@@ -75,6 +84,8 @@ def dram_reads(node: Node) -> tuple[str, ...]:
     them): a QConv's or QGemm's data and residual, another node's data input."""
     if node.op in ("QConv", "QGemm"):
         return tuple(v for v in (node.inputs[0], *node.inputs[4:]) if v)
+    if is_host_node(node):  # its operands are packed by the runtime, per product
+        return ()
     if node.op == "QAdd":
         return tuple(node.inputs[:2])
     if node.op == "Concat":
@@ -333,6 +344,12 @@ def _check_views(graph: Graph, out: dict, cfg: HwConfig) -> None:
 
 
 def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
+    if node.op in RECURRENT_OPS:
+        return recurrent_problem(node, graph)
+    if node.op in CONTROL_OPS:
+        return control_problem(node)
+    if node.op in ("QMatMulWide", "QConvWide"):
+        return wide_problem(node, graph)
     if node.op not in ("QConv", "QGemm", "QMatMul"):
         return cpu_reason(node, graph)
     if node.op == "QMatMul":
@@ -371,7 +388,16 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
                     "QGlobalAveragePool": "global average pooling on the ALU",
                     "QAdd": "element-wise int8 Add on the ALU",
                     "Relu": "int8 Relu on the ALU",
-                    "Concat": "its inputs written into their channel slices (no program)"}.get(
+                    "Concat": "its inputs written into their channel slices (no program)",
+                    **dict.fromkeys(RECURRENT_OPS, "recurrent layer: the input projection "
+                                    "and h x R per step on the accelerator (16-bit activations "
+                                    "as two int8 GEMM passes), the gates on the CPU"),
+                    **dict.fromkeys(CONTROL_OPS, "control flow: its bodies' integer products "
+                                    "on the accelerator at every iteration (16-bit "
+                                    "activations as int8 GEMM passes), the rest of the bodies "
+                                    "on the CPU"),
+                    **dict.fromkeys(("QMatMulWide", "QConvWide"), "16-bit integer product "
+                                    "(int8 GEMM passes), float epilogue on the CPU")}.get(
                         node.op, "a view of its input's packed bytes (no program)")
             if node.op == "QConv":
                 what = ("conv2d" if _is_plain_conv2d(node, graph) else "group_conv2d") + \
@@ -406,7 +432,7 @@ def _layout_uses(graph: Graph, placements: dict[str, Placement]) -> dict[str, li
     from DRAM or writes."""
     uses: dict[str, list] = {}
     for n in graph.nodes:
-        if n.op != "QMatMul" and placements[n.name].target == "accel":
+        if n.op != "QMatMul" and not is_host_node(n) and placements[n.name].target == "accel":
             for v in (*dram_reads(n), n.outputs[0]):
                 if v:
                     lay = "nchw" if len(graph.types[v].shape) in (3, 4) else "rows"

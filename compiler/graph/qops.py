@@ -55,6 +55,10 @@ by ``wrap``); right shifts are arithmetic (floor).
 
   (residual Adds after a QLut, squeeze-excitation's gate multiply; quantize.py picks the
   shift so that no step can leave int32 for any int8 inputs).
+- ``wide_matmul(a, w) -> int32`` (no operator of its own: QLSTM, QGRU and QRNN,
+  qrecurrent.py, use it): ``wrap(a @ w.T)`` for ``a`` int8 or int16 [M, K] and ``w`` int8
+  or int16 [O, K], the exact integer product wrapped to int32 (the accelerator computes it
+  as int8 GEMM passes, compiler/accel/wide.py).
 - ``QLut(x int8, table int8[256]) -> int8`` (same shape), attr ``scale`` (the output's,
   informational): ``y = table[x + 128]``. quantize.py fills the table with an element-wise
   function (SiLU, HardSwish, GELU, Sigmoid, Tanh, ...) between the input's and the output's
@@ -62,8 +66,9 @@ by ``wrap``); right shifts are arithmetic (floor).
 
 Integer convolutions and products run as float64 BLAS calls on the int8 values: every
 product and partial sum is an integer below 2**53 in magnitude (|x*w| <= 2**14, and a
-sum of fewer than 2**39 of them), so float64 computes them exactly in any order; the
-result is converted to int64 and wrapped.
+sum of fewer than 2**39 of them; int16 operands: |a*w| <= 2**30, fewer than 2**23 terms),
+so float64 computes them exactly in any order; the result is converted to int64 and
+wrapped.
 """
 
 from __future__ import annotations
@@ -73,7 +78,8 @@ import numpy as np
 from .ir import Node, NodeError, TensorType
 from .ops import conv, conv_types
 
-__all__ = ["QUANTIZED_KERNELS", "QUANTIZED_SHAPE_RULES", "pad_value", "wrap"]
+__all__ = ["QUANTIZED_KERNELS", "QUANTIZED_SHAPE_RULES", "pad_value", "wrap", "wide_matmul",
+           "wide_matmul_exact"]
 
 
 def wrap(x: np.ndarray) -> np.ndarray:
@@ -127,6 +133,29 @@ def qgemm(attrs, x, w, bias, multiplier, residual=None):
     shift, lo, hi = _epilogue_args(attrs)
     acc = x.astype(np.float64) @ w.astype(np.float64).T
     return _requantize(wrap(acc.astype(np.int64)), bias, multiplier, shift, lo, hi, residual)
+
+
+def wide_matmul(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``wrap(a @ w.T)`` as int32: ``a`` int8 or int16 [M, K], ``w`` int8 or int16 [O, K]."""
+    for what, v in (("a", a), ("w", w)):
+        if v.dtype not in (np.int8, np.int16) or v.ndim != 2:
+            raise ValueError(f"wide_matmul: {what} must be int8 or int16 with 2 axes, got "
+                             f"{v.dtype}{list(v.shape)}")
+    if a.shape[1] >= 1 << 23:
+        raise ValueError(f"wide_matmul: K={a.shape[1]} is too long for an exact float64 sum")
+    acc = a.astype(np.float64) @ w.astype(np.float64).T
+    return wrap(acc.astype(np.int64)).astype(np.int32)
+
+
+def wide_matmul_exact(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``a @ w.T`` exactly, as int64 (no wrap): ``a``, ``w`` int8 or int16 [M, K], [O, K]."""
+    for what, v in (("a", a), ("w", w)):
+        if v.dtype not in (np.int8, np.int16) or v.ndim != 2:
+            raise ValueError(f"wide_matmul_exact: {what} must be int8 or int16 with 2 axes, "
+                             f"got {v.dtype}{list(v.shape)}")
+    if a.shape[1] >= 1 << 22:
+        raise ValueError(f"wide_matmul_exact: K={a.shape[1]} is too long for an exact sum")
+    return (a.astype(np.float64) @ w.astype(np.float64).T).astype(np.int64)
 
 
 def qglobal_average_pool(attrs, x):
@@ -272,3 +301,4 @@ def _qbinary_types(node: Node, types):
 QUANTIZED_SHAPE_RULES = {"QConv": _qconv_types, "QGemm": _qgemm_types, "QLut": _qlut_types,
                          "QMatMul": _qmatmul_types, "QAdd": _qbinary_types,
                          "QMul": _qbinary_types}
+

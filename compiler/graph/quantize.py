@@ -81,6 +81,11 @@ from .calib import CalibrationError, entropy_range, parse_method, percentile_ran
 from .ir import EPILOGUE_UNARY, Graph, GraphError, Node, TensorType, constant, verify_graph
 from .ops import KERNELS, OWN_INPUTS
 from .passes import remove_dead_code
+from .qbody import (dense_input, hoist_loop_products, inline_constant_captures,
+                    quantize_bodies, wide_layer)
+from .qrecurrent import WEIGHT_BITS as RECURRENT_WEIGHT_BITS
+from .qrecurrent import (calibrated_values, h_range, quantized_layer, recurrent_problem,
+                         Q_RECURRENT_OPS)
 from .qtranspose import conv_transpose_reason, expand_conv_transposes
 from .qzero import affine, asymmetric_classes, mse_top
 from .reference import apply_epilogue, evaluate_node
@@ -102,6 +107,7 @@ _SIGNED_ZERO_POINTS = 0.0  # the largest -min/max given one (0: never negative)
 MARGIN = 2.0
 # Ops that keep their int8 input's scale (they only move or select values, or clamp at 0).
 _SAME_SCALE = ("MaxPool", "Flatten", "Reshape", "Relu", "Identity")
+_RECURRENT = tuple(Q_RECURRENT_OPS.values())  # LSTM, GRU, RNN: qrecurrent.py
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 # Epilogue steps with no exact int8 form: the layer ends before them, a QLut computes them.
 _LUT_STEPS = ("SiLU", "HardSwish", "Sigmoid", "LeakyRelu", "HardSigmoid", "Gelu")
@@ -472,7 +478,11 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
     pixel shuffles, int8 in the same scale (other Transposes stay float: int8 ones made
     ConvNeXt's residual Adds QAdds, 0.99946 -> 0.99931 in mean cosine to fp32)."""
     plan = _Plan({}, {}, set(), _Classes(), {})
+    producers = {o: n for n in graph.nodes for o in n.outputs if o}
     for node in graph.nodes:
+        if node.op in ("MatMul", "Gemm") and _reads_recurrent(graph, node, producers, plan):
+            plan.kinds[node.name] = "wide"  # float in and out, a 16-bit product inside
+            continue
         layer = _layer_form(graph, node)
         out = node.outputs[0] if node.outputs else ""
         int8_in = bool(node.inputs) and all(i in plan.int8 for i in node.inputs)
@@ -491,6 +501,9 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
             plan.classes.union(node.inputs[0], out)
         elif _is_activation_matmul(graph, node):
             plan.kinds[node.name] = "matmul"
+        elif node.op in _RECURRENT and recurrent_problem(graph, node) is None:
+            plan.kinds[node.name] = "recurrent"  # float in and out: integer products inside
+            continue
         elif _is_int8_binary(graph, node, plan.int8):
             plan.kinds[node.name] = "binary"
         elif node.op == "GlobalAveragePool" and int8_in and len(graph.types[out].shape) == 4:
@@ -502,13 +515,38 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
     return plan
 
 
+# Operators that only move a value (the way from a recurrent layer's output to its head).
+_MOVES = ("Squeeze", "Unsqueeze", "Reshape", "Flatten", "Transpose", "Gather", "Slice",
+          "Identity", "Concat")
+
+
+def _reads_recurrent(graph: Graph, node: Node, producers: dict, plan: _Plan) -> bool:
+    """Whether a MatMul/Gemm with a constant weight reads (through views) the output of a
+    recurrent layer the plan makes QLSTM/QGRU/QRNN: such a head keeps the 16-bit form of
+    the recurrence (QMatMulWide) rather than narrowing the state to int8."""
+    v = dense_input(graph, node)
+    seen = 0
+    while v is not None and seen < 16:
+        p = producers.get(v)
+        if p is None:
+            return False
+        if plan.kinds.get(p.name) == "recurrent":
+            return True
+        if p.op not in _MOVES or not p.inputs:
+            return False
+        v, seen = p.inputs[0], seen + 1
+    return False
+
+
 def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> str:
     """Why ``_plan`` leaves a node float, named by what is missing: the reader of the
     partition's report sees it (``float_reason``, module doc)."""
     out = graph.types[node.outputs[0]] if node.outputs else None
     inputs = [i for i in node.inputs if i]
     if any(isinstance(v, Graph) for v in node.attrs.values()):
-        return "the quantizer does not look inside Loop, Scan and If bodies"
+        return ("control flow: its bodies' MatMul, Gemm, LSTM, GRU and RNN layers with "
+                "constant weights take the 16-bit integer form (qbody.py), the rest of "
+                "them stays float")
     if node.op == "MatMul" and not any(i in graph.initializers for i in node.inputs[:2]):
         ts = [graph.types[v] for v in (*node.inputs[:2], *node.outputs)]
         if node.attrs.get("epilogue"):
@@ -520,6 +558,8 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
         return "a MatMul of two run-time values of rank < 2 or not float32"
     if node.op in OWN_INPUTS:
         return layer_reason
+    if node.op in _RECURRENT:
+        return recurrent_problem(graph, node)
     if node.op == "ConvTranspose" and conv_transpose_reason(graph, node):
         return conv_transpose_reason(graph, node)
     if out is None or out.dtype != "float32":
@@ -906,12 +946,15 @@ def _table(f, s_in: float, s_out: float, z_in: int = 0, z_out: int = 0) -> np.nd
 
 def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                    method: str = "mse", zero_points: bool = True,
-                   percentile: float | None = None) -> Graph:
+                   percentile: float | None = None,
+                   recurrent_weight_bits: int = RECURRENT_WEIGHT_BITS) -> Graph:
     """The quantized graph of an optimized float graph (module doc).
 
     ``method``: how each value's range is chosen from the samples, "mse" (default),
     "minmax", "percentile" (of |x|: ``percentile``, default 99.99, or "percentile:P") or
     "entropy" (KL divergence); calib.py has the details.
+
+    ``recurrent_weight_bits``: 8 or 16, the weights of LSTM/GRU/RNN layers (qrecurrent.py).
 
     ``zero_points``: give a zero point to the values whose writers and readers fold it
     into their constants exactly (qzero.py); False keeps every activation symmetric.
@@ -923,13 +966,21 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     method, percent = parse_method(method, percentile)
     samples = _samples(graph, calibration)
     graph, shuffles = expand_conv_transposes(graph)  # the upsamplers' int8 form
+    # Control-flow bodies: their products in 16-bit integer form (qbody.py), calibrated on
+    # what each body sees when the float graph runs; the node holding a body is unchanged.
+    graph = inline_constant_captures(graph)
+    bodies = {n.name: n.attrs for n in quantize_bodies(graph, samples).nodes
+              if any(isinstance(v, Graph) for v in n.attrs.values())}
     plan = _plan(graph, shuffles)
     layer_inputs = {n.inputs[0] for n in graph.nodes if n.name in plan.layers}
     layer_inputs |= {v for n in graph.nodes if plan.kinds.get(n.name) == "matmul"
                      for v in n.inputs[:2]}
     layer_inputs |= {layer.after[2] for layer in plan.layers.values() if layer.after}
+    layer_inputs |= {n.inputs[0] for n in graph.nodes if plan.kinds.get(n.name) == "wide"}
     residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
-    needed = plan.int8 | layer_inputs | residuals
+    recurrent = {v for n in graph.nodes if plan.kinds.get(n.name) == "recurrent"
+                 for v in calibrated_values(n) if v not in graph.initializers}
+    needed = plan.int8 | layer_inputs | residuals | recurrent
     maxabs, mins, pre, kept = _calibrate(graph, samples, plan, needed)
     top: dict[str, float] = {}
     low: dict[str, float] = {}
@@ -1063,6 +1114,21 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             b.add("QMatMul", [as_int8(a), as_int8(c)], [int8_name[out]],
                   {"multiplier": m, "shift": shift, "scale": scale(out)}, node.name,
                   fresh=False)
+        elif kind == "wide":
+            wide, consts = wide_layer(graph, node, maxabs.get(node.inputs[0], 0.0),
+                                      taken=set(b.types))
+            names = {c: b.const(c, arr) for c, arr in consts.items()}
+            b.add(wide.op, [names.get(i, as_float(i) if i else "") for i in wide.inputs],
+                  node.outputs, wide.attrs, node.name, fresh=False)
+        elif kind == "recurrent":
+            known = {**maxabs, **{v: float(np.abs(graph.initializers[v]).max(initial=0))
+                                  for v in node.inputs if v in graph.initializers}}
+            op, ins, attrs = quantized_layer(node, graph, known.get(node.inputs[0], 0.0),
+                                             h_range(node, known), recurrent_weight_bits)
+            names = ("", "W_q", "R_q", "W_scale", "R_scale")
+            ins = [b.const(f"{node.name}/{names[k]}", v) if not isinstance(v, str) else
+                   (as_float(v) if v else "") for k, v in enumerate(ins)]
+            b.add(op, ins, node.outputs, attrs, node.name, fresh=False)
         elif kind == "lut":
             x = node.inputs[0]
             y = node.outputs[0]
@@ -1085,14 +1151,14 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             b.add("QGlobalAveragePool", [as_int8(x)], [int8_name[y]], attrs, node.name,
                   fresh=False)
         else:
-            attrs = node.attrs
+            attrs = bodies.get(node.name, node.attrs)
             if node.name in plan.float_reasons:  # for the partition's report
                 attrs = {**attrs, "float_reason": plan.float_reasons[node.name]}
             b.add(node.op, [as_float(i) if i else "" for i in node.inputs], node.outputs,
                   attrs, node.name, fresh=False)
     for o in graph.outputs:
         as_float(o)
-    return b.graph(graph)
+    return hoist_loop_products(b.graph(graph))
 
 
 # ---- from_qdq --------------------------------------------------------------------------------
