@@ -82,7 +82,7 @@ def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
                   time_limit: float | None = None,
                   calibration_method: str | None = None,
                   smooth: float | None = None, int8_residuals: bool = False,
-                  out: str | None = None) -> dict:
+                  bias_correction: bool = True, out: str | None = None) -> dict:
     if name not in BENCHMARKS:
         raise CelosiaError(f"unknown benchmark {name!r}; `celosia bench --list` names them: "
                            f"{', '.join(BENCHMARKS)}")
@@ -120,6 +120,10 @@ def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
         if name != "zoo" or not (int8 or accel):
             raise CelosiaError("--int8-residuals goes with `bench zoo --int8` (or --accel)")
         kwargs["int8_residuals"] = True
+    if not bias_correction:
+        if name != "zoo" or not (int8 or accel):
+            raise CelosiaError("--no-bias-correction goes with `bench zoo --int8` (or --accel)")
+        kwargs["bias_correction"] = False
     result = getattr(importlib.import_module(module), function)(**kwargs)
     return {"benchmark": name, "summary": summary, "quick": quick, **result,
             "machine": machine_description()}

@@ -149,7 +149,7 @@ def _summary(name: str, r: dict) -> str:
 def run(quick: bool = False, models: list | None = None, int8: bool = False,
         accel: bool = False, time_limit: float | None = None,
         calibration_method: str = "mse", smooth: float | None = None,
-        int8_residuals: bool = False) -> dict:
+        int8_residuals: bool = False, bias_correction: bool = True) -> dict:
     try:
         import onnxruntime  # noqa: F401
     except ModuleNotFoundError:
@@ -180,7 +180,8 @@ def run(quick: bool = False, models: list | None = None, int8: bool = False,
 
             kept: dict = {}
             r.update(zoo_int8.measure(entry, size, keep=kept, method=calibration_method,
-                                      smooth=smooth, int8_residuals=int8_residuals))
+                                      smooth=smooth, int8_residuals=int8_residuals,
+                                      bias_correction=bias_correction))
             _progress(f"[{k}/{len(chosen)}] {name}: int8 cosine "
                       f"{r.get('int8_cosine', float('nan')):.5f}, onnxruntime's quantizer "
                       f"{r.get('int8_cosine_ort', float('nan')):.5f}")
@@ -217,6 +218,7 @@ def run(quick: bool = False, models: list | None = None, int8: bool = False,
         **({"calibration_method": calibration_method} if int8 or accel else {}),
         **({"smooth": smooth} if (int8 or accel) and smooth is not None else {}),
         **({"int8_residuals": True} if (int8 or accel) and int8_residuals else {}),
+        **({"bias_correction": False} if (int8 or accel) and not bias_correction else {}),
         "note": "per model: medians of interleaved blocks, same intra-op threads for both "
                 "runtimes; ratio = celosia / onnxruntime over the models whose CPU build "
                 "matches onnxruntime (ok_cpu)",

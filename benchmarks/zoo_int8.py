@@ -136,12 +136,14 @@ def _feed_cosines(outputs: list, names: list, wants: list) -> list:
 
 def celosia_int8(model, calib: list, tests: list, wants: list, names: list,
                  keep: dict | None = None, method: str = "mse",
-                 smooth: float | None = None, int8_residuals: bool = False) -> dict:
+                 smooth: float | None = None, int8_residuals: bool = False,
+                 bias_correction: bool = True) -> dict:
     from celosia.compiler.pipeline import quantize_model
     from celosia.runtime.cpu import CpuModel
 
     q = quantize_model(model, calib, input_shapes={k: v.shape for k, v in tests[0].items()},
                        method=method, int8_residuals=int8_residuals,
+                       bias_correction=bias_correction,
                        **({} if smooth is None else {"smooth": smooth}))
     cpu = CpuModel.from_graph(q)
     outs = [cpu.run(t) for t in tests]
@@ -197,12 +199,14 @@ def ort_int8(model, calib: list, tests: list, wants: list) -> list:
 
 
 def measure(entry, size: str, keep: dict | None = None, method: str = "mse",
-            smooth: float | None = None, int8_residuals: bool = False) -> dict:
+            smooth: float | None = None, int8_residuals: bool = False,
+            bias_correction: bool = True) -> dict:
     """The int8 record of one zoo entry (module doc); errors are kept as results. ``keep``
     receives the quantized graph, the test feed and the int8 CPU build's outputs;
     ``method``: celosia's calibration method (compiler/graph/calib.py); ``smooth``: the
     smoothing alpha (compiler/graph/smooth.py; None: quantize_model's default, none);
-    ``int8_residuals``: dense layers' residual sums int8 (compiler/graph/residual.py)."""
+    ``int8_residuals``: dense layers' residual sums int8 (compiler/graph/residual.py);
+    ``bias_correction``: compiler/graph/biascorr.py (on by default)."""
     import onnxruntime as ort
 
     model = entry.model(size)
@@ -215,7 +219,7 @@ def measure(entry, size: str, keep: dict | None = None, method: str = "mse",
     record: dict = {}
     try:
         record.update(celosia_int8(model, calib, tests, wants, names, keep, method, smooth,
-                                   int8_residuals))
+                                   int8_residuals, bias_correction))
     except CelosiaError as e:
         record["int8_error"] = f"{type(e).__name__}: {e}"
     except Exception as e:  # a bug in celosia, kept as a result

@@ -110,7 +110,8 @@ def cmd_bench(args) -> int:
     result = run_benchmark(args.name, quick=args.quick, models=args.models,
                            int8=args.int8, accel=args.accel, time_limit=args.time_limit,
                            calibration_method=args.calibration_method, smooth=args.smooth,
-                           int8_residuals=args.int8_residuals, out=args.out)
+                           int8_residuals=args.int8_residuals,
+                           bias_correction=not args.no_bias_correction, out=args.out)
     if args.out:
         _write_json(args.out, result)
     width = max(len(k) for k in result["metrics"]) if result["metrics"] else 0
@@ -164,6 +165,8 @@ def _accel_build(args) -> bool:
         raise CelosiaError("--smooth goes with --quantize int8")
     if args.int8_residuals and not args.quantize:
         raise CelosiaError("--int8-residuals goes with --quantize int8")
+    if args.no_bias_correction and not args.quantize:
+        raise CelosiaError("--no-bias-correction goes with --quantize int8")
     if args.smooth is not None:
         from .compiler.graph.smooth import check_alpha
 
@@ -210,6 +213,7 @@ def cmd_compile(args) -> int:
                                      calibration=args.calibration, target=args.target,
                                      calibration_method=args.calibration_method or "mse",
                                      smooth=args.smooth, int8_residuals=args.int8_residuals,
+                                     bias_correction=not args.no_bias_correction,
                                      progress=_progress(args.progress))
         model.save(args.output)
         info = model.build_info
@@ -406,9 +410,10 @@ def _run_accel(args, artifact: bool) -> int:
     progress = _progress(args.progress)
     if artifact:
         if args.quantize or args.calibration or args.calibration_method or args.input_shape \
-                or args.smooth is not None or args.int8_residuals:
+                or args.smooth is not None or args.int8_residuals or args.no_bias_correction:
             raise CelosiaError(f"{args.model} is built already: --quantize, --calibration, "
-                               f"--calibration-method, --smooth, --int8-residuals and "
+                               f"--calibration-method, --smooth, --int8-residuals, "
+                               f"--no-bias-correction and "
                                f"--input-shape apply to ONNX models")
         model = AccelModel.load(args.model)
         if args.config and _config(args.config) != model.config:
@@ -420,6 +425,7 @@ def _run_accel(args, artifact: bool) -> int:
                                      calibration=args.calibration, target=args.target,
                                      calibration_method=args.calibration_method or "mse",
                                      smooth=args.smooth, int8_residuals=args.int8_residuals,
+                                     bias_correction=not args.no_bias_correction,
                                      progress=progress)
     cpu = None
     if args.target == "cpu" or "cpu" in compares:  # the all-CPU build, made at most once
@@ -578,6 +584,10 @@ def quantizer_options(p, scope: str) -> None:
     p.add_argument("--int8-residuals", action="store_true",
                    help=f"{scope}: keep the residual sums of dense (MatMul/Gemm) layers int8 "
                         f"(default: float, docs/graph.md)")
+    p.add_argument("--no-bias-correction", action="store_true",
+                   help=f"{scope}: keep the int32 biases as rounded, without the empirical "
+                        f"bias correction on the calibration samples (default: corrected, "
+                        f"compiler/graph/biascorr.py)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -309,14 +309,16 @@ class AccelModel:
                   calibration=None, target: str = "fsim", tune_top: int = 4,
                   progress=None, calibration_method: str = "mse",
                   smooth: float | None = None,
-                  int8_residuals: bool = False) -> "AccelModel":
+                  int8_residuals: bool = False,
+                  bias_correction: bool = True) -> "AccelModel":
         """Import an ONNX model (path, bytes or ModelProto), quantize it to int8 (with
         ``calibration``: an .npz path or {input: samples}; a QDQ model needs none) and build
         it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph).
         ``calibration_method``: "mse", "minmax", "percentile[:P]" or "entropy"
         (compiler/graph/calib.py); ``smooth``: the SmoothQuant alpha (compiler/graph/smooth.py;
         None or 0 for none, quantize_model's default); ``int8_residuals``: dense layers'
-        residual sums int8 rather than float (compiler/graph/residual.py)."""
+        residual sums int8 rather than float (compiler/graph/residual.py);
+        ``bias_correction``: compiler/graph/biascorr.py (on by default)."""
         from ..compiler.frontend.onnx import import_onnx
         from ..compiler.graph.quantize import CalibrationError
         from ..compiler.pipeline import quantize_model
@@ -332,6 +334,7 @@ class AccelModel:
                 "give a QDQ model from onnxruntime's quantizer")
         qgraph = quantize_model(graph, calibration, method=calibration_method,
                                 int8_residuals=int8_residuals,
+                                bias_correction=bias_correction,
                                 **({} if smooth is None else {"smooth": smooth}))
         if progress:
             n = sum(node.op in ("QConv", "QGemm") for node in qgraph.nodes)

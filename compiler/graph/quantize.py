@@ -77,6 +77,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .biascorr import Correction, correct_biases
 from .calib import CalibrationError, entropy_range, parse_method, percentile_range
 from .ir import EPILOGUE_UNARY, Graph, GraphError, Node, TensorType, constant, verify_graph
 from .ops import KERNELS, OWN_INPUTS
@@ -597,6 +598,8 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
               if node.name in plan.layers and plan.layers[node.name].after}
     maxabs.update(dict.fromkeys(afters.values(), 0.0))
     pre = {name: np.zeros(len(layer.bias)) for name, layer in plan.layers.items()}
+    # per layer: the sum and count of its float pre-activation per channel (biascorr.py)
+    sums = {name: [np.zeros(len(layer.bias)), 0] for name, layer in plan.layers.items()}
     kept: dict[str, list] = {v: [] for v in maxabs}
 
     def record(name, v):
@@ -620,9 +623,11 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
             else:
                 with np.errstate(all="ignore"):
                     y = KERNELS[node.op](node.attrs, *ins[:OWN_INPUTS[node.op]])
-                    before = np.abs(apply_epilogue(y, layer.linear, ins))
+                    before = apply_epilogue(y, layer.linear, ins)
                     axes = tuple(d for d in range(y.ndim) if d != layer.axis)
-                    pre[node.name] = np.maximum(pre[node.name], before.max(axis=axes))
+                    sums[node.name][0] += before.sum(axis=axes, dtype=np.float64)
+                    sums[node.name][1] += before.size // max(before.shape[layer.axis], 1)
+                    pre[node.name] = np.maximum(pre[node.name], np.abs(before).max(axis=axes))
                     y = apply_epilogue(y, layer.head, ins)
                     if layer.tail:
                         key = mids[node.name]
@@ -640,8 +645,9 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
             for i in node.inputs:
                 if i and last_use.get(i) == k and i not in keep:
                     env.pop(i, None)
+    means = {name: total / max(count, 1) for name, (total, count) in sums.items()}
     return maxabs, mins, pre, {v: np.concatenate(a) if a else np.zeros(0, np.float32)
-                         for v, a in kept.items()}
+                               for v, a in kept.items()}, means
 
 
 def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) -> dict:
@@ -947,7 +953,8 @@ def _table(f, s_in: float, s_out: float, z_in: int = 0, z_out: int = 0) -> np.nd
 def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                    method: str = "mse", zero_points: bool = True,
                    percentile: float | None = None,
-                   recurrent_weight_bits: int = RECURRENT_WEIGHT_BITS) -> Graph:
+                   recurrent_weight_bits: int = RECURRENT_WEIGHT_BITS,
+                   bias_correction: bool = True) -> Graph:
     """The quantized graph of an optimized float graph (module doc).
 
     ``method``: how each value's range is chosen from the samples, "mse" (default),
@@ -981,7 +988,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     recurrent = {v for n in graph.nodes if plan.kinds.get(n.name) == "recurrent"
                  for v in calibrated_values(n) if v not in graph.initializers}
     needed = plan.int8 | layer_inputs | residuals | recurrent
-    maxabs, mins, pre, kept = _calibrate(graph, samples, plan, needed)
+    maxabs, mins, pre, kept, means = _calibrate(graph, samples, plan, needed)
+    corrections: dict[str, Correction] = {}
     top: dict[str, float] = {}
     low: dict[str, float] = {}
     high: dict[str, float] = {}
@@ -1073,8 +1081,10 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             # (a residual, of the output's class, brings z_out itself: qzero.py)
             shifted = 0.0 if layer.residual else np.rint(z_out * s_out / acc_scale)
             bias_q = np.rint(layer.bias / acc_scale) - zero(node.inputs[0]) * sum_w + shifted
-            params = _requantization(acc_scale / s_out, bias_q, w_q,
-                                     pre[node.name] / acc_scale + np.abs(shifted))
+            calibrated = pre[node.name] / acc_scale + np.abs(shifted)
+            params = _requantization(acc_scale / s_out, bias_q, w_q, calibrated)
+            corrections[node.name] = Correction(means[node.name], acc_scale, bias_q, shifted,
+                                                acc_scale / s_out, w_q, calibrated)
             if params is None:
                 raise GraphError(f"node {node.name!r} ({node.op}): its requantization (scales "
                                  f"in {s_in:g}, out {s_out:g}, weights up to {s_w.max():g}) "
@@ -1158,7 +1168,10 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                   attrs, node.name, fresh=False)
     for o in graph.outputs:
         as_float(o)
-    return hoist_loop_products(b.graph(graph))
+    qgraph = b.graph(graph)
+    if bias_correction:
+        qgraph = correct_biases(qgraph, samples, corrections, _requantization)
+    return hoist_loop_products(qgraph)
 
 
 # ---- from_qdq --------------------------------------------------------------------------------
