@@ -49,6 +49,8 @@ Conv and an int8 pixel shuffle first (qtranspose.py):
   ``rint(2**(shift-1) / multiplier[o])`` is added to the bias instead (the accelerator's
   epilogue has no rounding step), so ``(acc + bias) * multiplier >> shift`` rounds to
   nearest up to ``|multiplier|/2**(shift+1) = r/2`` of an output step.
+- bias correction (biascorr.py, ``bias_correction=True``): the int32 biases then take off
+  the mean error of each layer's pre-activation on the samples, layer by layer.
 - a residual is added after the shift, in the output's scale: the residual value and the
   node's output share one scale (values are merged with union-find; the shared scale is
   the largest calibrated range of them / 127). A quantized node producing such a value

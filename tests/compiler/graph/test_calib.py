@@ -97,7 +97,9 @@ def test_quantize_graph_scales(method):
     graph, data = _conv_relu_conv()
     assert [n.outputs[0] for n in graph.nodes] == ["r", "y"]  # the Relu fused
     env = [_values(graph, d) for d in data]
-    q = quantize_graph(graph, data, method=method)
+    # (no bias correction: it would learn the clipping error of the Student-t calibration
+    # samples, which the normal test sample below does not have: 0.19 relative RMS error)
+    q = quantize_graph(graph, data, method=method, bias_correction=False)
     for name in ("x", "r", "y"):
         arrays = [e[name] for e in env]
         v = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float32)
