@@ -20,7 +20,7 @@ against fp32 and against onnxruntime's static quantizer (benchmarks/zoo_int8.py)
 totals ``int8_cosine_vs_ort_quantizer_min`` (target >= 0), ``int8_cosine_min`` and
 ``int8_mac_share_min``. ``--accel`` (which implies ``--int8``) builds that int8 graph for
 the accelerator and runs it on the cycle model (benchmarks/zoo_accel.py: ``ok_accel``,
-``accel_mac_share``, ``cpu_accel_transitions``, ``layout_share``, ``utilization_real``,
+``accel_mac_share``, ``cpu_accel_transitions``, ``layout_share``, ``utilization``, ``padding_overhead``,
 cycles and simulation wall time per model, at most ``time_limit`` seconds each), with the
 totals ``models_ok_accel``, ``accel_mac_share_min`` and ``layout_share_max``.
 """

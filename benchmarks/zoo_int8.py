@@ -19,12 +19,12 @@ in integer operators.
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 
 import numpy as np
 
+from celosia.compiler.graph.macs import node_macs
 from celosia.errors import CelosiaError
 
 CALIBRATION_SEEDS = range(1, 7)
@@ -35,35 +35,6 @@ def cosine(a, b) -> float:
     a = np.asarray(a, np.float64).ravel()
     b = np.asarray(b, np.float64).ravel()
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
-
-
-def _recurrent_macs(node, types) -> int:
-    """MACs of an LSTM/GRU/RNN: gates x hidden x (input + hidden) per step and direction."""
-    x = types[node.inputs[0]].shape
-    hidden = int(node.attrs.get("hidden_size") or 0)
-    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[node.op]
-    directions = 2 if node.attrs.get("direction") == "bidirectional" else 1
-    return int(x[0] * x[1] * directions * gates * hidden * (x[2] + hidden))
-
-
-def node_macs(node, types) -> int:
-    """Multiply-adds of one node of a float or quantized graph (0 for the others)."""
-    op = node.op
-    if not node.outputs or node.outputs[0] not in types:
-        return 0
-    out = types[node.outputs[0]].shape
-    if op in ("Conv", "QConv", "ConvTranspose"):
-        w = types[node.inputs[1]].shape
-        if op == "ConvTranspose":  # every input element meets C_out/group x kernel weights
-            return int(math.prod(types[node.inputs[0]].shape) * math.prod(w[1:]))
-        return int(math.prod(out) * math.prod(w[1:]))
-    if op in ("Gemm", "QGemm", "MatMul", "QMatMul"):
-        a = types[node.inputs[0]].shape
-        k = a[0] if op == "Gemm" and node.attrs.get("transA") else a[-1]
-        return int(math.prod(out) * k)
-    if op in ("LSTM", "GRU", "RNN"):
-        return _recurrent_macs(node, types)
-    return 0
 
 
 def mac_share(qgraph) -> float:
