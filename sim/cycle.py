@@ -60,6 +60,18 @@ def _mem_plans(timing: Timing) -> dict:
             _PLANS.clear()
         plans = _PLANS[timing] = {}
     return plans
+
+
+def _clear_caches() -> None:
+    """Forget the decoded programs with their plans, the LOAD/STORE plans and the fetch
+    batches (sim/base.py ``clear_caches``)."""
+    from . import cycle_timing, fsim
+
+    fsim._clear_caches()
+    _PLANS.clear()
+    cycle_timing._fetch_batch.cache_clear()
+
+
 # Timings (and program addresses) a program keeps its plans for.
 _CACHED_STATICS = 8
 

@@ -90,6 +90,13 @@ _program_insns = [0]  # instructions of the programs in _PROGRAMS
 _programs_lock = threading.Lock()
 
 
+def _clear_caches() -> None:
+    """Forget the decoded programs (sim/base.py ``clear_caches``)."""
+    with _programs_lock:
+        _PROGRAMS.clear()
+        _program_insns[0] = 0
+
+
 def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfig) -> Program:
     """Decode the program in DRAM and check every rule its fields decide (ISA.md section 4)."""
     if insn_addr % INSN_BYTES:
