@@ -6,9 +6,10 @@ at the default configuration: a 256x256x256 int8 GEMM and ResNet-18's 56x56x64 -
 the cycle model and the RTL (Verilator, build excluded) in the same process, and the wall
 time of ``executor.run`` (DRAM upload included) is kept per target, two ways:
 
-- **cold**: the first run of the program, nothing cached: the simulators' caches are
-  emptied (``sim.base.clear_caches``: decoded programs, the cycle model's plans and fetch
-  batches) and the executor is new (no datapath kernels), as in a new process;
+- **cold**: the first run of the program, nothing cached: the simulators' caches and the
+  executor's kernels are emptied first (``sim.base.clear_caches``: decoded programs, the
+  cycle model's plans and fetch batches, datapath kernels), as for a program the process
+  has not run before (the executor exists, as the RTL's does);
 - **warm**: a repeated run of the program on the same executor (decoding, kernels and
   plans reused).
 
@@ -120,7 +121,8 @@ def _measure(cfg: HwConfig, name: str, image: ProgramImage, repeats: int) -> tup
 
     rtl = make_executor("rtl", cfg, image.dram.size)
     warm = {t: make_executor(t, cfg, image.dram.size) for t in ("fsim", "cycle")}
-    for ex in warm.values():  # the warm executors' first (cold) run is not a sample
+    cold = {t: make_executor(t, cfg, image.dram.size) for t in ("fsim", "cycle")}
+    for ex in (*warm.values(), *cold.values()):  # a first run each: not a sample
         time_run(ex, image)
     times: dict = {k: [] for k in ("rtl", "fsim_cold", "cycle_cold", "fsim_warm",
                                    "cycle_warm")}
@@ -138,9 +140,8 @@ def _measure(cfg: HwConfig, name: str, image: ProgramImage, repeats: int) -> tup
                 seconds, stats = time_run(rtl, image)
                 times["rtl"].append(seconds)
             elif kind == "cold":
-                fresh = make_executor(target, cfg, image.dram.size)
-                clear_caches()
-                seconds, stats = time_run(fresh, image)
+                clear_caches(cold[target])
+                seconds, stats = time_run(cold[target], image)
                 times[f"{target}_cold"].append(seconds)
             else:
                 seconds, stats = time_run(warm[target], image)

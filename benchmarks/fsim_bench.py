@@ -5,8 +5,9 @@ GEMM and ResNet-18's 56x56x64 -> 64 3x3 (pad 1) convolution, both with a requant
 epilogue. The metric is simulated MACs per wall second of `Device.synchronize` (encoding,
 DRAM upload and the fsim run), the median of several runs of each kind:
 
-- ``_cold``: the program's first run, nothing cached: a new device (so a new executor, no
-  datapath kernels) and the simulators' caches emptied (``sim.base.clear_caches``);
+- ``_cold``: the program's first run, nothing cached: the simulators' caches and the
+  executor's kernels emptied first (``sim.base.clear_caches``), as for a program the process
+  has not run before;
 - ``_warm``: the program run again on the same device (decoded program and kernels reused).
 
 Cold and warm runs alternate; results are checked against numpy every run.
@@ -27,31 +28,34 @@ from .workloads import (conv2d_requant, conv2d_requant_reference, gemm_requant,
 
 
 def _measure(build, check, repeats: int) -> tuple[dict, int, dict]:
-    """Median seconds of synchronize() for the workload ``build(dev)`` records, cold (a new
-    device, caches emptied) and warm (the same device again), alternating."""
+    """Median seconds of synchronize() for the workload ``build(dev)`` records, cold (the
+    simulator's caches and kernels emptied first) and warm (the same program again), on a
+    device each, alternating."""
     from celosia.sim.base import clear_caches
 
-    warm_dev = Device(HwConfig(), target="fsim", dram_size=16 << 20)
-    check(_synchronized(warm_dev, build)[1])  # its first run is cold: not a warm sample
+    devices = {kind: Device(HwConfig(), target="fsim", dram_size=16 << 20)
+               for kind in ("cold", "warm")}
+    for dev in devices.values():  # a first run each: not a sample
+        check(_synchronized(dev, build)[1])
     times: dict = {"cold": [], "warm": []}
     macs, stats = 0, {}
     for k in range(repeats):
         for kind in (("cold", "warm") if k % 2 == 0 else ("warm", "cold")):
-            if kind == "cold":
-                dev = Device(HwConfig(), target="fsim", dram_size=16 << 20)
-                clear_caches()
-            else:
-                dev = warm_dev
-            seconds, out, stats, macs = _synchronized(dev, build, timed=True)
+            dev = devices[kind]
+            seconds, out, stats, macs = _synchronized(
+                dev, build, timed=True, before=(lambda: clear_caches(dev.executor))
+                if kind == "cold" else None)
             times[kind].append(seconds)
             check(out)
     return {kind: float(np.median(v)) for kind, v in times.items()}, macs, stats
 
 
-def _synchronized(dev, build, *, timed: bool = False):
-    """Record the workload on ``dev`` and run it: (seconds, result, counters, MACs), or
-    (counters, result) untimed."""
+def _synchronized(dev, build, *, timed: bool = False, before=None):
+    """Record the workload on ``dev``, call ``before`` and run it: (seconds, result,
+    counters, MACs), or (counters, result) untimed."""
     workload = build(dev)
+    if before is not None:
+        before()
     t0 = time.perf_counter()
     stats = dev.synchronize()
     seconds = time.perf_counter() - t0

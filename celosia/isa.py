@@ -303,40 +303,78 @@ def _get(word: int, spec: dict, name: str) -> int:
     return (word >> pos) & ((1 << width) - 1)
 
 
+_DEPS = ("pop_prev", "pop_next", "push_prev", "push_next")
+_OPCODES = tuple(Opcode)
+_MEM_TYPES = tuple(MemType)
+_ALU_OPS = tuple(AluOp)
+
+
+@functools.cache
+def _field_tables(cfg: HwConfig) -> tuple:
+    """Per instruction kind, (name, shift, mask) of the integer fields ``decode`` reads
+    (flags, enums and the signed immediate apart), and the mem_type, alu_op and imm
+    fields' (shift, mask)."""
+    lay = insn_layout(cfg)
+
+    def table(spec, skip):
+        return tuple((n, pos, (1 << w) - 1) for n, (pos, w) in spec.items()
+                     if n not in skip and n not in _DEPS and n != "opcode")
+
+    def at(spec, name):
+        pos, w = spec[name]
+        return pos, (1 << w) - 1
+
+    return (table(lay.mem, ("mem_type",)), table(lay.gemm, ("reset",)),
+            table(lay.alu, ("reset", "alu_op", "use_imm", "imm")),
+            at(lay.mem, "mem_type"), at(lay.gemm, "reset"), at(lay.alu, "alu_op"),
+            at(lay.alu, "use_imm"), at(lay.alu, "imm"))
+
+
+def _record(cls, values: dict):
+    """An instruction record of ``values`` (every field, already checked and typed): the
+    frozen dataclass without its __init__, which costs several times the decoding itself
+    (a program is decoded on its first run; ``decode`` builds the same records as the
+    constructors would, so they compare and hash equal)."""
+    insn = object.__new__(cls)
+    insn.__dict__.update(values)
+    return insn
+
+
 def decode(word: int, cfg: HwConfig, index: int | None = None) -> Insn:
     """The instruction a 128-bit integer holds; DecodeError for a bad opcode or memory type."""
-    lay = insn_layout(cfg)
+    mem, gemm, alu, (mt_at, mt_mask), (rs_at, _), (op_at, op_mask), (ui_at, _), \
+        (imm_at, imm_mask) = _field_tables(cfg)
     opcode = word & 0b111
-    deps = dict(
-        pop_prev=bool(word >> 3 & 1), pop_next=bool(word >> 4 & 1),
-        push_prev=bool(word >> 5 & 1), push_next=bool(word >> 6 & 1),
-    )
-    if opcode in (Opcode.LOAD, Opcode.STORE):
-        spec = lay.mem
-        mt = _get(word, spec, "mem_type")
+    values = {"pop_prev": bool(word >> 3 & 1), "pop_next": bool(word >> 4 & 1),
+              "push_prev": bool(word >> 5 & 1), "push_next": bool(word >> 6 & 1)}
+    if opcode <= Opcode.STORE:
+        mt = (word >> mt_at) & mt_mask
         if mt > MemType.ACC_8BIT:
             raise DecodeError(index, f"memory type {mt} is not defined (valid: 0-5)")
-        vals = {n: _get(word, spec, n) for n in spec if n not in ("opcode", "mem_type") and n not in deps}
-        return MemInsn(opcode=Opcode(opcode), mem_type=MemType(mt), **deps, **vals)
+        values["opcode"] = _OPCODES[opcode]
+        values["mem_type"] = _MEM_TYPES[mt]
+        for name, pos, mask in mem:
+            values[name] = (word >> pos) & mask
+        return _record(MemInsn, values)
     if opcode == Opcode.FINISH:
-        return FinishInsn(**deps)
+        return _record(FinishInsn, values)
     if opcode == Opcode.GEMM:
-        spec = lay.gemm
-        vals = {n: _get(word, spec, n) for n in spec if n != "opcode" and n not in deps}
-        vals["reset"] = bool(vals["reset"])
-        return GemmInsn(**deps, **vals)
+        for name, pos, mask in gemm:
+            values[name] = (word >> pos) & mask
+        values["reset"] = bool(word >> rs_at & 1)
+        return _record(GemmInsn, values)
     if opcode == Opcode.ALU:
-        spec = lay.alu
-        vals = {n: _get(word, spec, n) for n in spec if n != "opcode" and n not in deps}
-        op = vals.pop("alu_op")
+        op = (word >> op_at) & op_mask
         if op > AluOp.MUL:
             raise DecodeError(index, f"ALU opcode {op} is not defined (valid: 0-4)")
-        imm = vals.pop("imm")
+        for name, pos, mask in alu:
+            values[name] = (word >> pos) & mask
+        imm = (word >> imm_at) & imm_mask
         if imm >= 1 << (ALU_IMM_BITS - 1):
             imm -= 1 << ALU_IMM_BITS
-        vals["reset"] = bool(vals["reset"])
-        vals["use_imm"] = bool(vals["use_imm"])
-        return AluInsn(**deps, alu_op=AluOp(op), imm=imm, **vals)
+        values.update(alu_op=_ALU_OPS[op], use_imm=bool(word >> ui_at & 1), imm=imm,
+                      reset=bool(word >> rs_at & 1))
+        return _record(AluInsn, values)
     raise DecodeError(index, f"opcode {opcode} is not defined (valid: 0-4)")
 
 

@@ -175,9 +175,15 @@ class _Static:
         self.seq: dict = {m: [] for m in range(3)}
         self.local = [0] * n
         lower = [0, 0, 0]
+        seen: dict = {}  # id -> (plan, writes): a repeated instruction word is one object
         for j, insn in enumerate(insns):
             m = self.module[j]
-            if isinstance(insn, (GemmInsn, AluInsn)):
+            known = seen.get(id(insn))
+            if known is not None:
+                plan, writes = known
+                if writes is not None:
+                    self.writes[j] = writes
+            elif isinstance(insn, (GemmInsn, AluInsn)):
                 plan = timing.loop_plan(insn)
             elif isinstance(insn, MemInsn):
                 # LOAD/STORE plans depend on the element bytes (configurations of equal
@@ -201,6 +207,8 @@ class _Static:
                     plan = plan[0]
             else:
                 plan = timing.plan(insn, cfg)
+            if known is None:
+                seen[id(insn)] = (plan, self.writes.get(j))
             lower[m] += (plan if isinstance(plan, int) else plan.push) + 1
             self.lower[j] = lower[m]
             self.plans[j] = plan

@@ -63,15 +63,20 @@ class Program(list):
     def __init__(self, insns):
         super().__init__(insns)
         qid = {q: k for k, q in enumerate(TOKEN_QUEUES)}
-        self.modules = [int(module_of(insn)) for insn in self]
+        seen: dict = {}  # id -> (module, pops, pushes): a repeated word is one object
         flags: dict = {}
-        self.pops, self.pushes = [], []
-        for m, insn in zip(self.modules, self):
-            key = (m, insn.deps)
-            if key not in flags:
-                flags[key] = (tuple(qid[q] for q in pops_of(Module(m), insn)),
-                              tuple(qid[q] for q in pushes_of(Module(m), insn)))
-            pops, pushes = flags[key]
+        self.modules, self.pops, self.pushes = [], [], []
+        for insn in self:
+            known = seen.get(id(insn))
+            if known is None:
+                m = int(module_of(insn))
+                key = (m, insn.deps)
+                if key not in flags:
+                    flags[key] = (tuple(qid[q] for q in pops_of(Module(m), insn)),
+                                  tuple(qid[q] for q in pushes_of(Module(m), insn)))
+                known = seen[id(insn)] = (m, *flags[key])
+            m, pops, pushes = known
+            self.modules.append(m)
             self.pops.append(pops)
             self.pushes.append(pushes)
         self.cache: dict = {}
