@@ -30,7 +30,7 @@ __all__ = [
     "Opcode", "MemType", "AluOp", "Module", "insn_layout", "elem_bytes", "buffer_depth",
     "MemInsn", "GemmInsn", "AluInsn", "FinishInsn", "Insn", "Uop",
     "InsnLayout", "EncodeError", "DecodeError",
-    "encode", "decode", "encode_program", "decode_program", "disassemble", "module_of",
+    "encode", "decode", "decoder", "encode_program", "decode_program", "disassemble", "module_of",
     "encode_uops", "decode_uops", "INSN_BYTES",
 ]
 
@@ -310,24 +310,35 @@ _ALU_OPS = tuple(AluOp)
 
 
 @functools.cache
-def _field_tables(cfg: HwConfig) -> tuple:
-    """Per instruction kind, (name, shift, mask) of the integer fields ``decode`` reads
-    (flags, enums and the signed immediate apart), and the mem_type, alu_op and imm
-    fields' (shift, mask)."""
+def _decoders(cfg: HwConfig) -> tuple:
+    """Per instruction kind (LOAD/STORE, GEMM, ALU), a function of the 128-bit word giving
+    the dict of every field of its record, generated from the configuration's layout (one
+    expression per field: a program is decoded on its first run, and a loop over the
+    layout costs twice as much); and the (shift, mask) of mem_type and alu_op, which
+    ``decode`` checks first."""
     lay = insn_layout(cfg)
 
-    def table(spec, skip):
-        return tuple((n, pos, (1 << w) - 1) for n, (pos, w) in spec.items()
-                     if n not in skip and n not in _DEPS and n != "opcode")
+    def source(name, spec, special):
+        items = [f"'{d}': bool(word >> {3 + k} & 1)" for k, d in enumerate(_DEPS)]
+        for field, (pos, width) in spec.items():
+            if field == "opcode" or field in _DEPS:
+                continue
+            value = f"word >> {pos} & {(1 << width) - 1}"
+            items.append(f"'{field}': {special.get(field, '{}').format(value)}")
+        return f"def {name}(word):\n    return {{{', '.join(items)}}}\n"
 
-    def at(spec, name):
-        pos, w = spec[name]
-        return pos, (1 << w) - 1
-
-    return (table(lay.mem, ("mem_type",)), table(lay.gemm, ("reset",)),
-            table(lay.alu, ("reset", "alu_op", "use_imm", "imm")),
-            at(lay.mem, "mem_type"), at(lay.gemm, "reset"), at(lay.alu, "alu_op"),
-            at(lay.alu, "use_imm"), at(lay.alu, "imm"))
+    half = 1 << (ALU_IMM_BITS - 1)
+    code = (source("mem", lay.mem, {"mem_type": "MEM_TYPES[{}]"})
+            + source("gemm", lay.gemm, {"reset": "bool({})"})
+            + source("alu", lay.alu, {"reset": "bool({})", "use_imm": "bool({})",
+                                      "alu_op": "ALU_OPS[{}]",
+                                      "imm": f"(({{}}) ^ {half}) - {half}"}))  # signed
+    namespace = {"MEM_TYPES": _MEM_TYPES, "ALU_OPS": _ALU_OPS}
+    exec(compile(code, f"<celosia.isa decoders for {cfg}>", "exec"), namespace)
+    mt_at, mt_w = lay.mem["mem_type"]
+    op_at, op_w = lay.alu["alu_op"]
+    return (namespace["mem"], namespace["gemm"], namespace["alu"],
+            (mt_at, (1 << mt_w) - 1), (op_at, (1 << op_w) - 1))
 
 
 def _record(cls, values: dict):
@@ -342,40 +353,35 @@ def _record(cls, values: dict):
 
 def decode(word: int, cfg: HwConfig, index: int | None = None) -> Insn:
     """The instruction a 128-bit integer holds; DecodeError for a bad opcode or memory type."""
-    mem, gemm, alu, (mt_at, mt_mask), (rs_at, _), (op_at, op_mask), (ui_at, _), \
-        (imm_at, imm_mask) = _field_tables(cfg)
-    opcode = word & 0b111
-    values = {"pop_prev": bool(word >> 3 & 1), "pop_next": bool(word >> 4 & 1),
-              "push_prev": bool(word >> 5 & 1), "push_next": bool(word >> 6 & 1)}
-    if opcode <= Opcode.STORE:
-        mt = (word >> mt_at) & mt_mask
-        if mt > MemType.ACC_8BIT:
-            raise DecodeError(index, f"memory type {mt} is not defined (valid: 0-5)")
-        values["opcode"] = _OPCODES[opcode]
-        values["mem_type"] = _MEM_TYPES[mt]
-        for name, pos, mask in mem:
-            values[name] = (word >> pos) & mask
-        return _record(MemInsn, values)
-    if opcode == Opcode.FINISH:
-        return _record(FinishInsn, values)
-    if opcode == Opcode.GEMM:
-        for name, pos, mask in gemm:
-            values[name] = (word >> pos) & mask
-        values["reset"] = bool(word >> rs_at & 1)
-        return _record(GemmInsn, values)
-    if opcode == Opcode.ALU:
-        op = (word >> op_at) & op_mask
-        if op > AluOp.MUL:
-            raise DecodeError(index, f"ALU opcode {op} is not defined (valid: 0-4)")
-        for name, pos, mask in alu:
-            values[name] = (word >> pos) & mask
-        imm = (word >> imm_at) & imm_mask
-        if imm >= 1 << (ALU_IMM_BITS - 1):
-            imm -= 1 << ALU_IMM_BITS
-        values.update(alu_op=_ALU_OPS[op], use_imm=bool(word >> ui_at & 1), imm=imm,
-                      reset=bool(word >> rs_at & 1))
-        return _record(AluInsn, values)
-    raise DecodeError(index, f"opcode {opcode} is not defined (valid: 0-4)")
+    return decoder(cfg)(word, index)
+
+
+@functools.cache
+def decoder(cfg: HwConfig):
+    """``decode`` for one configuration: a function (word, index=None) -> Insn (to decode
+    many words, look it up once: the configuration's hash costs as much as a decode)."""
+    mem, gemm, alu, (mt_at, mt_mask), (op_at, op_mask) = _decoders(cfg)
+
+    def decode_word(word: int, index: int | None = None) -> Insn:
+        opcode = word & 0b111
+        if opcode <= Opcode.STORE:
+            mt = (word >> mt_at) & mt_mask
+            if mt > MemType.ACC_8BIT:
+                raise DecodeError(index, f"memory type {mt} is not defined (valid: 0-5)")
+            values = mem(word)
+            values["opcode"] = _OPCODES[opcode]
+            return _record(MemInsn, values)
+        if opcode == Opcode.GEMM:
+            return _record(GemmInsn, gemm(word))
+        if opcode == Opcode.ALU:
+            op = (word >> op_at) & op_mask
+            if op > AluOp.MUL:
+                raise DecodeError(index, f"ALU opcode {op} is not defined (valid: 0-4)")
+            return _record(AluInsn, alu(word))
+        if opcode == Opcode.FINISH:
+            return _record(FinishInsn, {d: bool(word >> 3 + k & 1) for k, d in enumerate(_DEPS)})
+        raise DecodeError(index, f"opcode {opcode} is not defined (valid: 0-4)")
+    return decode_word
 
 
 def encode_program(insns: Iterable[Insn], cfg: HwConfig) -> np.ndarray:

@@ -12,6 +12,7 @@ statistic.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from pathlib import Path
 
 import numpy as np
@@ -76,14 +77,9 @@ class _StaticStats:
         self.mem = [int(i.mem_type) + (8 * int(i.opcode)) if isinstance(i, MemInsn) else -1
                     for i in tl.insns]
         self.mem_index = [index.get(k, -1) for k in self.mem]
-        st = tl.static
-        if st is not None:  # the program's own lists (cycle._Static)
-            self.module, self.pops, self.pushes = list(st.module), list(st.pops), list(st.pushes)
-        else:
-            self.module = tl.module.tolist()
-            self.pops = [tuple(q for q in row if q >= 0) for row in tl.pop_q.tolist()]
-            self.pushes = [tuple(q for q in row if q >= 0) for row in tl.push_q.tolist()]
-        self._tl_tables = (tl.module, tl.pop_q, tl.push_q)
+        st = tl.static  # the program's own lists (cycle._Static)
+        self.module, self.pops, self.pushes = list(st.module), list(st.pops), list(st.pushes)
+        self._static = st
         self._matrices = None
 
     def matrices(self):
@@ -91,7 +87,7 @@ class _StaticStats:
         matrices that sum per-instruction quantities per module, popped queue, pushed
         queue and memory type, and the write waits as an array."""
         if self._matrices is None:
-            module, pop_q, push_q = self._tl_tables
+            module, pop_q, push_q = self._static.tables()
             n = len(self.module)
             rows = np.arange(n)
 
@@ -203,7 +199,8 @@ def _sums_python(tl, static):
     gaps = []  # (begin, end) of each wait for instruction bytes
     for j in range(len(module)):
         m, d, s = module[j], dispatch[j], start[j]
-        mid = min(max(avail[j], gap_begin), d)
+        a = avail[j]
+        mid = d if a >= d else (a if a > gap_begin else gap_begin)  # min(max(a, begin), d)
         data_wait += mid - gap_begin
         gaps.append((gap_begin, mid))
         fetch_room[m] += d - mid
@@ -211,23 +208,36 @@ def _sums_python(tl, static):
         b = free[j]
         mid = min(max(d + 1, b), s)
         cmdq[m] += mid - b
-        for q, ready in zip(pops[j], (tok0[j], tok1[j])):
-            b, mid = mid, min(max(ready, mid), s)
-            token_q[q] += mid - b
+        qs = pops[j]
+        if qs:  # waits on each popped queue's token, in order
+            b, mid = mid, min(max(tok0[j], mid), s)
+            token_q[qs[0]] += mid - b
+            if len(qs) > 1:
+                b, mid = mid, min(max(tok1[j], mid), s)
+                token_q[qs[1]] += mid - b
+        qs = pushes[j]
         p = push[j]
-        mid = done[j]
-        for q, ready in zip(pushes[j], (room0[j], room1[j])):
-            b, mid = mid, min(max(ready, mid), p)
-            room_q[q] += mid - b
+        if qs:  # waits for room in each pushed queue, in order
+            mid = done[j]
+            b, mid = mid, min(max(room0[j], mid), p)
+            room_q[qs[0]] += mid - b
+            if len(qs) > 1:
+                b, mid = mid, min(max(room1[j], mid), p)
+                room_q[qs[1]] += mid - b
+        w = rd_wait[j]
         dram = rd_lat[j] + write_wait[j]
         dram_of[m] += dram
-        bus_of[m] += rd_wait[j]
-        busy[m] += done[j] - s - rd_wait[j] - dram + 1
-        if mem_index[j] >= 0:
-            ran[mem_index[j]] += p + 1 - s
+        bus_of[m] += w
+        busy[m] += done[j] - s - w - dram + 1
+        k = mem_index[j]
+        if k >= 0:
+            ran[k] += p + 1 - s
     fetch_bus = 0
+    begins = [a0 for a0, _ in gaps]
     for r, g in _fetch_bursts(tl).tolist():
-        for a0, a1 in gaps:  # disjoint and sorted
+        # the gaps that end after r and begin before g (disjoint and sorted: from the last
+        # one beginning by r)
+        for a0, a1 in gaps[max(bisect_right(begins, r) - 1, 0):]:
             if a0 >= g:
                 break
             if a1 > r:

@@ -21,6 +21,7 @@ finished, i.e. the last push + 1.
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -39,7 +40,10 @@ NEVER = -(1 << 62)
 _PY_ROWS = 32
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+# Plans are shared by every program that has the same instruction fields and never
+# changed; they are not frozen dataclasses because a program's first run makes many, and a
+# frozen __init__ costs four times a plain one.
+@dataclass(slots=True, eq=False)
 class ReadPlan:
     """A LOAD that reads DRAM, as bursts on the shared read channel.
 
@@ -79,7 +83,7 @@ class ReadPlan:
         return self.push
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class FetchBatch:
     """One fetch batch (a DMA request of up to 8 instructions): its bursts
     (``span``, ``buf_after``: the cycle after a burst's RLAST at which the beat buffer can
@@ -197,7 +201,7 @@ class Timing:
             start = list(itertools.accumulate([0] + beats[:-1]))
             for j in range(count):
                 beat = (j + 1) * k - 1  # its last beat, counted over the whole request
-                b = max(i for i in range(len(beats)) if start[i] <= beat)
+                b = bisect_right(start, beat) - 1  # the last burst starting by then
                 insn_burst.append(b)
                 # delivered the cycle after its last beat, readable the cycle after that
                 insn_ready.append(beat - start[b] + 2)
@@ -206,7 +210,7 @@ class Timing:
             buf_after = list(n_last)
             start = list(itertools.accumulate([0] + elems[:-1]))
             for j in range(count):
-                b = max(i for i in range(len(elems)) if start[i] <= j)
+                b = bisect_right(start, j) - 1
                 insn_burst.append(b)
                 # beats are accepted as the buffer drains: element m of the burst drains in
                 # first + 1 + m, and is readable the cycle after

@@ -214,6 +214,42 @@ def test_load_plans_row_by_row_and_vectorised_agree():
 
 
 
+def test_one_row_in_one_burst_has_one_plan_per_beat_offset():
+    """_Static shares a plan between one-row LOADs/STOREs inside one burst window that
+    start at the same offset within a beat: their plans are equal wherever they are."""
+    import random
+
+    rng = random.Random(7)
+    for cfg in (DEFAULT, SMALL, HwConfig(bus_bytes=64), HwConfig(bus_bytes=1)):
+        t = Timing.from_config(cfg)
+        for _ in range(200):
+            store_ = rng.random() < 0.3
+            mt = MemType.OUT if store_ else rng.choice([MemType.UOP, MemType.INP, MemType.WGT,
+                                                        MemType.ACC, MemType.ACC_8BIT])
+            eb = elem_bytes(cfg, mt)
+            x = rng.randrange(1, max(2, t.burst_bytes // eb // 2))
+            plans = []
+            for _ in range(2):
+                while True:  # a start inside a burst window with the row's end in it too
+                    base = rng.randrange(0, 1 << 16)
+                    a = base * eb
+                    if a // t.burst_bytes == (a + x * eb - 1) // t.burst_bytes:
+                        break
+                plans.append((a % t.bus_bytes, MemInsn(
+                    opcode=Opcode.STORE if store_ else Opcode.LOAD, mem_type=mt,
+                    dram_base=base, y_size=1, x_size=x, x_stride=x)))
+            (o1, i1), (o2, i2) = plans
+            if o1 != o2:
+                continue
+            a, b = ((t.store_plan(i, eb) if store_ else t.load_plan(i, eb)) for i in (i1, i2))
+            if store_:
+                assert a == b, (i1, i2)
+            else:
+                for name in ("req", "buf", "first", "span", "push", "beats", "burst_beats",
+                             "lat_after"):
+                    assert getattr(a, name) == getattr(b, name), (name, i1, i2)
+
+
 def test_one_request_splits_into_the_same_bursts_in_python():
     """Fetch batches split their one request in Python (cycle_timing._request_bursts); the
     numpy split of many rows (_bursts) is the reference."""
