@@ -18,7 +18,10 @@ model and compared bit for bit with the int8 CPU build of the same graph. Fields
   accelerator, or read back and unpacked for the CPU; ``AccelModel.summary``'s crossings).
 - ``layout_share``: packing and unpacking at region borders over the latency (accelerator
   time at the configured clock + CPU time + layout time, all of one run).
-- ``utilization_real``: useful multiply-adds on the accelerator over cycles x MACs per cycle.
+- ``utilization``: the accelerator's real multiply-adds (the model's own) over cycles x
+  MACs per cycle, and ``padding_overhead``: the GEMM core's multiply-adds on padding
+  (channels padded to BLOCK, rows to BATCH groups) relative to the real ones
+  (compiler/graph/macs.py; ``AccelModel.summary``).
 - ``accel_cycles``, ``accel_latency_ms``, ``accel_build_s`` and ``accel_sim_wall_s`` (the
   wall seconds of the run on the cycle model).
 
@@ -127,8 +130,7 @@ def measure(qgraph, feeds: dict, cpu_outputs: dict, *,
     record.update({
         "ok_accel": same, "accel_cycles": cycles, "accel_latency_ms": s["latency_ms"],
         "cpu_accel_transitions": s["crossings"], "layout_share": s["layout_share"],
-        "utilization_real": (record["accel_macs"] / (cycles * model.config.macs_per_cycle)
-                             if cycles else 0.0),
+        "utilization": s["utilization"] or 0.0, "padding_overhead": s["padding_overhead"],
     })
     if not same:
         record["accel_error"] = f"differs from the int8 CPU build: {detail['summary']}"

@@ -27,8 +27,12 @@ host: they pack their own operands and run a program per product, per step or it
 (``accelerate=False``), so the two builds agree bit for bit.
 
 The report gives, per node: where it ran (and for CPU nodes why), the CPU time measured,
-the accelerator cycles and their time at the configured clock, and GEMM utilisation; the
-time spent packing and unpacking at region borders is reported as ``layout_ms``.
+the accelerator cycles and their time at the configured clock, the node's real
+multiply-adds (``macs``, the model's own) and the GEMM core's (``gemm_macs``, padded
+channels and rows included), ``utilization`` (real multiply-adds over cycles x MACs per
+cycle) and ``padding_overhead`` (gemm_macs / macs - 1; compiler/graph/macs.py defines
+both); the time spent packing and unpacking at region borders is reported as
+``layout_ms``.
 ``summary()`` adds ``layout_share`` (layout time over latency) and ``crossings``: the
 values that crossed between CPU and accelerator in the run (packed into DRAM for an
 accelerator node, or read back for the CPU or as an output).
@@ -479,6 +483,7 @@ class AccelModel:
         from ..compiler.accel.partition import dram_reads, pack_value, unpack_value
         from ..compiler.graph.ir import InputShapeError
         from .accel_recurrent import run_host_node
+        from ..compiler.graph.macs import node_macs, padding_overhead, utilization
 
         graph, cfg = self.graph, self.config
         for name in graph.inputs:
@@ -550,8 +555,8 @@ class AccelModel:
                 crossings["to_cpu"] += st["launches"]
                 row.update(target="accel", region=prog["region"], cycles=st["cycles"],
                            accel_ms=st["cycles"] / clock_khz, macs=st["macs"],
-                           utilization=(st["macs"] / (st["cycles"] * cfg.macs_per_cycle)
-                                        if st["cycles"] else None),
+                           utilization=utilization(st["macs"], st["cycles"],
+                                                   cfg.macs_per_cycle),
                            layout_ms=layout, launches=st["launches"],
                            cpu_ms=max(0.0, (time.perf_counter() - t1) * 1e3 - st["layout_ms"]
                                       - st["sim_ms"]),
@@ -582,11 +587,15 @@ class AccelModel:
                 in_dram.add(out)
                 host.pop(out, None)
                 cycles = int(counters["cycles"]) if "cycles" in counters else None
-                macs = int(counters.get("macs", 0))
+                # the model's own multiply-adds, and the GEMM core's (padding included):
+                # compiler/graph/macs.py defines both and the figures on them
+                macs = node_macs(node, graph.types)
+                gemm_macs = int(counters.get("macs", 0))
                 row.update(target="accel", region=prog["region"], cycles=cycles,
                            accel_ms=cycles / clock_khz if cycles is not None else None,
-                           macs=macs, utilization=(macs / (cycles * cfg.macs_per_cycle)
-                                                   if cycles else None),
+                           macs=macs, gemm_macs=gemm_macs,
+                           utilization=utilization(macs, cycles, cfg.macs_per_cycle),
+                           padding_overhead=padding_overhead(gemm_macs, macs),
                            sim_s=time.perf_counter() - t0)
                 shown(k + 1)
             elif node.name in segment_of:
@@ -676,12 +685,17 @@ class AccelModel:
         return {name: np.concatenate([o[name] for o in outs]) for name in outs[0]}
 
     def summary(self) -> dict:
-        """Totals of the last run's report."""
+        """Totals of the last run's report. ``utilization``: the accelerator nodes' real
+        multiply-adds over their cycles x MACs per cycle; ``padding_overhead``: the GEMM
+        core's multiply-adds over the real ones, minus 1 (compiler/graph/macs.py)."""
+        from ..compiler.graph.macs import padding_overhead, utilization
+
         rows = self.report
         accel = [r for r in rows if r["target"] == "accel"]
         timed = all(r["cycles"] is not None for r in accel)
         cycles = sum(r["cycles"] for r in accel) if timed else None
         macs = sum(r.get("macs", 0) for r in accel)
+        gemm_macs = sum(r.get("gemm_macs", 0) for r in accel)
         accel_ms = sum(r["accel_ms"] for r in accel) if timed else 0.0
         cpu_ms = sum(r["cpu_ms"] for r in rows)
         layout_ms = sum(r["layout_ms"] for r in rows)
@@ -694,8 +708,9 @@ class AccelModel:
             "layout_share": layout_ms / total if total else 0.0,
             # values packed into DRAM for the accelerator plus values read back by the CPU
             "crossings": self.crossings["to_accel"] + self.crossings["to_cpu"],
-            "utilization": macs / (cycles * self.config.macs_per_cycle) if cycles else None,
-            "macs": macs,
+            "utilization": utilization(macs, cycles, self.config.macs_per_cycle),
+            "padding_overhead": padding_overhead(gemm_macs, macs),
+            "macs": macs, "gemm_macs": gemm_macs,
             "clock_mhz": self.config.clock_mhz,
         }
 

@@ -11,7 +11,8 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx_builders import make_model, onnxruntime_run, recurrent_layer, vi
 
-from celosia.benchmarks.zoo_int8 import cosine, node_macs
+from celosia.benchmarks.zoo_int8 import cosine
+from celosia.compiler.graph.macs import node_macs
 from celosia.compiler.pipeline import quantize_model
 from celosia.runtime.accel import AccelModel, compare_outputs
 from celosia.runtime.reference import ReferenceModel
