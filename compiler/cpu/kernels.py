@@ -30,7 +30,7 @@ integer sums wrapping to int32 as graph_int's ``wrap``. Pooling, ``pack`` and ``
 carry the ``"dtype"`` of their data (``maxpool``: float32 or int8, the padding being the
 type's minimum; ``avgpool``: float32; layouts: any), and ``eltwise`` that of its operands:
 float32 for the float operators, int8 for Relu, and the conversions ``Quantize`` (float32
--> int8) and ``Dequantize`` (int8 or int32 -> float32) with their ``params`` [scale].
+-> int8) and ``Dequantize`` (int8 or int32 -> float32) with their ``params`` [scale, zero_point].
 
 Operand kinds (of an epilogue ``Add``/``Mul`` or an element-wise operand): ``"full"`` (the
 output's shape and layout), ``"channel"`` (one value per channel: ``[C//c, c]`` blocked,
@@ -127,7 +127,7 @@ BINARY = {
 }
 
 
-def _quantize(v, scale):
+def _quantize(v, scale, zero_point=0.0):
     """graph_int's Quantize: ``clip(rint(v / float32(scale)), -128, 127)`` in float32, NaN
     to 0 as numpy's cast gives. Clipping first is the same (rint is monotonic and keeps
     integers): the positive part clipped to 127 plus the negative part clipped to -128,
@@ -136,17 +136,28 @@ def _quantize(v, scale):
     1.5 * 2**23, which rounds any |x| <= 2**22 to an integer, half to even (LLVM keeps the
     two operations: no fast-math)."""
     q = v / as_expr(float(np.float32(scale)))
-    zero = as_expr(0.0)
-    q = (min_expr(max_expr(zero, q), as_expr(127.0))
-         + max_expr(min_expr(zero, q), as_expr(-128.0)))
+    zero, z = as_expr(0.0), float(zero_point)
+    q = (min_expr(max_expr(zero, q), as_expr(127.0 - z))
+         + max_expr(min_expr(zero, q), as_expr(-128.0 - z)))
     magic = as_expr(1.5 * 2.0 ** 23)
-    return ((q + magic) - magic).astype("int8")
+    q = (q + magic) - magic
+    if z:  # a zero point (qzero.py): added to the rounded value, exact
+        q = q + as_expr(z)
+    return q.astype("int8")
+
+
+def _dequantize(v, scale, zero_point=0.0):
+    """graph_int's Dequantize: ``(float32(v) - zero_point) * float32(scale)``."""
+    x = v.astype(F32)
+    if float(zero_point):
+        x = x - as_expr(float(zero_point))
+    return x * as_expr(float(np.float32(scale)))
 
 
 # name -> fn(value, *params): element-wise type conversions (quantized graphs)
 CONVERT = {
     "Quantize": _quantize,
-    "Dequantize": lambda v, scale: v.astype(F32) * as_expr(float(np.float32(scale))),
+    "Dequantize": _dequantize,
 }
 # The operand types of the element-wise kernels (float32 for the other operators).
 ELTWISE_DTYPES = {"Relu": (F32, "int8"), "Quantize": (F32,), "Dequantize": ("int8", "int32")}

@@ -64,7 +64,8 @@ _VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"
 _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Neg", "Abs",
                   "Exp", "Sqrt", "Clip", "Erf", "Gelu")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
-                   "Quantize": ("scale",), "Dequantize": ("scale",)}
+                   "Quantize": ("scale", "zero_point"),
+                   "Dequantize": ("scale", "zero_point")}
 # A pooling kernel unrolls its window (a tree of max or +, one load per tap): larger
 # windows (a 60x80 window in onnx's suite) run in numpy rather than make huge code.
 POOL_TAPS = 256

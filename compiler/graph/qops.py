@@ -11,9 +11,11 @@ kernels are the oracle of the accelerator build as well as its CPU fallback.
 Integer arithmetic is int32 with two's-complement wrap-around (computed in int64 and wrapped
 by ``wrap``); right shifts are arithmetic (floor).
 
-- ``Quantize(x float32) -> int8``, attr ``scale``: ``clip(rint(x / float32(scale)), -128,
-  127)`` computed in float32 (rint rounds half to even).
-- ``Dequantize(x int8 or int32) -> float32``, attr ``scale``: ``float32(x) * float32(scale)``.
+- ``Quantize(x float32) -> int8``, attrs ``scale`` and ``zero_point`` (int8, default 0):
+  ``clip(rint(x / float32(scale)) + zero_point, -128, 127)`` computed in float32 (rint
+  rounds half to even; NaN gives ``zero_point``).
+- ``Dequantize(x int8 or int32) -> float32``, attrs ``scale`` and ``zero_point`` (default
+  0): ``(float32(x) - zero_point) * float32(scale)``.
 - ``QConv(x int8 NCHW (or NCL), w int8 OIHW (or OIL), bias int32[O], multiplier int32[O]
   [, residual int8])``,
   attrs ``kernel_shape, strides, pads, dilations, group`` (as Conv), ``shift`` (0..31),
@@ -210,11 +212,20 @@ def qlut(attrs, x, table):
 
 def quantize(attrs, x):
     q = np.rint(x.astype(np.float32) / np.float32(attrs["scale"]))
-    return np.clip(q, -128, 127).astype(np.int8)
+    z = int(attrs.get("zero_point", 0))
+    if not z:
+        return np.clip(q, -128, 127).astype(np.int8)
+    with np.errstate(invalid="ignore"):
+        q = np.clip(np.where(np.isnan(q), np.float32(0), q), -128 - z, 127 - z)
+    return (q + np.float32(z)).astype(np.int8)
 
 
 def dequantize(attrs, x):
-    return x.astype(np.float32) * np.float32(attrs["scale"])
+    z = int(attrs.get("zero_point", 0))
+    x = x.astype(np.float32)
+    if z:
+        x = x - np.float32(z)
+    return x * np.float32(attrs["scale"])
 
 
 QUANTIZED_KERNELS = {

@@ -112,6 +112,8 @@ MARGIN = 2.0
 _SAME_SCALE = ("MaxPool", "Flatten", "Reshape", "Relu", "Identity")
 _RECURRENT = tuple(Q_RECURRENT_OPS.values())  # LSTM, GRU, RNN: qrecurrent.py
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+# Plan kinds of the int8 nodes whose inputs may come from a Quantize with a zero point.
+_ZERO_READERS = ("layer", "lut", "pool", "same")
 # Epilogue steps with no exact int8 form: the layer ends before them, a QLut computes them.
 _LUT_STEPS = ("SiLU", "HardSwish", "Sigmoid", "LeakyRelu", "HardSigmoid", "Gelu")
 # Element-wise functions of one value that become a QLut on an int8 input.
@@ -693,12 +695,23 @@ def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) ->
     return out
 
 
-def _table_lows(graph: Graph, plan: _Plan, roots: set, scale, zero) -> dict:
-    """{class root: the least value its QLut tables write} for the classes among ``roots``
-    whose every member a table writes (a layer's tail or a lookup node, not one with an
-    Add/Mul after it), each table's input in a class not among ``roots`` (its scale and
-    zero point are final: ``scale``, ``zero``). The table's entries are f at every int8
-    input, ``s_in * (q - z_in)``, so nothing it writes is below that least f."""
+# Ops whose output is never below their input's least value (they move, select or average
+# values), and functions into [0, 1] (gates).
+_KEEPS_LOW = ("GlobalAveragePool", "AveragePool", "MaxPool", "Flatten", "Reshape", "Identity",
+              "Squeeze", "Unsqueeze", "Transpose")
+_UNIT_OPS = ("Sigmoid", "HardSigmoid")
+
+
+def _table_lows(graph: Graph, plan: _Plan, roots: set, scale, zero, candidates=()) -> dict:
+    """{class root: a lower bound of every value of the class} for the classes among
+    ``roots`` whose every member (of ``plan.int8`` and ``candidates``) has one: a value
+    QLut tables write (a layer's tail or a lookup node, not one with an Add/Mul after it),
+    each table's input in a class not among ``roots`` (its scale and zero point are final:
+    ``scale``, ``zero``), has its tables' least entry (the entries are f at every int8
+    input, ``s_in * (q - z_in)``, so nothing it writes is below that least f); an average,
+    pooling or view of a bounded value has its bound, and so has a product of one with a
+    gate (a Sigmoid or HardSigmoid, in [0, 1]: squeeze-excitation's ``x * gate``); a Relu's
+    output 0. A gate's table counts as one when its entries are in [0, 1]."""
     tables = {}  # output value -> (input value, function)
     for n in graph.nodes:
         layer = plan.layers.get(n.name)
@@ -707,25 +720,46 @@ def _table_lows(graph: Graph, plan: _Plan, roots: set, scale, zero) -> dict:
         elif plan.kinds.get(n.name) == "lut":
             tables[n.outputs[0]] = (n.inputs[0],
                                     lambda v, n=n: evaluate_node(n, [v])[0])
-    values: dict = {}
-    for v in plan.int8:
-        if plan.classes.find(v) in roots:
-            values.setdefault(plan.classes.find(v), []).append(v)
-    out = {}
-    for root, vs in values.items():
-        if not all(v in tables and plan.classes.find(tables[v][0]) not in roots for v in vs):
+    lows: dict = {}  # value -> its lower bound
+    unit: set = set()  # values in [0, 1]
+    for n in graph.nodes:
+        if not n.outputs or not n.outputs[0]:
             continue
-        lows = []
-        for v in vs:
-            x_in, f = tables[v]
+        out = n.outputs[0]
+        if out in tables and plan.classes.find(tables[out][0]) not in roots:
+            x_in, f = tables[out]
             grid = (np.arange(-128, 128) - zero(x_in)).astype(np.float32) * np.float32(
                 scale(x_in))
             with np.errstate(all="ignore"):
                 y = np.asarray(f(grid), np.float64)
-            lows.append(float(np.nanmin(y)) if np.isfinite(y).any() else -math.inf)
-        lo = min(lows)
-        if math.isfinite(lo) and lo < 0:
-            out[root] = lo
+            lo = float(np.nanmin(y)) if np.isfinite(y).any() else -math.inf
+            if math.isfinite(lo):
+                lows[out] = lo
+                if lo >= 0 and float(np.nanmax(y)) <= 1:
+                    unit.add(out)
+        elif n.op in _UNIT_OPS and n.name not in plan.layers:
+            lows[out] = 0.0
+            unit.add(out)
+        elif n.op == "Relu" and n.name not in plan.layers:
+            lows[out] = 0.0
+        elif n.op in _KEEPS_LOW and n.inputs and n.inputs[0] in lows:
+            lows[out] = lows[n.inputs[0]]
+            if n.inputs[0] in unit:
+                unit.add(out)
+        elif n.op == "Mul" and len(n.inputs) == 2 and n.name not in plan.layers:
+            a, c = n.inputs
+            if c in unit and a in lows or a in unit and c in lows:
+                lows[out] = min(lows[c if a in unit else a], 0.0)
+    values: dict = {}
+    for v in set(plan.int8) | set(candidates):
+        if plan.classes.find(v) in roots:
+            values.setdefault(plan.classes.find(v), []).append(v)
+    out = {}
+    for root, vs in values.items():
+        if all(v in lows for v in vs):
+            lo = min(lows[v] for v in vs)
+            if lo < 0:
+                out[root] = lo
     return out
 
 
@@ -938,6 +972,11 @@ def _emit_rows(b: _Builder, graph: Graph, node: Node, x_q: str, w_q, params, cla
     b.add("Reshape", [y2], [out], {"shape": list(out_shape)}, f"{node.name}/unrows")
 
 
+def _convert_attrs(scale: float, zero: int) -> dict:
+    """A Quantize's or Dequantize's attributes: the scale, and the zero point if any."""
+    return {"scale": scale, **({"zero_point": int(zero)} if zero else {})}
+
+
 def _table(f, s_in: float, s_out: float, z_in: int = 0, z_out: int = 0) -> np.ndarray:
     """The int8 -> int8 table of an element-wise float function f between two scales: entry
     k is Quantize(f(Dequantize(k - 128))) with the kernels' own float32 steps (and zero
@@ -1002,8 +1041,13 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
         lo, hi = mins.get(v, (0.0, 0.0))
         low[root], high[root] = min(low.get(root, 0.0), lo), max(high.get(root, 0.0), hi)
         members.setdefault(root, []).append(kept[v])
-    asym = asymmetric_classes(graph, plan.kinds, plan.layers, plan.classes, plan.int8) \
-        if zero_points else set()
+    # float values a Quantize converts for an int8 reader (the Quantize can add a zero
+    # point); not graph inputs (nothing bounds what a caller passes)
+    converted = {i for n in graph.nodes if plan.kinds.get(n.name) in _ZERO_READERS
+                 for i in n.inputs if i in needed and i not in plan.int8
+                 and i not in graph.initializers and i not in graph.inputs}
+    asym = asymmetric_classes(graph, plan.kinds, plan.layers, plan.classes, plan.int8,
+                              converted) if zero_points else set()
     # Signed classes take a zero point only from their tables' least entry (below); the
     # range methods see the others (an affine table's output keeps its MSE range).
     signed = {r for r in asym if low[r] < -_SIGNED_ZERO_POINTS * high[r]}
@@ -1034,7 +1078,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     # far below the data, and its MSE range (``_mse_ranges``) measured better (PP-OCR rec
     # 0.944 with the table's lower end, 0.971 without, quick size, mean of six feeds).
     tails = _affine_tails(graph, plan)
-    for r, lo in _table_lows(graph, plan, signed - tails, scale, zero).items():
+    for r, lo in _table_lows(graph, plan, signed - tails, scale, zero, converted).items():
         affine_of[r] = affine(lo, high[r])
 
     b = _Builder(graph)
@@ -1051,20 +1095,19 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     def as_int8(v):
         if v in plan.int8:
             return int8_name[v]
-        assert zero(v) == 0, v  # qzero.py gives no zero point to a value Quantize writes
         if v not in quantized:
             quantized[v] = b.value(f"{v}/int8", TensorType("int8", graph.types[v].shape))
-            b.add("Quantize", [v], [quantized[v]], {"scale": scale(v)}, f"{v}/quantize")
+            b.add("Quantize", [v], [quantized[v]], _convert_attrs(scale(v), zero(v)),
+                  f"{v}/quantize")
         return quantized[v]
 
     def as_float(v):
         if v not in plan.int8:
             return v
-        assert zero(v) == 0, v  # nor to one a Dequantize reads
         if v not in dequantized:
             dequantized[v] = v if v in graph.outputs else b.value(f"{v}/float", graph.types[v])
-            b.add("Dequantize", [int8_name[v]], [dequantized[v]], {"scale": scale(v)},
-                  f"{v}/dequantize")
+            b.add("Dequantize", [int8_name[v]], [dequantized[v]],
+                  _convert_attrs(scale(v), zero(v)), f"{v}/dequantize")
         return dequantized[v]
 
     for node in graph.nodes:

@@ -21,10 +21,13 @@ kernels and the accelerator compute the same bits as before:
 - MaxPool (its padding fill -128 is below any value), Flatten, Reshape, Transpose, Identity
   and Concat keep it.
 
+- a Quantize writing it (from a float value) and a Dequantize reading it (for a float
+  reader) take it as their ``zero_point`` attribute (they run on the CPU, qops.py and the
+  compiled CPU kernels alike).
+
 Everything else keeps zero points 0: QAdd/QMul/QMatMul (no offset step), Relu on int8
-(clamps at 0), a Quantize or Dequantize (their one attribute is the scale) and so any
-value a float node reads, a graph output or input. ``asymmetric_classes`` finds the scale classes whose every writer and
-reader is of the first kinds.
+(clamps at 0) and a graph output. ``asymmetric_classes`` finds the scale classes whose
+every writer and reader is of the first kinds.
 """
 
 from __future__ import annotations
@@ -61,26 +64,31 @@ def _writes_ok(node, kind: str, layer) -> bool:
     return kind in ("pool", "lut")
 
 
-def asymmetric_classes(graph: Graph, kinds: dict, layers: dict, classes, int8: set) -> set:
+def asymmetric_classes(graph: Graph, kinds: dict, layers: dict, classes, int8: set,
+                       quantized=frozenset()) -> set:
     """The roots of the scale classes (union-find ``classes``) that may take a zero point:
-    every member an int8 value of the graph written by a node that can add one and read
-    only by nodes that can take one (module doc)."""
+    every member an int8 value of the graph written by a node that can add one (or a float
+    value a Quantize converts, ``quantized``) and read only by nodes that can take one
+    (module doc)."""
     producers, consumers = graph.producers(), graph.consumers()
     members: dict[str, list] = {}
-    for v in int8:
+    for v in set(int8) | set(quantized):
         members.setdefault(classes.find(v), []).append(v)
     out = set()
     for root, values in members.items():
         ok = True
         for v in values:
             p = producers.get(v)
-            if p is None or v in graph.outputs or p.name not in kinds or \
+            if v in quantized and v not in int8:
+                pass  # a float writer: the Quantize adds the zero point
+            elif p is None or v in graph.outputs or p.name not in kinds or \
                     not _writes_ok(p, kinds[p.name], layers.get(p.name)):
                 ok = False
                 break
             for c in consumers.get(v, ()):
-                if c.name not in kinds or not _reads_ok(graph, c, v, kinds[c.name],
-                                                        layers.get(c.name)):
+                # a float reader reads it through a Dequantize, which takes the zero point
+                if c.name in kinds and not _reads_ok(graph, c, v, kinds[c.name],
+                                                     layers.get(c.name)):
                     ok = False
                     break
             if not ok:
