@@ -55,6 +55,9 @@ by ``wrap``); right shifts are arithmetic (floor).
       QAdd: y = clip(wrap(wrap(a * ma + b * mb) + 2**(shift-1)) >> shift, -128, 127)
       QMul: y = clip(wrap(wrap(a * b * m) + 2**(shift-1)) >> shift, -128, 127)
 
+  QMul's optional ``zero_points`` [za, zb, zo] (int8, default 0): ``a - za`` and ``b - zb``
+  for a and b, and zo added after the shift (before the clip).
+
   (residual Adds after a QLut, squeeze-excitation's gate multiply; quantize.py picks the
   shift so that no step can leave int32 for any int8 inputs).
 - ``wide_matmul(a, w) -> int32`` (no operator of its own: QLSTM, QGRU and QRNN,
@@ -199,8 +202,16 @@ def qadd(attrs, a, b):
 def qmul(attrs, a, b):
     _int8(a, b)
     shift, (m,) = _binary_args(attrs, 1)
-    t = wrap(a.astype(np.int64) * b.astype(np.int64) * m)
-    return np.clip(wrap(t + (1 << (shift - 1))) >> shift, -128, 127).astype(np.int8)
+    za, zb, zo = _zero_points(attrs)
+    t = wrap((a.astype(np.int64) - za) * (b.astype(np.int64) - zb) * m)
+    return np.clip((wrap(t + (1 << (shift - 1))) >> shift) + zo, -128, 127).astype(np.int8)
+
+
+def _zero_points(attrs):
+    z = [int(v) for v in attrs.get("zero_points", (0, 0, 0))]
+    if len(z) != 3 or not all(-128 <= v <= 127 for v in z):
+        raise ValueError(f"zero_points {z} must be 3 integers in [-128, 127]")
+    return z
 
 
 def qlut(attrs, x, table):

@@ -706,8 +706,8 @@ def _table_lows(graph: Graph, plan: _Plan, roots: set, scale, zero, candidates=(
     """{class root: a lower bound of every value of the class} for the classes among
     ``roots`` whose every member (of ``plan.int8`` and ``candidates``) has one: a value
     QLut tables write (a layer's tail or a lookup node, not one with an Add/Mul after it),
-    each table's input in a class not among ``roots`` (its scale and zero point are final:
-    ``scale``, ``zero``), has its tables' least entry (the entries are f at every int8
+    each table's input of a final scale and zero point (``scale``, ``zero``: a class not
+    among ``roots``, or one left unbounded, below), has its tables' least entry (the entries are f at every int8
     input, ``s_in * (q - z_in)``, so nothing it writes is below that least f); an average,
     pooling or view of a bounded value has its bound, and so has a product of one with a
     gate (a Sigmoid or HardSigmoid, in [0, 1]: squeeze-excitation's ``x * gate``); a Relu's
@@ -720,13 +720,58 @@ def _table_lows(graph: Graph, plan: _Plan, roots: set, scale, zero, candidates=(
         elif plan.kinds.get(n.name) == "lut":
             tables[n.outputs[0]] = (n.inputs[0],
                                     lambda v, n=n: evaluate_node(n, [v])[0])
+    values: dict = {}
+    for v in set(plan.int8) | set(candidates):
+        if plan.classes.find(v) in roots:
+            values.setdefault(plan.classes.find(v), []).append(v)
+
+    def bounded(lows):  # (a bound of 0: a table too coarse to write a negative entry)
+        return {root: min(min(lows[v] for v in vs), 0.0) for root, vs in values.items()
+                if all(v in lows for v in vs)}
+
+    # A table's least entry needs its input's final scale: first with no table reading a
+    # class among ``roots``, then also reading the roots left unbounded (their scales
+    # stay), until no root a table read is bounded after all.
+    lows, _ = _bounds(graph, plan, tables, roots, scale, zero)
+    open_roots = set(bounded(lows))
+    while True:
+        lows, used = _bounds(graph, plan, tables, open_roots, scale, zero)
+        out = bounded(lows)
+        read = (set(out) - open_roots) & used
+        if not read:
+            return out
+        open_roots |= read
+
+
+def _bounds(graph: Graph, plan: _Plan, tables: dict, open_roots: set, scale, zero):
+    """({value: lower bound}, the classes among roots whose scales the tables read) for
+    _table_lows, no table read from a class in ``open_roots``."""
+    used: set = set()
+
+    def final(v):
+        root = plan.classes.find(v)
+        if root in open_roots:
+            return False
+        used.add(root)
+        return True
+
     lows: dict = {}  # value -> its lower bound
     unit: set = set()  # values in [0, 1]
     for n in graph.nodes:
         if not n.outputs or not n.outputs[0]:
             continue
         out = n.outputs[0]
-        if out in tables and plan.classes.find(tables[out][0]) not in roots:
+        layer = plan.layers.get(n.name)
+        if layer is not None and layer.tail and layer.after and layer.after[0] == "Mul":
+            # a gate's table times a bounded value (the QMul after the layer's table)
+            if layer.after[2] in lows and final(_mid(n)):
+                grid = (np.arange(-128, 128) - zero(_mid(n))).astype(np.float32) * \
+                    np.float32(scale(_mid(n)))
+                with np.errstate(all="ignore"):
+                    y = np.asarray(_tail_function(graph, n, layer)(grid), np.float64)
+                if np.isfinite(y).all() and y.min() >= 0 and y.max() <= 1:
+                    lows[out] = min(lows[layer.after[2]], 0.0)
+        elif out in tables and final(tables[out][0]):
             x_in, f = tables[out]
             grid = (np.arange(-128, 128) - zero(x_in)).astype(np.float32) * np.float32(
                 scale(x_in))
@@ -750,17 +795,7 @@ def _table_lows(graph: Graph, plan: _Plan, roots: set, scale, zero, candidates=(
             a, c = n.inputs
             if c in unit and a in lows or a in unit and c in lows:
                 lows[out] = min(lows[c if a in unit else a], 0.0)
-    values: dict = {}
-    for v in set(plan.int8) | set(candidates):
-        if plan.classes.find(v) in roots:
-            values.setdefault(plan.classes.find(v), []).append(v)
-    out = {}
-    for root, vs in values.items():
-        if all(v in lows for v in vs):
-            lo = min(lows[v] for v in vs)
-            if lo < 0:
-                out[root] = lo
-    return out
+    return lows, used
 
 
 def _affine_tails(graph: Graph, plan: _Plan) -> set:
@@ -844,16 +879,20 @@ def _requantization(ratio, bias_q, w_q, calibrated=None):
 
 
 def _emit_binary(b: _Builder, op: str, x: str, y: str, s_x: float, s_y: float, s_out: float,
-                 out: str, name: str, fresh: bool = True) -> None:
-    """QAdd (``x * s_x + y * s_y`` in the scale s_out) or QMul (``x * y * s_x * s_y``): the
-    largest shift in 1..31 with which no step can leave int32 for any int8 inputs."""
+                 out: str, name: str, fresh: bool = True, zeros=(0, 0, 0)) -> None:
+    """QAdd (``x * s_x + y * s_y`` in the scale s_out) or QMul (``(x - z_x) * (y - z_y) *
+    s_x * s_y``, plus z_out: ``zeros``, QMul only): the largest shift in 1..31 with which no
+    step can leave int32 for any int8 inputs."""
     ratios = [s_x / s_out, s_y / s_out] if op == "Add" else [s_x * s_y / s_out]
-    worst = 128.0 * 128.0 if op == "Mul" else 128.0
+    worst = (128.0 + abs(zeros[0])) * (128.0 + abs(zeros[1])) if op == "Mul" else 128.0
     for shift in range(31, 0, -1):
         m = [round(r * 2**shift) for r in ratios]
         if max(m) < 2**31 and sum(m) * worst + 2 ** (shift - 1) < 2**31:
             break
     attrs = {"multipliers": m, "shift": shift, "scale": float(s_out)}
+    if any(zeros):
+        assert op == "Mul", (name, zeros)  # qzero.py gives QAdd none
+        attrs["zero_points"] = [int(z) for z in zeros]
     b.add("QAdd" if op == "Add" else "QMul", [x, y], [out], attrs, name, fresh=fresh)
 
 
@@ -1156,11 +1195,13 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                 if layer.after:
                     op, _, other = layer.after
                     _emit_binary(b, op, lut, as_int8(other), s_lut, scale(other), scale(out),
-                                 int8_name[out], f"{node.name}/{op.lower()}")
+                                 int8_name[out], f"{node.name}/{op.lower()}",
+                                 zeros=(0, zero(other), zero(out)))
         elif kind == "binary":
             (x, y), out = node.inputs, node.outputs[0]
             _emit_binary(b, node.op, as_int8(x), as_int8(y), scale(x), scale(y), scale(out),
-                         int8_name[out], node.name, fresh=False)
+                         int8_name[out], node.name, fresh=False,
+                         zeros=(zero(x), zero(y), zero(out)))
         elif kind == "matmul":
             (a, c), out = node.inputs[:2], node.outputs[0]
             factor = _matmul_factor(graph, node)  # a scalar Mul fused into the MatMul

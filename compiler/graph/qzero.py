@@ -25,7 +25,10 @@ kernels and the accelerator compute the same bits as before:
   reader) take it as their ``zero_point`` attribute (they run on the CPU, qops.py and the
   compiled CPU kernels alike).
 
-Everything else keeps zero points 0: QAdd/QMul/QMatMul (no offset step), Relu on int8
+- a QMul (its ``zero_points`` [za, zb, zo], qops.py: CPU only, no accelerator kernel)
+  reads and writes them: ``(a - za) * (b - zb)``, zo added after the shift;
+
+Everything else keeps zero points 0: QAdd/QMatMul (no offset step), Relu on int8
 (clamps at 0) and a graph output. ``asymmetric_classes`` finds the scale classes whose
 every writer and reader is of the first kinds.
 """
@@ -48,20 +51,23 @@ def _reads_ok(graph: Graph, node, value: str, kind: str, layer) -> bool:
         at = [k for k, i in enumerate(node.inputs) if i == value]
         # as its data (z taken off through the bias) or its residual (one class with the
         # output: it carries the output's zero point, see _writes_ok)
-        return all(k == 0 or value == layer.residual for k in at) and \
-            not (layer.after and layer.after[2] == value)
+        # (or the operand of the QMul after its table: QMul takes zero points)
+        after_mul = bool(layer.after) and layer.after[2] == value
+        if after_mul:
+            return layer.after[0] == "Mul" and all(k != 0 for k in at)
+        return all(k == 0 or value == layer.residual for k in at)
     if kind == "same":
         return node.op in _KEEPS_ZERO
-    return kind in ("pool", "lut")
+    return kind in ("pool", "lut") or (kind == "binary" and node.op == "Mul")
 
 
 def _writes_ok(node, kind: str, layer) -> bool:
     """Whether ``node`` can write its output with a zero point."""
     if kind == "layer":
-        return not layer.after
+        return not layer.after or layer.after[0] == "Mul"
     if kind == "same":
         return node.op in _KEEPS_ZERO
-    return kind in ("pool", "lut")
+    return kind in ("pool", "lut") or (kind == "binary" and node.op == "Mul")
 
 
 def asymmetric_classes(graph: Graph, kinds: dict, layers: dict, classes, int8: set,

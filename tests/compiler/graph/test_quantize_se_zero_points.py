@@ -113,3 +113,34 @@ def test_squeeze_excitation_takes_zero_points(seed):
     # the output's, with every other rounding in it too, shrinks (measured 0.74-0.86)
     assert m_errors[1] < 0.6 * m_errors[0], m_errors
     assert errors[1] < 0.9 * errors[0], errors
+
+
+@pytest.mark.parametrize("zeros", [(-120, -128, -126), (5, 0, -3), (0, 0, 0)])
+@pytest.mark.parametrize("gate_shape", [(2, 16, 5, 3), (2, 16, 1, 1)])
+def test_qmul_zero_points_bits(zeros, gate_shape):
+    """QMul's ``zero_points``: the compiled kernel ("qmulz") equals qops.qmul, which is
+    ``clip(((a - za) * (b - zb) * m + 2**(shift-1)) >> shift) + zo``, full and broadcast
+    (squeeze-excitation's gate) operands, the multiplier the largest quantize.py allows."""
+    rng = np.random.default_rng(abs(sum(zeros)) + gate_shape[-1])
+    shape = (2, 16, 5, 3)
+    attrs = {"multipliers": [2**31 // (256 * 256) - 1], "shift": 16, "scale": 0.1}
+    if any(zeros):
+        attrs["zero_points"] = list(zeros)
+    t = {"a": TensorType("int8", shape), "b": TensorType("int8", gate_shape),
+         "y": TensorType("int8", shape)}
+    graph = Graph("t", ("a", "b"), ("y",), (Node("QMul", ("a", "b"), ("y",), attrs, "mul"),),
+                  {}, t)
+    feeds = {"a": rng.integers(-128, 128, shape).astype(np.int8),
+             "b": rng.integers(-128, 128, gate_shape).astype(np.int8)}
+    feeds["a"].flat[:2], feeds["b"].flat[:2] = (-128, 127), (-128, 127)
+    built = CpuModel.from_graph(graph)
+    want = run_graph(graph, feeds)["y"]
+    np.testing.assert_array_equal(built.run(feeds)["y"], want)
+    assert {s["op"]: s["kind"] for s in built.program.steps}.get("QMul") == "kernel"
+    assert [s["op"] for s in built.program.specs.values()] == \
+        ["qmulz" if any(zeros) else "qmul"]
+    za, zb, zo = zeros
+    m, shift = attrs["multipliers"][0], attrs["shift"]
+    prod = (feeds["a"].astype(np.int64) - za) * (feeds["b"].astype(np.int64) - zb) * m
+    np.testing.assert_array_equal(want, np.clip(((prod + (1 << (shift - 1))) >> shift) + zo,
+                                                 -128, 127).astype(np.int8))
