@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from celosia.config import HwConfig
+from celosia.config import MEM_PAD_BITS, MEM_SIZE_BITS, HwConfig
 from celosia.errors import CompilerError
 from celosia.isa import AluOp, MemType, Module
 
@@ -54,7 +54,8 @@ __all__ = ["PoolSpec", "PoolKnobs", "pool_knobs", "maxpool", "AluProgram",
            "maxpool_reference", "GapSpec", "global_average_pool", "gap_constants",
            "EltSpec", "elementwise", "elt_constants"]
 
-_MAX_PAD = 15  # the DMA's pad fields are 4 bits
+_MAX_PAD = (1 << MEM_PAD_BITS) - 1  # the DMA's pad fields are 4 bits
+_MAX_SIZE = (1 << MEM_SIZE_BITS) - 1  # its sizes and row stride, 16
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,9 @@ def _check_axis(what: str, spec_size: int, out: int, tile: int, stride: int, pad
 def pool_knobs(cfg: HwConfig, spec: PoolSpec) -> PoolKnobs:
     """The largest tiles (whole rows first) whose input window and two output buffers fit
     the accumulator buffer; a CompilerError names what does not fit."""
+    if spec.w > _MAX_SIZE:
+        raise CompilerError(f"max pooling: rows of {spec.w} pixels are further apart than the "
+                            f"DMA's row stride reaches ({_MAX_SIZE} elements)")
     best = None
     for tw in sorted({spec.ow, *range(1, spec.ow + 1)}, reverse=True):
         iw = (tw - 1) * spec.stride_w + spec.span_w
