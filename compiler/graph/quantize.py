@@ -29,7 +29,8 @@ residual Add, then Relu/Clip steps (together one clamp [lo, hi]), optionally fol
 unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...) and constant Adds/Muls
 of one value: those become a QLut (a 256-entry int8 table) after the layer, which then
 writes an intermediate int8 value, and optionally a QAdd/QMul of a run-time value of the
-output's type after the table. A ConvTranspose with strides equal to its kernel is a 1x1
+output's type after the table. An Add of two int8 values of its output's shape is a QAdd,
+a Mul of two int8 values that broadcast to its output (squeeze-excitation's gate) a QMul. A ConvTranspose with strides equal to its kernel is a 1x1
 Conv and an int8 pixel shuffle first (qtranspose.py):
 
 - weights: per output channel (``per_channel``; else one scale) ``s_w[o] = max|w[o]|/127``,
@@ -424,12 +425,20 @@ def _after_lut(node: Node) -> str:
 
 
 def _is_int8_binary(graph: Graph, node: Node, int8: set) -> bool:
-    """An Add/Mul of two int8 values of the output's shape: a QAdd/QMul."""
+    """An Add of two int8 values of the output's shape (a QAdd), a Mul of two int8 values
+    that broadcast to it (a QMul: squeeze-excitation's features times its gate [N, C, 1, 1])."""
     if node.op not in ("Add", "Mul") or len(node.inputs) != 2 or len(node.outputs) != 1:
         return False
     out = graph.types[node.outputs[0]]
-    return out.dtype == "float32" and all(
-        v in int8 and graph.types[v].shape == out.shape for v in node.inputs)
+    if out.dtype != "float32" or not all(v in int8 for v in node.inputs):
+        return False
+    shapes = [graph.types[v].shape for v in node.inputs]
+    if node.op == "Add" or not out.static or not all(graph.types[v].static for v in node.inputs):
+        return all(s == out.shape for s in shapes)
+    try:
+        return np.broadcast_shapes(*map(tuple, shapes)) == tuple(out.shape)
+    except ValueError:
+        return False
 
 
 def _matmul_factor(graph: Graph, node: Node) -> float | None:
@@ -536,8 +545,11 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
         return "its int8 inputs have different scales (an int8 Concat needs one shared scale)"
     if node.op in ("Add", "Mul"):
         shapes = ", ".join(str(graph.types[i]) for i in inputs)
-        return (f"it broadcasts its operands ({shapes}) to {out} (Q{node.op} takes two "
-                f"operands of the output's shape)")
+        if node.op == "Mul":
+            return (f"its operands ({shapes}) or output {out} have sizes known only at run "
+                    f"time (a QMul broadcasts static shapes)")
+        return (f"it broadcasts its operands ({shapes}) to {out} (QAdd takes two operands "
+                f"of the output's shape)")
     return f"no int8 form of this {node.op} ({len(inputs)} inputs, output {out})"
 
 
