@@ -129,7 +129,12 @@ class AccelModel:
         self.build_info = build_info or {}
         self.report: list[dict] = []
         self.crossings = {"to_accel": 0, "to_cpu": 0}  # of the last run (``summary``)
+        # values in-place CPU nodes read or wrote in DRAM, packed, in the last run
+        # (compiler/accel/inplace.py): no crossing, no layout conversion
+        self.in_place = 0
         self._executors: dict = {}
+        # CPU nodes computed in place on the packed layout (derived, like the regions)
+        self.packed = _packed(graph, placements)
 
     # ---- building --------------------------------------------------------------------------
 
@@ -139,6 +144,7 @@ class AccelModel:
         """Partition, compile and place a quantized graph (see the module docstring)."""
         from celosia.errors import CompilerError
 
+        from ..compiler.accel.inplace import in_dram, packed_nodes
         from ..compiler.accel.matmul import bind_matmul, pack_weights, weights_shape
         from ..compiler.accel.partition import (
             ALIAS_OPS,
@@ -165,8 +171,11 @@ class AccelModel:
         compiled, views = {}, []
         for k, node in enumerate(accel):
             if node.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
+                # (a node before it that left the accelerator may have taken the in-place
+                # node that made its input with it)
+                packed = packed_nodes(graph, placements)
                 cpu = [producer[v].name for v in dram_reads(node) if v in producer and
-                       placements[producer[v].name].target != "accel"]
+                       not in_dram(v, producer, placements, packed)]
                 if cpu:
                     placements[node.name] = Placement(
                         "cpu", f"{node.op} of a value the CPU makes (its producer {cpu[0]!r} "
@@ -190,6 +199,7 @@ class AccelModel:
                          f" -> {_knobs_str(knobs)} ({time.perf_counter() - t0:.2f} s)")
         region_of = regions(graph, placements)
         layouts = value_layouts(graph, placements)
+        packed = packed_nodes(graph, placements) if accelerate else set()
 
         # DRAM: constants, values and programs, each in its own buffer (a matmul's weights:
         # a buffer the runtime packs its second operand into).
@@ -198,8 +208,8 @@ class AccelModel:
                    + l.bias.nbytes + l.scale.nbytes
                    for n in graph.nodes if n.name in compiled
                    for l in (compiled[n.name][0],))
-        for name in {i for n in graph.nodes if n.name in compiled for i in
-                     (*dram_reads(n), n.outputs[0]) if i}:
+        for name in {i for n in graph.nodes if n.name in compiled or n.name in packed
+                     for i in (*dram_reads(n), n.outputs[0]) if i}:
             need += int(np.prod(packed_shape(graph.types[name].shape, cfg, layouts.get(name))))
         # A device only to place programs and data (nothing runs on it); none for an all-CPU
         # build.
@@ -231,6 +241,9 @@ class AccelModel:
         programs = {}
         elem = max(64, cfg.batch * cfg.block)
         for node in graph.nodes:
+            if node.name in packed:  # its operands and result stay in DRAM, packed
+                for v in (*dram_reads(node), node.outputs[0]):
+                    value_buffer(v, elem)
             if node.name in views and dev is not None:
                 value_buffer(node.outputs[0], elem)
                 view = node.op in ALIAS_OPS
@@ -276,7 +289,8 @@ class AccelModel:
         image = (dev.executor.read_dram(0, dev.allocator.high_water) if dev is not None
                  else np.zeros(0, np.uint8))
         t0 = time.perf_counter()
-        segments = _cpu_segments(graph, placements, progress)
+        shapes = {k: s for k, (_, s, _) in values.items()}
+        segments = _cpu_segments(graph, placements, progress, packed, shapes)
         info = {"nodes": len(graph.nodes), "accel_nodes": len(programs),
                 "cpu_segments": len(segments), "cpu_compile_s": time.perf_counter() - t0,
                 "regions": len(set(region_of.values())), "dram_bytes": int(image.size),
@@ -403,11 +417,24 @@ class AccelModel:
                 names, cpu = segment_of[node.name]
                 p = cpu.program
                 ours = {o for n in graph.nodes if n.name in names for o in n.outputs if o}
+                # (in-place nodes: flat arrays of the values' packed bytes)
+                if len({n in self.packed for n in names}) > 1:
+                    return (f"CPU segment of {names[0]!r} mixes nodes computed in place on "
+                            f"the packed layout with others")
+                missing = [v for n in graph.nodes if n.name in names and n.name in self.packed
+                           for v in (*dram_reads(n), n.outputs[0]) if v not in self.values]
+                if missing:
+                    return (f"in-place CPU segment of {names[0]!r}: {missing[0]!r} has no "
+                            f"DRAM buffer")
+                flat = _flat_types(graph, names, self.packed,
+                                   {k: v["shape"] for k, v in self.values.items()})
                 for v in (*p.inputs, *p.outputs):
-                    t = graph.types.get(v)
+                    t = flat.get(v, graph.types.get(v))
                     if t is None or (p.values[v]["dtype"], tuple(p.values[v]["shape"])) != \
                             (t.dtype, t.shape):
                         return f"CPU segment of {names[0]!r}: value {v!r} disagrees with the graph"
+                    if flat and v not in flat:
+                        return f"in-place CPU segment of {names[0]!r}: {v!r} is not in DRAM"
                     if v in p.inputs and v not in made:
                         return f"CPU segment of {names[0]!r} reads {v!r} before it is made"
                     if v in p.outputs and v not in ours:
@@ -475,6 +502,7 @@ class AccelModel:
         clock_khz = cfg.clock_mhz * 1e3
         # Values that cross between the CPU and the accelerator in this run, each way.
         crossings = {"to_accel": 0, "to_cpu": 0}
+        in_place = 0
 
         def to_host(name):
             if name and name not in host:
@@ -496,6 +524,8 @@ class AccelModel:
                                "accel_ms": None}
             if node.name not in self.programs:
                 rows[node.name]["reason"] = self.placements[node.name].reason
+            if node.name in self.packed:
+                rows[node.name]["in_place"] = True  # on the packed layout, in DRAM
         done = 0
 
         def shown(upto):
@@ -541,6 +571,27 @@ class AccelModel:
                                                    if cycles else None),
                            sim_s=time.perf_counter() - t0)
                 shown(k + 1)
+            elif node.name in segment_of and node.name in self.packed:
+                # In-place CPU nodes: their operands' packed bytes from DRAM as flat arrays,
+                # their results back to DRAM (no unpacking or packing: the DRAM reads and
+                # writes are the layout time).
+                names, cpu = segment_of[node.name]
+                reads, writes = self._in_place_plan(node.name, cpu)
+                t0 = time.perf_counter()
+                feeds = {name: ex.read_dram(addr, size).view(np.int8)
+                         for name, addr, size in reads}
+                layout = (time.perf_counter() - t0) * 1e3
+                results = cpu.run(feeds, profile=True)
+                t1 = time.perf_counter()
+                for name, value in results.items():
+                    ex.write_dram(writes[name], value)
+                layout += (time.perf_counter() - t1) * 1e3
+                in_dram.update(results)
+                for name in results:
+                    host.pop(name, None)
+                in_place += len(feeds) + len(results)
+                _attribute_profile(cpu.profile, names, rows, layout)
+                shown(k + len(names))
             elif node.name in segment_of:
                 # A compiled CPU segment: the CPU nodes from here to the next accelerator node.
                 names, cpu = segment_of[node.name]
@@ -565,7 +616,19 @@ class AccelModel:
             rows[graph.nodes[-1].name]["layout_ms"] += (time.perf_counter() - t0) * 1e3
         self.report = [rows[n.name] for n in graph.nodes]
         self.crossings = crossings
+        self.in_place = in_place
         return {name: host[name] for name in graph.outputs}
+
+    def _in_place_plan(self, first: str, cpu) -> tuple[list, dict]:
+        """The DRAM reads (value, address, bytes) and writes ({value: address}) of the
+        in-place segment that starts at node ``first`` (made once)."""
+        plans = self.__dict__.setdefault("_in_place_plans", {})
+        if first not in plans:
+            v = self.values
+            plans[first] = ([(n, v[n]["addr"], int(np.prod(v[n]["shape"])))
+                             for n in cpu.program.inputs],
+                            {n: v[n]["addr"] for n in cpu.program.outputs})
+        return plans[first]
 
     def summary(self) -> dict:
         """Totals of the last run's report."""
@@ -586,26 +649,57 @@ class AccelModel:
             "layout_share": layout_ms / total if total else 0.0,
             # values packed into DRAM for the accelerator plus values read back by the CPU
             "crossings": self.crossings["to_accel"] + self.crossings["to_cpu"],
+            # values in-place CPU nodes read from DRAM or wrote there, packed (their DRAM
+            # reads and writes are in layout_ms)
+            "in_place": self.in_place,
             "utilization": macs / (cycles * self.config.macs_per_cycle) if cycles else None,
             "macs": macs,
             "clock_mhz": self.config.clock_mhz,
         }
 
 
-def _cpu_segments(graph, placements: dict, progress=None) -> list:
+def _packed(graph, placements: dict) -> set:
+    """The CPU nodes computed in place on the packed layout (compiler/accel/inplace.py);
+    none in an all-CPU build."""
+    from ..compiler.accel.inplace import packed_nodes
+
+    if not any(p.target == "accel" for p in placements.values()):
+        return set()
+    return packed_nodes(graph, placements)
+
+
+def _flat_types(graph, names, packed: set, shapes: dict) -> dict:
+    """The types a segment of in-place nodes gives its values: each value its node reads or
+    writes as a flat int8 array of its packed bytes (``shapes``: value -> packed shape);
+    {} for a segment of other CPU nodes."""
+    from ..compiler.accel.partition import dram_reads
+    from ..compiler.graph.ir import TensorType
+
+    if names[0] not in packed:
+        return {}
+    nodes = [n for n in graph.nodes if n.name in set(names)]
+    return {v: TensorType("int8", (int(np.prod(shapes[v])),))
+            for n in nodes for v in (*dram_reads(n), n.outputs[0])}
+
+
+def _cpu_segments(graph, placements: dict, progress=None, packed: set = frozenset(),
+                  shapes: dict | None = None) -> list:
     """The CPU nodes as compiled segments: each maximal run of consecutive CPU nodes (in the
     graph's order) becomes a graph of its own, built with CpuModel.from_graph; its inputs
-    are the values it reads from outside, its outputs those read after it."""
+    are the values it reads from outside, its outputs those read after it. Nodes computed in
+    place on the packed layout (``packed``) make runs of their own, whose values are flat
+    int8 arrays of their packed bytes (``shapes``: value -> packed shape)."""
     from ..compiler.graph.ir import Graph
     from .cpu import CpuModel
 
     runs, current = [], []
     for node in graph.nodes:
-        if placements[node.name].target == "cpu":
-            current.append(node)
-        elif current:
+        if current and (placements[node.name].target != "cpu" or
+                        (node.name in packed) != (current[0].name in packed)):
             runs.append(current)
             current = []
+        if placements[node.name].target == "cpu":
+            current.append(node)
     if current:
         runs.append(current)
     segments = []
@@ -622,6 +716,7 @@ def _cpu_segments(graph, placements: dict, progress=None) -> list:
             continue
         inits = {i: graph.initializers[i] for i in reads if i in graph.initializers}
         types = {v: graph.types[v] for v in (*inputs, *produced, *inits)}
+        types.update(_flat_types(graph, [n.name for n in nodes], packed, shapes or {}))
         sub = Graph(f"{graph.name}_cpu{k}", tuple(inputs), tuple(outputs), tuple(nodes),
                     inits, types)
         t0 = time.perf_counter()

@@ -58,7 +58,7 @@ __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "laye
            "packed_shape", "pack_value", "unpack_value", "value_layouts"]
 
 # Nodes with an ALU-only program (compiler/accel/ops_alu.py).
-ALU_OPS = ("MaxPool", "QGlobalAveragePool", "QAdd", "Relu")
+ALU_OPS = ("MaxPool", "QGlobalAveragePool", "QAdd", "QMul", "Relu")
 ACCEL_OPS = ("QConv", "QGemm", "QMatMul", *ALU_OPS)
 # Views: the output is the input's packed bytes (no program runs).
 ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
@@ -72,7 +72,7 @@ def dram_reads(node: Node) -> tuple[str, ...]:
     them): a QConv's or QGemm's data and residual, another node's data input."""
     if node.op in ("QConv", "QGemm"):
         return tuple(v for v in (node.inputs[0], *node.inputs[4:]) if v)
-    if node.op == "QAdd":
+    if node.op in ("QAdd", "QMul"):
         return tuple(node.inputs[:2])
     if node.op == "Concat":
         return tuple(node.inputs)
@@ -161,12 +161,14 @@ def _is_plain_conv2d(node: Node, graph: Graph) -> bool:
     return _conv_geometry(node, graph)[0] == 1
 
 
-# Integer operators of a quantized graph with no accelerator kernel yet: what they compute
-# (int8 MaxPool, QGlobalAveragePool, QAdd and Relu are ALU_OPS, placed by
+# Integer operators of a quantized graph with no accelerator kernel: what they compute
+# (int8 MaxPool, QGlobalAveragePool, QAdd, QMul and Relu are ALU_OPS, placed by
 # ``_movement_problem``).
 _INT8_WORK = {
     "QLut": "int8 lookup table",
-    "QMul": "int8 element-wise Mul of two values",
+}
+_WHY_NOT = {
+    "QLut": "the ALU has no table lookup (its operations are MIN, MAX, ADD, SHR and MUL)",
 }
 # Operators that only move int8 values: data movement the accelerator does not do yet
 # (views and Concat are ALIAS_OPS and PLACED_OPS).
@@ -185,7 +187,7 @@ def cpu_reason(node: Node, graph: Graph) -> str:
     if op == "Dequantize":
         return "Dequantize: an int8 value leaves for a float reader or output"
     if op in _INT8_WORK and out is not None and out.dtype == "int8":
-        return f"{op} ({_INT8_WORK[op]}) has no accelerator kernel yet"
+        return f"{op} ({_INT8_WORK[op]}): {_WHY_NOT[op]}"
     if op.startswith("Q") or (out is not None and out.dtype == "int8"):
         what = "int8 data movement" if op in _INT8_MOVES else f"{op} on int8 values"
         return f"{op} ({what}) has no accelerator mapping yet"
@@ -196,7 +198,7 @@ def cpu_reason(node: Node, graph: Graph) -> str:
 
 
 def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
-                      out: dict) -> str | None:
+                      out: dict, packed=()) -> str | None:
     """Why a node of ALU_OPS or a view stays on the CPU (None: it goes to the
     accelerator)."""
     x = node.inputs[0] if node.inputs else None
@@ -207,7 +209,7 @@ def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
     unknown = [v for v in (*reads, y) if not graph.types[v].static]
     if unknown:
         return f"the size of {unknown[0]!r} ({graph.types[unknown[0]]}) is only known at run time"
-    if _made_on_cpu(node, producer, out):
+    if _made_on_cpu(node, producer, out, packed):
         return (f"{node.op} of a value the CPU makes: on the accelerator it would add a "
                 f"crossing between CPU and accelerator, not save one")
     xs, ys = graph.types[x].shape, graph.types[y].shape
@@ -224,13 +226,19 @@ def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
         return None if 1 <= shift <= 31 else f"shift {shift} is outside [1, 31]"
     if node.op == "Concat":
         return _concat_problem(node, graph, cfg, producer, out)
-    if node.op in ("QAdd", "Relu"):
+    if node.op in ("QAdd", "QMul", "Relu"):
         if len(ys) not in (2, 4):
             return f"{node.op} of a {len(ys)}-D value (the packed layout holds 2-D and 4-D ones)"
-        if any(graph.types[v].shape != ys for v in reads):
+        gates = [v for v in reads if graph.types[v].shape != ys]
+        if node.op == "QMul" and len(gates) == 1 and len(ys) == 4 and \
+                graph.types[gates[0]].shape == (*ys[:2], 1, 1):
+            gates = []  # squeeze-excitation's gate: one row per channel block's pixels
+        if gates:
+            what = ("values of one shape, or a per-channel gate [N, C, 1, 1]"
+                    if node.op == "QMul" else "values of one shape")
             return (f"{node.op} with a broadcast operand ({', '.join(str(graph.types[v]) for v in reads)}"
-                    f" -> {graph.types[y]}): the ALU program adds values of one shape")
-        if node.op == "QAdd" and not 1 <= int(node.attrs["shift"]) <= 31:
+                    f" -> {graph.types[y]}): the ALU program takes {what}")
+        if node.op in ("QAdd", "QMul") and not 1 <= int(node.attrs["shift"]) <= 31:
             return f"shift {node.attrs['shift']} is outside [1, 31]"
         return None
     root = root_of(x, producer, out)
@@ -279,10 +287,13 @@ def _concat_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
     return None
 
 
-def _made_on_cpu(node: Node, producer: dict, out: dict) -> bool:
-    """Whether a value the node reads from DRAM is made on the CPU (or is an input)."""
-    return any(producer.get(v) is None or out[producer[v].name].target != "accel"
-               for v in dram_reads(node))
+def _made_on_cpu(node: Node, producer: dict, out: dict, packed=()) -> bool:
+    """Whether a value the node reads from DRAM is made on the CPU (or is an input): not by
+    an accelerator node nor by a node the CPU computes in place on the packed layout
+    (``packed``, compiler/accel/inplace.py)."""
+    from .inplace import in_dram
+
+    return not all(in_dram(v, producer, out, packed) for v in dram_reads(node))
 
 
 def _check_views(graph: Graph, out: dict, cfg: HwConfig) -> None:
@@ -290,15 +301,18 @@ def _check_views(graph: Graph, out: dict, cfg: HwConfig) -> None:
     a flattening read by a QGemm, would read more than twice the channels: padding to
     BLOCK), and ALU nodes/views whose input is no longer made on the accelerator, go back
     to the CPU (until nothing changes)."""
+    from .inplace import packed_nodes
+
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
     changed = True
     while changed:
         changed = False
+        packed = packed_nodes(graph, out)  # (a change below is seen by the next round)
         for n in graph.nodes:
             if out[n.name].target != "accel":
                 continue
             if n.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
-                if _made_on_cpu(n, producer, out):
+                if _made_on_cpu(n, producer, out, packed):
                     out[n.name] = Placement("cpu", f"{n.op} of a value the CPU makes: on the "
                                             f"accelerator it would add a crossing, not save one")
                     changed = True
@@ -351,13 +365,16 @@ def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
 def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[str, Placement]:
     """A Placement per node name. With ``accelerate=False`` every node is on the CPU (the
     all-CPU build of the same quantized graph)."""
+    from .inplace import in_place_problem
+
     out = {}
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    packed: set[str] = set()  # CPU nodes computed in place on the packed layout so far
     for node in graph.nodes:
         if not accelerate:
             problem = "all-CPU build"
         elif node.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
-            problem = _movement_problem(node, graph, cfg, producer, out)
+            problem = _movement_problem(node, graph, cfg, producer, out, packed)
         else:
             problem = _problem(node, graph, cfg)
         if problem is None:
@@ -367,6 +384,7 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
                     "MaxPool": "max pooling on the ALU",
                     "QGlobalAveragePool": "global average pooling on the ALU",
                     "QAdd": "element-wise int8 Add on the ALU",
+                    "QMul": "element-wise int8 Mul on the ALU",
                     "Relu": "int8 Relu on the ALU",
                     "Concat": "its inputs written into their channel slices (no program)"}.get(
                         node.op, "a view of its input's packed bytes (no program)")
@@ -376,6 +394,8 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
             out[node.name] = Placement("accel", what)
         else:
             out[node.name] = Placement("cpu", problem)
+            if accelerate and in_place_problem(node, graph, producer, out, packed) is None:
+                packed.add(node.name)
     # A value lives in DRAM in one layout: a QMatMul that would read or write a value in
     # another layout than another accelerator node stays on the CPU.
     uses = _layout_uses(graph, out)
@@ -628,15 +648,20 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None
                           bias_p, scale_p, False, shape)
     if node.op == "MaxPool":
         return _pool_layer(node, graph, cfg)
-    if node.op in ("QAdd", "Relu"):
-        add = node.op == "QAdd"
-        spec = EltSpec("add" if add else "relu",
-                       packed_shape(graph.types[node.outputs[0]].shape, cfg),
-                       tuple(int(m) for m in node.attrs["multipliers"]) if add else (),
-                       int(node.attrs["shift"]) if add else 0)
+    if node.op in ("QAdd", "QMul", "Relu"):
+        arith = node.op != "Relu"
+        ys = graph.types[node.outputs[0]].shape
+        gated = [graph.types[v].shape != ys for v in node.inputs[:2]] if node.op == "QMul" \
+            else [False]
+        spec = EltSpec({"QAdd": "add", "QMul": "mul", "Relu": "relu"}[node.op],
+                       packed_shape(ys, cfg),
+                       tuple(int(m) for m in node.attrs["multipliers"]) if arith else (),
+                       int(node.attrs["shift"]) if arith else 0,
+                       gate_rows=int(np.prod(ys[2:])) if any(gated) else 1,
+                       gate_first=gated[0])
         empty = np.zeros(0, np.int32)
         return AccelLayer(node.name, "elt", spec,
-                          elt_constants(cfg, spec) if add else empty, empty, empty, False)
+                          elt_constants(cfg, spec) if arith else empty, empty, empty, False)
     if node.op == "QGlobalAveragePool":
         n, c, h, w = graph.types[node.inputs[0]].shape
         spec = GapSpec(n=n, c=_ceil(c, k), h=h, w=w, multiplier=int(node.attrs["multiplier"]),

@@ -1,0 +1,124 @@
+"""Element-wise CPU nodes computed in place on the accelerator's packed layout
+(compiler/accel/inplace.py) and squeeze-excitation's gate as a QMul on the ALU: small ONNX
+models quantized to int8 and built with AccelModel.build are bit-exact with the all-CPU
+build of the same graph on fsim and the cycle model (and after a save and load); the
+tables run on the CPU in DRAM, so the nodes after them stay on the accelerator and only the
+model's own input and output cross. Channel counts are not multiples of BLOCK and the
+tables map 0 to nonzero values (Sigmoid), so the padding channels of the packed layout hold
+garbage after a table, which must never reach a real output."""
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+from accel_helpers import crossings as count_crossings
+from onnx_builders import make_model, vi
+
+from celosia.compiler.pipeline import quantize_model
+from celosia.runtime.accel import AccelModel, compare_outputs
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _conv(rng, name, x, y, cin, cout, k=3, group=1):
+    w = rng.normal(0, 1 / np.sqrt(cin // group * k * k), (cout, cin // group, k, k))
+    b = rng.normal(0, 0.3, cout)
+    return ([helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [y], kernel_shape=[k, k],
+                              pads=[k // 2] * 4, group=group)],
+            [numpy_helper.from_array(w.astype(np.float32), f"{name}_w"),
+             numpy_helper.from_array(b.astype(np.float32), f"{name}_b")])
+
+
+def _block(rng, cin, c, hw, n):
+    """A stem conv, then a MobileNetV3/EfficientNet block: conv + HardSwish, depthwise conv
+    + SiLU (x * Sigmoid(x)), squeeze-excitation (GlobalAveragePool, 1x1 conv + Relu, 1x1
+    conv + Sigmoid, Mul by the gate), a projection and a residual Add after a Sigmoid."""
+    h = helper.make_node
+    parts = [_conv(rng, "stem", "x", "x0", cin, cin),
+             _conv(rng, "expand", "x0", "e", cin, c),
+             ([h("HardSwish", ["e"], ["e1"])], []),
+             _conv(rng, "dw", "e1", "d", c, c, group=c),
+             ([h("Sigmoid", ["d"], ["ds"]), h("Mul", ["d", "ds"], ["d1"]),
+               h("GlobalAveragePool", ["d1"], ["g"])], []),
+             _conv(rng, "fc1", "g", "g1", c, 8, k=1),
+             ([h("Relu", ["g1"], ["g2"])], []),
+             _conv(rng, "fc2", "g2", "g3", 8, c, k=1),
+             ([h("Sigmoid", ["g3"], ["gate"]), h("Mul", ["d1", "gate"], ["se"])], []),
+             _conv(rng, "proj", "se", "p", c, cin, k=1),
+             ([h("Sigmoid", ["p"], ["ps"]), h("Add", ["ps", "x0"], ["y"])], [])]
+    nodes = [node for ns, _ in parts for node in ns]
+    inits = [i for _, its in parts for i in its]
+    shape = (n, cin, hw, hw)
+    m = make_model(nodes, [vi("x", list(shape))], [vi("y", None)], inits)
+    calib = [{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(3)]
+    return quantize_model(m, calib, input_shapes={"x": shape}), shape
+
+
+def _check(q, feeds, tmp_path):
+    model = AccelModel.build(q)
+    want = model.cpu_build().run(feeds)
+    for target in ("fsim", "cycle"):
+        got = model.run(feeds, target=target)
+        same, detail = compare_outputs(got, want, exact=True)
+        assert same, f"{target}: {detail['summary']}"
+    model.save(tmp_path / "m.cel")
+    loaded = AccelModel.load(tmp_path / "m.cel")
+    assert loaded.packed == model.packed
+    same, detail = compare_outputs(loaded.run(feeds, target="fsim"), want, exact=True)
+    assert same, detail["summary"]
+    return model
+
+
+@pytest.mark.parametrize("cin,c,hw,n", [(20, 40, 6, 1), (8, 20, 5, 2)])
+def test_tables_in_place_keep_a_block_on_the_accelerator(cin, c, hw, n, tmp_path):
+    rng = np.random.default_rng(c + n)
+    q, shape = _block(rng, cin, c, hw, n)
+    ops = {nd.name: nd.op for nd in q.nodes}
+    luts = [k for k, op in ops.items() if op == "QLut"]
+    assert len(luts) == 4, [nd.op for nd in q.nodes]  # HardSwish, SiLU's, the gate's, proj's
+    # the table of Sigmoid maps the padding channels' 0 to about half its range
+    assert any(int(q.initializers[nd.inputs[1]][128]) != 0 for nd in q.nodes
+               if nd.op == "QLut")
+    model = _check(q, {"x": rng.normal(0, 1, shape).astype(np.float32)}, tmp_path)
+    places = model.placements
+    assert model.packed == set(luts)
+    for name, op in ops.items():
+        if op in ("QConv", "QGlobalAveragePool", "QMul", "QAdd"):
+            assert places[name].target == "accel", (name, places[name].reason)
+    assert {ops[k] for k, p in places.items() if p.target == "cpu"} == \
+        {"Quantize", "Dequantize", "QLut"}
+    s = model.summary()
+    assert s["crossings"] == 2 == count_crossings(q, places)  # the input and the output
+    assert s["in_place"] == 2 * len(luts)  # each table reads and writes one DRAM value
+    # the gate's table wrote garbage into the padding channels (which never reach y)
+    gate = next(nd.outputs[0] for nd in q.nodes if nd.op == "QLut" and
+                q.types[nd.outputs[0]].shape[2:] == (1, 1))
+    v = model.values[gate]
+    raw = model._executors["fsim"].read_dram(v["addr"], int(np.prod(v["shape"])))
+    assert raw.view(np.int8).reshape(v["shape"])[:, -1, ..., c % 16:].any()
+    rows = {r["node"]: r for r in model.report}
+    assert all(rows[k].get("in_place") and rows[k]["target"] == "cpu" for k in luts)
+    assert all(rows[k]["layout_ms"] > 0 for k in luts)  # its DRAM reads and writes
+
+
+def test_table_between_dense_layers_on_padded_rows(tmp_path):
+    """[70, 24] rows: the packed layout pads them to 72 (dense_rows); Gemm, Sigmoid (a
+    QLut in place, over the padding rows too), Gemm: bit-exact, two crossings."""
+    rng = np.random.default_rng(5)
+    h = helper.make_node
+    w1 = rng.normal(0, 0.2, (24, 40)).astype(np.float32)
+    w2 = rng.normal(0, 0.2, (40, 10)).astype(np.float32)
+    nodes = [h("Gemm", ["x", "w1"], ["a"]), h("Sigmoid", ["a"], ["s"]),
+             h("Gemm", ["s", "w2"], ["y"])]
+    m = make_model(nodes, [vi("x", [70, 24])], [vi("y", None)],
+                   [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    calib = [{"x": rng.normal(0, 1, (70, 24)).astype(np.float32)} for _ in range(3)]
+    q = quantize_model(m, calib, input_shapes={"x": (70, 24)})
+    model = _check(q, {"x": rng.normal(0, 1, (70, 24)).astype(np.float32)}, tmp_path)
+    lut = [nd.name for nd in q.nodes if nd.op == "QLut"]
+    assert model.packed == set(lut) and len(lut) == 1
+    assert model.values[q.nodes[[nd.op for nd in q.nodes].index("QLut")].inputs[0]][
+        "shape"][0] == 72
+    assert model.summary()["crossings"] == 2 == count_crossings(q, model.placements)
