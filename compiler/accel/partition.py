@@ -510,6 +510,14 @@ def packed_shape(shape: tuple[int, ...], cfg: HwConfig, layout: str | None = Non
     return (dense_rows(n, cfg), _ceil(c, k) // k, b, k)
 
 
+def _row_major(shape: tuple, packed: tuple, b: int, k: int) -> bool:
+    """Whether the packed layout of a value of ``shape`` holds its elements in row-major
+    order (BATCH 1, whole channel blocks, no padding rows, one pixel or none): then
+    packing and unpacking are a reshape. ``packed``: its packed shape."""
+    return b == 1 and shape[1] % k == 0 and int(np.prod(shape[2:])) == 1 and \
+        packed[0] == shape[0]
+
+
 def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None) -> np.ndarray:
     """NCHW (or [N, C], or [N, C, L] as NCHW with one row) int8 -> the packed layout,
     channels zero-padded to BLOCK (or the "matrices" layout of a QMatMul operand).
@@ -527,6 +535,8 @@ def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None) -> np.nd
     cb = -(-c // k)
     full = c // k
     shape = packed_shape(x.shape, cfg)
+    if _row_major(x.shape, shape, b, k):
+        return np.ascontiguousarray(x).reshape(shape)
     # Channel (and row) padding is zeros: a zeroed array (calloc) costs less than zeroing
     # a strided view of the last block.
     out = (np.zeros if cb > full or shape[0] * b > n else np.empty)(shape, x.dtype)
@@ -551,6 +561,8 @@ def unpack_value(p: np.ndarray, shape: tuple[int, ...], layout: str | None = Non
     if len(shape) == 3:
         return unpack_value(p, (shape[0], shape[1], 1, shape[2])).reshape(shape)
     n, c = shape[:2]
+    if _row_major(shape, p.shape, p.shape[-2], p.shape[-1]):
+        return np.ascontiguousarray(p).reshape(shape)
     spatial = tuple(shape[2:])
     axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
     view = p.transpose(axes)  # (N/b, b, C/k, k, *spatial)

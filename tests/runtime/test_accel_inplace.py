@@ -122,3 +122,27 @@ def test_table_between_dense_layers_on_padded_rows(tmp_path):
     assert model.values[q.nodes[[nd.op for nd in q.nodes].index("QLut")].inputs[0]][
         "shape"][0] == 72
     assert model.summary()["crossings"] == 2 == count_crossings(q, model.placements)
+
+
+@pytest.mark.parametrize("preset", ["default", "small"])
+@pytest.mark.parametrize("shape", [(128, 384), (70, 32), (3, 20), (1, 48, 1, 1), (4, 32, 1, 1),
+                                   (1, 32, 2, 2), (2, 32, 5)])
+def test_pack_and_unpack_round_trip(preset, shape):
+    """pack_value/unpack_value, also where the packed bytes are row-major (BATCH 1, whole
+    channel blocks, one pixel, no padding rows: a reshape, no copy of its own)."""
+    from celosia.compiler.accel.partition import pack_value, packed_shape, unpack_value
+    from celosia.config import HwConfig
+
+    cfg = HwConfig.load(preset)
+    x = np.random.default_rng(len(shape)).integers(-128, 128, shape, dtype=np.int8)
+    p = pack_value(x, cfg)
+    assert p.shape == packed_shape(shape, cfg)
+    b, k = cfg.batch, cfg.block
+    if len(shape) == 2:
+        rows = -(-shape[0] // b) * b
+        want = np.zeros((p.shape[0] * b, p.shape[1] * k), np.int8)
+        want[:shape[0], :shape[1]] = x
+        want = want.reshape(p.shape[0], b, p.shape[1], k).transpose(0, 2, 1, 3)
+        assert rows <= p.shape[0] * b
+        np.testing.assert_array_equal(p, want)
+    np.testing.assert_array_equal(unpack_value(p, shape), x)
