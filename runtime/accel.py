@@ -145,6 +145,7 @@ class AccelModel:
         from celosia.errors import CompilerError
 
         from ..compiler.accel.inplace import in_dram, packed_nodes
+        from ..compiler.accel.split import split_sliced_layers
         from ..compiler.accel.matmul import bind_matmul, pack_weights, weights_shape
         from ..compiler.accel.partition import (
             ALIAS_OPS,
@@ -165,6 +166,8 @@ class AccelModel:
 
         start = time.perf_counter()
         cfg = HwConfig.load(config)
+        if accelerate:  # a layer read only through channel slices: a layer per slice
+            graph = split_sliced_layers(graph)
         placements = annotate(graph, cfg, accelerate=accelerate)
         accel = [n for n in graph.nodes if placements[n.name].target == "accel"]
         producer = {o: n for n in graph.nodes for o in n.outputs if o}
@@ -576,6 +579,24 @@ class AccelModel:
                 # their results back to DRAM (no unpacking or packing: the DRAM reads and
                 # writes are the layout time).
                 names, cpu = segment_of[node.name]
+                direct = self._in_place_direct(ex, node.name, cpu)
+                if direct is not None:
+                    # The kernels read and write the executor's DRAM where the values are:
+                    # no copy at all, the whole step is the nodes' CPU time.
+                    t0 = time.perf_counter()
+                    for name, run in direct:
+                        t1 = time.perf_counter()
+                        run()
+                        rows[name]["cpu_ms"] += (time.perf_counter() - t1) * 1e3
+                    rows[names[0]]["cpu_ms"] += (time.perf_counter() - t0) * 1e3 - sum(
+                        rows[n]["cpu_ms"] for n, _ in direct)
+                    outs = list(cpu.program.outputs)
+                    in_dram.update(outs)
+                    for name in outs:
+                        host.pop(name, None)
+                    in_place += len(cpu.program.inputs) + len(outs)
+                    shown(k + len(names))
+                    continue
                 reads, writes = self._in_place_plan(node.name, cpu)
                 t0 = time.perf_counter()
                 feeds = {name: ex.read_dram(addr, size).view(np.int8)
@@ -618,6 +639,39 @@ class AccelModel:
         self.crossings = crossings
         self.in_place = in_place
         return {name: host[name] for name in graph.outputs}
+
+    def _in_place_direct(self, ex, first: str, cpu):
+        """[(node, run)]: the kernels of the in-place segment that starts at node ``first``
+        bound to views of the executor's DRAM (``Executor.dram_view``) and their constants,
+        when every step is a kernel whose values all have DRAM buffers; else None (then the
+        runtime copies the values out and back). Made once per executor."""
+        cache = self.__dict__.setdefault("_in_place_bound", {})
+        key = (id(ex), first)
+        if key not in cache:
+            p, bound = cpu.program, []
+            for step in p.steps:
+                if step["kind"] != "kernel" or step["kernel"] not in p.kernels:
+                    bound = None
+                    break
+                args = []
+                for v in step["inputs"]:
+                    if v in p.constants:
+                        args.append(np.ascontiguousarray(p.constants[v]))
+                    elif v in self.values and "of" not in self.values[v]:
+                        info = self.values[v]
+                        view = ex.dram_view(info["addr"], int(np.prod(info["shape"])))
+                        if view is None or p.values.get(v, {}).get("dtype") != "int8":
+                            bound = None
+                            break
+                        args.append(view.view(np.int8).reshape(p.values[v]["shape"]))
+                    else:
+                        bound = None
+                        break
+                if bound is None:
+                    break
+                bound.append((step["node"], p.kernels[step["kernel"]].bind(*args)))
+            cache[key] = bound or None
+        return cache[key]
 
     def _in_place_plan(self, first: str, cpu) -> tuple[list, dict]:
         """The DRAM reads (value, address, bytes) and writes ({value: address}) of the

@@ -55,8 +55,9 @@ Conv and an int8 pixel shuffle first (qtranspose.py):
 - Relu gives ``lo = 0``; Clip(a, b) gives ``lo, hi = clip(rint(a/s_out)), clip(rint(b/s_out))``
   within [-128, 127]; no activation gives [-128, 127].
 
-MaxPool, Flatten, Reshape, Relu and Identity (and a ConvTranspose's pixel shuffle) on an int8
-value stay int8 in the same scale (so does a Concat of int8 values that already share one scale); GlobalAveragePool
+MaxPool, Flatten, Reshape, Relu, Identity and Slice (and a ConvTranspose's pixel shuffle) on an
+int8 value stay int8 in the same scale (so does a Concat of int8 values that already share one
+scale, and a channel Concat of int8 images, whose inputs are given one shared scale); GlobalAveragePool
 becomes QGlobalAveragePool; an element-wise function of one value (``_LUT_OPS``) on an int8
 value becomes a QLut. Every other node stays float: a Dequantize is inserted before it for an
 int8 input, and a Quantize after a float value only where a quantized node reads it. Graph
@@ -468,6 +469,16 @@ def _is_activation_matmul(graph: Graph, node: Node) -> bool:
     return all(t.dtype == "float32" and t.static and len(t.shape) >= 2 for t in ts)
 
 
+def _is_channel_concat(graph: Graph, node: Node) -> bool:
+    """A Concat of images along channels (YOLO's C2f joins its halves and its bottlenecks'
+    outputs so): its int8 inputs take one shared scale, the largest range of theirs, and it
+    stays int8 (a QConv or QAdd writing one of them requantizes to that scale for free;
+    on the accelerator its inputs are written into their slices of its output)."""
+    out = graph.types[node.outputs[0]] if node.outputs else None
+    return node.op == "Concat" and out is not None and len(out.shape) == 4 and \
+        int(node.attrs.get("axis", 1)) % 4 == 1
+
+
 def _mid(node: Node) -> str:
     """The calibration key of a layer's int8 result before its QLut tail (not a value of the
     graph: the quantized graph names it afresh)."""
@@ -491,11 +502,13 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
                 len(node.outputs) == 1 and graph.types[out].dtype == "float32":
             plan.kinds[node.name] = "lut"
         elif len(node.outputs) == 1 and int8_in and (
-                node.op in _SAME_SCALE or node.name in shuffles or (
+                node.op in _SAME_SCALE + ("Slice",) or node.name in shuffles or (
                     node.op == "Concat" and len({plan.classes.find(i)
-                                                 for i in node.inputs}) == 1)):
+                                                 for i in node.inputs}) == 1)
+                or _is_channel_concat(graph, node)):
             plan.kinds[node.name] = "same"
-            plan.classes.union(node.inputs[0], out)
+            for i in (node.inputs if node.op == "Concat" else node.inputs[:1]):
+                plan.classes.union(i, out)
         elif _is_activation_matmul(graph, node):
             plan.kinds[node.name] = "matmul"
         elif _is_int8_binary(graph, node, plan.int8):
@@ -534,7 +547,8 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
         return (f"it computes {out.dtype} values (indices, shapes or masks), not float data"
                 if out is not None else "it has no output")
     floats = [i for i in inputs if i not in plan.int8 and i not in graph.initializers]
-    int8_forms = (*_LUT_OPS, *_SAME_SCALE, "Concat", "GlobalAveragePool", "Add", "Mul")
+    int8_forms = (*_LUT_OPS, *_SAME_SCALE, "Slice", "Concat", "GlobalAveragePool", "Add",
+                  "Mul")
     if node.op not in int8_forms:
         return f"the quantizer has no int8 form of {node.op}"
     if floats:
