@@ -515,7 +515,12 @@ class AccelModel:
                     host[name] = host[v["of"]].reshape(graph.types[name].shape)
                     return
                 crossings["to_cpu"] += 1
-                raw = ex.read_dram(v["addr"], int(np.prod(v["shape"])))
+                # Unpacked from the executor's DRAM where it can be seen in place (a value's
+                # buffer is written once per run, so such a view stays valid), else from a
+                # copy.
+                size = int(np.prod(v["shape"]))
+                raw = ex.dram_view(v["addr"], size)
+                raw = ex.read_dram(v["addr"], size) if raw is None else raw
                 host[name] = unpack_value(raw.view(np.int8).reshape(v["shape"]),
                                           graph.types[name].shape, v.get("layout"), cfg)
 
@@ -546,8 +551,12 @@ class AccelModel:
                 packed = False
                 for name in dram_reads(node):
                     if name and name not in in_dram:
-                        ex.write_dram(self.values[name]["addr"],
-                                      pack_value(host[name], cfg, self.values[name].get("layout")))
+                        v = self.values[name]
+                        view = ex.dram_view(v["addr"], int(np.prod(v["shape"])))
+                        if view is not None and v.get("layout") is None:  # packed in place
+                            pack_value(host[name], cfg, out=view.view(np.int8).reshape(v["shape"]))
+                        else:
+                            ex.write_dram(v["addr"], pack_value(host[name], cfg, v.get("layout")))
                         in_dram.add(name)
                         crossings["to_accel"] += 1
                         packed = True
@@ -638,7 +647,10 @@ class AccelModel:
         self.report = [rows[n.name] for n in graph.nodes]
         self.crossings = crossings
         self.in_place = in_place
-        return {name: host[name] for name in graph.outputs}
+        # (an output unpacked as a view of the executor's DRAM gets memory of its own: the
+        # next run writes there)
+        return {name: host[name] if host[name].flags.owndata else host[name].copy()
+                for name in graph.outputs}
 
     def _in_place_direct(self, ex, first: str, cpu):
         """[(node, run)]: the kernels of the in-place segment that starts at node ``first``

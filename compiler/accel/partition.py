@@ -518,16 +518,22 @@ def _row_major(shape: tuple, packed: tuple, b: int, k: int) -> bool:
         packed[0] == shape[0]
 
 
-def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None) -> np.ndarray:
+def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None,
+               out: np.ndarray | None = None) -> np.ndarray:
     """NCHW (or [N, C], or [N, C, L] as NCHW with one row) int8 -> the packed layout,
-    channels zero-padded to BLOCK (or the "matrices" layout of a QMatMul operand).
+    channels zero-padded to BLOCK (or the "matrices" layout of a QMatMul operand). ``out``:
+    int8 memory of the packed shape to write it into (a view of the executor's DRAM: no
+    array of its own, no second copy), else a fresh array.
 
-    One strided copy into a fresh array: this runs at every region border of every
-    inference, so it avoids np.pad and intermediate copies (their fixed costs are most of
-    the time for a small value)."""
+    One strided copy: this runs at every region border of every inference, so it avoids
+    np.pad and intermediate copies (their fixed costs are most of the time for a small
+    value)."""
     b, k = cfg.batch, cfg.block
     if layout == "matrices":
-        return matmul.pack_matrices(x, cfg)
+        packed = matmul.pack_matrices(x, cfg)
+        if out is not None:
+            out[...] = packed
+        return packed if out is None else out
     x = np.asarray(x)
     if x.ndim == 3:
         x = x[:, :, None, :]
@@ -535,14 +541,22 @@ def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None) -> np.nd
     cb = -(-c // k)
     full = c // k
     shape = packed_shape(x.shape, cfg)
-    if _row_major(x.shape, shape, b, k):
-        return np.ascontiguousarray(x).reshape(shape)
-    # Channel (and row) padding is zeros: a zeroed array (calloc) costs less than zeroing
-    # a strided view of the last block.
-    out = (np.zeros if cb > full or shape[0] * b > n else np.empty)(shape, x.dtype)
     spatial = x.shape[2:]
     # out[i, j, *s, bb, kk] = x[i*b + bb, j*k + kk, *s]: out's axes put in x's order.
     axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
+    if _row_major(x.shape, shape, b, k):
+        if out is None:
+            return np.ascontiguousarray(x).reshape(shape)
+        out.reshape(x.shape)[...] = x
+        return out
+    if out is None:
+        # Channel (and row) padding is zeros: a zeroed array (calloc) costs less than
+        # zeroing a strided view of the last block.
+        out = (np.zeros if cb > full or shape[0] * b > n else np.empty)(shape, x.dtype)
+    else:  # memory that held anything: zero the padding rows and channels
+        out[n // b:] = 0
+        if cb > full:
+            out.transpose(axes)[:n // b, :, full:, c - full * k:] = 0
     view = out.transpose(axes)[:n // b]  # (N/b, b, C/k, k, *spatial)
     if full:
         view[:, :, :full] = x[:, :full * k].reshape(n // b, b, full, k, *spatial)

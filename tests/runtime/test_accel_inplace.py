@@ -137,10 +137,11 @@ def test_table_between_dense_layers_on_padded_rows(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("preset", ["default", "small"])
 @pytest.mark.parametrize("shape", [(128, 384), (70, 32), (3, 20), (1, 48, 1, 1), (4, 32, 1, 1),
-                                   (1, 32, 2, 2), (2, 32, 5)])
+                                   (1, 32, 2, 2), (2, 32, 5), (2, 20, 3, 3)])
 def test_pack_and_unpack_round_trip(preset, shape):
     """pack_value/unpack_value, also where the packed bytes are row-major (BATCH 1, whole
-    channel blocks, one pixel, no padding rows: a reshape, no copy of its own)."""
+    channel blocks, one pixel, no padding rows: a reshape, no copy of its own), and
+    pack_value into given memory."""
     from celosia.compiler.accel.partition import pack_value, packed_shape, unpack_value
     from celosia.config import HwConfig
 
@@ -157,3 +158,7 @@ def test_pack_and_unpack_round_trip(preset, shape):
         assert rows <= p.shape[0] * b
         np.testing.assert_array_equal(p, want)
     np.testing.assert_array_equal(unpack_value(p, shape), x)
+    # packed into memory that held anything (a view of DRAM): the same bytes, padding zeroed
+    out = np.random.default_rng(1).integers(-128, 128, p.shape, dtype=np.int8)
+    assert pack_value(x, cfg, out=out) is out
+    np.testing.assert_array_equal(out, p)
