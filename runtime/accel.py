@@ -117,7 +117,8 @@ class AccelModel:
 
     def __init__(self, graph, config: HwConfig, placements: dict, programs: dict,
                  values: dict, image: np.ndarray, *, segments: list | None = None,
-                 source: bytes | None = None, build_info: dict | None = None):
+                 source: bytes | None = None, build_info: dict | None = None,
+                 packed: set | None = None):
         self.graph = graph
         self.config = config
         self.placements = placements  # node name -> Placement
@@ -133,8 +134,8 @@ class AccelModel:
         # (compiler/accel/inplace.py): no crossing, no layout conversion
         self.in_place = 0
         self._executors: dict = {}
-        # CPU nodes computed in place on the packed layout (derived, like the regions)
-        self.packed = _packed(graph, placements)
+        # CPU nodes computed in place on the packed layout (compiler/accel/inplace.py)
+        self.packed = _packed(graph, placements) if packed is None else set(packed)
 
     # ---- building --------------------------------------------------------------------------
 
@@ -304,7 +305,7 @@ class AccelModel:
                         **({"layout": layouts[k]} if layouts.get(k) == "matrices" else {}),
                         **({"of": r} if r else {})}
                     for k, (b, s, r) in values.items()},
-                   image, segments=segments, source=source, build_info=info)
+                   image, segments=segments, source=source, build_info=info, packed=packed)
 
     @classmethod
     def from_onnx(cls, model, config=None, *, input_shapes: dict | None = None,
@@ -361,6 +362,7 @@ class AccelModel:
             "placements": {k: [p.target, p.reason] for k, p in self.placements.items()},
             "programs": self.programs, "values": self.values, "build": self.build_info,
             "segments": [names for names, _ in self.segments],
+            "in_place": sorted(self.packed),
         }
         members = {name: npy_bytes(a) for name, a in consts.items()}
         members["dram.npy"] = npy_bytes(self.image)
@@ -389,12 +391,14 @@ class AccelModel:
                               f"(uint8, one axis)", "dram.npy")
             parts = a.check(schema.check_accel, graph, cfg, image.size)
             names = a.check(schema.check_segments, graph, parts["placements"])
+            packed = a.check(schema.check_in_place, graph, parts["placements"])
             build = a.check(schema.build_info)
             segments = [(n, CpuModel.load(a.read(f"cpu/{k}.cel"), f"{a.where}: cpu/{k}.cel"))
                         for k, n in enumerate(names)]
             source = a.read("model.onnx") if a.has("model.onnx") else None
             model = cls(graph, cfg, parts["placements"], parts["programs"], parts["values"],
-                        image, segments=segments, source=source, build_info=build)
+                        image, segments=segments, source=source, build_info=build,
+                        packed=packed)
             problem = model._flow_problem()
             if problem:
                 raise a.error(problem, "manifest.json")

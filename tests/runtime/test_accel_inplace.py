@@ -162,3 +162,44 @@ def test_pack_and_unpack_round_trip(preset, shape):
     out = np.random.default_rng(1).integers(-128, 128, p.shape, dtype=np.int8)
     assert pack_value(x, cfg, out=out) is out
     np.testing.assert_array_equal(out, p)
+
+
+def test_the_artifact_names_its_in_place_nodes(tmp_path, monkeypatch):
+    """The manifest lists the in-place nodes (``in_place``); a name that cannot run in place
+    is refused at load, naming the field; an artifact without the field (written before
+    in-place nodes existed: its tables are ordinary CPU segments) loads and runs them so."""
+    import json
+    import zipfile
+
+    from accel_helpers import edit_manifest
+
+    from celosia.compiler.accel import inplace
+    from celosia.runtime.artifact import ArtifactError
+
+    rng = np.random.default_rng(11)
+    q, shape = _block(rng, 8, 20, 4, 1)
+    feeds = {"x": rng.normal(0, 1, shape).astype(np.float32)}
+    model = AccelModel.build(q)
+    model.save(tmp_path / "m.cel")
+    with zipfile.ZipFile(tmp_path / "m.cel") as z:
+        assert json.loads(z.read("manifest.json"))["in_place"] == sorted(model.packed)
+
+    def add_quantize(doc):
+        doc["in_place"].append(next(n.name for n in q.nodes if n.op == "Quantize"))
+    edit_manifest(tmp_path / "m.cel", add_quantize, tmp_path / "bad.cel")
+    with pytest.raises(ArtifactError, match="in_place"):
+        AccelModel.load(tmp_path / "bad.cel")
+
+    # an older build: no node in place (its tables and what reads them on the CPU)
+    monkeypatch.setattr(inplace, "packed_nodes", lambda graph, placements: set())
+    old = AccelModel.build(q)
+    assert old.packed == set()
+    old.save(tmp_path / "old.cel")
+    edit_manifest(tmp_path / "old.cel", lambda doc: doc.pop("in_place"))
+    monkeypatch.undo()
+    loaded = AccelModel.load(tmp_path / "old.cel")
+    assert loaded.packed == set()
+    want = model.cpu_build().run(feeds)
+    same, detail = compare_outputs(loaded.run(feeds, target="fsim"), want, exact=True)
+    assert same, detail["summary"]
+    assert loaded.summary()["crossings"] > 2 and loaded.summary()["in_place"] == 0
