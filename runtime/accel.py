@@ -45,6 +45,7 @@ field by runtime/schema.py and against the graph, the DRAM image and the CPU par
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict
 
@@ -522,7 +523,7 @@ class AccelModel:
                 # Unpacked from the executor's DRAM where it can be seen in place (a value's
                 # buffer is written once per run, so such a view stays valid), else from a
                 # copy.
-                size = int(np.prod(v["shape"]))
+                size = math.prod(v["shape"])
                 raw = ex.dram_view(v["addr"], size)
                 raw = ex.read_dram(v["addr"], size) if raw is None else raw
                 host[name] = unpack_value(raw.view(np.int8).reshape(v["shape"]),
@@ -556,7 +557,7 @@ class AccelModel:
                 for name in dram_reads(node):
                     if name and name not in in_dram:
                         v = self.values[name]
-                        view = ex.dram_view(v["addr"], int(np.prod(v["shape"])))
+                        view = ex.dram_view(v["addr"], math.prod(v["shape"]))
                         if view is not None and v.get("layout") is None:  # packed in place
                             pack_value(host[name], cfg, out=view.view(np.int8).reshape(v["shape"]))
                         else:

@@ -39,6 +39,7 @@ an accelerator node reads from DRAM.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -514,7 +515,7 @@ def _row_major(shape: tuple, packed: tuple, b: int, k: int) -> bool:
     """Whether the packed layout of a value of ``shape`` holds its elements in row-major
     order (BATCH 1, whole channel blocks, no padding rows, one pixel or none): then
     packing and unpacking are a reshape. ``packed``: its packed shape."""
-    return b == 1 and shape[1] % k == 0 and int(np.prod(shape[2:])) == 1 and \
+    return b == 1 and shape[1] % k == 0 and math.prod(shape[2:]) == 1 and \
         packed[0] == shape[0]
 
 
