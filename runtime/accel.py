@@ -306,7 +306,8 @@ class AccelModel:
                         **({"layout": layouts[k]} if layouts.get(k) == "matrices" else {}),
                         **({"of": r} if r else {})}
                     for k, (b, s, r) in values.items()},
-                   image, segments=segments, source=source, build_info=info, packed=packed)
+                   image, segments=segments, source=source, build_info=info,
+                   packed=packed)._warm_layouts()
 
     @classmethod
     def from_onnx(cls, model, config=None, *, input_shapes: dict | None = None,
@@ -403,7 +404,34 @@ class AccelModel:
             problem = model._flow_problem()
             if problem:
                 raise a.error(problem, "manifest.json")
-        return model
+        return model._warm_layouts()
+
+    def _warm_layouts(self) -> "AccelModel":
+        """Make (or load from the disk cache) the compiled pack/unpack kernels of the values
+        that cross between CPU and accelerator (partition.pack_value), so that a run's
+        layout time is the conversions', not their compilation's."""
+        from ..compiler.accel.layout_kernels import layout_kernel
+        from ..compiler.accel.partition import _compiled_layout
+
+        graph, cfg = self.graph, self.config
+        made = {o: n for n in graph.nodes for o in n.outputs if o}
+        dram = {o for n in graph.nodes if n.name in self.programs or n.name in self.packed
+                for o in n.outputs if o}
+        cpu_reads = {i for n in graph.nodes if n.name not in self.programs and
+                     n.name not in self.packed for i in n.inputs if i} | set(graph.outputs)
+        for name, v in self.values.items():
+            shape = graph.types[name].shape
+            if "of" in v or v.get("layout") or len(shape) not in (3, 4):
+                continue
+            image = shape if len(shape) == 4 else (shape[0], shape[1], 1, shape[2])
+            if not _compiled_layout(image, v["shape"], cfg.batch, cfg.block):
+                continue
+            pixels = math.prod(shape[2:])
+            if name not in dram or name not in made:  # packed by the runtime
+                layout_kernel("pack", shape[0], shape[1], pixels, cfg.block)
+            if name in dram and name in cpu_reads:  # read back
+                layout_kernel("unpack", shape[0], shape[1], pixels, cfg.block)
+        return self
 
     def _flow_problem(self) -> str | None:
         """Walk the graph as ``run`` does: what is wrong if a node or CPU segment would
@@ -527,7 +555,8 @@ class AccelModel:
                 raw = ex.dram_view(v["addr"], size)
                 raw = ex.read_dram(v["addr"], size) if raw is None else raw
                 host[name] = unpack_value(raw.view(np.int8).reshape(v["shape"]),
-                                          graph.types[name].shape, v.get("layout"), cfg)
+                                          graph.types[name].shape, v.get("layout"), cfg,
+                                          out=self._host_buffer(name))
 
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
         rows: dict[str, dict] = {}
@@ -656,6 +685,16 @@ class AccelModel:
         # next run writes there)
         return {name: host[name] if host[name].flags.owndata else host[name].copy()
                 for name in graph.outputs}
+
+    def _host_buffer(self, name: str) -> np.ndarray | None:
+        """An int8 array of the value's shape kept from run to run to unpack it into (None
+        for a graph output, which the caller keeps)."""
+        if name in self.graph.outputs or self.graph.types[name].dtype != "int8":
+            return None
+        bufs = self.__dict__.setdefault("_host_buffers", {})
+        if name not in bufs:
+            bufs[name] = np.empty(self.graph.types[name].shape, np.int8)
+        return bufs[name]
 
     def _in_place_direct(self, ex, first: str, cpu):
         """[(node, run)]: the kernels of the in-place segment that starts at node ``first``

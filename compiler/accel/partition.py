@@ -519,6 +519,19 @@ def _row_major(shape: tuple, packed: tuple, b: int, k: int) -> bool:
         packed[0] == shape[0]
 
 
+# Images of at least this many bytes are packed and unpacked by compiled kernels
+# (layout_kernels.py: 10-40x numpy's strided byte copy on large ones; below it the call
+# costs more than numpy's copy).
+COMPILED_LAYOUT_BYTES = 16384
+
+
+def _compiled_layout(shape: tuple, packed: tuple, b: int, k: int) -> bool:
+    """Whether an image of ``shape`` ([N, C, H, W]) packed as ``packed`` is converted by a
+    compiled kernel: BATCH 1, a power-of-two BLOCK, large enough."""
+    return b == 1 and len(shape) == 4 and len(packed) == 6 and 2 <= k <= 64 and \
+        not k & (k - 1) and math.prod(shape) >= COMPILED_LAYOUT_BYTES
+
+
 def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None,
                out: np.ndarray | None = None) -> np.ndarray:
     """NCHW (or [N, C], or [N, C, L] as NCHW with one row) int8 -> the packed layout,
@@ -550,14 +563,18 @@ def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None,
             return np.ascontiguousarray(x).reshape(shape)
         out.reshape(x.shape)[...] = x
         return out
+    if _compiled_layout(x.shape, shape, b, k):
+        out = np.empty(shape, x.dtype) if out is None else out
+        from .layout_kernels import pack_fast
+
+        pack_fast(x, out, k)
+        return out
     if out is None:
         # Channel (and row) padding is zeros: a zeroed array (calloc) costs less than
         # zeroing a strided view of the last block.
         out = (np.zeros if cb > full or shape[0] * b > n else np.empty)(shape, x.dtype)
-    else:  # memory that held anything: zero the padding rows and channels
-        out[n // b:] = 0
-        if cb > full:
-            out.transpose(axes)[:n // b, :, full:, c - full * k:] = 0
+    elif cb > full or shape[0] * b > n:  # memory that held anything: padding is zeros
+        out[...] = 0  # (a memset; zeroing only the padding lanes is a slower strided write)
     view = out.transpose(axes)[:n // b]  # (N/b, b, C/k, k, *spatial)
     if full:
         view[:, :, :full] = x[:, :full * k].reshape(n // b, b, full, k, *spatial)
@@ -568,16 +585,26 @@ def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None,
 
 
 def unpack_value(p: np.ndarray, shape: tuple[int, ...], layout: str | None = None,
-                 cfg: HwConfig | None = None) -> np.ndarray:
+                 cfg: HwConfig | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """The packed layout -> NCHW (or [N, C], or [N, C, L]) of ``shape`` (padding channels
-    and rows dropped); the "matrices" layout needs ``cfg``."""
+    and rows dropped); the "matrices" layout needs ``cfg``. ``out``: an int8 array of
+    ``shape`` that an image converted by the compiled kernel is written into (a buffer kept
+    from run to run: no fresh pages to fault in); the result may be another array."""
     if layout == "matrices":
         return matmul.unpack_matrices(p, shape, cfg)
     if len(shape) == 3:
-        return unpack_value(p, (shape[0], shape[1], 1, shape[2])).reshape(shape)
+        return unpack_value(p, (shape[0], shape[1], 1, shape[2]),
+                            out=None if out is None else out.reshape(
+                                shape[0], shape[1], 1, shape[2])).reshape(shape)
     n, c = shape[:2]
     if _row_major(shape, p.shape, p.shape[-2], p.shape[-1]):
         return np.ascontiguousarray(p).reshape(shape)
+    if _compiled_layout(shape, p.shape, p.shape[-2], p.shape[-1]):
+        from .layout_kernels import unpack_fast
+
+        out = np.empty(shape, p.dtype) if out is None else out
+        unpack_fast(p, out, p.shape[-1])
+        return out
     spatial = tuple(shape[2:])
     axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
     view = p.transpose(axes)  # (N/b, b, C/k, k, *spatial)
