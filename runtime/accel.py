@@ -587,8 +587,9 @@ class AccelModel:
                     if name and name not in in_dram:
                         v = self.values[name]
                         view = ex.dram_view(v["addr"], math.prod(v["shape"]))
-                        if view is not None and v.get("layout") is None:  # packed in place
-                            pack_value(host[name], cfg, out=view.view(np.int8).reshape(v["shape"]))
+                        if view is not None:  # packed straight into DRAM
+                            pack_value(host[name], cfg, v.get("layout"),
+                                       out=view.view(np.int8).reshape(v["shape"]))
                         else:
                             ex.write_dram(v["addr"], pack_value(host[name], cfg, v.get("layout")))
                         in_dram.add(name)
@@ -598,7 +599,12 @@ class AccelModel:
                 # operand): read back first if the accelerator made it.
                 for st in prog.get("staged", ()):
                     to_host(st["value"])
-                    ex.write_dram(st["addr"], pack_weights(host[st["value"]], cfg))
+                    view = ex.dram_view(st["addr"], math.prod(st["shape"]))
+                    if view is not None:
+                        pack_weights(host[st["value"]], cfg,
+                                     out=view.view(np.int8).reshape(st["shape"]))
+                    else:
+                        ex.write_dram(st["addr"], pack_weights(host[st["value"]], cfg))
                     crossings["to_accel"] += 1
                     packed = True
                 # Layout time: packing values at the border (a node that packs nothing has

@@ -544,10 +544,7 @@ def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None,
     value)."""
     b, k = cfg.batch, cfg.block
     if layout == "matrices":
-        packed = matmul.pack_matrices(x, cfg)
-        if out is not None:
-            out[...] = packed
-        return packed if out is None else out
+        return matmul.pack_matrices(x, cfg, out=out)
     x = np.asarray(x)
     if x.ndim == 3:
         x = x[:, :, None, :]

@@ -227,3 +227,21 @@ def test_runs_with_other_inputs_reuse_no_stale_memory():
     for k in kept:
         np.testing.assert_array_equal(first[k], kept[k])
         assert not np.array_equal(first[k], second[k])
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 3, 5, 19), (3, 19, 21)), ((1, 12, 128, 32),
+                                                                           (1, 12, 32, 128))])
+def test_matmul_operands_packed_into_memory_that_held_anything(a_shape, b_shape):
+    """pack_matrices/pack_weights(out=): the bytes of a fresh pack, padding zeroed (the
+    runtime packs QMatMul operands straight into views of DRAM)."""
+    from celosia.compiler.accel.matmul import pack_matrices, pack_weights
+    from celosia.config import HwConfig
+
+    cfg = HwConfig()
+    rng = np.random.default_rng(len(a_shape))
+    for fn, shape in ((pack_matrices, a_shape), (pack_weights, b_shape)):
+        x = rng.integers(-128, 128, shape, dtype=np.int8)
+        fresh = fn(x, cfg)
+        out = rng.integers(-128, 128, fresh.shape, dtype=np.int8)
+        assert fn(x, cfg, out=out) is out
+        np.testing.assert_array_equal(out, fresh)
