@@ -21,7 +21,10 @@ before each run of its program (read back first if the accelerator made it; a co
 one once, at build time): programs list such operands as ``staged``, counted as layout
 time and as crossings. CPU nodes run the numpy kernels that define each operator
 (compiler/graph_numpy.py, graph_int.py), the same code as the all-CPU build
-(``accelerate=False``), so the two builds agree bit for bit.
+(``accelerate=False``), so the two builds agree bit for bit. CPU nodes computed in place on
+the packed layout (compiler/accel/inplace.py: a table between accelerator nodes) read and
+write their values in DRAM, through views of the executor's memory
+(``Executor.dram_view``) where it offers them: no crossing.
 
 The report gives, per node: where it ran (and for CPU nodes why), the CPU time measured,
 the accelerator cycles and their time at the configured clock, and GEMM utilisation; the

@@ -20,7 +20,8 @@ once where the CPU reads it (layout conversions are placed only at region border
 
 Regions grow across nodes that need no GEMM, so that values leave the accelerator only
 where the model really does: an int8 ``MaxPool`` runs on the ALU (compiler/accel/ops_alu.py),
-and so do ``QGlobalAveragePool``, ``QAdd`` and an int8 ``Relu`` (``ALU_OPS``), and ``Reshape``/``Flatten``/``Squeeze``/
+and so do ``QGlobalAveragePool``, ``QAdd``, ``QMul`` (also by a per-channel gate) and an int8
+``Relu`` (``ALU_OPS``), and ``Reshape``/``Flatten``/``Squeeze``/
 ``Unsqueeze``/``Identity`` (``ALIAS_OPS``) are views
 with no program: their output is the packed bytes of their input (its *root*, see
 ``root_of``). A view whose packed bytes coincide with its own packed layout (same batch
@@ -31,8 +32,9 @@ order (``layer_for``); the CPU reads any view by unpacking its root. A channel `
 (``PLACED_OPS``) at BLOCK boundaries, for one batch block, is a placement: its inputs are
 allocated inside its output (``concat_slices``), so their producers write their slices
 and nothing is copied. These nodes go to the accelerator only when their inputs are made
-there (otherwise they would add a crossing, not save one). ``dram_reads`` names the values
-an accelerator node reads from DRAM.
+there, or by a CPU node computed in place on the packed layout (a ``QLut`` between
+accelerator nodes, compiler/accel/inplace.py; otherwise they would add a crossing, not save
+one). ``dram_reads`` names the values an accelerator node reads from DRAM.
 
 ``layer_for`` gives the accelerator operator (spec, packed constants) for a node.
 """
