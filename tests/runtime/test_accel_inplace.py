@@ -245,3 +245,24 @@ def test_matmul_operands_packed_into_memory_that_held_anything(a_shape, b_shape)
         out = rng.integers(-128, 128, fresh.shape, dtype=np.int8)
         assert fn(x, cfg, out=out) is out
         np.testing.assert_array_equal(out, fresh)
+
+
+@pytest.mark.slow
+def test_block_on_the_rtl_agrees_with_the_cycle_model():
+    """The small configuration on the RTL: the block's QMul by its gate and its other ALU
+    programs, with the tables computed in place in the RTL's DRAM between them, give the
+    all-CPU build's outputs and the cycle model's cycle counts."""
+    rng = np.random.default_rng(17)
+    q, shape = _block(rng, 8, 12, 4, 1)
+    model = AccelModel.build(q, "small")
+    assert any(n.op == "QMul" and model.placements[n.name].target == "accel"
+               for n in model.graph.nodes)
+    assert model.packed
+    feeds = {"x": rng.normal(0, 1, shape).astype(np.float32)}
+    want = model.cpu_build().run(feeds)
+    rtl = model.run(feeds, target="rtl")
+    same, detail = compare_outputs(rtl, want, exact=True)
+    assert same, detail["summary"]
+    rtl_cycles = [r["cycles"] for r in model.report if r["target"] == "accel"]
+    model.run(feeds, target="cycle")
+    assert [r["cycles"] for r in model.report if r["target"] == "accel"] == rtl_cycles
