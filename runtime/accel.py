@@ -22,7 +22,7 @@ one once, at build time): programs list such operands as ``staged``, counted as 
 time and as crossings. CPU nodes run the numpy kernels that define each operator
 (compiler/graph_numpy.py, graph_int.py), the same code as the all-CPU build
 (``accelerate=False``), so the two builds agree bit for bit. CPU nodes computed in place on
-the packed layout (compiler/accel/inplace.py: a table between accelerator nodes) read and
+the packed layout (partition.packed_nodes: a table between accelerator nodes) read and
 write their values in DRAM, through views of the executor's memory
 (``Executor.dram_view``) where it offers them: no crossing.
 
@@ -135,10 +135,10 @@ class AccelModel:
         self.report: list[dict] = []
         self.crossings = {"to_accel": 0, "to_cpu": 0}  # of the last run (``summary``)
         # values in-place CPU nodes read or wrote in DRAM, packed, in the last run
-        # (compiler/accel/inplace.py): no crossing, no layout conversion
+        # (partition.packed_nodes): no crossing, no layout conversion
         self.in_place = 0
         self._executors: dict = {}
-        # CPU nodes computed in place on the packed layout (compiler/accel/inplace.py)
+        # CPU nodes computed in place on the packed layout (partition.packed_nodes)
         self.packed = _packed(graph, placements) if packed is None else set(packed)
 
     # ---- building --------------------------------------------------------------------------
@@ -149,7 +149,7 @@ class AccelModel:
         """Partition, compile and place a quantized graph (see the module docstring)."""
         from celosia.errors import CompilerError
 
-        from ..compiler.accel.inplace import in_dram, packed_nodes
+        from ..compiler.accel.partition import in_dram, packed_nodes
         from ..compiler.accel.split import split_sliced_layers
         from ..compiler.accel.matmul import bind_matmul, pack_weights, weights_shape
         from ..compiler.accel.partition import (
@@ -411,10 +411,9 @@ class AccelModel:
 
     def _warm_layouts(self) -> "AccelModel":
         """Make (or load from the disk cache) the compiled pack/unpack kernels of the values
-        that cross between CPU and accelerator (partition.pack_value), so that a run's
+        that cross between CPU and accelerator (``_pack``, ``_unpack``), so that a run's
         layout time is the conversions', not their compilation's."""
-        from ..compiler.accel.layout_kernels import layout_kernel
-        from ..compiler.accel.partition import _compiled_layout
+        from ..compiler.cpu.packed_layout import compiled_layout, layout_kernel
 
         graph, cfg = self.graph, self.config
         made = {o: n for n in graph.nodes for o in n.outputs if o}
@@ -427,7 +426,7 @@ class AccelModel:
             if "of" in v or v.get("layout") or len(shape) not in (3, 4):
                 continue
             image = shape if len(shape) == 4 else (shape[0], shape[1], 1, shape[2])
-            if not _compiled_layout(image, v["shape"], cfg.batch, cfg.block):
+            if not compiled_layout(image, v["shape"], cfg.batch, cfg.block):
                 continue
             pixels = math.prod(shape[2:])
             if name not in dram or name not in made:  # packed by the runtime
@@ -519,7 +518,7 @@ class AccelModel:
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
         from ..compiler.accel.matmul import pack_weights
-        from ..compiler.accel.partition import dram_reads, pack_value, unpack_value
+        from ..compiler.accel.partition import dram_reads
         from ..compiler.graph.ir import InputShapeError
 
         graph, cfg = self.graph, self.config
@@ -557,9 +556,9 @@ class AccelModel:
                 size = math.prod(v["shape"])
                 raw = ex.dram_view(v["addr"], size)
                 raw = ex.read_dram(v["addr"], size) if raw is None else raw
-                host[name] = unpack_value(raw.view(np.int8).reshape(v["shape"]),
-                                          graph.types[name].shape, v.get("layout"), cfg,
-                                          out=self._host_buffer(name))
+                host[name] = _unpack(raw.view(np.int8).reshape(v["shape"]),
+                                     graph.types[name].shape, v.get("layout"), cfg,
+                                     self._host_buffer(name))
 
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
         rows: dict[str, dict] = {}
@@ -591,10 +590,10 @@ class AccelModel:
                         v = self.values[name]
                         view = ex.dram_view(v["addr"], math.prod(v["shape"]))
                         if view is not None:  # packed straight into DRAM
-                            pack_value(host[name], cfg, v.get("layout"),
-                                       out=view.view(np.int8).reshape(v["shape"]))
+                            _pack(host[name], cfg, v.get("layout"),
+                                  view.view(np.int8).reshape(v["shape"]))
                         else:
-                            ex.write_dram(v["addr"], pack_value(host[name], cfg, v.get("layout")))
+                            ex.write_dram(v["addr"], _pack(host[name], cfg, v.get("layout")))
                         in_dram.add(name)
                         crossings["to_accel"] += 1
                         packed = True
@@ -777,10 +776,42 @@ class AccelModel:
         }
 
 
+def _pack(x: np.ndarray, cfg, layout: str | None = None, out: np.ndarray | None = None):
+    """partition.pack_value, an image of BATCH 1 and 16 KiB or more by the compiled kernel
+    (compiler/cpu/packed_layout.py); into ``out`` (DRAM) when given."""
+    from ..compiler.accel.partition import pack_value, packed_shape
+    from ..compiler.cpu.packed_layout import compiled_layout, pack_fast
+
+    x = np.asarray(x)
+    image = x.shape if x.ndim != 3 else (x.shape[0], x.shape[1], 1, x.shape[2])
+    if layout is None and x.dtype == np.int8 and len(image) == 4:
+        shape = packed_shape(image, cfg)
+        if compiled_layout(image, shape, cfg.batch, cfg.block):
+            out = np.empty(shape, np.int8) if out is None else out
+            pack_fast(x.reshape(image), out, cfg.block)
+            return out
+    return pack_value(x, cfg, layout, out=out)
+
+
+def _unpack(p: np.ndarray, shape: tuple, layout, cfg, out: np.ndarray | None = None):
+    """partition.unpack_value, an image of BATCH 1 and 16 KiB or more by the compiled kernel
+    into ``out`` (an array of ``shape`` kept from run to run) or a fresh one."""
+    from ..compiler.accel.partition import unpack_value
+    from ..compiler.cpu.packed_layout import compiled_layout, unpack_fast
+
+    image = tuple(shape) if len(shape) != 3 else (shape[0], shape[1], 1, shape[2])
+    if layout is None and len(image) == 4 and \
+            compiled_layout(image, p.shape, p.shape[-2], p.shape[-1]):
+        out = np.empty(shape, np.int8) if out is None else out
+        unpack_fast(p, out.reshape(image), p.shape[-1])
+        return out
+    return unpack_value(p, shape, layout, cfg)
+
+
 def _packed(graph, placements: dict) -> set:
-    """The CPU nodes computed in place on the packed layout (compiler/accel/inplace.py);
+    """The CPU nodes computed in place on the packed layout (partition.packed_nodes);
     none in an all-CPU build."""
-    from ..compiler.accel.inplace import packed_nodes
+    from ..compiler.accel.partition import packed_nodes
 
     if not any(p.target == "accel" for p in placements.values()):
         return set()

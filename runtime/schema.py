@@ -457,10 +457,10 @@ def _staged(f: Field, node, graph, cfg, image_bytes: int) -> dict:
 
 
 def check_in_place(root: Field, graph, placements: dict) -> set[str]:
-    """The CPU nodes computed in place on the packed layout (compiler/accel/inplace.py):
+    """The CPU nodes computed in place on the packed layout (partition.packed_nodes):
     each one such a node can be (an artifact written before they existed has none, and
     runs those nodes as other CPU nodes)."""
-    from ..compiler.accel.inplace import packed_nodes
+    from ..compiler.accel.partition import packed_nodes
 
     f = root.get("in_place")
     if f is None:

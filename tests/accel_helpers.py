@@ -12,9 +12,9 @@ def crossings(graph, places) -> int:
     node reads from DRAM (partition.dram_reads) that the CPU (or the caller) makes, and a
     value made on the accelerator that a CPU node or the caller reads. A view on the
     accelerator (Reshape, Flatten, ...) is its input's bytes: reading it reads its root. A
-    CPU node computed in place on the packed layout (compiler/accel/inplace.py) reads and
+    CPU node computed in place on the packed layout (partition.packed_nodes) reads and
     writes DRAM values where they are: no crossing."""
-    from celosia.compiler.accel.inplace import packed_nodes
+    from celosia.compiler.accel.partition import packed_nodes
     from celosia.compiler.accel.partition import ALIAS_OPS, dram_reads
 
     on_accel = {n.name for n in graph.nodes if places[n.name].target == "accel"}

@@ -33,7 +33,7 @@ order (``layer_for``); the CPU reads any view by unpacking its root. A channel `
 allocated inside its output (``concat_slices``), so their producers write their slices
 and nothing is copied. These nodes go to the accelerator only when their inputs are made
 there, or by a CPU node computed in place on the packed layout (a ``QLut`` between
-accelerator nodes, compiler/accel/inplace.py; otherwise they would add a crossing, not save
+accelerator nodes, ``packed_nodes`` below; otherwise they would add a crossing, not save
 one). ``dram_reads`` names the values an accelerator node reads from DRAM.
 
 ``layer_for`` gives the accelerator operator (spec, packed constants) for a node.
@@ -58,7 +58,8 @@ from .ops_group import GroupConvSpec, crop_taps, group_layout_problem, pack_grou
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_rows", "compile_layer", "ALIAS_OPS", "ALU_OPS", "PLACED_OPS", "dram_reads",
            "root_of", "concat_slices",
-           "packed_shape", "pack_value", "unpack_value", "value_layouts"]
+           "packed_shape", "pack_value", "unpack_value", "value_layouts", "IN_PLACE_OPS",
+           "in_dram", "in_place_problem", "packed_nodes"]
 
 # Nodes with an ALU-only program (compiler/accel/ops_alu.py).
 ALU_OPS = ("MaxPool", "QGlobalAveragePool", "QAdd", "QMul", "Relu")
@@ -293,9 +294,7 @@ def _concat_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
 def _made_on_cpu(node: Node, producer: dict, out: dict, packed=()) -> bool:
     """Whether a value the node reads from DRAM is made on the CPU (or is an input): not by
     an accelerator node nor by a node the CPU computes in place on the packed layout
-    (``packed``, compiler/accel/inplace.py)."""
-    from .inplace import in_dram
-
+    (``packed``, ``packed_nodes``)."""
     return not all(in_dram(v, producer, out, packed) for v in dram_reads(node))
 
 
@@ -304,8 +303,6 @@ def _check_views(graph: Graph, out: dict, cfg: HwConfig) -> None:
     a flattening read by a QGemm, would read more than twice the channels: padding to
     BLOCK), and ALU nodes/views whose input is no longer made on the accelerator, go back
     to the CPU (until nothing changes)."""
-    from .inplace import packed_nodes
-
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
     changed = True
     while changed:
@@ -368,8 +365,6 @@ def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
 def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[str, Placement]:
     """A Placement per node name. With ``accelerate=False`` every node is on the CPU (the
     all-CPU build of the same quantized graph)."""
-    from .inplace import in_place_problem
-
     out = {}
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
     packed: set[str] = set()  # CPU nodes computed in place on the packed layout so far
@@ -472,6 +467,84 @@ def regions(graph: Graph, placements: dict[str, Placement]) -> dict[str, int]:
     return out
 
 
+# ---- CPU nodes in place on the packed layout -------------------------------------------------
+
+# CPU nodes computed in place on the accelerator's packed layout.
+#
+# An element-wise int8 node (``QLut``, and ``QAdd``/``QMul`` of two operands of the output's
+# shape) that the accelerator cannot run (a table lookup: the ALU has no gather, ISA.md's ALU
+# ops are MIN, MAX, ADD, SHR, MUL) but whose operands the accelerator made does not need
+# them in the CPU's NCHW layout: it computes the same function of every element in any
+# order. Such a node runs on the CPU *in place*: the runtime reads its operands' packed bytes
+# from DRAM as they are, the CPU kernel computes on them as flat int8 arrays (a CPU segment
+# built for those flat types), and the result goes back to DRAM in the same packed layout.
+# Nothing is unpacked or packed; its output is a DRAM value like an accelerator node's, so
+# the accelerator nodes after it read it where it is and the ALU nodes and views after it
+# stay on the accelerator (``annotate``).
+#
+# Padding: the packed layout pads channels to BLOCK (and a [N, C] value's rows, ``dense_rows``).
+# An element-wise node computes garbage there (a table maps the 0 of a padding channel to
+# ``table[128]``, Sigmoid's 0.5). Nothing reads it into a real output: a convolution's or
+# dense layer's weights for padding input channels are zero, a depthwise convolution, pooling
+# and element-wise nodes keep padding channels to themselves, a Concat's inputs other than
+# the last have no padding, and unpacking drops it (tests/runtime/test_accel_inplace.py runs
+# such tables between accelerator nodes against the all-CPU build).
+#
+# Conditions (``in_place_problem``): an int8 node of ``IN_PLACE_OPS`` on the CPU, of static
+# shape, every operand of the output's shape (so one packed layout for all) and made in DRAM
+# by an accelerator node or another in-place node, not a view's output (a view's packed bytes
+# are its root's, of another shape), and no operand or output in a QMatMul's "matrices"
+# layout.
+
+IN_PLACE_OPS = ("QLut", "QAdd", "QMul")
+
+
+def in_dram(value: str, producer: dict, placements: dict, packed) -> bool:
+    """Whether ``value`` is made in DRAM: by an accelerator node or an in-place node."""
+    p = producer.get(value)
+    return p is not None and (placements[p.name].target == "accel" or p.name in packed)
+
+
+def in_place_problem(node: Node, graph: Graph, producer: dict, placements: dict,
+                     packed, layouts: dict | None = None) -> str | None:
+    """Why a CPU node does not run in place on the packed layout (None: it does). ``packed``:
+    the in-place nodes before it; ``layouts``: ``value_layouts``, when known."""
+    if node.op not in IN_PLACE_OPS or placements[node.name].target != "cpu":
+        return f"{node.op} is not an element-wise int8 node"
+    if len(node.outputs) != 1 or not node.outputs[0]:
+        return "it has not one output"
+    y = graph.types.get(node.outputs[0])
+    reads = dram_reads(node)
+    if y is None or y.dtype != "int8" or not y.static or len(y.shape) not in (2, 3, 4):
+        return f"its output is {y}, not a static 2-D, 3-D or 4-D int8 value"
+    if node.op == "QLut" and (len(node.inputs) < 2 or node.inputs[1] not in graph.initializers):
+        return "its table is computed at run time"
+    for v in reads:
+        if graph.types[v].shape != y.shape or graph.types[v].dtype != "int8":
+            return f"its operand {v!r} ({graph.types[v]}) is not of the output's type {y}"
+        if not in_dram(v, producer, placements, packed):
+            return f"its operand {v!r} is not made in DRAM"
+        if producer[v].op in ALIAS_OPS:
+            return f"its operand {v!r} is a view (its packed bytes are another value's)"
+    if layouts is not None and any(layouts.get(v) == "matrices"
+                                   for v in (*reads, node.outputs[0])):
+        return "a value of it is in a QMatMul's matrices layout"
+    return None
+
+
+def packed_nodes(graph: Graph, placements: dict) -> set[str]:
+    """The CPU nodes that run in place on the packed layout (module doc), in one pass in
+    graph order."""
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    layouts = value_layouts(graph, placements)
+    packed: set[str] = set()
+    for node in graph.nodes:
+        if node.op in IN_PLACE_OPS and placements[node.name].target == "cpu" and \
+                in_place_problem(node, graph, producer, placements, packed, layouts) is None:
+            packed.add(node.name)
+    return packed
+
+
 # ---- layouts ---------------------------------------------------------------------------------
 
 
@@ -521,19 +594,6 @@ def _row_major(shape: tuple, packed: tuple, b: int, k: int) -> bool:
         packed[0] == shape[0]
 
 
-# Images of at least this many bytes are packed and unpacked by compiled kernels
-# (layout_kernels.py: 10-40x numpy's strided byte copy on large ones; below it the call
-# costs more than numpy's copy).
-COMPILED_LAYOUT_BYTES = 16384
-
-
-def _compiled_layout(shape: tuple, packed: tuple, b: int, k: int) -> bool:
-    """Whether an image of ``shape`` ([N, C, H, W]) packed as ``packed`` is converted by a
-    compiled kernel: BATCH 1, a power-of-two BLOCK, large enough."""
-    return b == 1 and len(shape) == 4 and len(packed) == 6 and 2 <= k <= 64 and \
-        not k & (k - 1) and math.prod(shape) >= COMPILED_LAYOUT_BYTES
-
-
 def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None,
                out: np.ndarray | None = None) -> np.ndarray:
     """NCHW (or [N, C], or [N, C, L] as NCHW with one row) int8 -> the packed layout,
@@ -562,12 +622,6 @@ def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None,
             return np.ascontiguousarray(x).reshape(shape)
         out.reshape(x.shape)[...] = x
         return out
-    if _compiled_layout(x.shape, shape, b, k):
-        out = np.empty(shape, x.dtype) if out is None else out
-        from .layout_kernels import pack_fast
-
-        pack_fast(x, out, k)
-        return out
     if out is None:
         # Channel (and row) padding is zeros: a zeroed array (calloc) costs less than
         # zeroing a strided view of the last block.
@@ -584,26 +638,16 @@ def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None,
 
 
 def unpack_value(p: np.ndarray, shape: tuple[int, ...], layout: str | None = None,
-                 cfg: HwConfig | None = None, out: np.ndarray | None = None) -> np.ndarray:
+                 cfg: HwConfig | None = None) -> np.ndarray:
     """The packed layout -> NCHW (or [N, C], or [N, C, L]) of ``shape`` (padding channels
-    and rows dropped); the "matrices" layout needs ``cfg``. ``out``: an int8 array of
-    ``shape`` that an image converted by the compiled kernel is written into (a buffer kept
-    from run to run: no fresh pages to fault in); the result may be another array."""
+    and rows dropped); the "matrices" layout needs ``cfg``."""
     if layout == "matrices":
         return matmul.unpack_matrices(p, shape, cfg)
     if len(shape) == 3:
-        return unpack_value(p, (shape[0], shape[1], 1, shape[2]),
-                            out=None if out is None else out.reshape(
-                                shape[0], shape[1], 1, shape[2])).reshape(shape)
+        return unpack_value(p, (shape[0], shape[1], 1, shape[2])).reshape(shape)
     n, c = shape[:2]
     if _row_major(shape, p.shape, p.shape[-2], p.shape[-1]):
         return np.ascontiguousarray(p).reshape(shape)
-    if _compiled_layout(shape, p.shape, p.shape[-2], p.shape[-1]):
-        from .layout_kernels import unpack_fast
-
-        out = np.empty(shape, p.dtype) if out is None else out
-        unpack_fast(p, out, p.shape[-1])
-        return out
     spatial = tuple(shape[2:])
     axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
     view = p.transpose(axes)  # (N/b, b, C/k, k, *spatial)

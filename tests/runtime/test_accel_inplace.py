@@ -1,5 +1,5 @@
 """Element-wise CPU nodes computed in place on the accelerator's packed layout
-(compiler/accel/inplace.py) and squeeze-excitation's gate as a QMul on the ALU: small ONNX
+(partition.packed_nodes) and squeeze-excitation's gate as a QMul on the ALU: small ONNX
 models quantized to int8 and built with AccelModel.build are bit-exact with the all-CPU
 build of the same graph on fsim and the cycle model (and after a save and load); the
 tables run on the CPU in DRAM, so the nodes after them stay on the accelerator and only the
@@ -173,7 +173,7 @@ def test_the_artifact_names_its_in_place_nodes(tmp_path, monkeypatch):
 
     from accel_helpers import edit_manifest
 
-    from celosia.compiler.accel import inplace
+    from celosia.compiler.accel import partition as inplace
     from celosia.runtime.artifact import ArtifactError
 
     rng = np.random.default_rng(11)
@@ -207,10 +207,10 @@ def test_the_artifact_names_its_in_place_nodes(tmp_path, monkeypatch):
 
 def test_runs_with_other_inputs_reuse_no_stale_memory():
     """Values crossing through the compiled pack/unpack kernels (images past
-    partition.COMPILED_LAYOUT_BYTES), unpacked into buffers kept from run to run: two runs
+    packed_layout.COMPILED_LAYOUT_BYTES), unpacked into buffers kept from run to run: two runs
     with other inputs are each bit-exact, and the first run's outputs are left as they
     were."""
-    from celosia.compiler.accel.partition import COMPILED_LAYOUT_BYTES
+    from celosia.compiler.cpu.packed_layout import COMPILED_LAYOUT_BYTES
 
     rng = np.random.default_rng(21)
     q, shape = _block(rng, 32, 40, 24, 1)
@@ -266,3 +266,32 @@ def test_block_on_the_rtl_agrees_with_the_cycle_model():
     rtl_cycles = [r["cycles"] for r in model.report if r["target"] == "accel"]
     model.run(feeds, target="cycle")
     assert [r["cycles"] for r in model.report if r["target"] == "accel"] == rtl_cycles
+
+
+@pytest.mark.parametrize("preset", ["default", "small"])
+@pytest.mark.parametrize("shape", [(1, 40, 33, 31), (1, 24, 1, 5000), (1, 24, 3000)])
+def test_large_images_cross_through_the_compiled_kernels(preset, shape, monkeypatch):
+    """The runtime packs and unpacks an image past COMPILED_LAYOUT_BYTES with the compiled
+    kernels (compiler/cpu/packed_layout.py): the bytes partition.pack_value's numpy gives,
+    also into memory that held anything, and back."""
+    from celosia.compiler.accel.partition import pack_value, packed_shape, unpack_value
+    from celosia.compiler.cpu import packed_layout
+    from celosia.config import HwConfig
+    from celosia.runtime.accel import _pack, _unpack
+
+    cfg = HwConfig.load(preset)
+    x = np.random.default_rng(len(shape)).integers(-128, 128, shape, dtype=np.int8)
+    assert x.size >= packed_layout.COMPILED_LAYOUT_BYTES
+    calls = []
+    for name in ("pack_fast", "unpack_fast"):
+        fn = getattr(packed_layout, name)
+        monkeypatch.setattr(packed_layout, name, lambda *a, _fn=fn, _n=name: (
+            calls.append(_n), _fn(*a))[1])
+    want = pack_value(x, cfg)
+    np.testing.assert_array_equal(_pack(x, cfg), want)
+    into = np.full(packed_shape(shape, cfg), 5, np.int8)
+    assert _pack(x, cfg, None, into) is into
+    np.testing.assert_array_equal(into, want)
+    np.testing.assert_array_equal(_unpack(want, shape, None, cfg), unpack_value(want, shape))
+    np.testing.assert_array_equal(_unpack(want, shape, None, cfg, np.zeros(shape, np.int8)), x)
+    assert calls == ["pack_fast", "pack_fast", "unpack_fast", "unpack_fast"]

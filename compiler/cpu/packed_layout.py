@@ -1,5 +1,8 @@
-"""Packing and unpacking of values at region borders as compiled kernels (LLVM IR written
-directly, like compiler/cpu/lut.py).
+"""Packing and unpacking of values at the accelerator's region borders as compiled kernels
+(LLVM IR written directly, like lut.py): runtime/accel.py converts images of BATCH 1 of
+``COMPILED_LAYOUT_BYTES`` or more with them, and smaller ones or other layouts with numpy
+(compiler/accel/partition.py pack_value/unpack_value, the definition they are tested
+against).
 
 With BATCH 1 the packed layout of an int8 image [N, C, *spatial] is [N, C/k, P, k] (k =
 BLOCK, P pixels, channels zero-padded): per channel block a transpose of a k x P byte
@@ -13,10 +16,9 @@ pixels) is k vector loads, a transpose by shuffles and k vector stores:
 The loop runs over (image, channel block, chunk of ``PIXELS`` pixels); pixels after the last
 whole tile of a chunk are copied one at a time. ``pack_fast``/``unpack_fast`` run it on the
 calling thread: a memory-bound copy gains little from a second thread, and on a busy machine
-waiting for a descheduled worker cost 5-10 ms a call (U-Net, PP-OCR det at full size). ``layout_kernel(op, shape, k)``
-gives the kernel (cached per shape in the process, its object code on disk by
-compiler/cpu/codegen.py); ``pack_fast``/``unpack_fast`` run it (partition.pack_value and
-unpack_value call them for BATCH 1, numpy otherwise).
+waiting for a descheduled worker cost 5-10 ms a call (U-Net, PP-OCR det at full size). ``layout_kernel(op, n, c, p, k)``
+gives the kernel (cached per shape in the process, its object code on disk by codegen.py);
+``pack_fast``/``unpack_fast`` run it.
 """
 
 from __future__ import annotations
@@ -28,12 +30,24 @@ import time
 import numpy as np
 from llvmlite import ir
 
-__all__ = ["layout_kernel", "pack_fast", "unpack_fast", "PIXELS"]
+__all__ = ["layout_kernel", "pack_fast", "unpack_fast", "PIXELS", "COMPILED_LAYOUT_BYTES",
+           "compiled_layout"]
 
 PIXELS = 4096  # pixels per parallel iteration (a multiple of every block size)
+# Images of at least this many bytes are converted by the kernels (10-40x numpy's strided
+# byte copy on large ones; below it the call costs more than numpy's copy).
+COMPILED_LAYOUT_BYTES = 16384
 _I8, _I64 = ir.IntType(8), ir.IntType(64)
 _kernels: dict = {}
 _lock = threading.Lock()
+
+
+def compiled_layout(shape: tuple, packed: tuple, batch: int, k: int) -> bool:
+    """Whether an image of ``shape`` ([N, C, H, W]) packed as ``packed`` ([N/BATCH, C/k, H,
+    W, BATCH, k]) is converted by a kernel here: BATCH 1, a power-of-two block, large
+    enough."""
+    return batch == 1 and len(shape) == 4 and len(packed) == 6 and 2 <= k <= 64 and \
+        not k & (k - 1) and math.prod(shape) >= COMPILED_LAYOUT_BYTES
 
 
 def _module(op: str, n: int, c: int, p: int, k: int, symbol: str) -> str:
@@ -164,8 +178,8 @@ def layout_kernel(op: str, n: int, c: int, p: int, k: int):
         kernel = _kernels.get(key)
     if kernel is not None:
         return kernel
-    from ..cpu.codegen import CpuKernel, SavedSegment, _load_or_compile
     from ..tensor.tir import Buffer
+    from .codegen import CpuKernel, SavedSegment, _load_or_compile
 
     if op not in ("pack", "unpack") or k < 2 or k > 64 or k & (k - 1):
         raise ValueError(f"no {op} kernel for blocks of {k}")
