@@ -466,6 +466,24 @@ def _staged(f: Field, node, graph, cfg, image_bytes: int) -> dict:
     return {"value": value, "addr": addr, "shape": list(shape), "layout": layout}
 
 
+def check_in_place(root: Field, graph, placements: dict) -> set[str]:
+    """The CPU nodes computed in place on the packed layout (partition.packed_nodes):
+    each one such a node can be (an artifact written before they existed has none, and
+    runs those nodes as other CPU nodes)."""
+    from ..compiler.accel.partition import packed_nodes
+
+    f = root.get("in_place")
+    if f is None:
+        return set()
+    names = set(f.names())
+    can = packed_nodes(graph, placements) if any(p.target == "accel"
+                                                 for p in placements.values()) else set()
+    if not names <= can:
+        raise f.fail(f"names {sorted(names - can)[:3]}, which cannot run in place on the "
+                     f"packed layout (an element-wise int8 CPU node of operands made in DRAM)")
+    return names
+
+
 def check_segments(root: Field, graph, placements: dict) -> list[list[str]]:
     """The CPU segments' node names: consecutive CPU nodes, each node at most once."""
     order = {n.name: k for k, n in enumerate(graph.nodes)}

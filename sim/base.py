@@ -46,6 +46,13 @@ class Executor(ABC):
     def read_dram(self, addr: int, nbytes: int) -> np.ndarray:
         """A uint8 copy of ``nbytes`` of DRAM from a byte address."""
 
+    def dram_view(self, addr: int, nbytes: int) -> np.ndarray | None:
+        """A writable uint8 view of ``nbytes`` of DRAM from a byte address: the CPU working
+        on the accelerator's memory in place, as a board's CPU does on its DMA buffers
+        (runtime/accel.py's in-place nodes). None where the executor has no such access;
+        then ``read_dram`` and ``write_dram`` copy."""
+        return None
+
     @abstractmethod
     def run(self, insn_addr: int, insn_count: int) -> dict:
         """Run the program at ``insn_addr`` to completion and return its counters.

@@ -195,6 +195,10 @@ class FunctionalSimulator(Executor):
         self._check_range(addr, nbytes)
         return self.dram[addr:addr + nbytes].copy()
 
+    def dram_view(self, addr: int, nbytes: int) -> np.ndarray:
+        self._check_range(addr, nbytes)
+        return self.dram[addr:addr + nbytes]
+
     def run(self, insn_addr: int, insn_count: int) -> dict:
         insns = self._load(insn_addr, insn_count)
         with single_threaded_blas():

@@ -31,7 +31,8 @@ residual Add, then Relu/Clip steps (together one clamp [lo, hi]), optionally fol
 unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...) and constant Adds/Muls
 of one value: those become a QLut (a 256-entry int8 table) after the layer, which then
 writes an intermediate int8 value, and optionally a QAdd/QMul of a run-time value of the
-output's type after the table. A ConvTranspose with strides equal to its kernel is a 1x1
+output's type after the table. An Add of two int8 values of its output's shape is a QAdd,
+a Mul of two int8 values that broadcast to its output (squeeze-excitation's gate) a QMul. A ConvTranspose with strides equal to its kernel is a 1x1
 Conv and an int8 pixel shuffle first (qtranspose.py):
 
 - weights: per output channel (``per_channel``; else one scale) ``s_w[o] = max|w[o]|/127``,
@@ -58,8 +59,9 @@ Conv and an int8 pixel shuffle first (qtranspose.py):
 - Relu gives ``lo = 0``; Clip(a, b) gives ``lo, hi = clip(rint(a/s_out)), clip(rint(b/s_out))``
   within [-128, 127]; no activation gives [-128, 127].
 
-MaxPool, Flatten, Reshape, Relu and Identity (and a ConvTranspose's pixel shuffle) on an int8
-value stay int8 in the same scale (so does a Concat of int8 values that already share one scale); GlobalAveragePool
+MaxPool, Flatten, Reshape, Relu, Identity and Slice (and a ConvTranspose's pixel shuffle) on an
+int8 value stay int8 in the same scale (so does a Concat of int8 values that already share one
+scale, and a channel Concat of int8 images, whose inputs are given one shared scale); GlobalAveragePool
 becomes QGlobalAveragePool; an element-wise function of one value (``_LUT_OPS``) on an int8
 value becomes a QLut. Every other node stays float: a Dequantize is inserted before it for an
 int8 input, and a Quantize after a float value only where a quantized node reads it. Graph
@@ -437,12 +439,20 @@ def _after_lut(node: Node) -> str:
 
 
 def _is_int8_binary(graph: Graph, node: Node, int8: set) -> bool:
-    """An Add/Mul of two int8 values of the output's shape: a QAdd/QMul."""
+    """An Add of two int8 values of the output's shape (a QAdd), a Mul of two int8 values
+    that broadcast to it (a QMul: squeeze-excitation's features times its gate [N, C, 1, 1])."""
     if node.op not in ("Add", "Mul") or len(node.inputs) != 2 or len(node.outputs) != 1:
         return False
     out = graph.types[node.outputs[0]]
-    return out.dtype == "float32" and all(
-        v in int8 and graph.types[v].shape == out.shape for v in node.inputs)
+    if out.dtype != "float32" or not all(v in int8 for v in node.inputs):
+        return False
+    shapes = [graph.types[v].shape for v in node.inputs]
+    if node.op == "Add" or not out.static or not all(graph.types[v].static for v in node.inputs):
+        return all(s == out.shape for s in shapes)
+    try:
+        return np.broadcast_shapes(*map(tuple, shapes)) == tuple(out.shape)
+    except ValueError:
+        return False
 
 
 def _matmul_factor(graph: Graph, node: Node) -> float | None:
@@ -472,6 +482,16 @@ def _is_activation_matmul(graph: Graph, node: Node) -> bool:
     return all(t.dtype == "float32" and t.static and len(t.shape) >= 2 for t in ts)
 
 
+def _is_channel_concat(graph: Graph, node: Node) -> bool:
+    """A Concat of images along channels (YOLO's C2f joins its halves and its bottlenecks'
+    outputs so): its int8 inputs take one shared scale, the largest range of theirs, and it
+    stays int8 (a QConv or QAdd writing one of them requantizes to that scale for free;
+    on the accelerator its inputs are written into their slices of its output)."""
+    out = graph.types[node.outputs[0]] if node.outputs else None
+    return node.op == "Concat" and out is not None and len(out.shape) == 4 and \
+        int(node.attrs.get("axis", 1)) % 4 == 1
+
+
 def _mid(node: Node) -> str:
     """The calibration key of a layer's int8 result before its QLut tail (not a value of the
     graph: the quantized graph names it afresh)."""
@@ -499,11 +519,13 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
                 len(node.outputs) == 1 and graph.types[out].dtype == "float32":
             plan.kinds[node.name] = "lut"
         elif len(node.outputs) == 1 and int8_in and (
-                node.op in _SAME_SCALE or node.name in shuffles or (
+                node.op in _SAME_SCALE + ("Slice",) or node.name in shuffles or (
                     node.op == "Concat" and len({plan.classes.find(i)
-                                                 for i in node.inputs}) == 1)):
+                                                 for i in node.inputs}) == 1)
+                or _is_channel_concat(graph, node)):
             plan.kinds[node.name] = "same"
-            plan.classes.union(node.inputs[0], out)
+            for i in (node.inputs if node.op == "Concat" else node.inputs[:1]):
+                plan.classes.union(i, out)
         elif _is_activation_matmul(graph, node):
             plan.kinds[node.name] = "matmul"
         elif node.op in _RECURRENT and recurrent_problem(graph, node) is None:
@@ -571,7 +593,8 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
         return (f"it computes {out.dtype} values (indices, shapes or masks), not float data"
                 if out is not None else "it has no output")
     floats = [i for i in inputs if i not in plan.int8 and i not in graph.initializers]
-    int8_forms = (*_LUT_OPS, *_SAME_SCALE, "Concat", "GlobalAveragePool", "Add", "Mul")
+    int8_forms = (*_LUT_OPS, *_SAME_SCALE, "Slice", "Concat", "GlobalAveragePool", "Add",
+                  "Mul")
     if node.op not in int8_forms:
         return f"the quantizer has no int8 form of {node.op}"
     if floats:
@@ -582,8 +605,11 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
         return "its int8 inputs have different scales (an int8 Concat needs one shared scale)"
     if node.op in ("Add", "Mul"):
         shapes = ", ".join(str(graph.types[i]) for i in inputs)
-        return (f"it broadcasts its operands ({shapes}) to {out} (Q{node.op} takes two "
-                f"operands of the output's shape)")
+        if node.op == "Mul":
+            return (f"its operands ({shapes}) or output {out} have sizes known only at run "
+                    f"time (a QMul broadcasts static shapes)")
+        return (f"it broadcasts its operands ({shapes}) to {out} (QAdd takes two operands "
+                f"of the output's shape)")
     return f"no int8 form of this {node.op} ({len(inputs)} inputs, output {out})"
 
 

@@ -162,3 +162,45 @@ def test_elementwise_matches_qops(case):
             args += [pack_value(b, cfg), elt_constants(cfg, spec)]
         fn(Device(cfg, target, dram_size=8 << 20), *args, out)
         np.testing.assert_array_equal(unpack_value(out, shape), want, err_msg=target)
+
+
+QMUL_CASES = [  # (preset, a shape, b shape, multiplier, shift)
+    ("default", (1, 40, 7, 9), (1, 40, 7, 9), 1 << 17, 24),     # one shape, past 16 bits
+    ("default", (1, 40, 7, 9), (1, 40, 1, 1), 77777, 21),       # squeeze-excitation's gate
+    ("default", (2, 24, 50, 50), (2, 24, 1, 1), 3000, 16),      # a run longer than a chunk
+    ("default", (1, 48, 1, 1), (1, 48, 1, 1), 555, 12),         # gates of one pixel
+    ("small", (3, 10), (3, 10), 700, 11),                       # a 2-D value
+    ("small", (2, 12, 1, 13), (2, 12, 1, 1), 9, 5),             # a 1-D image's gate
+]
+
+
+@pytest.mark.parametrize("zero_points", [(0, 0, 0), (-128, 5, -128), (17, -128, 3)])
+@pytest.mark.parametrize("gate_first", [False, True])
+@pytest.mark.parametrize("case", QMUL_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+def test_qmul_matches_qops(case, gate_first, zero_points):
+    """QMul on the ALU, of one shape or by a per-channel gate (either operand), with and
+    without zero points (za, zb, zo), against qops.qmul on random int8 values, on fsim and
+    the cycle model."""
+    from celosia.compiler.accel.ops_alu import EltSpec, elementwise, elt_constants
+    from celosia.compiler.accel.partition import pack_value, packed_shape, unpack_value
+    from celosia.compiler.graph.qops import qmul
+
+    preset, a_shape, b_shape, mult, shift = case
+    cfg = HwConfig.load(preset)
+    rng = np.random.default_rng(zlib.crc32(repr((case, gate_first, zero_points)).encode()))
+    a = rng.integers(-128, 128, a_shape, dtype=np.int8)
+    b = rng.integers(-128, 128, b_shape, dtype=np.int8)
+    a[..., 0] = -128  # the extremes: -128 * -128 * m is the largest product
+    b.flat[0] = -128
+    first, second = (b, a) if gate_first else (a, b)
+    want = qmul({"shift": shift, "multipliers": [mult], "zero_points": zero_points},
+                first, second)
+    gate = int(np.prod(a_shape[2:])) if b_shape != a_shape else 1
+    spec = EltSpec("mul", packed_shape(a_shape, cfg), (mult,), shift, gate_rows=gate,
+                   gate_first=gate_first, zero_points=zero_points)
+    fn = elementwise(cfg, spec)
+    for target in ("fsim", "cycle"):
+        out = np.zeros(spec.shape, np.int8)
+        args = [pack_value(first, cfg), pack_value(second, cfg), elt_constants(cfg, spec)]
+        fn(Device(cfg, target, dram_size=8 << 20), *args, out)
+        np.testing.assert_array_equal(unpack_value(out, a_shape), want, err_msg=target)
