@@ -32,6 +32,10 @@ BENCHMARKS = {
     "cpu-resnet18": ("celosia.benchmarks.cpu_resnet18", "run",
                      "ResNet-18 fp32 224x224 CPU build: latency vs onnxruntime and numpy, "
                      "cold and warm compile time"),
+    "cpu-resnet18-int8": ("celosia.benchmarks.cpu_resnet18_int8", "run",
+                          "ResNet-18 int8 224x224 CPU build (QConv/QGemm on the CPU's int8 "
+                          "dot-product instructions): latency vs celosia fp32 and onnxruntime's "
+                          "int8 QDQ model, bit-exact with qops.py"),
     "resnet18-e2e": ("celosia.benchmarks.resnet18_e2e", "run",
                      "ResNet-18 int8 224x224 split between the accelerator (cycle model) and "
                      "the CPU: latency, shares, speedup over the CPU build, simulation wall time"),

@@ -144,7 +144,7 @@ def _lower_body(lowering, node: Node, key: str, body: Graph, captured, depth: in
         return "a body value has no elements"
     # lowering.py's _Lowering (which imports this module), after the main graph's
     # pre-lowering rewrite (lower_graph): Silero's If branch is 1-D convolutions.
-    sub = type(lowering)(conv1d_as_2d(conv1d_as_dense(g)))
+    sub = type(lowering)(conv1d_as_2d(conv1d_as_dense(g)), lowering.int8_form or "none")
     sub.depth = depth + 1
     for v in g.outer:
         sub.produce(v, 0)

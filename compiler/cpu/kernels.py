@@ -66,6 +66,7 @@ from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
 from .kernels_q import QUANTIZED_ELTWISE_OPS, build_quantized
 from .lut import compile_lut, vbmi_available
+from .int8_dot import DOT_OPS, compile_dot
 from .kernels_recurrent import compile_recurrent
 from .schedules_nn import batch_matmul, schedule_batch_matmul
 from .rowwise import ROWWISE_OPS, compile_rowwise
@@ -499,7 +500,8 @@ def build_function(spec: dict):
 _SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
             "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py",
             "cpu/kernels_recurrent.py", "cpu/kernels_q.py", "cpu/operands.py", "cpu/lut.py",
-            "cpu/rowwise.py", "cpu/copies.py",
+            "cpu/rowwise.py", "cpu/copies.py", "cpu/int8_dot.py", "cpu/int8_emit.py",
+            "cpu/int8_forms.py",
             "cpu/codegen.py", "cpu/host.py", "tensor/te.py",
             "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []
@@ -553,6 +555,8 @@ def compile_spec(spec: dict, *, use_cache: bool = True) -> CpuKernel:
         kernel = compile_rowwise(spec, use_cache=use_cache)
     elif spec.get("op") == "qlut" and vbmi_available():  # 64 lookups at a time (lut.py)
         kernel = compile_lut(spec, use_cache=use_cache)
+    elif spec.get("op") in DOT_OPS:  # int8 dot-product instructions (int8_dot.py)
+        kernel = compile_dot(spec, use_cache=use_cache)
     else:
         kernel = compile_cpu(build_function(spec), use_cache=use_cache)
     if use_cache:

@@ -52,7 +52,8 @@ from .control import CONTROL_OPS, control_fallback_reason, lower_control
 from .lower_recurrent import lower_recurrent
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
-from . import lowering_nn, lowering_q
+from . import lowering_int8, lowering_nn, lowering_q
+from .int8_forms import chosen_form
 from .copies import copy_spec
 from .schedules import (EXACT_TERMS, channel_block, conv_columns, pack_conv_weight,
                         pack_dense_weight, pack_depthwise_weight)
@@ -140,8 +141,10 @@ class CpuProgram:
 
 
 class _Lowering:
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, int8_form: str | None = None):
         self.g = graph
+        # the CPU's int8 dot-product instructions QConv/QGemm use (int8_forms.py), or None
+        self.int8_form = chosen_form(int8_form)
         self.values: dict = {}
         self._views: dict = {}  # (source, shape) -> its view (view_of)
         self.constants: dict = {}
@@ -506,6 +509,8 @@ class _Lowering:
                               np.array([a["shift"], a["lo"], a["hi"], *extra], np.int32))
 
     def qconv(self, node: Node) -> bool:
+        if lowering_int8.qconv(self, node):  # the CPU's dot-product instructions
+            return True
         x, w, bias, multiplier = node.inputs[:4]
         residual = node.inputs[4] if len(node.inputs) > 4 else ""
         if len(self.type(x).shape) != 4 or self.type(x).dtype != I8 \
@@ -668,6 +673,8 @@ class _Lowering:
         return lowering_nn.batch_matmul(self, node)
 
     def qgemm(self, node: Node) -> bool:
+        if lowering_int8.qgemm(self, node):
+            return True
         x, w, bias, multiplier = node.inputs[:4]
         residual = node.inputs[4] if len(node.inputs) > 4 else ""
         tx = self.type(x)
@@ -963,12 +970,14 @@ class _Lowering:
                           self.steps, self.specs, control=self.control)
 
 
-def lower_graph(graph: Graph) -> CpuProgram:
-    """The CPU program of an optimized graph (kernels not compiled yet)."""
+def lower_graph(graph: Graph, *, int8_form: str | None = None) -> CpuProgram:
+    """The CPU program of an optimized graph (kernels not compiled yet). ``int8_form``:
+    the int8 dot-product instructions of QConv/QGemm kernels, "auto" (None: the host's
+    best, or $CELOSIA_INT8_FORM), a form of int8_forms.py, or "none"."""
     from .conv1d import conv1d_as_2d  # 1-D convolutions on the 2-D kernels
     from .conv1d_dense import conv1d_as_dense  # or, with long kernels, on the dense one
 
-    return _Lowering(conv1d_as_2d(conv1d_as_dense(graph))).run()
+    return _Lowering(conv1d_as_2d(conv1d_as_dense(graph)), int8_form).run()
 
 
 def compile_program(program: CpuProgram, *, progress=None) -> dict:

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ..graph.ir import Node, TensorType
-from . import lowering_nn
+from . import lowering_int8, lowering_nn
 from .kernels_q import qparams, understood
 
 __all__ = ["qlut", "qbinary", "qmatmul", "HANDLERS"]
@@ -98,8 +98,10 @@ def qmatmul(lw, node: Node) -> bool:
     b = lw.view_of(lw.plain(b_in), (z, k, n), f"{b_in}@3d")
     out_v = node.outputs[0]
     flat = lw.define(f"{out_v}@3d", I8, (z, m, n))
-    lw.kernel(node, {"op": "qmatmul", "a": [z, m, k], "b": [z, k, n]},
-              [a, b, _params(lw, node, p), flat], flat)
+    # the CPU's int8 dot-product instructions when the build has them (lowering_int8.py)
+    spec = lowering_int8.matmul_spec(lw, z, m, k, n) \
+        or {"op": "qmatmul", "a": [z, m, k], "b": [z, k, n]}
+    lw.kernel(node, spec, [a, b, _params(lw, node, p), flat], flat)
     lw.step("view", node, [flat], [lw.produce(out_v, 0)])
     return True
 

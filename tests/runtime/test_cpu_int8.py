@@ -11,6 +11,8 @@ import pytest
 from int8_data import int8s as _int8s
 
 from celosia.compiler.cpu import kernels as graph_cpu_kernels
+from celosia.compiler.cpu.int8_forms import ENV, chosen_form
+from celosia.compiler.cpu.lowering_int8 import dot_reason
 from celosia.compiler.graph.ir import Graph, Node, NodeError, TensorType, constant
 from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph.passes import optimize
@@ -131,12 +133,20 @@ def qconv_graph(rng, c, m, hw, kernel, *, strides=(1, 1), pads=(0, 0, 0, 0), dil
 ], ids=["3x3-residual-shift0", "asymmetric-dilated-shift31", "1x1-stride2-clamp",
         "depthwise-batch2", "groups2", "groups3-thin-blocks", "thin-7x7-stem",
         "9x9-smaller-block"])
-def test_qconv_kernels_are_bit_exact(case):
+@pytest.mark.parametrize("int8_form", ["none", "auto"])
+def test_qconv_kernels_are_bit_exact(case, int8_form, monkeypatch):
+    """Both kernel families: the float-FMA ones ("none") and the host's int8 dot-product
+    instructions ("auto"; tests/compiler/cpu/test_int8_dot.py forces each form)."""
+    monkeypatch.setenv(ENV, int8_form)
     rng = np.random.default_rng(len(str(case)))
     g, feeds = qconv_graph(rng, **case)
     built = same_as_numpy(g, feeds, kernels=["QConv"])
     ops = {spec["op"] for spec in built.program.specs.values()}
-    assert ("qdwconv" if case.get("group", 1) == case["c"] else "qconv") in ops
+    form, group = chosen_form(), case.get("group", 1)
+    if form and dot_reason(form, case["c"], case["m"], group) is None:
+        assert "qdot" in ops
+    else:
+        assert ("qdwconv" if group == case["c"] else "qconv") in ops
 
 
 @pytest.mark.parametrize("case", [
@@ -264,14 +274,17 @@ def test_quantize_and_dequantize_are_bit_exact():
     assert "@nchw16c" in blocked["inputs"][0] and "@nchw16c" in blocked["outputs"][0]
 
 
-def test_what_has_no_kernel_stays_numpy():
-    """A QConv window of more than 1024 taps per channel (float32 would not sum it exactly)
-    and invalid requantization (shift 32) run as numpy steps: the same outputs, and the
-    numpy error at run time."""
+def test_what_has_no_kernel_stays_numpy(monkeypatch):
+    """A QConv window of more than 1024 taps per channel (the float-FMA kernels would not
+    sum it exactly; the int8 dot-product ones sum in int32 and take it) and invalid
+    requantization (shift 32) run as numpy steps: the same outputs, and the numpy error at
+    run time."""
     rng = np.random.default_rng(5)
     g, feeds = qconv_graph(rng, 2, 16, (34, 33), (33, 33))
-    built = same_as_numpy(g, feeds)
-    assert [s["kind"] for s in built.program.steps if s["op"] == "QConv"] == ["numpy"]
+    for form, kind in (("none", "numpy"), ("auto", "kernel" if chosen_form("auto") else "numpy")):
+        monkeypatch.setenv(ENV, form)
+        built = same_as_numpy(g, feeds)
+        assert [s["kind"] for s in built.program.steps if s["op"] == "QConv"] == [kind]
     g, feeds = qconv_graph(rng, 16, 16, (5, 5), (3, 3), shift=32)
     built = CpuModel.from_graph(g)
     assert [s["kind"] for s in built.program.steps if s["op"] == "QConv"] == ["numpy"]
