@@ -3,7 +3,8 @@ through squeeze-excitation (quantize._table_lows): a SiLU output read by a float
 gate`` and that product, Quantized for the next 1x1 convolution, spend 256 steps on
 [SiLU's least value, max] instead of 128 on [-max, max]. Checked: the numpy definitions
 and the compiled CPU kernels give the same bits (NaN, clipping, halfway values), the zero
-points are where the bound says, and the error to the float graph shrinks on seeded data."""
+points are where the bound says (on the QMul by the gate, or a float product's Quantize), and
+the error to the float graph shrinks on seeded data."""
 
 from dataclasses import replace
 
@@ -95,20 +96,27 @@ def test_squeeze_excitation_takes_zero_points(seed):
             np.testing.assert_array_equal(cpu.run(feeds)["y"], ref)
             err.append(_rms(want["y"], ref))
         errors.append(float(np.mean(err)))
-        # the rounding error of the product x * gate alone, in the scale and zero point
-        # its Quantize got
-        quant = {n.outputs[0]: n for n in q.nodes}["m/int8"]
-        assert quant.op == "Quantize", [n.op for n in q.nodes]
-        z, s = quant.attrs.get("zero_point", 0), quant.attrs["scale"]
+        # the rounding error of the product x * gate alone, in the scale and zero point it
+        # got: an int8 QMul by the gate (its output zero point), or a float product's
+        # Quantize
+        made = {n.outputs[0]: n for n in q.nodes}
+        prod = made.get("m/int8") or made["m"]
+        assert prod.op in ("Quantize", "QMul"), [n.op for n in q.nodes]
+        z, s = ((prod.attrs.get("zero_point", 0), prod.attrs["scale"]) if prod.op == "Quantize"
+                else (int(prod.attrs.get("zero_points", (0, 0, 0))[2]), prod.attrs["scale"]))
         m_errors.append(float(np.mean([_rms(w["m"], quantize_affine(w["m"], s, z))
                                        for w in floats])))
-    # the float x * gate: a Dequantize of the SiLU output and a Quantize of the product,
-    # both with the zero point of SiLU's least value (-0.2785) at -128 (within a step)
-    deq = [n for n in q.nodes if n.op == "Dequantize" and n.inputs[0] == "a"]
-    assert deq, [n.op for n in q.nodes]
-    for n in (deq[0], quant):
-        z, s = n.attrs["zero_point"], n.attrs["scale"]
-        assert -0.2785 - s <= s * (-128 - z) <= -0.2785 + s, (n.name, s, z)
+    # the SiLU output as x * gate reads it and the product: both with the zero point of
+    # SiLU's least value (-0.2785) at -128 (within a step)
+    if prod.op == "QMul":
+        za, _, zo = (int(v) for v in prod.attrs["zero_points"])
+        checks = [("a", made["a"].attrs["scale"], za), ("m", prod.attrs["scale"], zo)]
+    else:
+        deq = [n for n in q.nodes if n.op == "Dequantize" and n.inputs[0] == "a"]
+        assert deq, [n.op for n in q.nodes]
+        checks = [(n.name, n.attrs["scale"], n.attrs["zero_point"]) for n in (deq[0], prod)]
+    for name, s, z in checks:
+        assert -0.2785 - s <= s * (-128 - z) <= -0.2785 + s, (name, s, z)
     # the product's own error about halves (measured 0.53-0.56: no test value clipped);
     # the output's, with every other rounding in it too, shrinks (measured 0.74-0.86)
     assert m_errors[1] < 0.6 * m_errors[0], m_errors
