@@ -1,4 +1,4 @@
-"""The `celosia` command line: exec, disasm, config, bench, demo, verilog, compile, run."""
+"""The `celosia` command line: exec, disasm, config, bench, demo, verilog, fpga, compile, run."""
 
 from __future__ import annotations
 
@@ -140,6 +140,12 @@ def cmd_verilog(args) -> int:
     Path(args.output).write_text(text)
     print(f"wrote {args.output} ({len(text.splitlines())} lines)")
     return 0
+
+
+def cmd_fpga_synth(args) -> int:
+    from .fpga.synth import command
+
+    return command(args)
 
 
 # ---- whole models (compile, run) --------------------------------------------------------------
@@ -700,6 +706,15 @@ def build_parser() -> argparse.ArgumentParser:
     config_option(p)
     p.add_argument("-o", "--output", default="accel.v")
     p.set_defaults(func=cmd_verilog)
+
+    p = sub.add_parser("fpga", help="FPGA implementation with open tools (docs/fpga.md)")
+    fpga = p.add_subparsers(dest="fpga_command", required=True, metavar="ACTION")
+    q = fpga.add_parser("synth", help="synthesise (and for the ECP5, place and route) a "
+                                      "configuration for an FPGA part: resources, fit, Fmax, "
+                                      "critical path")
+    from .fpga.synth import add_arguments as synth_arguments
+    synth_arguments(q)
+    q.set_defaults(func=cmd_fpga_synth)
 
     def model_options(p):
         p.add_argument("--target", default="cpu", choices=MODEL_TARGETS,
