@@ -30,6 +30,8 @@ import time
 import numpy as np
 from llvmlite import ir
 
+from .lut import counted_loop
+
 __all__ = ["layout_kernel", "pack_fast", "unpack_fast", "PIXELS", "COMPILED_LAYOUT_BYTES",
            "compiled_layout"]
 
@@ -110,12 +112,12 @@ def _module(op: str, n: int, c: int, p: int, k: int, symbol: str) -> str:
                 else:
                     with b.if_then(real):
                         b.store(b.load(b.gep(src, [packed])), b.gep(dst, [plain]))
-            _loop(b, const(0), const(k), 1, row)
+            counted_loop(b, const(0), const(k), 1, row)
 
-        _loop(b, p0, tiles_end, k, tile)
-        _loop(b, tiles_end, p1, 1, single)
+        counted_loop(b, p0, tiles_end, k, tile)
+        counted_loop(b, tiles_end, p1, 1, single)
 
-    _loop(b, fn.args[1], fn.args[2], 1, body)
+    counted_loop(b, fn.args[1], fn.args[2], 1, body)
     b.ret_void()
     return str(module)
 
@@ -153,21 +155,6 @@ def _transpose(b, vs: list, k: int) -> list:
             nxt.append(b.shuffle_vector(a, c, ir.Constant(ir.VectorType(ir.IntType(32), k), hi)))
         vs = nxt
     return vs
-
-
-def _loop(b, lo, hi, step: int, body) -> None:
-    pre = b.block
-    head, work, done = (b.append_basic_block(n) for n in ("head", "body", "done"))
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(_I64)
-    i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), work, done)
-    b.position_at_end(work)
-    body(i)
-    i.add_incoming(b.add(i, ir.Constant(_I64, step)), b.block)
-    b.branch(head)
-    b.position_at_end(done)
 
 
 def layout_kernel(op: str, n: int, c: int, p: int, k: int):
