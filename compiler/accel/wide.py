@@ -46,6 +46,7 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 from celosia.isa import AluOp, MemType, Module
 
+from .ops import pad_channels
 from .ops_alu import AluProgram
 
 __all__ = ["WideSpec", "WideKnobs", "wide_knobs", "wide_dense", "split_activation",
@@ -262,15 +263,6 @@ def split_weight(w: np.ndarray) -> np.ndarray:
     return np.stack([hi, w.astype(np.int32) - 256 * hi]).astype(np.int8)
 
 
-def _pad_to(x: np.ndarray, axis: int, multiple: int) -> np.ndarray:
-    extra = (-x.shape[axis]) % multiple
-    if not extra:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, extra)
-    return np.pad(x, widths)
-
-
 def pack_wide_activation(a: np.ndarray, cfg: HwConfig, rows: int | None = None) -> np.ndarray:
     """[M, K] int8 or int16 -> the ``a`` layout (digit planes, rows padded to ``rows`` or
     BATCH, K to BLOCK). Padding is digit 0, which is a value of 0 only for int8 operands:
@@ -298,7 +290,7 @@ def pack_wide_weight(w: np.ndarray, cfg: HwConfig) -> np.ndarray:
     """[O, K] int8 or int16 -> the ``w`` layout (digit planes, O and K padded to BLOCK)."""
     k = cfg.block
     digits = split_weight(np.asarray(w))
-    digits = _pad_to(_pad_to(digits, 1, k), 2, k)
+    digits = pad_channels(pad_channels(digits, 1, k), 2, k)
     nd, o, kd = digits.shape
     return np.ascontiguousarray(digits.reshape(nd, o // k, k, kd // k, k).transpose(0, 1, 3, 2, 4))
 
@@ -309,7 +301,7 @@ def wide_correction(w: np.ndarray, cfg: HwConfig) -> np.ndarray:
     b, k = cfg.batch, cfg.block
     s = 128 * np.asarray(w).astype(np.int64).sum(axis=1)
     s = ((s + 2**31) % 2**32 - 2**31).astype(np.int32)
-    s = _pad_to(s, 0, k)
+    s = pad_channels(s, 0, k)
     return np.broadcast_to(s.reshape(-1, 1, k), (s.size // k, b, k)).copy()
 
 

@@ -34,6 +34,7 @@ from .ops_control import CONTROL_KERNELS
 from .qrecurrent import (X_HEADROOM, Q_RECURRENT_OPS, calibrated_values, h_range,
                          quantized_layer, recurrent_problem)
 from .reference import evaluate_node
+from .residual import fresh_name
 
 __all__ = ["inline_constant_captures", "quantize_bodies", "hoist_loop_products", "wide_layer",
            "dense_input",
@@ -183,15 +184,6 @@ def _per_row(w: np.ndarray, bits: int):
     return q.astype(np.int8 if bits == 8 else np.int16).reshape(w.shape), s
 
 
-def _fresh(taken: set, base: str) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
-
-
 def wide_layer(graph: Graph, n: Node, x_max: float, bits: int = BODY_WEIGHT_BITS,
                taken: set | None = None):
     """(QMatMulWide/QConvWide node, {name: constant}) of a MatMul/Gemm/Conv with a
@@ -206,7 +198,7 @@ def wide_layer(graph: Graph, n: Node, x_max: float, bits: int = BODY_WEIGHT_BITS
     consts, names = {}, []
     for what, arr in (("w_q", w_q), ("w_scale", w_s),
                       *((("bias", bias),) if bias is not None else ())):
-        name = _fresh(taken, f"{n.name}/{what}")
+        name = fresh_name(f"{n.name}/{what}", taken)
         consts[name] = arr
         names.append(name)
     own = 2 if n.op == "MatMul" else 3
@@ -256,7 +248,7 @@ def _quantize_body(body: Graph, records: list, seen: dict, key: str, bits: int) 
                 if isinstance(v, str):
                     args.append(v)
                 else:
-                    name = _fresh(taken, f"{n.name}/{names[k]}")
+                    name = fresh_name(f"{n.name}/{names[k]}", taken)
                     inits[name], types[name] = constant(v), TensorType(str(v.dtype), v.shape)
                     args.append(name)
             n = Node(op, tuple(args), n.outputs, attrs, n.name)
