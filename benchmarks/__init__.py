@@ -42,6 +42,10 @@ BENCHMARKS = {
     "cpu-qops": ("celosia.benchmarks.cpu_qops", "run",
                  "int8 CPU build of the small EfficientNet and BERT: compiled QLut/QAdd/QMul/"
                  "QMatMul kernels against numpy steps, median latency and speedup"),
+    "overlap": ("celosia.benchmarks.overlap", "run",
+                "a stream of 8 inputs (BERT-style encoder, ResNet-18; int8, cycle model) with "
+                "the CPU and the accelerator overlapped: throughput against one node at a "
+                "time and against the busier side's bound"),
     "zoo": ("celosia.benchmarks.zoo", "run",
             "the model zoo at full size on the CPU build against onnxruntime: models that "
             "import and agree, latency ratio per model, geometric mean and worst"),
@@ -81,12 +85,15 @@ def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
                   int8: bool = False, accel: bool = False,
                   time_limit: float | None = None,
                   calibration_method: str | None = None,
-                  smooth: float | None = None, int8_residuals: bool = False) -> dict:
+                  smooth: float | None = None, int8_residuals: bool = False,
+                  bias_correction: bool = True, out: str | None = None) -> dict:
     if name not in BENCHMARKS:
         raise CelosiaError(f"unknown benchmark {name!r}; `celosia bench --list` names them: "
                            f"{', '.join(BENCHMARKS)}")
     module, function, summary = BENCHMARKS[name]
     kwargs = {"quick": quick}
+    if name == "overlap":  # its pictures go beside the JSON
+        kwargs["out"] = out
     if models:
         if name != "zoo":
             raise CelosiaError(f"--models selects zoo models; benchmark {name!r} has none")
@@ -117,6 +124,10 @@ def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
         if name != "zoo" or not (int8 or accel):
             raise CelosiaError("--int8-residuals goes with `bench zoo --int8` (or --accel)")
         kwargs["int8_residuals"] = True
+    if not bias_correction:
+        if name != "zoo" or not (int8 or accel):
+            raise CelosiaError("--no-bias-correction goes with `bench zoo --int8` (or --accel)")
+        kwargs["bias_correction"] = False
     result = getattr(importlib.import_module(module), function)(**kwargs)
     return {"benchmark": name, "summary": summary, "quick": quick, **result,
             "machine": machine_description()}

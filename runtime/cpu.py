@@ -118,6 +118,8 @@ class CpuModel:
         from ..compiler.cpu.int8_forms import chosen_form
         from ..compiler.cpu.lowering import compile_program, lower_graph
         from ..compiler.graph.qops import QUANTIZED_KERNELS
+        from ..compiler.graph.qrecurrent import Q_RECURRENT_KERNELS
+        from ..compiler.graph.qwide import QWIDE_KERNELS
 
         start = time.perf_counter()
         program = lower_graph(graph, int8_form=int8_form)
@@ -131,7 +133,8 @@ class CpuModel:
         if program.control:  # the path each If/Loop/Scan took (compiled bodies or numpy)
             info["control_flow"] = program.control
         origin = {"from": "graph",
-                  "quantized": any(n.op in QUANTIZED_KERNELS for n in graph.nodes)}
+                  "quantized": any(n.op in QUANTIZED_KERNELS or n.op in Q_RECURRENT_KERNELS
+                                    or n.op in QWIDE_KERNELS for n in graph.nodes)}
         return cls(program, source=source, build_info=info, origin=origin)
 
     @classmethod

@@ -71,6 +71,11 @@ def lower_control(lowering, node: Node) -> bool:
     bodies, reason = {}, None
     if depth >= MAX_NESTING:
         reason = f"bodies nest deeper than {MAX_NESTING} levels"
+    wide = _integer_products(node)
+    if wide:
+        reason = (f"its bodies hold integer products ({wide}: graph/qbody.py), run node by "
+                  f"node as the accelerator build runs them, so the two builds agree bit "
+                  f"for bit")
     for key, body in subgraphs(node):
         if reason:
             break
@@ -101,6 +106,19 @@ def lower_control(lowering, node: Node) -> bool:
     lowering.control.append({"node": node.name, "op": node.op, "path": "compiled",
                              "body_steps": steps, "body_kernel_steps": kernels})
     return True
+
+
+def _integer_products(node: Node) -> str | None:
+    """The first integer-product node (QMatMulWide, QLSTM, QGRU, QRNN) in ``node``'s bodies,
+    or None."""
+    for _, body in subgraphs(node):
+        for n in body.nodes:
+            if n.op in ("QMatMulWide", "QConvWide", "QLSTM", "QGRU", "QRNN"):
+                return f"{n.op} {n.name!r}"
+            inner = _integer_products(n) if subgraphs(n) else None
+            if inner:
+                return inner
+    return None
 
 
 def _lower_body(lowering, node: Node, key: str, body: Graph, captured, depth: int):

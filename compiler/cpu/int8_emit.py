@@ -11,6 +11,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from .host import llvm_binding
+from .lut import counted_loop
 
 __all__ = ["Emitter"]
 
@@ -55,18 +56,7 @@ class _Builder:
                 return
         lo = lo if isinstance(lo, ir.Value) else _c(lo)
         hi = hi if isinstance(hi, ir.Value) else _c(hi)
-        pre = b.block
-        head, work, done = (b.append_basic_block(n) for n in ("head", "body", "done"))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(_I64)
-        i.add_incoming(lo, pre)
-        b.cbranch(b.icmp_signed("<", i, hi), work, done)
-        b.position_at_end(work)
-        body(i)
-        i.add_incoming(b.add(i, _c(step)), b.block)
-        b.branch(head)
-        b.position_at_end(done)
+        counted_loop(b, lo, hi, step, body)
 
     def when(self, cond, then, otherwise=None):
         b = self.b

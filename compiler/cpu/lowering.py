@@ -47,6 +47,7 @@ import numpy as np
 
 from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
+from ..graph.qops import pad_value
 from .control import CONTROL_OPS, control_fallback_reason, lower_control
 from .lower_recurrent import lower_recurrent
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
@@ -64,7 +65,8 @@ _VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"
 _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Neg", "Abs",
                   "Exp", "Sqrt", "Clip", "Erf", "Gelu")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
-                   "Quantize": ("scale",), "Dequantize": ("scale",)}
+                   "Quantize": ("scale", "zero_point"),
+                   "Dequantize": ("scale", "zero_point")}
 # A pooling kernel unrolls its window (a tree of max or +, one load per tap): larger
 # windows (a 60x80 window in onnx's suite) run in numpy rather than make huge code.
 POOL_TAPS = 256
@@ -75,6 +77,10 @@ _POOL_DTYPES = {"MaxPool": (F32, I8), "AveragePool": (F32,), "GlobalAveragePool"
 def _requantizes(attrs) -> bool:
     """Whether a QConv/QGemm's epilogue attributes are valid (else the numpy step reports
     them at run time, as graph_numpy would)."""
+    try:
+        pad_value(attrs)
+    except ValueError:
+        return False
     return 0 <= int(attrs["shift"]) <= 31 and -128 <= int(attrs["lo"]) <= int(attrs["hi"]) <= 127
 
 
@@ -494,11 +500,13 @@ class _Lowering:
         self.kernel(node, spec, args + [out], out)
         return True
 
-    def requant_const(self, node: Node) -> str:
-        """A QConv/QGemm's [shift, lo, hi], an operand of its kernel."""
+    def requant_const(self, node: Node, pad_value: int | None = None) -> str:
+        """A QConv/QGemm's [shift, lo, hi] (and a QConv's pad_value), an operand of its
+        kernel."""
         a = node.attrs
+        extra = [] if pad_value is None else [pad_value]
         return self.add_const(f"{node.name}@requant",
-                              np.array([a["shift"], a["lo"], a["hi"]], np.int32))
+                              np.array([a["shift"], a["lo"], a["hi"], *extra], np.int32))
 
     def qconv(self, node: Node) -> bool:
         if lowering_int8.qconv(self, node):  # the CPU's dot-product instructions
@@ -513,13 +521,19 @@ class _Lowering:
         if layout is None:
             return False
         depthwise, cb, ob, wname, geometry = layout
+        # the padding's value (qops.pad_value): a run-time operand, only where some window
+        # reads padding (the other kernels keep their specs)
+        fill = pad_value(node.attrs) if any(geometry["pads"]) else 0
         data = self.blocked(x, cb)
         args = [data, wname, self.channel_const(bias, ob, "int32"),
-                self.channel_const(multiplier, ob, "int32"), self.requant_const(node)]
+                self.channel_const(multiplier, ob, "int32"),
+                self.requant_const(node, fill if fill else None)]
         if residual:
             args.append(self.blocked(residual, ob))
         spec = {"op": "qdwconv" if depthwise else "qconv", "data": self.values[data]["shape"],
                 **geometry, "residual": bool(residual)}
+        if fill:
+            spec["pad_value"] = True
         out = self.produce(node.outputs[0], ob)
         self.kernel(node, spec, args + [out], out)
         return True
@@ -714,9 +728,11 @@ class _Lowering:
             self.kernel(node, {"op": "gap", "data": self.values[data]["shape"]}, [data, out], out)
             return True
         if node.op == "QGlobalAveragePool":
-            self.kernel(node, {"op": "qgap", "data": self.values[data]["shape"],
-                               "multiplier": int(a["multiplier"]), "shift": int(a["shift"])},
-                        [data, out], out)
+            spec = {"op": "qgap", "data": self.values[data]["shape"],
+                    "multiplier": int(a["multiplier"]), "shift": int(a["shift"])}
+            if int(a.get("offset", 0)):
+                spec["offset"] = int(a["offset"])
+            self.kernel(node, spec, [data, out], out)
             return True
         spec = {"op": "maxpool" if node.op == "MaxPool" else "avgpool", "dtype": tx.dtype,
                 "data": self.values[data]["shape"], "out": self.values[out]["shape"],

@@ -75,7 +75,8 @@ def qbinary(lw, node: Node) -> bool:
         kinds.append(got[0])
         args.append(got[1])
     out = lw.produce(node.outputs[0], block)
-    spec = {"op": node.op.lower(), "shape": lw.values[out]["shape"], "layout": layout,
+    op = "qmulz" if node.op == "QMul" and "zero_points" in node.attrs else node.op.lower()
+    spec = {"op": op, "shape": lw.values[out]["shape"], "layout": layout,
             "operands": kinds}
     lw.kernel(node, spec, args + [_params(lw, node, p), out], out)
     return True
