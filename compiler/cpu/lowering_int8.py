@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph.ir import Node
+from ..graph.qops import pad_value
 from .int8_dot import dot_tile
 from .int8_forms import FORMS, pack_dot_weight, per_channel, unsigned_bias
 
@@ -41,8 +42,12 @@ def _requant(lw, node: Node, rounding: int = 0) -> str:
         [a["shift"], a["lo"], a["hi"], rounding], np.int32))
 
 
-def _valid_epilogue(attrs) -> bool:
+def _valid_epilogue(attrs, conv: bool = False) -> bool:
+    """Whether qops.py takes the attributes (else the numpy step reports them at run time);
+    a QConv's ``pad_value`` too."""
     try:
+        if conv:
+            pad_value(attrs)
         return 0 <= int(attrs["shift"]) <= 31 \
             and -128 <= int(attrs["lo"]) <= int(attrs["hi"]) <= 127
     except (KeyError, TypeError, ValueError):
@@ -85,7 +90,7 @@ def qconv(lw, node: Node) -> bool:
     tx, a = lw.type(x), node.attrs
     if len(tx.shape) != 4 or tx.dtype != I8 or len(node.outputs) != 1 \
             or not all(lw.is_const(v) for v in (wv, bias, multiplier)) \
-            or not _valid_epilogue(a) or lw.type(wv).dtype != I8 \
+            or not _valid_epilogue(a, conv=True) or lw.type(wv).dtype != I8 \
             or len(lw.type(wv).shape) != 4:
         return False
     w = np.asarray(lw.const(wv), np.int8)
@@ -113,7 +118,7 @@ def qconv(lw, node: Node) -> bool:
             "channels": c, "groups": g, "out": lw.values[out]["shape"], "out_channels": m,
             "kernel": list(w.shape[2:]), "strides": list(a["strides"]),
             "pads": pads[:4], "dilations": list(a["dilations"]),
-            "pad_value": int(a.get("pad_value", 0)), "tile": [vectors, columns],
+            "pad_value": pad_value(a), "tile": [vectors, columns],
             "residual": bool(residual)}
     lw.kernel(node, spec, args + [out], out)
     return True

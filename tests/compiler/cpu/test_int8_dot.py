@@ -53,8 +53,11 @@ def _divisors(n):
 
 @st.composite
 def conv_cases(draw):
-    g = draw(st.sampled_from([1, 1, 2, 3]))
-    cg, mg = draw(st.integers(1, 20)), draw(st.integers(1, 40))
+    if draw(st.sampled_from([False, False, False, True])):  # depthwise (x1 or x2)
+        g, cg, mg = draw(st.integers(2, 24)), 1, draw(st.integers(1, 2))
+    else:
+        g = draw(st.sampled_from([1, 1, 2, 3]))
+        cg, mg = draw(st.integers(1, 20)), draw(st.integers(1, 40))
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     strides = [draw(st.integers(1, 3)) for _ in range(2)]
     dil = [draw(st.integers(1, 2)) for _ in range(2)]
@@ -73,13 +76,12 @@ def conv_cases(draw):
 
 
 def _reference(case, x, wt, bias, mult, residual):
-    """qops.qconv of ``x`` padded with ``pad_value`` (the padding it reads) and no pads."""
-    t, left, b, r = case["pads"]
-    xp = np.pad(x, ((0, 0), (0, 0), (t, b), (left, r)), constant_values=case["pad_value"])
-    attrs = {"kernel_shape": list(case["k"]), "strides": case["strides"], "pads": [0] * 4,
-             "dilations": case["dil"], "group": case["g"], "shift": case["shift"],
-             "lo": case["lo"], "hi": case["hi"]}
-    return qops.qconv(attrs, xp, wt, bias, mult, residual)
+    """qops.qconv (its padding reads ``pad_value``)."""
+    attrs = {"kernel_shape": list(case["k"]), "strides": case["strides"],
+             "pads": case["pads"], "dilations": case["dil"], "group": case["g"],
+             "shift": case["shift"], "lo": case["lo"], "hi": case["hi"],
+             "pad_value": case["pad_value"]}
+    return qops.qconv(attrs, x, wt, bias, mult, residual)
 
 
 def _blocked(a, block):
@@ -255,13 +257,14 @@ def _qconv(name, x, c, m, k, rng, **attrs):
 
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_qconv_chain_and_qgemm_through_the_lowering(name):
-    """An image (3 channels, plain), a stride-2 stem, a grouped layer, a 1x1 layer with a
-    residual, then a QGemm with a residual and a second one of 1000 outputs (no whole
+    """An image (3 channels, plain), a stride-2 stem, a grouped layer padded with -7 (an
+    input zero point), a 1x1 layer with a residual, then a QGemm with a residual and a second one of 1000 outputs (no whole
     vector): every QConv and QGemm a ``qdot`` kernel, outputs equal to run_graph."""
     rng = np.random.default_rng(3)
     nodes, consts = [], {}
     for node, cs in (_qconv("c1", "x", 3, 32, 7, rng, strides=[2, 2]),
-                     _qconv("c2", "c1", 32, 48, 3, rng, group=2, pads=[0, 1, 2, 1]),
+                     _qconv("c2", "c1", 32, 48, 3, rng, group=2, pads=[0, 1, 2, 1],
+                            pad_value=-7),
                      _qconv("c3", "c2", 48, 48, 1, rng, lo=-5, hi=100)):
         nodes.append(node)
         consts.update(cs)
