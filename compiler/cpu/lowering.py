@@ -55,8 +55,8 @@ from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_recip
 from . import lowering_int8, lowering_nn, lowering_q
 from .int8_forms import chosen_form
 from .copies import copy_spec
-from .schedules import (EXACT_TERMS, channel_block, conv_columns, pack_conv_weight,
-                        pack_dense_weight, pack_depthwise_weight)
+from .schedules import (EXACT_TERMS, channel_block, conv_columns, output_block,
+                        pack_conv_weight, pack_dense_weight, pack_depthwise_weight)
 
 __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 
@@ -82,15 +82,6 @@ def _requantizes(attrs) -> bool:
     except ValueError:
         return False
     return 0 <= int(attrs["shift"]) <= 31 and -128 <= int(attrs["lo"]) <= int(attrs["hi"]) <= 127
-
-
-def _output_block(channels: int, width: int) -> int:
-    """A convolution's output channel block: 16 (one AVX-512 register of floats), or 32
-    for a narrow output (width < 14), whose register tile of ``width`` columns would
-    otherwise hold too few independent accumulators to hide the FMA latency."""
-    if width < 14 and channels % 32 == 0:
-        return 32
-    return channel_block(channels)
 
 
 def _wider_output(width: int, block: int) -> int | None:
@@ -347,7 +338,7 @@ class _Lowering:
                 else channel_block(c // g, min(16, limit or 16))
             if have == 0 and g == 1 and c <= 4 and fits(c):
                 cb = c  # a thin input (an image): all its channels in one block
-            ob = _output_block(m // g, out_t.shape[3])
+            ob = output_block(m // g, out_t.shape[3])
             packed = pack_conv_weight(weight, cb, ob)
         wname = self.add_const(f"{w}@{'dw' if depthwise else 'oihw'}{cb}i{ob}o", packed)
         pads = a["pads"]

@@ -12,7 +12,7 @@ the node to lowering.py's tensor-language kernels (float32 FMA on exact integers
 - anything those kernels would refuse too (non-constant weights, attributes qops.py
   rejects: the numpy step reports them at run time).
 
-Layouts are the ones lowering.py's QConv uses (the output block of ``_output_block``), so
+Layouts are the ones lowering.py's QConv uses (the output block of schedules.``output_block``), so
 a model mixing both kinds of kernel converts nothing between them; the kernel reads its
 input in whatever channel block it has (a plain NCHW input of at most 4 channels, an image,
 as blocks of 1). QGemm's ``[M, K]`` and ``[M, N]`` are the convolution's one-row images.
@@ -81,8 +81,7 @@ def _operands(lw, node: Node, w: np.ndarray, groups: int, vectors: int):
 
 def qconv(lw, node: Node) -> bool:
     """A QConv (2-D, any groups but depthwise-like ones) as one ``qdot`` kernel."""
-    from .lowering import _output_block
-    from .schedules import channel_block
+    from .schedules import channel_block, output_block
 
     if lw.int8_form is None:
         return False
@@ -100,7 +99,7 @@ def qconv(lw, node: Node) -> bool:
     if dot_reason(lw.int8_form, c, m, g) is not None:
         return False
     f = FORMS[lw.int8_form]
-    ob = _output_block(m // g, out_t.shape[3])
+    ob = output_block(m // g, out_t.shape[3])
     vectors, columns = dot_tile(f, m // g, out_t.shape[3])
     have = lw.current_block(x)
     if have and (c // have) * have == c:

@@ -77,6 +77,15 @@ def channel_block(channels: int, widest: int = 16) -> int:
     return next(b for b in (16, 8, 4, 2, 1) if b <= widest and channels % b == 0)
 
 
+def output_block(channels: int, width: int) -> int:
+    """A convolution's output channel block: 16 (one AVX-512 register of floats), or 32
+    for a narrow output (width < 14), whose register tile of ``width`` columns would
+    otherwise hold too few independent accumulators to hide the FMA latency."""
+    if width < 14 and channels % 32 == 0:
+        return 32
+    return channel_block(channels)
+
+
 # ---- operators ------------------------------------------------------------------------------
 
 
