@@ -10,7 +10,13 @@ the worst over the outputs; ``int8_cosine`` is its mean over the test feeds and
 ``int8_cosine_worst`` the worst feed. ``int8_cosine_ort`` (and ``_worst``) the same for
 onnxruntime's ``quantize_static`` QDQ model (per-channel QInt8 weights, QInt8 activations,
 after ``quant_pre_process``) run on onnxruntime, and ``int8_cosine_vs_ort_quantizer`` the
-difference of the means (>= 0: celosia at least as close to fp32). ``--accel`` runs the
+difference of the means (>= 0: celosia at least as close to fp32). Where
+``quantize_static`` leaves every multiply-add node in float (it does not enter If/Loop/Scan
+bodies, so a model whose layers live in bodies stays fp32 and its cosine is 1), the
+reference is onnxruntime's dynamic quantizer instead (``quantize_dynamic``, per-channel
+QInt8 weights, ``EnableSubgraph``: what onnxruntime offers for recurrent and control-flow
+models), recorded as ``int8_ort_mode``; a float model is no int8 reference, so where neither
+quantizes anything the model has ``int8_ort_error`` and no difference. ``--accel`` runs the
 first test feed (seed 100).
 ``int8_mac_share`` is the share of the model's multiply-adds (Conv, ConvTranspose, Gemm,
 MatMul, recurrent cells; inside Loop/Scan/If bodies per run: ``body_parts``) that the
@@ -82,13 +88,13 @@ def celosia_int8(model, calib: list, tests: list, wants: list, names: list,
                                     and k not in ("Quantize", "Dequantize"))}
 
 
-def ort_int8(model, calib: list, tests: list, wants: list) -> list:
-    """Per test feed, the cosine to fp32 of onnxruntime's quantize_static QDQ model (module
-    doc)."""
+def ort_int8(model, calib: list, tests: list, wants: list) -> tuple[list, str]:
+    """(per test feed, the cosine to fp32 of onnxruntime's quantized model; "static" or
+    "dynamic": which quantizer made it, module doc)."""
     import onnx
     import onnxruntime as ort
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+                                          quantize_dynamic, quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     class Reader(CalibrationDataReader):
@@ -105,6 +111,7 @@ def ort_int8(model, calib: list, tests: list, wants: list) -> list:
         src, dst = os.path.join(d, "m.onnx"), os.path.join(d, "q.onnx")
         onnx.save(model, src)
         os.chdir(d)
+        mode = "static"
         try:
             try:
                 quant_pre_process(src, src)
@@ -113,11 +120,52 @@ def ort_int8(model, calib: list, tests: list, wants: list) -> list:
             quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ,
                             per_channel=True, activation_type=QuantType.QInt8,
                             weight_type=QuantType.QInt8)
+            if not integer_nodes(onnx.load(dst)):  # left in float: try the dynamic quantizer
+                mode = "dynamic"
+                try:
+                    quantize_dynamic(src, dst, per_channel=True, weight_type=QuantType.QInt8,
+                                     extra_options={"EnableSubgraph": True})
+                except Exception as e:
+                    raise RuntimeError(f"quantize_static leaves every layer in float and "
+                                       f"quantize_dynamic fails: {type(e).__name__}: "
+                                       f"{str(e)[:200]}") from None
+                if not integer_nodes(onnx.load(dst)):
+                    raise RuntimeError("neither quantize_static nor quantize_dynamic quantizes "
+                                       "a layer of this model: no int8 reference")
         finally:
             os.chdir(here)
         session = ort.InferenceSession(dst, providers=["CPUExecutionProvider"])
-        return [min(cosine(g, w) for g, w in zip(session.run(None, test), want))
-                for test, want in zip(tests, wants)]
+        cosines = [min(cosine(g, w) for g, w in zip(session.run(None, test), want))
+                   for test, want in zip(tests, wants)]
+        return cosines, mode
+
+
+# Multiply-add nodes in onnxruntime's quantized models: integer operators, or float ones
+# whose operand is a DequantizeLinear's output (QDQ).
+_INTEGER_OPS = {"MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul",
+                "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "QGemm", "QAttention"}
+_MAC_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "RNN"}
+
+
+def integer_nodes(model) -> int:
+    """How many multiply-add nodes of an ONNX model (bodies of If/Loop/Scan included) are
+    quantized."""
+    import onnx
+
+    def count(graph) -> int:
+        dq = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+        total = 0
+        for n in graph.node:
+            if n.op_type in _INTEGER_OPS or (n.op_type in _MAC_OPS
+                                            and any(i in dq for i in n.input)):
+                total += 1
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    total += count(a.g)
+                for g in (a.graphs if a.type == onnx.AttributeProto.GRAPHS else ()):
+                    total += count(g)
+        return total
+    return count(model.graph)
 
 
 def measure(entry, size: str, keep: dict | None = None, method: str = "mse",
@@ -147,7 +195,7 @@ def measure(entry, size: str, keep: dict | None = None, method: str = "mse",
     except Exception as e:  # a bug in celosia, kept as a result
         record["int8_error"] = f"internal error (a bug): {type(e).__name__}: {e}"
     try:
-        per_feed = ort_int8(model, calib, tests, wants)
+        per_feed, record["int8_ort_mode"] = ort_int8(model, calib, tests, wants)
         record["int8_cosine_ort"] = float(np.mean(per_feed))
         record["int8_cosine_ort_worst"] = min(per_feed)
     except Exception as e:  # onnxruntime's quantizer does not take every model

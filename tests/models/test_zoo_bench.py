@@ -117,3 +117,44 @@ def test_int8_at_least_as_close_to_fp32_as_onnxruntimes_quantizer(name):
     assert "int8_error" not in r and "int8_ort_error" not in r, r
     assert r["int8_cosine_vs_ort_quantizer"] >= 0, r
     assert r["int8_mac_share"] > 0.9, r
+
+
+def test_onnxruntime_reference_is_its_dynamic_quantizer_where_static_leaves_float():
+    """quantize_static does not enter Loop bodies: control_flow's layers stay float there, so
+    the int8 reference is onnxruntime's dynamic quantizer (EnableSubgraph), which quantizes
+    the body's MatMuls; integer_nodes counts what each quantized."""
+    from celosia.benchmarks import zoo_int8
+
+    r = zoo_int8.measure(registry.ZOO["control_flow"], "small")
+    assert "int8_ort_error" not in r, r
+    assert r["int8_ort_mode"] == "dynamic", r
+    assert 0.99 < r["int8_cosine_ort"] < 1.0  # quantized: not the float model's cosine of 1
+    assert r["int8_cosine_vs_ort_quantizer"] == pytest.approx(
+        r["int8_cosine"] - r["int8_cosine_ort"])
+
+
+def test_integer_nodes_counts_quantized_layers_in_bodies():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from celosia.benchmarks.zoo_int8 import integer_nodes
+
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    float_body = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "b",
+                                   [], [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                      None)])
+    qdq_body = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["wq", "s"], ["wd"]),
+         helper.make_node("MatMul", ["x", "wd"], ["y"]),
+         helper.make_node("MatMulInteger", ["a", "b"], ["z"])], "q",
+        [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+
+    def model(body):
+        node = helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=float_body)
+        g = helper.make_graph([node, helper.make_node("MatMul", ["x", "w"], ["t"])], "m",
+                              [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [w])
+        return helper.make_model(g)
+    assert integer_nodes(model(float_body)) == 0
+    assert integer_nodes(model(qdq_body)) == 2  # the DQ-fed MatMul and the MatMulInteger
