@@ -1,0 +1,197 @@
+"""Few-channel convolutions as one GEMM over their whole window (im2col at the border).
+
+conv2d pads the input channels to BLOCK and runs one GEMM micro-op per input block, tap and
+output row: ResNet's stem (3 input channels, 7x7) spends 49 micro-ops per output row on 147
+real multiply-adds per output channel, 16 of each 49 x 16 lanes real (``padding_overhead``
++433 %). When the input is made on the CPU (an image after its Quantize, or any CPU node),
+the runtime, which packs it into DRAM anyway, can pack its *windows* instead: for every
+output pixel, the kh x kw x C values its window reads (tap-major, channels inner, the
+padding filled with the layer's ``pad_value``), as the channels of a 1x1 convolution with
+no padding and stride 1. The stem becomes a 1x1 layer of ceil(147 / 16) = 10 input blocks:
+10 micro-ops per output row, 147 of 160 lanes real. The weights are reordered the same way
+(``weight``): ``w[o, c, dy, dx]`` goes to input channel ``(dy * kw + dx) * C + c``. Every
+output sums the same int8 products as the original layer (int32 wrap-around is
+associative), so the result is bit for bit the QConv's; the padding reads exactly the pad
+value, so no bias table (border.py) is needed either.
+
+The program takes the windows as a *staged* operand (like a QMatMul's second operand,
+runtime/accel.py): its own DRAM buffer, packed by the runtime before each run from the
+value on the host (``pack``), counted as layout time and as a crossing.
+
+``plan`` decides per QConv: groups 1, an int8 input that the accelerator does not make
+(a graph input or a CPU node's output: packing it is the runtime's work anyway), and fewer
+input blocks than conv2d's blocks x taps; then both layers are tuned on the cycle model
+(compiler/accel/tune.py, cached) and the windowed one is taken only if it takes fewer
+cycles (its input is kh x kw / (stride_h x stride_w) times larger in DRAM, so a layer
+whose loads already bound it may not gain).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from celosia.config import HwConfig
+from celosia.errors import CompilerError
+
+from ..graph.ir import Graph, Node
+
+__all__ = ["Windows", "windows_of", "fits", "candidate", "layer", "pack", "plan", "LAYOUT"]
+
+LAYOUT = "im2col"  # the staged operand's layout name (program manifests)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The geometry of a convolution's windows: input [n, c, h, w], kernel kh x kw, strides
+    (rows, columns), pads (top, left, bottom, right), the padding's value ``z``."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    kh: int
+    kw: int
+    strides: tuple
+    pads: tuple
+    z: int
+
+    @property
+    def oh(self) -> int:
+        return (self.h + self.pads[0] + self.pads[2] - self.kh) // self.strides[0] + 1
+
+    @property
+    def ow(self) -> int:
+        return (self.w + self.pads[1] + self.pads[3] - self.kw) // self.strides[1] + 1
+
+    @property
+    def channels(self) -> int:
+        """The 1x1 layer's real input channels: one per tap and input channel."""
+        return self.c * self.kh * self.kw
+
+    def blocks(self, k: int) -> int:
+        return -(-self.channels // k)
+
+    def packed_shape(self, cfg: HwConfig) -> tuple:
+        """The staged operand's shape: conv2d's data layout of the 1x1 layer's input."""
+        return (self.n // cfg.batch, self.blocks(cfg.block), self.oh, self.ow, cfg.batch,
+                cfg.block)
+
+
+def windows_of(node: Node, graph: Graph) -> Windows:
+    """The windows of a QConv (a 1-D one as 2-D with one row)."""
+    from ..graph.qops import pad_value
+    from .partition import _conv_geometry
+
+    _, strides, pads, (kh, kw) = _conv_geometry(node, graph)
+    x = graph.types[node.inputs[0]].shape
+    n, c = x[:2]
+    h, w = (1, x[2]) if len(x) == 3 else x[2:]
+    return Windows(int(n), int(c), int(h), int(w), kh, kw, tuple(strides), tuple(pads),
+                   pad_value(node.attrs))
+
+
+def fits(node: Node, graph: Graph, cfg: HwConfig) -> Windows | None:
+    """The node's windows if a 1x1 layer over them can replace it with fewer GEMM micro-ops
+    (a QConv of groups 1 on a run-time int8 value), else None."""
+    from .partition import _conv_geometry
+
+    if node.op != "QConv" or _conv_geometry(node, graph)[0] != 1:
+        return None
+    x = node.inputs[0]
+    if graph.types[x].dtype != "int8" or x in graph.initializers:
+        return None
+    win = windows_of(node, graph)
+    if (win.kh, win.kw) == (1, 1) or win.n % cfg.batch:
+        return None
+    k = cfg.block
+    if win.blocks(k) >= -(-win.c // k) * win.kh * win.kw:
+        return None
+    return win
+
+
+def candidate(node: Node, graph: Graph, placements: dict, cfg: HwConfig) -> Windows | None:
+    """``fits``, and its input is not made by the accelerator (a graph input or a CPU
+    node's output: the runtime packs it anyway), else None."""
+    x = node.inputs[0]
+    made = next((n for n in graph.nodes if x in n.outputs), None)
+    if made is not None and placements[made.name].target != "cpu":
+        return None
+    return fits(node, graph, cfg)
+
+
+def weight(w4: np.ndarray) -> np.ndarray:
+    """QConv weights [O, C, kh, kw] as the 1x1 layer's [O, kh * kw * C, 1, 1]: input channel
+    (dy * kw + dx) * C + c holds w[o, c, dy, dx]."""
+    o = w4.shape[0]
+    return np.ascontiguousarray(w4.transpose(0, 2, 3, 1).reshape(o, -1, 1, 1))
+
+
+def layer(node: Node, graph: Graph, cfg: HwConfig, win: Windows):
+    """The AccelLayer of the node as a 1x1 conv2d over its windows (same name, bias,
+    multipliers and epilogue; no padding, so one bias per channel)."""
+    from .ops import ConvSpec, pack_bias, pack_oihw, pad_channels
+    from .partition import AccelLayer, _ceil, _epilogue
+
+    b, k = cfg.batch, cfg.block
+    w, bias, mult = (np.asarray(graph.initializers[i]) for i in node.inputs[1:4])
+    o = w.shape[0]
+    w4 = weight(w.reshape(o, win.c, win.kh, win.kw))
+    epi = _epilogue(node)
+    spec = ConvSpec(n=win.n, c=win.blocks(k) * k, h=win.oh, w=win.ow, o=_ceil(o, k), kh=1,
+                    kw=1, stride=1, pad=0, epilogue=epi)
+    packed = pack_oihw(pad_channels(pad_channels(w4, 0, k), 1, k), k)
+    return AccelLayer(node.name, "conv2d", spec, packed.astype(np.int8),
+                      pack_bias(pad_channels(bias.astype(np.int32), 0, k), b, k),
+                      pack_bias(pad_channels(mult.astype(np.int32), 0, k), b, k), epi.residual)
+
+
+def plan(node: Node, graph: Graph, cfg: HwConfig, placements: dict, base, *, top: int = 4):
+    """(layer, windows) of the node over its windows if that takes fewer cycles than
+    ``base`` (its conv2d AccelLayer), both tuned on the cycle model for one batch tile;
+    else None."""
+    from .tune import tune_conv
+
+    win = candidate(node, graph, placements, cfg)
+    if win is None or base.kind != "conv2d":
+        return None
+    alt = layer(node, graph, cfg, win)
+    one = cfg.batch
+    try:
+        _, ours = tune_conv(cfg, replace(alt.spec, n=one), top=top)
+    except CompilerError:
+        return None
+    _, theirs = tune_conv(cfg, replace(base.spec, n=one), top=top)
+    if ours["cycles"] >= theirs["cycles"]:
+        return None
+    return alt, win
+
+
+def pack(x: np.ndarray, win: Windows, cfg: HwConfig, out: np.ndarray | None = None) -> np.ndarray:
+    """The windows of int8 ``x`` ([n, c, h, w], or [n, c, w] for a 1-D layer) in the staged
+    operand's layout (``Windows.packed_shape``), into ``out`` if given: padding reads
+    ``win.z``, channels past kh x kw x C are zeros."""
+    b, k = cfg.batch, cfg.block
+    x = np.asarray(x)
+    if x.dtype != np.int8 or x.size != win.n * win.c * win.h * win.w:
+        raise CompilerError(f"im2col: expected int8 [{win.n}, {win.c}, {win.h}, {win.w}], got "
+                            f"{x.dtype}{list(x.shape)}")
+    n, c, oh, ow = win.n, win.c, win.oh, win.ow
+    pt, pl, pb, pr = win.pads
+    sh, sw = win.strides
+    # NHWC, padded with z: each tap's values for all output pixels are one strided slice
+    xp = np.full((n, win.h + pt + pb, win.w + pl + pr, c), win.z, np.int8)
+    xp[:, pt:pt + win.h, pl:pl + win.w] = x.reshape(n, c, win.h, win.w).transpose(0, 2, 3, 1)
+    cb = win.blocks(k)
+    cols = np.zeros((n, oh, ow, cb * k), np.int8)
+    for dy in range(win.kh):
+        for dx in range(win.kw):
+            t = (dy * win.kw + dx) * c
+            cols[..., t:t + c] = xp[:, dy:dy + sh * (oh - 1) + 1:sh, dx:dx + sw * (ow - 1) + 1:sw]
+    shape = win.packed_shape(cfg)
+    if out is None:
+        out = np.empty(shape, np.int8)
+    # out[i, j, y, x, bb, kk] = cols[i * b + bb, y, x, j * k + kk]
+    out.transpose(0, 4, 2, 3, 1, 5)[...] = cols.reshape(n // b, b, oh, ow, cb, k)
+    return out
