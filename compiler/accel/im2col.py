@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from celosia.config import HwConfig
 from celosia.errors import CompilerError
@@ -180,15 +181,16 @@ def pack(x: np.ndarray, win: Windows, cfg: HwConfig, out: np.ndarray | None = No
     n, c, oh, ow = win.n, win.c, win.oh, win.ow
     pt, pl, pb, pr = win.pads
     sh, sw = win.strides
-    # NHWC, padded with z: each tap's values for all output pixels are one strided slice
+    # NHWC, padded with z: a window's row of taps is kw x c contiguous bytes
     xp = np.full((n, win.h + pt + pb, win.w + pl + pr, c), win.z, np.int8)
     xp[:, pt:pt + win.h, pl:pl + win.w] = x.reshape(n, c, win.h, win.w).transpose(0, 2, 3, 1)
     cb = win.blocks(k)
-    cols = np.zeros((n, oh, ow, cb * k), np.int8)
-    for dy in range(win.kh):
-        for dx in range(win.kw):
-            t = (dy * win.kw + dx) * c
-            cols[..., t:t + c] = xp[:, dy:dy + sh * (oh - 1) + 1:sh, dx:dx + sw * (ow - 1) + 1:sw]
+    cols = np.empty((n, oh, ow, cb * k), np.int8)
+    cols[..., win.channels:] = 0
+    s, d = xp.strides, cols.strides
+    windows = as_strided(xp, (n, oh, ow, win.kh, win.kw * c), (s[0], sh * s[1], sw * s[2], s[1], 1),
+                         writeable=False)
+    as_strided(cols, windows.shape, (*d[:3], win.kw * c, 1))[...] = windows
     shape = win.packed_shape(cfg)
     if out is None:
         out = np.empty(shape, np.int8)
