@@ -468,7 +468,8 @@ def _staged(f: Field, node, graph, cfg, image_bytes: int) -> dict:
         want = weights_shape(graph.types[value].shape, cfg)
     addr, shape = f["addr"].integer(), f["shape"].shape()
     if shape != want:
-        raise f["shape"].fail(f"is {list(shape)}, {value!r}'s {layout} layout is {list(want)}")
+        raise f["shape"].fail(f"is {list(shape)}, {value!r}'s "
+                              f"{'weight' if layout == 'weights' else layout} layout is {list(want)}")
     size = int(np.prod(shape, dtype=object))
     if addr + size > image_bytes:
         raise f.fail(f"lies at [{addr}, {addr + size}), outside the {image_bytes}-byte DRAM image")

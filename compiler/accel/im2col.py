@@ -19,7 +19,8 @@ runtime/accel.py): its own DRAM buffer, packed by the runtime before each run fr
 value on the host (``pack``), counted as layout time and as a crossing.
 
 ``plan`` decides per QConv: groups 1, an int8 input that the accelerator does not make
-(a graph input or a CPU node's output: packing it is the runtime's work anyway), and fewer
+(a graph input or a CPU node's output: packing it is the runtime's work anyway) and that
+no other accelerator node reads (else it would cross twice, in two layouts), and fewer
 input blocks than conv2d's blocks x taps; then both layers are tuned on the cycle model
 (compiler/accel/tune.py, cached) and the windowed one is taken only if it takes fewer
 cycles (its input is kh x kw / (stride_h x stride_w) times larger in DRAM, so a layer
@@ -114,11 +115,15 @@ def fits(node: Node, graph: Graph, cfg: HwConfig) -> Windows | None:
 
 def candidate(node: Node, graph: Graph, placements: dict, cfg: HwConfig) -> Windows | None:
     """``fits``, and its input is not made by the accelerator (a graph input or a CPU
-    node's output: the runtime packs it anyway), else None."""
+    node's output: the runtime packs it anyway) and no other accelerator node reads it
+    (it would cross twice, in two layouts), else None."""
     x = node.inputs[0]
     made = next((n for n in graph.nodes if x in n.outputs), None)
     if made is not None and placements[made.name].target != "cpu":
         return None
+    if any(x in n.inputs and n is not node and placements[n.name].target == "accel"
+           for n in graph.nodes):
+        return None  # packed for another accelerator node anyway: one crossing, not two
     return fits(node, graph, cfg)
 
 

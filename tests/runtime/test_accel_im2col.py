@@ -133,3 +133,25 @@ def test_a_layer_whose_input_the_accelerator_makes_keeps_its_padding():
     x0 = rng.integers(-128, 128, (2, 3, 12, 12), dtype=np.int8)
     np.testing.assert_array_equal(model.run({"x0": x0}, target="cycle")["y"],
                                   model.cpu_build().run({"x0": x0})["y"])
+
+
+def test_edited_window_operands_are_refused(tmp_path):
+    from accel_helpers import edit_manifest
+    from celosia.runtime.cpu import ArtifactError
+
+    g, _ = _stem_graph()
+    path = tmp_path / "m.cel"
+    AccelModel.build(g, "default").save(path)
+
+    def staged(doc):
+        return doc["programs"]["stem"]["staged"][0]
+
+    for edit, message in [
+            (lambda d: staged(d).update(value="y"), r"staged\[0\].value: is not the input of a "
+                                                    r"QConv node whose windows"),
+            (lambda d: staged(d).update(shape=[2, 9, 10, 10, 1, 16]),
+             r"staged\[0\].shape: is \[2, 9, 10, 10, 1, 16\], 'x''s im2col layout is "
+             r"\[2, 10, 10, 10, 1, 16\]"),
+            (lambda d: staged(d).update(layout="nchw"), r"layout")]:
+        with pytest.raises(ArtifactError, match=message):
+            AccelModel.load(edit_manifest(path, edit, tmp_path / "edited.cel"))
