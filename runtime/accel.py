@@ -776,7 +776,7 @@ class AccelModel:
         cache = self.__dict__.setdefault("_windows_of", {})
         if name not in cache:
             cache[name] = windows_of(next(n for n in self.graph.nodes if n.name == name),
-                                     self.graph)
+                                     self.graph, self.config)
         return cache[name]
 
     def _host_buffer(self, name: str) -> np.ndarray | None:

@@ -58,6 +58,9 @@ class Windows:
     strides: tuple
     pads: tuple
     z: int
+    # int8 values the runtime writes into the lanes past kh x kw x C (the bias lanes,
+    # ``bias_lanes``); zeros past them
+    lanes: tuple = ()
 
     @property
     def oh(self) -> int:
@@ -81,8 +84,9 @@ class Windows:
                 cfg.block)
 
 
-def windows_of(node: Node, graph: Graph) -> Windows:
-    """The windows of a QConv (a 1-D one as 2-D with one row)."""
+def windows_of(node: Node, graph: Graph, cfg: HwConfig | None = None) -> Windows:
+    """The windows of a QConv (a 1-D one as 2-D with one row); with ``cfg``, the bias lanes
+    too (``bias_lanes``)."""
     from ..graph.qops import pad_value
     from .partition import _conv_geometry
 
@@ -90,8 +94,40 @@ def windows_of(node: Node, graph: Graph) -> Windows:
     x = graph.types[node.inputs[0]].shape
     n, c = x[:2]
     h, w = (1, x[2]) if len(x) == 3 else x[2:]
-    return Windows(int(n), int(c), int(h), int(w), kh, kw, tuple(strides), tuple(pads),
-                   pad_value(node.attrs))
+    win = Windows(int(n), int(c), int(h), int(w), kh, kw, tuple(strides), tuple(pads),
+                  pad_value(node.attrs))
+    if cfg is None:
+        return win
+    spare = win.blocks(cfg.block) * cfg.block - win.channels
+    lanes = bias_lanes(np.asarray(graph.initializers[node.inputs[2]]), spare)
+    return replace(win, lanes=lanes[0] if lanes else ())
+
+
+def bias_lanes(bias: np.ndarray, spare: int) -> tuple[tuple, np.ndarray] | None:
+    """(lane values, weights [O, lanes]) that put an int32 ``bias`` into the GEMM through
+    ``spare`` padding lanes of the last input block, if it fits: lane 0 reads 1, the others
+    127, so ``bias[o] = w[o, 0] + 127 * sum(w[o, 1:])`` with int8 weights. The GEMM then
+    starts every output from its bias and the epilogue's bias ADD (one ALU micro-op per
+    accumulator row) goes; the lanes are computed anyway. None if there are no 2 lanes or a
+    bias is out of reach (|bias| <= 63 + 127 * 128 * (lanes - 1), roughly)."""
+    if spare < 2:
+        return None
+    b = bias.astype(np.int64)
+    t = np.round(b / 127).astype(np.int64)  # the 127 lanes' share; lane 0 gets the rest
+    w0 = b - 127 * t
+    rest = spare - 1
+    if np.abs(t).max(initial=0) > 127 * rest or np.abs(w0).max(initial=0) > 127:
+        return None
+    # t split over the 127 lanes, each in [-127, 127]: as many full ones as needed
+    w = np.zeros((b.size, spare), np.int64)
+    w[:, 0] = w0
+    left = t.copy()
+    for j in range(1, spare):
+        step = np.clip(left, -127, 127)
+        w[:, j] = step
+        left -= step
+    assert not left.any() and (w[:, 0] + 127 * w[:, 1:].sum(1) == b).all()
+    return (1,) + (127,) * rest, w.astype(np.int8)
 
 
 def fits(node: Node, graph: Graph, cfg: HwConfig) -> Windows | None:
@@ -104,7 +140,7 @@ def fits(node: Node, graph: Graph, cfg: HwConfig) -> Windows | None:
     x = node.inputs[0]
     if graph.types[x].dtype != "int8" or x in graph.initializers:
         return None
-    win = windows_of(node, graph)
+    win = windows_of(node, graph, cfg)
     if (win.kh, win.kw) == (1, 1) or win.n % cfg.batch:
         return None
     k = cfg.block
@@ -136,7 +172,8 @@ def weight(w4: np.ndarray) -> np.ndarray:
 
 def layer(node: Node, graph: Graph, cfg: HwConfig, win: Windows):
     """The AccelLayer of the node as a 1x1 conv2d over its windows (same name, bias,
-    multipliers and epilogue; no padding, so one bias per channel)."""
+    multipliers and epilogue; no padding, so one bias per channel; the bias through the
+    padding lanes when ``win.lanes``, bias_lanes)."""
     from .ops import ConvSpec, pack_bias, pack_oihw, pad_channels
     from .partition import AccelLayer, _ceil, _epilogue
 
@@ -145,6 +182,10 @@ def layer(node: Node, graph: Graph, cfg: HwConfig, win: Windows):
     o = w.shape[0]
     w4 = weight(w.reshape(o, win.c, win.kh, win.kw))
     epi = _epilogue(node)
+    lanes = bias_lanes(bias, win.blocks(k) * k - win.channels) if win.lanes else None
+    if lanes:  # the bias through the GEMM's padding lanes: no bias ADD
+        w4 = np.concatenate([w4, lanes[1][:, :, None, None]], axis=1)
+        epi = replace(epi, bias=False)
     spec = ConvSpec(n=win.n, c=win.blocks(k) * k, h=win.oh, w=win.ow, o=_ceil(o, k), kh=1,
                     kw=1, stride=1, pad=0, epilogue=epi)
     packed = pack_oihw(pad_channels(pad_channels(w4, 0, k), 1, k), k)
@@ -192,6 +233,7 @@ def pack(x: np.ndarray, win: Windows, cfg: HwConfig, out: np.ndarray | None = No
     cb = win.blocks(k)
     cols = np.empty((n, oh, ow, cb * k), np.int8)
     cols[..., win.channels:] = 0
+    cols[..., win.channels:win.channels + len(win.lanes)] = win.lanes
     s, d = xp.strides, cols.strides
     windows = as_strided(xp, (n, oh, ow, win.kh, win.kw * c), (s[0], sh * s[1], sw * s[2], s[1], 1),
                          writeable=False)

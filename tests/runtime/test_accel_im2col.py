@@ -37,21 +37,45 @@ def _windows_reference(x, win):
 @given(st.integers(1, 5), st.integers(1, 9), st.integers(1, 9), st.integers(1, 4),
        st.integers(1, 4), st.integers(1, 3), st.integers(1, 3),
        st.lists(st.integers(0, 3), min_size=4, max_size=4), st.integers(-128, 127),
-       st.sampled_from(["default", "small"]), st.integers(0, 2**31))
-def test_pack_is_the_windows_in_conv2d_layout(c, h, w, kh, kw, sh, sw, pads, z, config, seed):
+       st.sampled_from(["default", "small"]), st.integers(0, 2**31), st.integers(0, 16))
+def test_pack_is_the_windows_in_conv2d_layout(c, h, w, kh, kw, sh, sw, pads, z, config, seed,
+                                              lanes):
     cfg = HwConfig.load(config)
     n = cfg.batch * 2
     kh, kw = min(kh, h + pads[0] + pads[2]), min(kw, w + pads[1] + pads[3])
     win = im2col.Windows(n, c, h, w, kh, kw, (sh, sw), tuple(pads), z)
+    lanes = min(lanes, win.blocks(cfg.block) * cfg.block - win.channels)
+    win = im2col.Windows(n, c, h, w, kh, kw, (sh, sw), tuple(pads), z,
+                         tuple(range(-lanes, 0)))  # (bias lanes: their values)
     x = np.random.default_rng(seed).integers(-128, 128, (n, c, h, w), dtype=np.int8)
     packed = im2col.pack(x, win, cfg)
     assert packed.shape == win.packed_shape(cfg)
     full = unpack_value(packed, (n, win.blocks(cfg.block) * cfg.block, win.oh, win.ow))
     want = _windows_reference(x, win)
     np.testing.assert_array_equal(full[:, :win.channels], want)
-    assert not full[:, win.channels:].any()  # channels past kh x kw x c: zeros
+    tail = win.channels + lanes
+    assert (full[:, win.channels:tail].transpose(0, 2, 3, 1) == win.lanes).all()
+    assert not full[:, tail:].any()  # channels past kh x kw x c and the lanes: zeros
     out = np.full(win.packed_shape(cfg), 77, np.int8)  # into given memory, every byte
     np.testing.assert_array_equal(im2col.pack(x, win, cfg, out=out), packed)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 20), st.integers(1, 40), st.integers(0, 2**31))
+def test_bias_lanes_hold_the_bias_exactly_or_refuse(spare, o, seed):
+    rng = np.random.default_rng(seed)
+    reach = 63 + 127 * 127 * max(spare - 1, 0)
+    bias = rng.integers(-reach, reach + 1, o).astype(np.int32)
+    got = im2col.bias_lanes(bias, spare)
+    if spare < 2:
+        assert got is None
+        return
+    values, w = got
+    assert values == (1,) + (127,) * (spare - 1) and w.dtype == np.int8 and w.shape == (o, spare)
+    np.testing.assert_array_equal(w.astype(np.int64) @ np.array(values), bias)
+    big = bias.copy()
+    big[0] = 127 * 128 * spare + 200  # beyond every lane's reach
+    assert im2col.bias_lanes(big, spare) is None
 
 
 def test_pack_refuses_the_wrong_input():
@@ -61,11 +85,11 @@ def test_pack_refuses_the_wrong_input():
 
 
 def _stem_graph(c=3, size=20, k=7, stride=2, pad=3, o=24, z=-7, seed=0, one_d=False,
-                residual=False):
+                residual=False, bias=20000):
     rng = np.random.default_rng(seed)
     inits = {"w": constant(rng.integers(-128, 128, (o, c, k) if one_d else (o, c, k, k),
                                         dtype=np.int8)),
-             "b": constant(rng.integers(-20000, 20000, o).astype(np.int32)),
+             "b": constant(rng.integers(-bias, bias, o).astype(np.int32)),
              "m": constant(rng.integers(1, 300, o).astype(np.int32))}
     dims = 1 if one_d else 2
     x_shape = (2, c, size) if one_d else (2, c, size, size)
@@ -84,16 +108,20 @@ def _stem_graph(c=3, size=20, k=7, stride=2, pad=3, o=24, z=-7, seed=0, one_d=Fa
     return g, node
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(one_d=True, c=2, k=5, stride=1, pad=2),
-                                dict(c=5, k=3, stride=1, pad=1, z=0, residual=True)])
-def test_a_windowed_layer_is_bit_exact(tmp_path, kw):
+@pytest.mark.parametrize("kw,lanes", [
+    (dict(), True), (dict(one_d=True, c=2, k=5, stride=1, pad=2), True),
+    (dict(c=5, k=3, stride=1, pad=1, z=0, residual=True), True),
+    (dict(bias=2**31 - 1), False)])  # biases beyond the lanes' reach: the ALU adds them
+def test_a_windowed_layer_is_bit_exact(tmp_path, kw, lanes):
     g, node = _stem_graph(**kw)
     cfg = HwConfig()
     model = AccelModel.build(g, cfg)
     staged = model.programs["stem"].get("staged", [])
     assert [s["layout"] for s in staged] == ["im2col"], "the layer runs over its windows"
-    win = im2col.windows_of(node, g)
+    win = im2col.windows_of(node, g, cfg)
     assert model.programs["stem"]["spec"]["c"] == win.blocks(cfg.block) * cfg.block
+    assert bool(win.lanes) == lanes
+    assert model.programs["stem"]["spec"]["epilogue"]["bias"] == (not lanes)
     rng = np.random.default_rng(1)
     feeds = {v: rng.integers(-128, 128, g.types[v].shape, dtype=np.int8) for v in g.inputs}
     i = g.initializers
