@@ -196,8 +196,8 @@ def layer(node: Node, graph: Graph, cfg: HwConfig, win: Windows):
 
 def plan(node: Node, graph: Graph, cfg: HwConfig, placements: dict, base, *, top: int = 4):
     """(layer, windows) of the node over its windows if that takes fewer cycles than
-    ``base`` (its conv2d AccelLayer), both tuned on the cycle model for one batch tile;
-    else None."""
+    ``base`` (its conv2d AccelLayer), both tuned on the cycle model for one batch tile, or
+    if no schedule of ``base`` fits the buffers; else None."""
     from .tune import tune_conv
 
     win = candidate(node, graph, placements, cfg)
@@ -209,7 +209,10 @@ def plan(node: Node, graph: Graph, cfg: HwConfig, placements: dict, base, *, top
         _, ours = tune_conv(cfg, replace(alt.spec, n=one), top=top)
     except CompilerError:
         return None
-    _, theirs = tune_conv(cfg, replace(base.spec, n=one), top=top)
+    try:
+        _, theirs = tune_conv(cfg, replace(base.spec, n=one), top=top)
+    except CompilerError:  # no schedule of the padded layer fits: the windows' does
+        return alt, win
     if ours["cycles"] >= theirs["cycles"]:
         return None
     return alt, win
