@@ -185,3 +185,18 @@ def test_edited_window_operands_are_refused(tmp_path):
             (lambda d: staged(d).update(layout="nchw"), r"layout")]:
         with pytest.raises(ArtifactError, match=message):
             AccelModel.load(edit_manifest(path, edit, tmp_path / "edited.cel"))
+
+
+def test_a_windowed_layer_on_the_rtl_agrees_with_the_cycle_model():
+    """The small configuration: the windowed program on the RTL gives the QConv's results
+    and the cycle model's cycle count."""
+    g, node = _stem_graph(c=2, size=8, k=3, stride=1, pad=1, o=8, bias=500)
+    model = AccelModel.build(g, "small")
+    assert [s["layout"] for s in model.programs["stem"]["staged"]] == ["im2col"]
+    x = np.random.default_rng(7).integers(-128, 128, g.types["x"].shape, dtype=np.int8)
+    i = g.initializers
+    want = qops.qconv(node.attrs, x, *(np.asarray(i[v]) for v in ("w", "b", "m")))
+    np.testing.assert_array_equal(model.run({"x": x}, target="rtl")["y"], want)
+    rtl_cycles = model.report[0]["cycles"]
+    np.testing.assert_array_equal(model.run({"x": x}, target="cycle")["y"], want)
+    assert model.report[0]["cycles"] == rtl_cycles
