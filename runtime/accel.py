@@ -454,9 +454,12 @@ class AccelModel:
                 for o in n.outputs if o}
         cpu_reads = {i for n in graph.nodes if n.name not in self.programs and
                      n.name not in self.packed for i in n.inputs if i} | set(graph.outputs)
+        # values the runtime packs only as a layer's windows (compiler/accel/im2col.py)
+        windowed = {st["value"] for p in self.programs.values() for st in p.get("staged", ())
+                    if st["layout"] == "im2col"}
         for name, v in self.values.items():
             shape = graph.types[name].shape
-            if "of" in v or v.get("layout") or len(shape) not in (3, 4):
+            if "of" in v or v.get("layout") or len(shape) not in (3, 4) or name in windowed:
                 continue
             image = shape if len(shape) == 4 else (shape[0], shape[1], 1, shape[2])
             if not compiled_layout(image, v["shape"], cfg.batch, cfg.block):
