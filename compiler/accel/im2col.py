@@ -153,6 +153,9 @@ def candidate(node: Node, graph: Graph, placements: dict, cfg: HwConfig) -> Wind
     """``fits``, and its input is not made by the accelerator (a graph input or a CPU
     node's output: the runtime packs it anyway) and no other accelerator node reads it
     (it would cross twice, in two layouts), else None."""
+    win = fits(node, graph, cfg)
+    if win is None:
+        return None
     x = node.inputs[0]
     made = next((n for n in graph.nodes if x in n.outputs), None)
     if made is not None and placements[made.name].target != "cpu":
@@ -160,7 +163,7 @@ def candidate(node: Node, graph: Graph, placements: dict, cfg: HwConfig) -> Wind
     if any(x in n.inputs and n is not node and placements[n.name].target == "accel"
            for n in graph.nodes):
         return None  # packed for another accelerator node anyway: one crossing, not two
-    return fits(node, graph, cfg)
+    return win
 
 
 def weight(w4: np.ndarray) -> np.ndarray:
