@@ -151,15 +151,19 @@ def fits(node: Node, graph: Graph, cfg: HwConfig) -> Windows | None:
 
 def candidate(node: Node, graph: Graph, placements: dict, cfg: HwConfig) -> Windows | None:
     """``fits``, and its input is not made by the accelerator (a graph input or a CPU
-    node's output: the runtime packs it anyway) and no other accelerator node reads it
-    (it would cross twice, in two layouts), else None."""
+    node's output: the runtime packs it anyway; not a CPU node run in place on the packed
+    layout, partition.packed_nodes) and no other accelerator node reads it (it would cross
+    twice, in two layouts), else None."""
+    from .partition import packed_nodes
+
     win = fits(node, graph, cfg)
     if win is None:
         return None
     x = node.inputs[0]
     made = next((n for n in graph.nodes if x in n.outputs), None)
-    if made is not None and placements[made.name].target != "cpu":
-        return None
+    if made is not None and (placements[made.name].target != "cpu" or
+                             made.name in packed_nodes(graph, placements)):
+        return None  # in DRAM already (an accelerator node, or a CPU node run in place)
     if any(x in n.inputs and n is not node and placements[n.name].target == "accel"
            for n in graph.nodes):
         return None  # packed for another accelerator node anyway: one crossing, not two
