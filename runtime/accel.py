@@ -58,6 +58,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict
+from functools import partial
 
 import numpy as np
 
@@ -175,6 +176,7 @@ class AccelModel:
             value_layouts,
             root_of,
         )
+        from ..compiler.accel import im2col
         from ..compiler.accel.recurrent import is_host_node
         from ..driver import Device
         from .accel_recurrent import build_host_node, host_bytes
@@ -186,7 +188,7 @@ class AccelModel:
         placements = annotate(graph, cfg, accelerate=accelerate)
         accel = [n for n in graph.nodes if placements[n.name].target == "accel"]
         producer = {o: n for n in graph.nodes for o in n.outputs if o}
-        compiled, views = {}, []
+        compiled, views, windows = {}, [], {}
         for k, node in enumerate(accel):
             if node.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
                 # (a node before it that left the accelerator may have taken the in-place
@@ -210,6 +212,10 @@ class AccelModel:
             roots = {v: root_of(v, producer, placements) for v in node.inputs[:1]}
             layer = layer_for(node, graph, cfg, roots=roots)
             try:
+                # a few-channel layer fed by the CPU: its windows packed by the runtime
+                windowed = im2col.plan(node, graph, cfg, placements, layer, top=tune_top)
+                if windowed:
+                    layer, windows[node.name] = windowed
                 fn, knobs = compile_layer(layer, cfg, top=tune_top)
             except CompilerError as e:
                 placements[node.name] = Placement("cpu", f"no accelerator schedule: {e}")
@@ -305,13 +311,18 @@ class AccelModel:
             else:
                 bufs = [value_buffer(x, a) if what == "value" else dev.upload(x, align=a)
                         for (what, x), a in zip(layer.operands(node), align)]
+                if node.name in windows:  # the input's windows, packed by the runtime
+                    shape = windows[node.name].packed_shape(cfg)
+                    bufs[0] = dev.alloc(int(np.prod(shape)), align=align[0])
+                    staged.append({"value": node.inputs[0], "addr": bufs[0].addr,
+                                   "shape": list(shape), "layout": im2col.LAYOUT})
                 fn.bind(dev, bufs)
             prog = dev.build_program()
             programs[node.name] = {
                 "insn_addr": prog.insn_addr, "insn_count": prog.insn_count, "kind": layer.kind,
                 "spec": asdict(layer.spec), "knobs": asdict(knobs), "macs": layer.macs,
                 "region": region_of[node.name],
-                **({"staged": staged} if layer.kind == "matmul" else {}),
+                **({"staged": staged} if layer.kind == "matmul" or staged else {}),
             }
         image = (dev.executor.read_dram(0, dev.allocator.high_water) if dev is not None
                  else np.zeros(0, np.uint8))
@@ -443,9 +454,12 @@ class AccelModel:
                 for o in n.outputs if o}
         cpu_reads = {i for n in graph.nodes if n.name not in self.programs and
                      n.name not in self.packed for i in n.inputs if i} | set(graph.outputs)
+        # values the runtime packs only as a layer's windows (compiler/accel/im2col.py)
+        windowed = {st["value"] for p in self.programs.values() for st in p.get("staged", ())
+                    if st["layout"] == "im2col"}
         for name, v in self.values.items():
             shape = graph.types[name].shape
-            if "of" in v or v.get("layout") or len(shape) not in (3, 4):
+            if "of" in v or v.get("layout") or len(shape) not in (3, 4) or name in windowed:
                 continue
             image = shape if len(shape) == 4 else (shape[0], shape[1], 1, shape[2])
             if not compiled_layout(image, v["shape"], cfg.batch, cfg.block):
@@ -544,6 +558,7 @@ class AccelModel:
 
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
+        from ..compiler.accel import im2col
         from ..compiler.accel.matmul import pack_weights
         from ..compiler.accel.partition import dram_reads
         from ..compiler.graph.ir import InputShapeError
@@ -638,8 +653,10 @@ class AccelModel:
                 shown(k + 1)
             elif prog is not None:
                 packed = False
+                windowed = {st["value"] for st in prog.get("staged", ())
+                            if st["layout"] == im2col.LAYOUT}
                 for name in dram_reads(node):
-                    if name and name not in in_dram:
+                    if name and name not in in_dram and name not in windowed:
                         v = self.values[name]
                         view = ex.dram_view(v["addr"], math.prod(v["shape"]))
                         if view is not None:  # packed straight into DRAM
@@ -655,11 +672,14 @@ class AccelModel:
                 for st in prog.get("staged", ()):
                     to_host(st["value"])
                     view = ex.dram_view(st["addr"], math.prod(st["shape"]))
-                    if view is not None:
-                        pack_weights(host[st["value"]], cfg,
-                                     out=view.view(np.int8).reshape(st["shape"]))
+                    if st["layout"] == im2col.LAYOUT:
+                        pack_st = partial(im2col.pack, win=self._windows(node.name), cfg=cfg)
                     else:
-                        ex.write_dram(st["addr"], pack_weights(host[st["value"]], cfg))
+                        pack_st = partial(pack_weights, cfg=cfg)
+                    if view is not None:
+                        pack_st(host[st["value"]], out=view.view(np.int8).reshape(st["shape"]))
+                    else:
+                        ex.write_dram(st["addr"], pack_st(host[st["value"]]))
                     crossings["to_accel"] += 1
                     packed = True
                 # Layout time: packing values at the border (a node that packs nothing has
@@ -750,6 +770,17 @@ class AccelModel:
         # next run writes there)
         return {name: host[name] if host[name].flags.owndata else host[name].copy()
                 for name in graph.outputs}
+
+    def _windows(self, name: str):
+        """The window geometry of accelerator node ``name``, whose input the runtime packs
+        as im2col windows (compiler/accel/im2col.py)."""
+        from ..compiler.accel.im2col import windows_of
+
+        cache = self.__dict__.setdefault("_windows_of", {})
+        if name not in cache:
+            cache[name] = windows_of(next(n for n in self.graph.nodes if n.name == name),
+                                     self.graph, self.config)
+        return cache[name]
 
     def _host_buffer(self, name: str) -> np.ndarray | None:
         """An int8 array of the value's shape kept from run to run to unpack it into (None

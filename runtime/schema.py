@@ -450,16 +450,26 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
 
 def _staged(f: Field, node, graph, cfg, image_bytes: int) -> dict:
     """One operand an accelerator node's program has packed at run time: a QMatMul's second
-    input in the weight layout, at a buffer inside the DRAM image."""
+    input in the weight layout, or a QConv's input as its windows (compiler/accel/im2col.py),
+    at a buffer inside the DRAM image."""
+    from ..compiler.accel import im2col
     from ..compiler.accel.matmul import weights_shape
 
-    value, layout = f["value"].string(), f["layout"].string(("weights",))
-    if node.op != "QMatMul" or len(node.inputs) < 2 or value != node.inputs[1]:
+    value, layout = f["value"].string(), f["layout"].string(("weights", im2col.LAYOUT))
+    if layout == im2col.LAYOUT:
+        if node.op != "QConv" or value != node.inputs[0] or \
+                im2col.fits(node, graph, cfg) is None:
+            raise f["value"].fail(f"is not the input of a QConv node whose windows the "
+                                  f"accelerator can take ({node.name!r})")
+        want = im2col.windows_of(node, graph).packed_shape(cfg)
+    elif node.op != "QMatMul" or len(node.inputs) < 2 or value != node.inputs[1]:
         raise f["value"].fail(f"is not the second input of QMatMul node {node.name!r}")
+    else:
+        want = weights_shape(graph.types[value].shape, cfg)
     addr, shape = f["addr"].integer(), f["shape"].shape()
-    want = weights_shape(graph.types[value].shape, cfg)
     if shape != want:
-        raise f["shape"].fail(f"is {list(shape)}, {value!r}'s weight layout is {list(want)}")
+        raise f["shape"].fail(f"is {list(shape)}, {value!r}'s "
+                              f"{'weight' if layout == 'weights' else layout} layout is {list(want)}")
     size = int(np.prod(shape, dtype=object))
     if addr + size > image_bytes:
         raise f.fail(f"lies at [{addr}, {addr + size}), outside the {image_bytes}-byte DRAM image")

@@ -716,7 +716,9 @@ class AccelLayer:
         """The arguments of the layer's function, in order: ("value", name) for a value
         in DRAM, ("const", array) for a constant packed at build time."""
         if self.kind in ("conv2d", "group_conv2d", "dense"):
-            args = [("value", node.inputs[0]), ("const", self.weight), ("const", self.bias),
+            # (no bias operand when the GEMM adds it: compiler/accel/im2col.py)
+            args = [("value", node.inputs[0]), ("const", self.weight),
+                    *([("const", self.bias)] if self.spec.epilogue.bias else []),
                     ("const", self.scale)]
             if self.residual:
                 args.append(("value", node.inputs[4]))

@@ -145,9 +145,11 @@ def test_groups_1_convs_with_per_side_padding_run_conv2d_with_their_taps_cropped
              c("Conv", ["p", "wc"], ["q"], pads=[1, 1, 1, 1], name="centre"),
              c("Reshape", ["q", "shape"], ["r"], name="to1d"),
              c("Conv", ["r", "w1d"], ["y"], pads=[2, 1], strides=[2], name="conv1d")]
-    weights = {"wa": (24, 16, 3, 2), "wp": (32, 24, 4, 8), "wc": (40, 32, 3, 3),
-               "w1d": (16, 8, 5)}
-    shape = numpy_helper.from_array(np.array([1, 8, -1], np.int64), "shape")
+    # (the 1-D layer reads the CPU's Reshape with 16 channels: its windows, 16 x 5 channels,
+    # would take as many blocks as its taps, so it stays a 1-D conv2d; compiler/accel/im2col.py)
+    weights = {"wa": (24, 16, 3, 2), "wp": (32, 24, 4, 8), "wc": (80, 32, 3, 3),
+               "w1d": (16, 16, 5)}
+    shape = numpy_helper.from_array(np.array([1, 16, -1], np.int64), "shape")
     rng = np.random.default_rng(3)
     model = make_model(nodes, [vi("x", [1, 16, 7, 8])], [vi("y", [1, 16, 2])],
                        [shape] + [numpy_helper.from_array(
