@@ -141,38 +141,32 @@ class _Launcher:
     def products(self, records: list, weights: dict | None = None):
         """The ``products(key, a)`` function of one node; ``weights``: {key: weight} of
         an exact product (its activation correction is added on the host)."""
-        from ..compiler.accel.wide import (combine_exact, exact_correction,
-                                           pack_wide_activation, unpack_acc32)
+        from ..compiler.accel.wide import exact_correction
+        from .wide_border import WideBorder
 
         cfg, ex, stats = self.cfg, self.ex, self.stats
         # Per product, what each launch needs, computed once (a launch's border is a few
         # microseconds: dictionary look-ups and np.prod would be a good part of it).
-        launch = {tuple(p["key"]): (p["a_addr"], p["a_shape"][1] * cfg.batch, p["insn_addr"],
-                                    p["insn_count"], p["out_addr"],
-                                    int(np.prod(p["out_shape"])), tuple(p["out_shape"]),
-                                    p["o"], p["k"],
-                                    exact_correction(weights[tuple(p["key"])])
-                                    if weights and tuple(p["key"]) in weights else None)
-                  for p in records}
+        launch = {}
+        for p in records:
+            key = tuple(p["key"])
+            corr = exact_correction(weights[key]) if weights and key in weights else None
+            launch[key] = (WideBorder(ex, cfg, p, corr), p["insn_addr"], p["insn_count"],
+                           p["k"] * p["o"])
         clock = time.perf_counter
 
         def run(key, a):
-            a_addr, rows, insn_addr, insn_count, out_addr, nbytes, out_shape, o, k, corr = \
-                launch[key]
+            border, insn_addr, insn_count, macs = launch[key]
             t0 = clock()
-            ex.write_dram(a_addr, pack_wide_activation(a, cfg, rows=rows))
+            border.put(a)
             t1 = clock()
             counters = ex.run(insn_addr, insn_count)
             t2 = clock()
-            raw = ex.read_dram(out_addr, nbytes).view(np.int8).reshape(out_shape)
-            if corr is None:
-                acc = unpack_acc32(raw, a.shape[0], o)
-            else:
-                acc = combine_exact(raw, a.shape[0], o, corr)
+            acc = border.take(a.shape[0])
             stats["layout_s"] += (t1 - t0) + (clock() - t2)
             stats["sim_s"] += t2 - t1
             stats["cycles"] += int(counters.get("cycles", 0))
-            stats["macs"] += a.shape[0] * k * o
+            stats["macs"] += a.shape[0] * macs
             stats["launches"] += 1
             return acc
 
