@@ -30,6 +30,7 @@ and putting the bytes together is the layer's layout time, quantizing and dequan
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 
@@ -61,8 +62,9 @@ def _steps(node, graph, key) -> int:
 def _build_products(node, graph, cfg, dev, name: str) -> tuple[list, int]:
     """Per product of ``node`` (a recurrent layer or a QMatMulWide in ``graph``): its
     resident program and buffers; and the node's multiply-adds per run."""
-    from ..compiler.accel.wide import (WideSpec, pack_wide_weight, wide_correction,
-                                       wide_dense, wide_knobs)
+    from ..compiler.accel.wide import (WideSpec, carry_correction, carry_plan,
+                                       pack_wide_weight, wide_correction, wide_dense,
+                                       wide_knobs)
 
     b, k = cfg.batch, cfg.block
     products, macs = [], 0
@@ -71,14 +73,21 @@ def _build_products(node, graph, cfg, dev, name: str) -> tuple[list, int]:
         # the convolutions' and dense products' definition is exact, a recurrent layer's
         # with int16 weights too (its int8 one wraps in 32 bits, as Horner's rule does)
         exact = node.op in ("QMatMulWide", "QConvWide") or w.dtype == np.int16
+        # exact products come back as the int64 itself, put together on the ALU, where no
+        # accumulator can pass int32 (always, short of tens of thousands of inputs)
+        init, problem = carry_plan(w) if exact else (0, "not exact")
+        carry = problem is None
         spec = WideSpec(-(-m // b) * b, -(-kd // k) * k, -(-o // k) * k, 2,
-                        1 if w.dtype == np.int8 else 2, exact=exact)
+                        1 if w.dtype == np.int8 else 2, exact=exact, carry=carry,
+                        carry_init=init if carry else 1)
         knobs = wide_knobs(cfg, spec)
         fn = wide_dense(cfg, spec, knobs, name=f"{name}/{_key_str(key)}")
         specs = fn.arg_specs()
         a_buf = dev.alloc(int(np.prod(specs[0][2])), align=specs[0][3])
         bufs = [a_buf, dev.upload(pack_wide_weight(w, cfg), align=specs[1][3])]
-        if not exact:
+        if carry and init:
+            bufs.append(dev.upload(carry_correction(w, cfg, init), align=specs[2][3]))
+        elif not exact:
             bufs.append(dev.upload(wide_correction(w, cfg), align=specs[2][3]))
         out_buf = dev.alloc(int(np.prod(specs[-1][2])), align=specs[-1][3])
         fn.bind(dev, bufs + [out_buf])
@@ -86,8 +95,10 @@ def _build_products(node, graph, cfg, dev, name: str) -> tuple[list, int]:
         macs += m * kd * o * _steps(node, graph, key)
         products.append({"key": list(key), "insn_addr": prog.insn_addr,
                          "insn_count": prog.insn_count, "m": m, "k": kd, "o": o,
+                         # the last: 0 int32 (Horner), 1 exact (the host adds up the
+                         # accumulators), 2 exact with carries (the int64's bytes)
                          "spec": [spec.m, spec.k, spec.o, spec.a_digits, spec.w_digits,
-                                  int(exact)],
+                                  2 if carry else int(exact)],
                          "knobs": [knobs.tile_m, knobs.tile_o, knobs.tile_k],
                          "a_addr": a_buf.addr, "a_shape": list(specs[0][2]),
                          "out_addr": out_buf.addr, "out_shape": list(specs[-1][2])})
@@ -126,8 +137,12 @@ def host_bytes(node, graph, cfg) -> int:
     for n, g in pairs:
         for w, m in _products_of(n, g).values():
             mp, kp, op = -(-m // b) * b, -(-w.shape[1] // k) * k, -(-w.shape[0] // k) * k
-            total += w.itemsize * op * kp + 4 * op * b + 2 * mp * kp + 12 * mp * op + 4096
+            total += w.itemsize * op * kp + 12 * op * b + 2 * mp * kp + 12 * mp * op + 4096
     return total
+
+
+# Per executor, per product record (by identity, the record kept): its border.
+_BORDERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class _Launcher:
@@ -138,21 +153,31 @@ class _Launcher:
         self.ex, self.cfg = ex, cfg
         self.stats = {"cycles": 0, "macs": 0, "layout_s": 0.0, "sim_s": 0.0, "launches": 0}
 
-    def products(self, records: list, weights: dict | None = None):
-        """The ``products(key, a)`` function of one node; ``weights``: {key: weight} of
-        an exact product (its activation correction is added on the host)."""
+    def products(self, records: list, weights=None):
+        """The ``products(key, a)`` function of one node; ``weights()``: {key: weight} of
+        its exact products (asked only if one of them has its activation correction added
+        on the host: programs without carries, from older .cel files)."""
         from ..compiler.accel.wide import exact_correction
         from .wide_border import WideBorder
 
         cfg, ex, stats = self.cfg, self.ex, self.stats
-        # Per product, what each launch needs, computed once (a launch's border is a few
-        # microseconds: dictionary look-ups and np.prod would be a good part of it).
-        launch = {}
+        # Per product, what each launch needs, made once per executor (a launch's border is
+        # a few microseconds: dictionary look-ups and np.prod would be a good part of it,
+        # and its buffers' views are the executor's DRAM).
+        borders = _BORDERS.setdefault(ex, {})
+        launch, exact = {}, None
         for p in records:
             key = tuple(p["key"])
-            corr = exact_correction(weights[key]) if weights and key in weights else None
-            launch[key] = (WideBorder(ex, cfg, p, corr), p["insn_addr"], p["insn_count"],
-                           p["k"] * p["o"])
+            border = borders.get(id(p))
+            if border is None or border[0] is not p:
+                corr = None
+                if p["spec"][5] == 1:  # exact, the accumulators put together here
+                    exact = weights() if exact is None and weights else exact
+                    corr = exact_correction(exact[key]) if exact and key in exact else None
+                border = (p, WideBorder(ex, cfg, p, corr))
+                if border[1].in_place:  # (one that copies holds the executor: not kept)
+                    borders[id(p)] = border
+            launch[key] = (border[1], p["insn_addr"], p["insn_count"], p["k"] * p["o"])
         clock = time.perf_counter
 
         def run(key, a):
@@ -229,8 +254,8 @@ def run_host_node(node, prog: dict, inputs: list, ex, cfg, graph) -> tuple[tuple
     "layout_ms", "sim_ms", "launches"})."""
     launcher = _Launcher(ex, cfg)
     if prog["kind"] != "control":
-        outs = _run_node(node, inputs, launcher.products(prog["products"],
-                                                          _exact_weights(node, graph)))
+        outs = _run_node(node, inputs, launcher.products(
+            prog["products"], lambda: _exact_weights(node, graph)))
         return outs, launcher.result()
     from ..compiler.accel.recurrent import body_keys
     from ..compiler.graph.ir import captured_inputs
@@ -247,8 +272,8 @@ def run_host_node(node, prog: dict, inputs: list, ex, cfg, graph) -> tuple[tuple
     def runner(key, n, body):
         if key not in runners:
             rec = by_key[key]
-            weights = _exact_weights(n, body)
-            runners[key] = launcher.products(rec["products"], weights)
+            runners[key] = launcher.products(rec["products"],
+                                             lambda: _exact_weights(n, body))
         return runners[key]
 
     def run(body, args, captured):

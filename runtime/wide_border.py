@@ -42,12 +42,15 @@ class WideBorder:
     product's activation correction (``wide.exact_correction``) or None."""
 
     def __init__(self, ex, cfg, record: dict, correction=None):
-        self.cfg, self.ex = cfg, ex
+        self.cfg = cfg
         self.a_addr, self.out_addr = record["a_addr"], record["out_addr"]
         self.a_shape, self.out_shape = tuple(record["a_shape"]), tuple(record["out_shape"])
         self.rows = self.a_shape[1] * cfg.batch        # operand rows, padding included
         self.o = record["o"]
-        self.exact = bool(record["spec"][5])
+        # 0: int32 accumulators; 1: exact, accumulators put together here; 2: exact, the
+        # int64 product's bytes (compiler/accel/wide.py ``WideSpec.carry``)
+        self.mode = int(record["spec"][5])
+        self.exact = self.mode >= 1
         self.correction = correction
         self.a_bytes = int(np.prod(self.a_shape))
         self.out_bytes = int(np.prod(self.out_shape))
@@ -57,12 +60,16 @@ class WideBorder:
         a_view = ex.dram_view(self.a_addr, self.a_bytes) if cfg.batch == 1 else None
         out_view = ex.dram_view(self.out_addr, self.out_bytes) if a_view is not None else None
         self.in_place = out_view is not None
+        # (in place the border keeps only views of the DRAM, not the executor: borders are
+        # kept per executor, weakly, by runtime/accel_recurrent.py)
+        self.ex = None if self.in_place else ex
         if self.in_place:
             # BATCH = 1: the layouts are [digits, M, K] and [planes, M, O] byte planes
             self.a_planes = a_view.reshape(digits, mb, kb * k)
             self.out_planes = out_view.reshape(planes, mb * ob * k)
             self.out_cols = ob * k
             self._dest_key, self._dest_view = None, None
+            self._gather_plan = None
 
     def put(self, a: np.ndarray) -> None:
         """The operand ``a`` [m, K] (int16, or int8) into the program's buffer."""
@@ -96,35 +103,56 @@ class WideBorder:
         return self._dest_view
 
     def take(self, m: int) -> np.ndarray:
-        """The product's [m, O] result: int32 accumulators, or the exact int64 product."""
+        """The product's [m, O] result: int32 accumulators, or the exact int64 product (in
+        place: a view of a buffer of this border's, valid until the product's next
+        launch)."""
         if not self.in_place:
-            from ..compiler.accel.wide import combine_exact, unpack_acc32
+            from ..compiler.accel.wide import combine_exact, unpack_acc32, unpack_int64
 
             raw = self.ex.read_dram(self.out_addr, self.out_bytes).view(np.int8).reshape(
                 self.out_shape)
+            if self.mode == 2:
+                return unpack_int64(raw, m, self.o)
             if self.exact:
                 return combine_exact(raw, m, self.o, self.correction)
             return unpack_acc32(raw, m, self.o)
-        planes = self.planes
-        n = self.out_cols * m  # the rows read back: padded rows are never looked at
-        if n > self.out_planes.shape[1]:
-            raise ValueError(f"{m} result rows of a buffer of {self.rows}")
-        src = self.out_planes[:, :n]
-        words = np.empty((n, planes), np.uint8)
-        if planes >= 8 and n <= _GATHER_WHOLE_MAX:
-            np.copyto(words.T, src)  # one transposing copy: 8 or 12 bytes an element
+        _, words, whole, copies, result = self._gather(m)
+        if whole is not None:
+            np.copyto(words.T, whole)  # one transposing copy: 8 or 12 bytes an element
         else:
-            for r in range(planes):  # a strided copy per plane: faster for 4 planes
-                words[:, r] = src[r]
-        acc = words.view("<i4").reshape(m, self.out_cols, planes // 4)
-        if self.out_cols != self.o:
-            acc = acc[:, :self.o]
-        if not self.exact:
-            return acc[..., 0]
+            for dst, src in copies:  # a strided copy per plane: faster for 4 planes
+                np.copyto(dst, src)
+        if self.mode != 1:
+            return result
+        acc = result
         total = acc[..., 0].astype(np.int64)
-        for i in range(1, planes // 4):  # sum_i acc_i * 256**(n-1-i), Horner's rule
+        for i in range(1, self.planes // 4):  # sum_i acc_i * 256**(n-1-i), Horner's rule
             total *= 256
             total += acc[..., i]
         if self.correction is not None:
             total += self.correction[:self.o]
         return total
+
+    def _gather(self, m: int) -> tuple:
+        """(m, the bytes' buffer [n, planes], the planes to copy at once or None, per plane
+        (destination, source), the result's view of the buffer) for ``m`` result rows;
+        kept per ``m``: a layer launches the same product every step, and what ``take``
+        returns stays valid until the product's next launch."""
+        if self._gather_plan is not None and self._gather_plan[0] == m:
+            return self._gather_plan
+        planes, cols = self.planes, self.out_cols
+        n = cols * m  # the rows read back: padded rows are never looked at
+        if n > self.out_planes.shape[1]:
+            raise ValueError(f"{m} result rows of a buffer of {self.rows}")
+        src = self.out_planes[:, :n]
+        words = np.empty((n, planes), np.uint8)
+        whole = src if planes >= 8 and n <= _GATHER_WHOLE_MAX else None
+        copies = [] if whole is not None else [(words[:, r], src[r]) for r in range(planes)]
+        if self.mode == 2:  # the int64's little-endian bytes
+            result = words.view("<i8").reshape(m, cols)[:, :self.o]
+        else:
+            result = words.view("<i4").reshape(m, cols, planes // 4)[:, :self.o]
+            if self.mode == 0:
+                result = result[..., 0]
+        self._gather_plan = (m, words, whole, copies, result)
+        return self._gather_plan
