@@ -62,7 +62,7 @@ def _steps(node, graph, key) -> int:
 def _build_products(node, graph, cfg, dev, name: str) -> tuple[list, int]:
     """Per product of ``node`` (a recurrent layer or a QMatMulWide in ``graph``): its
     resident program and buffers; and the node's multiply-adds per run."""
-    from ..compiler.accel.wide import (WideSpec, carry_correction, carry_plan,
+    from ..compiler.accel.wide import (WideSpec, carry_correction, carry_plan, exact_in_int32,
                                        pack_wide_weight, wide_correction, wide_dense,
                                        wide_knobs)
 
@@ -73,6 +73,8 @@ def _build_products(node, graph, cfg, dev, name: str) -> tuple[list, int]:
         # the convolutions' and dense products' definition is exact, a recurrent layer's
         # with int16 weights too (its int8 one wraps in 32 bits, as Horner's rule does)
         exact = node.op in ("QMatMulWide", "QConvWide") or w.dtype == np.int16
+        if exact and exact_in_int32(w):
+            exact = False  # the 32-bit program's result is the exact product
         # exact products come back as the int64 itself, put together on the ALU, where no
         # accumulator can pass int32 (always, short of tens of thousands of inputs)
         init, problem = carry_plan(w) if exact else (0, "not exact")

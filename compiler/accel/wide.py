@@ -52,7 +52,7 @@ from .ops_alu import AluProgram
 __all__ = ["WideSpec", "WideKnobs", "wide_knobs", "wide_dense", "split_activation",
            "split_weight", "pack_wide_activation", "pack_wide_weight", "wide_correction",
            "unpack_acc32", "wide_weight_problem", "WEIGHT16_MAX", "combine_exact",
-           "exact_correction", "carry_correction", "carry_plan", "unpack_int64",
+           "exact_correction", "carry_correction", "carry_plan", "exact_in_int32", "unpack_int64",
            "out_planes"]
 
 WEIGHT16_MAX = 32639  # the largest int16 weight whose signed digits are both int8
@@ -350,6 +350,15 @@ def wide_correction(w: np.ndarray, cfg: HwConfig) -> np.ndarray:
     s = ((s + 2**31) % 2**32 - 2**31).astype(np.int32)
     s = pad_channels(s, 0, k)
     return np.broadcast_to(s.reshape(-1, 1, k), (s.size // k, b, k)).copy()
+
+
+def exact_in_int32(w: np.ndarray) -> bool:
+    """Whether every product of int16 activations (|a| <= 32768) and weight ``w`` [O, K]
+    fits int32, so that the 32-bit program (Horner's rule, wrapping) gives it exactly."""
+    w = np.asarray(w)
+    if not w.size:
+        return True
+    return 32768 * int(np.abs(w.astype(np.int64)).sum(axis=1).max()) <= 2**31 - 1
 
 
 def _digit_sums(w: np.ndarray) -> np.ndarray:

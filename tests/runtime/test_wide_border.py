@@ -1,0 +1,115 @@
+"""The border of a wide product run from the host (runtime/wide_border.py): in place on the
+executor's DRAM it writes the same operand bytes as the packing definition
+(compiler/accel/wide.py pack_wide_activation) and reads the same products as the unpacking
+ones (unpack_acc32, combine_exact, unpack_int64), for each kind of program, fewer rows than
+the buffer has and shapes changing between launches; where the executor offers no views it
+copies, with the same bits. Whole models (a recurrent layer, a Loop, an If with an LSTM and
+a convolution) agree bit for bit with the int8 CPU build either way, their exact products
+put together on the ALU (carry programs) and the layer's border only where it crosses."""
+
+import numpy as np
+import pytest
+from onnx_builders import recurrent_layer
+
+from celosia.compiler.accel.wide import (combine_exact, exact_correction, pack_wide_activation,
+                                         unpack_acc32, unpack_int64)
+from celosia.compiler.pipeline import quantize_model
+from celosia.config import HwConfig
+from celosia.models import recurrent
+from celosia.runtime.accel import AccelModel, compare_outputs
+from celosia.runtime.wide_border import WideBorder
+from celosia.sim.fsim import FunctionalSimulator
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _record(cfg, rows, k, o, mode, accumulators):
+    b, blk = cfg.batch, cfg.block
+    planes = {0: 4, 1: 4 * accumulators, 2: 8}[mode]
+    return {"a_addr": 4096, "out_addr": 1 << 16, "o": o,
+            "a_shape": [2, rows // b, -(-k // blk), b, blk],
+            "out_shape": [planes, rows // b, -(-o // blk), b, blk],
+            "spec": [rows, -(-k // blk) * blk, -(-o // blk) * blk, 2, 1, mode]}
+
+
+@pytest.mark.parametrize("preset", ["default", "small"])
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("views", [True, False])
+def test_the_border_is_the_packing_and_unpacking_definition(preset, mode, views, monkeypatch):
+    if not views:
+        monkeypatch.setattr(FunctionalSimulator, "dram_view", lambda self, addr, n: None)
+    cfg = HwConfig.load(preset)
+    rng = np.random.default_rng(mode + 3 * views)
+    rows = 4 * cfg.batch
+    kd, o = 40, 70  # neither a multiple of BLOCK
+    ex = FunctionalSimulator(cfg, 1 << 20)
+    rec = _record(cfg, rows, kd, o, mode, 3)
+    w = rng.integers(-30000, 30000, (o, kd)).astype(np.int16)
+    corr = exact_correction(w) if mode == 1 else None
+    border = WideBorder(ex, cfg, rec, corr)
+    assert border.in_place == (views and cfg.batch == 1)
+    a_bytes = int(np.prod(rec["a_shape"]))
+    out_bytes = int(np.prod(rec["out_shape"]))
+    for m in (1, rows, 3, 3):  # shapes change between launches, and stay
+        a = rng.integers(-32768, 32768, (m, kd)).astype(np.int16)
+        a[0, :2] = (-32768, 32767)
+        border.put(a)
+        want = pack_wide_activation(a, cfg, rows=rows)
+        got = ex.read_dram(rec["a_addr"], a_bytes).view(np.int8).reshape(want.shape)
+        # rows past m and padded columns meet zero weights or are never read back
+        # (the int16 1's low digit, -127, marks the places of both digits)
+        mask = pack_wide_activation(np.ones((m, kd), np.int16), cfg, rows=rows) != 0
+        mask = np.broadcast_to(mask[1:], mask.shape)
+        assert mask.sum() == 2 * m * kd
+        np.testing.assert_array_equal(got[mask], want[mask])
+        raw = rng.integers(-128, 128, out_bytes).astype(np.int8)
+        ex.write_dram(rec["out_addr"], raw)
+        planes = raw.reshape(rec["out_shape"])
+        result = border.take(m)
+        if mode == 0:
+            expect = unpack_acc32(planes, m, o)
+        elif mode == 1:
+            expect = combine_exact(planes, m, o, corr)
+        else:
+            expect = unpack_int64(planes, m, o)
+        assert result.shape == (m, o) and result.dtype == expect.dtype
+        np.testing.assert_array_equal(result, expect)
+
+
+def _models():
+    lstm = recurrent_layer("LSTM", seed=3, direction="bidirectional", hidden=20, size=33,
+                           batch=1, steps=9)
+    shape = [d.dim_value for d in lstm.graph.input[0].type.tensor_type.shape.dim]
+    feeds = [{"X": np.random.default_rng(s).normal(size=shape).astype(np.float32)}
+             for s in range(5)]
+    yield "lstm", lstm, feeds[:4], feeds[4]
+    loop = recurrent.control_flow(features=8, hidden=40, classes=5, time=6, batch=1)
+    rng = np.random.default_rng(0)
+    args = dict(batch=1, time=6, features=8)
+    yield "loop", loop, [recurrent.control_flow_feeds(args, rng) for _ in range(3)], \
+        recurrent.control_flow_feeds(args, rng)
+
+
+@pytest.mark.parametrize("name,model,calib,test", list(_models()), ids=lambda v: v
+                         if isinstance(v, str) else "")
+def test_models_agree_with_and_without_views(name, model, calib, test, monkeypatch):
+    q = quantize_model(model, calib, input_shapes={k: v.shape for k, v in test.items()})
+    built = AccelModel.build(q, "default")
+    want = built.cpu_build().run(test)
+    modes = [p["spec"][5] for prog in built.programs.values()
+             for p in prog.get("products", []) + [p for b in prog.get("bodies", [])
+                                                  for p in b["products"]]]
+    assert modes, "no wide products on the accelerator"
+    if name == "loop":  # the body's int16 x int16 product: exact, put together on the ALU
+        assert 2 in modes, modes
+    for target in ("fsim", "cycle"):
+        same, detail = compare_outputs(built.run(test, target=target), want, exact=True)
+        assert same, f"{target}: {detail['summary']}"
+    monkeypatch.setattr(FunctionalSimulator, "dram_view", lambda self, addr, n: None)
+    fresh = AccelModel.build(q, "default")
+    for target in ("fsim", "cycle"):
+        same, detail = compare_outputs(fresh.run(test, target=target), want, exact=True)
+        assert same, f"{target}, copies: {detail['summary']}"
