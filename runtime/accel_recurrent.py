@@ -65,6 +65,7 @@ def _build_products(node, graph, cfg, dev, name: str) -> tuple[list, int]:
     from ..compiler.accel.wide import (WideSpec, carry_correction, carry_plan, exact_in_int32,
                                        pack_wide_weight, wide_correction, wide_dense,
                                        wide_knobs)
+    from .wide_border import warm_kernels
 
     b, k = cfg.batch, cfg.block
     products, macs = [], 0
@@ -104,6 +105,7 @@ def _build_products(node, graph, cfg, dev, name: str) -> tuple[list, int]:
                          "knobs": [knobs.tile_m, knobs.tile_o, knobs.tile_k],
                          "a_addr": a_buf.addr, "a_shape": list(specs[0][2]),
                          "out_addr": out_buf.addr, "out_shape": list(specs[-1][2])})
+        warm_kernels(products[-1], cfg)
     return products, macs
 
 

@@ -5,15 +5,18 @@ buffer, the accumulators' byte planes back into the int32 (or, exact, int64) pro
 A recurrent layer crosses this border twice per time step, so what it costs is most of the
 layer's layout time. Where the executor lets the CPU see its DRAM (``Executor.dram_view``,
 as runtime/accel.py's in-place nodes use it) the border works on the program's buffers in
-place, with BATCH = 1 (the default configuration) in one pass each way:
+place, with BATCH = 1 (the default configuration), by one compiled kernel each way
+(compiler/cpu/wide_layout.py; bound to the buffers once, one C call per launch):
 
-- the operand: its digit planes are the int16's own bytes, the high byte as it is and the
-  low one XOR 0x80 (``wide.split_activation``), written by one ufunc from the int16 array
-  straight into the buffer's [digits, M, K] planes (no packed copy, no DRAM write);
-- the result: the byte planes [planes, M, O] gathered by one transposing copy from the
-  buffer into [M, O, planes] bytes, which read as little-endian int32 are the accumulators
-  (no DRAM read copy); exact products put their accumulators together in int64 and add
-  the activation's correction, as ``wide.combine_exact`` does.
+- the operand: its digit planes are the int16's bytes, the high byte as it is and the low
+  one XOR 0x80 (``wide.split_activation``), written from the int16 array (copied into a
+  staging array of the kernel's) straight into the buffer's [digits, M, K] planes (no
+  packed copy, no DRAM write);
+- the result: the byte planes [planes, M, O] gathered from the buffer into [M, O, planes]
+  bytes, which read as little-endian int32 are the accumulators, or as int64 the exact
+  product of a carry program (no DRAM read copy, nothing else to do); exact products
+  without carries (older .cel files) put their accumulators together in int64 and add the
+  activation's correction, as ``wide.combine_exact`` does.
 
 Elsewhere (another BATCH, an executor without views) it packs and unpacks with
 ``wide.pack_wide_activation`` / ``unpack_acc32`` / ``combine_exact`` through
@@ -25,15 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["WideBorder"]
-
-# XOR of an int16's (low, high) bytes: the low byte minus 128 as int8, the high byte as is
-_FLIP = np.array([0x80, 0], np.uint8).reshape(2, 1, 1)
-# Gathering the result's byte planes: one transposing copy for 8 or 12 planes of up to this
-# many elements, else a strided copy per plane (measured here: 4 planes of 1024 elements
-# 2.5 us per plane against 4.5 us whole, 12 of 256 3.8 against 1.8, 4 of 102400 114 against
-# 755).
-_GATHER_WHOLE_MAX = 4096
+__all__ = ["WideBorder", "warm_kernels"]
 
 
 class WideBorder:
@@ -68,8 +63,11 @@ class WideBorder:
             self.a_planes = a_view.reshape(digits, mb, kb * k)
             self.out_planes = out_view.reshape(planes, mb * ob * k)
             self.out_cols = ob * k
-            self._dest_key, self._dest_view = None, None
-            self._gather_plan = None
+            self._digits_plan = self._gather_plan = None
+            # the kernels of the product's own shape, ready before its first launch
+            if self.digits == 2:
+                self._digits(min(record.get("m", self.rows), self.rows), record["k"])
+            self._gather(min(record.get("m", self.rows), self.rows))
 
     def put(self, a: np.ndarray) -> None:
         """The operand ``a`` [m, K] (int16, or int8) into the program's buffer."""
@@ -78,29 +76,32 @@ class WideBorder:
 
             self.ex.write_dram(self.a_addr, pack_wide_activation(a, self.cfg, rows=self.rows))
             return
-        m, kd = a.shape
         if a.dtype == np.int16 and self.digits == 2:
-            lo_hi = np.ascontiguousarray(a, "<i2").view(np.uint8).reshape(m, kd, 2)
-            # planes [high, low ^ 0x80] = reversed [low, high] bytes XOR [0x80, 0]
-            np.bitwise_xor(lo_hi.transpose(2, 0, 1), _FLIP, out=self._dest(m, kd))
+            stage, digits = self._digits(*a.shape)
+            np.copyto(stage, a)
+            digits()
         elif a.dtype == np.int8 and self.digits == 1:
-            np.copyto(self._dest(m, kd)[0], a.view(np.uint8))
+            m, kd = a.shape
+            np.copyto(self.a_planes[0, :m, :kd], a.view(np.uint8))
         else:
             raise ValueError(f"a {a.dtype} operand for a program of {self.digits} digit "
                              f"planes")
 
-    def _dest(self, m: int, kd: int) -> np.ndarray:
-        """The [digits, m, kd] planes of the operand buffer (the low digit first, where
-        the digits are reversed for the int16's byte order); kept per shape: a layer
-        launches the same product every step."""
-        key = (m, kd)
-        if key != self._dest_key:
-            if m > self.rows or kd > self.a_planes.shape[2]:
-                raise ValueError(f"a [{m}, {kd}] operand for a [{self.rows}, "
-                                 f"{self.a_planes.shape[2]}] buffer")
-            planes = self.a_planes[::-1] if self.digits == 2 else self.a_planes
-            self._dest_key, self._dest_view = key, planes[:, :m, :kd]
-        return self._dest_view
+    def _digits(self, m: int, kd: int) -> tuple:
+        """(an int16 [m, kd] staging array, the bound kernel writing its digit planes into
+        the operand buffer: compiler/cpu/wide_layout.py); kept per shape: a layer launches
+        the same product every step."""
+        if self._digits_plan is None or self._digits_plan[0] != (m, kd):
+            from ..compiler.cpu.wide_layout import digits_kernel
+
+            rows, kp = self.a_planes.shape[1:]
+            if m > rows or kd > kp:
+                raise ValueError(f"a [{m}, {kd}] operand for a [{rows}, {kp}] buffer")
+            stage = np.empty((m, kd), np.int16)
+            fn = digits_kernel(m, kd, rows, kp).bind(stage.view(np.int8),
+                                                     self.a_planes.view(np.int8), serial=True)
+            self._digits_plan = ((m, kd), stage, fn)
+        return self._digits_plan[1:]
 
     def take(self, m: int) -> np.ndarray:
         """The product's [m, O] result: int32 accumulators, or the exact int64 product (in
@@ -116,12 +117,8 @@ class WideBorder:
             if self.exact:
                 return combine_exact(raw, m, self.o, self.correction)
             return unpack_acc32(raw, m, self.o)
-        _, words, whole, copies, result = self._gather(m)
-        if whole is not None:
-            np.copyto(words.T, whole)  # one transposing copy: 8 or 12 bytes an element
-        else:
-            for dst, src in copies:  # a strided copy per plane: faster for 4 planes
-                np.copyto(dst, src)
+        gather, result = self._gather(m)
+        gather()
         if self.mode != 1:
             return result
         acc = result
@@ -134,25 +131,41 @@ class WideBorder:
         return total
 
     def _gather(self, m: int) -> tuple:
-        """(m, the bytes' buffer [n, planes], the planes to copy at once or None, per plane
-        (destination, source), the result's view of the buffer) for ``m`` result rows;
-        kept per ``m``: a layer launches the same product every step, and what ``take``
-        returns stays valid until the product's next launch."""
-        if self._gather_plan is not None and self._gather_plan[0] == m:
-            return self._gather_plan
-        planes, cols = self.planes, self.out_cols
-        n = cols * m  # the rows read back: padded rows are never looked at
-        if n > self.out_planes.shape[1]:
-            raise ValueError(f"{m} result rows of a buffer of {self.rows}")
-        src = self.out_planes[:, :n]
-        words = np.empty((n, planes), np.uint8)
-        whole = src if planes >= 8 and n <= _GATHER_WHOLE_MAX else None
-        copies = [] if whole is not None else [(words[:, r], src[r]) for r in range(planes)]
-        if self.mode == 2:  # the int64's little-endian bytes
-            result = words.view("<i8").reshape(m, cols)[:, :self.o]
-        else:
-            result = words.view("<i4").reshape(m, cols, planes // 4)[:, :self.o]
-            if self.mode == 0:
-                result = result[..., 0]
-        self._gather_plan = (m, words, whole, copies, result)
-        return self._gather_plan
+        """(the bound kernel gathering the byte planes of ``m`` result rows into each
+        element's bytes side by side: compiler/cpu/wide_layout.py, the result's view of
+        those bytes); kept per ``m``: what ``take`` returns stays valid until the
+        product's next launch."""
+        if self._gather_plan is None or self._gather_plan[0] != m:
+            from ..compiler.cpu.wide_layout import gather_kernel
+
+            planes, cols = self.planes, self.out_cols
+            n = cols * m  # the rows read back: padded rows are never looked at
+            if n > self.out_planes.shape[1]:
+                raise ValueError(f"{m} result rows of a buffer of {self.rows}")
+            words = np.empty((n, planes), np.uint8)
+            fn = gather_kernel(planes, self.out_planes.shape[1], n).bind(
+                self.out_planes.view(np.int8), words.view(np.int8), serial=True)
+            if self.mode == 2:  # the int64's little-endian bytes
+                result = words.view("<i8").reshape(m, cols)[:, :self.o]
+            else:
+                result = words.view("<i4").reshape(m, cols, planes // 4)[:, :self.o]
+                if self.mode == 0:
+                    result = result[..., 0]
+            self._gather_plan = (m, fn, result)
+        return self._gather_plan[1:]
+
+
+def warm_kernels(record: dict, cfg) -> None:
+    """Compile (or load from the disk cache) the kernels of a product's own shape at build
+    time, so that a run's layout time is the conversions', not their compilation's (as
+    runtime/accel.py does for its layout kernels)."""
+    if cfg.batch != 1:
+        return
+    from ..compiler.cpu.wide_layout import digits_kernel, gather_kernel
+
+    digits, mb, kb, _, k = record["a_shape"]
+    planes, _, ob, _, _ = record["out_shape"]
+    m = min(record["m"], mb)
+    if digits == 2:
+        digits_kernel(m, record["k"], mb, kb * k)
+    gather_kernel(planes, mb * ob * k, m * ob * k)

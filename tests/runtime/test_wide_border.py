@@ -29,7 +29,7 @@ def _private_cache(tmp_path_factory, monkeypatch):
 def _record(cfg, rows, k, o, mode, accumulators):
     b, blk = cfg.batch, cfg.block
     planes = {0: 4, 1: 4 * accumulators, 2: 8}[mode]
-    return {"a_addr": 4096, "out_addr": 1 << 16, "o": o,
+    return {"a_addr": 4096, "out_addr": 1 << 16, "o": o, "m": rows, "k": k,
             "a_shape": [2, rows // b, -(-k // blk), b, blk],
             "out_shape": [planes, rows // b, -(-o // blk), b, blk],
             "spec": [rows, -(-k // blk) * blk, -(-o // blk) * blk, 2, 1, mode]}
