@@ -27,7 +27,7 @@ model and compared bit for bit with the int8 CPU build of the same graph. Fields
 
 The time figures (latency, layout share) are of warm runs when the first took under 10 s
 (a first run's CPU and layout times include one-time costs): of the one with the median
-latency of three (fewer when they pass 10 s together). CPU and layout times are wall
+latency of five (fewer when they pass 10 s together). CPU and layout times are wall
 times, and on a busy machine one run's are as much the load's as the model's (the same
 build measured 0.04 and 0.18 layout share in two single runs here).
 
@@ -52,7 +52,7 @@ _REASONS_KEPT = 8
 # Models whose run on the cycle model takes less than this run a second time, warm, for the
 # time figures (latency, layout_share); cycles and crossings are the same in every run.
 _WARM_RUN_UNDER_S = 10.0  # accel_cpu_macs: the reasons with the most multiply-adds
-_WARM_RUNS = 3  # warm runs for the time figures, the median by latency reported
+_WARM_RUNS = 5  # warm runs for the time figures, the median by latency reported
 
 
 class _OverTime(Exception):
