@@ -7,6 +7,8 @@ copies, with the same bits. Whole models (a recurrent layer, a Loop, an If with 
 a convolution) agree bit for bit with the int8 CPU build either way, their exact products
 put together on the ALU (carry programs) and the layer's border only where it crosses."""
 
+import os
+
 import numpy as np
 import pytest
 from onnx_builders import recurrent_layer
@@ -19,6 +21,9 @@ from celosia.models import recurrent
 from celosia.runtime.accel import AccelModel, compare_outputs
 from celosia.runtime.wide_border import WideBorder
 from celosia.sim.fsim import FunctionalSimulator
+
+
+_USUAL_CACHE = os.environ.get("CELOSIA_CACHE")
 
 
 @pytest.fixture(autouse=True)
@@ -113,3 +118,35 @@ def test_models_agree_with_and_without_views(name, model, calib, test, monkeypat
     for target in ("fsim", "cycle"):
         same, detail = compare_outputs(fresh.run(test, target=target), want, exact=True)
         assert same, f"{target}, copies: {detail['summary']}"
+
+
+def test_the_rtl_runs_the_border_in_place(monkeypatch):
+    """The small configuration on the RTL (Verilator): a recurrent layer (32-bit programs)
+    and a Loop's body product (a carry program), their borders on views of the RTL's DRAM,
+    bit-exact with the int8 CPU build and the cycle model's cycles."""
+    # the simulator library from the usual cache (as test_wide.py's RTL test finds it),
+    # not built again in this module's private one
+    if _USUAL_CACHE is None:
+        monkeypatch.delenv("CELOSIA_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("CELOSIA_CACHE", _USUAL_CACHE)
+    lstm = recurrent_layer("LSTM", seed=5, direction="forward", hidden=8, batch=1, steps=3)
+    shape = [d.dim_value for d in lstm.graph.input[0].type.tensor_type.shape.dim]
+    feeds = [{"X": np.random.default_rng(s).normal(size=shape).astype(np.float32)}
+             for s in range(3)]
+    loop = recurrent.control_flow(features=4, hidden=8, classes=3, time=3, batch=1)
+    rng = np.random.default_rng(1)
+    args = dict(batch=1, time=3, features=4)
+    for model, calib, test in ((lstm, feeds[:2], feeds[2]),
+                               (loop, [recurrent.control_flow_feeds(args, rng)
+                                       for _ in range(2)],
+                                recurrent.control_flow_feeds(args, rng))):
+        q = quantize_model(model, calib, input_shapes={k: v.shape for k, v in test.items()})
+        built = AccelModel.build(q, "small")
+        want = built.cpu_build().run(test)
+        cycles = {}
+        for target in ("cycle", "rtl"):
+            same, detail = compare_outputs(built.run(test, target=target), want, exact=True)
+            assert same, f"{target}: {detail['summary']}"
+            cycles[target] = built.summary()["cycles"]
+        assert cycles["rtl"] == cycles["cycle"] > 0
