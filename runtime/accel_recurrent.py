@@ -186,12 +186,25 @@ class _Launcher:
 
         def run(key, a):
             border, insn_addr, insn_count, macs = launch[key]
-            t0 = clock()
-            border.put(a)
-            t1 = clock()
-            counters = ex.run(insn_addr, insn_count)
-            t2 = clock()
-            acc = border.take(a.shape[0])
+            fast = border.fast
+            if fast is not None and a.shape == fast[0] and a.dtype == np.int16:
+                # the product's own shape in place (runtime/wide_border.py): a copy into
+                # the kernel's staging array and a C call each way
+                t0 = clock()
+                np.copyto(fast[1], a)
+                fast[2]()
+                t1 = clock()
+                counters = ex.run(insn_addr, insn_count)
+                t2 = clock()
+                fast[3]()
+                acc = fast[4]
+            else:
+                t0 = clock()
+                border.put(a)
+                t1 = clock()
+                counters = ex.run(insn_addr, insn_count)
+                t2 = clock()
+                acc = border.take(a.shape[0])
             stats["layout_s"] += (t1 - t0) + (clock() - t2)
             stats["sim_s"] += t2 - t1
             stats["cycles"] += int(counters.get("cycles", 0))

@@ -55,6 +55,7 @@ class WideBorder:
         a_view = ex.dram_view(self.a_addr, self.a_bytes) if cfg.batch == 1 else None
         out_view = ex.dram_view(self.out_addr, self.out_bytes) if a_view is not None else None
         self.in_place = out_view is not None
+        self.fast = None
         # (in place the border keeps only views of the DRAM, not the executor: borders are
         # kept per executor, weakly, by runtime/accel_recurrent.py)
         self.ex = None if self.in_place else ex
@@ -65,9 +66,15 @@ class WideBorder:
             self.out_cols = ob * k
             self._digits_plan = self._gather_plan = None
             # the kernels of the product's own shape, ready before its first launch
+            m = min(record.get("m", self.rows), self.rows)
+            self._gather(m)
             if self.digits == 2:
-                self._digits(min(record.get("m", self.rows), self.rows), record["k"])
-            self._gather(min(record.get("m", self.rows), self.rows))
+                stage, digits = self._digits(m, record["k"])
+                if self.mode != 1:
+                    # ``fast``: (operand shape, staging array, digits kernel, gather kernel,
+                    # result) of a launch of the product's own shape, for the launcher's
+                    # loop to run without method calls
+                    self.fast = ((m, record["k"]), stage, digits, *self._gather(m))
 
     def put(self, a: np.ndarray) -> None:
         """The operand ``a`` [m, K] (int16, or int8) into the program's buffer."""
