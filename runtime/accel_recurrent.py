@@ -344,6 +344,13 @@ def _check_products(f, node, graph, image_bytes: int) -> list[dict]:
         if (rec["m"], rec["o"], rec["k"]) != (m, *w.shape):
             raise p.fail(f"has m, o, k {rec['m']}, {rec['o']}, {rec['k']}, the product is "
                          f"{m}, {w.shape[0]}, {w.shape[1]}")
+        # the result's byte planes: 4 (int32), 4 per accumulator (exact), 8 (carries)
+        mode, accumulators = rec["spec"][5], rec["spec"][3] + rec["spec"][4] - 1
+        planes = {0: 4, 1: 4 * accumulators, 2: 8}.get(mode)
+        if planes is None or len(rec["out_shape"]) != 5 or rec["out_shape"][0] != planes:
+            raise p.fail(f"has spec {rec['spec']} (its last: 0 int32, 1 exact, 2 exact with "
+                         f"carries) and result planes {rec['out_shape'][:1]}, which do not "
+                         f"go together")
         for what, addr, size in (("instructions", rec["insn_addr"], 16 * rec["insn_count"]),
                                  ("operand", rec["a_addr"], int(np.prod(rec["a_shape"]))),
                                  ("result", rec["out_addr"], int(np.prod(rec["out_shape"])))):

@@ -150,3 +150,44 @@ def test_the_rtl_runs_the_border_in_place(monkeypatch):
             assert same, f"{target}: {detail['summary']}"
             cycles[target] = built.summary()["cycles"]
         assert cycles["rtl"] == cycles["cycle"] > 0
+
+
+def test_a_cel_whose_product_planes_do_not_match_its_mode_is_refused(tmp_path):
+    """A .cel's product records say how their results come back (spec's last: 0 int32, 1
+    exact, 2 exact with carries) and how many byte planes they hold; a manifest where the
+    two disagree is refused when loaded, naming the field."""
+    import io
+    import json
+    import zipfile
+
+    from celosia.runtime.artifact import ArtifactError, seal
+
+    loop = recurrent.control_flow(features=4, hidden=8, classes=3, time=3, batch=1)
+    rng = np.random.default_rng(2)
+    args = dict(batch=1, time=3, features=4)
+    calib = [recurrent.control_flow_feeds(args, rng) for _ in range(2)]
+    test = recurrent.control_flow_feeds(args, rng)
+    q = quantize_model(loop, calib, input_shapes={k: v.shape for k, v in test.items()})
+    built = AccelModel.build(q, "default")
+    built.save(tmp_path / "m.cel")
+    want = built.cpu_build().run(test)
+    same, _ = compare_outputs(AccelModel.load(tmp_path / "m.cel").run(test, target="fsim"),
+                              want, exact=True)
+    assert same
+    data = (tmp_path / "m.cel").read_bytes()
+    for mode in (1, 7):
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            table = {n: z.read(n) for n in z.namelist()}
+        doc = json.loads(table["manifest.json"])
+        products = [p for prog in doc["programs"].values() for b in prog.get("bodies", [])
+                    for p in b["products"] if p["spec"][5] == 2]
+        assert products, "no carry program in the Loop's body"
+        products[0]["spec"][5] = mode
+        table["manifest.json"] = json.dumps(doc).encode()
+        table["manifest.sha256"] = seal(table["manifest.json"])
+        path = tmp_path / f"e{mode}.cel"
+        with zipfile.ZipFile(path, "w") as z:
+            for n, d in table.items():
+                z.writestr(n, d)
+        with pytest.raises(ArtifactError, match="do not go together"):
+            AccelModel.load(path)
