@@ -30,6 +30,7 @@ and putting the bytes together is the layer's layout time, quantizing and dequan
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 
@@ -61,8 +62,10 @@ def _steps(node, graph, key) -> int:
 def _build_products(node, graph, cfg, dev, name: str) -> tuple[list, int]:
     """Per product of ``node`` (a recurrent layer or a QMatMulWide in ``graph``): its
     resident program and buffers; and the node's multiply-adds per run."""
-    from ..compiler.accel.wide import (WideSpec, pack_wide_weight, wide_correction,
-                                       wide_dense, wide_knobs)
+    from ..compiler.accel.wide import (WideSpec, carry_correction, carry_plan, exact_in_int32,
+                                       pack_wide_weight, wide_correction, wide_dense,
+                                       wide_knobs)
+    from .wide_border import warm_kernels
 
     b, k = cfg.batch, cfg.block
     products, macs = [], 0
@@ -71,14 +74,23 @@ def _build_products(node, graph, cfg, dev, name: str) -> tuple[list, int]:
         # the convolutions' and dense products' definition is exact, a recurrent layer's
         # with int16 weights too (its int8 one wraps in 32 bits, as Horner's rule does)
         exact = node.op in ("QMatMulWide", "QConvWide") or w.dtype == np.int16
+        if exact and exact_in_int32(w):
+            exact = False  # the 32-bit program's result is the exact product
+        # exact products come back as the int64 itself, put together on the ALU, where no
+        # accumulator can pass int32 (always, short of tens of thousands of inputs)
+        init, problem = carry_plan(w) if exact else (0, "not exact")
+        carry = problem is None
         spec = WideSpec(-(-m // b) * b, -(-kd // k) * k, -(-o // k) * k, 2,
-                        1 if w.dtype == np.int8 else 2, exact=exact)
+                        1 if w.dtype == np.int8 else 2, exact=exact, carry=carry,
+                        carry_init=init if carry else 1)
         knobs = wide_knobs(cfg, spec)
         fn = wide_dense(cfg, spec, knobs, name=f"{name}/{_key_str(key)}")
         specs = fn.arg_specs()
         a_buf = dev.alloc(int(np.prod(specs[0][2])), align=specs[0][3])
         bufs = [a_buf, dev.upload(pack_wide_weight(w, cfg), align=specs[1][3])]
-        if not exact:
+        if carry and init:
+            bufs.append(dev.upload(carry_correction(w, cfg, init), align=specs[2][3]))
+        elif not exact:
             bufs.append(dev.upload(wide_correction(w, cfg), align=specs[2][3]))
         out_buf = dev.alloc(int(np.prod(specs[-1][2])), align=specs[-1][3])
         fn.bind(dev, bufs + [out_buf])
@@ -86,11 +98,14 @@ def _build_products(node, graph, cfg, dev, name: str) -> tuple[list, int]:
         macs += m * kd * o * _steps(node, graph, key)
         products.append({"key": list(key), "insn_addr": prog.insn_addr,
                          "insn_count": prog.insn_count, "m": m, "k": kd, "o": o,
+                         # the last: 0 int32 (Horner), 1 exact (the host adds up the
+                         # accumulators), 2 exact with carries (the int64's bytes)
                          "spec": [spec.m, spec.k, spec.o, spec.a_digits, spec.w_digits,
-                                  int(exact)],
+                                  2 if carry else int(exact)],
                          "knobs": [knobs.tile_m, knobs.tile_o, knobs.tile_k],
                          "a_addr": a_buf.addr, "a_shape": list(specs[0][2]),
                          "out_addr": out_buf.addr, "out_shape": list(specs[-1][2])})
+        warm_kernels(products[-1], cfg)
     return products, macs
 
 
@@ -126,8 +141,12 @@ def host_bytes(node, graph, cfg) -> int:
     for n, g in pairs:
         for w, m in _products_of(n, g).values():
             mp, kp, op = -(-m // b) * b, -(-w.shape[1] // k) * k, -(-w.shape[0] // k) * k
-            total += w.itemsize * op * kp + 4 * op * b + 2 * mp * kp + 12 * mp * op + 4096
+            total += w.itemsize * op * kp + 12 * op * b + 2 * mp * kp + 12 * mp * op + 4096
     return total
+
+
+# Per executor, per product record (by identity, the record kept): its border.
+_BORDERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class _Launcher:
@@ -138,41 +157,58 @@ class _Launcher:
         self.ex, self.cfg = ex, cfg
         self.stats = {"cycles": 0, "macs": 0, "layout_s": 0.0, "sim_s": 0.0, "launches": 0}
 
-    def products(self, records: list, weights: dict | None = None):
-        """The ``products(key, a)`` function of one node; ``weights``: {key: weight} of
-        an exact product (its activation correction is added on the host)."""
-        from ..compiler.accel.wide import (combine_exact, exact_correction,
-                                           pack_wide_activation, unpack_acc32)
+    def products(self, records: list, weights=None):
+        """The ``products(key, a)`` function of one node; ``weights()``: {key: weight} of
+        its exact products (asked only if one of them has its activation correction added
+        on the host: programs without carries, from older .cel files)."""
+        from ..compiler.accel.wide import exact_correction
+        from .wide_border import WideBorder
 
         cfg, ex, stats = self.cfg, self.ex, self.stats
-        # Per product, what each launch needs, computed once (a launch's border is a few
-        # microseconds: dictionary look-ups and np.prod would be a good part of it).
-        launch = {tuple(p["key"]): (p["a_addr"], p["a_shape"][1] * cfg.batch, p["insn_addr"],
-                                    p["insn_count"], p["out_addr"],
-                                    int(np.prod(p["out_shape"])), tuple(p["out_shape"]),
-                                    p["o"], p["k"],
-                                    exact_correction(weights[tuple(p["key"])])
-                                    if weights and tuple(p["key"]) in weights else None)
-                  for p in records}
+        # Per product, what each launch needs, made once per executor (a launch's border is
+        # a few microseconds: dictionary look-ups and np.prod would be a good part of it,
+        # and its buffers' views are the executor's DRAM).
+        borders = _BORDERS.setdefault(ex, {})
+        launch, exact = {}, None
+        for p in records:
+            key = tuple(p["key"])
+            border = borders.get(id(p))
+            if border is None or border[0] is not p:
+                corr = None
+                if p["spec"][5] == 1:  # exact, the accumulators put together here
+                    exact = weights() if exact is None and weights else exact
+                    corr = exact_correction(exact[key]) if exact and key in exact else None
+                border = (p, WideBorder(ex, cfg, p, corr))
+                if border[1].in_place:  # (one that copies holds the executor: not kept)
+                    borders[id(p)] = border
+            launch[key] = (border[1], p["insn_addr"], p["insn_count"], p["k"] * p["o"])
         clock = time.perf_counter
 
         def run(key, a):
-            a_addr, rows, insn_addr, insn_count, out_addr, nbytes, out_shape, o, k, corr = \
-                launch[key]
-            t0 = clock()
-            ex.write_dram(a_addr, pack_wide_activation(a, cfg, rows=rows))
-            t1 = clock()
-            counters = ex.run(insn_addr, insn_count)
-            t2 = clock()
-            raw = ex.read_dram(out_addr, nbytes).view(np.int8).reshape(out_shape)
-            if corr is None:
-                acc = unpack_acc32(raw, a.shape[0], o)
+            border, insn_addr, insn_count, macs = launch[key]
+            fast = border.fast
+            if fast is not None and a.shape == fast[0] and a.dtype == np.int16:
+                # the product's own shape in place (runtime/wide_border.py): a copy into
+                # the kernel's staging array and a C call each way
+                t0 = clock()
+                np.copyto(fast[1], a)
+                fast[2]()
+                t1 = clock()
+                counters = ex.run(insn_addr, insn_count)
+                t2 = clock()
+                fast[3]()
+                acc = fast[4]
             else:
-                acc = combine_exact(raw, a.shape[0], o, corr)
+                t0 = clock()
+                border.put(a)
+                t1 = clock()
+                counters = ex.run(insn_addr, insn_count)
+                t2 = clock()
+                acc = border.take(a.shape[0])
             stats["layout_s"] += (t1 - t0) + (clock() - t2)
             stats["sim_s"] += t2 - t1
             stats["cycles"] += int(counters.get("cycles", 0))
-            stats["macs"] += a.shape[0] * k * o
+            stats["macs"] += a.shape[0] * macs
             stats["launches"] += 1
             return acc
 
@@ -235,8 +271,8 @@ def run_host_node(node, prog: dict, inputs: list, ex, cfg, graph) -> tuple[tuple
     "layout_ms", "sim_ms", "launches"})."""
     launcher = _Launcher(ex, cfg)
     if prog["kind"] != "control":
-        outs = _run_node(node, inputs, launcher.products(prog["products"],
-                                                          _exact_weights(node, graph)))
+        outs = _run_node(node, inputs, launcher.products(
+            prog["products"], lambda: _exact_weights(node, graph)))
         return outs, launcher.result()
     from ..compiler.accel.recurrent import body_keys
     from ..compiler.graph.ir import captured_inputs
@@ -253,8 +289,8 @@ def run_host_node(node, prog: dict, inputs: list, ex, cfg, graph) -> tuple[tuple
     def runner(key, n, body):
         if key not in runners:
             rec = by_key[key]
-            weights = _exact_weights(n, body)
-            runners[key] = launcher.products(rec["products"], weights)
+            runners[key] = launcher.products(rec["products"],
+                                             lambda: _exact_weights(n, body))
         return runners[key]
 
     def run(body, args, captured):
@@ -308,6 +344,13 @@ def _check_products(f, node, graph, image_bytes: int) -> list[dict]:
         if (rec["m"], rec["o"], rec["k"]) != (m, *w.shape):
             raise p.fail(f"has m, o, k {rec['m']}, {rec['o']}, {rec['k']}, the product is "
                          f"{m}, {w.shape[0]}, {w.shape[1]}")
+        # the result's byte planes: 4 (int32), 4 per accumulator (exact), 8 (carries)
+        mode, accumulators = rec["spec"][5], rec["spec"][3] + rec["spec"][4] - 1
+        planes = {0: 4, 1: 4 * accumulators, 2: 8}.get(mode)
+        if planes is None or len(rec["out_shape"]) != 5 or rec["out_shape"][0] != planes:
+            raise p.fail(f"has spec {rec['spec']} (its last: 0 int32, 1 exact, 2 exact with "
+                         f"carries) and result planes {rec['out_shape'][:1]}, which do not "
+                         f"go together")
         for what, addr, size in (("instructions", rec["insn_addr"], 16 * rec["insn_count"]),
                                  ("operand", rec["a_addr"], int(np.prod(rec["a_shape"]))),
                                  ("result", rec["out_addr"], int(np.prod(rec["out_shape"])))):

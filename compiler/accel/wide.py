@@ -52,7 +52,8 @@ from .ops_alu import AluProgram
 __all__ = ["WideSpec", "WideKnobs", "wide_knobs", "wide_dense", "split_activation",
            "split_weight", "pack_wide_activation", "pack_wide_weight", "wide_correction",
            "unpack_acc32", "wide_weight_problem", "WEIGHT16_MAX", "combine_exact",
-           "exact_correction"]
+           "exact_correction", "carry_correction", "carry_plan", "exact_in_int32", "unpack_int64",
+           "out_planes"]
 
 WEIGHT16_MAX = 32639  # the largest int16 weight whose signed digits are both int8
 # XOR per byte of a little-endian int16 (low, high): the low byte minus 128 as int8
@@ -74,6 +75,16 @@ class WideSpec:
     # (``combine_exact``): the product exactly, in int64, where Horner's rule in 32 bits
     # could wrap (16 x 16-bit products: a sum of 256 already can).
     exact: bool = False
+    # carry (exact products only): the ALU puts the accumulators together instead of the
+    # host: each one's low byte stored, then its arithmetic shift by 8 added to the next
+    # (the carry), the most significant one stored as four bytes and its sign twice more:
+    # the int64 product's eight little-endian byte planes, which the host reads as they are
+    # (``unpack_int64``). The activation correction is the accumulators' starting value
+    # (``carry_correction``). Exact when no accumulator can pass int32: ``carry_plan``.
+    carry: bool = False
+    # carry programs: how many of the last accumulators start at a correction (the others
+    # are zeroed): 1 (all of it in the least significant one), or one per weight digit
+    carry_init: int = 1
 
     @property
     def macs(self) -> int:
@@ -121,6 +132,11 @@ def _check(cfg: HwConfig, spec: WideSpec, knobs: WideKnobs, name: str) -> None:
     if spec.m % b or spec.k % k or spec.o % k or spec.m <= 0 or spec.k <= 0 or spec.o <= 0:
         raise CompilerError(f"{name}: M={spec.m} must be a positive multiple of BATCH={b}, "
                             f"K={spec.k} and O={spec.o} of BLOCK={k}")
+    if spec.carry and not spec.exact:
+        raise CompilerError(f"{name}: carry is a way of storing an exact product: exact=True")
+    if spec.carry and not 0 <= spec.carry_init < spec.accumulators + (spec.a_digits == 1):
+        raise CompilerError(f"{name}: carry_init={spec.carry_init} must be in [0, "
+                            f"{spec.accumulators - 1}]")
     if spec.a_digits not in (1, 2) or spec.w_digits not in (1, 2):
         raise CompilerError(f"{name}: operands are int8 or int16 (1 or 2 digits), not "
                             f"{spec.a_digits} and {spec.w_digits}")
@@ -146,6 +162,7 @@ def wide_dense(cfg: HwConfig, spec: WideSpec, knobs: WideKnobs | None = None,
     rows = tm * to                       # ACC rows of one accumulator
     inp_slot, wgt_slot = na * tm * tk, nw * to * tk
     corrected = na == 2 and not spec.exact
+    carry = spec.carry
     L, C, S = Module.LOAD, Module.COMPUTE, Module.STORE
 
     def gemm(dev, acc: int, slot: int, da: int, dw: int):
@@ -169,7 +186,7 @@ def wide_dense(cfg: HwConfig, spec: WideSpec, knobs: WideKnobs | None = None,
 
     def emit(dev, bufs):
         a, w = bufs[0], bufs[1]
-        corr = bufs[2] if corrected else None
+        corr = bufs[2] if corrected or (carry and spec.carry_init) else None
         out = bufs[-1]
         chunk = 0
         first_tile = True
@@ -180,7 +197,10 @@ def wide_dense(cfg: HwConfig, spec: WideSpec, knobs: WideKnobs | None = None,
                     dev.dep_pop(S, C)
                 first_tile = False
                 for acc in range(nacc):
-                    if corrected and acc == nacc - 1:
+                    if carry and acc >= nacc - spec.carry_init:  # starts at its correction
+                        dev.load_2d(corr, (acc - nacc + spec.carry_init) * ob + o0, to, tm, 0,
+                                    sram_index=acc * rows, mem_type=MemType.ACC)
+                    elif corrected and acc == nacc - 1:
                         dev.load_2d(corr, o0, to, tm, 0, sram_index=acc * rows,
                                     mem_type=MemType.ACC)
                     else:
@@ -207,31 +227,58 @@ def wide_dense(cfg: HwConfig, spec: WideSpec, knobs: WideKnobs | None = None,
                             gemm(dev, da + dw, slot, da, dw)
                     dev.dep_push(C, L)
                     chunk += 1
-                stored = range(nacc) if spec.exact else range(1)
-                if not spec.exact:
-                    for acc in range(1, nacc):  # Horner: acc0 = (acc0 << 8) + acc
-                        rows_op(dev, "shl", AluOp.SHR, imm=-8)
-                        rows_op(dev, "add", AluOp.ADD, dst=0, src=acc * rows)
-                for acc in stored:
-                    for byte in range(4):
-                        if acc or byte:
-                            dev.dep_pop(S, C)  # the store before has read OUT
-                        if byte:
-                            rows_op(dev, "shr", AluOp.SHR, imm=8, dst=acc * rows)
-                        dev.dep_push(C, S)
-                        dev.dep_pop(C, S)
-                        dev.store_2d(acc * rows, out, ((acc * 4 + byte) * mb + m0) * ob + o0,
-                                     to, tm, ob)
-                        dev.dep_push(S, C)
+                # The stores, each after its ALU steps: (steps, accumulator, byte plane).
+                for i, (steps, acc, plane) in enumerate(_store_plan(spec)):
+                    if i:
+                        dev.dep_pop(S, C)  # the store before has read OUT
+                    for key, op, imm, dst, src in steps:
+                        rows_op(dev, key, op, imm=imm, dst=dst * rows, src=src * rows)
+                    dev.dep_push(C, S)
+                    dev.dep_pop(C, S)
+                    dev.store_2d(acc * rows, out, (plane * mb + m0) * ob + o0, to, tm, ob)
+                    dev.dep_push(S, C)
         dev.dep_pop(S, C)  # the last store's token: none left for later programs
         for _ in range(min(chunk, 2)):
             dev.dep_pop(C, L)
 
     args = [("a", "int8", (na, mb, kb, b, k)), ("w", "int8", (nw, ob, kb, k, k))]
-    if corrected:
+    if carry and spec.carry_init:
+        args.append(("corr", "int32", (spec.carry_init, ob, b, k)))
+    elif corrected:
         args.append(("corr", "int32", (ob, b, k)))
-    args.append(("out", "int8", ((nacc if spec.exact else 1) * 4, mb, ob, b, k)))
+    args.append(("out", "int8", (out_planes(spec), mb, ob, b, k)))
     return AluProgram(name, cfg, args, emit)
+
+
+def out_planes(spec: WideSpec) -> int:
+    """Byte planes of the program's result: 4 (int32), 4 per accumulator (exact), or 8
+    (carry: the int64)."""
+    return 8 if spec.carry else 4 * spec.accumulators if spec.exact else 4
+
+
+def _store_plan(spec: WideSpec) -> list:
+    """Per store, in order: (ALU steps before it as (key, op, imm, dst, src) with
+    accumulator indices, the accumulator stored, the byte plane it goes to)."""
+    nacc = spec.accumulators
+    shr8 = [("shr", AluOp.SHR, 8, 0, 0)]
+    if not spec.exact:  # Horner: acc0 = (acc0 << 8) + acc, then acc0's four bytes
+        horner = [step for acc in range(1, nacc) for step in
+                  (("shl", AluOp.SHR, -8, 0, 0), ("add", AluOp.ADD, None, 0, acc))]
+        return [(horner, 0, 0)] + [(shr8, 0, byte) for byte in range(1, 4)]
+    if not spec.carry:  # every accumulator's four bytes
+        return [([("shr", AluOp.SHR, 8, acc, 0)] if byte else [], acc, 4 * acc + byte)
+                for acc in range(nacc) for byte in range(4)]
+    plan, pending = [], []
+    for plane, acc in enumerate(range(nacc - 1, 0, -1)):
+        # acc's low byte is the product's byte ``plane``; the rest, acc >> 8, carries
+        plan.append((pending, acc, plane))
+        pending = [("shr", AluOp.SHR, 8, acc, 0), ("add", AluOp.ADD, None, acc - 1, acc)]
+    low = nacc - 1
+    plan.append((pending, 0, low))
+    plan += [(shr8, 0, low + byte) for byte in range(1, 4)]
+    plan.append(([("shr", AluOp.SHR, 7, 0, 0)], 0, low + 4))  # acc0 >> 31: the sign
+    plan += [([], 0, plane) for plane in range(low + 5, 8)]
+    return plan
 
 
 # ---- operands ---------------------------------------------------------------------------
@@ -303,6 +350,88 @@ def wide_correction(w: np.ndarray, cfg: HwConfig) -> np.ndarray:
     s = ((s + 2**31) % 2**32 - 2**31).astype(np.int32)
     s = pad_channels(s, 0, k)
     return np.broadcast_to(s.reshape(-1, 1, k), (s.size // k, b, k)).copy()
+
+
+def exact_in_int32(w: np.ndarray) -> bool:
+    """Whether every product of int16 activations (|a| <= 32768) and weight ``w`` [O, K]
+    fits int32, so that the 32-bit program (Horner's rule, wrapping) gives it exactly."""
+    w = np.asarray(w)
+    if not w.size:
+        return True
+    return 32768 * int(np.abs(w.astype(np.int64)).sum(axis=1).max()) <= 2**31 - 1
+
+
+def _digit_sums(w: np.ndarray) -> np.ndarray:
+    """[W, O, K] int64 digits of a weight (split_weight)."""
+    return split_weight(np.asarray(w)).astype(np.int64)
+
+
+def _carry_init(digits: np.ndarray, a_digits: int, count: int) -> np.ndarray:
+    """[count, O] int64: the starting values of the last ``count`` accumulators."""
+    nacc = a_digits + digits.shape[0] - 1
+    init = np.zeros((nacc, digits.shape[1]), np.int64)
+    if a_digits == 2:
+        # An int16 activation's low digit is ``(a & 255) - 128``: weight digit j adds
+        # 128 * sum_k w_j[o, k] at the low activation digit's place, accumulator 1 + j;
+        # moved down to the last accumulator it is worth 256 times as much per place.
+        per_digit = 128 * digits.sum(axis=2)
+        if count == 1:
+            init[-1] = sum(v * 256 ** (nacc - 2 - j) for j, v in enumerate(per_digit))
+        else:
+            init[1:] = per_digit
+    return init[nacc - count:]
+
+
+def carry_correction(w: np.ndarray, cfg: HwConfig, count: int, a_digits: int = 2) -> np.ndarray:
+    """The ``corr`` of a carry program (``carry_plan``'s ``count``): the starting values of
+    the last ``count`` accumulators, O padded to BLOCK, the same for every batch lane."""
+    b, k = cfg.batch, cfg.block
+    init = _carry_init(_digit_sums(w), a_digits, count)
+    init = pad_channels(init.astype(np.int32), 1, k)
+    return np.broadcast_to(init.reshape(count, -1, 1, k), (count, init.shape[1] // k, b, k)).copy()
+
+
+def _carry_bound(digits: np.ndarray, a_digits: int, count: int) -> float:
+    """The largest magnitude any accumulator of a carry program can reach: per output
+    channel, its starting value plus 128 times the sum of |digit| of the weight digits
+    that meet an activation digit there (activation digits lie in [-128, 127]), plus the
+    carry from below (that one's bound / 256 + 1)."""
+    sums = np.abs(digits).sum(axis=2)                     # [W, O]
+    nw = digits.shape[0]
+    nacc = a_digits + nw - 1
+    bound = np.zeros((nacc, digits.shape[1]), np.float64)
+    for da in range(a_digits):
+        for dw in range(nw):
+            bound[da + dw] += 128.0 * sums[dw]
+    if count:
+        bound[nacc - count:] += np.abs(_carry_init(digits, a_digits, count)).astype(np.float64)
+    for acc in range(nacc - 1, 0, -1):
+        bound[acc - 1] += bound[acc] / 256 + 1
+    return float(bound.max()) if bound.size else 0.0
+
+
+def carry_plan(w: np.ndarray, a_digits: int = 2) -> tuple[int, str | None]:
+    """(``carry_init``, None) of a carry program for weight ``w`` [O, K]: the correction
+    in the last accumulator alone (one ACC load per tile) where that stays inside int32,
+    else one accumulator per weight digit; or (0, why) when an accumulator could pass
+    int32 either way (tens of thousands of inputs), and the product is stored exactly
+    without carries."""
+    digits = _digit_sums(w)
+    counts = [0] if a_digits == 1 else sorted({1, digits.shape[0]})
+    worst = 0.0
+    for count in counts:
+        worst = _carry_bound(digits, a_digits, count)
+        if worst < 2**31 - 1:
+            return count, None
+    return 0, (f"an accumulator could reach {worst:.0f}, past int32 (K={digits.shape[2]} "
+               f"with these weights)")
+
+
+def unpack_int64(planes: np.ndarray, m: int, o: int) -> np.ndarray:
+    """A carry program's ``out`` (eight byte planes) -> the int64 product [m, o]."""
+    _, mb, ob, b, k = planes.shape
+    p = planes.transpose(0, 1, 3, 2, 4).reshape(8, mb * b * ob * k)
+    return _gather_bytes(p).view("<i8").reshape(mb * b, ob * k)[:m, :o].copy()
 
 
 def combine_exact(planes: np.ndarray, m: int, o: int, correction=None) -> np.ndarray:
