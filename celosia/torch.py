@@ -244,6 +244,27 @@ def _build(model, opts: Options, calibration):
     return built, lambda feeds: built.run(feeds, target=run_on)
 
 
+def _run_tensors(built, run, feeds: dict, out_names: list, dtypes: list) -> tuple:
+    """Run on torch tensors. A CPU build reads them and writes fresh output tensors through
+    DLPack (runtime/dlpack.py: no copy where the layout allows); an accelerator build
+    through numpy views of them."""
+    from .runtime.cpu import CpuModel
+
+    feeds = {n: t.detach() if isinstance(t, torch.Tensor) else t for n, t in feeds.items()}
+    if isinstance(built, CpuModel):
+        values = built.program.values
+        if all(str(d).removeprefix("torch.") == values[n]["dtype"]
+               for n, d in zip(out_names, dtypes)):
+            out = {n: torch.empty(tuple(values[n]["shape"]), dtype=d)
+                   for n, d in zip(out_names, dtypes)}
+            built.run_dlpack(feeds, out)
+            return tuple(out[n] for n in out_names)
+    outs = run({n: t.cpu().numpy() if isinstance(t, torch.Tensor) else t
+                for n, t in feeds.items()})
+    return tuple(torch.from_numpy(np.ascontiguousarray(outs[n])).to(d)
+                 for n, d in zip(out_names, dtypes))
+
+
 class _Graph:
     """One graph TorchDynamo captured, built by celosia per set of input shapes."""
 
@@ -395,11 +416,8 @@ class _Graph:
             self.builds[key] = entry
         if isinstance(entry, str):
             return self.gm(*args)
-        _, run, feed_at, out_names, dtypes = entry
-        feeds = {n: np.ascontiguousarray(args[j].detach().cpu().numpy()) for n, j in feed_at}
-        outs = run(feeds)
-        return tuple(torch.from_numpy(np.ascontiguousarray(outs[n])).to(d)
-                     for n, d in zip(out_names, dtypes))
+        built, run, feed_at, out_names, dtypes = entry
+        return _run_tensors(built, run, {n: args[j] for n, j in feed_at}, out_names, dtypes)
 
 
 def _frame_args():
@@ -434,8 +452,8 @@ class CompiledModule:
     """A torch module built by celosia ahead of time: call it with tensors (the positional
     inputs it was built for), ``save`` the ``.cel``."""
 
-    def __init__(self, built, run, input_names, output_names, opts: Options, dtypes):
-        self.built, self._run = built, run
+    def __init__(self, built, run, input_names, output_names, opts: Options, dtypes, kept):
+        self.built, self._run, self._kept = built, run, set(kept)
         self.input_names, self.output_names = input_names, output_names
         self.options, self._dtypes = opts, dtypes
 
@@ -444,12 +462,9 @@ class CompiledModule:
             raise TorchOptionsError(f"celosia.torch: the module was built for "
                                     f"{len(self.input_names)} inputs "
                                     f"({', '.join(self.input_names)}), got {len(inputs)}")
-        feeds = {n: np.ascontiguousarray(t.detach().cpu().numpy())
-                 if isinstance(t, torch.Tensor) else np.asarray(t)
-                 for n, t in zip(self.input_names, inputs)}
-        outs = self._run(feeds)
-        res = tuple(torch.from_numpy(np.ascontiguousarray(outs[n])).to(d)
-                    for n, d in zip(self.output_names, self._dtypes))
+        feeds = {n: t if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t))
+                 for n, t in zip(self.input_names, inputs) if n in self._kept}
+        res = _run_tensors(self.built, self._run, feeds, self.output_names, self._dtypes)
         return res[0] if len(res) == 1 else res
 
     def save(self, path) -> None:
@@ -501,5 +516,4 @@ def compile_module(model: torch.nn.Module, example_inputs, *, target: str = "cpu
     built, run = _build(onnx_model, opts, feeds)
     if save:
         built.save(save)
-    return CompiledModule(built, lambda f: run({n: f[n] for n in kept}), names, out_names,
-                          opts, [o.dtype for o in outs])
+    return CompiledModule(built, run, names, out_names, opts, [o.dtype for o in outs], kept)
