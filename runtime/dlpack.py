@@ -68,12 +68,13 @@ class ZeroCopy:
                       if v in slots and v not in aliased and v not in executor._dynamic
                       and v not in program.constants
                       and not (v in program.inputs and v in program.outputs)}
+        self.types = {v: (np.dtype(program.values[v]["dtype"]), tuple(program.values[v]["shape"]))
+                      for v in names if not executor._dynamic & {v}}
         self.last: dict = {"inputs": [], "outputs": []}
 
     def _fits(self, name: str, a: np.ndarray, write: bool) -> bool:
-        info = self.ex.program.values[name]
         return (name in self.slots and a.flags.c_contiguous and a.ctypes.data % ALIGN == 0
-                and str(a.dtype) == info["dtype"] and a.shape == tuple(info["shape"])
+                and (a.dtype, a.shape) == self.types[name]
                 and (a.flags.writeable or not write))
 
     def run(self, feeds: dict, out: dict | None = None, **kw) -> dict:
@@ -86,8 +87,7 @@ class ZeroCopy:
                                       f"{', '.join(program.outputs)}")
             a = as_array(x, f"out[{n!r}]")
             info = program.values[n]
-            if str(a.dtype) != info["dtype"] or a.shape != tuple(info["shape"]) \
-                    or not a.flags.writeable:
+            if (a.dtype, a.shape) != self.types.get(n) or not a.flags.writeable:
                 raise InputShapeError(
                     f"out[{n!r}] is {'a read-only ' if not a.flags.writeable else ''}"
                     f"{a.dtype}[{','.join(map(str, a.shape))}]; output {n!r} is "
