@@ -79,14 +79,15 @@ def test_fp32_cpu_equals_eager():
     assert {"Conv", "LayerNormalization", "Softmax", "MatMul"} <= set(g["onnx_ops"])
 
 
-def test_int8_fsim_bit_exact_with_cpu_int8_build():
+@pytest.mark.parametrize("target", ["fsim", "cycle"])
+def test_int8_accelerator_bit_exact_with_cpu_int8_build(target):
     m, cal = _net(), _inputs(4, seed=2)
-    f = torch.compile(m, backend="celosia", options={"target": "fsim", "quantize": "int8",
+    f = torch.compile(m, backend="celosia", options={"target": target, "quantize": "int8",
                                                      "calibration": cal})
     x = _inputs(1, seed=3)[0]
     with torch.no_grad():
         ours, eager = f(x), m(x)
-    assert ct.report()["graphs"][0]["ran_on"] == "celosia:fsim"
+    assert ct.report()["graphs"][0]["ran_on"] == f"celosia:{target}"
     [(_, built)] = ct.built_models()
     assert built.build_info["accel_nodes"] > 0  # layers really ran on the accelerator
     name = built.graph.inputs[0]
