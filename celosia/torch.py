@@ -226,6 +226,47 @@ class _Frozen(torch.nn.Module):
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
+# Methods and functions whose result shares its first operand's memory: an in-place
+# operation on one of them writes the graph's input.
+_VIEWS = {"view", "view_as", "reshape", "flatten", "unflatten", "transpose", "permute", "t",
+          "select", "narrow", "unsqueeze", "squeeze", "expand", "expand_as", "unfold",
+          "as_strided", "split", "chunk", "unbind", "movedim", "swapaxes", "diagonal",
+          "contiguous", "detach", "__getitem__", "getitem", "real", "imag", "view_as_real",
+          "view_as_complex", "T", "mT", "H", "mH", "alias", "split_with_sizes",
+          "tensor_split", "moveaxis", "swapdims"}
+
+
+def _mutated_input(gm) -> str | None:
+    """The first placeholder an operation of ``gm`` writes in place (through views of it
+    too), as "name (by node)"; None when the graph only reads its inputs."""
+    import operator
+
+    def base(n):
+        return n.__name__ if callable(n) and hasattr(n, "__name__") else str(n)
+
+    reaches = {}  # node -> the placeholder whose memory it may be
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            reaches[n] = n.name
+            continue
+        if n.op not in ("call_method", "call_function") or not n.args:
+            continue
+        name = base(n.target)
+        first = n.args[0]
+        src = reaches.get(first) if hasattr(first, "op") else None
+        if src is None:
+            continue
+        inplace = (name.endswith("_") and not name.endswith("__")) or \
+            n.kwargs.get("inplace") is True or \
+            n.target in (operator.setitem, operator.iadd, operator.isub, operator.imul,
+                         operator.itruediv) or name == "copy_"
+        if inplace:
+            return f"{src!r} (node {n.name!r}: {name})"
+        if name in _VIEWS:
+            reaches[n] = src
+    return None
+
+
 def _name(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", s)
 
@@ -302,6 +343,10 @@ class _Graph:
             k = self.kinds.index("other")
             return (f"input {self.places[k].name!r} is a {type(example_inputs[k]).__name__}, "
                     f"not a tensor or a size")
+        mutated = _mutated_input(self.gm)
+        if mutated:
+            return (f"the graph writes its input {mutated} in place; a celosia build only "
+                    f"reads its inputs")
         if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad
                                            for v in example_inputs):
             return ("autograd is on and an input or parameter requires grad: celosia builds "

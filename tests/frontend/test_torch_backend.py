@@ -144,6 +144,31 @@ def test_unsupported_operator_runs_in_pytorch_with_reason():
     assert row["ran_on"] == "pytorch" and "cumprod" in row["reason"]
 
 
+def test_input_written_in_place_runs_in_pytorch():
+    def fn(x):
+        x[0].add_(1)  # through a view of the input
+        return torch.relu(x * 2)
+
+    def fine(x):  # in place on values the graph made: taken
+        y = torch.relu(x * 3)
+        y.relu_()
+        return torch.nn.functional.relu(y + 1, inplace=True)
+
+    for h, taken in ((fn, False), (fine, True)):
+        torch._dynamo.reset()
+        ct.reset_report()
+        f = torch.compile(h, backend="celosia")
+        a = torch.randn(2, 3)
+        b = a.clone()
+        with torch.no_grad():
+            assert torch.equal(f(a), h(b))
+        assert torch.equal(a, b)  # the caller's tensor written as eager writes it
+        [row] = ct.report()["graphs"]
+        assert row["ran_on"] == ("celosia:cpu" if taken else "pytorch")
+        if not taken:
+            assert "writes its input 'l_x_'" in row["reason"] and "add_" in row["reason"]
+
+
 def test_autograd_on_is_refused_with_reason():
     m = _net()
     f = torch.compile(m, backend="celosia")
