@@ -187,7 +187,13 @@ def to_onnx(module, example_inputs: tuple, input_names: list[str], output_names:
         raise
     except Exception as e:  # the exporter's own errors: an operator it has no ONNX form of
         first = str(e).strip().split("\n")[0][:300]
-        raise _Refused(f"torch.onnx.export: {type(e).__name__}: {first}") from e
+        hint = ""
+        if "_transformer_encoder_layer_fwd" in first or "_native_multi_head_attention" in first:
+            # TorchDynamo traced nn.Transformer*'s or nn.MultiheadAttention's fused
+            # inference path: one operator with no ONNX form
+            hint = ("; call torch.backends.mha.set_fastpath_enabled(False) before the "
+                    "compiled model's first call (the plain path computes the same)")
+        raise _Refused(f"torch.onnx.export: {type(e).__name__}: {first}{hint}") from e
     finally:
         torch.backends.mha.set_fastpath_enabled(fast)
 

@@ -231,3 +231,67 @@ def test_bad_config_names_the_presets():
 
     with pytest.raises(ConfigError, match="neither a preset"):
         ct.check_options({"quantize": "int8", "calibration": [torch.ones(1)], "config": "nope"})
+
+
+class Tokens(torch.nn.Module):
+    """Token ids and a mask (two inputs, one int64), a Transformer encoder layer, BatchNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.enc = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+        self.bn = torch.nn.BatchNorm1d(16)
+        self.fc = torch.nn.Linear(16, 3)
+
+    def forward(self, ids, mask):
+        h = self.enc(self.emb(ids) * mask.unsqueeze(-1))
+        return self.fc(self.bn(h.mean(1)))
+
+
+def _tokens(seed):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(2, 7)
+    mask[1, 5:] = 0
+    return torch.randint(0, 50, (2, 7), generator=g), mask
+
+
+def test_two_inputs_transformer_layer_and_the_fast_path_hint():
+    torch.manual_seed(0)
+    m = Tokens().eval()
+    ids, mask = _tokens(1)
+    fast = torch.backends.mha.get_fastpath_enabled()
+    try:
+        torch.backends.mha.set_fastpath_enabled(True)
+        f = torch.compile(m, backend="celosia")
+        with torch.no_grad():
+            assert torch.equal(f(ids, mask), m(ids, mask))
+        [row] = ct.report()["graphs"]
+        assert row["ran_on"] == "pytorch"
+        assert "set_fastpath_enabled(False)" in row["reason"]
+
+        torch.backends.mha.set_fastpath_enabled(False)
+        torch._dynamo.reset()
+        ct.reset_report()
+        with torch.no_grad():
+            _close(torch.compile(m, backend="celosia")(ids, mask), m(ids, mask))
+        # int8: samples as tuples in forward's order and as dicts by name map alike
+        for cal in ([_tokens(s) for s in (2, 3)],
+                    [dict(zip(("ids", "mask"), _tokens(s))) for s in (2, 3)]):
+            torch._dynamo.reset()
+            ct.reset_report()
+            q = torch.compile(m, backend="celosia", options={
+                "target": "fsim", "quantize": "int8", "calibration": cal})
+            with torch.no_grad():
+                ours = q(ids, mask)
+            [(_, built)] = ct.built_models()
+            assert built.build_info["accel_nodes"] > 0
+            names = {"l_ids_": ids.numpy(), "l_mask_": mask.numpy()}
+            assert set(built.graph.inputs) == set(names)
+            cpu = built.cpu_build().run(names)
+            assert np.array_equal(ours.numpy(), cpu[built.graph.outputs[0]])
+            if isinstance(cal[0], tuple):
+                first = ours
+            else:
+                assert torch.equal(ours, first)  # the same scales either way
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
