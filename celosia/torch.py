@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,7 @@ __all__ = ["TARGETS", "OPTIONS", "TorchOptionsError", "Options", "check_options"
 log = logging.getLogger("celosia.torch")
 
 TARGETS = ("cpu", "fsim", "cycle")
+MAX_BUILDS = 8  # builds kept per graph (one per set of input shapes it was called with)
 OPTIONS = ("target", "quantize", "calibration", "calibration_method", "config")
 
 
@@ -151,9 +153,10 @@ def report() -> dict:
 
 
 def built_models() -> list:
-    """(graph index, celosia model) of every build since ``reset_report``: a CpuModel (fp32)
-    or an AccelModel (int8), e.g. to save one or to compare with its ``cpu_build()``."""
-    return list(_BUILT)
+    """(graph index, celosia model) of the builds since ``reset_report`` still in use: a
+    CpuModel (fp32) or an AccelModel (int8), e.g. to save one or to compare with its
+    ``cpu_build()``."""
+    return [(k, m) for k, ref in _BUILT for m in (ref(),) if m is not None]
 
 
 def reset_report() -> None:
@@ -436,7 +439,7 @@ class _Graph:
         except CelosiaError as e:
             raise _Refused(f"celosia: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
         ops = sorted({n.op_type for n in model.graph.node})
-        _BUILT.append((self.row["graph"], built))
+        _BUILT.append((self.row["graph"], weakref.ref(built)))  # (not kept alive by this)
         self.row.update(ran_on=f"celosia:{self.opts.target}", reason="", onnx_ops=ops,
                         quantize=self.opts.quantize or "fp32", builds=self.row["builds"] + 1)
         log.info("celosia.torch: graph %d built for %s (%s)", self.row["graph"],
@@ -464,6 +467,8 @@ class _Graph:
             except _Refused as e:
                 entry = str(e)
                 self._refuse(entry)
+            if len(self.builds) >= MAX_BUILDS:  # the least recently made goes first
+                self.builds.pop(next(iter(self.builds)))
             self.builds[key] = entry
         if isinstance(entry, str):
             return self.gm(*args)
