@@ -438,6 +438,12 @@ class _Graph:
             built, run = _build(model, self.opts, calibration)
         except CelosiaError as e:
             raise _Refused(f"celosia: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+        except Exception as e:  # noqa: BLE001 - a bug in celosia: PyTorch runs the graph
+            log.warning("celosia.torch: building graph %d failed", self.row["graph"],
+                        exc_info=True)
+            raise _Refused(f"celosia failed (a bug; please report it with this graph): "
+                           f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                           ) from e
         ops = sorted({n.op_type for n in model.graph.node})
         _BUILT.append((self.row["graph"], weakref.ref(built)))  # (not kept alive by this)
         self.row.update(ran_on=f"celosia:{self.opts.target}", reason="", onnx_ops=ops,
