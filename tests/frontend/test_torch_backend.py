@@ -80,7 +80,7 @@ def test_fp32_cpu_equals_eager():
 
 
 @pytest.mark.parametrize("target", ["fsim", "cycle"])
-def test_int8_accelerator_bit_exact_with_cpu_int8_build(target):
+def test_int8_accelerator_bit_exact_with_cpu_int8_build(target, tmp_path):
     m, cal = _net(), _inputs(4, seed=2)
     f = torch.compile(m, backend="celosia", options={"target": target, "quantize": "int8",
                                                      "calibration": cal})
@@ -97,9 +97,17 @@ def test_int8_accelerator_bit_exact_with_cpu_int8_build(target):
     # int8, not a copy of eager: close to it, not equal
     scale = eager.abs().max().item()
     assert 0 < (ours - eager).abs().max().item() < 0.1 * scale
-    # ahead of time, the same module and calibration: the same int8 graph, the same bits
-    aot = ct.compile_module(m, (x,), target="cpu", quantize="int8", calibration=cal)
+    # ahead of time, the same module and calibration: the same int8 graph, the same bits,
+    # also from the saved .cel
+    from celosia.runtime.accel import AccelModel
+
+    path = tmp_path / "net.cel"
+    aot = ct.compile_module(m, (x,), target=target, quantize="int8", calibration=cal,
+                            save=str(path))
     assert np.array_equal(aot(x).numpy(), ours.numpy())
+    loaded = AccelModel.load(path)
+    assert np.array_equal(loaded.run({"x": x.numpy()}, target=target)["output_0"],
+                          ours.numpy())
 
 
 def test_graph_break_falls_back_and_is_reported():
