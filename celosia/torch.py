@@ -492,8 +492,12 @@ def _frame_args():
         return None, []
 
 
-def celosia_backend(gm, example_inputs, options=None):
+def celosia_backend(gm, example_inputs, options=None, mode=None):
     """The ``torch.compile`` backend (module doc): a callable per captured graph."""
+    if mode is not None:
+        raise TorchOptionsError(f"celosia.torch: torch.compile's mode={mode!r} is a setting of "
+                                f"the inductor backend; the celosia backend takes none (leave "
+                                f"mode out, and give celosia's settings in options=)")
     opts = check_options(options)
     return _Graph(gm, list(example_inputs), opts, _frame_args())
 

@@ -232,6 +232,10 @@ def test_bad_options_through_torch_compile():
     f = torch.compile(lambda x: x + 1, backend="celosia", options={"target": "gpu"})
     with pytest.raises(Exception, match="'target' is 'gpu'"):
         f(torch.ones(2))
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x + 1, backend="celosia", mode="max-autotune")
+    with pytest.raises(Exception, match="mode='max-autotune' is a setting of the inductor"):
+        f(torch.ones(2))
 
 
 def test_bad_config_names_the_presets():
