@@ -243,8 +243,31 @@ class CpuModel:
         what to pass or the command that rebuilds the model for that shape."""
         ex = self.executor
         if not ex.feeds_match(feeds):  # the common case costs a microsecond, not fifteen
+            if any(not isinstance(a, np.ndarray) and hasattr(a, "__dlpack__")
+                   for a in feeds.values()):
+                return self.run_dlpack(feeds, profile=profile, progress=progress)
             self.check_shapes(feeds)
         return ex.run(feeds, profile=profile, progress=progress)
+
+    def run_dlpack(self, feeds: dict, out: dict | None = None, **kw) -> dict:
+        """``run`` on any DLPack tensors (numpy, PyTorch, ...): inputs the kernels read
+        directly are read in the caller's memory, and outputs given in ``out`` (writable
+        tensors of the output's dtype and shape) are written there, straight from the
+        kernels where they can be; the returned arrays are views of those buffers
+        (runtime/dlpack.py). ``self.zero_copy.last`` names what was bound directly."""
+        from .dlpack import ZeroCopy, as_array
+
+        if getattr(self, "_zero_copy", None) is None or self._zero_copy.ex is not self.executor:
+            self._zero_copy = ZeroCopy(self.executor)
+        arrays = {n: as_array(a, f"input {n!r}") for n, a in feeds.items()}
+        if not self.executor.feeds_match(arrays):
+            self.check_shapes(arrays)
+        return self._zero_copy.run(arrays, out, **kw)
+
+    @property
+    def zero_copy(self):
+        """The DLPack binder of the last ``run_dlpack`` (None before one)."""
+        return getattr(self, "_zero_copy", None)
 
     def check_shapes(self, feeds: dict) -> None:
         """An InputShapeError for arrays of another shape or dtype than the build takes:

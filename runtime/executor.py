@@ -427,20 +427,24 @@ class GraphExecutor:
                 return False
         return True
 
-    def run(self, feeds: dict, *, profile: bool = False, progress=None) -> dict:
+    def run(self, feeds: dict, *, profile: bool = False, progress=None,
+            direct: frozenset = frozenset(), out: dict | None = None) -> dict:
         """Outputs by name, fresh arrays of their own: the next run does not overwrite
         them. The feeds are copied into the arena, never written. With ``profile`` (or
         ``progress``, a function called with one line per step) each step is timed into
-        ``last_profile``."""
+        ``last_profile``. ``direct``: inputs the kernels read, and outputs they write, in
+        the caller's arrays this run (runtime/dlpack.py binds them): not copied. ``out``:
+        arrays the outputs are returned in (written, unless ``direct``)."""
         if self._feed_types is not None and self.feeds_match(feeds):
             for name, place, _, _ in self._feed_types:
-                np.copyto(place, feeds[name])
+                if name not in direct:
+                    np.copyto(place, feeds[name])
         else:
             self.check_feeds(feeds)
             for name in self.program.inputs:
                 if name in self._dynamic:  # read, never written, by numpy steps: no copy
                     self.arrays[name] = feeds[name]
-                else:
+                elif name not in direct:
                     np.copyto(self.arrays[name], feeds[name])
         try:
             mode, pool = run_mode()
@@ -455,7 +459,12 @@ class GraphExecutor:
                         call()
                     for v in drops:
                         arrays.pop(v, None)
-            return {o: self.arrays[o].copy() for o in self.program.outputs}
+            if out:
+                for o, a in out.items():
+                    if o not in direct:
+                        np.copyto(a, self.arrays[o])
+            return {o: out[o] if out and o in out else self.arrays[o].copy()
+                    for o in self.program.outputs}
         finally:
             for v in self._dynamic:
                 self.arrays.pop(v, None)
