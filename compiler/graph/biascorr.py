@@ -21,7 +21,10 @@ measures that mean on the calibration samples and takes it off through the bias:
   least SIGNIFICANT standard errors (over the samples) from 0. ``rint`` of the sum is
   added to the int32 bias and the requantization (multiplier, shift) is chosen again for
   the new bias (quantize._requantization). ``mode="global"`` adds all of ``e[o]`` instead
-  (the empirical form this module had first).
+  (the empirical form this module had first), and so does every QGemm: a transformer's
+  dense layers read values whose error is systematic (float LayerNorm, Softmax and GELU
+  between them): all-MiniLM-L6 (full size, six feeds) 0.865 with all of it, 0.838 with
+  the own error and its significant rest.
 
 Why not all of ``e[o]``: on deep random-weight networks (MobileNetV3, EfficientNet at
 full size) the inputs' error is mostly each sample's own (the int8 network's path drifts
@@ -129,7 +132,7 @@ def _correct(node, c: Correction, envs: list, inits: dict, requantization, mode:
     # per sample, in accumulator steps: the float pre-activation's mean minus the quantized
     quantized = np.array([a.mean(axis=axes) for a in accs]) + (c.bias_q - c.shifted)
     total = c.target / c.acc_scale - quantized  # [samples, O]
-    if mode == "global" or c.weight_steps is None:
+    if mode == "global" or c.weight_steps is None or node.op == "QGemm":
         error = total.mean(axis=0)
     else:
         own = np.array([_weight_error(node, c, [env[x_name]]) for env in envs])
