@@ -127,3 +127,24 @@ def test_table_input_range_clips_where_the_function_is_flat(f, where):
         q = np.clip(np.rint(x / np.float32(s)) + z, -128, 127)
         return float(np.mean((f((q - z) * np.float32(s)) - f(x)) ** 2))
     assert err(s, z) < 0.7 * err(s_sym, 0)
+
+
+@pytest.mark.slow
+def test_requantized_residual_on_the_rtl_agrees_with_the_cycle_model():
+    """The small configuration on the RTL: the QAdd with zero points (its rounding row
+    holding them, zo added after the shift) gives the all-CPU build's outputs and the
+    cycle model's cycle counts."""
+    rng = np.random.default_rng(11)
+    m, calib, shape = _model(rng, 8, 12, 4, 1)
+    q = quantize_model(m, calib, input_shapes={"x": shape})
+    (add,) = [nd for nd in q.nodes if nd.op == "QAdd"]
+    assert any(add.attrs["zero_points"][:2])
+    model = AccelModel.build(q, "small")
+    assert model.placements[add.name].target == "accel"
+    feeds = {"x": rng.normal(0, 1, shape).astype(np.float32)}
+    want = model.cpu_build().run(feeds)
+    same, detail = compare_outputs(model.run(feeds, target="rtl"), want, exact=True)
+    assert same, detail["summary"]
+    rtl_cycles = [r["cycles"] for r in model.report if r["target"] == "accel"]
+    model.run(feeds, target="cycle")
+    assert [r["cycles"] for r in model.report if r["target"] == "accel"] == rtl_cycles
