@@ -34,10 +34,11 @@ row holding the rounding constant and the offset (both int32 constants loaded on
 16-bit immediate), ``SHR``, ``MAX -128``, ``MIN 127`` and the store of those rows.
 
 Element-wise nodes see their operands as flat runs of ACC rows (two values of one shape
-have the same packed layout, element for element). QAdd (qops.qadd: ``(a * ma + b * mb +
-2^(shift-1)) >> shift``, clipped, int32 arithmetic), per chunk of rows: ``ACC_8BIT`` LOADs
-of both operands, ``MUL`` of each by a row holding its multiplier, ``ADD`` of the two and of
-the rounding row, ``SHR``, ``MAX -128``, ``MIN 127``, store. An int8 Relu is one ``MAX 0``.
+have the same packed layout, element for element). QAdd (qops.qadd: ``((a - za) * ma + (b -
+zb) * mb + 2^(shift-1)) >> shift`` + zo, clipped, int32 arithmetic), per chunk of rows:
+``ACC_8BIT`` LOADs of both operands, ``MUL`` of each by a row holding its multiplier,
+``ADD`` of the two and of the rounding row (which holds ``- za * ma - zb * mb`` too), ``SHR``,
+``ADD zo`` (when not 0), ``MAX -128``, ``MIN 127``, store. An int8 Relu is one ``MAX 0``.
 """
 
 from __future__ import annotations
@@ -445,7 +446,7 @@ class EltSpec:
     shift: int = 0
     gate_rows: int = 1
     gate_first: bool = False
-    zero_points: tuple = (0, 0, 0)  # a mul's (za, zb, zo): qops.qmul's zero_points
+    zero_points: tuple = (0, 0, 0)  # (za, zb, zo): qops.qadd's and qops.qmul's zero_points
 
     @property
     def macs(self) -> int:
@@ -458,11 +459,18 @@ class EltSpec:
 
 def elt_constants(cfg: HwConfig, spec: EltSpec) -> np.ndarray:
     """The int32 rows a QAdd or QMul loads: its multipliers (two, or one) and the rounding
-    constant."""
+    constant; a QAdd's holds its operands' zero points too, ``2^(shift-1) - za * ma - zb *
+    mb`` modulo 2^32 (so ``a * ma + b * mb`` plus it is ``(a - za) * ma + (b - zb) * mb +
+    2^(shift-1)`` in int32 arithmetic, wrap-around included)."""
     rows = np.empty((len(spec.multipliers) + 1, cfg.batch, cfg.block), np.int32)
     for i, m in enumerate(spec.multipliers):
         rows[i] = np.int32(np.int64(m).astype(np.int32))
-    rows[-1] = 1 << (spec.shift - 1)
+    constant = 1 << (spec.shift - 1)
+    if spec.op == "add":
+        za, zb, _ = (int(z) for z in spec.zero_points)
+        ma, mb = (int(m) for m in spec.multipliers)
+        constant -= za * ma + zb * mb
+    rows[-1] = np.int32((constant + 2**31) % 2**32 - 2**31)
     return rows
 
 
@@ -534,9 +542,7 @@ def elementwise(cfg: HwConfig, spec: EltSpec, name: str = "elementwise") -> AluP
                 dev.alu(("qadd-mul", rb, n, 1), rows(rb, 1), AluOp.MUL)
                 dev.alu(("qadd-add", ra, n, rb), rows(ra, rb, 1), AluOp.ADD)
                 dev.alu(("qadd-round", ra, n), rows(ra, 2), AluOp.ADD)
-                dev.alu(("elt-shr", ra, n, spec.shift), rows(ra, ra), AluOp.SHR, imm=spec.shift)
-                dev.alu(("elt-max", ra, n, -128), rows(ra, ra), AluOp.MAX, imm=-128)
-                dev.alu(("elt-min", ra, n, 127), rows(ra, ra), AluOp.MIN, imm=127)
+                _requantize_rows(dev, ra, n, spec.shift, int(spec.zero_points[2]))
             else:
                 dev.alu(("elt-max", ra, n, 0), rows(ra, ra), AluOp.MAX, imm=0)
             dev.dep_push(C, S)

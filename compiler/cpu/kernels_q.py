@@ -17,9 +17,11 @@ attribute modulo 2**32. Right shifts are arithmetic.
 
 Specs (operand kinds of operands.py: "full", ["broadcast", shape], "image_channel"):
 
-    {"op": "qadd" | "qmul" | "qmulz", "shape": [...], "layout": "plain" | "blocked",
-     "operands": [kind_a, kind_b]}       a, b (int8), qparams (int32[3] / [2] / [5]: qmulz
-                                         is QMul with zero_points), out (int8)
+    {"op": "qadd" | "qaddz" | "qmul" | "qmulz", "shape": [...],
+     "layout": "plain" | "blocked", "operands": [kind_a, kind_b]}
+                                         a, b (int8), qparams (int32[3] / [6] / [2] / [5]:
+                                         qaddz and qmulz are QAdd and QMul with
+                                         zero_points), out (int8)
     {"op": "qlut", "shape": [...]}       x (int8), table (int8[256]), out (int8)
     {"op": "qmatmul", "a": [Z, M, K], "b": [Z, K, N]}
                                          a, b (int8), qparams (int32[2]), out int8[Z, M, N]
@@ -62,6 +64,16 @@ def qadd_value(a, b, p):
     return requantize_rounded(a.astype(I32) * p[0] + b.astype(I32) * p[1], p[2])
 
 
+def qaddz_value(a, b, p):
+    """qops.qadd with zero points: ``wrap((a - za) * ma + (b - zb) * mb)``, requantized,
+    zo added before the clip; p = [ma, mb, shift, za, zb, zo]."""
+    t = (a.astype(I32) - p[3]) * p[0] + (b.astype(I32) - p[4]) * p[1]
+    shift = p[2]
+    half = as_expr(1, t) << (shift - as_expr(1, shift))
+    t = ((t + half) >> shift) + p[5]
+    return min_expr(max_expr(t, as_expr(-128, t)), as_expr(127, t)).astype(I8)
+
+
 def qmul_value(a, b, p):
     """qops.qmul: ``wrap(a * b * m)``, requantized; p = [m, shift]."""
     return requantize_rounded(a.astype(I32) * b.astype(I32) * p[0], p[1])
@@ -90,6 +102,11 @@ def qlut_value(x, table):
 
 def _qadd_params(attrs):
     ma, mb = attrs["multipliers"]
+    if "zero_points" in attrs:  # the "qaddz" kernel
+        za, zb, zo = (int(v) for v in attrs["zero_points"])
+        if not all(-128 <= v <= 127 for v in (za, zb, zo)):
+            raise ValueError("zero point out of int8")
+        return [_int32(ma), _int32(mb), int(attrs["shift"]), za, zb, zo]
     return [_int32(ma), _int32(mb), int(attrs["shift"])]
 
 
@@ -114,7 +131,7 @@ QPARAMS = {"QAdd": _qadd_params, "QMul": _qmul_params, "QMatMul": _qmatmul_param
 # The attributes and input counts the functions above read, per op. A node with any
 # other (a zero point that qops.py learns after this file was written, say) has no kernel:
 # it stays a numpy step, which computes qops' meaning, until these functions learn it too.
-KNOWN = {"QAdd": ({"multipliers", "shift", "scale"}, 2),
+KNOWN = {"QAdd": ({"multipliers", "shift", "scale", "zero_points"}, 2),
          "QMul": ({"multipliers", "shift", "scale", "zero_points"}, 2),
          "QMatMul": ({"multiplier", "shift", "scale"}, 2),
          "QLut": ({"scale"}, 2)}
@@ -151,9 +168,10 @@ def qparams(node) -> np.ndarray | None:
 def _binary(spec):
     shape, layout, kinds = tuple(spec["shape"]), spec["layout"], spec["operands"]
     a, b = operand_placeholders(kinds, layout, shape, "x", I8)
-    sizes = {"qadd": 3, "qmul": 2, "qmulz": 5}
+    sizes = {"qadd": 3, "qaddz": 6, "qmul": 2, "qmulz": 5}
     p = te.placeholder((sizes[spec["op"]],), I32, "qparams")
-    value = {"qadd": qadd_value, "qmul": qmul_value, "qmulz": qmulz_value}[spec["op"]]
+    value = {"qadd": qadd_value, "qaddz": qaddz_value, "qmul": qmul_value,
+             "qmulz": qmulz_value}[spec["op"]]
 
     def body(*idx):
         return value(operand_read(kinds[0], a, layout, idx),
@@ -196,7 +214,8 @@ def _matmul(spec):
     return s, [a, b, p, y]
 
 
-_Q_BUILDERS = {"qadd": _binary, "qmul": _binary, "qmulz": _binary, "qlut": _lut,
+_Q_BUILDERS = {"qadd": _binary, "qaddz": _binary, "qmul": _binary, "qmulz": _binary,
+               "qlut": _lut,
                "qmatmul": _matmul}
 QUANTIZED_ELTWISE_OPS = tuple(_Q_BUILDERS)
 

@@ -75,7 +75,7 @@ def qbinary(lw, node: Node) -> bool:
         kinds.append(got[0])
         args.append(got[1])
     out = lw.produce(node.outputs[0], block)
-    op = "qmulz" if node.op == "QMul" and "zero_points" in node.attrs else node.op.lower()
+    op = node.op.lower() + ("z" if "zero_points" in node.attrs else "")
     spec = {"op": op, "shape": lw.values[out]["shape"], "layout": layout,
             "operands": kinds}
     lw.kernel(node, spec, args + [_params(lw, node, p), out], out)

@@ -56,8 +56,11 @@ by ``wrap``); right shifts are arithmetic (floor).
       QAdd: y = clip(wrap(wrap(a * ma + b * mb) + 2**(shift-1)) >> shift, -128, 127)
       QMul: y = clip(wrap(wrap(a * b * m) + 2**(shift-1)) >> shift, -128, 127)
 
-  QMul's optional ``zero_points`` [za, zb, zo] (int8, default 0): ``a - za`` and ``b - zb``
-  for a and b, and zo added after the shift (before the clip).
+  Their optional ``zero_points`` [za, zb, zo] (int8, default 0): ``a - za`` and ``b - zb``
+  for a and b, and zo added after the shift (before the clip)::
+
+      QAdd: t = wrap((a - za) * ma + (b - zb) * mb)
+            y = clip((wrap(t + 2**(shift-1)) >> shift) + zo, -128, 127)
 
   (residual Adds after a QLut, squeeze-excitation's gate multiply; quantize.py picks the
   shift so that no step can leave int32 for any int8 inputs).
@@ -196,8 +199,9 @@ def _binary_args(attrs, count):
 def qadd(attrs, a, b):
     _int8(a, b)
     shift, (ma, mb) = _binary_args(attrs, 2)
-    t = wrap(a.astype(np.int64) * ma + b.astype(np.int64) * mb)
-    return np.clip(wrap(t + (1 << (shift - 1))) >> shift, -128, 127).astype(np.int8)
+    za, zb, zo = _zero_points(attrs)
+    t = wrap((a.astype(np.int64) - za) * ma + (b.astype(np.int64) - zb) * mb)
+    return np.clip((wrap(t + (1 << (shift - 1))) >> shift) + zo, -128, 127).astype(np.int8)
 
 
 def qmul(attrs, a, b):

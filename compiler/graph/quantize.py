@@ -55,7 +55,15 @@ Conv and an int8 pixel shuffle first (qtranspose.py):
 - a residual is added after the shift, in the output's scale: the residual value and the
   node's output share one scale (values are merged with union-find; the shared scale is
   the largest calibrated range of them / 127). A quantized node producing such a value
-  simply requantizes to the shared scale; a float one gets a Quantize to it.
+  simply requantizes to the shared scale; a float one gets a Quantize to it. A Conv's
+  residual Add that ends its epilogue is split off first (``own_residual_scales``,
+  residual.py's split_residuals): the QConv writes its own scale and a QAdd requantizes
+  both operands (each with its own scale and zero point) into the sum's, so a residual
+  stage no longer forces one scale on every value it joins (MobileNetV3's projections
+  got 2-3x coarser steps from their stage's largest sum; docs/graph.md).
+- a convolution's table input (the intermediate value it writes for its QLut) takes its
+  calibrated range clipped where the table's function is flat, with a zero point
+  (qtable.py).
 - Relu gives ``lo = 0``; Clip(a, b) gives ``lo, hi = clip(rint(a/s_out)), clip(rint(b/s_out))``
   within [-128, 127]; no activation gives [-128, 127].
 
@@ -91,9 +99,11 @@ from .qbody import (dense_input, hoist_loop_products, inline_constant_captures,
 from .qrecurrent import WEIGHT_BITS as RECURRENT_WEIGHT_BITS
 from .qrecurrent import (calibrated_values, h_range, quantized_layer, recurrent_problem,
                          Q_RECURRENT_OPS)
+from .qtable import table_input_range
 from .qtranspose import conv_transpose_reason, expand_conv_transposes
 from .qzero import affine, asymmetric_classes, mse_top
 from .reference import apply_epilogue, evaluate_node
+from .residual import split_residuals
 
 __all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
            "CalibrationError", "MARGIN"]
@@ -628,8 +638,8 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
               if node.name in plan.layers and plan.layers[node.name].after}
     maxabs.update(dict.fromkeys(afters.values(), 0.0))
     pre = {name: np.zeros(len(layer.bias)) for name, layer in plan.layers.items()}
-    # per layer: the sum and count of its float pre-activation per channel (biascorr.py)
-    sums = {name: [np.zeros(len(layer.bias)), 0] for name, layer in plan.layers.items()}
+    # per layer and sample: the mean of its float pre-activation per channel (biascorr.py)
+    sums: dict[str, list] = {name: [] for name in plan.layers}
     kept: dict[str, list] = {v: [] for v in maxabs}
 
     def record(name, v):
@@ -655,8 +665,7 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
                     y = KERNELS[node.op](node.attrs, *ins[:OWN_INPUTS[node.op]])
                     before = apply_epilogue(y, layer.linear, ins)
                     axes = tuple(d for d in range(y.ndim) if d != layer.axis)
-                    sums[node.name][0] += before.sum(axis=axes, dtype=np.float64)
-                    sums[node.name][1] += before.size // max(before.shape[layer.axis], 1)
+                    sums[node.name].append(before.mean(axis=axes, dtype=np.float64))
                     pre[node.name] = np.maximum(pre[node.name], np.abs(before).max(axis=axes))
                     y = apply_epilogue(y, layer.head, ins)
                     if layer.tail:
@@ -675,7 +684,8 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
             for i in node.inputs:
                 if i and last_use.get(i) == k and i not in keep:
                     env.pop(i, None)
-    means = {name: total / max(count, 1) for name, (total, count) in sums.items()}
+    means = {name: np.array(v) if v else np.zeros((1, len(plan.layers[name].bias)))
+             for name, v in sums.items()}
     return maxabs, mins, pre, {v: np.concatenate(a) if a else np.zeros(0, np.float32)
                                for v, a in kept.items()}, means
 
@@ -906,18 +916,19 @@ def _requantization(ratio, bias_q, w_q, calibrated=None):
 
 def _emit_binary(b: _Builder, op: str, x: str, y: str, s_x: float, s_y: float, s_out: float,
                  out: str, name: str, fresh: bool = True, zeros=(0, 0, 0)) -> None:
-    """QAdd (``x * s_x + y * s_y`` in the scale s_out) or QMul (``(x - z_x) * (y - z_y) *
-    s_x * s_y``, plus z_out: ``zeros``, QMul only): the largest shift in 1..31 with which no
-    step can leave int32 for any int8 inputs."""
+    """QAdd (``(x - z_x) * s_x + (y - z_y) * s_y`` in the scale s_out) or QMul (``(x - z_x)
+    * (y - z_y) * s_x * s_y``), plus z_out (``zeros``: z_x, z_y, z_out): the largest shift
+    in 1..31 with which no step can leave int32 for any int8 inputs."""
     ratios = [s_x / s_out, s_y / s_out] if op == "Add" else [s_x * s_y / s_out]
-    worst = (128.0 + abs(zeros[0])) * (128.0 + abs(zeros[1])) if op == "Mul" else 128.0
+    # the largest |operand - zero point| of each product
+    worst = [(128.0 + abs(zeros[0])) * (128.0 + abs(zeros[1]))] if op == "Mul" else \
+        [128.0 + abs(zeros[0]), 128.0 + abs(zeros[1])]
     for shift in range(31, 0, -1):
         m = [round(r * 2**shift) for r in ratios]
-        if max(m) < 2**31 and sum(m) * worst + 2 ** (shift - 1) < 2**31:
+        if max(m) < 2**31 and sum(a * w for a, w in zip(m, worst)) + 2 ** (shift - 1) < 2**31:
             break
     attrs = {"multipliers": m, "shift": shift, "scale": float(s_out)}
     if any(zeros):
-        assert op == "Mul", (name, zeros)  # qzero.py gives QAdd none
         attrs["zero_points"] = [int(z) for z in zeros]
     b.add("QAdd" if op == "Add" else "QMul", [x, y], [out], attrs, name, fresh=fresh)
 
@@ -1060,7 +1071,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                    method: str = "mse", zero_points: bool = True,
                    percentile: float | None = None,
                    recurrent_weight_bits: int = RECURRENT_WEIGHT_BITS,
-                   bias_correction: bool = True) -> Graph:
+                   bias_correction: bool = True,
+                   own_residual_scales: bool = True) -> Graph:
     """The quantized graph of an optimized float graph (module doc).
 
     ``method``: how each value's range is chosen from the samples, "mse" (default),
@@ -1068,6 +1080,14 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     "entropy" (KL divergence); calib.py has the details.
 
     ``recurrent_weight_bits``: 8 or 16, the weights of LSTM/GRU/RNN layers (qrecurrent.py).
+
+    ``bias_correction``: biascorr.py (True: each convolution's own error and the
+    significant rest of its mean error, a dense layer's whole mean error; "global": every
+    layer's whole mean error; False: none).
+
+    ``own_residual_scales``: a convolution's residual sum as a QAdd of the QConv's output
+    in its own scale and the residual (module doc); False fuses it into the QConv, the
+    residual sharing the output's scale.
 
     ``zero_points``: give a zero point to the values whose writers and readers fold it
     into their constants exactly (qzero.py); False keeps every activation symmetric.
@@ -1079,6 +1099,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     method, percent = parse_method(method, percentile)
     samples = _samples(graph, calibration)
     graph, shuffles = expand_conv_transposes(graph)  # the upsamplers' int8 form
+    if own_residual_scales:  # a convolution's residual sum: a QAdd after the QConv
+        graph = split_residuals(graph, ("Conv",))
     # Control-flow bodies: their products in 16-bit integer form (qbody.py), calibrated on
     # what each body sees when the float graph runs; the node holding a body is unchanged.
     graph = inline_constant_captures(graph)
@@ -1142,6 +1164,18 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     # constant Add/Mul (``a * hardswish(x) + b``): its least entry is f at an extreme input,
     # far below the data, and its MSE range (``_mse_ranges``) measured better (PP-OCR rec
     # 0.944 with the table's lower end, 0.971 without, quick size, mean of six feeds).
+    # A convolution's table input (its pre-activation, which only its QLut reads) takes
+    # its calibrated range clipped where the table's function is flat (qtable.py), with a
+    # zero point. (Not a dense layer's: on all-MiniLM-L6's GELU it cost 0.865 -> 0.856.)
+    for node in graph.nodes if zero_points else ():
+        layer = plan.layers.get(node.name)
+        if layer is None or not layer.tail or layer.residual or node.op != "Conv":
+            continue
+        root = plan.classes.find(_mid(node))
+        found = table_input_range(_tail_function(graph, node, layer), low[root],
+                                  high[root])
+        if found is not None:
+            affine_of[root] = found[:2]
     tails = _affine_tails(graph, plan)
     for r, lo in _table_lows(graph, plan, signed - tails, scale, zero, converted).items():
         affine_of[r] = affine(lo, high[r])
@@ -1194,7 +1228,10 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             calibrated = pre[node.name] / acc_scale + np.abs(shifted)
             params = _requantization(acc_scale / s_out, bias_q, w_q, calibrated)
             corrections[node.name] = Correction(means[node.name], acc_scale, bias_q, shifted,
-                                                acc_scale / s_out, w_q, calibrated)
+                                                acc_scale / s_out, w_q, calibrated,
+                                                layer.weight / s_w.reshape(
+                                                    (-1,) + (1,) * (w_q.ndim - 1)),
+                                                zero(node.inputs[0]))
             if params is None:
                 raise GraphError(f"node {node.name!r} ({node.op}): its requantization (scales "
                                  f"in {s_in:g}, out {s_out:g}, weights up to {s_w.max():g}) "
@@ -1282,7 +1319,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
         as_float(o)
     qgraph = b.graph(graph)
     if bias_correction:
-        qgraph = correct_biases(qgraph, samples, corrections, _requantization)
+        qgraph = correct_biases(qgraph, samples, corrections, _requantization,
+                                "global" if bias_correction == "global" else "local")
     return hoist_loop_products(qgraph)
 
 

@@ -25,11 +25,12 @@ kernels and the accelerator compute the same bits as before:
   reader) take it as their ``zero_point`` attribute (they run on the CPU, qops.py and the
   compiled CPU kernels alike).
 
-- a QMul (its ``zero_points`` [za, zb, zo], qops.py: CPU only, no accelerator kernel)
-  reads and writes them: ``(a - za) * (b - zb)``, zo added after the shift;
+- a QMul or QAdd (their ``zero_points`` [za, zb, zo], qops.py; the accelerator's ALU
+  programs take them, compiler/accel/ops_alu.py) reads and writes them: ``(a - za) * (b -
+  zb)`` or ``(a - za) * ma + (b - zb) * mb``, zo added after the shift;
 
-Everything else keeps zero points 0: QAdd/QMatMul (no offset step), Relu on int8
-(clamps at 0) and a graph output. ``asymmetric_classes`` finds the scale classes whose
+Everything else keeps zero points 0: QMatMul (no offset step), Relu on int8 (clamps at
+0) and a graph output. ``asymmetric_classes`` finds the scale classes whose
 every writer and reader is of the first kinds.
 """
 
@@ -52,22 +53,22 @@ def _reads_ok(graph: Graph, node, value: str, kind: str, layer) -> bool:
         # as its data (z taken off through the bias) or its residual (one class with the
         # output: it carries the output's zero point, see _writes_ok)
         # (or the operand of the QMul after its table: QMul takes zero points)
-        after_mul = bool(layer.after) and layer.after[2] == value
-        if after_mul:
-            return layer.after[0] == "Mul" and all(k != 0 for k in at)
+        after = bool(layer.after) and layer.after[2] == value
+        if after:
+            return all(k != 0 for k in at)
         return all(k == 0 or value == layer.residual for k in at)
     if kind == "same":
         return node.op in _KEEPS_ZERO
-    return kind in ("pool", "lut") or (kind == "binary" and node.op == "Mul")
+    return kind in ("pool", "lut", "binary")
 
 
 def _writes_ok(node, kind: str, layer) -> bool:
     """Whether ``node`` can write its output with a zero point."""
     if kind == "layer":
-        return not layer.after or layer.after[0] == "Mul"
+        return True
     if kind == "same":
         return node.op in _KEEPS_ZERO
-    return kind in ("pool", "lut") or (kind == "binary" and node.op == "Mul")
+    return kind in ("pool", "lut", "binary")
 
 
 def asymmetric_classes(graph: Graph, kinds: dict, layers: dict, classes, int8: set,

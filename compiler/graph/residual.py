@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .ir import Graph, Node
 
-__all__ = ["float_residuals"]
+__all__ = ["float_residuals", "split_residuals"]
 
 _DENSE = ("MatMul", "Gemm")
 
@@ -37,13 +37,21 @@ def fresh_name(base: str, taken: set) -> str:
 def float_residuals(graph: Graph) -> Graph:
     """The graph with each dense layer's residual epilogue Add split off (module doc);
     ``graph`` itself when there is none."""
+    return split_residuals(graph, _DENSE)
+
+
+def split_residuals(graph: Graph, ops=_DENSE) -> Graph:
+    """The graph with the residual Add that ends the epilogue of each ``ops`` node with a
+    constant weight split off as an Add node of its own; ``graph`` itself when there is
+    none. (quantize.py splits convolutions' so: the Add becomes a requantizing QAdd, each
+    operand in its own scale.)"""
     taken = set(graph.types) | {n.name for n in graph.nodes}
     types = dict(graph.types)
     nodes: list[Node] = []
     changed = False
     for node in graph.nodes:
         steps = node.attrs.get("epilogue") or ()
-        if node.op not in _DENSE or not steps or steps[-1][0] != "Add" \
+        if node.op not in ops or not steps or steps[-1][0] != "Add" \
                 or node.inputs[1] not in graph.initializers:
             nodes.append(node)
             continue

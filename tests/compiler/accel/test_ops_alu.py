@@ -129,31 +129,38 @@ def test_global_average_pool_matches_qops(case):
         np.testing.assert_array_equal(outs[-1], want, err_msg=target)
 
 
-ELT_CASES = [  # (preset, op, shape, multipliers, shift)
+ELT_CASES = [  # (preset, op, shape, multipliers, shift[, zero points])
     ("default", "add", (1, 40, 7, 9), (1 << 19, -(1 << 18) + 5), 24),  # past 16 bits
     ("default", "add", (2, 16, 40, 40), (3, 5), 3),                    # many chunks
     ("small", "add", (3, 10), (700, 1200), 11),                        # a 2-D value
+    # zero points (za, zb, zo): folded into the rounding row, zo added after the shift
+    ("default", "add", (1, 40, 7, 9), (1 << 19, -(1 << 18) + 5), 24, (-128, 17, -110)),
+    ("small", "add", (2, 6, 5, 5), (700, 1200), 11, (3, -128, 127)),
+    ("small", "add", (3, 10), (2**31 - 1, 2**30), 31, (127, -128, 5)),  # wraps in int32
     ("default", "relu", (1, 20, 5, 5), (), 0),
     ("small", "relu", (1, 6, 30, 30), (), 0),
 ]
 
 
-@pytest.mark.parametrize("case", ELT_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{len(c[2])}d")
+@pytest.mark.parametrize("case", ELT_CASES,
+                         ids=lambda c: f"{c[0]}-{c[1]}-{len(c[2])}d" + ("-zp" if c[5:] else ""))
 def test_elementwise_matches_qops(case):
     from celosia.compiler.accel.ops_alu import EltSpec, elementwise, elt_constants
     from celosia.compiler.accel.partition import pack_value, packed_shape, unpack_value
     from celosia.compiler.graph.ops import KERNELS
     from celosia.compiler.graph.qops import qadd
 
-    preset, op, shape, mults, shift = case
+    preset, op, shape, mults, shift = case[:5]
+    zeros = case[5] if len(case) > 5 else (0, 0, 0)
     cfg = HwConfig.load(preset)
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     a, b = (rng.integers(-128, 128, shape, dtype=np.int8) for _ in range(2))
+    a.flat[0], b.flat[0], a.flat[-1], b.flat[-1] = -128, -128, 127, 127
     if op == "add":
-        want = qadd({"shift": shift, "multipliers": list(mults)}, a, b)
+        want = qadd({"shift": shift, "multipliers": list(mults), "zero_points": zeros}, a, b)
     else:
         want = KERNELS["Relu"]({}, a)
-    spec = EltSpec(op, packed_shape(shape, cfg), mults, shift)
+    spec = EltSpec(op, packed_shape(shape, cfg), mults, shift, zero_points=zeros)
     fn = elementwise(cfg, spec)
     for target in ("fsim", "cycle"):
         out = np.zeros(spec.shape, np.int8)

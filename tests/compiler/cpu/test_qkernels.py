@@ -44,8 +44,10 @@ def binary_cases(draw):
     out = np.broadcast_shapes(*shapes)
     op = draw(st.sampled_from(["QAdd", "QMul"]))
     ms = [draw(MULTIPLIER) for _ in range(2 if op == "QAdd" else 1)]
-    return op, out, shapes, {"multipliers": ms, "shift": draw(st.integers(1, 31))}, \
-        draw(st.integers(0, 2**32 - 1))
+    attrs = {"multipliers": ms, "shift": draw(st.integers(1, 31))}
+    if draw(st.booleans()):  # zero points: the "qaddz" / "qmulz" kernels
+        attrs["zero_points"] = draw(st.lists(st.integers(-128, 127), min_size=3, max_size=3))
+    return op, out, shapes, attrs, draw(st.integers(0, 2**32 - 1))
 
 
 @SETTINGS
@@ -59,7 +61,8 @@ def test_qadd_qmul_kernels_equal_qops(case):
     for s in shapes:
         s = (1,) * (rank - len(s)) + s
         kinds.append("full" if s == out_shape else ["broadcast", list(s)])
-    spec = {"op": op.lower(), "shape": list(out_shape), "layout": "plain", "operands": kinds}
+    spec = {"op": op.lower() + ("z" if "zero_points" in attrs else ""),
+            "shape": list(out_shape), "layout": "plain", "operands": kinds}
     kernel = compile_spec(spec)
     got = np.empty(out_shape, np.int8)
     padded = [x.reshape((1,) * (rank - x.ndim) + x.shape) for x in (a, b)]
@@ -74,12 +77,17 @@ def test_qadd_qmul_kernels_equal_qops(case):
     ("QMul", {"multipliers": [2**31 - 1], "shift": 31}, False),  # wraps
     ("QMul", {"multipliers": [2**20], "shift": 20}, True),
     ("QMul", {"multipliers": [-3], "shift": 9}, False),
+    ("QAdd", {"multipliers": [2**22, -2**21 + 7], "shift": 22, "zero_points": [-20, 5, 3]},
+     True),
+    ("QAdd", {"multipliers": [2**31 - 1, 2**31 - 1], "shift": 31,
+              "zero_points": [127, -128, -128]}, False),  # wraps
 ])
 def test_every_int8_pair(op, attrs, saturates):
     """All 65536 pairs of int8 values: wrapping products, clipping to -128 and to 127."""
     a = np.repeat(np.arange(-128, 128, dtype=np.int8), 256).reshape(256, 256)
     b = np.ascontiguousarray(a.T)
-    kernel = compile_spec({"op": op.lower(), "shape": [256, 256], "layout": "plain",
+    kernel = compile_spec({"op": op.lower() + ("z" if "zero_points" in attrs else ""),
+                           "shape": [256, 256], "layout": "plain",
                            "operands": ["full", "full"]})
     got = np.empty((256, 256), np.int8)
     kernel(a, b, _params(op, attrs), got)
@@ -185,7 +193,12 @@ def test_attributes_the_kernels_do_not_know_leave_the_node_to_numpy():
 
     add = {"multipliers": [1, 2], "shift": 4, "scale": 0.5}
     assert qparams(Node("QAdd", ("a", "b"), ("y",), add)) is not None
-    assert qparams(Node("QAdd", ("a", "b"), ("y",), {**add, "zero_points": [1, 2, 3]})) is None
+    assert qparams(Node("QAdd", ("a", "b"), ("y",), {**add, "offset": 3})) is None
+    # zero points the kernels know (qaddz), but not ones outside int8
+    assert list(qparams(Node("QAdd", ("a", "b"), ("y",), {**add, "zero_points": [1, 2, 3]}))
+                ) == [1, 2, 4, 1, 2, 3]
+    assert qparams(Node("QAdd", ("a", "b"), ("y",), {**add, "zero_points": [1, 2, 300]})) \
+        is None
     assert qparams(Node("QAdd", ("a", "b", "zp"), ("y",), add)) is None
     assert not understood(Node("QLut", ("x", "t"), ("y",), {"scale": 1.0, "zero_point": 3}))
     assert understood(Node("QLut", ("x", "t"), ("y",), {"scale": 1.0}))

@@ -64,16 +64,29 @@ def test_conv_with_an_activation_becomes_qconv_and_qlut(activation):
     else:
         nodes += [helper.make_node(activation, ["c"], ["y"])]
     graph = _graph(nodes, {"x": (1, 4, 8, 8)}, {"w": w, "b": b})
-    q = quantize_graph(graph, _feeds((1, 4, 8, 8), 4, 3))
-    ops = [n.op for n in q.nodes]
-    assert ops == ["Quantize", "QConv", "QLut", "Dequantize"], ops
-    # The table is the float activation between the two scales, exactly.
-    conv, lut = q.nodes[1], q.nodes[2]
-    table = q.initializers[lut.inputs[1]]
-    x = np.arange(-128, 128).astype(np.float32) * np.float32(conv.attrs["scale"])
-    f = run_graph(_graph(nodes[1:], {"c": (256,)}, {}), {"c": x})["y"]
-    want = np.clip(np.rint(f / np.float32(lut.attrs["scale"])), -128, 127).astype(np.int8)
-    np.testing.assert_array_equal(table, want)
+    activation_graph = _graph(nodes[1:], {"c": (256,)}, {})
+
+    def exact_table(s_in, z_in, s_out, z_out):
+        x = (np.arange(-128, 128) - z_in).astype(np.float32) * np.float32(s_in)
+        f = run_graph(activation_graph, {"c": x})["y"]
+        return np.clip(np.rint(f / np.float32(s_out)) + z_out, -128, 127).astype(np.int8)
+
+    for zero_points in (False, True):
+        q = quantize_graph(graph, _feeds((1, 4, 8, 8), 4, 3), zero_points=zero_points)
+        ops = [n.op for n in q.nodes]
+        assert ops == ["Quantize", "QConv", "QLut", "Dequantize"], ops
+        # The table is the float activation between the two scales, exactly (with zero
+        # points: the table's input takes one, qtable.py, which the QConv adds through its
+        # bias: some z_in gives the table exactly).
+        conv, lut, deq = q.nodes[1:]
+        table = q.initializers[lut.inputs[1]]
+        s_in, s_out = conv.attrs["scale"], lut.attrs["scale"]
+        z_out = int(deq.attrs.get("zero_point", 0))
+        if not zero_points:
+            np.testing.assert_array_equal(table, exact_table(s_in, 0, s_out, z_out))
+        else:
+            assert any(np.array_equal(table, exact_table(s_in, z, s_out, z_out))
+                       for z in range(-128, 128))
     _check(graph, q, _feeds((1, 4, 8, 8), 1, 9)[0], 0.05)
 
 
