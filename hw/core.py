@@ -80,8 +80,8 @@ class Accelerator(wiring.Component):
         uop = Sram(depth=cfg.uop_depth, width=32)
         inp = Sram(depth=cfg.inp_depth, width=8 * cfg.inp_elem_bytes)
         wgt = Sram(depth=cfg.wgt_depth, width=8 * cfg.wgt_elem_bytes)
-        acc = Sram(depth=cfg.acc_depth, width=8 * cfg.acc_elem_bytes, read_ports=2,
-                   transparent=True)
+        # compute forwards the rows its ACC reads miss (hw/compute.py): no transparency
+        acc = Sram(depth=cfg.acc_depth, width=8 * cfg.acc_elem_bytes, read_ports=2)
         out = Sram(depth=cfg.acc_depth, width=8 * cfg.out_elem_bytes)
         m.submodules.uop_buf, m.submodules.inp_buf, m.submodules.wgt_buf = uop, inp, wgt
         m.submodules.acc_buf, m.submodules.out_buf = acc, out

@@ -1,8 +1,8 @@
 """An on-chip buffer: one write port and N synchronous read ports.
 
 Read data appears the cycle after the address. Read ports built with ``transparent=True``
-see a write to the same row in the same cycle (this is the forwarding that lets the GEMM
-and ALU pipelines run one micro-op per cycle; see docs/microarchitecture.md).
+see a write to the same row in the same cycle; by default a read in the cycle of a write
+to its row returns the old row (compute forwards such rows itself, hw/compute.py).
 Wide rows are left to synthesis to split across block RAMs.
 """
 

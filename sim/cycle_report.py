@@ -93,6 +93,9 @@ class _StaticStats:
         self.write_wait_list = self.write_wait.tolist()
         index = {k: i for i, k in enumerate(self.mem_types)}
         self.mem_index = [index.get(k, -1) for k in mem.tolist()]
+        # GEMM/ALU cycles waiting for the last micro-op to leave the pipeline
+        self.drain = sum(tl.timing.drain_cycles(i) for i in tl.insns
+                         if isinstance(i, (GemmInsn, AluInsn)))
 
 
 # Statistics keys per module, in the order of the dictionary: busy, command queue empty,
@@ -253,6 +256,11 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     for m, name in enumerate(MODULES):
         busy, cmdq, tokens, rooms, dram, bus, idle = _MODULE_KEYS[name]
         row = [(busy, per_module[0][m]), (cmdq, per_module[1][m])]
+        if name == "compute":  # inside busy: pipeline drain and hazard stalls
+            hazard = sum(tl.stalls.values()) if tl.stalls else 0
+            row = [(busy, per_module[0][m] - static.drain - hazard),
+                   ("compute_stall_pipeline_cycles", static.drain),
+                   ("compute_stall_hazard_cycles", hazard), row[1]]
         row += [(key, token_q[q]) for q, key in tokens]
         row += [(key, room_q[q]) for q, key in rooms]
         row.append((dram, per_module[2][m]))
@@ -346,6 +354,10 @@ def trace_dict(tl) -> dict:
                 mid = min(max(int(tl.room_ready[j, col]), begin), p)
                 span(tid, f"wait: room in {_QUEUE_NAMES[q]}", begin, mid, "stall")
                 begin = mid
+        if isinstance(insn, (GemmInsn, AluInsn)):  # the last micro-ops leave the pipeline
+            hazard = tl.stalls.get(j, 0) if tl.stalls else 0
+            span(tid, "pipeline drain", c - tl.timing.drain_cycles(insn), c, "stall",
+                 {"hazard_stalls": hazard} if hazard else None)
         if j in writes:
             beats, nb = writes[j]
             span(_TIDS["dram write"], f"STORE #{j}", s + 2, c - 1, "dram",
