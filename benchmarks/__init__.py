@@ -32,6 +32,10 @@ BENCHMARKS = {
     "cpu-resnet18": ("celosia.benchmarks.cpu_resnet18", "run",
                      "ResNet-18 fp32 224x224 CPU build: latency vs onnxruntime and numpy, "
                      "cold and warm compile time"),
+    "cpu-resnet18-int8": ("celosia.benchmarks.cpu_resnet18_int8", "run",
+                          "ResNet-18 int8 224x224 CPU build (QConv/QGemm on the CPU's int8 "
+                          "dot-product instructions): latency vs celosia fp32 and onnxruntime's "
+                          "int8 QDQ model, bit-exact with qops.py"),
     "resnet18-e2e": ("celosia.benchmarks.resnet18_e2e", "run",
                      "ResNet-18 int8 224x224 split between the accelerator (cycle model) and "
                      "the CPU: latency, shares, speedup over the CPU build, simulation wall time"),
@@ -82,7 +86,7 @@ def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
                   time_limit: float | None = None,
                   calibration_method: str | None = None,
                   smooth: float | None = None, int8_residuals: bool = False,
-                  out: str | None = None) -> dict:
+                  bias_correction: bool = True, out: str | None = None) -> dict:
     if name not in BENCHMARKS:
         raise CelosiaError(f"unknown benchmark {name!r}; `celosia bench --list` names them: "
                            f"{', '.join(BENCHMARKS)}")
@@ -120,6 +124,10 @@ def run_benchmark(name: str, *, quick: bool = False, models: str | None = None,
         if name != "zoo" or not (int8 or accel):
             raise CelosiaError("--int8-residuals goes with `bench zoo --int8` (or --accel)")
         kwargs["int8_residuals"] = True
+    if not bias_correction:
+        if name != "zoo" or not (int8 or accel):
+            raise CelosiaError("--no-bias-correction goes with `bench zoo --int8` (or --accel)")
+        kwargs["bias_correction"] = False
     result = getattr(importlib.import_module(module), function)(**kwargs)
     return {"benchmark": name, "summary": summary, "quick": quick, **result,
             "machine": machine_description()}

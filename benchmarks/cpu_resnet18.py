@@ -9,6 +9,9 @@ hours). All are measured in the same run in alternating blocks (so a noisy, shar
 machine slows all of them alike, while neither runtime's spinning worker threads steal a
 core from the other); medians. Compile time cold (a fresh kernel cache) and warm (the
 same cache again). The outputs of celosia and TVM are checked against onnxruntime.
+Spread: each runtime's interquartile range, and the ratio to onnxruntime block by block
+(``ratio_vs_onnxruntime_per_block``: median, IQR and count of the ratios of the blocks'
+medians); ``repetitions`` and ``blocks`` say how many runs (benchmarks/spread.py).
 
 Metrics: latency_ms, onnxruntime_ms, numpy_ms, ratio_vs_onnxruntime (ours / theirs; the
 goal is at most 1.5), speedup_vs_numpy, compile_s, warm_compile_s; with TVM also tvm_ms,
@@ -26,6 +29,8 @@ import time
 import numpy as np
 
 from celosia.errors import CelosiaError
+
+from .spread import block_ratios, summary_ms
 
 TVM_NOT_INSTALLED = "not installed (pip install apache-tvm)"
 
@@ -131,7 +136,7 @@ def run(quick: bool = False) -> dict:
         # threads spinning for a while after a call, which would steal a core from the
         # other if calls were interleaved one by one. The slow executors (numpy, untuned
         # TVM: 0.1 to 2 s a run) run once per block.
-        blocks, per_block = (3, 4) if quick else (8, 6)
+        blocks, per_block = (3, 4) if quick else (10, 8)
         t_ours, t_ort, t_np, t_tvm = [], [], [], []
         fast = ((lambda: built.run(feeds), t_ours), (lambda: session.run(None, feeds), t_ort))
         slow = [(lambda: reference.run(feeds), t_np)]
@@ -167,25 +172,36 @@ def run(quick: bool = False) -> dict:
     }
     min_ms = {"celosia": min(t_ours) * 1e3, "onnxruntime": min(t_ort) * 1e3,
               "numpy": min(t_np) * 1e3}
+    spread = {"celosia": summary_ms(t_ours), "onnxruntime": summary_ms(t_ort),
+              "numpy": summary_ms(t_np)}
+    ratio_blocks = block_ratios(t_ours, t_ort, per_block)
     tvm_text = f"TVM: {tvm_status}"
     if tvm_run:
         tvm_ms = _median_ms(t_tvm)
         metrics.update(tvm_ms=tvm_ms, ratio_vs_tvm=latency / tvm_ms, tvm_compile_s=tvm_compile_s)
         min_ms["tvm"] = min(t_tvm) * 1e3
+        spread["tvm"] = summary_ms(t_tvm)
         tvm_text = f"TVM untuned {tvm_ms:.2f} ms, compile {tvm_compile_s:.2f} s"
-    print(f"  celosia {latency:.2f} ms, onnxruntime {ort_ms:.2f} ms, numpy {np_ms:.2f} ms "
-          f"({threads} threads); compile {compile_s:.2f} s cold, {warm_compile_s:.2f} s warm; "
-          f"{tvm_text}", flush=True)
+    print(f"  celosia {latency:.2f} ms (IQR {spread['celosia']['iqr_ms']:.2f}), onnxruntime "
+          f"{ort_ms:.2f} ms (IQR {spread['onnxruntime']['iqr_ms']:.2f}), ratio "
+          f"{latency / ort_ms:.3f} (per block {ratio_blocks['median']:.3f}, IQR "
+          f"{ratio_blocks['iqr']:.3f}; {reps} runs each in {blocks} blocks), numpy "
+          f"{np_ms:.2f} ms ({threads} threads); compile {compile_s:.2f} s cold, "
+          f"{warm_compile_s:.2f} s warm; {tvm_text}", flush=True)
     return {
         "metrics": metrics,
         "threads": threads,
         "repetitions": reps,
+        "blocks": blocks,
+        "spread": spread,
+        "ratio_vs_onnxruntime_per_block": ratio_blocks,
         "min_ms": min_ms,
         "max_abs_diff_vs_onnxruntime": max_diff,
         "tvm": tvm_status,
         "build": built.build_info,
         "profile_summary": report["summary"],
-        "note": "medians of interleaved runs in one process (numpy and TVM: one run per "
-                "block); ratio = celosia / onnxruntime, ratio_vs_tvm = celosia / TVM "
-                "(an untuned TVM build)",
+        "note": "medians of interleaved runs in one process (celosia and onnxruntime: "
+                "repetitions runs each in blocks blocks; numpy and TVM: one run per block), "
+                "spread: their IQR; ratio = celosia / onnxruntime (per block: the ratio of "
+                "the blocks' medians), ratio_vs_tvm = celosia / TVM (an untuned TVM build)",
     }

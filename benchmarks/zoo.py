@@ -8,8 +8,11 @@ input shapes, as `--input-shape` does) runs once and is compared with onnxruntim
 runtimes are timed in the same run with the same intra-op thread count (celosia's:
 $CELOSIA_NUM_THREADS or the CPUs this process may use), in alternating blocks with a pause
 before each (both keep worker threads spinning for a while after a call, which would steal
-a core from the other if calls alternated one by one); medians, with the 10th and 90th
-percentiles as the spread. Models celosia cannot run are timed on onnxruntime alone.
+a core from the other if calls alternated one by one); per runtime the median over all
+``repetitions`` (``blocks`` blocks) with its interquartile range (``iqr_ms``, and the 25th
+and 75th percentiles; benchmarks/spread.py), and the ratio also block by block
+(``cpu_ratio_per_block``: median, IQR and count of the ratios of the blocks' medians).
+Models celosia cannot run are timed on onnxruntime alone.
 
 Metrics: ``models`` (zoo entries measured; pretrained ones whose packages are missing are
 listed under ``missing`` instead), ``models_ok_cpu``, and over the models that run
@@ -20,7 +23,7 @@ against fp32 and against onnxruntime's static quantizer (benchmarks/zoo_int8.py)
 totals ``int8_cosine_vs_ort_quantizer_min`` (target >= 0), ``int8_cosine_min`` and
 ``int8_mac_share_min``. ``--accel`` (which implies ``--int8``) builds that int8 graph for
 the accelerator and runs it on the cycle model (benchmarks/zoo_accel.py: ``ok_accel``,
-``accel_mac_share``, ``cpu_accel_transitions``, ``layout_share``, ``utilization_real``,
+``accel_mac_share``, ``cpu_accel_transitions``, ``layout_share``, ``utilization``, ``padding_overhead``,
 cycles and simulation wall time per model, at most ``time_limit`` seconds each), with the
 totals ``models_ok_accel``, ``accel_mac_share_min`` and ``layout_share_max``.
 """
@@ -34,30 +37,32 @@ import numpy as np
 
 from celosia.errors import CelosiaError
 
-# Time spent per runtime and model, roughly: blocks x per_block runs.
-_BLOCKS = {"full": 5, "small": 3}
+from .spread import block_ratios, summary_ms
+
+# Time spent per runtime and model, roughly: blocks x per_block runs (blocks of about
+# _TARGET_BLOCK_S, at least _MIN_PER_BLOCK runs each: a model slower than a block still gets
+# 2 x blocks samples). Shorter blocks, more of them, alternate the runtimes more often, so
+# that a change of load between blocks falls on both.
+_BLOCKS = {"full": 11, "small": 3}
 _TARGET_BLOCK_S = 0.3
+_MIN_PER_BLOCK = 2
 
 
 def _progress(text: str) -> None:
     print(f"zoo: {text}", file=sys.stderr, flush=True)
 
 
-def _stats(samples) -> dict:
-    ms = np.asarray(samples) * 1e3
-    return {"median_ms": float(np.median(ms)), "p10_ms": float(np.percentile(ms, 10)),
-            "p90_ms": float(np.percentile(ms, 90)), "min_ms": float(ms.min())}
-
-
-def _time(runners: list, blocks: int) -> list[list[float]]:
+def _time(runners: list, blocks: int) -> tuple[list[list[float]], int]:
     """Alternating blocks of each runner; per_block from one timed call so that a block
-    takes about _TARGET_BLOCK_S. Returns the samples of each runner in seconds."""
+    takes about _TARGET_BLOCK_S. Returns the samples of each runner in seconds, and
+    per_block."""
     clock = time.perf_counter
     t0 = clock()
     runners[0]()
     # (up to 1000 runs: a block of a 0.1 ms model then lasts 0.1 s, not 2 ms, so one burst of
     # another job's load cannot decide a whole block)
-    per_block = int(np.clip(round(_TARGET_BLOCK_S / max(clock() - t0, 1e-6)), 1, 1000))
+    per_block = int(np.clip(round(_TARGET_BLOCK_S / max(clock() - t0, 1e-6)),
+                            _MIN_PER_BLOCK, 1000))
     samples = [[] for _ in runners]
     for _ in range(blocks):
         for run, out in zip(runners, samples):
@@ -67,7 +72,7 @@ def _time(runners: list, blocks: int) -> list[list[float]]:
                 t0 = clock()
                 run()
                 out.append(clock() - t0)
-    return samples
+    return samples, per_block
 
 
 def _cpu_build(model, feeds, want: list, names: list, tolerance: float) -> tuple:
@@ -117,13 +122,15 @@ def _measure(entry, size: str, threads: int, blocks: int) -> dict:
     runners = [lambda: session.run(None, feeds)]
     if record["ok_cpu"]:
         runners.append(lambda: built.run(feeds))
-    samples = _time(runners, blocks)
-    record["onnxruntime"] = _stats(samples[0])
+    samples, per_block = _time(runners, blocks)
+    record["onnxruntime"] = summary_ms(samples[0])
     record["repetitions"] = len(samples[0])
+    record["blocks"] = blocks
     if record["ok_cpu"]:
-        record["celosia"] = _stats(samples[1])
+        record["celosia"] = summary_ms(samples[1])
         record["cpu_ratio_vs_onnxruntime"] = (record["celosia"]["median_ms"]
                                               / record["onnxruntime"]["median_ms"])
+        record["cpu_ratio_per_block"] = block_ratios(samples[1], samples[0], per_block)
     return record
 
 
@@ -139,17 +146,20 @@ def _accel(kept: dict, record: dict, time_limit: float | None) -> dict:
 
 
 def _summary(name: str, r: dict) -> str:
-    ort_ms = r["onnxruntime"]["median_ms"]
+    ort = r["onnxruntime"]
     if r["ok_cpu"]:
-        return (f"{name}: celosia {r['celosia']['median_ms']:.2f} ms, onnxruntime "
-                f"{ort_ms:.2f} ms, ratio {r['cpu_ratio_vs_onnxruntime']:.2f}")
-    return f"{name}: onnxruntime {ort_ms:.2f} ms; celosia: {r['error'][:100]}"
+        ours, per = r["celosia"], r["cpu_ratio_per_block"]
+        return (f"{name}: celosia {ours['median_ms']:.2f} ms (IQR {ours['iqr_ms']:.2f}), "
+                f"onnxruntime {ort['median_ms']:.2f} ms (IQR {ort['iqr_ms']:.2f}), ratio "
+                f"{r['cpu_ratio_vs_onnxruntime']:.2f} (per block {per['median']:.2f}, IQR "
+                f"{per['iqr']:.2f}; {r['repetitions']} runs each in {r['blocks']} blocks)")
+    return f"{name}: onnxruntime {ort['median_ms']:.2f} ms; celosia: {r['error'][:100]}"
 
 
 def run(quick: bool = False, models: list | None = None, int8: bool = False,
         accel: bool = False, time_limit: float | None = None,
         calibration_method: str = "mse", smooth: float | None = None,
-        int8_residuals: bool = False) -> dict:
+        int8_residuals: bool = False, bias_correction: bool = True) -> dict:
     try:
         import onnxruntime  # noqa: F401
     except ModuleNotFoundError:
@@ -180,7 +190,8 @@ def run(quick: bool = False, models: list | None = None, int8: bool = False,
 
             kept: dict = {}
             r.update(zoo_int8.measure(entry, size, keep=kept, method=calibration_method,
-                                      smooth=smooth, int8_residuals=int8_residuals))
+                                      smooth=smooth, int8_residuals=int8_residuals,
+                                      bias_correction=bias_correction))
             _progress(f"[{k}/{len(chosen)}] {name}: int8 cosine "
                       f"{r.get('int8_cosine', float('nan')):.5f}, onnxruntime's quantizer "
                       f"{r.get('int8_cosine_ort', float('nan')):.5f}")
@@ -217,7 +228,8 @@ def run(quick: bool = False, models: list | None = None, int8: bool = False,
         **({"calibration_method": calibration_method} if int8 or accel else {}),
         **({"smooth": smooth} if (int8 or accel) and smooth is not None else {}),
         **({"int8_residuals": True} if (int8 or accel) and int8_residuals else {}),
-        "note": "per model: medians of interleaved blocks, same intra-op threads for both "
-                "runtimes; ratio = celosia / onnxruntime over the models whose CPU build "
-                "matches onnxruntime (ok_cpu)",
+        **({"bias_correction": False} if (int8 or accel) and not bias_correction else {}),
+        "note": "per model: medians (with IQR) of interleaved blocks, same intra-op threads "
+                "for both runtimes; ratio = celosia / onnxruntime over the models whose CPU "
+                "build matches onnxruntime (ok_cpu); cpu_ratio_per_block: its spread",
     }

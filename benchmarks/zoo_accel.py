@@ -9,15 +9,19 @@ model and compared bit for bit with the int8 CPU build of the same graph. Fields
   int8 CPU build's (``accel_error`` otherwise: the one-line error, the outputs that
   differ, or the time limit that stopped it).
 - ``accel_mac_share``: the model's real multiply-adds (``zoo_int8.node_macs`` on the
-  graph: no channel padding, no padded GEMM work; Loop/If bodies not counted) in nodes
-  placed on the accelerator over all of them; ``accel_cpu_macs`` splits the rest by the
+  graph: no channel padding, no padded GEMM work, each multiply-add once however many
+  int8 passes it takes; inside Loop/Scan/If bodies per run, ``zoo_int8.body_parts``) in
+  nodes placed on the accelerator over all of them; ``accel_cpu_macs`` splits the rest by the
   reason its nodes stay on the CPU (numbers in a reason written N, so that depthwise
   convolutions of every width are one entry).
 - ``cpu_accel_transitions``: values that cross per inference (packed into DRAM for the
   accelerator, or read back and unpacked for the CPU; ``AccelModel.summary``'s crossings).
 - ``layout_share``: packing and unpacking at region borders over the latency (accelerator
   time at the configured clock + CPU time + layout time, all of one run).
-- ``utilization_real``: useful multiply-adds on the accelerator over cycles x MACs per cycle.
+- ``utilization``: the accelerator's real multiply-adds (the model's own) over cycles x
+  MACs per cycle, and ``padding_overhead``: the GEMM core's multiply-adds on padding
+  (channels padded to BLOCK, rows to BATCH groups) relative to the real ones
+  (compiler/graph/macs.py; ``AccelModel.summary``).
 - ``accel_cycles``, ``accel_latency_ms``, ``accel_build_s`` and ``accel_sim_wall_s`` (the
   wall seconds of the run on the cycle model).
 
@@ -35,9 +39,10 @@ from __future__ import annotations
 import re
 import time
 
+from celosia.compiler.accel.recurrent import WIDE_BODY_OPS
 from celosia.errors import CelosiaError
 
-from .zoo_int8 import node_macs
+from .zoo_int8 import body_parts, node_macs
 
 DEFAULT_TIME_LIMIT_S = 600.0
 _REASONS_KEPT = 8
@@ -56,13 +61,25 @@ def placement_record(model) -> dict:
     total = accel = 0
     by_reason: dict[str, int] = {}
     for node in graph.nodes:
-        m = node_macs(node, graph.types)
-        total += m
-        if places[node.name].target == "accel":
-            accel += m
-        elif m:  # numbers as N: "depthwise convolution (groups=N)" is one reason
-            reason = re.sub(r"(?<![A-Za-z0-9])\d+", "N", places[node.name].reason)
-            by_reason[reason] = by_reason.get(reason, 0) + m
+        # a control-flow node's multiply-adds are its bodies' nodes': on the accelerator
+        # those with integer products (when the node is), the others with their reasons
+        parts = body_parts(node, graph.types, graph.initializers)
+        if parts:
+            on_accel = places[node.name].target == "accel"
+            items = [(m, on_accel and n.op in WIDE_BODY_OPS,
+                      f"{p} ({n.op}) inside {node.op} {node.name!r}: " +
+                      (n.attrs.get("float_reason") or places[node.name].reason))
+                     for m, n, p in parts]
+        else:
+            items = [(node_macs(node, graph.types), places[node.name].target == "accel",
+                      places[node.name].reason)]
+        for m, on, why in items:
+            total += m
+            if on:
+                accel += m
+            elif m:  # numbers as N: "depthwise convolution (groups=N)" is one reason
+                reason = re.sub(r"(?<![A-Za-z0-9])\d+", "N", why)
+                by_reason[reason] = by_reason.get(reason, 0) + m
     top = sorted(by_reason.items(), key=lambda kv: -kv[1])[:_REASONS_KEPT]
     return {"accel_mac_share": accel / total if total else 0.0, "macs": total,
             "accel_macs": accel, "accel_nodes": len(model.programs),
@@ -113,8 +130,7 @@ def measure(qgraph, feeds: dict, cpu_outputs: dict, *,
     record.update({
         "ok_accel": same, "accel_cycles": cycles, "accel_latency_ms": s["latency_ms"],
         "cpu_accel_transitions": s["crossings"], "layout_share": s["layout_share"],
-        "utilization_real": (record["accel_macs"] / (cycles * model.config.macs_per_cycle)
-                             if cycles else 0.0),
+        "utilization": s["utilization"] or 0.0, "padding_overhead": s["padding_overhead"],
     })
     if not same:
         record["accel_error"] = f"differs from the int8 CPU build: {detail['summary']}"

@@ -13,18 +13,18 @@ after ``quant_pre_process``) run on onnxruntime, and ``int8_cosine_vs_ort_quanti
 difference of the means (>= 0: celosia at least as close to fp32). ``--accel`` runs the
 first test feed (seed 100).
 ``int8_mac_share`` is the share of the model's multiply-adds (Conv, ConvTranspose, Gemm,
-MatMul, recurrent cells; bodies of Loop/If not counted) that the quantized graph computes
-in integer operators.
+MatMul, recurrent cells; inside Loop/Scan/If bodies per run: ``body_parts``) that the
+quantized graph computes in integer operators.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 
 import numpy as np
 
+from celosia.compiler.graph.macs import body_parts, node_macs
 from celosia.errors import CelosiaError
 
 CALIBRATION_SEEDS = range(1, 7)
@@ -37,43 +37,16 @@ def cosine(a, b) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
 
 
-def _recurrent_macs(node, types) -> int:
-    """MACs of an LSTM/GRU/RNN: gates x hidden x (input + hidden) per step and direction."""
-    x = types[node.inputs[0]].shape
-    hidden = int(node.attrs.get("hidden_size") or 0)
-    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[node.op]
-    directions = 2 if node.attrs.get("direction") == "bidirectional" else 1
-    return int(x[0] * x[1] * directions * gates * hidden * (x[2] + hidden))
-
-
-def node_macs(node, types) -> int:
-    """Multiply-adds of one node of a float or quantized graph (0 for the others)."""
-    op = node.op
-    if not node.outputs or node.outputs[0] not in types:
-        return 0
-    out = types[node.outputs[0]].shape
-    if op in ("Conv", "QConv", "ConvTranspose"):
-        w = types[node.inputs[1]].shape
-        if op == "ConvTranspose":  # every input element meets C_out/group x kernel weights
-            return int(math.prod(types[node.inputs[0]].shape) * math.prod(w[1:]))
-        return int(math.prod(out) * math.prod(w[1:]))
-    if op in ("Gemm", "QGemm", "MatMul", "QMatMul"):
-        a = types[node.inputs[0]].shape
-        k = a[0] if op == "Gemm" and node.attrs.get("transA") else a[-1]
-        return int(math.prod(out) * k)
-    if op in ("LSTM", "GRU", "RNN"):
-        return _recurrent_macs(node, types)
-    return 0
-
-
 def mac_share(qgraph) -> float:
     """The share of multiply-adds in integer (Q*) nodes of a quantized graph."""
     total = quantized = 0
     for node in qgraph.nodes:
-        m = node_macs(node, qgraph.types)
-        total += m
-        if node.op.startswith("Q"):
-            quantized += m
+        parts = body_parts(node, qgraph.types, qgraph.initializers) or \
+            [(node_macs(node, qgraph.types), node, "")]
+        for m, n, _ in parts:
+            total += m
+            if n.op.startswith("Q"):
+                quantized += m
     return quantized / total if total else 0.0
 
 
@@ -85,12 +58,14 @@ def _feed_cosines(outputs: list, names: list, wants: list) -> list:
 
 def celosia_int8(model, calib: list, tests: list, wants: list, names: list,
                  keep: dict | None = None, method: str = "mse",
-                 smooth: float | None = None, int8_residuals: bool = False) -> dict:
+                 smooth: float | None = None, int8_residuals: bool = False,
+                 bias_correction: bool = True) -> dict:
     from celosia.compiler.pipeline import quantize_model
     from celosia.runtime.cpu import CpuModel
 
     q = quantize_model(model, calib, input_shapes={k: v.shape for k, v in tests[0].items()},
                        method=method, int8_residuals=int8_residuals,
+                       bias_correction=bias_correction,
                        **({} if smooth is None else {"smooth": smooth}))
     cpu = CpuModel.from_graph(q)
     outs = [cpu.run(t) for t in tests]
@@ -146,12 +121,14 @@ def ort_int8(model, calib: list, tests: list, wants: list) -> list:
 
 
 def measure(entry, size: str, keep: dict | None = None, method: str = "mse",
-            smooth: float | None = None, int8_residuals: bool = False) -> dict:
+            smooth: float | None = None, int8_residuals: bool = False,
+            bias_correction: bool = True) -> dict:
     """The int8 record of one zoo entry (module doc); errors are kept as results. ``keep``
     receives the quantized graph, the test feed and the int8 CPU build's outputs;
     ``method``: celosia's calibration method (compiler/graph/calib.py); ``smooth``: the
     smoothing alpha (compiler/graph/smooth.py; None: quantize_model's default, none);
-    ``int8_residuals``: dense layers' residual sums int8 (compiler/graph/residual.py)."""
+    ``int8_residuals``: dense layers' residual sums int8 (compiler/graph/residual.py);
+    ``bias_correction``: compiler/graph/biascorr.py (on by default)."""
     import onnxruntime as ort
 
     model = entry.model(size)
@@ -164,7 +141,7 @@ def measure(entry, size: str, keep: dict | None = None, method: str = "mse",
     record: dict = {}
     try:
         record.update(celosia_int8(model, calib, tests, wants, names, keep, method, smooth,
-                                   int8_residuals))
+                                   int8_residuals, bias_correction))
     except CelosiaError as e:
         record["int8_error"] = f"{type(e).__name__}: {e}"
     except Exception as e:  # a bug in celosia, kept as a result

@@ -11,8 +11,9 @@ scikit-learn. The demo
 3. checks the accelerator's result bit for bit against the all-CPU build of the same
    quantized graph,
 
-and prints the three accuracies, the per-layer table, total cycles and utilisation, and
-writes a timeline picture and a JSON report.
+and prints the three accuracies, the per-layer table, total cycles, utilisation (the
+model's own multiply-adds over cycles x MACs per cycle) and padding overhead
+(compiler/graph/macs.py), and writes a timeline picture and a JSON report.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def run_demo(*, target: str = "cycle", config: HwConfig | None = None, out_dir: 
     run_s = time.perf_counter() - t0
     acc_int8 = digits.accuracy(int8["probs"], y)
     print(f"  int8 on the accelerator ({target}):  {acc_int8:.2%}  (built in {build_s:.1f} s, "
-          f"simulated in {run_s:.1f} s)")
+          f"simulated in {run_s:.1f} s: the first run, cold)")
     rows, summary = model.report, model.summary()
     same, detail = compare_outputs(int8, model.cpu_build().run({"image": x}), exact=True)
     print(f"  int8 accelerator vs int8 all-CPU build of the same graph: "
@@ -72,8 +73,11 @@ def run_demo(*, target: str = "cycle", config: HwConfig | None = None, out_dir: 
     if summary["cycles"] is not None:
         per = summary["cycles"] / len(y)
         print(f"\n  {summary['cycles']:,} accelerator cycles for {len(y)} digits ({per:,.0f} per "
-              f"digit, {summary['accel_ms'] / len(y) * 1e3:.1f} us at {config.clock_mhz:g} MHz); "
-              f"GEMM utilisation {summary['utilization']:.1%}")
+              f"digit, {summary['accel_ms'] / len(y) * 1e3:.1f} us at {config.clock_mhz:g} MHz);\n"
+              f"  utilisation {summary['utilization']:.1%} (the model's own multiply-adds over "
+              f"cycles x {config.macs_per_cycle} MACs per cycle), padding overhead "
+              f"{summary['padding_overhead']:+.0%} (GEMM work on channels padded to "
+              f"{config.block})")
 
     out.mkdir(parents=True, exist_ok=True)
     report = {"model": path.name, "target": target, "config": config.to_dict(),
@@ -81,7 +85,7 @@ def run_demo(*, target: str = "cycle", config: HwConfig | None = None, out_dir: 
               "accuracy": {"fp32_cpu": acc_fp32, "fp32_onnxruntime": acc_ort,
                            "int8_accelerator": acc_int8},
               "int8_bit_exact_vs_cpu": same, "summary": summary, "nodes": rows,
-              "build": model.build_info, "wall_s": {"build": build_s, "run": run_s}}
+              "build": model.build_info, "wall_s": {"build": build_s, "run_cold": run_s}}
     write_json(out / "demo.json", report)
     written = [out / "demo.json"]
     try:

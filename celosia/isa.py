@@ -30,7 +30,7 @@ __all__ = [
     "Opcode", "MemType", "AluOp", "Module", "insn_layout", "elem_bytes", "buffer_depth",
     "MemInsn", "GemmInsn", "AluInsn", "FinishInsn", "Insn", "Uop",
     "InsnLayout", "EncodeError", "DecodeError",
-    "encode", "decode", "encode_program", "decode_program", "disassemble", "module_of",
+    "encode", "decode", "decoder", "encode_program", "decode_program", "disassemble", "module_of",
     "encode_uops", "decode_uops", "INSN_BYTES",
 ]
 
@@ -303,41 +303,85 @@ def _get(word: int, spec: dict, name: str) -> int:
     return (word >> pos) & ((1 << width) - 1)
 
 
+_DEPS = ("pop_prev", "pop_next", "push_prev", "push_next")
+_OPCODES = tuple(Opcode)
+_MEM_TYPES = tuple(MemType)
+_ALU_OPS = tuple(AluOp)
+
+
+@functools.cache
+def _decoders(cfg: HwConfig) -> tuple:
+    """Per instruction kind (LOAD/STORE, GEMM, ALU), a function of the 128-bit word giving
+    the dict of every field of its record, generated from the configuration's layout (one
+    expression per field: a program is decoded on its first run, and a loop over the
+    layout costs twice as much); and the (shift, mask) of mem_type and alu_op, which
+    ``decode`` checks first."""
+    lay = insn_layout(cfg)
+
+    def source(name, spec, special):
+        items = [f"'{d}': bool(word >> {3 + k} & 1)" for k, d in enumerate(_DEPS)]
+        for field, (pos, width) in spec.items():
+            if field == "opcode" or field in _DEPS:
+                continue
+            value = f"word >> {pos} & {(1 << width) - 1}"
+            items.append(f"'{field}': {special.get(field, '{}').format(value)}")
+        return f"def {name}(word):\n    return {{{', '.join(items)}}}\n"
+
+    half = 1 << (ALU_IMM_BITS - 1)
+    code = (source("mem", lay.mem, {"mem_type": "MEM_TYPES[{}]"})
+            + source("gemm", lay.gemm, {"reset": "bool({})"})
+            + source("alu", lay.alu, {"reset": "bool({})", "use_imm": "bool({})",
+                                      "alu_op": "ALU_OPS[{}]",
+                                      "imm": f"(({{}}) ^ {half}) - {half}"}))  # signed
+    namespace = {"MEM_TYPES": _MEM_TYPES, "ALU_OPS": _ALU_OPS}
+    exec(compile(code, f"<celosia.isa decoders for {cfg}>", "exec"), namespace)
+    mt_at, mt_w = lay.mem["mem_type"]
+    op_at, op_w = lay.alu["alu_op"]
+    return (namespace["mem"], namespace["gemm"], namespace["alu"],
+            (mt_at, (1 << mt_w) - 1), (op_at, (1 << op_w) - 1))
+
+
+def _record(cls, values: dict):
+    """An instruction record of ``values`` (every field, already checked and typed): the
+    frozen dataclass without its __init__, which costs several times the decoding itself
+    (a program is decoded on its first run; ``decode`` builds the same records as the
+    constructors would, so they compare and hash equal)."""
+    insn = object.__new__(cls)
+    insn.__dict__.update(values)
+    return insn
+
+
 def decode(word: int, cfg: HwConfig, index: int | None = None) -> Insn:
     """The instruction a 128-bit integer holds; DecodeError for a bad opcode or memory type."""
-    lay = insn_layout(cfg)
-    opcode = word & 0b111
-    deps = dict(
-        pop_prev=bool(word >> 3 & 1), pop_next=bool(word >> 4 & 1),
-        push_prev=bool(word >> 5 & 1), push_next=bool(word >> 6 & 1),
-    )
-    if opcode in (Opcode.LOAD, Opcode.STORE):
-        spec = lay.mem
-        mt = _get(word, spec, "mem_type")
-        if mt > MemType.ACC_8BIT:
-            raise DecodeError(index, f"memory type {mt} is not defined (valid: 0-5)")
-        vals = {n: _get(word, spec, n) for n in spec if n not in ("opcode", "mem_type") and n not in deps}
-        return MemInsn(opcode=Opcode(opcode), mem_type=MemType(mt), **deps, **vals)
-    if opcode == Opcode.FINISH:
-        return FinishInsn(**deps)
-    if opcode == Opcode.GEMM:
-        spec = lay.gemm
-        vals = {n: _get(word, spec, n) for n in spec if n != "opcode" and n not in deps}
-        vals["reset"] = bool(vals["reset"])
-        return GemmInsn(**deps, **vals)
-    if opcode == Opcode.ALU:
-        spec = lay.alu
-        vals = {n: _get(word, spec, n) for n in spec if n != "opcode" and n not in deps}
-        op = vals.pop("alu_op")
-        if op > AluOp.MUL:
-            raise DecodeError(index, f"ALU opcode {op} is not defined (valid: 0-4)")
-        imm = vals.pop("imm")
-        if imm >= 1 << (ALU_IMM_BITS - 1):
-            imm -= 1 << ALU_IMM_BITS
-        vals["reset"] = bool(vals["reset"])
-        vals["use_imm"] = bool(vals["use_imm"])
-        return AluInsn(**deps, alu_op=AluOp(op), imm=imm, **vals)
-    raise DecodeError(index, f"opcode {opcode} is not defined (valid: 0-4)")
+    return decoder(cfg)(word, index)
+
+
+@functools.cache
+def decoder(cfg: HwConfig):
+    """``decode`` for one configuration: a function (word, index=None) -> Insn (to decode
+    many words, look it up once: the configuration's hash costs as much as a decode)."""
+    mem, gemm, alu, (mt_at, mt_mask), (op_at, op_mask) = _decoders(cfg)
+
+    def decode_word(word: int, index: int | None = None) -> Insn:
+        opcode = word & 0b111
+        if opcode <= Opcode.STORE:
+            mt = (word >> mt_at) & mt_mask
+            if mt > MemType.ACC_8BIT:
+                raise DecodeError(index, f"memory type {mt} is not defined (valid: 0-5)")
+            values = mem(word)
+            values["opcode"] = _OPCODES[opcode]
+            return _record(MemInsn, values)
+        if opcode == Opcode.GEMM:
+            return _record(GemmInsn, gemm(word))
+        if opcode == Opcode.ALU:
+            op = (word >> op_at) & op_mask
+            if op > AluOp.MUL:
+                raise DecodeError(index, f"ALU opcode {op} is not defined (valid: 0-4)")
+            return _record(AluInsn, alu(word))
+        if opcode == Opcode.FINISH:
+            return _record(FinishInsn, {d: bool(word >> 3 + k & 1) for k, d in enumerate(_DEPS)})
+        raise DecodeError(index, f"opcode {opcode} is not defined (valid: 0-4)")
+    return decode_word
 
 
 def encode_program(insns: Iterable[Insn], cfg: HwConfig) -> np.ndarray:

@@ -25,7 +25,7 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
                    input_shapes: dict | None = None, method: str = "mse",
                    percentile: float | None = None,
                    smooth: float | str | None = None,
-                   int8_residuals: bool = False) -> Graph:
+                   int8_residuals: bool = False, bias_correction: bool = True) -> Graph:
     """The quantized graph of an ONNX model (path, bytes, ModelProto; imported with
     ``input_shapes``) or of a graph (imported, optimized or not).
 
@@ -52,4 +52,5 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
     if not int8_residuals:
         graph = float_residuals(graph)
     return quantize_graph(graph, calibration, per_channel=per_channel,
-                          method=method, percentile=percentile)
+                          method=method, percentile=percentile,
+                          bias_correction=bias_correction)

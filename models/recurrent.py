@@ -17,7 +17,7 @@ import numpy as np
 from .torch_export import cached, export
 from .zoo import IR_VERSION, OPSET
 
-__all__ = ["lstm", "control_flow", "control_flow_feeds"]
+__all__ = ["lstm", "recurrent_classifier", "control_flow", "control_flow_feeds"]
 
 
 def lstm(features=40, hidden=256, layers=2, classes=12, time=100, batch=1, seed=0):
@@ -46,6 +46,36 @@ def lstm(features=40, hidden=256, layers=2, classes=12, time=100, batch=1, seed=
                       {"features": {0: "batch", 1: "time"}, "logits": {0: "batch"}})
 
     return cached(lstm, args, make)
+
+
+def recurrent_classifier(cell="GRU", features=40, hidden=256, layers=2, classes=12, time=100,
+                         batch=1, bidirectional=False, seed=0):
+    """``lstm``'s classifier with another cell: torch's GRU or RNN (tanh), optionally
+    bidirectional; the exporter writes ONNX GRU or RNN nodes."""
+    args = dict(cell=cell, features=features, hidden=hidden, layers=layers, classes=classes,
+                time=time, batch=batch, bidirectional=bidirectional, seed=seed)
+
+    def make():
+        import torch
+        from torch import nn
+
+        class Classifier(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rnn = getattr(nn, cell)(features, hidden, layers, batch_first=True,
+                                             bidirectional=bidirectional)
+                self.head = nn.Linear(hidden * (2 if bidirectional else 1), classes)
+
+            def forward(self, x):
+                out, _ = self.rnn(x)
+                return self.head(out[:, -1])
+
+        torch.manual_seed(seed)
+        example = (torch.randn(batch, time, features),)
+        return export(Classifier(), example, ["features"], ["logits"],
+                      {"features": {0: "batch", 1: "time"}, "logits": {0: "batch"}})
+
+    return cached(recurrent_classifier, args, make)
 
 
 def _rnn_body(hidden: int):

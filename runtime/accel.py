@@ -19,13 +19,23 @@ its program runs, and its output stays in DRAM until a CPU node reads it (then i
 back and unpacked once). A QMatMul's second operand is packed into the weight layout
 before each run of its program (read back first if the accelerator made it; a constant
 one once, at build time): programs list such operands as ``staged``, counted as layout
-time and as crossings. CPU nodes run the numpy kernels that define each operator
+time and as crossings. A recurrent layer (QLSTM, QGRU, QRNN), a 16-bit product (QMatMulWide, QConvWide) and
+control flow whose bodies hold such nodes are accelerator nodes whose values stay on the
+host: they pack their own operands and run a program per product, per step or iteration
+(runtime/accel_recurrent.py). CPU nodes run the numpy kernels that define each operator
 (compiler/graph_numpy.py, graph_int.py), the same code as the all-CPU build
-(``accelerate=False``), so the two builds agree bit for bit.
+(``accelerate=False``), so the two builds agree bit for bit. CPU nodes computed in place on
+the packed layout (partition.packed_nodes: a table between accelerator nodes) read and
+write their values in DRAM, through views of the executor's memory
+(``Executor.dram_view``) where it offers them: no crossing.
 
 The report gives, per node: where it ran (and for CPU nodes why), the CPU time measured,
-the accelerator cycles and their time at the configured clock, and GEMM utilisation; the
-time spent packing and unpacking at region borders is reported as ``layout_ms``.
+the accelerator cycles and their time at the configured clock, the node's real
+multiply-adds (``macs``, the model's own) and the GEMM core's (``gemm_macs``, padded
+channels and rows included), ``utilization`` (real multiply-adds over cycles x MACs per
+cycle) and ``padding_overhead`` (gemm_macs / macs - 1; compiler/graph/macs.py defines
+both); the time spent packing and unpacking at region borders is reported as
+``layout_ms``.
 ``summary()`` adds ``layout_share`` (layout time over latency) and ``crossings``: the
 values that crossed between CPU and accelerator in the run (packed into DRAM for an
 accelerator node, or read back for the CPU or as an output).
@@ -45,6 +55,7 @@ field by runtime/schema.py and against the graph, the DRAM image and the CPU par
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict
 
@@ -52,6 +63,7 @@ import numpy as np
 
 from ..config import HwConfig
 from . import schema
+from .accel_recurrent import HOST_KINDS
 from .artifact import Artifact, artifact_format, write_artifact
 from .cpu import npy_bytes
 
@@ -117,7 +129,8 @@ class AccelModel:
 
     def __init__(self, graph, config: HwConfig, placements: dict, programs: dict,
                  values: dict, image: np.ndarray, *, segments: list | None = None,
-                 source: bytes | None = None, build_info: dict | None = None):
+                 source: bytes | None = None, build_info: dict | None = None,
+                 packed: set | None = None):
         self.graph = graph
         self.config = config
         self.placements = placements  # node name -> Placement
@@ -129,7 +142,12 @@ class AccelModel:
         self.build_info = build_info or {}
         self.report: list[dict] = []
         self.crossings = {"to_accel": 0, "to_cpu": 0}  # of the last run (``summary``)
+        # values in-place CPU nodes read or wrote in DRAM, packed, in the last run
+        # (partition.packed_nodes): no crossing, no layout conversion
+        self.in_place = 0
         self._executors: dict = {}
+        # CPU nodes computed in place on the packed layout (partition.packed_nodes)
+        self.packed = _packed(graph, placements) if packed is None else set(packed)
 
     # ---- building --------------------------------------------------------------------------
 
@@ -139,6 +157,8 @@ class AccelModel:
         """Partition, compile and place a quantized graph (see the module docstring)."""
         from celosia.errors import CompilerError
 
+        from ..compiler.accel.partition import in_dram, packed_nodes
+        from ..compiler.accel.split import split_sliced_layers
         from ..compiler.accel.matmul import bind_matmul, pack_weights, weights_shape
         from ..compiler.accel.partition import (
             ALIAS_OPS,
@@ -155,18 +175,25 @@ class AccelModel:
             value_layouts,
             root_of,
         )
+        from ..compiler.accel.recurrent import is_host_node
         from ..driver import Device
+        from .accel_recurrent import build_host_node, host_bytes
 
         start = time.perf_counter()
         cfg = HwConfig.load(config)
+        if accelerate:  # a layer read only through channel slices: a layer per slice
+            graph = split_sliced_layers(graph)
         placements = annotate(graph, cfg, accelerate=accelerate)
         accel = [n for n in graph.nodes if placements[n.name].target == "accel"]
         producer = {o: n for n in graph.nodes for o in n.outputs if o}
         compiled, views = {}, []
         for k, node in enumerate(accel):
             if node.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
+                # (a node before it that left the accelerator may have taken the in-place
+                # node that made its input with it)
+                packed = packed_nodes(graph, placements)
                 cpu = [producer[v].name for v in dram_reads(node) if v in producer and
-                       placements[producer[v].name].target != "accel"]
+                       not in_dram(v, producer, placements, packed)]
                 if cpu:
                     placements[node.name] = Placement(
                         "cpu", f"{node.op} of a value the CPU makes (its producer {cpu[0]!r} "
@@ -175,6 +202,9 @@ class AccelModel:
                     continue
             if node.op in ALIAS_OPS + PLACED_OPS:  # a view or a placement: no program
                 views.append(node.name)
+                continue
+            if is_host_node(node):  # programs per product: accel_recurrent.py
+                compiled[node.name] = None
                 continue
             t0 = time.perf_counter()
             roots = {v: root_of(v, producer, placements) for v in node.inputs[:1]}
@@ -190,16 +220,19 @@ class AccelModel:
                          f" -> {_knobs_str(knobs)} ({time.perf_counter() - t0:.2f} s)")
         region_of = regions(graph, placements)
         layouts = value_layouts(graph, placements)
+        packed = packed_nodes(graph, placements) if accelerate else set()
 
         # DRAM: constants, values and programs, each in its own buffer (a matmul's weights:
         # a buffer the runtime packs its second operand into).
         need = sum((l.weight.nbytes if l.weight is not None else
                     int(np.prod(weights_shape(graph.types[n.inputs[1]].shape, cfg))))
                    + l.bias.nbytes + l.scale.nbytes
-                   for n in graph.nodes if n.name in compiled
+                   for n in graph.nodes if compiled.get(n.name)
                    for l in (compiled[n.name][0],))
-        for name in {i for n in graph.nodes if n.name in compiled for i in
-                     (*dram_reads(n), n.outputs[0]) if i}:
+        need += sum(host_bytes(n, graph, cfg) for n in graph.nodes
+                    if n.name in compiled and compiled[n.name] is None)
+        for name in {i for n in graph.nodes if compiled.get(n.name) or n.name in packed
+                     for i in (*dram_reads(n), n.outputs[0]) if i}:
             need += int(np.prod(packed_shape(graph.types[name].shape, cfg, layouts.get(name))))
         # A device only to place programs and data (nothing runs on it); none for an all-CPU
         # build.
@@ -231,6 +264,9 @@ class AccelModel:
         programs = {}
         elem = max(64, cfg.batch * cfg.block)
         for node in graph.nodes:
+            if node.name in packed:  # its operands and result stay in DRAM, packed
+                for v in (*dram_reads(node), node.outputs[0]):
+                    value_buffer(v, elem)
             if node.name in views and dev is not None:
                 value_buffer(node.outputs[0], elem)
                 view = node.op in ALIAS_OPS
@@ -240,6 +276,10 @@ class AccelModel:
                     else {"slices": {v: slices[v][1] for v in node.inputs}},
                     "knobs": {}, "macs": 0, "region": region_of[node.name]}
             if node.name not in compiled:
+                continue
+            if compiled[node.name] is None:  # a recurrent layer, or control flow
+                programs[node.name] = {**build_host_node(node, graph, cfg, dev),
+                                       "region": region_of[node.name]}
                 continue
             layer, fn, knobs = compiled[node.name]
             align = [a for _, _, _, a in fn.arg_specs()]
@@ -276,7 +316,8 @@ class AccelModel:
         image = (dev.executor.read_dram(0, dev.allocator.high_water) if dev is not None
                  else np.zeros(0, np.uint8))
         t0 = time.perf_counter()
-        segments = _cpu_segments(graph, placements, progress)
+        shapes = {k: s for k, (_, s, _) in values.items()}
+        segments = _cpu_segments(graph, placements, progress, packed, shapes)
         info = {"nodes": len(graph.nodes), "accel_nodes": len(programs),
                 "cpu_segments": len(segments), "cpu_compile_s": time.perf_counter() - t0,
                 "regions": len(set(region_of.values())), "dram_bytes": int(image.size),
@@ -287,21 +328,24 @@ class AccelModel:
                         **({"layout": layouts[k]} if layouts.get(k) == "matrices" else {}),
                         **({"of": r} if r else {})}
                     for k, (b, s, r) in values.items()},
-                   image, segments=segments, source=source, build_info=info)
+                   image, segments=segments, source=source, build_info=info,
+                   packed=packed)._warm_layouts()
 
     @classmethod
     def from_onnx(cls, model, config=None, *, input_shapes: dict | None = None,
                   calibration=None, target: str = "fsim", tune_top: int = 4,
                   progress=None, calibration_method: str = "mse",
                   smooth: float | None = None,
-                  int8_residuals: bool = False) -> "AccelModel":
+                  int8_residuals: bool = False,
+                  bias_correction: bool = True) -> "AccelModel":
         """Import an ONNX model (path, bytes or ModelProto), quantize it to int8 (with
         ``calibration``: an .npz path or {input: samples}; a QDQ model needs none) and build
         it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph).
         ``calibration_method``: "mse", "minmax", "percentile[:P]" or "entropy"
         (compiler/graph/calib.py); ``smooth``: the SmoothQuant alpha (compiler/graph/smooth.py;
         None or 0 for none, quantize_model's default); ``int8_residuals``: dense layers'
-        residual sums int8 rather than float (compiler/graph/residual.py)."""
+        residual sums int8 rather than float (compiler/graph/residual.py);
+        ``bias_correction``: compiler/graph/biascorr.py (on by default)."""
         from ..compiler.frontend.onnx import import_onnx
         from ..compiler.graph.quantize import CalibrationError
         from ..compiler.pipeline import quantize_model
@@ -317,6 +361,7 @@ class AccelModel:
                 "give a QDQ model from onnxruntime's quantizer")
         qgraph = quantize_model(graph, calibration, method=calibration_method,
                                 int8_residuals=int8_residuals,
+                                bias_correction=bias_correction,
                                 **({} if smooth is None else {"smooth": smooth}))
         if progress:
             n = sum(node.op in ("QConv", "QGemm") for node in qgraph.nodes)
@@ -344,6 +389,7 @@ class AccelModel:
             "placements": {k: [p.target, p.reason] for k, p in self.placements.items()},
             "programs": self.programs, "values": self.values, "build": self.build_info,
             "segments": [names for names, _ in self.segments],
+            "in_place": sorted(self.packed),
         }
         members = {name: npy_bytes(a) for name, a in consts.items()}
         members["dram.npy"] = npy_bytes(self.image)
@@ -372,16 +418,44 @@ class AccelModel:
                               f"(uint8, one axis)", "dram.npy")
             parts = a.check(schema.check_accel, graph, cfg, image.size)
             names = a.check(schema.check_segments, graph, parts["placements"])
+            packed = a.check(schema.check_in_place, graph, parts["placements"])
             build = a.check(schema.build_info)
             segments = [(n, CpuModel.load(a.read(f"cpu/{k}.cel"), f"{a.where}: cpu/{k}.cel"))
                         for k, n in enumerate(names)]
             source = a.read("model.onnx") if a.has("model.onnx") else None
             model = cls(graph, cfg, parts["placements"], parts["programs"], parts["values"],
-                        image, segments=segments, source=source, build_info=build)
+                        image, segments=segments, source=source, build_info=build,
+                        packed=packed)
             problem = model._flow_problem()
             if problem:
                 raise a.error(problem, "manifest.json")
-        return model
+        return model._warm_layouts()
+
+    def _warm_layouts(self) -> "AccelModel":
+        """Make (or load from the disk cache) the compiled pack/unpack kernels of the values
+        that cross between CPU and accelerator (``_pack``, ``_unpack``), so that a run's
+        layout time is the conversions', not their compilation's."""
+        from ..compiler.cpu.packed_layout import compiled_layout, layout_kernel
+
+        graph, cfg = self.graph, self.config
+        made = {o: n for n in graph.nodes for o in n.outputs if o}
+        dram = {o for n in graph.nodes if n.name in self.programs or n.name in self.packed
+                for o in n.outputs if o}
+        cpu_reads = {i for n in graph.nodes if n.name not in self.programs and
+                     n.name not in self.packed for i in n.inputs if i} | set(graph.outputs)
+        for name, v in self.values.items():
+            shape = graph.types[name].shape
+            if "of" in v or v.get("layout") or len(shape) not in (3, 4):
+                continue
+            image = shape if len(shape) == 4 else (shape[0], shape[1], 1, shape[2])
+            if not compiled_layout(image, v["shape"], cfg.batch, cfg.block):
+                continue
+            pixels = math.prod(shape[2:])
+            if name not in dram or name not in made:  # packed by the runtime
+                layout_kernel("pack", shape[0], shape[1], pixels, cfg.block)
+            if name in dram and name in cpu_reads:  # read back
+                layout_kernel("unpack", shape[0], shape[1], pixels, cfg.block)
+        return self
 
     def _flow_problem(self) -> str | None:
         """Walk the graph as ``run`` does: what is wrong if a node or CPU segment would
@@ -393,7 +467,12 @@ class AccelModel:
         made = set(graph.inputs) | set(graph.initializers)
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
         for node in graph.nodes:
-            if node.name in self.programs:
+            if node.name in self.programs and self.programs[node.name]["kind"] in HOST_KINDS:
+                missing = [v for v in node.inputs if v and v not in made]
+                if missing:
+                    return f"accelerator node {node.name!r} reads {missing[0]!r} before it is made"
+                made.update(o for o in node.outputs if o)
+            elif node.name in self.programs:
                 staged = [s["value"] for s in self.programs[node.name].get("staged", ())]
                 for v in (*dram_reads(node), *staged):
                     if v and v not in made:
@@ -403,11 +482,24 @@ class AccelModel:
                 names, cpu = segment_of[node.name]
                 p = cpu.program
                 ours = {o for n in graph.nodes if n.name in names for o in n.outputs if o}
+                # (in-place nodes: flat arrays of the values' packed bytes)
+                if len({n in self.packed for n in names}) > 1:
+                    return (f"CPU segment of {names[0]!r} mixes nodes computed in place on "
+                            f"the packed layout with others")
+                missing = [v for n in graph.nodes if n.name in names and n.name in self.packed
+                           for v in (*dram_reads(n), n.outputs[0]) if v not in self.values]
+                if missing:
+                    return (f"in-place CPU segment of {names[0]!r}: {missing[0]!r} has no "
+                            f"DRAM buffer")
+                flat = _flat_types(graph, names, self.packed,
+                                   {k: v["shape"] for k, v in self.values.items()})
                 for v in (*p.inputs, *p.outputs):
-                    t = graph.types.get(v)
+                    t = flat.get(v, graph.types.get(v))
                     if t is None or (p.values[v]["dtype"], tuple(p.values[v]["shape"])) != \
                             (t.dtype, t.shape):
                         return f"CPU segment of {names[0]!r}: value {v!r} disagrees with the graph"
+                    if flat and v not in flat:
+                        return f"in-place CPU segment of {names[0]!r}: {v!r} is not in DRAM"
                     if v in p.inputs and v not in made:
                         return f"CPU segment of {names[0]!r} reads {v!r} before it is made"
                     if v in p.outputs and v not in ours:
@@ -453,8 +545,10 @@ class AccelModel:
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
         from ..compiler.accel.matmul import pack_weights
-        from ..compiler.accel.partition import dram_reads, pack_value, unpack_value
+        from ..compiler.accel.partition import dram_reads
         from ..compiler.graph.ir import InputShapeError
+        from .accel_recurrent import run_host_node
+        from ..compiler.graph.macs import node_macs, padding_overhead, utilization
 
         graph, cfg = self.graph, self.config
         for name in graph.inputs:
@@ -475,6 +569,7 @@ class AccelModel:
         clock_khz = cfg.clock_mhz * 1e3
         # Values that cross between the CPU and the accelerator in this run, each way.
         crossings = {"to_accel": 0, "to_cpu": 0}
+        in_place = 0
 
         def to_host(name):
             if name and name not in host:
@@ -484,9 +579,15 @@ class AccelModel:
                     host[name] = host[v["of"]].reshape(graph.types[name].shape)
                     return
                 crossings["to_cpu"] += 1
-                raw = ex.read_dram(v["addr"], int(np.prod(v["shape"])))
-                host[name] = unpack_value(raw.view(np.int8).reshape(v["shape"]),
-                                          graph.types[name].shape, v.get("layout"), cfg)
+                # Unpacked from the executor's DRAM where it can be seen in place (a value's
+                # buffer is written once per run, so such a view stays valid), else from a
+                # copy.
+                size = math.prod(v["shape"])
+                raw = ex.dram_view(v["addr"], size)
+                raw = ex.read_dram(v["addr"], size) if raw is None else raw
+                host[name] = _unpack(raw.view(np.int8).reshape(v["shape"]),
+                                     graph.types[name].shape, v.get("layout"), cfg,
+                                     self._host_buffer(name))
 
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
         rows: dict[str, dict] = {}
@@ -496,6 +597,8 @@ class AccelModel:
                                "accel_ms": None}
             if node.name not in self.programs:
                 rows[node.name]["reason"] = self.placements[node.name].reason
+            if node.name in self.packed:
+                rows[node.name]["in_place"] = True  # on the packed layout, in DRAM
         done = 0
 
         def shown(upto):
@@ -509,12 +612,41 @@ class AccelModel:
             row = rows[node.name]
             t0 = time.perf_counter()
             prog = self.programs.get(node.name)
-            if prog is not None:
+            if prog is not None and prog["kind"] in HOST_KINDS:
+                # Values on the host; the layer packs its products' operands itself.
+                for name in node.inputs:
+                    to_host(name)
+                t1 = time.perf_counter()
+                results, st = run_host_node(node, prog, [host[v] if v else None
+                                                         for v in node.inputs], ex, cfg, graph)
+                for name, value in zip(node.outputs, results):
+                    if name:
+                        host[name] = value
+                        in_dram.discard(name)
+                layout = st["layout_ms"] + (t1 - t0) * 1e3
+                # each product packs its operand into DRAM and reads its result back
+                crossings["to_accel"] += st["launches"]
+                crossings["to_cpu"] += st["launches"]
+                row.update(target="accel", region=prog["region"], cycles=st["cycles"],
+                           accel_ms=st["cycles"] / clock_khz, macs=st["macs"],
+                           utilization=utilization(st["macs"], st["cycles"],
+                                                   cfg.macs_per_cycle),
+                           layout_ms=layout, launches=st["launches"],
+                           cpu_ms=max(0.0, (time.perf_counter() - t1) * 1e3 - st["layout_ms"]
+                                      - st["sim_ms"]),
+                           sim_s=time.perf_counter() - t0)
+                shown(k + 1)
+            elif prog is not None:
                 packed = False
                 for name in dram_reads(node):
                     if name and name not in in_dram:
-                        ex.write_dram(self.values[name]["addr"],
-                                      pack_value(host[name], cfg, self.values[name].get("layout")))
+                        v = self.values[name]
+                        view = ex.dram_view(v["addr"], math.prod(v["shape"]))
+                        if view is not None:  # packed straight into DRAM
+                            _pack(host[name], cfg, v.get("layout"),
+                                  view.view(np.int8).reshape(v["shape"]))
+                        else:
+                            ex.write_dram(v["addr"], _pack(host[name], cfg, v.get("layout")))
                         in_dram.add(name)
                         crossings["to_accel"] += 1
                         packed = True
@@ -522,7 +654,12 @@ class AccelModel:
                 # operand): read back first if the accelerator made it.
                 for st in prog.get("staged", ()):
                     to_host(st["value"])
-                    ex.write_dram(st["addr"], pack_weights(host[st["value"]], cfg))
+                    view = ex.dram_view(st["addr"], math.prod(st["shape"]))
+                    if view is not None:
+                        pack_weights(host[st["value"]], cfg,
+                                     out=view.view(np.int8).reshape(st["shape"]))
+                    else:
+                        ex.write_dram(st["addr"], pack_weights(host[st["value"]], cfg))
                     crossings["to_accel"] += 1
                     packed = True
                 # Layout time: packing values at the border (a node that packs nothing has
@@ -534,13 +671,56 @@ class AccelModel:
                 in_dram.add(out)
                 host.pop(out, None)
                 cycles = int(counters["cycles"]) if "cycles" in counters else None
-                macs = int(counters.get("macs", 0))
+                # the model's own multiply-adds, and the GEMM core's (padding included):
+                # compiler/graph/macs.py defines both and the figures on them
+                macs = node_macs(node, graph.types)
+                gemm_macs = int(counters.get("macs", 0))
                 row.update(target="accel", region=prog["region"], cycles=cycles,
                            accel_ms=cycles / clock_khz if cycles is not None else None,
-                           macs=macs, utilization=(macs / (cycles * cfg.macs_per_cycle)
-                                                   if cycles else None),
+                           macs=macs, gemm_macs=gemm_macs,
+                           utilization=utilization(macs, cycles, cfg.macs_per_cycle),
+                           padding_overhead=padding_overhead(gemm_macs, macs),
                            sim_s=time.perf_counter() - t0)
                 shown(k + 1)
+            elif node.name in segment_of and node.name in self.packed:
+                # In-place CPU nodes: their operands' packed bytes from DRAM as flat arrays,
+                # their results back to DRAM (no unpacking or packing: the DRAM reads and
+                # writes are the layout time).
+                names, cpu = segment_of[node.name]
+                direct = self._in_place_direct(ex, node.name, cpu)
+                if direct is not None:
+                    # The kernels read and write the executor's DRAM where the values are:
+                    # no copy at all, the whole step is the nodes' CPU time.
+                    t0 = time.perf_counter()
+                    for name, run in direct:
+                        t1 = time.perf_counter()
+                        run()
+                        rows[name]["cpu_ms"] += (time.perf_counter() - t1) * 1e3
+                    rows[names[0]]["cpu_ms"] += (time.perf_counter() - t0) * 1e3 - sum(
+                        rows[n]["cpu_ms"] for n, _ in direct)
+                    outs = list(cpu.program.outputs)
+                    in_dram.update(outs)
+                    for name in outs:
+                        host.pop(name, None)
+                    in_place += len(cpu.program.inputs) + len(outs)
+                    shown(k + len(names))
+                    continue
+                reads, writes = self._in_place_plan(node.name, cpu)
+                t0 = time.perf_counter()
+                feeds = {name: ex.read_dram(addr, size).view(np.int8)
+                         for name, addr, size in reads}
+                layout = (time.perf_counter() - t0) * 1e3
+                results = cpu.run(feeds, profile=True)
+                t1 = time.perf_counter()
+                for name, value in results.items():
+                    ex.write_dram(writes[name], value)
+                layout += (time.perf_counter() - t1) * 1e3
+                in_dram.update(results)
+                for name in results:
+                    host.pop(name, None)
+                in_place += len(feeds) + len(results)
+                _attribute_profile(cpu.profile, names, rows, layout)
+                shown(k + len(names))
             elif node.name in segment_of:
                 # A compiled CPU segment: the CPU nodes from here to the next accelerator node.
                 names, cpu = segment_of[node.name]
@@ -565,7 +745,65 @@ class AccelModel:
             rows[graph.nodes[-1].name]["layout_ms"] += (time.perf_counter() - t0) * 1e3
         self.report = [rows[n.name] for n in graph.nodes]
         self.crossings = crossings
-        return {name: host[name] for name in graph.outputs}
+        self.in_place = in_place
+        # (an output unpacked as a view of the executor's DRAM gets memory of its own: the
+        # next run writes there)
+        return {name: host[name] if host[name].flags.owndata else host[name].copy()
+                for name in graph.outputs}
+
+    def _host_buffer(self, name: str) -> np.ndarray | None:
+        """An int8 array of the value's shape kept from run to run to unpack it into (None
+        for a graph output, which the caller keeps)."""
+        if name in self.graph.outputs or self.graph.types[name].dtype != "int8":
+            return None
+        bufs = self.__dict__.setdefault("_host_buffers", {})
+        if name not in bufs:
+            bufs[name] = np.empty(self.graph.types[name].shape, np.int8)
+        return bufs[name]
+
+    def _in_place_direct(self, ex, first: str, cpu):
+        """[(node, run)]: the kernels of the in-place segment that starts at node ``first``
+        bound to views of the executor's DRAM (``Executor.dram_view``) and their constants,
+        when every step is a kernel whose values all have DRAM buffers; else None (then the
+        runtime copies the values out and back). Made once per executor."""
+        cache = self.__dict__.setdefault("_in_place_bound", {})
+        key = (id(ex), first)
+        if key not in cache:
+            p, bound = cpu.program, []
+            for step in p.steps:
+                if step["kind"] != "kernel" or step["kernel"] not in p.kernels:
+                    bound = None
+                    break
+                args = []
+                for v in step["inputs"]:
+                    if v in p.constants:
+                        args.append(np.ascontiguousarray(p.constants[v]))
+                    elif v in self.values and "of" not in self.values[v]:
+                        info = self.values[v]
+                        view = ex.dram_view(info["addr"], int(np.prod(info["shape"])))
+                        if view is None or p.values.get(v, {}).get("dtype") != "int8":
+                            bound = None
+                            break
+                        args.append(view.view(np.int8).reshape(p.values[v]["shape"]))
+                    else:
+                        bound = None
+                        break
+                if bound is None:
+                    break
+                bound.append((step["node"], p.kernels[step["kernel"]].bind(*args)))
+            cache[key] = bound or None
+        return cache[key]
+
+    def _in_place_plan(self, first: str, cpu) -> tuple[list, dict]:
+        """The DRAM reads (value, address, bytes) and writes ({value: address}) of the
+        in-place segment that starts at node ``first`` (made once)."""
+        plans = self.__dict__.setdefault("_in_place_plans", {})
+        if first not in plans:
+            v = self.values
+            plans[first] = ([(n, v[n]["addr"], int(np.prod(v[n]["shape"])))
+                             for n in cpu.program.inputs],
+                            {n: v[n]["addr"] for n in cpu.program.outputs})
+        return plans[first]
 
     def run_stream(self, stream: list[dict], *, target: str = "cycle", depth: int = 2,
                    warm_up: bool = True, progress=None) -> list[dict]:
@@ -628,12 +866,17 @@ class AccelModel:
         return {name: np.concatenate([o[name] for o in outs]) for name in outs[0]}
 
     def summary(self) -> dict:
-        """Totals of the last run's report."""
+        """Totals of the last run's report. ``utilization``: the accelerator nodes' real
+        multiply-adds over their cycles x MACs per cycle; ``padding_overhead``: the GEMM
+        core's multiply-adds over the real ones, minus 1 (compiler/graph/macs.py)."""
+        from ..compiler.graph.macs import padding_overhead, utilization
+
         rows = self.report
         accel = [r for r in rows if r["target"] == "accel"]
         timed = all(r["cycles"] is not None for r in accel)
         cycles = sum(r["cycles"] for r in accel) if timed else None
         macs = sum(r.get("macs", 0) for r in accel)
+        gemm_macs = sum(r.get("gemm_macs", 0) for r in accel)
         accel_ms = sum(r["accel_ms"] for r in accel) if timed else 0.0
         cpu_ms = sum(r["cpu_ms"] for r in rows)
         layout_ms = sum(r["layout_ms"] for r in rows)
@@ -646,26 +889,90 @@ class AccelModel:
             "layout_share": layout_ms / total if total else 0.0,
             # values packed into DRAM for the accelerator plus values read back by the CPU
             "crossings": self.crossings["to_accel"] + self.crossings["to_cpu"],
-            "utilization": macs / (cycles * self.config.macs_per_cycle) if cycles else None,
-            "macs": macs,
+            # values in-place CPU nodes read from DRAM or wrote there, packed (their DRAM
+            # reads and writes are in layout_ms)
+            "in_place": self.in_place,
+            "utilization": utilization(macs, cycles, self.config.macs_per_cycle),
+            "padding_overhead": padding_overhead(gemm_macs, macs),
+            "macs": macs, "gemm_macs": gemm_macs,
             "clock_mhz": self.config.clock_mhz,
         }
 
 
-def _cpu_segments(graph, placements: dict, progress=None) -> list:
+def _pack(x: np.ndarray, cfg, layout: str | None = None, out: np.ndarray | None = None):
+    """partition.pack_value, an image of BATCH 1 and 16 KiB or more by the compiled kernel
+    (compiler/cpu/packed_layout.py); into ``out`` (DRAM) when given."""
+    from ..compiler.accel.partition import pack_value, packed_shape
+    from ..compiler.cpu.packed_layout import compiled_layout, pack_fast
+
+    x = np.asarray(x)
+    image = x.shape if x.ndim != 3 else (x.shape[0], x.shape[1], 1, x.shape[2])
+    if layout is None and x.dtype == np.int8 and len(image) == 4:
+        shape = packed_shape(image, cfg)
+        if compiled_layout(image, shape, cfg.batch, cfg.block):
+            out = np.empty(shape, np.int8) if out is None else out
+            pack_fast(x.reshape(image), out, cfg.block)
+            return out
+    return pack_value(x, cfg, layout, out=out)
+
+
+def _unpack(p: np.ndarray, shape: tuple, layout, cfg, out: np.ndarray | None = None):
+    """partition.unpack_value, an image of BATCH 1 and 16 KiB or more by the compiled kernel
+    into ``out`` (an array of ``shape`` kept from run to run) or a fresh one."""
+    from ..compiler.accel.partition import unpack_value
+    from ..compiler.cpu.packed_layout import compiled_layout, unpack_fast
+
+    image = tuple(shape) if len(shape) != 3 else (shape[0], shape[1], 1, shape[2])
+    if layout is None and len(image) == 4 and \
+            compiled_layout(image, p.shape, p.shape[-2], p.shape[-1]):
+        out = np.empty(shape, np.int8) if out is None else out
+        unpack_fast(p, out.reshape(image), p.shape[-1])
+        return out
+    return unpack_value(p, shape, layout, cfg)
+
+
+def _packed(graph, placements: dict) -> set:
+    """The CPU nodes computed in place on the packed layout (partition.packed_nodes);
+    none in an all-CPU build."""
+    from ..compiler.accel.partition import packed_nodes
+
+    if not any(p.target == "accel" for p in placements.values()):
+        return set()
+    return packed_nodes(graph, placements)
+
+
+def _flat_types(graph, names, packed: set, shapes: dict) -> dict:
+    """The types a segment of in-place nodes gives its values: each value its node reads or
+    writes as a flat int8 array of its packed bytes (``shapes``: value -> packed shape);
+    {} for a segment of other CPU nodes."""
+    from ..compiler.accel.partition import dram_reads
+    from ..compiler.graph.ir import TensorType
+
+    if names[0] not in packed:
+        return {}
+    nodes = [n for n in graph.nodes if n.name in set(names)]
+    return {v: TensorType("int8", (int(np.prod(shapes[v])),))
+            for n in nodes for v in (*dram_reads(n), n.outputs[0])}
+
+
+def _cpu_segments(graph, placements: dict, progress=None, packed: set = frozenset(),
+                  shapes: dict | None = None) -> list:
     """The CPU nodes as compiled segments: each maximal run of consecutive CPU nodes (in the
     graph's order) becomes a graph of its own, built with CpuModel.from_graph; its inputs
-    are the values it reads from outside, its outputs those read after it."""
+    are the values it reads from outside, its outputs those read after it. Nodes computed in
+    place on the packed layout (``packed``) make runs of their own, whose values are flat
+    int8 arrays of their packed bytes (``shapes``: value -> packed shape)."""
     from ..compiler.graph.ir import Graph
     from .cpu import CpuModel
 
     runs, current = [], []
     for node in graph.nodes:
-        if placements[node.name].target == "cpu":
-            current.append(node)
-        elif current:
+        if current and (placements[node.name].target != "cpu" or
+                        (node.name in packed) != (current[0].name in packed)):
             runs.append(current)
             current = []
+        if placements[node.name].target == "cpu":
+            current.append(node)
     if current:
         runs.append(current)
     segments = []
@@ -682,6 +989,7 @@ def _cpu_segments(graph, placements: dict, progress=None) -> list:
             continue
         inits = {i: graph.initializers[i] for i in reads if i in graph.initializers}
         types = {v: graph.types[v] for v in (*inputs, *produced, *inits)}
+        types.update(_flat_types(graph, [n.name for n in nodes], packed, shapes or {}))
         sub = Graph(f"{graph.name}_cpu{k}", tuple(inputs), tuple(outputs), tuple(nodes),
                     inits, types)
         t0 = time.perf_counter()

@@ -106,26 +106,35 @@ class CpuModel:
         return model
 
     @classmethod
-    def from_graph(cls, graph, *, progress=None, source: bytes | None = None) -> "CpuModel":
+    def from_graph(cls, graph, *, progress=None, source: bytes | None = None,
+                   int8_form: str | None = None) -> "CpuModel":
         """Lower and compile a graph: an optimized float graph or a quantized one
         (``quantize_model``/``quantize_graph``), whose integer operators become kernels that
         agree with graph_numpy bit for bit; operators without a kernel run as numpy steps.
-        ``source``: the ONNX model's bytes, kept in the .cel (``--compare onnxruntime``)."""
+        ``source``: the ONNX model's bytes, kept in the .cel (``--compare onnxruntime``).
+        ``int8_form``: the int8 dot-product instructions of QConv/QGemm (compiler/cpu/
+        int8_forms.py: "auto" by default, the host's best; "vnni512", "vnni256", "avx2";
+        "none" for the float-FMA kernels), recorded in ``build_info``."""
+        from ..compiler.cpu.int8_forms import chosen_form
         from ..compiler.cpu.lowering import compile_program, lower_graph
         from ..compiler.graph.qops import QUANTIZED_KERNELS
+        from ..compiler.graph.qrecurrent import Q_RECURRENT_KERNELS
+        from ..compiler.graph.qwide import QWIDE_KERNELS
 
         start = time.perf_counter()
-        program = lower_graph(graph)
+        program = lower_graph(graph, int8_form=int8_form)
         lowered = time.perf_counter()
         stats = compile_program(program, progress=progress)
         info = {"nodes": len(graph.nodes), "steps": len(program.steps),
                 "kernels": stats["kernels"], "kernels_cached": stats["cached"],
                 "lower_s": lowered - start, "compile_s": stats["seconds"],
-                "total_s": time.perf_counter() - start}
+                "total_s": time.perf_counter() - start,
+                "int8_form": chosen_form(int8_form) or "none"}
         if program.control:  # the path each If/Loop/Scan took (compiled bodies or numpy)
             info["control_flow"] = program.control
         origin = {"from": "graph",
-                  "quantized": any(n.op in QUANTIZED_KERNELS for n in graph.nodes)}
+                  "quantized": any(n.op in QUANTIZED_KERNELS or n.op in Q_RECURRENT_KERNELS
+                                    or n.op in QWIDE_KERNELS for n in graph.nodes)}
         return cls(program, source=source, build_info=info, origin=origin)
 
     @classmethod

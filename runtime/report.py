@@ -3,7 +3,8 @@
 The timeline lays the nodes end to end as they ran (the runtime runs one node at a time):
 accelerator nodes for their simulated time at the configured clock, CPU nodes for their
 measured time, and the packing/unpacking at region borders as its own lane. A second panel
-shows each accelerator layer's GEMM utilisation.
+shows each accelerator layer's utilisation (real multiply-adds over cycles x MACs per cycle,
+compiler/graph/macs.py).
 """
 
 from __future__ import annotations
@@ -19,25 +20,29 @@ def _fmt(v, spec: str, none: str = "-") -> str:
 
 
 def format_table(rows: list[dict], summary: dict) -> str:
-    """A fixed-width table: node, op, where, accelerator cycles and ms, CPU ms, utilisation,
-    and for CPU nodes why they are there."""
+    """A fixed-width table: node, op, where, accelerator cycles and ms, CPU ms, utilisation
+    (real multiply-adds over cycles x MACs per cycle), padding overhead (the GEMM core's
+    multiply-adds on padding, relative to the real ones), and for CPU nodes why they are
+    there."""
     head = (f"{'node':<18} {'op':<22} {'where':<6} {'cycles':>11} {'accel ms':>9} "
-            f"{'cpu ms':>8} {'util':>5}  why on the CPU")
+            f"{'cpu ms':>8} {'util':>5} {'pad':>6}  why on the CPU")
     lines = [head, "-" * len(head)]
     for r in rows:
         accel = r["target"] == "accel"
         cycles = _fmt(r["cycles"], ",") if accel and r["cycles"] is not None else "-"
         ms = _fmt(r["accel_ms"], ".3f") if accel and r["accel_ms"] is not None else "-"
         util = _fmt(r.get("utilization"), ".0%")
+        pad = _fmt(r.get("padding_overhead"), "+.0%")
         why = "" if accel else r.get("reason", "")
         lines.append(f"{r['node'][:18]:<18} {r['op'][:22]:<22} {r['target']:<6} {cycles:>11} "
-                     f"{ms:>9} {r['cpu_ms'] + r['layout_ms']:>8.3f} {util:>5}  {why}")
+                     f"{ms:>9} {r['cpu_ms'] + r['layout_ms']:>8.3f} {util:>5} {pad:>6}  {why}")
     s = summary
     lines.append("-" * len(head))
     cyc = f"{s['cycles']:,} cycles" if s["cycles"] is not None else "untimed target"
     lines.append(f"{s['accel_nodes']} nodes on the accelerator ({cyc}, "
-                 f"{_fmt(s['accel_ms'], '.3f')} ms at {s['clock_mhz']:g} MHz, GEMM utilisation "
-                 f"{_fmt(s['utilization'], '.1%')}), {s['cpu_nodes']} on the CPU "
+                 f"{_fmt(s['accel_ms'], '.3f')} ms at {s['clock_mhz']:g} MHz, utilisation "
+                 f"{_fmt(s['utilization'], '.1%')} of real multiply-adds, padding overhead "
+                 f"{_fmt(s.get('padding_overhead'), '+.1%')}), {s['cpu_nodes']} on the CPU "
                  f"({s['cpu_ms']:.3f} ms) + layout {s['layout_ms']:.3f} ms")
     return "\n".join(lines)
 
@@ -88,7 +93,7 @@ def plot_timeline(rows: list[dict], summary: dict, path, *, title: str = "") -> 
         ax2.set_xticks(range(len(accel)))
         ax2.set_xticklabels(names, rotation=45 if len(names) > 8 else 0, ha="right"
                             if len(names) > 8 else "center", fontsize=7)
-        ax2.set_ylabel("GEMM utilisation (%)")
+        ax2.set_ylabel("utilisation (% of peak,\nreal MACs)")
         ax2.set_ylim(0, 100)
     else:
         ax2.text(0.5, 0.5, "no accelerator layers", ha="center", va="center")

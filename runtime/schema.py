@@ -349,8 +349,10 @@ def _epilogue(f: Field) -> tuple:
 def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
     """Placements, programs and value buffers of an accelerator build, against its graph
     and DRAM image (``image_bytes`` long)."""
-    from ..compiler.accel.partition import (ALIAS_OPS, PLACED_OPS, Placement, concat_slices,
-                                            dram_reads, packed_shape, root_of)
+    from ..compiler.accel.partition import (ALIAS_OPS, PLACED_OPS, RECURRENT_OPS, Placement,
+                                            concat_slices, dram_reads, packed_shape, root_of)
+    from ..compiler.accel.recurrent import is_host_node
+    from .accel_recurrent import HOST_KINDS, check_host_program
 
     nodes = {n.name: n for n in graph.nodes}
     placements = {}
@@ -368,19 +370,25 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
             raise f.fail("is a program for a node not placed on the accelerator")
         kind = f["kind"].string()
         op = nodes[name].op
-        if (kind == "view") != (op in ALIAS_OPS) or (kind == "concat") != (op in PLACED_OPS):
+        if (kind == "view") != (op in ALIAS_OPS) or (kind == "concat") != (op in PLACED_OPS) \
+                or (kind in HOST_KINDS) != is_host_node(nodes[name]):
             raise f["kind"].fail(f"is {kind!r} for a {op} node (views are the accelerator's "
                                  f"{', '.join(ALIAS_OPS)} nodes, placements its Concat nodes, "
+                                 f"recurrent and control programs its {', '.join(RECURRENT_OPS)}"
+                                 f" nodes and control flow with integer products, "
                                  f"and only they)")
-        # A view or a placement runs no program (compiler/accel/partition.py).
+        # A view or a placement runs no program (compiler/accel/partition.py), a recurrent
+        # layer one per product (listed in its products).
         addr, count = f["insn_addr"].integer(), \
-            f["insn_count"].integer(int(kind not in ("view", "concat")))
+            f["insn_count"].integer(int(kind not in ("view", "concat", *HOST_KINDS)))
         if addr % 16 or addr + 16 * count > image_bytes:
             raise f.fail(f"has its {count} instructions at {addr}, not 16-byte aligned "
                          f"inside the {image_bytes}-byte DRAM image")
         programs[name] = {"insn_addr": addr, "insn_count": count, "kind": kind,
                           "spec": f["spec"].obj(), "knobs": f["knobs"].obj(),
                           "macs": f["macs"].integer(), "region": f["region"].integer()}
+        if kind in HOST_KINDS:
+            programs[name].update(check_host_program(f, nodes[name], graph, cfg, image_bytes))
         if f.get("staged") is not None:
             programs[name]["staged"] = [_staged(s, nodes[name], graph, cfg, image_bytes)
                                         for s in f["staged"].list()]
@@ -426,6 +434,8 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
                 f"is a view of {v['of']!r}, which has no buffer of its own at {v['addr']}")
     for name in sorted(accel):
         node = nodes[name]
+        if is_host_node(node):  # its values stay on the host
+            continue
         for v in (*dram_reads(node), node.outputs[0]):
             if v and v not in values:
                 raise root["values"].fail(f"has no buffer for {v!r}, which accelerator node "
@@ -454,6 +464,24 @@ def _staged(f: Field, node, graph, cfg, image_bytes: int) -> dict:
     if addr + size > image_bytes:
         raise f.fail(f"lies at [{addr}, {addr + size}), outside the {image_bytes}-byte DRAM image")
     return {"value": value, "addr": addr, "shape": list(shape), "layout": layout}
+
+
+def check_in_place(root: Field, graph, placements: dict) -> set[str]:
+    """The CPU nodes computed in place on the packed layout (partition.packed_nodes):
+    each one such a node can be (an artifact written before they existed has none, and
+    runs those nodes as other CPU nodes)."""
+    from ..compiler.accel.partition import packed_nodes
+
+    f = root.get("in_place")
+    if f is None:
+        return set()
+    names = set(f.names())
+    can = packed_nodes(graph, placements) if any(p.target == "accel"
+                                                 for p in placements.values()) else set()
+    if not names <= can:
+        raise f.fail(f"names {sorted(names - can)[:3]}, which cannot run in place on the "
+                     f"packed layout (an element-wise int8 CPU node of operands made in DRAM)")
+    return names
 
 
 def check_segments(root: Field, graph, placements: dict) -> list[list[str]]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from celosia.isa import AluInsn, AluOp
 
-__all__ = ["plan_alu", "shr_tensor", "as_rows", "ALU_UFUNCS"]
+__all__ = ["plan_alu", "one_batch", "shr_tensor", "as_rows", "ALU_UFUNCS"]
 
 # ALU operations as int32 ufuncs (int32 array arithmetic wraps like the hardware); SHR is
 # a right or left shift by a constant, or shr_tensor.
@@ -119,6 +119,13 @@ def _one_batch(insn: AluInsn, dst, src, acc, out) -> tuple[list, int]:
     """Every execution at once, on views of ACC and OUT when the rows are evenly spaced."""
     d = as_rows(dst, step=True)
     s = None if insn.use_imm else as_rows(src, step=True, repeat=True)
+    return one_batch(insn, d, s, acc, out)
+
+
+def one_batch(insn: AluInsn, d, s, acc, out) -> tuple[list, int]:
+    """(steps, bytes) running every execution at once: ``d`` the written rows, ``s`` the
+    read ones (None for an immediate operand), each a slice or an index array, such that
+    no execution reads or rewrites a row an earlier one wrote (see ``plan_alu``)."""
     if insn.use_imm or insn.alu_op != AluOp.SHR:
         ufunc, y_imm = (_imm_operation(insn) if insn.use_imm
                         else (ALU_UFUNCS[insn.alu_op], None))

@@ -19,7 +19,7 @@ from celosia.errors import CelosiaError
 from celosia.image import ProgramImage
 from celosia.limits import check_bytes
 
-__all__ = ["Executor", "TARGETS", "make_executor", "run_image"]
+__all__ = ["Executor", "TARGETS", "make_executor", "run_image", "clear_caches"]
 
 
 class Executor(ABC):
@@ -45,6 +45,13 @@ class Executor(ABC):
     @abstractmethod
     def read_dram(self, addr: int, nbytes: int) -> np.ndarray:
         """A uint8 copy of ``nbytes`` of DRAM from a byte address."""
+
+    def dram_view(self, addr: int, nbytes: int) -> np.ndarray | None:
+        """A writable uint8 view of ``nbytes`` of DRAM from a byte address: the CPU working
+        on the accelerator's memory in place, as a board's CPU does on its DMA buffers
+        (runtime/accel.py's in-place nodes). None where the executor has no such access;
+        then ``read_dram`` and ``write_dram`` copy."""
+        return None
 
     @abstractmethod
     def run(self, insn_addr: int, insn_count: int) -> dict:
@@ -98,3 +105,22 @@ def run_image(image: ProgramImage, target: str = "fsim", config: HwConfig | None
     executor.write_dram(0, image.dram)
     stats = executor.run(image.insn_addr, image.insn_count)
     return executor.read_dram(0, image.dram.size), stats
+
+
+def clear_caches(*executors: Executor) -> None:
+    """Forget everything the simulators keep for later runs of a program: the decoded and
+    checked programs, the cycle model's plans and fetch batches, and the compiled kernels
+    of the given executors, so that the next run of any program on them is a first run: a
+    *cold* run, as of a program the process has not run before (the executor itself, its
+    DRAM and buffers, exists already, as it would after other programs). Benchmarks use
+    this to time cold runs."""
+    import sys
+
+    for name, _ in TARGETS.values():
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "_clear_caches"):
+            module._clear_caches()
+    for executor in executors:
+        datapath = getattr(executor, "datapath", None)
+        if datapath is not None:
+            datapath.clear_kernels()

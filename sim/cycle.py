@@ -61,6 +61,18 @@ def _mem_plans(timing: Timing) -> dict:
             _PLANS.clear()
         plans = _PLANS[timing] = {}
     return plans
+
+
+def _clear_caches() -> None:
+    """Forget the decoded programs with their plans, the LOAD/STORE plans and the fetch
+    batches (sim/base.py ``clear_caches``)."""
+    from . import cycle_timing, fsim
+
+    fsim._clear_caches()
+    _PLANS.clear()
+    cycle_timing._fetch_batch.cache_clear()
+
+
 # Timings (and program addresses) a program keeps its plans for.
 _CACHED_STATICS = 8
 
@@ -171,6 +183,7 @@ class _Static:
         bytes_of = {mt: elem_bytes(cfg, mt) for mt in MemType}
         mem_plans = _mem_plans(timing)
         window = math.lcm(timing.burst_bytes, timing.bus_bytes)
+        burst, bus = timing.burst_bytes, timing.bus_bytes
         self.plans: list = [None] * n
         self.writes: dict = {}
         self.lower = [0] * n
@@ -179,20 +192,32 @@ class _Static:
         self.seq: dict = {m: [] for m in range(3)}
         self.local = [0] * n
         lower = [0, 0, 0]
+        seen: dict = {}  # id -> (plan, writes): a repeated instruction word is one object
         for j, insn in enumerate(insns):
             m = self.module[j]
-            if isinstance(insn, (GemmInsn, AluInsn)):
+            known = seen.get(id(insn))
+            if known is not None:
+                plan, writes = known
+                if writes is not None:
+                    self.writes[j] = writes
+            elif isinstance(insn, (GemmInsn, AluInsn)):
                 plan = timing.loop_plan(insn)
             elif isinstance(insn, MemInsn):
                 # LOAD/STORE plans depend on the element bytes (configurations of equal
                 # timings share the memo), the fields other than sram_base and the flags,
                 # and on dram_base only through the byte address within a window of whole
                 # bursts and beats (bursts are cut at multiples of burst_bytes, beats at
-                # multiples of bus_bytes: every time is the same a window further on)
+                # multiples of bus_bytes: every time is the same a window further on). One
+                # row inside one burst window (a micro-op load, a short row) depends only on
+                # the address within a beat: no burst boundary cuts it.
                 eb = bytes_of[insn.mem_type]
-                key = (insn.opcode, insn.mem_type, eb, insn.dram_base * eb % window,
-                       insn.y_size, insn.x_size, insn.x_stride, insn.y_pad_0, insn.y_pad_1,
-                       insn.x_pad_0, insn.x_pad_1)
+                a = insn.dram_base * eb
+                if insn.y_size == 1 and a // burst == (a + insn.x_size * eb - 1) // burst:
+                    where = (a % bus, "one burst")
+                else:
+                    where = a % window
+                key = (insn.opcode, insn.mem_type, eb, where, insn.y_size, insn.x_size,
+                       insn.x_stride, insn.y_pad_0, insn.y_pad_1, insn.x_pad_0, insn.x_pad_1)
                 plan = mem_plans.get(key)
                 if plan is None:
                     plan = (timing.store_plan(insn, eb) if insn.opcode == Opcode.STORE
@@ -205,6 +230,8 @@ class _Static:
                     plan = plan[0]
             else:
                 plan = timing.plan(insn, cfg)
+            if known is None:
+                seen[id(insn)] = (plan, self.writes.get(j))
             lower[m] += (plan if isinstance(plan, int) else plan.push) + 1
             self.lower[j] = lower[m]
             self.plans[j] = plan
@@ -216,8 +243,21 @@ class _Static:
             j for j, insn in enumerate(insns)
             if isinstance(insn, AluInsn) and insn.alu_op in TWO_STAGE_ALU_OPS
             and insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn) > 1)
-        self.arrays = None  # module, pop_q, push_q as arrays (Schedule._timeline)
+        self.arrays = None  # module, pop_q, push_q as arrays (``tables``)
         self.stats = None
+
+    def tables(self) -> tuple:
+        """(module, pop_q, push_q) as read-only arrays (Timeline's), made when first read:
+        a short program's statistics need none."""
+        if self.arrays is None:
+            def cols(seqs):  # queue ids, two columns, -1 for none
+                return np.array([(*qs, -1, -1)[:2] for qs in seqs], np.int64).reshape(-1, 2)
+
+            self.arrays = (np.asarray(self.module, dtype=np.int64), cols(self.pops),
+                           cols(self.pushes))
+            for a in self.arrays:
+                a.setflags(write=False)
+        return self.arrays
 
 
 @dataclass
@@ -234,14 +274,14 @@ class Timeline:
     ``tok_ready``/``room_ready``: per popped/pushed queue (columns in pops_of/pushes_of
     order), the first cycle the token or the room was there; ``batches``: fetch batches
     (request cycle, first instruction, count); ``reads``: the read bursts granted one at a
-    time and the starts of bulk grants (see :meth:`read_bursts`).
+    time and the starts of bulk grants (see :meth:`read_bursts`); ``module``, ``pop_q``,
+    ``push_q``: the program's tables (properties: the same every run).
     """
 
     insns: list
     plans: list
     timing: Timing
     insn_addr: int
-    module: np.ndarray
     free: np.ndarray
     dispatch: np.ndarray
     avail: np.ndarray
@@ -250,15 +290,13 @@ class Timeline:
     push: np.ndarray
     rd_wait: np.ndarray
     rd_lat: np.ndarray
-    pop_q: np.ndarray  # (n, 2) token queue ids popped, -1 for none
-    push_q: np.ndarray
     tok_ready: np.ndarray  # (n, 2)
     room_ready: np.ndarray
     batches: np.ndarray  # (batches, 3)
     reads: list  # (client, index, burst, request, grant, first beat, delta, bulk)
     #: per STORE instruction: (write beats, write bursts)
     writes: dict = None  # type: ignore[assignment]
-    #: what every run of the program shares (cycle._Static), or None
+    #: what every run of the program shares (cycle._Static)
     static: object = None
     #: (12, n): free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2
     #: rows), room_ready (2 rows); the per-instruction arrays above are its rows, or None
@@ -271,6 +309,22 @@ class Timeline:
     @property
     def cycles(self) -> int:
         return int(self.push.max()) + 1
+
+    # The program's tables (the same every run: cycle._Static's, as arrays when first read)
+    @property
+    def module(self) -> np.ndarray:
+        """(n,) the module of each instruction (Module: load 0, compute 1, store 2)."""
+        return self.static.tables()[0]
+
+    @property
+    def pop_q(self) -> np.ndarray:
+        """(n, 2) the token queue ids each instruction pops, -1 for none."""
+        return self.static.tables()[1]
+
+    @property
+    def push_q(self) -> np.ndarray:
+        """(n, 2) the token queue ids each instruction pushes, -1 for none."""
+        return self.static.tables()[2]
 
     def read_bursts(self) -> np.ndarray:
         """Every read burst of the run, in grant order: rows of (client, index, request,
@@ -566,27 +620,15 @@ class _Schedule:
 
     def _timeline(self) -> Timeline:
         st = self.static
-        if st.arrays is None:  # the program's tables as (read-only) arrays, once
-            def cols(seqs):
-                out = np.full((len(seqs), 2), -1, np.int64)
-                for j, qs in enumerate(seqs):
-                    out[j, :len(qs)] = qs
-                return out
-
-            st.arrays = (np.asarray(self.module, dtype=np.int64), cols(self.pops),
-                         cols(self.pushes))
-            for a in st.arrays:
-                a.setflags(write=False)
-        module, pop_q, push_q = st.arrays
         times = np.array((self.free, self.dispatch, self.avail, self.start, self.done,
                           self.push, self.rd_wait, self.rd_lat, *self.tok_ready,
                           *self.room_ready), dtype=np.int64)
         free, dispatch, avail, start, done, push, rd_wait, rd_lat = times[:8]
         return Timeline(
             insns=self.insns, plans=list(self.plans), timing=self.timing,
-            insn_addr=self.insn_addr, module=module, free=free, dispatch=dispatch,
+            insn_addr=self.insn_addr, free=free, dispatch=dispatch,
             avail=avail, start=start, done=done, push=push, rd_wait=rd_wait, rd_lat=rd_lat,
-            pop_q=pop_q, push_q=push_q, tok_ready=times[8:10].T, room_ready=times[10:12].T,
+            tok_ready=times[8:10].T, room_ready=times[10:12].T,
             batches=np.array(self.batches, dtype=np.int64).reshape(-1, 3), reads=self.reads,
             writes=dict(st.writes), static=st, times=times,
             fetch_reads=np.array(self.fetch_reads, dtype=np.int64).reshape(-1, 2),

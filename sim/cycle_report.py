@@ -12,6 +12,7 @@ statistic.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from pathlib import Path
 
 import numpy as np
@@ -52,50 +53,61 @@ def _overlap(a0, a1, b0, b1) -> int:
 
 class _StaticStats:
     """The parts of the statistics fixed by the program and the timing (computed on the
-    first run and kept in the program's cycle._Static)."""
+    first run and kept in the program's cycle._Static): totals and per-instruction lists
+    here, the 0/1 matrices of _sums_numpy (``matrices``) only when a long program first
+    needs them, so that a short program's first run builds no numpy tables."""
 
     def __init__(self, tl):
         n = len(tl.insns)
-        rows = np.arange(n)
-
-        def onehot(ids, width):  # (n,) ids, -1 for none -> (n, width) 0/1
-            hot = np.zeros((n, width + 1), np.int64)
-            hot[rows, np.where(ids < 0, width, ids)] = 1
-            return hot[:, :width]
-
-        self.module_hot = onehot(tl.module, 3)
-        # (2n, 4): an instruction's wait for its first / second popped (pushed) queue, laid
-        # end to end, times this gives the waits per queue
-        self.pop_hot = np.concatenate([onehot(tl.pop_q[:, col], 4) for col in range(2)])
-        self.push_hot = np.concatenate([onehot(tl.push_q[:, col], 4) for col in range(2)])
+        timing = tl.timing
         writes = tl.writes or {}
-        w_index = np.array(sorted(writes), np.int64)
-        w_info = np.array([writes[j] for j in w_index.tolist()], np.int64).reshape(-1, 2)
-        self.write_wait = np.zeros(n, np.int64)
-        self.write_wait[w_index] = w_info[:, 1] * tl.timing.write_latency
-        self.write_beats = int(w_info[:, 0].sum())
+        self.write_wait_list = [0] * n
+        for j, (_, bursts) in writes.items():
+            self.write_wait_list[j] = bursts * timing.write_latency
+        self.write_beats = sum(beats for beats, _ in writes.values())
         read_plans = [p for p in tl.plans if not isinstance(p, int)]
-        fetch = [tl.timing.fetch_batch(tl.insn_addr, first, min(tl.timing.fetch_insns,
-                                                                n - first))
-                 for first in range(0, n, tl.timing.fetch_insns)]
+        fetch = [timing.fetch_batch(tl.insn_addr, first, min(timing.fetch_insns, n - first))
+                 for first in range(0, n, timing.fetch_insns)]
         self.read_beats = (sum(sum(b.burst_beats) for b in fetch)
                            + sum(p.beats for p in read_plans))
         self.read_bursts = sum(len(b.span) for b in fetch) + sum(p.n for p in read_plans)
         # LOAD: mem_type, STORE: 8 + mem_type
-        mem = np.array([int(i.mem_type) + (8 * int(i.opcode)) if isinstance(i, MemInsn) else -1
-                        for i in tl.insns], np.int64)
         self.mem_types = [int(mt) for mt in _LOAD_BYTES] + [8 + int(MemType.OUT)]
-        self.mem_hot = np.stack([mem == k for k in self.mem_types], axis=1).astype(np.int64)
-        # the same as lists, for _sums_python
-        self.module = tl.module.tolist()
-        self.pops = [tuple(q for q in row if q >= 0) for row in tl.pop_q.tolist()]
-        self.pushes = [tuple(q for q in row if q >= 0) for row in tl.push_q.tolist()]
-        self.write_wait_list = self.write_wait.tolist()
         index = {k: i for i, k in enumerate(self.mem_types)}
-        self.mem_index = [index.get(k, -1) for k in mem.tolist()]
+        self.mem = [int(i.mem_type) + (8 * int(i.opcode)) if isinstance(i, MemInsn) else -1
+                    for i in tl.insns]
+        self.mem_index = [index.get(k, -1) for k in self.mem]
+        st = tl.static  # the program's own lists (cycle._Static)
+        self.module, self.pops, self.pushes = list(st.module), list(st.pops), list(st.pushes)
+        self._static = st
+        self._matrices = None
         # GEMM/ALU cycles waiting for the last micro-op to leave the pipeline
         self.drain = sum(tl.timing.drain_cycles(i) for i in tl.insns
                          if isinstance(i, (GemmInsn, AluInsn)))
+
+    def matrices(self):
+        """(module_hot, pop_hot, push_hot, write_wait, mem_hot) for _sums_numpy: 0/1
+        matrices that sum per-instruction quantities per module, popped queue, pushed
+        queue and memory type, and the write waits as an array."""
+        if self._matrices is None:
+            module, pop_q, push_q = self._static.tables()
+            n = len(self.module)
+            rows = np.arange(n)
+
+            def onehot(ids, width):  # (n,) ids, -1 for none -> (n, width) 0/1
+                hot = np.zeros((n, width + 1), np.int64)
+                hot[rows, np.where(ids < 0, width, ids)] = 1
+                return hot[:, :width]
+
+            # (2n, 4): an instruction's wait for its first / second popped (pushed) queue,
+            # laid end to end, times this gives the waits per queue
+            pop_hot = np.concatenate([onehot(pop_q[:, col], 4) for col in range(2)])
+            push_hot = np.concatenate([onehot(push_q[:, col], 4) for col in range(2)])
+            mem = np.array(self.mem, np.int64)
+            mem_hot = np.stack([mem == k for k in self.mem_types], axis=1).astype(np.int64)
+            self._matrices = (onehot(module, 3), pop_hot, push_hot,
+                              np.array(self.write_wait_list, np.int64), mem_hot)
+        return self._matrices
 
 
 # Statistics keys per module, in the order of the dictionary: busy, command queue empty,
@@ -160,16 +172,17 @@ def _sums_numpy(tl, static):
     pre[1] += 1  # an instruction can start the cycle after its dispatch
     cmd_tok = _chain(pre, start)  # rows: command queue, first token, second token
     room = _chain(times[[_DONE, *_ROOM]], push)
-    token_q = cmd_tok[1:].reshape(-1) @ static.pop_hot  # per queue
-    room_q = room.reshape(-1) @ static.push_hot
+    module_hot, pop_hot, push_hot, write_wait, mem_hot = static.matrices()
+    token_q = cmd_tok[1:].reshape(-1) @ pop_hot  # per queue
+    room_q = room.reshape(-1) @ push_hot
     per = np.empty((5, n), np.int64)  # busy, command queue, dram, bus, fetch room
-    np.add(times[_RD_LAT], static.write_wait, out=per[2])
+    np.add(times[_RD_LAT], write_wait, out=per[2])
     per[0] = times[_DONE] - start - times[_RD_WAIT] - per[2] + 1  # + the push cycle
     per[1] = cmd_tok[0]
     per[3] = times[_RD_WAIT]
     per[4] = dispatch - data_end
-    ran = (push + 1 - start) @ static.mem_hot
-    return (int(data_wait.sum()), fetch_bus, (per @ static.module_hot).tolist(),
+    ran = (push + 1 - start) @ mem_hot
+    return (int(data_wait.sum()), fetch_bus, (per @ module_hot).tolist(),
             token_q.tolist(), room_q.tolist(), ran.tolist())
 
 
@@ -189,7 +202,8 @@ def _sums_python(tl, static):
     gaps = []  # (begin, end) of each wait for instruction bytes
     for j in range(len(module)):
         m, d, s = module[j], dispatch[j], start[j]
-        mid = min(max(avail[j], gap_begin), d)
+        a = avail[j]
+        mid = d if a >= d else (a if a > gap_begin else gap_begin)  # min(max(a, begin), d)
         data_wait += mid - gap_begin
         gaps.append((gap_begin, mid))
         fetch_room[m] += d - mid
@@ -197,23 +211,36 @@ def _sums_python(tl, static):
         b = free[j]
         mid = min(max(d + 1, b), s)
         cmdq[m] += mid - b
-        for q, ready in zip(pops[j], (tok0[j], tok1[j])):
-            b, mid = mid, min(max(ready, mid), s)
-            token_q[q] += mid - b
+        qs = pops[j]
+        if qs:  # waits on each popped queue's token, in order
+            b, mid = mid, min(max(tok0[j], mid), s)
+            token_q[qs[0]] += mid - b
+            if len(qs) > 1:
+                b, mid = mid, min(max(tok1[j], mid), s)
+                token_q[qs[1]] += mid - b
+        qs = pushes[j]
         p = push[j]
-        mid = done[j]
-        for q, ready in zip(pushes[j], (room0[j], room1[j])):
-            b, mid = mid, min(max(ready, mid), p)
-            room_q[q] += mid - b
+        if qs:  # waits for room in each pushed queue, in order
+            mid = done[j]
+            b, mid = mid, min(max(room0[j], mid), p)
+            room_q[qs[0]] += mid - b
+            if len(qs) > 1:
+                b, mid = mid, min(max(room1[j], mid), p)
+                room_q[qs[1]] += mid - b
+        w = rd_wait[j]
         dram = rd_lat[j] + write_wait[j]
         dram_of[m] += dram
-        bus_of[m] += rd_wait[j]
-        busy[m] += done[j] - s - rd_wait[j] - dram + 1
-        if mem_index[j] >= 0:
-            ran[mem_index[j]] += p + 1 - s
+        bus_of[m] += w
+        busy[m] += done[j] - s - w - dram + 1
+        k = mem_index[j]
+        if k >= 0:
+            ran[k] += p + 1 - s
     fetch_bus = 0
+    begins = [a0 for a0, _ in gaps]
     for r, g in _fetch_bursts(tl).tolist():
-        for a0, a1 in gaps:  # disjoint and sorted
+        # the gaps that end after r and begin before g (disjoint and sorted: from the last
+        # one beginning by r)
+        for a0, a1 in gaps[max(bisect_right(begins, r) - 1, 0):]:
             if a0 >= g:
                 break
             if a1 > r:

@@ -20,6 +20,8 @@ finished, i.e. the last push + 1.
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -39,7 +41,10 @@ NEVER = -(1 << 62)
 _PY_ROWS = 32
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+# Plans are shared by every program that has the same instruction fields and never
+# changed; they are not frozen dataclasses because a program's first run makes many, and a
+# frozen __init__ costs four times a plain one.
+@dataclass(slots=True, eq=False)
 class ReadPlan:
     """A LOAD that reads DRAM, as bursts on the shared read channel.
 
@@ -79,7 +84,7 @@ class ReadPlan:
         return self.push
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class FetchBatch:
     """One fetch batch (a DMA request of up to 8 instructions): its bursts
     (``span``, ``buf_after``: the cycle after a burst's RLAST at which the beat buffer can
@@ -136,6 +141,20 @@ def gemm_tree_stages(block: int) -> int:
         terms = -(-terms // 4)
         stages += 1
     return stages
+
+
+def _request_bursts(a: int, e: int, eb: int, bus: int, burst: int) -> tuple[list, list, list]:
+    """_bursts of one request [a, e) in Python (it has a few bursts at most): per burst,
+    its beats, the request's elements in it and in its last beat."""
+    pos, end = a // bus * bus, -(-e // bus) * bus
+    beats, elems, n_last = [], [], []
+    while pos < end:
+        b_end = min(end, (pos // burst + 1) * burst)
+        beats.append((b_end - pos) // bus)
+        elems.append((min(e, b_end) - max(a, pos)) // eb)
+        n_last.append((min(e, b_end) - max(a, b_end - bus)) // eb)
+        pos = b_end
+    return beats, elems, n_last
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,28 +224,26 @@ class Timing:
 
     def _fetch_batch(self, addr: int, count: int) -> FetchBatch:
         bus = self.bus_bytes
-        a = np.array([addr], np.int64)
-        row, _, _, beats, elems, n_last = _bursts(a, a + count * INSN_BYTES, INSN_BYTES, bus,
-                                                  self.burst_bytes)
-        beats, elems, n_last = beats.tolist(), elems.tolist(), n_last.tolist()
+        beats, elems, n_last = _request_bursts(addr, addr + count * INSN_BYTES, INSN_BYTES,
+                                               bus, self.burst_bytes)
         insn_burst, insn_ready = [], []
         if INSN_BYTES >= bus:
             k = INSN_BYTES // bus
             span = [b - 1 for b in beats]
             buf_after = [NEVER] * len(beats)
-            start = np.cumsum([0] + beats[:-1]).tolist()
+            start = list(itertools.accumulate([0] + beats[:-1]))
             for j in range(count):
                 beat = (j + 1) * k - 1  # its last beat, counted over the whole request
-                b = max(i for i in range(len(beats)) if start[i] <= beat)
+                b = bisect_right(start, beat) - 1  # the last burst starting by then
                 insn_burst.append(b)
                 # delivered the cycle after its last beat, checked, readable the cycle after
                 insn_ready.append(beat - start[b] + 2 + self.check_stages)
         else:
             span = [e - n for e, n in zip(elems, n_last)]
             buf_after = list(n_last)
-            start = np.cumsum([0] + elems[:-1]).tolist()
+            start = list(itertools.accumulate([0] + elems[:-1]))
             for j in range(count):
-                b = max(i for i in range(len(elems)) if start[i] <= j)
+                b = bisect_right(start, j) - 1
                 insn_burst.append(b)
                 # beats are accepted as the buffer drains: element m of the burst drains in
                 # first + 1 + m, is checked, and is readable the cycle after
@@ -339,6 +356,17 @@ class Timing:
         if insn.x_size == 0 or insn.y_size == 0:
             return 3, 0, 0
         bus = self.bus_bytes
+        if insn.y_size <= _PY_ROWS:  # row by row: the same sums, faster for a few rows
+            burst, row_bytes = self.burst_bytes, insn.x_size * eb
+            beats = bursts = 0
+            for row in range(insn.y_size):
+                a = (insn.dram_base + row * insn.x_stride) * eb
+                lo, hi = a // bus * bus, -(-(a + row_bytes) // bus) * bus
+                beats += (hi - lo) // bus  # bursts cut the beat range at multiples of bus
+                bursts += (hi - 1) // burst - lo // burst + 1
+            w = beats if eb >= bus else insn.y_size * insn.x_size + beats
+            total = w + bursts * (1 + self.write_latency) + insn.y_size
+            return 2 + total + 1, beats, bursts
         r = np.arange(insn.y_size, dtype=np.int64)
         a = (insn.dram_base + r * insn.x_stride) * eb
         _, _, _, beats, elems, _ = _bursts(a, a + insn.x_size * eb, eb, bus, self.burst_bytes)

@@ -27,10 +27,10 @@ from celosia.config import HwConfig
 from celosia.errors import CelosiaError, ProgramError, SimulationLimitError
 from celosia.isa import (
     AluInsn, FinishInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode, decode_uops,
-    buffer_depth, elem_bytes, module_of,
+    buffer_depth, elem_bytes, insn_layout, module_of,
 )
 
-from .alu import as_rows, plan_alu
+from .alu import as_rows, one_batch, plan_alu
 
 __all__ = ["Datapath", "check_insn", "check_max_work", "work_of", "COUNTER_NAMES",
            "DEFAULT_MAX_WORK", "single_threaded_blas", "numpy_blas_controllers"]
@@ -237,6 +237,15 @@ class Datapath:
         self._by_fields: dict = {}
         self._kernel_bytes = 0
         self._mem_by_insn: dict = {}
+        lay = insn_layout(cfg).uop
+        self._uop_fields = tuple((lay[f][0], (1 << lay[f][1]) - 1) for f in ("dst", "src"))
+
+    def clear_kernels(self) -> None:
+        """Forget every compiled kernel (the next run of any program compiles again)."""
+        self._by_insn.clear()
+        self._by_fields.clear()
+        self._mem_by_insn.clear()
+        self._kernel_bytes = 0
 
     def reset_counters(self) -> None:
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
@@ -385,9 +394,14 @@ class Datapath:
                       insn.src_factor_in, words)
         kernel = self._by_fields.get(fields)
         if kernel is None:
-            uops = self._uops(index, insn, kind)
-            kernel, nbytes = (self._compile_gemm(insn, *uops) if kind == "GEMM"
-                              else self._compile_alu(insn, *uops))
+            compiled = (self._compile_one_uop(insn, kind)
+                        if insn.uop_end - insn.uop_bgn == 1 and (kind == "ALU" or insn.reset)
+                        else None)
+            if compiled is None:
+                uops = self._uops(index, insn, kind)
+                compiled = (self._compile_gemm(insn, *uops) if kind == "GEMM"
+                            else self._compile_alu(insn, *uops))
+            kernel, nbytes = compiled
             if self._kernel_bytes + nbytes > _KERNEL_BYTES or len(self._by_fields) >= _KERNELS:
                 self._by_fields.clear()
                 self._by_insn.clear()
@@ -398,6 +412,45 @@ class Datapath:
             self._by_insn.clear()
         self._by_insn[id(insn)] = (insn, words, kernel)
         return kernel
+
+    def _compile_one_uop(self, insn, kind: str):
+        """(kernel, 0) of a GEMM reset or an ALU instruction of one micro-op whose rows are
+        arithmetic progressions in range and run as one batch (the epilogues and resets of
+        every tensorized program), built from the loop fields alone: the kernels
+        ``_compile_gemm`` and ``_compile_alu`` build for it, without their index arrays.
+        None for any other (they take it, and raise its errors)."""
+        word = int(self.uop[insn.uop_bgn])
+        (d_at, d_mask), (s_at, s_mask) = self._uop_fields
+        depth = self.cfg.acc_depth
+        n = insn.iter_out * insn.iter_in
+        dst = _progression(word >> d_at & d_mask, insn, insn.dst_factor_out, insn.dst_factor_in)
+        if dst is None or dst[2] >= depth:
+            return None
+        d0, step, last = dst
+        if kind == "GEMM":
+            rows = slice(d0, last + 1, step or 1)
+            acc, out = self.acc, self.out
+
+            def reset():
+                acc[rows] = 0
+                out[rows] = 0
+            return reset, 0
+        if step == 0 and n > 1:  # a row updated repeatedly: plan_alu's closed forms
+            return None
+        d = slice(d0, last + 1, step or 1)
+        s = None
+        if not insn.use_imm:
+            src = _progression(word >> s_at & s_mask, insn, insn.src_factor_out,
+                               insn.src_factor_in)
+            if src is None or src[2] >= depth:
+                return None
+            s0, s_step, s_last = src
+            # one batch: each row read is the row written, or one never written
+            if not ((s0, s_step) == (d0, step) or n == 1 and s0 == d0
+                    or s_last < d0 or s0 > last):
+                return None
+            s = slice(s0, s0 + 1) if s_step == 0 else slice(s0, s_last + 1, s_step)
+        return one_batch(insn, d, s, self.acc, self.out)[0][0], 0
 
     def _uops(self, index: int, insn, kind: str):
         """The micro-op fields (dst, src, wgt) of an instruction, after checking every index
@@ -483,7 +536,9 @@ class Datapath:
         if insn.reset:
             if total > _KERNEL_EXECS:
                 return (lambda: self._gemm_general(insn, dst0, src0, wgt0)), 0
-            dst = np.unique(self._indices(insn, dst0, src0, wgt0)[0])
+            dst = self._indices(insn, dst0, src0, wgt0)[0]
+            if not _increasing(dst):  # (increasing rows, the usual case, are distinct)
+                dst = _distinct_rows(dst, self.cfg.acc_depth)
             rows = as_rows(dst)
             acc, out = self.acc, self.out
 
@@ -564,8 +619,7 @@ class Datapath:
         j = np.arange(insn.iter_in, dtype=np.int64)[None, :]
         off_dst = (i * insn.dst_factor_out + j * insn.dst_factor_in).reshape(-1)
         rows = (d[starts][:, None] + off_dst[None, :]).reshape(-1)  # (G * R), group-major
-        if not (rows.size < 2 or bool(np.all(rows[1:] > rows[:-1]))) \
-                and np.unique(rows).size != rows.size:
+        if not _increasing(rows) and _distinct_rows(rows, cfg.acc_depth).size != rows.size:
             return None
         off_src = (i * insn.src_factor_out + j * insn.src_factor_in).reshape(-1)
         src_g = src0[order].reshape(G, g)
@@ -584,6 +638,12 @@ class Datapath:
             slices.append((s.shape[1], as_rows(x_rows), as_rows(w_rows)))
             nbytes += x_rows.nbytes + w_rows.nbytes + w_rows.size * block * block * 4  # W^T
         dst = as_rows(rows)
+        # Rows in iteration-major order (r, group) that are consecutive (a dense layer's
+        # output blocks side by side): ACC is then a view in that order, no gather.
+        r_dst = None
+        if not isinstance(dst, slice):
+            r_dst = as_rows(rows.reshape(G, R).T.reshape(-1))
+            r_dst = r_dst if isinstance(r_dst, slice) else None
         inp2 = self.inp_raw.view(np.int8)  # (depth, BATCH * BLOCK)
         wgt2 = self.wgt_raw.view(np.int8)  # (depth, BLOCK * BLOCK)
         acc, out = self.acc, self.out
@@ -630,6 +690,11 @@ class Datapath:
                 view = a.reshape(G, R, batch, block)  # contiguous: still a view
                 view += total  # in place, modulo 2^32
                 np.copyto(out[dst], a, casting="unsafe")  # the low byte, as astype(int8)
+            elif r_dst is not None:  # consecutive in (r, group) order: a view too
+                a = acc[r_dst]
+                view = a.reshape(R, G, batch, block)
+                view += total.transpose(1, 0, 2, 3)
+                np.copyto(out[r_dst], a, casting="unsafe")
             else:
                 new = acc[dst] + total.reshape(G * R, batch, block)
                 acc[dst] = new
@@ -708,8 +773,7 @@ class Datapath:
             ws = np.ascontiguousarray(w_idx[:, :, u0:u0 + per_slice])
             slices.append((xs.shape[2], as_rows(xs.reshape(-1)), as_rows(ws.reshape(-1))))
             nbytes += xs.nbytes + ws.nbytes + ws.size * block * block * 4  # and W^T
-        unique = rows.size < 2 or bool(np.all(rows[1:] > rows[:-1])) \
-            or np.unique(rows).size == rows.size
+        unique = _increasing(rows) or _distinct_rows(rows, cfg.acc_depth).size == rows.size
         if unique:
             dst, sum_order, sum_starts = as_rows(rows), None, None
         else:  # sums that share a dst row are added first (in int32: modulo 2^32)
@@ -787,6 +851,34 @@ class Datapath:
         for dst, src, _ in self._chunks(insn, dst0, src0, None):
             for step in plan_alu(insn, dst, src, self.acc, self.out)[0]:
                 step()
+
+
+def _progression(base: int, insn, f_out: int, f_in: int):
+    """(first, step, last) of the rows base + i * f_out + j * f_in over the instruction's
+    loops (i outer, j inner), if they are an arithmetic progression (step >= 0: factors are
+    unsigned); else None."""
+    n_out, n_in = insn.iter_out, insn.iter_in
+    if n_in == 1:
+        step = f_out if n_out > 1 else 0
+    elif n_out == 1 or f_out == n_in * f_in:
+        step = f_in
+    else:
+        return None
+    return base, step, base + (n_out * n_in - 1) * step
+
+
+def _increasing(rows: np.ndarray) -> bool:
+    """Whether row indices are strictly increasing (so distinct)."""
+    return rows.size < 2 or bool((rows[1:] > rows[:-1]).all())
+
+
+def _distinct_rows(rows: np.ndarray, depth: int) -> np.ndarray:
+    """The distinct values of row indices in [0, depth), increasing: a mark per row of the
+    buffer (np.unique sorts or hashes, several times slower for the few thousand rows of
+    one instruction)."""
+    mark = np.zeros(depth, np.bool_)
+    mark[rows] = True
+    return np.flatnonzero(mark)
 
 
 def _block_products(inp: np.ndarray, wgt: np.ndarray, src: np.ndarray, wgt_idx: np.ndarray,

@@ -22,7 +22,7 @@ import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import DeadlockError, ProgramError, SimulationLimitError
-from celosia.isa import INSN_BYTES, FinishInsn, Insn, Module, decode, module_of
+from celosia.isa import INSN_BYTES, FinishInsn, Insn, Module, decoder, module_of
 
 from .base import Executor
 from .datapath import DEFAULT_MAX_WORK, Datapath, check_insn, check_max_work, single_threaded_blas
@@ -54,6 +54,23 @@ def pushes_of(module: Module, insn: Insn) -> tuple[str, ...]:
     return tuple(q for q, on in ((C2L, insn.push_prev), (C2S, insn.push_next)) if on)
 
 
+def _queue_ids() -> dict:
+    """(module, deps) -> (the queue ids it pops, those it pushes), per pops_of/pushes_of."""
+    from itertools import product
+
+    qid = {q: k for k, q in enumerate(TOKEN_QUEUES)}
+    out = {}
+    for m, deps in product(Module, product((False, True), repeat=4)):
+        # a record with these four flags (pops_of/pushes_of read only them)
+        flags = FinishInsn(**dict(zip(("pop_prev", "pop_next", "push_prev", "push_next"), deps)))
+        out[int(m), deps] = (tuple(qid[q] for q in pops_of(m, flags)),
+                             tuple(qid[q] for q in pushes_of(m, flags)))
+    return out
+
+
+_QUEUE_IDS = _queue_ids()
+
+
 class Program(list):
     """A decoded and checked program: its instructions (a list), plus what every run of it
     reuses: each instruction's module and token queues (indices into TOKEN_QUEUES, in
@@ -62,18 +79,16 @@ class Program(list):
 
     def __init__(self, insns):
         super().__init__(insns)
-        qid = {q: k for k, q in enumerate(TOKEN_QUEUES)}
-        self.modules = [int(module_of(insn)) for insn in self]
-        flags: dict = {}
-        self.pops, self.pushes = [], []
-        for m, insn in zip(self.modules, self):
-            key = (m, insn.deps)
-            if key not in flags:
-                flags[key] = (tuple(qid[q] for q in pops_of(Module(m), insn)),
-                              tuple(qid[q] for q in pushes_of(Module(m), insn)))
-            pops, pushes = flags[key]
-            self.pops.append(pops)
-            self.pushes.append(pushes)
+        per: dict = {}  # id -> (module, pops, pushes): a repeated word is one object
+        ids = [id(insn) for insn in self]
+        for insn in self:
+            if id(insn) not in per:
+                m = int(module_of(insn))
+                per[id(insn)] = (m, *_QUEUE_IDS[m, insn.deps])
+        rows = [per[k] for k in ids]
+        self.modules = [r[0] for r in rows]
+        self.pops = [r[1] for r in rows]
+        self.pushes = [r[2] for r in rows]
         self.cache: dict = {}
 
 
@@ -88,6 +103,13 @@ _PROGRAM_CACHE_SIZE = 8
 _PROGRAM_CACHE_INSNS = 1 << 19
 _program_insns = [0]  # instructions of the programs in _PROGRAMS
 _programs_lock = threading.Lock()
+
+
+def _clear_caches() -> None:
+    """Forget the decoded programs (sim/base.py ``clear_caches``)."""
+    with _programs_lock:
+        _PROGRAMS.clear()
+        _program_insns[0] = 0
 
 
 def load_program(dram: np.ndarray, insn_addr: int, insn_count: int, cfg: HwConfig) -> Program:
@@ -132,11 +154,12 @@ def _decode(raw: bytes, cfg: HwConfig) -> list[Insn]:
     the same micro-ops); a repeated word is the same (immutable) instruction object."""
     seen: dict = {}
     insns = []
+    decode_word = decoder(cfg)
     for i in range(0, len(raw), INSN_BYTES):
         word = raw[i:i + INSN_BYTES]
         insn = seen.get(word)
         if insn is None:
-            insn = seen[word] = decode(int.from_bytes(word, "little"), cfg, i // INSN_BYTES)
+            insn = seen[word] = decode_word(int.from_bytes(word, "little"), i // INSN_BYTES)
         insns.append(insn)
     return insns
 
@@ -171,6 +194,10 @@ class FunctionalSimulator(Executor):
     def read_dram(self, addr: int, nbytes: int) -> np.ndarray:
         self._check_range(addr, nbytes)
         return self.dram[addr:addr + nbytes].copy()
+
+    def dram_view(self, addr: int, nbytes: int) -> np.ndarray:
+        self._check_range(addr, nbytes)
+        return self.dram[addr:addr + nbytes]
 
     def run(self, insn_addr: int, insn_count: int) -> dict:
         insns = self._load(insn_addr, insn_count)

@@ -219,6 +219,10 @@ class RtlSimulator(Executor):
         self._check_range(addr, nbytes)
         return self._dram[addr:addr + nbytes].copy()
 
+    def dram_view(self, addr: int, nbytes: int) -> np.ndarray:
+        self._check_range(addr, nbytes)
+        return self._dram[addr:addr + nbytes]
+
     def reg_read(self, name: str) -> int:
         from celosia.hw.regs import reg
 

@@ -11,12 +11,16 @@ def crossings(graph, places) -> int:
     """Values that cross per inference, from the placement alone: a value an accelerator
     node reads from DRAM (partition.dram_reads) that the CPU (or the caller) makes, and a
     value made on the accelerator that a CPU node or the caller reads. A view on the
-    accelerator (Reshape, Flatten, ...) is its input's bytes: reading it reads its root."""
+    accelerator (Reshape, Flatten, ...) is its input's bytes: reading it reads its root. A
+    CPU node computed in place on the packed layout (partition.packed_nodes) reads and
+    writes DRAM values where they are: no crossing."""
+    from celosia.compiler.accel.partition import packed_nodes
     from celosia.compiler.accel.partition import ALIAS_OPS, dram_reads
 
     on_accel = {n.name for n in graph.nodes if places[n.name].target == "accel"}
+    in_place = packed_nodes(graph, places) if on_accel else set()
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
-    made_on_accel = {n.outputs[0] for n in graph.nodes if n.name in on_accel}
+    made_on_accel = {n.outputs[0] for n in graph.nodes if n.name in on_accel | in_place}
 
     def root(v):
         while v in producer and producer[v].op in ALIAS_OPS and producer[v].name in on_accel:
@@ -27,7 +31,7 @@ def crossings(graph, places) -> int:
     for n in graph.nodes:
         if n.name in on_accel:
             packed |= {v for v in dram_reads(n) if v not in made_on_accel}
-        else:
+        elif n.name not in in_place:
             read |= {root(v) for v in n.inputs if v in made_on_accel}
     read |= {root(v) for v in made_on_accel & set(graph.outputs)}
     return len(packed) + len(read)

@@ -24,7 +24,7 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 from celosia.isa import AluOp, MemType, Module
 
-from ..tensor.expr import Bin, Call, Cast, Const, Select, Var, expr_str, free_vars, linear_form
+from ..tensor.expr import Bin, Call, Cast, Const, Select, Var, coefficient, expr_str, free_vars
 from ..tensor.tir import Allocate, Attr, Evaluate, For, If, Kernel, PrimFunc, Seq, Stmt, Store, walk
 
 __all__ = ["AccelOp", "build_ops", "insert_dependencies", "emit", "QUEUES"]
@@ -177,8 +177,7 @@ class _Builder:
             for var, extent in k.loops:
                 coefs = []
                 for e in uops[0].args:
-                    lf = linear_form(e)
-                    coefs.append(lf[0].get(var, 0) if lf else 0)
+                    coefs.append(coefficient(e, var) or 0)
                 factors.append((extent, *coefs))
             local = {v for v, _ in k.loops} | {n.var for n in walk(k.body) if isinstance(n, For)}
             free = {v for u in uops for a in u.args for v in free_vars(a)} - local

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from celosia.config import MEM_SIZE_BITS
 from celosia.errors import CompilerError
 from celosia.isa import MemType
 
@@ -27,6 +28,8 @@ from .intrin import element_index
 __all__ = ["inject_dma"]
 
 ELEM_DIMS = 2
+# x_size, y_size and x_stride are 16-bit fields of LOAD/STORE (ISA.md).
+MAX_FIELD = (1 << MEM_SIZE_BITS) - 1
 
 
 @dataclass
@@ -221,15 +224,48 @@ def _fold(info: list[_Loop], sram_stride: str, where: str):
     x = y = None
     if merged and merged[-1].src_stride == 1 and merged[-1].dst_stride == 1:
         x = merged.pop()
+        if x.extent > MAX_FIELD:
+            # More elements than x_size holds: x keeps the inner loops it merged that fit,
+            # the outer ones become the next loop out (the y loop, or host loops).
+            x, rest = _split_parts(x, where)
+            merged.append(rest)
     if merged:
         width = x.extent if x else 1
-        if getattr(merged[-1], sram_stride) == width:
+        cand = merged[-1]
+        dram_stride = cand.dst_stride if sram_stride == "src_stride" else cand.src_stride
+        # y_size and x_stride are 16-bit fields: a loop past them stays a host loop (one DMA
+        # per iteration) rather than a DMA that does not encode.
+        if getattr(cand, sram_stride) == width and cand.extent <= MAX_FIELD and \
+                dram_stride <= MAX_FIELD:
             y = merged.pop()
     for loop in merged:
         if loop.pad is not None:
             raise CompilerError(f"{where}: padding on loop {loop.var.name} cannot be expressed: "
                                 f"only the DMA's two innermost dimensions can be padded")
     return merged, x, y
+
+
+def _split_parts(x: _Loop, where: str) -> tuple[_Loop, _Loop]:
+    """(inner, outer) of a merged x loop whose extent exceeds the x_size field: inner takes
+    the innermost merged loops whose product fits, outer the others (both contiguous)."""
+    parts = x.parts or (x,)
+    extent, k = 1, 0
+    while k < len(parts) and extent * parts[k].extent <= MAX_FIELD:
+        extent *= parts[k].extent
+        k += 1
+    if k == 0 or x.pad is not None:
+        raise CompilerError(f"{where}: a copy of {x.extent} contiguous elements along loop "
+                            f"{parts[0].var.name} does not fit the DMA's x_size (at most "
+                            f"{MAX_FIELD}): split that loop in the schedule")
+
+    def group(ps):
+        if len(ps) == 1:
+            return _Loop(ps[0].var, ps[0].extent, ps[0].dst_stride, ps[0].src_stride)
+        n = 1
+        for p in ps:
+            n *= p.extent
+        return _Loop(ps[0].var, n, ps[0].dst_stride, ps[0].src_stride, parts=tuple(ps))
+    return group(parts[:k]), group(parts[k:])
 
 
 def _pad_amounts(loop):

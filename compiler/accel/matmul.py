@@ -132,18 +132,22 @@ def matrices_shape(shape: tuple[int, ...], cfg: HwConfig) -> tuple[int, int]:
     return (math.prod(shape[:-2]), _matrix_bytes(shape[-2], shape[-1], cfg)[1])
 
 
-def pack_matrices(x: np.ndarray, cfg: HwConfig) -> np.ndarray:
-    """[..., rows, cols] int8 -> (G, S): each matrix in the dense data layout, padded."""
+def pack_matrices(x: np.ndarray, cfg: HwConfig, out: np.ndarray | None = None) -> np.ndarray:
+    """[..., rows, cols] int8 -> (G, S): each matrix in the dense data layout, padded;
+    ``out``: int8 memory of that shape to write it into (a view of DRAM), else fresh."""
     b, k = cfg.batch, cfg.block
     rows, cols = x.shape[-2:]
     raw, stride = _matrix_bytes(rows, cols, cfg)
     m = pad_channels(x.reshape(-1, rows, cols), 2, k)
     g, _, cp = m.shape
-    packed = m.reshape(g, rows // b, b, cp // k, k).transpose(0, 1, 3, 2, 4).reshape(g, raw)
-    if stride == raw:
-        return np.ascontiguousarray(packed)
-    out = np.zeros((g, stride), x.dtype)
-    out[:, :raw] = packed
+    packed = m.reshape(g, rows // b, b, cp // k, k).transpose(0, 1, 3, 2, 4)
+    if out is None:
+        if stride == raw:
+            return np.ascontiguousarray(packed).reshape(g, raw)
+        out = np.zeros((g, stride), x.dtype)
+    elif stride != raw:
+        out[:, raw:] = 0
+    out[:, :raw].reshape(packed.shape)[...] = packed
     return out
 
 
@@ -168,18 +172,22 @@ def weights_shape(b_shape: tuple[int, ...], cfg: HwConfig) -> tuple[int, int]:
     return (math.prod(b_shape[:-2]), _weight_bytes(b_shape[-2], b_shape[-1], cfg)[1])
 
 
-def pack_weights(x: np.ndarray, cfg: HwConfig) -> np.ndarray:
+def pack_weights(x: np.ndarray, cfg: HwConfig, out: np.ndarray | None = None) -> np.ndarray:
     """b [..., K, N] int8 -> (GB, S): each matrix's b^T in the dense weight layout
-    (N/k, K/k, k, k), K and N zero-padded to BLOCK."""
+    (N/k, K/k, k, k), K and N zero-padded to BLOCK; ``out``: int8 memory of that shape to
+    write it into (a view of DRAM), else fresh."""
     k = cfg.block
     kdim, ndim = x.shape[-2:]
     raw, stride = _weight_bytes(kdim, ndim, cfg)
     m = pad_channels(pad_channels(x.reshape(-1, kdim, ndim), 1, k), 2, k)
     g, kp, np_ = m.shape
     # weight[g, j, ko, oo, ki] = b[g, ko*k + ki, j*k + oo]
-    packed = m.reshape(g, kp // k, k, np_ // k, k).transpose(0, 3, 1, 4, 2).reshape(g, raw)
-    out = np.zeros((g, stride), np.int8)
-    out[:, :raw] = packed
+    packed = m.reshape(g, kp // k, k, np_ // k, k).transpose(0, 3, 1, 4, 2)
+    if out is None:
+        out = np.zeros((g, stride), np.int8)
+    elif stride != raw:
+        out[:, raw:] = 0
+    out[:, :raw].reshape(packed.shape)[...] = packed
     return out
 
 

@@ -133,6 +133,9 @@ class ConvSpec(_ConvOutput):
     stride: int | tuple = 1
     pad: int | tuple = 0
     epilogue: Epilogue = field(default_factory=Epilogue)
+    # (row classes, column classes) of a bias table (border.py: a nonzero pad value), or ()
+    # for one bias per channel
+    bias_classes: tuple = ()
 
     def __post_init__(self):
         for name, size in (("stride", 2), ("pad", 4)):
@@ -201,19 +204,27 @@ def _pad_input(data, pads: tuple, names: tuple):
     return te.compute((*lead, h + pt + pb, w + pl + pr, b, k), _named(at, names), "data_pad")
 
 
-def _epilogue_stages(e: Epilogue, acc, channel_axes: tuple):
+def _epilogue_stages(e: Epilogue, acc, channel_axes: tuple, classes: tuple = ()):
     """The fused epilogue of accumulators ``acc`` (..., b, k): its bias, scale and residual
     placeholders (bias and scale indexed by ``channel_axes`` of acc, then b, k; the residual
     shaped like acc), the epilogue stage and the int8 output. Returns (epi, out, the
-    placeholders present in argument order)."""
+    placeholders present in argument order). ``classes`` (row axis, column axis, row
+    classes, column classes): the bias is a table (border.py), indexed by the channel axes,
+    the row's class and the column's class."""
     chans = tuple(acc.shape[a] for a in channel_axes) + acc.shape[-2:]
-    bias = te.placeholder(chans, "int32", "bias") if e.bias else None
+    if classes:
+        ya, xa, rows, cols = classes
+        bias_shape = chans[:-2] + (rows.count, cols.count) + chans[-2:]
+    else:
+        bias_shape = chans
+    bias = te.placeholder(bias_shape, "int32", "bias") if e.bias else None
     scale = te.placeholder(chans, "int32", "scale") if e.scale else None
     resid = te.placeholder(acc.shape, "int8", "residual") if e.residual else None
 
     def at(*i):
         c = tuple(i[a] for a in channel_axes) + i[-2:]
-        return e.expr(acc[i], bias[c] if bias is not None else None,
+        bc = c[:-2] + (rows.expr(i[ya]), cols.expr(i[xa])) + c[-2:] if classes else c
+        return e.expr(acc[i], bias[bc] if bias is not None else None,
                       resid[i] if resid is not None else None,
                       scale[c] if scale is not None else None)
 
@@ -311,7 +322,8 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
         lambda n, o, y, x, bb, oo: te.sum(
             padded[n, ci, y * ys + dy, x * sw + dx, bb, ki].astype("int32")
             * kernel[o, ci, dy, dx, oo, ki].astype("int32"), axis=[ci, dy, dx, ki]), "conv")
-    epi, out, extras = _epilogue_stages(spec.epilogue, conv, (1,))
+    epi, out, extras = _epilogue_stages(spec.epilogue, conv, (1,),
+                                        (2, 3, *spec.bias_classes) if spec.bias_classes else ())
 
     _check_divides("tile_h", oh, knobs.tile_h)
     _check_divides("tile_w", ow, knobs.tile_w)

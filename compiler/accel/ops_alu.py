@@ -26,11 +26,11 @@ Two ``O`` buffers alternate so that a tile's store overlaps the next tile's ALU 
 store -> compute tokens say when a buffer may be written again.
 
 Global average pooling (compiler/graph/qops.py qglobal_average_pool: ``(sum * multiplier +
-2^(shift-1)) >> shift``, clipped, in int32 arithmetic), per group of channel blocks of one
+2^(shift-1) + offset) >> shift``, clipped, in int32 arithmetic), per group of channel blocks of one
 batch block: ``ACC_8BIT`` LOAD of their pixels (contiguous in DRAM), one ALU ``ADD`` whose
 inner loop has destination factor 0 (each channel block's pixels summed into one row, after
 a ``MUL 0`` that clears it), then ``MUL`` by a row holding the multiplier and ``ADD`` of a
-row holding the rounding constant (both int32 constants loaded once: they need not fit the
+row holding the rounding constant and the offset (both int32 constants loaded once: they need not fit the
 16-bit immediate), ``SHR``, ``MAX -128``, ``MIN 127`` and the store of those rows.
 
 Element-wise nodes see their operands as flat runs of ACC rows (two values of one shape
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from celosia.config import HwConfig
+from celosia.config import LOOP_ITER_BITS, MEM_PAD_BITS, MEM_SIZE_BITS, HwConfig
 from celosia.errors import CompilerError
 from celosia.isa import AluOp, MemType, Module
 
@@ -54,7 +54,9 @@ __all__ = ["PoolSpec", "PoolKnobs", "pool_knobs", "maxpool", "AluProgram",
            "maxpool_reference", "GapSpec", "global_average_pool", "gap_constants",
            "EltSpec", "elementwise", "elt_constants"]
 
-_MAX_PAD = 15  # the DMA's pad fields are 4 bits
+_MAX_PAD = (1 << MEM_PAD_BITS) - 1  # the DMA's pad fields are 4 bits
+_MAX_SIZE = (1 << MEM_SIZE_BITS) - 1  # its sizes and row stride, 16
+_MAX_ITER = (1 << LOOP_ITER_BITS) - 1  # iterations of a GEMM/ALU loop
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,9 @@ def _check_axis(what: str, spec_size: int, out: int, tile: int, stride: int, pad
 def pool_knobs(cfg: HwConfig, spec: PoolSpec) -> PoolKnobs:
     """The largest tiles (whole rows first) whose input window and two output buffers fit
     the accumulator buffer; a CompilerError names what does not fit."""
+    if spec.w > _MAX_SIZE:
+        raise CompilerError(f"max pooling: rows of {spec.w} pixels are further apart than the "
+                            f"DMA's row stride reaches ({_MAX_SIZE} elements)")
     best = None
     for tw in sorted({spec.ow, *range(1, spec.ow + 1)}, reverse=True):
         iw = (tw - 1) * spec.stride_w + spec.span_w
@@ -316,7 +321,7 @@ def maxpool_reference(x: np.ndarray, spec: PoolSpec) -> np.ndarray:
 @dataclass(frozen=True)
 class GapSpec:
     """int8 global average pooling of packed [n, c, h, w] (c padded to BLOCK) to [n, c, 1, 1]:
-    ``(sum * multiplier + 2^(shift-1)) >> shift``, clipped to int8."""
+    ``(sum * multiplier + 2^(shift-1) + offset) >> shift``, clipped to int8."""
 
     n: int
     c: int
@@ -324,6 +329,7 @@ class GapSpec:
     w: int
     multiplier: int
     shift: int
+    offset: int = 0
 
     @property
     def macs(self) -> int:
@@ -331,10 +337,11 @@ class GapSpec:
 
 
 def gap_constants(cfg: HwConfig, spec: GapSpec) -> np.ndarray:
-    """The int32 rows the program loads: the multiplier and the rounding constant."""
+    """The int32 rows the program loads: the multiplier and the rounding constant (with
+    the offset, wrapped to int32)."""
     rows = np.empty((2, cfg.batch, cfg.block), np.int32)
     rows[0] = np.int32(np.int64(spec.multiplier).astype(np.int32))
-    rows[1] = 1 << (spec.shift - 1)
+    rows[1] = np.int64((1 << (spec.shift - 1)) + spec.offset).astype(np.int32)
     return rows
 
 
@@ -427,12 +434,18 @@ def global_average_pool(cfg: HwConfig, spec: GapSpec, name: str = "gap") -> AluP
 class EltSpec:
     """An element-wise int8 node over ``rows`` packed elements (ACC rows) of each operand
     (``shape``: the packed shape, for the arguments): ``op`` "add" (QAdd, with its
-    multipliers and shift) or "relu"."""
+    multipliers and shift), "mul" (QMul, one multiplier) or "relu". A "mul" whose
+    ``gate_rows`` is above 1 multiplies each run of ``gate_rows`` rows (one channel block's
+    pixels) by one row of a per-channel gate [N, C, 1, 1] (packed: ``rows / gate_rows``
+    rows), the first argument when ``gate_first``."""
 
     op: str
     shape: tuple
     multipliers: tuple = ()
     shift: int = 0
+    gate_rows: int = 1
+    gate_first: bool = False
+    zero_points: tuple = (0, 0, 0)  # a mul's (za, zb, zo): qops.qmul's zero_points
 
     @property
     def macs(self) -> int:
@@ -444,16 +457,45 @@ class EltSpec:
 
 
 def elt_constants(cfg: HwConfig, spec: EltSpec) -> np.ndarray:
-    """The int32 rows a QAdd loads: its two multipliers and the rounding constant."""
-    rows = np.empty((3, cfg.batch, cfg.block), np.int32)
+    """The int32 rows a QAdd or QMul loads: its multipliers (two, or one) and the rounding
+    constant."""
+    rows = np.empty((len(spec.multipliers) + 1, cfg.batch, cfg.block), np.int32)
     for i, m in enumerate(spec.multipliers):
         rows[i] = np.int32(np.int64(m).astype(np.int32))
-    rows[2] = 1 << (spec.shift - 1)
+    rows[-1] = 1 << (spec.shift - 1)
     return rows
 
 
+def _add_imm(dev, r0, n, imm, tag):
+    """ADD of the immediate ``imm`` to ACC rows [r0, r0 + n) (nothing when it is 0)."""
+    if not imm:
+        return
+
+    def rows(kb):
+        if n > 1:
+            kb.loop(n, 1, 1)
+        kb.push(r0, r0)
+    dev.alu((tag, r0, n, imm), rows, AluOp.ADD, imm=imm)
+
+
+def _requantize_rows(dev, ra, n, shift, zero_point=0):
+    """SHR by ``shift``, plus ``zero_point``, then clip to int8 (MAX -128, MIN 127), of ACC
+    rows [ra, ra + n)."""
+    def rows(kb):
+        if n > 1:
+            kb.loop(n, 1, 1)
+        kb.push(ra, ra)
+    dev.alu(("elt-shr", ra, n, shift), rows, AluOp.SHR, imm=shift)
+    _add_imm(dev, ra, n, zero_point, "elt-zero-point")
+    dev.alu(("elt-max", ra, n, -128), rows, AluOp.MAX, imm=-128)
+    dev.alu(("elt-min", ra, n, 127), rows, AluOp.MIN, imm=127)
+
+
 def elementwise(cfg: HwConfig, spec: EltSpec, name: str = "elementwise") -> AluProgram:
-    """Takes (a, b, constants (elt_constants), out) for "add", (a, out) for "relu"."""
+    """Takes (a, b, constants (elt_constants), out) for "add" and "mul", (a, out) for
+    "relu"."""
+    if spec.op == "mul":
+        return _qmul(cfg, spec, name)
     add = spec.op == "add"
     if spec.op not in ("add", "relu"):
         raise CompilerError(f"{name}: no element-wise {spec.op!r} on the ALU")
@@ -509,3 +551,98 @@ def elementwise(cfg: HwConfig, spec: EltSpec, name: str = "elementwise") -> AluP
     if add:
         args += [("b", "int8", shape), ("constants", "int32", (3, cfg.batch, cfg.block))]
     return AluProgram(name, cfg, args + [("out", "int8", shape)], emit)
+
+
+def _qmul(cfg: HwConfig, spec: EltSpec, name: str) -> AluProgram:
+    """QMul (qops.qmul: ``((a - za) * (b - zb) * m + 2^(shift-1)) >> shift`` + zo, clipped,
+    int32 arithmetic; the zero points are ADDs of immediates)
+    of ``a`` by ``b``, a value of a's shape (``gate_rows`` 1) or a per-channel gate (one row
+    per ``gate_rows`` rows of a). Per chunk of whole runs of ``gate_rows`` rows (or, when a
+    run does not fit, of part of one run): ``ACC_8BIT`` LOADs of a's rows and of the gate
+    rows they use, ``MUL`` of a by b (the gate's row repeated by a micro-op loop whose
+    source factor is 0), ``MUL`` by the multiplier row, ``ADD`` of the rounding row, ``SHR``,
+    ``MAX -128``, ``MIN 127``, store; with a gate, its rows are multiplied by m first
+    (fewer rows than a's). The result is qmul's bit for bit: MUL keeps the low 32 bits, and
+    those of a product do not depend on the order of its factors."""
+    g = spec.gate_rows
+    if not 1 <= spec.shift <= 31 or len(spec.multipliers) != 1:
+        raise CompilerError(f"{name}: QMul needs one multiplier and a shift in [1, 31]")
+    if g < 1 or spec.rows % g:
+        raise CompilerError(f"{name}: {spec.rows} rows are not whole runs of {g} gate rows")
+    base = 2  # the multiplier and the rounding rows
+    free = (cfg.acc_depth - base) // 2  # rows of one of two slots
+    if g + 1 <= free:  # whole runs: planes of g rows and their gate rows
+        planes = min(spec.rows // g, free // (g + 1), _MAX_ITER)
+        m = planes * g
+    else:  # part of one run per chunk, with its one gate row
+        planes, m = 1, min(free - 1, _MAX_ITER)
+    if m < 1:
+        raise CompilerError(f"{name}: the accumulator buffer ({cfg.acc_depth} rows) is too small")
+    chunks = []  # (first row of a, rows, first gate row, gate rows)
+    if m % g == 0:
+        chunks = [(r0, min(m, spec.rows - r0), r0 // g, -(-min(m, spec.rows - r0) // g))
+                  for r0 in range(0, spec.rows, m)]
+    else:
+        for p in range(spec.rows // g):
+            chunks += [(p * g + q0, min(m, g - q0), p, 1) for q0 in range(0, g, m)]
+    C, S = Module.COMPUTE, Module.STORE
+    # a's and b's zero points as the program sees them (a: the operand of a's shape)
+    za, zb, zo = (int(z) for z in spec.zero_points)
+    if spec.gate_first:
+        za, zb = zb, za
+
+    def emit(dev, bufs):
+        a, b, consts, out = bufs
+        if spec.gate_first:
+            a, b = b, a
+        dev.load_2d(consts, 0, 2, 1, 2, sram_index=0, mem_type=MemType.ACC)
+        for t, (r0, n, q0, nq) in enumerate(chunks):
+            ra = base + (t % 2) * (m + planes)
+            rb = ra + m
+            if t >= 2:
+                dev.dep_pop(S, C)
+            dev.load_2d(a, r0, n, 1, n, sram_index=ra, mem_type=MemType.ACC_8BIT)
+            dev.load_2d(b, q0, nq, 1, nq, sram_index=rb, mem_type=MemType.ACC_8BIT)
+            # the operands' zero points off first: (a - za) and (b - zb), each exact in int32
+            _add_imm(dev, ra, n, -za, "qmul-za")
+            _add_imm(dev, rb, nq, -zb, "qmul-zb")
+
+            def by_gate(kb, n=n, nq=nq):
+                # row ra + p*g + i times gate row rb + p (g == 1: row for row)
+                run = min(n, g)
+                if nq > 1:
+                    kb.loop(nq, run, 1)
+                if run > 1:
+                    kb.loop(run, 1, 0)
+                kb.push(ra, rb)
+
+            def by_row(row, n=n):
+                def record(kb):
+                    if n > 1:
+                        kb.loop(n, 1, 0)
+                    kb.push(ra, row)
+                return record
+            if g > 1:  # the multiplier on the gate's rows, fewer than a's
+                def gate_m(kb, nq=nq):
+                    if nq > 1:
+                        kb.loop(nq, 1, 0)
+                    kb.push(rb, 0)
+                dev.alu(("qmul-gate-m", rb, nq), gate_m, AluOp.MUL)
+            dev.alu(("qmul-gate", ra, rb, n, nq, min(n, g)), by_gate, AluOp.MUL)
+            if g == 1:
+                dev.alu(("qmul-m", ra, n), by_row(0), AluOp.MUL)
+            dev.alu(("qmul-round", ra, n), by_row(1), AluOp.ADD)
+            _requantize_rows(dev, ra, n, spec.shift, zo)
+            dev.dep_push(C, S)
+            dev.dep_pop(C, S)
+            dev.store_2d(ra, out, r0, n, 1, n)
+            dev.dep_push(S, C)
+        for _ in range(min(len(chunks), 2)):
+            dev.dep_pop(S, C)
+
+    shape = tuple(spec.shape)
+    gate = (*shape[:2], 1, 1, *shape[-2:]) if g > 1 else shape
+    operands = [("gate", "int8", gate), ("a", "int8", shape)] if spec.gate_first else \
+        [("a", "int8", shape), ("b", "int8", gate)]
+    return AluProgram(name, cfg, operands + [("constants", "int32", (2, cfg.batch, cfg.block)),
+                                             ("out", "int8", shape)], emit)

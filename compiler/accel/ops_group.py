@@ -40,6 +40,7 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..tensor import te
+from .border import bias_rows, bias_uops
 from .build import AcceleratorFunction, build
 from .intrin import gemm_intrinsic
 from .ops import (Epilogue, _accumulator_schedule, _check_divides, _ConvOutput,
@@ -102,6 +103,7 @@ class GroupConvSpec(_ConvOutput):
     pads: tuple = (0, 0, 0, 0)  # (top, left, bottom, right), ONNX order
     block: int = 16
     epilogue: Epilogue = field(default_factory=Epilogue)
+    bias_classes: tuple = ()  # as ConvSpec's (border.py)
 
     def __post_init__(self):
         problem = group_layout_problem(self.c, self.o, self.groups, self.block)
@@ -189,7 +191,8 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
         lambda n, s, o, y, x, bb, oo: te.sum(
             padded[n, s, ci, y * sh + dy, x * sw + dx, bb, ki].astype("int32")
             * kernel[s, o, ci, dy, dx, oo, ki].astype("int32"), axis=[ci, dy, dx, ki]), "conv")
-    epi, out, extras = _epilogue_stages(spec.epilogue, conv, (1, 2))
+    epi, out, extras = _epilogue_stages(spec.epilogue, conv, (1, 2),
+                                        (3, 4, *spec.bias_classes) if spec.bias_classes else ())
 
     _check_divides("tile_h", oh, knobs.tile_h)
     _check_divides("tile_w", ow, knobs.tile_w)
@@ -322,11 +325,12 @@ def _rows(spec: GroupConvSpec, kb: GroupConvKnobs) -> dict:
     in_w = (kb.tile_w - 1) * spec.strides[1] + spec.kw
     e = spec.epilogue
     blocks = kb.tile_g * kb.tile_co
-    extra = blocks * (e.bias + e.scale) + (blocks * kb.tile_h * kb.tile_w if e.residual else 0)
+    bias = e.bias * bias_rows(spec.bias_classes, kb.tile_h, kb.tile_w)
+    extra = blocks * (bias + e.scale) + (blocks * kb.tile_h * kb.tile_w if e.residual else 0)
     return {"inp": kb.vthreads * kb.tile_g * kb.tile_ci * in_h * in_w,
             "wgt": kb.vthreads * blocks * kb.tile_ci * spec.kh * spec.kw,
             "acc": kb.vthreads * (blocks * kb.tile_h * kb.tile_w + extra),
-            "uop": _uops(spec, kb)}
+            "uop": _uops(spec, kb) + bias_uops(spec.bias_classes, kb.tile_h, kb.tile_w)}
 
 
 def group_conv_candidates(cfg: HwConfig, spec: GroupConvSpec) -> list[GroupConvKnobs]:

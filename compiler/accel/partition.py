@@ -2,8 +2,9 @@
 
 ``annotate`` decides, node by node, what the configured accelerator can run: a 2-D or 1-D
 ``QConv`` without dilation (conv2d for groups = 1, group_conv2d, compiler/accel/ops_group.py,
-for grouped and depthwise ones; both with per-side padding, a stride per axis and 1-D ones
-as 2-D with one row), and a ``QGemm`` (and the ALU-only nodes and views below), each with
+for grouped and depthwise ones; both with per-side padding, a stride per axis, 1-D ones
+as 2-D with one row, and a nonzero ``pad_value`` through a bias table, border.py), and a
+``QGemm`` (and the ALU-only nodes and views below), each with
 its fused bias, per-channel requantization, residual add and clip (the ALU epilogue of
 compiler/ops.py executes exactly the integer arithmetic that
 compiler/graph/qops.py defines), and a ``QMatMul`` of two run-time values (one dense
@@ -20,7 +21,8 @@ once where the CPU reads it (layout conversions are placed only at region border
 
 Regions grow across nodes that need no GEMM, so that values leave the accelerator only
 where the model really does: an int8 ``MaxPool`` runs on the ALU (compiler/accel/ops_alu.py),
-and so do ``QGlobalAveragePool``, ``QAdd`` and an int8 ``Relu`` (``ALU_OPS``), and ``Reshape``/``Flatten``/``Squeeze``/
+and so do ``QGlobalAveragePool``, ``QAdd``, ``QMul`` (also by a per-channel gate) and an int8
+``Relu`` (``ALU_OPS``), and ``Reshape``/``Flatten``/``Squeeze``/
 ``Unsqueeze``/``Identity`` (``ALIAS_OPS``) are views
 with no program: their output is the packed bytes of their input (its *root*, see
 ``root_of``). A view whose packed bytes coincide with its own packed layout (same batch
@@ -31,14 +33,23 @@ order (``layer_for``); the CPU reads any view by unpacking its root. A channel `
 (``PLACED_OPS``) at BLOCK boundaries, for one batch block, is a placement: its inputs are
 allocated inside its output (``concat_slices``), so their producers write their slices
 and nothing is copied. These nodes go to the accelerator only when their inputs are made
-there (otherwise they would add a crossing, not save one). ``dram_reads`` names the values
-an accelerator node reads from DRAM.
+there, or by a CPU node computed in place on the packed layout (a ``QLut`` between
+accelerator nodes, ``packed_nodes`` below; otherwise they would add a crossing, not save
+one). ``dram_reads`` names the values an accelerator node reads from DRAM.
+
+A quantized recurrent layer (``RECURRENT_OPS``: QLSTM, QGRU, QRNN; compiler/accel/
+recurrent.py), and an If, Loop or Scan whose bodies hold integer products (QMatMulWide or
+a recurrent layer, compiler/graph/qbody.py), are accelerator nodes whose values stay on the
+host (``is_host_node``): they run their products' programs on operands they pack
+themselves, step by step or iteration by iteration (runtime/accel_recurrent.py), and read
+or write no value in DRAM.
 
 ``layer_for`` gives the accelerator operator (spec, packed constants) for a node.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -47,18 +58,23 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..graph.ir import Graph, Node
+from ..graph.qops import pad_value
 from . import matmul
+from .border import bias_table, pack_bias_table
 from .ops import (ConvSpec, DenseSpec, Epilogue, pack_bias, pack_oihw, pad_channels)
 from .ops_alu import EltSpec, GapSpec, PoolSpec, elt_constants, gap_constants
 from .ops_group import GroupConvSpec, crop_taps, group_layout_problem, pack_group_kernel
+from .recurrent import (CONTROL_OPS, RECURRENT_OPS, control_problem, is_host_node,
+                        recurrent_problem, wide_problem)
 
 __all__ = ["Placement", "annotate", "cpu_reason", "regions", "AccelLayer", "layer_for", "ACCEL_OPS",
            "dense_rows", "compile_layer", "ALIAS_OPS", "ALU_OPS", "PLACED_OPS", "dram_reads",
            "root_of", "concat_slices",
-           "packed_shape", "pack_value", "unpack_value", "value_layouts"]
+           "packed_shape", "pack_value", "unpack_value", "value_layouts", "IN_PLACE_OPS",
+           "in_dram", "in_place_problem", "packed_nodes"]
 
 # Nodes with an ALU-only program (compiler/accel/ops_alu.py).
-ALU_OPS = ("MaxPool", "QGlobalAveragePool", "QAdd", "Relu")
+ALU_OPS = ("MaxPool", "QGlobalAveragePool", "QAdd", "QMul", "Relu")
 ACCEL_OPS = ("QConv", "QGemm", "QMatMul", *ALU_OPS)
 # Views: the output is the input's packed bytes (no program runs).
 ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
@@ -72,7 +88,9 @@ def dram_reads(node: Node) -> tuple[str, ...]:
     them): a QConv's or QGemm's data and residual, another node's data input."""
     if node.op in ("QConv", "QGemm"):
         return tuple(v for v in (node.inputs[0], *node.inputs[4:]) if v)
-    if node.op == "QAdd":
+    if is_host_node(node):  # its operands are packed by the runtime, per product
+        return ()
+    if node.op in ("QAdd", "QMul"):
         return tuple(node.inputs[:2])
     if node.op == "Concat":
         return tuple(node.inputs)
@@ -161,12 +179,14 @@ def _is_plain_conv2d(node: Node, graph: Graph) -> bool:
     return _conv_geometry(node, graph)[0] == 1
 
 
-# Integer operators of a quantized graph with no accelerator kernel yet: what they compute
-# (int8 MaxPool, QGlobalAveragePool, QAdd and Relu are ALU_OPS, placed by
+# Integer operators of a quantized graph with no accelerator kernel: what they compute
+# (int8 MaxPool, QGlobalAveragePool, QAdd, QMul and Relu are ALU_OPS, placed by
 # ``_movement_problem``).
 _INT8_WORK = {
     "QLut": "int8 lookup table",
-    "QMul": "int8 element-wise Mul of two values",
+}
+_WHY_NOT = {
+    "QLut": "the ALU has no table lookup (its operations are MIN, MAX, ADD, SHR and MUL)",
 }
 # Operators that only move int8 values: data movement the accelerator does not do yet
 # (views and Concat are ALIAS_OPS and PLACED_OPS).
@@ -185,7 +205,7 @@ def cpu_reason(node: Node, graph: Graph) -> str:
     if op == "Dequantize":
         return "Dequantize: an int8 value leaves for a float reader or output"
     if op in _INT8_WORK and out is not None and out.dtype == "int8":
-        return f"{op} ({_INT8_WORK[op]}) has no accelerator kernel yet"
+        return f"{op} ({_INT8_WORK[op]}): {_WHY_NOT[op]}"
     if op.startswith("Q") or (out is not None and out.dtype == "int8"):
         what = "int8 data movement" if op in _INT8_MOVES else f"{op} on int8 values"
         return f"{op} ({what}) has no accelerator mapping yet"
@@ -196,7 +216,7 @@ def cpu_reason(node: Node, graph: Graph) -> str:
 
 
 def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
-                      out: dict) -> str | None:
+                      out: dict, packed=()) -> str | None:
     """Why a node of ALU_OPS or a view stays on the CPU (None: it goes to the
     accelerator)."""
     x = node.inputs[0] if node.inputs else None
@@ -207,7 +227,7 @@ def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
     unknown = [v for v in (*reads, y) if not graph.types[v].static]
     if unknown:
         return f"the size of {unknown[0]!r} ({graph.types[unknown[0]]}) is only known at run time"
-    if _made_on_cpu(node, producer, out):
+    if _made_on_cpu(node, producer, out, packed):
         return (f"{node.op} of a value the CPU makes: on the accelerator it would add a "
                 f"crossing between CPU and accelerator, not save one")
     xs, ys = graph.types[x].shape, graph.types[y].shape
@@ -224,13 +244,19 @@ def _movement_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
         return None if 1 <= shift <= 31 else f"shift {shift} is outside [1, 31]"
     if node.op == "Concat":
         return _concat_problem(node, graph, cfg, producer, out)
-    if node.op in ("QAdd", "Relu"):
+    if node.op in ("QAdd", "QMul", "Relu"):
         if len(ys) not in (2, 4):
             return f"{node.op} of a {len(ys)}-D value (the packed layout holds 2-D and 4-D ones)"
-        if any(graph.types[v].shape != ys for v in reads):
+        gates = [v for v in reads if graph.types[v].shape != ys]
+        if node.op == "QMul" and len(gates) == 1 and len(ys) == 4 and \
+                graph.types[gates[0]].shape == (*ys[:2], 1, 1):
+            gates = []  # squeeze-excitation's gate: one row per channel block's pixels
+        if gates:
+            what = ("values of one shape, or a per-channel gate [N, C, 1, 1]"
+                    if node.op == "QMul" else "values of one shape")
             return (f"{node.op} with a broadcast operand ({', '.join(str(graph.types[v]) for v in reads)}"
-                    f" -> {graph.types[y]}): the ALU program adds values of one shape")
-        if node.op == "QAdd" and not 1 <= int(node.attrs["shift"]) <= 31:
+                    f" -> {graph.types[y]}): the ALU program takes {what}")
+        if node.op in ("QAdd", "QMul") and not 1 <= int(node.attrs["shift"]) <= 31:
             return f"shift {node.attrs['shift']} is outside [1, 31]"
         return None
     root = root_of(x, producer, out)
@@ -279,10 +305,11 @@ def _concat_problem(node: Node, graph: Graph, cfg: HwConfig, producer: dict,
     return None
 
 
-def _made_on_cpu(node: Node, producer: dict, out: dict) -> bool:
-    """Whether a value the node reads from DRAM is made on the CPU (or is an input)."""
-    return any(producer.get(v) is None or out[producer[v].name].target != "accel"
-               for v in dram_reads(node))
+def _made_on_cpu(node: Node, producer: dict, out: dict, packed=()) -> bool:
+    """Whether a value the node reads from DRAM is made on the CPU (or is an input): not by
+    an accelerator node nor by a node the CPU computes in place on the packed layout
+    (``packed``, ``packed_nodes``)."""
+    return not all(in_dram(v, producer, out, packed) for v in dram_reads(node))
 
 
 def _check_views(graph: Graph, out: dict, cfg: HwConfig) -> None:
@@ -294,11 +321,12 @@ def _check_views(graph: Graph, out: dict, cfg: HwConfig) -> None:
     changed = True
     while changed:
         changed = False
+        packed = packed_nodes(graph, out)  # (a change below is seen by the next round)
         for n in graph.nodes:
             if out[n.name].target != "accel":
                 continue
             if n.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
-                if _made_on_cpu(n, producer, out):
+                if _made_on_cpu(n, producer, out, packed):
                     out[n.name] = Placement("cpu", f"{n.op} of a value the CPU makes: on the "
                                             f"accelerator it would add a crossing, not save one")
                     changed = True
@@ -330,6 +358,12 @@ def _check_views(graph: Graph, out: dict, cfg: HwConfig) -> None:
 
 
 def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
+    if node.op in RECURRENT_OPS:
+        return recurrent_problem(node, graph)
+    if node.op in CONTROL_OPS:
+        return control_problem(node)
+    if node.op in ("QMatMulWide", "QConvWide"):
+        return wide_problem(node, graph)
     if node.op not in ("QConv", "QGemm", "QMatMul"):
         return cpu_reason(node, graph)
     if node.op == "QMatMul":
@@ -353,11 +387,12 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
     all-CPU build of the same quantized graph)."""
     out = {}
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    packed: set[str] = set()  # CPU nodes computed in place on the packed layout so far
     for node in graph.nodes:
         if not accelerate:
             problem = "all-CPU build"
         elif node.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
-            problem = _movement_problem(node, graph, cfg, producer, out)
+            problem = _movement_problem(node, graph, cfg, producer, out, packed)
         else:
             problem = _problem(node, graph, cfg)
         if problem is None:
@@ -367,8 +402,18 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
                     "MaxPool": "max pooling on the ALU",
                     "QGlobalAveragePool": "global average pooling on the ALU",
                     "QAdd": "element-wise int8 Add on the ALU",
+                    "QMul": "element-wise int8 Mul on the ALU",
                     "Relu": "int8 Relu on the ALU",
-                    "Concat": "its inputs written into their channel slices (no program)"}.get(
+                    "Concat": "its inputs written into their channel slices (no program)",
+                    **dict.fromkeys(RECURRENT_OPS, "recurrent layer: the input projection "
+                                    "and h x R per step on the accelerator (16-bit activations "
+                                    "as two int8 GEMM passes), the gates on the CPU"),
+                    **dict.fromkeys(CONTROL_OPS, "control flow: its bodies' integer products "
+                                    "on the accelerator at every iteration (16-bit "
+                                    "activations as int8 GEMM passes), the rest of the bodies "
+                                    "on the CPU"),
+                    **dict.fromkeys(("QMatMulWide", "QConvWide"), "16-bit integer product "
+                                    "(int8 GEMM passes), float epilogue on the CPU")}.get(
                         node.op, "a view of its input's packed bytes (no program)")
             if node.op == "QConv":
                 what = ("conv2d" if _is_plain_conv2d(node, graph) else "group_conv2d") + \
@@ -376,6 +421,8 @@ def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[st
             out[node.name] = Placement("accel", what)
         else:
             out[node.name] = Placement("cpu", problem)
+            if accelerate and in_place_problem(node, graph, producer, out, packed) is None:
+                packed.add(node.name)
     # A value lives in DRAM in one layout: a QMatMul that would read or write a value in
     # another layout than another accelerator node stays on the CPU.
     uses = _layout_uses(graph, out)
@@ -403,7 +450,7 @@ def _layout_uses(graph: Graph, placements: dict[str, Placement]) -> dict[str, li
     from DRAM or writes."""
     uses: dict[str, list] = {}
     for n in graph.nodes:
-        if n.op != "QMatMul" and placements[n.name].target == "accel":
+        if n.op != "QMatMul" and not is_host_node(n) and placements[n.name].target == "accel":
             for v in (*dram_reads(n), n.outputs[0]):
                 if v:
                     lay = "nchw" if len(graph.types[v].shape) in (3, 4) else "rows"
@@ -449,6 +496,84 @@ def regions(graph: Graph, placements: dict[str, Placement]) -> dict[str, int]:
     return out
 
 
+# ---- CPU nodes in place on the packed layout -------------------------------------------------
+
+# CPU nodes computed in place on the accelerator's packed layout.
+#
+# An element-wise int8 node (``QLut``, and ``QAdd``/``QMul`` of two operands of the output's
+# shape) that the accelerator cannot run (a table lookup: the ALU has no gather, ISA.md's ALU
+# ops are MIN, MAX, ADD, SHR, MUL) but whose operands the accelerator made does not need
+# them in the CPU's NCHW layout: it computes the same function of every element in any
+# order. Such a node runs on the CPU *in place*: the runtime reads its operands' packed bytes
+# from DRAM as they are, the CPU kernel computes on them as flat int8 arrays (a CPU segment
+# built for those flat types), and the result goes back to DRAM in the same packed layout.
+# Nothing is unpacked or packed; its output is a DRAM value like an accelerator node's, so
+# the accelerator nodes after it read it where it is and the ALU nodes and views after it
+# stay on the accelerator (``annotate``).
+#
+# Padding: the packed layout pads channels to BLOCK (and a [N, C] value's rows, ``dense_rows``).
+# An element-wise node computes garbage there (a table maps the 0 of a padding channel to
+# ``table[128]``, Sigmoid's 0.5). Nothing reads it into a real output: a convolution's or
+# dense layer's weights for padding input channels are zero, a depthwise convolution, pooling
+# and element-wise nodes keep padding channels to themselves, a Concat's inputs other than
+# the last have no padding, and unpacking drops it (tests/runtime/test_accel_inplace.py runs
+# such tables between accelerator nodes against the all-CPU build).
+#
+# Conditions (``in_place_problem``): an int8 node of ``IN_PLACE_OPS`` on the CPU, of static
+# shape, every operand of the output's shape (so one packed layout for all) and made in DRAM
+# by an accelerator node or another in-place node, not a view's output (a view's packed bytes
+# are its root's, of another shape), and no operand or output in a QMatMul's "matrices"
+# layout.
+
+IN_PLACE_OPS = ("QLut", "QAdd", "QMul")
+
+
+def in_dram(value: str, producer: dict, placements: dict, packed) -> bool:
+    """Whether ``value`` is made in DRAM: by an accelerator node or an in-place node."""
+    p = producer.get(value)
+    return p is not None and (placements[p.name].target == "accel" or p.name in packed)
+
+
+def in_place_problem(node: Node, graph: Graph, producer: dict, placements: dict,
+                     packed, layouts: dict | None = None) -> str | None:
+    """Why a CPU node does not run in place on the packed layout (None: it does). ``packed``:
+    the in-place nodes before it; ``layouts``: ``value_layouts``, when known."""
+    if node.op not in IN_PLACE_OPS or placements[node.name].target != "cpu":
+        return f"{node.op} is not an element-wise int8 node"
+    if len(node.outputs) != 1 or not node.outputs[0]:
+        return "it has not one output"
+    y = graph.types.get(node.outputs[0])
+    reads = dram_reads(node)
+    if y is None or y.dtype != "int8" or not y.static or len(y.shape) not in (2, 3, 4):
+        return f"its output is {y}, not a static 2-D, 3-D or 4-D int8 value"
+    if node.op == "QLut" and (len(node.inputs) < 2 or node.inputs[1] not in graph.initializers):
+        return "its table is computed at run time"
+    for v in reads:
+        if graph.types[v].shape != y.shape or graph.types[v].dtype != "int8":
+            return f"its operand {v!r} ({graph.types[v]}) is not of the output's type {y}"
+        if not in_dram(v, producer, placements, packed):
+            return f"its operand {v!r} is not made in DRAM"
+        if producer[v].op in ALIAS_OPS:
+            return f"its operand {v!r} is a view (its packed bytes are another value's)"
+    if layouts is not None and any(layouts.get(v) == "matrices"
+                                   for v in (*reads, node.outputs[0])):
+        return "a value of it is in a QMatMul's matrices layout"
+    return None
+
+
+def packed_nodes(graph: Graph, placements: dict) -> set[str]:
+    """The CPU nodes that run in place on the packed layout (module doc), in one pass in
+    graph order."""
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    layouts = value_layouts(graph, placements)
+    packed: set[str] = set()
+    for node in graph.nodes:
+        if node.op in IN_PLACE_OPS and placements[node.name].target == "cpu" and \
+                in_place_problem(node, graph, producer, placements, packed, layouts) is None:
+            packed.add(node.name)
+    return packed
+
+
 # ---- layouts ---------------------------------------------------------------------------------
 
 
@@ -490,16 +615,27 @@ def packed_shape(shape: tuple[int, ...], cfg: HwConfig, layout: str | None = Non
     return (dense_rows(n, cfg), _ceil(c, k) // k, b, k)
 
 
-def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None) -> np.ndarray:
-    """NCHW (or [N, C], or [N, C, L] as NCHW with one row) int8 -> the packed layout,
-    channels zero-padded to BLOCK (or the "matrices" layout of a QMatMul operand).
+def _row_major(shape: tuple, packed: tuple, b: int, k: int) -> bool:
+    """Whether the packed layout of a value of ``shape`` holds its elements in row-major
+    order (BATCH 1, whole channel blocks, no padding rows, one pixel or none): then
+    packing and unpacking are a reshape. ``packed``: its packed shape."""
+    return b == 1 and shape[1] % k == 0 and math.prod(shape[2:]) == 1 and \
+        packed[0] == shape[0]
 
-    One strided copy into a fresh array: this runs at every region border of every
-    inference, so it avoids np.pad and intermediate copies (their fixed costs are most of
-    the time for a small value)."""
+
+def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None,
+               out: np.ndarray | None = None) -> np.ndarray:
+    """NCHW (or [N, C], or [N, C, L] as NCHW with one row) int8 -> the packed layout,
+    channels zero-padded to BLOCK (or the "matrices" layout of a QMatMul operand). ``out``:
+    int8 memory of the packed shape to write it into (a view of the executor's DRAM: no
+    array of its own, no second copy), else a fresh array.
+
+    One strided copy: this runs at every region border of every inference, so it avoids
+    np.pad and intermediate copies (their fixed costs are most of the time for a small
+    value)."""
     b, k = cfg.batch, cfg.block
     if layout == "matrices":
-        return matmul.pack_matrices(x, cfg)
+        return matmul.pack_matrices(x, cfg, out=out)
     x = np.asarray(x)
     if x.ndim == 3:
         x = x[:, :, None, :]
@@ -507,12 +643,20 @@ def pack_value(x: np.ndarray, cfg: HwConfig, layout: str | None = None) -> np.nd
     cb = -(-c // k)
     full = c // k
     shape = packed_shape(x.shape, cfg)
-    # Channel (and row) padding is zeros: a zeroed array (calloc) costs less than zeroing
-    # a strided view of the last block.
-    out = (np.zeros if cb > full or shape[0] * b > n else np.empty)(shape, x.dtype)
     spatial = x.shape[2:]
     # out[i, j, *s, bb, kk] = x[i*b + bb, j*k + kk, *s]: out's axes put in x's order.
     axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
+    if _row_major(x.shape, shape, b, k):
+        if out is None:
+            return np.ascontiguousarray(x).reshape(shape)
+        out.reshape(x.shape)[...] = x
+        return out
+    if out is None:
+        # Channel (and row) padding is zeros: a zeroed array (calloc) costs less than
+        # zeroing a strided view of the last block.
+        out = (np.zeros if cb > full or shape[0] * b > n else np.empty)(shape, x.dtype)
+    elif cb > full or shape[0] * b > n:  # memory that held anything: padding is zeros
+        out[...] = 0  # (a memset; zeroing only the padding lanes is a slower strided write)
     view = out.transpose(axes)[:n // b]  # (N/b, b, C/k, k, *spatial)
     if full:
         view[:, :, :full] = x[:, :full * k].reshape(n // b, b, full, k, *spatial)
@@ -531,6 +675,8 @@ def unpack_value(p: np.ndarray, shape: tuple[int, ...], layout: str | None = Non
     if len(shape) == 3:
         return unpack_value(p, (shape[0], shape[1], 1, shape[2])).reshape(shape)
     n, c = shape[:2]
+    if _row_major(shape, p.shape, p.shape[-2], p.shape[-1]):
+        return np.ascontiguousarray(p).reshape(shape)
     spatial = tuple(shape[2:])
     axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
     view = p.transpose(axes)  # (N/b, b, C/k, k, *spatial)
@@ -628,19 +774,26 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None
                           bias_p, scale_p, False, shape)
     if node.op == "MaxPool":
         return _pool_layer(node, graph, cfg)
-    if node.op in ("QAdd", "Relu"):
-        add = node.op == "QAdd"
-        spec = EltSpec("add" if add else "relu",
-                       packed_shape(graph.types[node.outputs[0]].shape, cfg),
-                       tuple(int(m) for m in node.attrs["multipliers"]) if add else (),
-                       int(node.attrs["shift"]) if add else 0)
+    if node.op in ("QAdd", "QMul", "Relu"):
+        arith = node.op != "Relu"
+        ys = graph.types[node.outputs[0]].shape
+        gated = [graph.types[v].shape != ys for v in node.inputs[:2]] if node.op == "QMul" \
+            else [False]
+        spec = EltSpec({"QAdd": "add", "QMul": "mul", "Relu": "relu"}[node.op],
+                       packed_shape(ys, cfg),
+                       tuple(int(m) for m in node.attrs["multipliers"]) if arith else (),
+                       int(node.attrs["shift"]) if arith else 0,
+                       gate_rows=int(np.prod(ys[2:])) if any(gated) else 1,
+                       gate_first=gated[0],
+                       zero_points=tuple(int(z) for z in node.attrs.get("zero_points",
+                                                                        (0, 0, 0))))
         empty = np.zeros(0, np.int32)
         return AccelLayer(node.name, "elt", spec,
-                          elt_constants(cfg, spec) if add else empty, empty, empty, False)
+                          elt_constants(cfg, spec) if arith else empty, empty, empty, False)
     if node.op == "QGlobalAveragePool":
         n, c, h, w = graph.types[node.inputs[0]].shape
         spec = GapSpec(n=n, c=_ceil(c, k), h=h, w=w, multiplier=int(node.attrs["multiplier"]),
-                       shift=int(node.attrs["shift"]))
+                       shift=int(node.attrs["shift"]), offset=int(node.attrs.get("offset", 0)))
         empty = np.zeros(0, np.int32)
         return AccelLayer(node.name, "gap", spec, gap_constants(cfg, spec), empty, empty, False)
     x_t = graph.types[node.inputs[0]]
@@ -654,16 +807,26 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None
         group, strides, pads, (kh, kw) = _conv_geometry(node, graph)
         n, c = x_t.shape[:2]
         h, wd = (1, x_t.shape[2]) if len(x_t.shape) == 3 else x_t.shape[2:]
+        full = GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw, groups=group,
+                             strides=strides, pads=pads, block=k, epilogue=epi)
+        w4 = w.reshape(o, c // group, kh, kw)
+        classes = ()
+        z = pad_value(node.attrs)
+        if z and any(pads):  # the padding reads z, the DMA's is 0: a bias table (border.py)
+            table, rows, cols = bias_table(bias, w4, z, (h, wd), strides, pads,
+                                           (full.oh, full.ow))
+            if rows.count * cols.count > 1:
+                classes = (rows, cols)
+                bias_p = pack_bias_table(pad_channels(table, 0, k), b, k)
+            else:  # only taps crop_taps drops read padding: one bias per channel still
+                bias_p = pack_bias(pad_channels(table[:, 0, 0], 0, k), b, k)
         # without the kernel rows and columns that only ever meet padding (crop_taps)
-        g, w4 = crop_taps(GroupConvSpec(n=n, c=c, h=h, w=wd, o=o, kh=kh, kw=kw,
-                                        groups=group, strides=strides, pads=pads, block=k,
-                                        epilogue=epi),
-                          w.reshape(o, c // group, kh, kw))
+        g, w4 = crop_taps(replace(full, bias_classes=classes), w4)
         if group != 1:  # not _is_plain_conv2d
             spec, weight, kind = g, pack_group_kernel(w4, g), "group_conv2d"
         else:
             spec = ConvSpec(n=n, c=_ceil(c, k), h=h, w=wd, o=op, kh=g.kh, kw=g.kw,
-                            stride=g.strides, pad=g.pads, epilogue=epi)
+                            stride=g.strides, pad=g.pads, epilogue=epi, bias_classes=classes)
             weight = pack_oihw(pad_channels(pad_channels(w4, 0, k), 1, k), k)
             kind = "conv2d"
     else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from celosia.errors import CompilerError
 from celosia.isa import AluOp
 
-from ..tensor.expr import Bin, Call, Cast, Const, Expr, Load, expr_str, linear_form, simplify
+from ..tensor.expr import Bin, Call, Cast, Const, Expr, Load, coefficient, expr_str, simplify
 from ..tensor.tir import (Attr, Evaluate, For, Kernel, PrimFunc, Seq, Stmt, Store, rewrite, seq,
                           transform, walk)
 from .intrin import element_index
@@ -101,11 +101,13 @@ def _fold_loops(nest: Stmt, uop_exprs, where: str):
         for ev in (n for n in walk(body.body) if isinstance(n, Evaluate)):
             coefs = []
             for e in uop_exprs(ev.call):
-                lf = linear_form(e)
-                if lf is None:
+                # affine in this loop's variable (other terms may not be: a bias row chosen
+                # by min/max of the inner loops, border.py)
+                c = coefficient(e, body.var)
+                if c is None:
                     ok = False
                     break
-                coefs.append(lf[0].get(body.var, 0))
+                coefs.append(c)
             if not ok:
                 break
             if factors is None:

@@ -24,6 +24,7 @@ import numpy as np
 from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
+from .border import bias_rows, bias_uops
 from .ops import ConvKnobs, ConvSpec, _row_strided, conv2d
 
 __all__ = ["conv_candidates", "estimate_conv", "measure_conv", "tune_conv", "cache_dir"]
@@ -67,13 +68,14 @@ def _tile_widths(ow: int) -> list[int]:
 def _rows(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs) -> dict:
     """SRAM rows a schedule holds at once, per buffer."""
     in_h, in_w = _input_tile(spec, k)
-    extra_acc = k.tile_co * (spec.epilogue.bias + spec.epilogue.scale) + \
+    bias = spec.epilogue.bias * bias_rows(spec.bias_classes, k.tile_h, k.tile_w)
+    extra_acc = k.tile_co * (bias + spec.epilogue.scale) + \
         (k.tile_co * k.tile_h * k.tile_w if spec.epilogue.residual else 0)
     return {
         "inp": k.vthreads * k.tile_ci * in_h * in_w,
         "wgt": k.vthreads * k.tile_co * k.tile_ci * spec.kh * spec.kw,
         "acc": k.vthreads * (k.tile_co * k.tile_h * k.tile_w + extra_acc),
-        "uop": _gemm_uops(spec, k),
+        "uop": _gemm_uops(spec, k) + bias_uops(spec.bias_classes, k.tile_h, k.tile_w),
     }
 
 
@@ -294,8 +296,8 @@ def measure_conv(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, *, seed: int =
     fn = conv2d(cfg, spec, knobs)
     args = [pack_nchw(rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8), b, k),
             pack_oihw(rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8), k)]
-    if spec.epilogue.bias:
-        args.append(pack_bias(rng.integers(-999, 999, spec.o).astype(np.int32), b, k))
+    if spec.epilogue.bias:  # (a bias table's shape: the function's own)
+        args.append(rng.integers(-999, 999, fn.func.params[2].shape).astype(np.int32))
     if spec.epilogue.scale:
         args.append(pack_bias(rng.integers(1, 999, spec.o).astype(np.int32), b, k))
     if spec.epilogue.residual:

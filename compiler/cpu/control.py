@@ -71,6 +71,11 @@ def lower_control(lowering, node: Node) -> bool:
     bodies, reason = {}, None
     if depth >= MAX_NESTING:
         reason = f"bodies nest deeper than {MAX_NESTING} levels"
+    wide = _integer_products(node)
+    if wide:
+        reason = (f"its bodies hold integer products ({wide}: graph/qbody.py), run node by "
+                  f"node as the accelerator build runs them, so the two builds agree bit "
+                  f"for bit")
     for key, body in subgraphs(node):
         if reason:
             break
@@ -103,6 +108,19 @@ def lower_control(lowering, node: Node) -> bool:
     return True
 
 
+def _integer_products(node: Node) -> str | None:
+    """The first integer-product node (QMatMulWide, QLSTM, QGRU, QRNN) in ``node``'s bodies,
+    or None."""
+    for _, body in subgraphs(node):
+        for n in body.nodes:
+            if n.op in ("QMatMulWide", "QConvWide", "QLSTM", "QGRU", "QRNN"):
+                return f"{n.op} {n.name!r}"
+            inner = _integer_products(n) if subgraphs(n) else None
+            if inner:
+                return inner
+    return None
+
+
 def _lower_body(lowering, node: Node, key: str, body: Graph, captured, depth: int):
     """{"program": CpuProgram, "inputs", "outer", "outputs"} of one body, or a reason."""
     from ..graph.passes import optimize
@@ -126,7 +144,7 @@ def _lower_body(lowering, node: Node, key: str, body: Graph, captured, depth: in
         return "a body value has no elements"
     # lowering.py's _Lowering (which imports this module), after the main graph's
     # pre-lowering rewrite (lower_graph): Silero's If branch is 1-D convolutions.
-    sub = type(lowering)(conv1d_as_2d(conv1d_as_dense(g)))
+    sub = type(lowering)(conv1d_as_2d(conv1d_as_dense(g)), lowering.int8_form or "none")
     sub.depth = depth + 1
     for v in g.outer:
         sub.produce(v, 0)

@@ -14,20 +14,23 @@ order: data (and weights), bias, the epilogue's tensor operands in step order, o
 
 Quantized operators (graph_int.py), bit-exact with its numpy kernels:
 
-    {"op": "qconv" | "qdwconv", ...the geometry of "conv" | "dwconv"..., "residual": True}
+    {"op": "qconv" | "qdwconv", ...the geometry of "conv" | "dwconv"..., "residual": True
+     [, "pad_value": True]}
     {"op": "qdense", "data": [M, K], "weight": [N//n, K, n], "residual": False}
-    {"op": "qgap", "data": [N, C//c, H, W, c], "multiplier": 16644, "shift": 23}
+    {"op": "qgap", "data": [N, C//c, H, W, c], "multiplier": 16644, "shift": 23
+     [, "offset": -8388608]}
     {"op": "qadd" | "qmul" | "qlut" | "qmatmul", ...}     kernels_q.py (QAdd, QMul, QLut,
                                                            QMatMul)
 
 QConv and QGemm kernels take data, weight, bias, multiplier, ``requant`` (int32 [shift, lo,
-hi]: run-time operands, so layers of one shape share a kernel) [, residual], output: int8
+hi], and QConv's ``pad_value`` fourth when the spec has ``"pad_value"``: the padding reads
+it, not 0; run-time operands, so layers of one shape share a kernel) [, residual], output: int8
 data and weights, int32 bias and multipliers (``[C//c, c]`` blocked, ``[N]`` dense), the
 integer sums wrapping to int32 as graph_int's ``wrap``. Pooling, ``pack`` and ``unpack`` specs
 carry the ``"dtype"`` of their data (``maxpool``: float32 or int8, the padding being the
 type's minimum; ``avgpool``: float32; layouts: any), and ``eltwise`` that of its operands:
 float32 for the float operators, int8 for Relu, and the conversions ``Quantize`` (float32
--> int8) and ``Dequantize`` (int8 or int32 -> float32) with their ``params`` [scale].
+-> int8) and ``Dequantize`` (int8 or int32 -> float32) with their ``params`` [scale, zero_point].
 
 Operand kinds (of an epilogue ``Add``/``Mul`` or an element-wise operand): ``"full"`` (the
 output's shape and layout), ``"channel"`` (one value per channel: ``[C//c, c]`` blocked,
@@ -63,6 +66,7 @@ from .activations_nn import UNARY_NN
 from .codegen import CpuKernel, compile_cpu
 from .kernels_q import QUANTIZED_ELTWISE_OPS, build_quantized
 from .lut import compile_lut, vbmi_available
+from .int8_dot import DOT_OPS, compile_dot
 from .kernels_recurrent import compile_recurrent
 from .schedules_nn import batch_matmul, schedule_batch_matmul
 from .rowwise import ROWWISE_OPS, compile_rowwise
@@ -124,7 +128,7 @@ BINARY = {
 }
 
 
-def _quantize(v, scale):
+def _quantize(v, scale, zero_point=0.0):
     """graph_int's Quantize: ``clip(rint(v / float32(scale)), -128, 127)`` in float32, NaN
     to 0 as numpy's cast gives. Clipping first is the same (rint is monotonic and keeps
     integers): the positive part clipped to 127 plus the negative part clipped to -128,
@@ -133,17 +137,28 @@ def _quantize(v, scale):
     1.5 * 2**23, which rounds any |x| <= 2**22 to an integer, half to even (LLVM keeps the
     two operations: no fast-math)."""
     q = v / as_expr(float(np.float32(scale)))
-    zero = as_expr(0.0)
-    q = (min_expr(max_expr(zero, q), as_expr(127.0))
-         + max_expr(min_expr(zero, q), as_expr(-128.0)))
+    zero, z = as_expr(0.0), float(zero_point)
+    q = (min_expr(max_expr(zero, q), as_expr(127.0 - z))
+         + max_expr(min_expr(zero, q), as_expr(-128.0 - z)))
     magic = as_expr(1.5 * 2.0 ** 23)
-    return ((q + magic) - magic).astype("int8")
+    q = (q + magic) - magic
+    if z:  # a zero point (qzero.py): added to the rounded value, exact
+        q = q + as_expr(z)
+    return q.astype("int8")
+
+
+def _dequantize(v, scale, zero_point=0.0):
+    """graph_int's Dequantize: ``(float32(v) - zero_point) * float32(scale)``."""
+    x = v.astype(F32)
+    if float(zero_point):
+        x = x - as_expr(float(zero_point))
+    return x * as_expr(float(np.float32(scale)))
 
 
 # name -> fn(value, *params): element-wise type conversions (quantized graphs)
 CONVERT = {
     "Quantize": _quantize,
-    "Dequantize": lambda v, scale: v.astype(F32) * as_expr(float(np.float32(scale))),
+    "Dequantize": _dequantize,
 }
 # The operand types of the element-wise kernels (float32 for the other operators).
 ELTWISE_DTYPES = {"Relu": (F32, "int8"), "Quantize": (F32,), "Dequantize": ("int8", "int32")}
@@ -190,7 +205,10 @@ def _conv(spec):
     if quantized:
         b = te.placeholder((occ, ob), "int32", "bias")
         multiplier = te.placeholder((occ, ob), "int32", "multiplier")
-        rq = te.placeholder((3,), "int32", "requant")
+        # [shift, lo, hi] (and the padding's value, QConv's pad_value, with "pad_value")
+        rq = te.placeholder((4 if spec.get("pad_value") else 3,), "int32", "requant")
+        if spec.get("pad_value"):
+            kw["pad_value"] = rq[3]
         ops = [te.placeholder(shape, "int8", "residual")] if spec["residual"] else []
 
         def epilogue(v, idx):
@@ -311,11 +329,12 @@ def _pool(spec):
     return schedule_elementwise(y), [x, recip, y]
 
 
-def _requantized_average(total, multiplier: int, shift: int):
+def _requantized_average(total, multiplier: int, shift: int, offset: int = 0):
     """graph_int's QGlobalAveragePool from the int32 sum: ``(total * multiplier +
-    2**(shift-1)) >> shift`` (wrapping), clipped to int8."""
+    2**(shift-1) + offset) >> shift`` (wrapping), clipped to int8."""
     m = (multiplier + 2**31) % 2**32 - 2**31  # a product wraps alike with m mod 2**32
-    t = (total * m + (1 << (shift - 1))) >> shift
+    add = ((1 << (shift - 1)) + offset + 2**31) % 2**32 - 2**31
+    t = (total * m + add) >> shift
     return min_expr(max_expr(t, -128), 127).astype("int8")
 
 
@@ -337,7 +356,7 @@ def _global_avg_pool(spec):
                            "sum")
     if quantized:
         y = te.compute((n, cc, 1, 1, cb), lambda b, c, i, j, ci: _requantized_average(
-            total[b, c, ci], spec["multiplier"], spec["shift"]), "out")
+            total[b, c, ci], spec["multiplier"], spec["shift"], spec.get("offset", 0)), "out")
     else:
         y = te.compute((n, cc, 1, 1, cb), lambda b, c, i, j, ci: total[b, c, ci]
                        * as_expr(1.0 / (h * w)), "out")
@@ -481,7 +500,8 @@ def build_function(spec: dict):
 _SOURCES = ("cpu/kernels.py", "cpu/schedules.py", "cpu/emit.py", "cpu/fastmath.py",
             "cpu/schedules_conv.py", "cpu/schedules_nn.py", "cpu/activations_nn.py",
             "cpu/kernels_recurrent.py", "cpu/kernels_q.py", "cpu/operands.py", "cpu/lut.py",
-            "cpu/rowwise.py", "cpu/copies.py",
+            "cpu/rowwise.py", "cpu/copies.py", "cpu/int8_dot.py", "cpu/int8_emit.py",
+            "cpu/int8_forms.py",
             "cpu/codegen.py", "cpu/host.py", "tensor/te.py",
             "tensor/schedule.py", "tensor/lower.py", "tensor/tir.py", "tensor/expr.py")
 _fingerprint: list = []
@@ -535,6 +555,8 @@ def compile_spec(spec: dict, *, use_cache: bool = True) -> CpuKernel:
         kernel = compile_rowwise(spec, use_cache=use_cache)
     elif spec.get("op") == "qlut" and vbmi_available():  # 64 lookups at a time (lut.py)
         kernel = compile_lut(spec, use_cache=use_cache)
+    elif spec.get("op") in DOT_OPS:  # int8 dot-product instructions (int8_dot.py)
+        kernel = compile_dot(spec, use_cache=use_cache)
     else:
         kernel = compile_cpu(build_function(spec), use_cache=use_cache)
     if use_cache:

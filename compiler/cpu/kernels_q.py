@@ -17,8 +17,9 @@ attribute modulo 2**32. Right shifts are arithmetic.
 
 Specs (operand kinds of operands.py: "full", ["broadcast", shape], "image_channel"):
 
-    {"op": "qadd" | "qmul", "shape": [...], "layout": "plain" | "blocked",
-     "operands": [kind_a, kind_b]}       a, b (int8), qparams (int32[3] / [2]), out (int8)
+    {"op": "qadd" | "qmul" | "qmulz", "shape": [...], "layout": "plain" | "blocked",
+     "operands": [kind_a, kind_b]}       a, b (int8), qparams (int32[3] / [2] / [5]: qmulz
+                                         is QMul with zero_points), out (int8)
     {"op": "qlut", "shape": [...]}       x (int8), table (int8[256]), out (int8)
     {"op": "qmatmul", "a": [Z, M, K], "b": [Z, K, N]}
                                          a, b (int8), qparams (int32[2]), out int8[Z, M, N]
@@ -66,6 +67,16 @@ def qmul_value(a, b, p):
     return requantize_rounded(a.astype(I32) * b.astype(I32) * p[0], p[1])
 
 
+def qmulz_value(a, b, p):
+    """qops.qmul with zero points: ``wrap((a - za) * (b - zb) * m)``, requantized, zo added
+    before the clip; p = [m, shift, za, zb, zo]."""
+    t = (a.astype(I32) - p[2]) * (b.astype(I32) - p[3]) * p[0]
+    shift = p[1]
+    half = as_expr(1, t) << (shift - as_expr(1, shift))
+    t = ((t + half) >> shift) + p[4]
+    return min_expr(max_expr(t, as_expr(-128, t)), as_expr(127, t)).astype(I8)
+
+
 def qmatmul_value(acc, p):
     """qops.qmatmul's epilogue on the int32 sum: ``wrap(acc * m)``, requantized;
     p = [m, shift]."""
@@ -84,6 +95,11 @@ def _qadd_params(attrs):
 
 def _qmul_params(attrs):
     (m,) = attrs["multipliers"]
+    if "zero_points" in attrs:  # the "qmulz" kernel
+        za, zb, zo = (int(v) for v in attrs["zero_points"])
+        if not all(-128 <= v <= 127 for v in (za, zb, zo)):
+            raise ValueError("zero point out of int8")
+        return [_int32(m), int(attrs["shift"]), za, zb, zo]
     return [_int32(m), int(attrs["shift"])]
 
 
@@ -99,7 +115,7 @@ QPARAMS = {"QAdd": _qadd_params, "QMul": _qmul_params, "QMatMul": _qmatmul_param
 # other (a zero point that qops.py learns after this file was written, say) has no kernel:
 # it stays a numpy step, which computes qops' meaning, until these functions learn it too.
 KNOWN = {"QAdd": ({"multipliers", "shift", "scale"}, 2),
-         "QMul": ({"multipliers", "shift", "scale"}, 2),
+         "QMul": ({"multipliers", "shift", "scale", "zero_points"}, 2),
          "QMatMul": ({"multiplier", "shift", "scale"}, 2),
          "QLut": ({"scale"}, 2)}
 
@@ -135,8 +151,9 @@ def qparams(node) -> np.ndarray | None:
 def _binary(spec):
     shape, layout, kinds = tuple(spec["shape"]), spec["layout"], spec["operands"]
     a, b = operand_placeholders(kinds, layout, shape, "x", I8)
-    p = te.placeholder((3 if spec["op"] == "qadd" else 2,), I32, "qparams")
-    value = qadd_value if spec["op"] == "qadd" else qmul_value
+    sizes = {"qadd": 3, "qmul": 2, "qmulz": 5}
+    p = te.placeholder((sizes[spec["op"]],), I32, "qparams")
+    value = {"qadd": qadd_value, "qmul": qmul_value, "qmulz": qmulz_value}[spec["op"]]
 
     def body(*idx):
         return value(operand_read(kinds[0], a, layout, idx),
@@ -179,7 +196,8 @@ def _matmul(spec):
     return s, [a, b, p, y]
 
 
-_Q_BUILDERS = {"qadd": _binary, "qmul": _binary, "qlut": _lut, "qmatmul": _matmul}
+_Q_BUILDERS = {"qadd": _binary, "qmul": _binary, "qmulz": _binary, "qlut": _lut,
+               "qmatmul": _matmul}
 QUANTIZED_ELTWISE_OPS = tuple(_Q_BUILDERS)
 
 

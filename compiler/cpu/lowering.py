@@ -47,14 +47,16 @@ import numpy as np
 
 from ..graph.ir import Graph, Node
 from ..graph.ops import OWN_INPUTS
+from ..graph.qops import pad_value
 from .control import CONTROL_OPS, control_fallback_reason, lower_control
 from .lower_recurrent import lower_recurrent
 from .kernels import (BINARY, CONVERT, ELTWISE_DTYPES, UNARY, average_pool_reciprocals,
                       compile_spec, spec_key)
-from . import lowering_nn, lowering_q
+from . import lowering_int8, lowering_nn, lowering_q
+from .int8_forms import chosen_form
 from .copies import copy_spec
-from .schedules import (EXACT_TERMS, channel_block, conv_columns, pack_conv_weight,
-                        pack_dense_weight, pack_depthwise_weight)
+from .schedules import (EXACT_TERMS, channel_block, conv_columns, output_block,
+                        pack_conv_weight, pack_dense_weight, pack_depthwise_weight)
 
 __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 
@@ -63,7 +65,8 @@ _VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"
 _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Neg", "Abs",
                   "Exp", "Sqrt", "Clip", "Erf", "Gelu")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
-                   "Quantize": ("scale",), "Dequantize": ("scale",)}
+                   "Quantize": ("scale", "zero_point"),
+                   "Dequantize": ("scale", "zero_point")}
 # A pooling kernel unrolls its window (a tree of max or +, one load per tap): larger
 # windows (a 60x80 window in onnx's suite) run in numpy rather than make huge code.
 POOL_TAPS = 256
@@ -74,16 +77,11 @@ _POOL_DTYPES = {"MaxPool": (F32, I8), "AveragePool": (F32,), "GlobalAveragePool"
 def _requantizes(attrs) -> bool:
     """Whether a QConv/QGemm's epilogue attributes are valid (else the numpy step reports
     them at run time, as graph_numpy would)."""
+    try:
+        pad_value(attrs)
+    except ValueError:
+        return False
     return 0 <= int(attrs["shift"]) <= 31 and -128 <= int(attrs["lo"]) <= int(attrs["hi"]) <= 127
-
-
-def _output_block(channels: int, width: int) -> int:
-    """A convolution's output channel block: 16 (one AVX-512 register of floats), or 32
-    for a narrow output (width < 14), whose register tile of ``width`` columns would
-    otherwise hold too few independent accumulators to hide the FMA latency."""
-    if width < 14 and channels % 32 == 0:
-        return 32
-    return channel_block(channels)
 
 
 def _wider_output(width: int, block: int) -> int | None:
@@ -134,8 +132,10 @@ class CpuProgram:
 
 
 class _Lowering:
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, int8_form: str | None = None):
         self.g = graph
+        # the CPU's int8 dot-product instructions QConv/QGemm use (int8_forms.py), or None
+        self.int8_form = chosen_form(int8_form)
         self.values: dict = {}
         self._views: dict = {}  # (source, shape) -> its view (view_of)
         self.constants: dict = {}
@@ -338,7 +338,7 @@ class _Lowering:
                 else channel_block(c // g, min(16, limit or 16))
             if have == 0 and g == 1 and c <= 4 and fits(c):
                 cb = c  # a thin input (an image): all its channels in one block
-            ob = _output_block(m // g, out_t.shape[3])
+            ob = output_block(m // g, out_t.shape[3])
             packed = pack_conv_weight(weight, cb, ob)
         wname = self.add_const(f"{w}@{'dw' if depthwise else 'oihw'}{cb}i{ob}o", packed)
         pads = a["pads"]
@@ -491,13 +491,17 @@ class _Lowering:
         self.kernel(node, spec, args + [out], out)
         return True
 
-    def requant_const(self, node: Node) -> str:
-        """A QConv/QGemm's [shift, lo, hi], an operand of its kernel."""
+    def requant_const(self, node: Node, pad_value: int | None = None) -> str:
+        """A QConv/QGemm's [shift, lo, hi] (and a QConv's pad_value), an operand of its
+        kernel."""
         a = node.attrs
+        extra = [] if pad_value is None else [pad_value]
         return self.add_const(f"{node.name}@requant",
-                              np.array([a["shift"], a["lo"], a["hi"]], np.int32))
+                              np.array([a["shift"], a["lo"], a["hi"], *extra], np.int32))
 
     def qconv(self, node: Node) -> bool:
+        if lowering_int8.qconv(self, node):  # the CPU's dot-product instructions
+            return True
         x, w, bias, multiplier = node.inputs[:4]
         residual = node.inputs[4] if len(node.inputs) > 4 else ""
         if len(self.type(x).shape) != 4 or self.type(x).dtype != I8 \
@@ -508,13 +512,19 @@ class _Lowering:
         if layout is None:
             return False
         depthwise, cb, ob, wname, geometry = layout
+        # the padding's value (qops.pad_value): a run-time operand, only where some window
+        # reads padding (the other kernels keep their specs)
+        fill = pad_value(node.attrs) if any(geometry["pads"]) else 0
         data = self.blocked(x, cb)
         args = [data, wname, self.channel_const(bias, ob, "int32"),
-                self.channel_const(multiplier, ob, "int32"), self.requant_const(node)]
+                self.channel_const(multiplier, ob, "int32"),
+                self.requant_const(node, fill if fill else None)]
         if residual:
             args.append(self.blocked(residual, ob))
         spec = {"op": "qdwconv" if depthwise else "qconv", "data": self.values[data]["shape"],
                 **geometry, "residual": bool(residual)}
+        if fill:
+            spec["pad_value"] = True
         out = self.produce(node.outputs[0], ob)
         self.kernel(node, spec, args + [out], out)
         return True
@@ -654,6 +664,8 @@ class _Lowering:
         return lowering_nn.batch_matmul(self, node)
 
     def qgemm(self, node: Node) -> bool:
+        if lowering_int8.qgemm(self, node):
+            return True
         x, w, bias, multiplier = node.inputs[:4]
         residual = node.inputs[4] if len(node.inputs) > 4 else ""
         tx = self.type(x)
@@ -707,9 +719,11 @@ class _Lowering:
             self.kernel(node, {"op": "gap", "data": self.values[data]["shape"]}, [data, out], out)
             return True
         if node.op == "QGlobalAveragePool":
-            self.kernel(node, {"op": "qgap", "data": self.values[data]["shape"],
-                               "multiplier": int(a["multiplier"]), "shift": int(a["shift"])},
-                        [data, out], out)
+            spec = {"op": "qgap", "data": self.values[data]["shape"],
+                    "multiplier": int(a["multiplier"]), "shift": int(a["shift"])}
+            if int(a.get("offset", 0)):
+                spec["offset"] = int(a["offset"])
+            self.kernel(node, spec, [data, out], out)
             return True
         spec = {"op": "maxpool" if node.op == "MaxPool" else "avgpool", "dtype": tx.dtype,
                 "data": self.values[data]["shape"], "out": self.values[out]["shape"],
@@ -947,12 +961,14 @@ class _Lowering:
                           self.steps, self.specs, control=self.control)
 
 
-def lower_graph(graph: Graph) -> CpuProgram:
-    """The CPU program of an optimized graph (kernels not compiled yet)."""
+def lower_graph(graph: Graph, *, int8_form: str | None = None) -> CpuProgram:
+    """The CPU program of an optimized graph (kernels not compiled yet). ``int8_form``:
+    the int8 dot-product instructions of QConv/QGemm kernels, "auto" (None: the host's
+    best, or $CELOSIA_INT8_FORM), a form of int8_forms.py, or "none"."""
     from .conv1d import conv1d_as_2d  # 1-D convolutions on the 2-D kernels
     from .conv1d_dense import conv1d_as_dense  # or, with long kernels, on the dense one
 
-    return _Lowering(conv1d_as_2d(conv1d_as_dense(graph))).run()
+    return _Lowering(conv1d_as_2d(conv1d_as_dense(graph)), int8_form).run()
 
 
 def compile_program(program: CpuProgram, *, progress=None) -> dict:

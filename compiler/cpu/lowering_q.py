@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ..graph.ir import Node, TensorType
-from . import lowering_nn
+from . import lowering_int8, lowering_nn
 from .kernels_q import qparams, understood
 
 __all__ = ["qlut", "qbinary", "qmatmul", "HANDLERS"]
@@ -75,7 +75,8 @@ def qbinary(lw, node: Node) -> bool:
         kinds.append(got[0])
         args.append(got[1])
     out = lw.produce(node.outputs[0], block)
-    spec = {"op": node.op.lower(), "shape": lw.values[out]["shape"], "layout": layout,
+    op = "qmulz" if node.op == "QMul" and "zero_points" in node.attrs else node.op.lower()
+    spec = {"op": op, "shape": lw.values[out]["shape"], "layout": layout,
             "operands": kinds}
     lw.kernel(node, spec, args + [_params(lw, node, p), out], out)
     return True
@@ -97,8 +98,10 @@ def qmatmul(lw, node: Node) -> bool:
     b = lw.view_of(lw.plain(b_in), (z, k, n), f"{b_in}@3d")
     out_v = node.outputs[0]
     flat = lw.define(f"{out_v}@3d", I8, (z, m, n))
-    lw.kernel(node, {"op": "qmatmul", "a": [z, m, k], "b": [z, k, n]},
-              [a, b, _params(lw, node, p), flat], flat)
+    # the CPU's int8 dot-product instructions when the build has them (lowering_int8.py)
+    spec = lowering_int8.matmul_spec(lw, z, m, k, n) \
+        or {"op": "qmatmul", "a": [z, m, k], "b": [z, k, n]}
+    lw.kernel(node, spec, [a, b, _params(lw, node, p), flat], flat)
     lw.step("view", node, [flat], [lw.produce(out_v, 0)])
     return True
 

@@ -69,13 +69,16 @@ def _module(size: int, symbol: str) -> str:
     def scalar_step(i):
         index = b.add(b.sext(b.load(b.gep(x, [i])), _I64), ir.Constant(_I64, 128))
         b.store(b.load(b.gep(table, [index])), b.gep(out, [i]))
-    _loop(b, begin, vend, 64, vector_step)
-    _loop(b, vend, end, 1, scalar_step)
+    counted_loop(b, begin, vend, 64, vector_step)
+    counted_loop(b, vend, end, 1, scalar_step)
     b.ret_void()
     return str(module)
 
 
-def _loop(b: ir.IRBuilder, lo, hi, step: int, body) -> None:
+def counted_loop(b: ir.IRBuilder, lo, hi, step: int, body) -> None:
+    """LLVM IR of ``for i in range(lo, hi, step): body(i)`` (i64 values) at ``b``; ``b``
+    ends after the loop. Shared by the hand-written kernels (lut.py, packed_layout.py,
+    int8_emit.py)."""
     pre = b.block
     head, work, done = (b.append_basic_block(n) for n in ("head", "body", "done"))
     b.branch(head)

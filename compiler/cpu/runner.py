@@ -43,8 +43,8 @@ _RECORD = ctypes.c_int64 * 4  # threads.py's step record: segments, fns, extents
 
 def kernel_work(spec: dict, arrays) -> int:
     """A rough size of a kernel step's work: every element of its arrays, plus for a kernel
-    with a reduction (a ``weight`` operand, batch_matmul, a pooling window) the products
-    per output. The output is the last array (kernels.py's parameter order)."""
+    with a reduction (a ``weight`` operand, batch_matmul, a pooling window, int8_dot.py's
+    window of a group's channels) the products per output. The output is the last array (kernels.py's parameter order)."""
     touched = sum(int(a.size) for a in arrays)
     out = int(arrays[-1].size) if arrays else 0
     def ints(v) -> bool:  # (a spec read from a .cel: checked, but not for this use)
@@ -52,11 +52,14 @@ def kernel_work(spec: dict, arrays) -> int:
 
     weight, a, window = spec.get("weight"), spec.get("a"), spec.get("kernel")
     per_output = 0  # an element-wise kernel: its elements are its work
-    if ints(weight) and len(weight) >= 2:
+    group = [spec.get("channels"), spec.get("groups")]
+    if spec.get("op") == "qdot" and ints(window) and ints(group):  # int8_dot.py
+        per_output = math.prod(window) * (group[0] // max(1, group[1]))
+    elif spec.get("op") in ("batch_matmul", "qdot_matmul") and ints(a):
+        per_output = a[-1]
+    elif ints(weight) and len(weight) >= 2:
         # [outer out-channel blocks, ..., inner out-channel block]: the rest is the reduction
         per_output = math.prod(weight) // max(1, weight[0] * weight[-1])
-    elif spec.get("op") == "batch_matmul" and ints(a):
-        per_output = a[-1]
     elif ints(window):  # a pooling window
         per_output = math.prod(window)
     return touched + out * per_output

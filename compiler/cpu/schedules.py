@@ -77,6 +77,15 @@ def channel_block(channels: int, widest: int = 16) -> int:
     return next(b for b in (16, 8, 4, 2, 1) if b <= widest and channels % b == 0)
 
 
+def output_block(channels: int, width: int) -> int:
+    """A convolution's output channel block: 16 (one AVX-512 register of floats), or 32
+    for a narrow output (width < 14), whose register tile of ``width`` columns would
+    otherwise hold too few independent accumulators to hide the FMA latency."""
+    if width < 14 and channels % 32 == 0:
+        return 32
+    return channel_block(channels)
+
+
 # ---- operators ------------------------------------------------------------------------------
 
 
@@ -162,10 +171,11 @@ def _dense_chunk(k: int) -> int:
     return chunk if chunk >= 8 and chunk < k else k
 
 
-def _conv_source(data: te.Tensor, pads, out_hw, strides, spans, name):
+def _conv_source(data: te.Tensor, pads, out_hw, strides, spans, name, pad_value=None):
     """(what the windows read, the strides to read it with). float32: the data, padded
     when there is padding (``_padded_source``). int8: always a stage widened to float32 (see
-    the module docstring); for a 1x1 kernel it holds only the pixels the strided windows
+    the module docstring), its padding ``pad_value`` (an int32 expression, QConv's
+    ``pad_value``; None: 0); for a 1x1 kernel it holds only the pixels the strided windows
     read, so a strided 1x1 convolution (a downsampling shortcut) reads it with strides 1."""
     if data.dtype == "float32":
         return _padded_source(data, pads, out_hw, strides, spans, 0.0, name), strides
@@ -191,7 +201,8 @@ def _conv_source(data: te.Tensor, pads, out_hw, strides, spans, name):
         if (shape[3] - 1) * step[1] - pl >= w:
             conds.append(ix < w)
         v = data[b, c, iy, ix, ci].astype("float32")
-        return select(all_of(*conds), v, as_expr(0.0)) if conds else v
+        fill = as_expr(0.0) if pad_value is None else pad_value.astype("float32")
+        return select(all_of(*conds), v, fill) if conds else v
 
     return te.compute((*shape, cb), widened, f"{name}.pad"), read_strides
 
@@ -244,7 +255,7 @@ def _output_stage(acc, out_shape, bias, residual, activation, epilogue, name, ta
 def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: te.Tensor | None = None,
                  residual: te.Tensor | None = None, activation: str | None = None,
-                 epilogue=None, name: str = "conv") -> te.Tensor:
+                 epilogue=None, name: str = "conv", pad_value=None) -> te.Tensor:
     """Convolution of data ``[N, IC//cb, H, W, cb]`` with a kernel ``[OC//ob, IC//groups//cb,
     KH, KW, cb, ob]``: ``[N, OC//ob, OH, OW, ob]``. ``stride`` and ``dilation`` are an int or
     (rows, columns); ``padding`` an int, a pair or (top, left, bottom, right). With
@@ -252,7 +263,8 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padding=0, dil
     ``[OC//ob, ob]``, ``residual`` has the output's shape; ``activation`` is None, "relu" or
     "relu6"; ``epilogue(value, (b, c, y, x, co))`` returns the final value (applied last).
     With int8 data and kernel the value is the int32 sum (bias int32; see the module
-    docstring: at most EXACT_TERMS products per window and channel block)."""
+    docstring: at most EXACT_TERMS products per window and channel block), the padding
+    ``pad_value`` (an int32 expression; None: 0)."""
     if data.ndim != 5 or weight.ndim != 6:
         raise CompilerError(f"{name}: data must be [N, C//c, H, W, c] and the kernel "
                             f"[O//o, I//i, KH, KW, i, o], not {data.shape} and {weight.shape}")
@@ -266,7 +278,7 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padding=0, dil
     quantized = _quantized(data, weight, name)
     strides, dil, pads, spans, (oh, ow) = _conv_geometry(name, h, w, kh, kw, stride, padding,
                                                          dilation)
-    src, strides = _conv_source(data, pads, (oh, ow), strides, spans, name)
+    src, strides = _conv_source(data, pads, (oh, ow), strides, spans, name, pad_value)
     chunk = (_exact_chunk(name, icc_g, kh * kw * cb) if quantized
              else _float_chunk(icc_g, kh * kw * cb))
     rc, ry, rx, ri = (te.reduce_axis(chunk, "rc"), te.reduce_axis(kh, "ry"),
@@ -298,7 +310,7 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padding=0, dil
 def depthwise_conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padding=0,
                            dilation=1, bias: te.Tensor | None = None,
                            residual: te.Tensor | None = None, activation: str | None = None,
-                           epilogue=None, name: str = "dwconv") -> te.Tensor:
+                           epilogue=None, name: str = "dwconv", pad_value=None) -> te.Tensor:
     """Depthwise convolution (one filter per channel) of ``[N, C//c, H, W, c]`` with a kernel
     ``[C//c, KH, KW, c]`` (``pack_depthwise_weight``): ``[N, C//c, OH, OW, c]``. The other
     arguments (and int8 operands) are those of ``conv2d_nchwc``."""
@@ -315,7 +327,7 @@ def depthwise_conv2d_nchwc(data: te.Tensor, weight: te.Tensor, *, stride=1, padd
         _exact_chunk(name, 1, kh * kw)
     strides, dil, pads, spans, (oh, ow) = _conv_geometry(name, h, w, kh, kw, stride, padding,
                                                          dilation)
-    src, strides = _conv_source(data, pads, (oh, ow), strides, spans, name)
+    src, strides = _conv_source(data, pads, (oh, ow), strides, spans, name, pad_value)
     ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     out_shape = (n, cc, oh, ow, cb)
     conv = te.compute(out_shape, lambda b, c, y, x, ci: te.sum(

@@ -74,11 +74,13 @@ def _windows(x, kernel, strides, dilations, pads, out_sizes, fill):
     return w[index]
 
 
-def conv(attrs, x, w, b=None):
+def conv(attrs, x, w, b=None, *, fill=0):
+    """ONNX Conv; the padding reads ``fill`` (0; QConv's ``pad_value``, qops.py)."""
     kernel, nd, g = attrs["kernel_shape"], len(attrs["kernel_shape"]), attrs["group"]
     out_sizes = pool_output_shape(x.shape[2:], kernel, attrs["strides"], attrs["dilations"],
                                   attrs["pads"])
-    win = _windows(x, kernel, attrs["strides"], attrs["dilations"], attrs["pads"], out_sizes, 0)
+    win = _windows(x, kernel, attrs["strides"], attrs["dilations"], attrs["pads"], out_sizes,
+                   fill)
     n, c = x.shape[:2]
     m = w.shape[0]
     spatial = tuple(range(2 + nd, 2 + 2 * nd))

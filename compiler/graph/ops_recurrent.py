@@ -66,6 +66,7 @@ class _Direction:
         clip = attrs["clip"]
         self.clip = (lambda v: v) if clip is None else (
             lambda v, c=dtype.type(clip): np.clip(v, -c, c))
+        self.w = w[d]
         self.r_t = np.ascontiguousarray(r[d].T)  # [H, G*H]: h @ r_t, row-major
         # GRU multiplies by its z/r and its h columns apart: each block contiguous
         self.r_zr, self.r_h = (np.ascontiguousarray(self.r_t[:, :2 * h]),
@@ -74,11 +75,19 @@ class _Direction:
         self.wb, self.rb = bias[:g * h], bias[g * h:]
         self.reverse = attrs["direction"] == "reverse" or d == 1
 
+    def project(self, x2d):
+        """The input projection of every step, [T*B, I] -> [T*B, G*H]."""
+        return x2d @ self.w.T
+
+    def recur(self, v, part: str = "all"):
+        """``v @ R^T`` over the gate columns ``part``: "all", GRU's "zr" or "h"."""
+        return v @ {"all": self.r_t, "zr": self.r_zr, "h": self.r_h}[part]
+
 
 def _lstm_step(attrs, dr: _Direction, p, xw, h, c):
     hs = attrs["hidden_size"]
     f_act, g_act, h_act = dr.acts
-    z = xw + h @ dr.r_t  # gate inputs [B, 4H] (i, o, f, c), biases already in xw
+    z = xw + dr.recur(h)  # gate inputs [B, 4H] (i, o, f, c), biases already in xw
     if p is None:  # i, o and f through f in one call
         z = dr.clip(z)
         ifo = f_act(z[:, :3 * hs])
@@ -98,25 +107,28 @@ def _lstm_step(attrs, dr: _Direction, p, xw, h, c):
 def _gru_step(attrs, dr: _Direction, p, xw, h, c):
     hs = attrs["hidden_size"]
     f_act, g_act = dr.acts
-    zr = f_act(dr.clip(xw[:, :2 * hs] + h @ dr.r_zr + dr.rb[:2 * hs]))
+    zr = f_act(dr.clip(xw[:, :2 * hs] + dr.recur(h, "zr") + dr.rb[:2 * hs]))
     z, r = zr[:, :hs], zr[:, hs:]
-    r_h = dr.r_h
     if attrs["linear_before_reset"]:
-        pre = xw[:, 2 * hs:] + r * (h @ r_h + dr.rb[2 * hs:])
+        pre = xw[:, 2 * hs:] + r * (dr.recur(h, "h") + dr.rb[2 * hs:])
     else:
-        pre = xw[:, 2 * hs:] + (r * h) @ r_h + dr.rb[2 * hs:]
+        pre = xw[:, 2 * hs:] + dr.recur(r * h, "h") + dr.rb[2 * hs:]
     hh = g_act(dr.clip(pre))
     return (1 - z) * hh + z * h, None
 
 
 def _rnn_step(attrs, dr: _Direction, p, xw, h, c):
-    return dr.acts[0](dr.clip(xw + h @ dr.r_t)), None
+    return dr.acts[0](dr.clip(xw + dr.recur(h))), None
 
 
 _STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}
 
 
-def _run(op, attrs, x, w, r, b=None, seq_lens=None, h0=None, c0=None, p=None):
+def _run(op, attrs, x, w, r, b=None, seq_lens=None, h0=None, c0=None, p=None, *,
+         direction=_Direction):
+    """One layer; ``direction(op, attrs, d, w, r, b, dtype)`` makes each direction's
+    products (``project``, ``recur``): the float ones here, integer ones in
+    qrecurrent.py."""
     layout = attrs["layout"]
     if layout:  # batch first: the same computation on swapped axes
         x = x.swapaxes(0, 1)
@@ -132,9 +144,9 @@ def _run(op, attrs, x, w, r, b=None, seq_lens=None, h0=None, c0=None, p=None):
         active = np.arange(t_len)[:, None, None] < lens[None, :, None]  # [T, B, 1]
     ys, hs_last, cs_last = [], [], []
     for d in range(dirs):
-        dr = _Direction(op, attrs, d, w, r, b, dtype)
+        dr = direction(op, attrs, d, w, r, b, dtype)
         # The input projection of every time step in one matrix product.
-        xw = (x.reshape(t_len * batch, -1) @ w[d].T).reshape(t_len, batch, -1)
+        xw = dr.project(x.reshape(t_len * batch, -1)).reshape(t_len, batch, -1)
         xw = xw + (dr.wb if op == "GRU" else dr.wb + dr.rb)
         h = np.zeros((batch, hs), dtype) if h0 is None else h0[d]
         c = np.zeros((batch, hs), dtype) if c0 is None else c0[d]

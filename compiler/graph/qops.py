@@ -11,15 +11,20 @@ kernels are the oracle of the accelerator build as well as its CPU fallback.
 Integer arithmetic is int32 with two's-complement wrap-around (computed in int64 and wrapped
 by ``wrap``); right shifts are arithmetic (floor).
 
-- ``Quantize(x float32) -> int8``, attr ``scale``: ``clip(rint(x / float32(scale)), -128,
-  127)`` computed in float32 (rint rounds half to even).
-- ``Dequantize(x int8 or int32) -> float32``, attr ``scale``: ``float32(x) * float32(scale)``.
+- ``Quantize(x float32) -> int8``, attrs ``scale`` and ``zero_point`` (int8, default 0):
+  ``clip(rint(x / float32(scale)) + zero_point, -128, 127)`` computed in float32 (rint
+  rounds half to even; NaN gives ``zero_point``).
+- ``Dequantize(x int8 or int32) -> float32``, attrs ``scale`` and ``zero_point`` (default
+  0): ``(float32(x) - zero_point) * float32(scale)``.
 - ``QConv(x int8 NCHW (or NCL), w int8 OIHW (or OIL), bias int32[O], multiplier int32[O]
   [, residual int8])``,
   attrs ``kernel_shape, strides, pads, dilations, group`` (as Conv), ``shift`` (0..31),
-  ``lo, hi`` (int8 bounds) and ``scale`` (the output's scale, informational)::
+  ``lo, hi`` (int8 bounds), ``scale`` (the output's scale, informational) and
+  ``pad_value`` (int8, default 0: what the padding reads, the input's zero point, so that
+  with ``bias`` holding ``- pad_value * sum(w[o])`` every window sums ``w (x - z)``)::
 
-      acc = wrap(conv(x, w))                 exact integer convolution, zero padding
+      acc = wrap(conv(x, w))                 exact integer convolution, the padding
+                                             filled with pad_value
       t = wrap(acc + bias[o]); t = wrap(t * multiplier[o]); t = t >> shift
       t = wrap(t + residual)                 when the residual input is given
       y = int8(clip(t, lo, hi))
@@ -27,11 +32,12 @@ by ``wrap``); right shifts are arithmetic (floor).
 - ``QGemm(x int8[N,K], w int8[O,K], bias, multiplier [, residual int8[N,O]])``: the same
   epilogue on ``acc = x @ w.T``.
 - ``QGlobalAveragePool(x int8 NCHW) -> int8[N,C,1,1]``, attrs ``multiplier``, ``shift``,
-  ``scale`` (the input's scale, which the output keeps)::
+  ``scale`` (the output's scale, informational) and ``offset`` (int, default 0)::
 
-      y = clip(((sum over H,W of x) * multiplier + 2**(shift-1)) >> shift, -128, 127)
+      y = clip(((sum over H,W of x) * multiplier + 2**(shift-1) + offset) >> shift, -128, 127)
 
-  with ``multiplier / 2**shift ~ 1/(H*W)``: the added half makes the floor shift round to
+  with ``multiplier / 2**shift ~ s_in / (s_out * H*W)`` and ``offset / 2**shift ~ z_out -
+  z_in * s_in / s_out`` (the zero points): the added half makes the floor shift round to
   nearest (half up). quantize.py picks the shift so that no step can overflow int32.
 
 - ``QMatMul(a int8[..., M, K], b int8[..., K, N]) -> int8[..., M, N]`` (batch axes
@@ -42,15 +48,23 @@ by ``wrap``); right shifts are arithmetic (floor).
       y = clip(wrap(wrap(acc * multiplier) + 2**(shift-1)) >> shift, -128, 127)
 
   (attention's Q x K^T and P x V; quantize.py picks the shift for the calibrated range).
-- ``QAdd(a int8, b int8) -> int8`` and ``QMul(a int8, b int8) -> int8`` (operands of the
-  output's shape), attrs ``multipliers`` (QAdd: [ma, mb]; QMul: [m]), ``shift`` (1..31),
+- ``QAdd(a int8, b int8) -> int8`` (operands of the output's shape) and ``QMul(a int8, b
+  int8) -> int8`` (operands that broadcast to the output as numpy's do: squeeze-excitation's
+  gate [N, C, 1, 1] times [N, C, H, W]), attrs ``multipliers`` (QAdd: [ma, mb]; QMul: [m]), ``shift`` (1..31),
   ``scale`` (the output's)::
 
       QAdd: y = clip(wrap(wrap(a * ma + b * mb) + 2**(shift-1)) >> shift, -128, 127)
       QMul: y = clip(wrap(wrap(a * b * m) + 2**(shift-1)) >> shift, -128, 127)
 
+  QMul's optional ``zero_points`` [za, zb, zo] (int8, default 0): ``a - za`` and ``b - zb``
+  for a and b, and zo added after the shift (before the clip).
+
   (residual Adds after a QLut, squeeze-excitation's gate multiply; quantize.py picks the
   shift so that no step can leave int32 for any int8 inputs).
+- ``wide_matmul(a, w) -> int32`` (no operator of its own: QLSTM, QGRU and QRNN,
+  qrecurrent.py, use it): ``wrap(a @ w.T)`` for ``a`` int8 or int16 [M, K] and ``w`` int8
+  or int16 [O, K], the exact integer product wrapped to int32 (the accelerator computes it
+  as int8 GEMM passes, compiler/accel/wide.py).
 - ``QLut(x int8, table int8[256]) -> int8`` (same shape), attr ``scale`` (the output's,
   informational): ``y = table[x + 128]``. quantize.py fills the table with an element-wise
   function (SiLU, HardSwish, GELU, Sigmoid, Tanh, ...) between the input's and the output's
@@ -58,8 +72,9 @@ by ``wrap``); right shifts are arithmetic (floor).
 
 Integer convolutions and products run as float64 BLAS calls on the int8 values: every
 product and partial sum is an integer below 2**53 in magnitude (|x*w| <= 2**14, and a
-sum of fewer than 2**39 of them), so float64 computes them exactly in any order; the
-result is converted to int64 and wrapped.
+sum of fewer than 2**39 of them; int16 operands: |a*w| <= 2**30, fewer than 2**23 terms),
+so float64 computes them exactly in any order; the result is converted to int64 and
+wrapped.
 """
 
 from __future__ import annotations
@@ -69,7 +84,8 @@ import numpy as np
 from .ir import Node, NodeError, TensorType
 from .ops import conv, conv_types
 
-__all__ = ["QUANTIZED_KERNELS", "QUANTIZED_SHAPE_RULES", "wrap"]
+__all__ = ["QUANTIZED_KERNELS", "QUANTIZED_SHAPE_RULES", "pad_value", "wrap", "wide_matmul",
+           "wide_matmul_exact"]
 
 
 def wrap(x: np.ndarray) -> np.ndarray:
@@ -103,10 +119,18 @@ def _int8(*arrays):
             raise ValueError(f"expects int8 operands, got {a.dtype}")
 
 
+def pad_value(attrs) -> int:
+    """A QConv's ``pad_value`` (0 when absent), checked to be an int8."""
+    v = attrs.get("pad_value", 0)
+    if isinstance(v, bool) or int(v) != v or not -128 <= int(v) <= 127:
+        raise ValueError(f"pad_value {v!r} must be an integer in [-128, 127]")
+    return int(v)
+
+
 def qconv(attrs, x, w, bias, multiplier, residual=None):
     _int8(x, w, residual)
     shift, lo, hi = _epilogue_args(attrs)
-    acc = conv(attrs, x.astype(np.float64), w.astype(np.float64))
+    acc = conv(attrs, x.astype(np.float64), w.astype(np.float64), fill=pad_value(attrs))
     return _requantize(wrap(acc.astype(np.int64)), bias, multiplier, shift, lo, hi, residual)
 
 
@@ -117,13 +141,37 @@ def qgemm(attrs, x, w, bias, multiplier, residual=None):
     return _requantize(wrap(acc.astype(np.int64)), bias, multiplier, shift, lo, hi, residual)
 
 
+def wide_matmul(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``wrap(a @ w.T)`` as int32: ``a`` int8 or int16 [M, K], ``w`` int8 or int16 [O, K]."""
+    for what, v in (("a", a), ("w", w)):
+        if v.dtype not in (np.int8, np.int16) or v.ndim != 2:
+            raise ValueError(f"wide_matmul: {what} must be int8 or int16 with 2 axes, got "
+                             f"{v.dtype}{list(v.shape)}")
+    if a.shape[1] >= 1 << 23:
+        raise ValueError(f"wide_matmul: K={a.shape[1]} is too long for an exact float64 sum")
+    acc = a.astype(np.float64) @ w.astype(np.float64).T
+    return wrap(acc.astype(np.int64)).astype(np.int32)
+
+
+def wide_matmul_exact(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``a @ w.T`` exactly, as int64 (no wrap): ``a``, ``w`` int8 or int16 [M, K], [O, K]."""
+    for what, v in (("a", a), ("w", w)):
+        if v.dtype not in (np.int8, np.int16) or v.ndim != 2:
+            raise ValueError(f"wide_matmul_exact: {what} must be int8 or int16 with 2 axes, "
+                             f"got {v.dtype}{list(v.shape)}")
+    if a.shape[1] >= 1 << 22:
+        raise ValueError(f"wide_matmul_exact: K={a.shape[1]} is too long for an exact sum")
+    return (a.astype(np.float64) @ w.astype(np.float64).T).astype(np.int64)
+
+
 def qglobal_average_pool(attrs, x):
     _int8(x)
     shift, multiplier = int(attrs["shift"]), int(attrs["multiplier"])
     if not 1 <= shift <= 31:
         raise ValueError(f"shift {shift} must be in [1, 31]")
     total = x.astype(np.int64).sum(axis=tuple(range(2, x.ndim)), keepdims=True)
-    t = wrap(wrap(total * multiplier) + (1 << (shift - 1))) >> shift
+    offset = int(attrs.get("offset", 0))
+    t = wrap(wrap(total * multiplier) + (1 << (shift - 1)) + offset) >> shift
     return np.clip(t, -128, 127).astype(np.int8)
 
 
@@ -155,8 +203,16 @@ def qadd(attrs, a, b):
 def qmul(attrs, a, b):
     _int8(a, b)
     shift, (m,) = _binary_args(attrs, 1)
-    t = wrap(a.astype(np.int64) * b.astype(np.int64) * m)
-    return np.clip(wrap(t + (1 << (shift - 1))) >> shift, -128, 127).astype(np.int8)
+    za, zb, zo = _zero_points(attrs)
+    t = wrap((a.astype(np.int64) - za) * (b.astype(np.int64) - zb) * m)
+    return np.clip((wrap(t + (1 << (shift - 1))) >> shift) + zo, -128, 127).astype(np.int8)
+
+
+def _zero_points(attrs):
+    z = [int(v) for v in attrs.get("zero_points", (0, 0, 0))]
+    if len(z) != 3 or not all(-128 <= v <= 127 for v in z):
+        raise ValueError(f"zero_points {z} must be 3 integers in [-128, 127]")
+    return z
 
 
 def qlut(attrs, x, table):
@@ -168,11 +224,20 @@ def qlut(attrs, x, table):
 
 def quantize(attrs, x):
     q = np.rint(x.astype(np.float32) / np.float32(attrs["scale"]))
-    return np.clip(q, -128, 127).astype(np.int8)
+    z = int(attrs.get("zero_point", 0))
+    if not z:
+        return np.clip(q, -128, 127).astype(np.int8)
+    with np.errstate(invalid="ignore"):
+        q = np.clip(np.where(np.isnan(q), np.float32(0), q), -128 - z, 127 - z)
+    return (q + np.float32(z)).astype(np.int8)
 
 
 def dequantize(attrs, x):
-    return x.astype(np.float32) * np.float32(attrs["scale"])
+    z = int(attrs.get("zero_point", 0))
+    x = x.astype(np.float32)
+    if z:
+        x = x - np.float32(z)
+    return x * np.float32(attrs["scale"])
 
 
 QUANTIZED_KERNELS = {
@@ -210,6 +275,10 @@ def _qconv_types(node: Node, types):
     if w.shape[0] % a["group"]:
         raise NodeError(node, f"input has {x.shape[1]} channels but weight {w} with "
                               f"group={a['group']} expects {w.shape[1] * a['group']}")
+    try:
+        pad_value(a)
+    except ValueError as e:
+        raise NodeError(node, str(e)) from None
     (t,) = conv_types(node, types)  # channels, window and output shape as for Conv
     shape = t.shape
     _check_epilogue_operands(node, types, w.shape[0], shape)
@@ -247,6 +316,11 @@ def _qmatmul_types(node: Node, types):
 
 def _qbinary_types(node: Node, types):
     a, b = types[0], types[1]
+    if node.op == "QMul" and a.dtype == "int8" == b.dtype and a.static and b.static:
+        try:
+            return [TensorType("int8", np.broadcast_shapes(tuple(a.shape), tuple(b.shape)))]
+        except ValueError:
+            raise NodeError(node, f"inputs {a} and {b} do not broadcast") from None
     if a.dtype != "int8" or b.dtype != "int8" or a.shape != b.shape:
         raise NodeError(node, f"inputs {a} and {b} must be int8 of one shape")
     return [TensorType("int8", a.shape)]
@@ -255,3 +329,4 @@ def _qbinary_types(node: Node, types):
 QUANTIZED_SHAPE_RULES = {"QConv": _qconv_types, "QGemm": _qgemm_types, "QLut": _qlut_types,
                          "QMatMul": _qmatmul_types, "QAdd": _qbinary_types,
                          "QMul": _qbinary_types}
+

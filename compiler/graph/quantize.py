@@ -18,8 +18,10 @@ negative that do not feed a QLut, the clipping range of least squared error
 (``_mse_ranges``; docs/graph.md has the measurements behind the choice), or a percentile
 of |v| ("percentile") or TensorRT's KL-divergence threshold ("entropy"), calib.py. The exception:
 values never negative whose writers and readers fold a zero point into their constants
-exactly (qzero.py: Relu outputs read by 1x1 convolutions, Gemm, Linear) get zero point
--128 and all 256 steps on [0, range] (``zero_points=False`` turns this off).
+exactly (qzero.py: Relu outputs read by convolutions, padded ones too (``pad_value``), Gemm,
+Linear) get zero point -128 and all 256 steps on [0, range], and so do signed values only
+lookup tables write, from the tables' least entry (``_table_lows``); a global average
+pool writes its own scale (``_pool_params``). ``zero_points=False`` turns zero points off.
 
 A Conv (2-D), Gemm (no transA) or MatMul (any rank >= 2 by a constant [K,O]; N-d inputs
 run as a QGemm on their rows, between two int8 Reshapes) with a constant weight becomes
@@ -29,7 +31,8 @@ residual Add, then Relu/Clip steps (together one clamp [lo, hi]), optionally fol
 unary steps with no exact int8 form (SiLU, HardSwish, Sigmoid, ...) and constant Adds/Muls
 of one value: those become a QLut (a 256-entry int8 table) after the layer, which then
 writes an intermediate int8 value, and optionally a QAdd/QMul of a run-time value of the
-output's type after the table. A ConvTranspose with strides equal to its kernel is a 1x1
+output's type after the table. An Add of two int8 values of its output's shape is a QAdd,
+a Mul of two int8 values that broadcast to its output (squeeze-excitation's gate) a QMul. A ConvTranspose with strides equal to its kernel is a 1x1
 Conv and an int8 pixel shuffle first (qtranspose.py):
 
 - weights: per output channel (``per_channel``; else one scale) ``s_w[o] = max|w[o]|/127``,
@@ -47,6 +50,8 @@ Conv and an int8 pixel shuffle first (qtranspose.py):
   ``rint(2**(shift-1) / multiplier[o])`` is added to the bias instead (the accelerator's
   epilogue has no rounding step), so ``(acc + bias) * multiplier >> shift`` rounds to
   nearest up to ``|multiplier|/2**(shift+1) = r/2`` of an output step.
+- bias correction (biascorr.py, ``bias_correction=True``): the int32 biases then take off
+  the mean error of each layer's pre-activation on the samples, layer by layer.
 - a residual is added after the shift, in the output's scale: the residual value and the
   node's output share one scale (values are merged with union-find; the shared scale is
   the largest calibrated range of them / 127). A quantized node producing such a value
@@ -54,8 +59,9 @@ Conv and an int8 pixel shuffle first (qtranspose.py):
 - Relu gives ``lo = 0``; Clip(a, b) gives ``lo, hi = clip(rint(a/s_out)), clip(rint(b/s_out))``
   within [-128, 127]; no activation gives [-128, 127].
 
-MaxPool, Flatten, Reshape, Relu and Identity (and a ConvTranspose's pixel shuffle) on an int8
-value stay int8 in the same scale (so does a Concat of int8 values that already share one scale); GlobalAveragePool
+MaxPool, Flatten, Reshape, Relu, Identity and Slice (and a ConvTranspose's pixel shuffle) on an
+int8 value stay int8 in the same scale (so does a Concat of int8 values that already share one
+scale, and a channel Concat of int8 images, whose inputs are given one shared scale); GlobalAveragePool
 becomes QGlobalAveragePool; an element-wise function of one value (``_LUT_OPS``) on an int8
 value becomes a QLut. Every other node stays float: a Dequantize is inserted before it for an
 int8 input, and a Quantize after a float value only where a quantized node reads it. Graph
@@ -75,10 +81,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .biascorr import Correction, correct_biases
 from .calib import CalibrationError, entropy_range, parse_method, percentile_range
 from .ir import EPILOGUE_UNARY, Graph, GraphError, Node, TensorType, constant, verify_graph
 from .ops import KERNELS, OWN_INPUTS
 from .passes import remove_dead_code
+from .qbody import (dense_input, hoist_loop_products, inline_constant_captures,
+                    quantize_bodies, wide_layer)
+from .qrecurrent import WEIGHT_BITS as RECURRENT_WEIGHT_BITS
+from .qrecurrent import (calibrated_values, h_range, quantized_layer, recurrent_problem,
+                         Q_RECURRENT_OPS)
 from .qtranspose import conv_transpose_reason, expand_conv_transposes
 from .qzero import affine, asymmetric_classes, mse_top
 from .reference import apply_epilogue, evaluate_node
@@ -100,7 +112,10 @@ _SIGNED_ZERO_POINTS = 0.0  # the largest -min/max given one (0: never negative)
 MARGIN = 2.0
 # Ops that keep their int8 input's scale (they only move or select values, or clamp at 0).
 _SAME_SCALE = ("MaxPool", "Flatten", "Reshape", "Relu", "Identity")
+_RECURRENT = tuple(Q_RECURRENT_OPS.values())  # LSTM, GRU, RNN: qrecurrent.py
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+# Plan kinds of the int8 nodes whose inputs may come from a Quantize with a zero point.
+_ZERO_READERS = ("layer", "lut", "pool", "same")
 # Epilogue steps with no exact int8 form: the layer ends before them, a QLut computes them.
 _LUT_STEPS = ("SiLU", "HardSwish", "Sigmoid", "LeakyRelu", "HardSigmoid", "Gelu")
 # Element-wise functions of one value that become a QLut on an int8 input.
@@ -424,12 +439,20 @@ def _after_lut(node: Node) -> str:
 
 
 def _is_int8_binary(graph: Graph, node: Node, int8: set) -> bool:
-    """An Add/Mul of two int8 values of the output's shape: a QAdd/QMul."""
+    """An Add of two int8 values of the output's shape (a QAdd), a Mul of two int8 values
+    that broadcast to it (a QMul: squeeze-excitation's features times its gate [N, C, 1, 1])."""
     if node.op not in ("Add", "Mul") or len(node.inputs) != 2 or len(node.outputs) != 1:
         return False
     out = graph.types[node.outputs[0]]
-    return out.dtype == "float32" and all(
-        v in int8 and graph.types[v].shape == out.shape for v in node.inputs)
+    if out.dtype != "float32" or not all(v in int8 for v in node.inputs):
+        return False
+    shapes = [graph.types[v].shape for v in node.inputs]
+    if node.op == "Add" or not out.static or not all(graph.types[v].static for v in node.inputs):
+        return all(s == out.shape for s in shapes)
+    try:
+        return np.broadcast_shapes(*map(tuple, shapes)) == tuple(out.shape)
+    except ValueError:
+        return False
 
 
 def _matmul_factor(graph: Graph, node: Node) -> float | None:
@@ -459,6 +482,16 @@ def _is_activation_matmul(graph: Graph, node: Node) -> bool:
     return all(t.dtype == "float32" and t.static and len(t.shape) >= 2 for t in ts)
 
 
+def _is_channel_concat(graph: Graph, node: Node) -> bool:
+    """A Concat of images along channels (YOLO's C2f joins its halves and its bottlenecks'
+    outputs so): its int8 inputs take one shared scale, the largest range of theirs, and it
+    stays int8 (a QConv or QAdd writing one of them requantizes to that scale for free;
+    on the accelerator its inputs are written into their slices of its output)."""
+    out = graph.types[node.outputs[0]] if node.outputs else None
+    return node.op == "Concat" and out is not None and len(out.shape) == 4 and \
+        int(node.attrs.get("axis", 1)) % 4 == 1
+
+
 def _mid(node: Node) -> str:
     """The calibration key of a layer's int8 result before its QLut tail (not a value of the
     graph: the quantized graph names it afresh)."""
@@ -470,7 +503,11 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
     pixel shuffles, int8 in the same scale (other Transposes stay float: int8 ones made
     ConvNeXt's residual Adds QAdds, 0.99946 -> 0.99931 in mean cosine to fp32)."""
     plan = _Plan({}, {}, set(), _Classes(), {})
+    producers = {o: n for n in graph.nodes for o in n.outputs if o}
     for node in graph.nodes:
+        if node.op in ("MatMul", "Gemm") and _reads_recurrent(graph, node, producers, plan):
+            plan.kinds[node.name] = "wide"  # float in and out, a 16-bit product inside
+            continue
         layer = _layer_form(graph, node)
         out = node.outputs[0] if node.outputs else ""
         int8_in = bool(node.inputs) and all(i in plan.int8 for i in node.inputs)
@@ -482,23 +519,50 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
                 len(node.outputs) == 1 and graph.types[out].dtype == "float32":
             plan.kinds[node.name] = "lut"
         elif len(node.outputs) == 1 and int8_in and (
-                node.op in _SAME_SCALE or node.name in shuffles or (
+                node.op in _SAME_SCALE + ("Slice",) or node.name in shuffles or (
                     node.op == "Concat" and len({plan.classes.find(i)
-                                                 for i in node.inputs}) == 1)):
+                                                 for i in node.inputs}) == 1)
+                or _is_channel_concat(graph, node)):
             plan.kinds[node.name] = "same"
-            plan.classes.union(node.inputs[0], out)
+            for i in (node.inputs if node.op == "Concat" else node.inputs[:1]):
+                plan.classes.union(i, out)
         elif _is_activation_matmul(graph, node):
             plan.kinds[node.name] = "matmul"
+        elif node.op in _RECURRENT and recurrent_problem(graph, node) is None:
+            plan.kinds[node.name] = "recurrent"  # float in and out: integer products inside
+            continue
         elif _is_int8_binary(graph, node, plan.int8):
             plan.kinds[node.name] = "binary"
         elif node.op == "GlobalAveragePool" and int8_in and len(graph.types[out].shape) == 4:
-            plan.kinds[node.name] = "pool"
-            plan.classes.union(node.inputs[0], out)
+            plan.kinds[node.name] = "pool"  # its own scale (_pool_params)
         else:
             plan.float_reasons[node.name] = _float_reason(graph, node, plan, layer)
             continue
         plan.int8.add(out)
     return plan
+
+
+# Operators that only move a value (the way from a recurrent layer's output to its head).
+_MOVES = ("Squeeze", "Unsqueeze", "Reshape", "Flatten", "Transpose", "Gather", "Slice",
+          "Identity", "Concat")
+
+
+def _reads_recurrent(graph: Graph, node: Node, producers: dict, plan: _Plan) -> bool:
+    """Whether a MatMul/Gemm with a constant weight reads (through views) the output of a
+    recurrent layer the plan makes QLSTM/QGRU/QRNN: such a head keeps the 16-bit form of
+    the recurrence (QMatMulWide) rather than narrowing the state to int8."""
+    v = dense_input(graph, node)
+    seen = 0
+    while v is not None and seen < 16:
+        p = producers.get(v)
+        if p is None:
+            return False
+        if plan.kinds.get(p.name) == "recurrent":
+            return True
+        if p.op not in _MOVES or not p.inputs:
+            return False
+        v, seen = p.inputs[0], seen + 1
+    return False
 
 
 def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> str:
@@ -507,7 +571,9 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
     out = graph.types[node.outputs[0]] if node.outputs else None
     inputs = [i for i in node.inputs if i]
     if any(isinstance(v, Graph) for v in node.attrs.values()):
-        return "the quantizer does not look inside Loop, Scan and If bodies"
+        return ("control flow: its bodies' MatMul, Gemm, LSTM, GRU and RNN layers with "
+                "constant weights take the 16-bit integer form (qbody.py), the rest of "
+                "them stays float")
     if node.op == "MatMul" and not any(i in graph.initializers for i in node.inputs[:2]):
         ts = [graph.types[v] for v in (*node.inputs[:2], *node.outputs)]
         if node.attrs.get("epilogue"):
@@ -519,13 +585,16 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
         return "a MatMul of two run-time values of rank < 2 or not float32"
     if node.op in OWN_INPUTS:
         return layer_reason
+    if node.op in _RECURRENT:
+        return recurrent_problem(graph, node)
     if node.op == "ConvTranspose" and conv_transpose_reason(graph, node):
         return conv_transpose_reason(graph, node)
     if out is None or out.dtype != "float32":
         return (f"it computes {out.dtype} values (indices, shapes or masks), not float data"
                 if out is not None else "it has no output")
     floats = [i for i in inputs if i not in plan.int8 and i not in graph.initializers]
-    int8_forms = (*_LUT_OPS, *_SAME_SCALE, "Concat", "GlobalAveragePool", "Add", "Mul")
+    int8_forms = (*_LUT_OPS, *_SAME_SCALE, "Slice", "Concat", "GlobalAveragePool", "Add",
+                  "Mul")
     if node.op not in int8_forms:
         return f"the quantizer has no int8 form of {node.op}"
     if floats:
@@ -536,8 +605,11 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
         return "its int8 inputs have different scales (an int8 Concat needs one shared scale)"
     if node.op in ("Add", "Mul"):
         shapes = ", ".join(str(graph.types[i]) for i in inputs)
-        return (f"it broadcasts its operands ({shapes}) to {out} (Q{node.op} takes two "
-                f"operands of the output's shape)")
+        if node.op == "Mul":
+            return (f"its operands ({shapes}) or output {out} have sizes known only at run "
+                    f"time (a QMul broadcasts static shapes)")
+        return (f"it broadcasts its operands ({shapes}) to {out} (QAdd takes two operands "
+                f"of the output's shape)")
     return f"no int8 form of this {node.op} ({len(inputs)} inputs, output {out})"
 
 
@@ -556,6 +628,8 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
               if node.name in plan.layers and plan.layers[node.name].after}
     maxabs.update(dict.fromkeys(afters.values(), 0.0))
     pre = {name: np.zeros(len(layer.bias)) for name, layer in plan.layers.items()}
+    # per layer: the sum and count of its float pre-activation per channel (biascorr.py)
+    sums = {name: [np.zeros(len(layer.bias)), 0] for name, layer in plan.layers.items()}
     kept: dict[str, list] = {v: [] for v in maxabs}
 
     def record(name, v):
@@ -579,9 +653,11 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
             else:
                 with np.errstate(all="ignore"):
                     y = KERNELS[node.op](node.attrs, *ins[:OWN_INPUTS[node.op]])
-                    before = np.abs(apply_epilogue(y, layer.linear, ins))
+                    before = apply_epilogue(y, layer.linear, ins)
                     axes = tuple(d for d in range(y.ndim) if d != layer.axis)
-                    pre[node.name] = np.maximum(pre[node.name], before.max(axis=axes))
+                    sums[node.name][0] += before.sum(axis=axes, dtype=np.float64)
+                    sums[node.name][1] += before.size // max(before.shape[layer.axis], 1)
+                    pre[node.name] = np.maximum(pre[node.name], np.abs(before).max(axis=axes))
                     y = apply_epilogue(y, layer.head, ins)
                     if layer.tail:
                         key = mids[node.name]
@@ -599,8 +675,9 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
             for i in node.inputs:
                 if i and last_use.get(i) == k and i not in keep:
                     env.pop(i, None)
+    means = {name: total / max(count, 1) for name, (total, count) in sums.items()}
     return maxabs, mins, pre, {v: np.concatenate(a) if a else np.zeros(0, np.float32)
-                         for v, a in kept.items()}
+                               for v, a in kept.items()}, means
 
 
 def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) -> dict:
@@ -629,9 +706,7 @@ def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) ->
     kept |= {plan.classes.find(n.outputs[0]) for n in graph.nodes
              if n.name in plan.layers and not plan.layers[n.name].tail
              and math.isfinite(plan.layers[n.name].hi)}
-    affine_tails = {plan.classes.find(n.outputs[0]) for n in graph.nodes
-                    if n.name in plan.layers and not plan.layers[n.name].after
-                    and any(s[0] in ("Add", "Mul") for s in plan.layers[n.name].tail)}
+    affine_tails = _affine_tails(graph, plan)
     out = {}
     for root, t in top.items():
         values = np.concatenate(members[root])
@@ -644,6 +719,116 @@ def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) ->
         else:
             out[root] = _mse_range(values, t)
     return out
+
+
+# Ops whose output is never below their input's least value (they move, select or average
+# values), and functions into [0, 1] (gates).
+_KEEPS_LOW = ("GlobalAveragePool", "AveragePool", "MaxPool", "Flatten", "Reshape", "Identity",
+              "Squeeze", "Unsqueeze", "Transpose")
+_UNIT_OPS = ("Sigmoid", "HardSigmoid")
+
+
+def _table_lows(graph: Graph, plan: _Plan, roots: set, scale, zero, candidates=()) -> dict:
+    """{class root: a lower bound of every value of the class} for the classes among
+    ``roots`` whose every member (of ``plan.int8`` and ``candidates``) has one: a value
+    QLut tables write (a layer's tail or a lookup node, not one with an Add/Mul after it),
+    each table's input of a final scale and zero point (``scale``, ``zero``: a class not
+    among ``roots``, or one left unbounded, below), has its tables' least entry (the entries are f at every int8
+    input, ``s_in * (q - z_in)``, so nothing it writes is below that least f); an average,
+    pooling or view of a bounded value has its bound, and so has a product of one with a
+    gate (a Sigmoid or HardSigmoid, in [0, 1]: squeeze-excitation's ``x * gate``); a Relu's
+    output 0. A gate's table counts as one when its entries are in [0, 1]."""
+    tables = {}  # output value -> (input value, function)
+    for n in graph.nodes:
+        layer = plan.layers.get(n.name)
+        if layer is not None and layer.tail and not layer.after:
+            tables[n.outputs[0]] = (_mid(n), _tail_function(graph, n, layer))
+        elif plan.kinds.get(n.name) == "lut":
+            tables[n.outputs[0]] = (n.inputs[0],
+                                    lambda v, n=n: evaluate_node(n, [v])[0])
+    values: dict = {}
+    for v in set(plan.int8) | set(candidates):
+        if plan.classes.find(v) in roots:
+            values.setdefault(plan.classes.find(v), []).append(v)
+
+    def bounded(lows):  # (a bound of 0: a table too coarse to write a negative entry)
+        return {root: min(min(lows[v] for v in vs), 0.0) for root, vs in values.items()
+                if all(v in lows for v in vs)}
+
+    # A table's least entry needs its input's final scale: first with no table reading a
+    # class among ``roots``, then also reading the roots left unbounded (their scales
+    # stay), until no root a table read is bounded after all.
+    lows, _ = _bounds(graph, plan, tables, roots, scale, zero)
+    open_roots = set(bounded(lows))
+    while True:
+        lows, used = _bounds(graph, plan, tables, open_roots, scale, zero)
+        out = bounded(lows)
+        read = (set(out) - open_roots) & used
+        if not read:
+            return out
+        open_roots |= read
+
+
+def _bounds(graph: Graph, plan: _Plan, tables: dict, open_roots: set, scale, zero):
+    """({value: lower bound}, the classes among roots whose scales the tables read) for
+    _table_lows, no table read from a class in ``open_roots``."""
+    used: set = set()
+
+    def final(v):
+        root = plan.classes.find(v)
+        if root in open_roots:
+            return False
+        used.add(root)
+        return True
+
+    lows: dict = {}  # value -> its lower bound
+    unit: set = set()  # values in [0, 1]
+    for n in graph.nodes:
+        if not n.outputs or not n.outputs[0]:
+            continue
+        out = n.outputs[0]
+        layer = plan.layers.get(n.name)
+        if layer is not None and layer.tail and layer.after and layer.after[0] == "Mul":
+            # a gate's table times a bounded value (the QMul after the layer's table)
+            if layer.after[2] in lows and final(_mid(n)):
+                grid = (np.arange(-128, 128) - zero(_mid(n))).astype(np.float32) * \
+                    np.float32(scale(_mid(n)))
+                with np.errstate(all="ignore"):
+                    y = np.asarray(_tail_function(graph, n, layer)(grid), np.float64)
+                if np.isfinite(y).all() and y.min() >= 0 and y.max() <= 1:
+                    lows[out] = min(lows[layer.after[2]], 0.0)
+        elif out in tables and final(tables[out][0]):
+            x_in, f = tables[out]
+            grid = (np.arange(-128, 128) - zero(x_in)).astype(np.float32) * np.float32(
+                scale(x_in))
+            with np.errstate(all="ignore"):
+                y = np.asarray(f(grid), np.float64)
+            lo = float(np.nanmin(y)) if np.isfinite(y).any() else -math.inf
+            if math.isfinite(lo):
+                lows[out] = lo
+                if lo >= 0 and float(np.nanmax(y)) <= 1:
+                    unit.add(out)
+        elif n.op in _UNIT_OPS and n.name not in plan.layers:
+            lows[out] = 0.0
+            unit.add(out)
+        elif n.op == "Relu" and n.name not in plan.layers:
+            lows[out] = 0.0
+        elif n.op in _KEEPS_LOW and n.inputs and n.inputs[0] in lows:
+            lows[out] = lows[n.inputs[0]]
+            if n.inputs[0] in unit:
+                unit.add(out)
+        elif n.op == "Mul" and len(n.inputs) == 2 and n.name not in plan.layers:
+            a, c = n.inputs
+            if c in unit and a in lows or a in unit and c in lows:
+                lows[out] = min(lows[c if a in unit else a], 0.0)
+    return lows, used
+
+
+def _affine_tails(graph: Graph, plan: _Plan) -> set:
+    """The classes of the outputs of tables whose steps include a constant Add/Mul."""
+    return {plan.classes.find(n.outputs[0]) for n in graph.nodes
+            if n.name in plan.layers and not plan.layers[n.name].after
+            and any(s[0] in ("Add", "Mul") for s in plan.layers[n.name].tail)}
 
 
 def _mse_range(values: np.ndarray, top: float) -> float:
@@ -720,16 +905,20 @@ def _requantization(ratio, bias_q, w_q, calibrated=None):
 
 
 def _emit_binary(b: _Builder, op: str, x: str, y: str, s_x: float, s_y: float, s_out: float,
-                 out: str, name: str, fresh: bool = True) -> None:
-    """QAdd (``x * s_x + y * s_y`` in the scale s_out) or QMul (``x * y * s_x * s_y``): the
-    largest shift in 1..31 with which no step can leave int32 for any int8 inputs."""
+                 out: str, name: str, fresh: bool = True, zeros=(0, 0, 0)) -> None:
+    """QAdd (``x * s_x + y * s_y`` in the scale s_out) or QMul (``(x - z_x) * (y - z_y) *
+    s_x * s_y``, plus z_out: ``zeros``, QMul only): the largest shift in 1..31 with which no
+    step can leave int32 for any int8 inputs."""
     ratios = [s_x / s_out, s_y / s_out] if op == "Add" else [s_x * s_y / s_out]
-    worst = 128.0 * 128.0 if op == "Mul" else 128.0
+    worst = (128.0 + abs(zeros[0])) * (128.0 + abs(zeros[1])) if op == "Mul" else 128.0
     for shift in range(31, 0, -1):
         m = [round(r * 2**shift) for r in ratios]
         if max(m) < 2**31 and sum(m) * worst + 2 ** (shift - 1) < 2**31:
             break
     attrs = {"multipliers": m, "shift": shift, "scale": float(s_out)}
+    if any(zeros):
+        assert op == "Mul", (name, zeros)  # qzero.py gives QAdd none
+        attrs["zero_points"] = [int(z) for z in zeros]
     b.add("QAdd" if op == "Add" else "QMul", [x, y], [out], attrs, name, fresh=fresh)
 
 
@@ -754,14 +943,20 @@ def _clamp_q(lo: float, hi: float, s_out: float, z_out: int = 0) -> tuple[int, i
     return q(lo, -128), q(hi, 127)
 
 
-def _pool_params(hw: int) -> tuple[int, int]:
-    """(multiplier, shift) of QGlobalAveragePool over hw elements: the largest shift with
-    which ``sum * multiplier + 2**(shift-1)`` stays within int32 for any int8 input."""
+def _pool_params(hw: int, ratio: float = 1.0, offset: float = 0.0) -> tuple[int, int, int]:
+    """(multiplier, shift, offset) of QGlobalAveragePool over hw elements from the input's
+    scale to the output's (``ratio`` = s_in / s_out) with the zero points' ``offset`` (z_out
+    - z_in * ratio, in output steps): the largest shift with which ``sum * multiplier +
+    2**(shift-1) + offset`` stays within int32 for any int8 input. The output has its own
+    scale: an average of a SiLU or Relu output spans a fraction of the input's range (a
+    squeeze-excitation's input), which the input's steps would cover with a few levels."""
     for shift in range(31, 0, -1):
-        m = round(2**shift / hw)
-        if m >= 1 and 128 * hw * m + 2 ** (shift - 1) < 2**31:
-            return m, shift
-    raise GraphError(f"global average pool over {hw} elements cannot be done in int32")
+        m = round(2**shift * ratio / hw)
+        off = round(offset * 2**shift)
+        if m >= 1 and 128 * hw * m + 2 ** (shift - 1) + abs(off) < 2**31:
+            return m, shift, off
+    raise GraphError(f"global average pool over {hw} elements (scales {ratio:g} apart) "
+                     "cannot be done in int32")
 
 
 class _Builder:
@@ -803,9 +998,10 @@ class _Builder:
 
 
 def _emit_layer(b: _Builder, node: Node, x_q: str, w_q, params, clamp, s_out: float,
-                out: str, residual: str = "") -> None:
+                out: str, residual: str = "", z_in: int = 0) -> None:
     """A QConv/QGemm in place of ``node``: params = (multiplier, bias, shift), clamp =
-    (lo, hi)."""
+    (lo, hi); ``z_in`` the input's zero point, which a padded QConv's padding reads
+    (``pad_value``, qzero.py)."""
     (mult, bias, shift), (lo, hi), base = params, clamp, node.name
     inputs = [x_q, b.const(f"{base}/weight_int8", w_q), b.const(f"{base}/bias_int32", bias),
               b.const(f"{base}/multiplier", mult)] + ([residual] if residual else [])
@@ -813,16 +1009,18 @@ def _emit_layer(b: _Builder, node: Node, x_q: str, w_q, params, clamp, s_out: fl
     if node.op == "Conv":
         attrs = {k: node.attrs[k] for k in ("kernel_shape", "strides", "pads", "dilations",
                                             "group")} | attrs
+        if z_in and any(node.attrs["pads"]):
+            attrs["pad_value"] = int(z_in)
     b.add("QConv" if node.op == "Conv" else "QGemm", inputs, [out], attrs, base, fresh=False)
 
 
 def _emit_rows(b: _Builder, graph: Graph, node: Node, x_q: str, w_q, params, clamp,
-               s_out: float, out: str, residual: str = "") -> None:
+               s_out: float, out: str, residual: str = "", z_in: int = 0) -> None:
     """_emit_layer, for a MatMul on an N-d input as a QGemm on its rows: Reshape to [rows,
     K] (and the residual to [rows, O]), QGemm, Reshape back (int8 values, same scales)."""
     shape = graph.types[node.inputs[0]].shape
     if node.op != "MatMul" or len(shape) == 2:
-        _emit_layer(b, node, x_q, w_q, params, clamp, s_out, out, residual)
+        _emit_layer(b, node, x_q, w_q, params, clamp, s_out, out, residual, z_in)
         return
     out_shape = tuple(b.types[out].shape)
     rows = math.prod(shape[:-1])
@@ -837,6 +1035,11 @@ def _emit_rows(b: _Builder, graph: Graph, node: Node, x_q: str, w_q, params, cla
     y2 = b.value(f"{out}/rows", TensorType("int8", (rows, out_shape[-1])))
     _emit_layer(b, node, x2, w_q, params, clamp, s_out, y2, r2)
     b.add("Reshape", [y2], [out], {"shape": list(out_shape)}, f"{node.name}/unrows")
+
+
+def _convert_attrs(scale: float, zero: int) -> dict:
+    """A Quantize's or Dequantize's attributes: the scale, and the zero point if any."""
+    return {"scale": scale, **({"zero_point": int(zero)} if zero else {})}
 
 
 def _table(f, s_in: float, s_out: float, z_in: int = 0, z_out: int = 0) -> np.ndarray:
@@ -855,12 +1058,16 @@ def _table(f, s_in: float, s_out: float, z_in: int = 0, z_out: int = 0) -> np.nd
 
 def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                    method: str = "mse", zero_points: bool = True,
-                   percentile: float | None = None) -> Graph:
+                   percentile: float | None = None,
+                   recurrent_weight_bits: int = RECURRENT_WEIGHT_BITS,
+                   bias_correction: bool = True) -> Graph:
     """The quantized graph of an optimized float graph (module doc).
 
     ``method``: how each value's range is chosen from the samples, "mse" (default),
     "minmax", "percentile" (of |x|: ``percentile``, default 99.99, or "percentile:P") or
     "entropy" (KL divergence); calib.py has the details.
+
+    ``recurrent_weight_bits``: 8 or 16, the weights of LSTM/GRU/RNN layers (qrecurrent.py).
 
     ``zero_points``: give a zero point to the values whose writers and readers fold it
     into their constants exactly (qzero.py); False keeps every activation symmetric.
@@ -872,14 +1079,23 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     method, percent = parse_method(method, percentile)
     samples = _samples(graph, calibration)
     graph, shuffles = expand_conv_transposes(graph)  # the upsamplers' int8 form
+    # Control-flow bodies: their products in 16-bit integer form (qbody.py), calibrated on
+    # what each body sees when the float graph runs; the node holding a body is unchanged.
+    graph = inline_constant_captures(graph)
+    bodies = {n.name: n.attrs for n in quantize_bodies(graph, samples).nodes
+              if any(isinstance(v, Graph) for v in n.attrs.values())}
     plan = _plan(graph, shuffles)
     layer_inputs = {n.inputs[0] for n in graph.nodes if n.name in plan.layers}
     layer_inputs |= {v for n in graph.nodes if plan.kinds.get(n.name) == "matmul"
                      for v in n.inputs[:2]}
     layer_inputs |= {layer.after[2] for layer in plan.layers.values() if layer.after}
+    layer_inputs |= {n.inputs[0] for n in graph.nodes if plan.kinds.get(n.name) == "wide"}
     residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
-    needed = plan.int8 | layer_inputs | residuals
-    maxabs, mins, pre, kept = _calibrate(graph, samples, plan, needed)
+    recurrent = {v for n in graph.nodes if plan.kinds.get(n.name) == "recurrent"
+                 for v in calibrated_values(n) if v not in graph.initializers}
+    needed = plan.int8 | layer_inputs | residuals | recurrent
+    maxabs, mins, pre, kept, means = _calibrate(graph, samples, plan, needed)
+    corrections: dict[str, Correction] = {}
     top: dict[str, float] = {}
     low: dict[str, float] = {}
     high: dict[str, float] = {}
@@ -890,8 +1106,17 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
         lo, hi = mins.get(v, (0.0, 0.0))
         low[root], high[root] = min(low.get(root, 0.0), lo), max(high.get(root, 0.0), hi)
         members.setdefault(root, []).append(kept[v])
-    asym = asymmetric_classes(graph, plan.kinds, plan.layers, plan.classes, plan.int8) \
-        if zero_points else set()
+    # float values a Quantize converts for an int8 reader (the Quantize can add a zero
+    # point); not graph inputs (nothing bounds what a caller passes)
+    converted = {i for n in graph.nodes if plan.kinds.get(n.name) in _ZERO_READERS
+                 for i in n.inputs if i in needed and i not in plan.int8
+                 and i not in graph.initializers and i not in graph.inputs}
+    asym = asymmetric_classes(graph, plan.kinds, plan.layers, plan.classes, plan.int8,
+                              converted) if zero_points else set()
+    # Signed classes take a zero point only from their tables' least entry (below); the
+    # range methods see the others (an affine table's output keeps its MSE range).
+    signed = {r for r in asym if low[r] < -_SIGNED_ZERO_POINTS * high[r]}
+    asym = asym - signed
     if method == "mse":
         top = _mse_ranges(graph, plan, top, members, asym)
     elif method == "percentile":
@@ -901,9 +1126,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
         top = {r: entropy_range(np.concatenate(members[r]), t,
                                 256 if r in asym and low[r] >= 0 else 128)
                for r, t in top.items()}
-    asym = {r for r in asym if low[r] >= -_SIGNED_ZERO_POINTS * high[r]}
-    affine_of = {r: affine(low[r], top[r] if low[r] >= 0 else high[r])
-                 for r in asym}
+    affine_of = {r: affine(low[r], top[r]) for r in asym}
 
     def scale(v):
         root = plan.classes.find(v)
@@ -912,6 +1135,16 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     def zero(v):
         root = plan.classes.find(v)
         return affine_of[root][1] if root in affine_of else 0
+
+    # A signed value only tables write (SiLU, HardSwish, GELU outputs) has an exact lower
+    # end, the least entry of its tables: no test value falls below it, so it takes a zero
+    # point (``_table_lows``) where a calibrated minimum would clip. Not a table with a
+    # constant Add/Mul (``a * hardswish(x) + b``): its least entry is f at an extreme input,
+    # far below the data, and its MSE range (``_mse_ranges``) measured better (PP-OCR rec
+    # 0.944 with the table's lower end, 0.971 without, quick size, mean of six feeds).
+    tails = _affine_tails(graph, plan)
+    for r, lo in _table_lows(graph, plan, signed - tails, scale, zero, converted).items():
+        affine_of[r] = affine(lo, high[r])
 
     b = _Builder(graph)
     int8_name = {}
@@ -927,20 +1160,19 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     def as_int8(v):
         if v in plan.int8:
             return int8_name[v]
-        assert zero(v) == 0, v  # qzero.py gives no zero point to a value Quantize writes
         if v not in quantized:
             quantized[v] = b.value(f"{v}/int8", TensorType("int8", graph.types[v].shape))
-            b.add("Quantize", [v], [quantized[v]], {"scale": scale(v)}, f"{v}/quantize")
+            b.add("Quantize", [v], [quantized[v]], _convert_attrs(scale(v), zero(v)),
+                  f"{v}/quantize")
         return quantized[v]
 
     def as_float(v):
         if v not in plan.int8:
             return v
-        assert zero(v) == 0, v  # nor to one a Dequantize reads
         if v not in dequantized:
             dequantized[v] = v if v in graph.outputs else b.value(f"{v}/float", graph.types[v])
-            b.add("Dequantize", [int8_name[v]], [dequantized[v]], {"scale": scale(v)},
-                  f"{v}/dequantize")
+            b.add("Dequantize", [int8_name[v]], [dequantized[v]],
+                  _convert_attrs(scale(v), zero(v)), f"{v}/dequantize")
         return dequantized[v]
 
     for node in graph.nodes:
@@ -956,10 +1188,13 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             # Zero points (qzero.py): the input's is taken off exactly, the output's added
             # before the shift (within the ratio's rounding).
             sum_w = w_q.reshape(len(s_w), -1).astype(np.float64).sum(axis=1)
-            shifted = np.rint(z_out * s_out / acc_scale)
+            # (a residual, of the output's class, brings z_out itself: qzero.py)
+            shifted = 0.0 if layer.residual else np.rint(z_out * s_out / acc_scale)
             bias_q = np.rint(layer.bias / acc_scale) - zero(node.inputs[0]) * sum_w + shifted
-            params = _requantization(acc_scale / s_out, bias_q, w_q,
-                                     pre[node.name] / acc_scale + np.abs(shifted))
+            calibrated = pre[node.name] / acc_scale + np.abs(shifted)
+            params = _requantization(acc_scale / s_out, bias_q, w_q, calibrated)
+            corrections[node.name] = Correction(means[node.name], acc_scale, bias_q, shifted,
+                                                acc_scale / s_out, w_q, calibrated)
             if params is None:
                 raise GraphError(f"node {node.name!r} ({node.op}): its requantization (scales "
                                  f"in {s_in:g}, out {s_out:g}, weights up to {s_w.max():g}) "
@@ -971,7 +1206,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             if layer.tail:
                 target = b.value(f"{out}/before_lut", TensorType("int8", graph.types[out].shape))
             _emit_rows(b, graph, node, x_q, w_q, params,
-                       _clamp_q(layer.lo, layer.hi, s_out, z_out), s_out, target, residual)
+                       _clamp_q(layer.lo, layer.hi, s_out, z_out), s_out, target, residual,
+                       zero(node.inputs[0]))
             if layer.tail:
                 s_lut = scale(_after_lut(node)) if layer.after else scale(out)
                 lut = int8_name[out]
@@ -985,11 +1221,13 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                 if layer.after:
                     op, _, other = layer.after
                     _emit_binary(b, op, lut, as_int8(other), s_lut, scale(other), scale(out),
-                                 int8_name[out], f"{node.name}/{op.lower()}")
+                                 int8_name[out], f"{node.name}/{op.lower()}",
+                                 zeros=(0, zero(other), zero(out)))
         elif kind == "binary":
             (x, y), out = node.inputs, node.outputs[0]
             _emit_binary(b, node.op, as_int8(x), as_int8(y), scale(x), scale(y), scale(out),
-                         int8_name[out], node.name, fresh=False)
+                         int8_name[out], node.name, fresh=False,
+                         zeros=(zero(x), zero(y), zero(out)))
         elif kind == "matmul":
             (a, c), out = node.inputs[:2], node.outputs[0]
             factor = _matmul_factor(graph, node)  # a scalar Mul fused into the MatMul
@@ -998,6 +1236,21 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             b.add("QMatMul", [as_int8(a), as_int8(c)], [int8_name[out]],
                   {"multiplier": m, "shift": shift, "scale": scale(out)}, node.name,
                   fresh=False)
+        elif kind == "wide":
+            wide, consts = wide_layer(graph, node, maxabs.get(node.inputs[0], 0.0),
+                                      taken=set(b.types))
+            names = {c: b.const(c, arr) for c, arr in consts.items()}
+            b.add(wide.op, [names.get(i, as_float(i) if i else "") for i in wide.inputs],
+                  node.outputs, wide.attrs, node.name, fresh=False)
+        elif kind == "recurrent":
+            known = {**maxabs, **{v: float(np.abs(graph.initializers[v]).max(initial=0))
+                                  for v in node.inputs if v in graph.initializers}}
+            op, ins, attrs = quantized_layer(node, graph, known.get(node.inputs[0], 0.0),
+                                             h_range(node, known), recurrent_weight_bits)
+            names = ("", "W_q", "R_q", "W_scale", "R_scale")
+            ins = [b.const(f"{node.name}/{names[k]}", v) if not isinstance(v, str) else
+                   (as_float(v) if v else "") for k, v in enumerate(ins)]
+            b.add(op, ins, node.outputs, attrs, node.name, fresh=False)
         elif kind == "lut":
             x = node.inputs[0]
             y = node.outputs[0]
@@ -1010,19 +1263,27 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
             b.add(node.op, [as_int8(i) for i in node.inputs], [int8_name[node.outputs[0]]],
                   node.attrs, node.name, fresh=False)
         elif kind == "pool":
-            x = node.inputs[0]
-            m, shift = _pool_params(math.prod(graph.types[x].shape[2:]))
-            b.add("QGlobalAveragePool", [as_int8(x)], [int8_name[node.outputs[0]]],
-                  {"multiplier": m, "shift": shift, "scale": scale(x)}, node.name, fresh=False)
+            x, y = node.inputs[0], node.outputs[0]
+            ratio = scale(x) / scale(y)
+            m, shift, off = _pool_params(math.prod(graph.types[x].shape[2:]), ratio,
+                                         zero(y) - zero(x) * ratio)
+            attrs = {"multiplier": m, "shift": shift, "scale": scale(y)}
+            if off:
+                attrs["offset"] = off
+            b.add("QGlobalAveragePool", [as_int8(x)], [int8_name[y]], attrs, node.name,
+                  fresh=False)
         else:
-            attrs = node.attrs
+            attrs = bodies.get(node.name, node.attrs)
             if node.name in plan.float_reasons:  # for the partition's report
                 attrs = {**attrs, "float_reason": plan.float_reasons[node.name]}
             b.add(node.op, [as_float(i) if i else "" for i in node.inputs], node.outputs,
                   attrs, node.name, fresh=False)
     for o in graph.outputs:
         as_float(o)
-    return b.graph(graph)
+    qgraph = b.graph(graph)
+    if bias_correction:
+        qgraph = correct_biases(qgraph, samples, corrections, _requantization)
+    return hoist_loop_products(qgraph)
 
 
 # ---- from_qdq --------------------------------------------------------------------------------

@@ -8,20 +8,29 @@ kernels and the accelerator compute the same bits as before:
 
 - a QConv/QGemm *writing* the value adds ``z_out`` after its shift: ``rint(z_out / r[o])``
   more in its int32 bias (r[o] the requantization ratio), its clamp [lo, hi] moved by z_out;
-  off from the exact z_out by the ratio's own rounding (``r/2`` of an output step);
-- a QConv/QGemm *reading* it with no padding (1x1 convolutions, Gemm, a transformer's
-  Linear) subtracts ``z_in * sum(w_q[o])`` from its bias: exact, ``sum w (q - z) = sum w q -
-  z sum w``. A zero-padded convolution is not: its border windows would read the padding as
-  ``-z``; such readers keep the value symmetric;
+  off from the exact z_out by the ratio's own rounding (``r/2`` of an output step). One
+  with a residual adds nothing: the residual, of the output's class, brings z_out (``y - z
+  = t + (r - z)``), exact;
+- a QConv/QGemm *reading* it subtracts ``z_in * sum(w_q[o])`` from its bias: exact, ``sum w
+  (q - z) = sum w q - z sum w``. A padded QConv's padding reads ``z_in`` (its ``pad_value``,
+  qops.py; the accelerator adds what its zero-filling DMA leaves out to a bias table,
+  compiler/accel/border.py), so its border windows are exact too;
 - a QLut's table is indexed by q and filled from ``s_in (q - z_in)``, into ``z_out``;
-- MaxPool (its padding fill -128 is below any value), Flatten, Reshape, Transpose, Identity,
-  Concat and QGlobalAveragePool (the average of q is the average of q - z, plus z) keep it.
+- a QGlobalAveragePool (its own output scale) folds ``z_out - z_in * s_in / s_out`` into
+  its rounding constant (``offset``, within its rounding);
+- MaxPool (its padding fill -128 is below any value), Flatten, Reshape, Transpose, Identity
+  and Concat keep it.
 
-Everything else keeps zero points 0: a residual (added after the shift, in the output's own
-integers), QAdd/QMul/QMatMul (no offset step), Relu on int8 (clamps at 0), a Quantize or
-Dequantize (their one attribute is the scale) and so any value a float node reads, a graph
-output or input. ``asymmetric_classes`` finds the scale classes whose every writer and
-reader is of the first kinds.
+- a Quantize writing it (from a float value) and a Dequantize reading it (for a float
+  reader) take it as their ``zero_point`` attribute (they run on the CPU, qops.py and the
+  compiled CPU kernels alike).
+
+- a QMul (its ``zero_points`` [za, zb, zo], qops.py: CPU only, no accelerator kernel)
+  reads and writes them: ``(a - za) * (b - zb)``, zo added after the shift;
+
+Everything else keeps zero points 0: QAdd/QMatMul (no offset step), Relu on int8
+(clamps at 0) and a graph output. ``asymmetric_classes`` finds the scale classes whose
+every writer and reader is of the first kinds.
 """
 
 from __future__ import annotations
@@ -40,43 +49,52 @@ def _reads_ok(graph: Graph, node, value: str, kind: str, layer) -> bool:
     """Whether ``node`` (of plan kind ``kind``) can read ``value`` with a zero point."""
     if kind == "layer":
         at = [k for k, i in enumerate(node.inputs) if i == value]
-        if at != [0] or value == layer.residual or (layer.after and layer.after[2] == value):
-            return False
-        return node.op != "Conv" or not any(node.attrs["pads"])
+        # as its data (z taken off through the bias) or its residual (one class with the
+        # output: it carries the output's zero point, see _writes_ok)
+        # (or the operand of the QMul after its table: QMul takes zero points)
+        after_mul = bool(layer.after) and layer.after[2] == value
+        if after_mul:
+            return layer.after[0] == "Mul" and all(k != 0 for k in at)
+        return all(k == 0 or value == layer.residual for k in at)
     if kind == "same":
         return node.op in _KEEPS_ZERO
-    return kind in ("pool", "lut")
+    return kind in ("pool", "lut") or (kind == "binary" and node.op == "Mul")
 
 
 def _writes_ok(node, kind: str, layer) -> bool:
     """Whether ``node`` can write its output with a zero point."""
     if kind == "layer":
-        return not layer.residual and not layer.after
+        return not layer.after or layer.after[0] == "Mul"
     if kind == "same":
         return node.op in _KEEPS_ZERO
-    return kind in ("pool", "lut")
+    return kind in ("pool", "lut") or (kind == "binary" and node.op == "Mul")
 
 
-def asymmetric_classes(graph: Graph, kinds: dict, layers: dict, classes, int8: set) -> set:
+def asymmetric_classes(graph: Graph, kinds: dict, layers: dict, classes, int8: set,
+                       quantized=frozenset()) -> set:
     """The roots of the scale classes (union-find ``classes``) that may take a zero point:
-    every member an int8 value of the graph written by a node that can add one and read
-    only by nodes that can take one (module doc)."""
+    every member an int8 value of the graph written by a node that can add one (or a float
+    value a Quantize converts, ``quantized``) and read only by nodes that can take one
+    (module doc)."""
     producers, consumers = graph.producers(), graph.consumers()
     members: dict[str, list] = {}
-    for v in int8:
+    for v in set(int8) | set(quantized):
         members.setdefault(classes.find(v), []).append(v)
     out = set()
     for root, values in members.items():
         ok = True
         for v in values:
             p = producers.get(v)
-            if p is None or v in graph.outputs or p.name not in kinds or \
+            if v in quantized and v not in int8:
+                pass  # a float writer: the Quantize adds the zero point
+            elif p is None or v in graph.outputs or p.name not in kinds or \
                     not _writes_ok(p, kinds[p.name], layers.get(p.name)):
                 ok = False
                 break
             for c in consumers.get(v, ()):
-                if c.name not in kinds or not _reads_ok(graph, c, v, kinds[c.name],
-                                                        layers.get(c.name)):
+                # a float reader reads it through a Dequantize, which takes the zero point
+                if c.name in kinds and not _reads_ok(graph, c, v, kinds[c.name],
+                                                     layers.get(c.name)):
                     ok = False
                     break
             if not ok:

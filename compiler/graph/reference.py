@@ -25,6 +25,14 @@ from .ops_control import BRANCH_KERNELS, BRANCH_SHAPE_RULES, CONTROL_KERNELS, CO
 from .ops_nn import gelu
 from .ops_recurrent import RECURRENT_KERNELS, RECURRENT_SHAPE_RULES
 from .qops import QUANTIZED_KERNELS, QUANTIZED_SHAPE_RULES
+from .qrecurrent import Q_RECURRENT_KERNELS, Q_RECURRENT_SHAPE_RULES
+from .qwide import QWIDE_KERNELS, QWIDE_OWN_INPUTS, QWIDE_SHAPE_RULES
+
+# celosia's quantized operators: qops.py's, the recurrent layers of qrecurrent.py and the
+# 16-bit products of qwide.py
+_QUANTIZED = {**QUANTIZED_KERNELS, **Q_RECURRENT_KERNELS, **QWIDE_KERNELS}
+_QUANTIZED_RULES = {**QUANTIZED_SHAPE_RULES, **Q_RECURRENT_SHAPE_RULES, **QWIDE_SHAPE_RULES}
+_OWN_INPUTS = {**OWN_INPUTS, **QWIDE_OWN_INPUTS}
 
 __all__ = ["OPERATORS", "run_graph", "run_body", "evaluate_node", "infer_node", "apply_epilogue", "stand_in", "fits",
            "check_result", "KERNEL_ERRORS"]
@@ -33,7 +41,7 @@ __all__ = ["OPERATORS", "run_graph", "run_body", "evaluate_node", "infer_node", 
 # celosia's quantized operators, and the stand-in for an If branch that cannot run
 # (what a saved model's steps may name).
 OPERATORS = frozenset(KERNELS) | frozenset(RECURRENT_KERNELS) | frozenset(CONTROL_KERNELS) \
-    | frozenset(QUANTIZED_KERNELS) | frozenset(BRANCH_KERNELS)
+    | frozenset(_QUANTIZED) | frozenset(BRANCH_KERNELS)
 
 # What a kernel raises on values it cannot take (an index out of range, a Range of step 0,
 # a size too large for memory): reported as a NodeError naming the node.
@@ -76,14 +84,14 @@ def _kernel(node: Node):
         return runtime_kernel(node.op)
     kernel = KERNELS.get(node.op) or RECURRENT_KERNELS.get(node.op) \
         or BRANCH_KERNELS.get(node.op)
-    return kernel if kernel is not None else QUANTIZED_KERNELS[node.op]
+    return kernel if kernel is not None else _QUANTIZED[node.op]
 
 
 def evaluate_node(node: Node, inputs: list) -> tuple:
     """Run one node on numpy arrays (None for a missing optional input). A node with
     bodies (If, Loop, Scan) gets its captured values as its last inputs, like any other."""
     epilogue = node.attrs.get("epilogue")
-    own = inputs[:OWN_INPUTS[node.op]] if epilogue else inputs
+    own = inputs[:_OWN_INPUTS[node.op]] if epilogue else inputs
     with np.errstate(all="ignore"):
         control = CONTROL_KERNELS.get(node.op)
         if control is not None:
@@ -203,7 +211,7 @@ def _infer_static(node: Node, types: list, values: list) -> list[TensorType]:
     rule = SHAPE_RULES.get(node.op) or RECURRENT_SHAPE_RULES.get(node.op) \
         or BRANCH_SHAPE_RULES.get(node.op)
     if rule is None and node.op not in KERNELS:
-        rule = QUANTIZED_SHAPE_RULES.get(node.op)
+        rule = _QUANTIZED_RULES.get(node.op)
     if rule is not None:  # an epilogue keeps the output's type
         return rule(node, types)
     inputs = [v if v is not None else (None if t is None else stand_in(t))

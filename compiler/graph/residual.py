@@ -24,7 +24,8 @@ __all__ = ["float_residuals"]
 _DENSE = ("MatMul", "Gemm")
 
 
-def _fresh(base: str, taken: set) -> str:
+def fresh_name(base: str, taken: set) -> str:
+    """``base``, or ``base_K`` with the first K that is not ``taken``; added to ``taken``."""
     name, k = base, 0
     while name in taken:
         k += 1
@@ -55,13 +56,13 @@ def float_residuals(graph: Graph) -> Graph:
             nodes.append(node)
             continue
         out = node.outputs[0]
-        mid = _fresh(f"{out}/before_residual", taken)
+        mid = fresh_name(f"{out}/before_residual", taken)
         types[mid] = types[out]
         nodes.append(Node(node.op, node.inputs[:-1], (mid,),
                           {**node.attrs, "epilogue": tuple(steps[:-1])} if steps[:-1]
                           else {k2: v for k2, v in node.attrs.items() if k2 != "epilogue"},
                           node.name))
         nodes.append(Node("Add", (mid, residual), (out,), {},
-                          _fresh(f"{node.name}/residual", taken)))
+                          fresh_name(f"{node.name}/residual", taken)))
         changed = True
     return graph.with_nodes(nodes, types=types) if changed else graph

@@ -35,7 +35,7 @@ import numpy as np
 
 from .ir import Graph, GraphError, Node, TensorType, constant
 from .reference import evaluate_node
-from .residual import _fresh
+from .residual import fresh_name
 
 __all__ = ["smooth_graph", "smoothing_candidates", "check_alpha", "DEFAULT_ALPHA"]
 
@@ -270,24 +270,24 @@ def smooth_graph(graph: Graph, samples: list[dict], alpha=DEFAULT_ALPHA) -> Grap
         ins = list(node.inputs)
         shape = scale.shape
         s_b = s.reshape((1,) * (len(shape) - 1) + (-1,)) if shape else s
-        ins[1] = _fresh(f"{node.inputs[1]}_smooth", taken)
+        ins[1] = fresh_name(f"{node.inputs[1]}_smooth", taken)
         inits[ins[1]] = constant((np.broadcast_to(scale, s_b.shape) / s_b).astype(dtype))
         types[ins[1]] = TensorType(str(dtype), inits[ins[1]].shape)
         if len(ins) > 2 and ins[2]:
             bias = graph.initializers[ins[2]]
-            ins[2] = _fresh(f"{node.inputs[2]}_smooth", taken)
+            ins[2] = fresh_name(f"{node.inputs[2]}_smooth", taken)
             inits[ins[2]] = constant((np.broadcast_to(bias, s_b.shape) / s_b).astype(bias.dtype))
             types[ins[2]] = TensorType(str(bias.dtype), inits[ins[2]].shape)
         rename: dict[str, str] = {}
         if duplicate:
-            rename[y] = _fresh(f"{y}_smooth", taken)
+            rename[y] = fresh_name(f"{y}_smooth", taken)
             types[rename[y]] = types[y]
             smoothed = Node(node.op, tuple(ins), (rename[y],), node.attrs,
-                            _fresh(f"{node.name}_smooth", taken))
+                            fresh_name(f"{node.name}_smooth", taken))
             replace.setdefault(id(node), [node]).append(smoothed)
             for p in passes:
                 o = p.outputs[0]
-                rename[o] = _fresh(f"{o}_smooth", taken)
+                rename[o] = fresh_name(f"{o}_smooth", taken)
                 types[rename[o]] = types[o]
         else:
             replace.setdefault(id(node), []).append(
@@ -297,13 +297,13 @@ def smooth_graph(graph: Graph, samples: list[dict], alpha=DEFAULT_ALPHA) -> Grap
                 replace.setdefault(id(p), [p]).append(Node(
                     p.op, tuple(rename.get(i, i) for i in p.inputs),
                     tuple(rename.get(o, o) for o in p.outputs), p.attrs,
-                    _fresh(f"{p.name}_smooth", taken)))
+                    fresh_name(f"{p.name}_smooth", taken)))
         weights: dict[tuple, str] = {}  # (weight, channel axis) -> its smoothed copy
         for layer, w, axis in layers:
             if (w, axis) not in weights:
                 weight = graph.initializers[w]
                 s_w = s.reshape(-1, 1) if axis == 0 else s.reshape(1, -1)
-                name = weights[w, axis] = _fresh(f"{w}_smooth", taken)
+                name = weights[w, axis] = fresh_name(f"{w}_smooth", taken)
                 inits[name] = constant((weight * s_w).astype(weight.dtype))
                 types[name] = types[w]
             ins_l = list(layer.inputs)

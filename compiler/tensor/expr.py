@@ -336,6 +336,30 @@ def linear_form(e: Expr) -> tuple[dict, int] | None:
     return None
 
 
+def coefficient(e: Expr, var: Var) -> int | None:
+    """The coefficient of ``var`` in ``e`` when ``e`` is affine in ``var`` (a sum whose terms
+    that hold ``var`` are affine; the others may be anything: ``min(y, 1) + x`` is affine in
+    x), else None."""
+    def terms(e, sign):
+        if isinstance(e, Bin) and e.op in ("+", "-"):
+            yield from terms(e.a, sign)
+            yield from terms(e.b, sign if e.op == "+" else -sign)
+        elif isinstance(e, Cast) and e.dtype in _INT_BITS and e.value.dtype in _INT_BITS:
+            yield from terms(e.value, sign)
+        else:
+            yield e, sign
+
+    total = 0
+    for t, sign in terms(e, 1):
+        if var not in free_vars(t):
+            continue
+        lf = linear_form(t)
+        if lf is None:
+            return None
+        total += sign * lf[0].get(var, 0)
+    return total
+
+
 def from_linear(coef: dict, c: int) -> Expr:
     """The canonical expression of an affine form."""
     terms = []

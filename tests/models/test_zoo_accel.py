@@ -43,7 +43,11 @@ def test_bench_zoo_accel_record_on_the_small_cnn(tmp_path, capsys):
         ["accel", "accel"]
     assert r["cpu_accel_transitions"] == crossings(q, places) == 2
     assert r["accel_cycles"] > 0 and r["accel_sim_wall_s"] > 0
-    assert r["utilization_real"] == pytest.approx(macs / (r["accel_cycles"] * 256))
+    assert r["utilization"] == pytest.approx(macs / (r["accel_cycles"] * 256))
+    # the GEMM core's work: conv1 pads 1 input channel to 16 and 8 outputs to 16, conv2 8
+    # inputs to 16, the dense its 10 outputs to 16 (batch 4 = 4 BATCH groups: no padding)
+    gemm = 4 * (16 * 8 * 8 * 16 * 9 + 16 * 4 * 4 * 16 * 9 + 256 * 16)
+    assert r["padding_overhead"] == pytest.approx(gemm / macs - 1)
     assert 0 < r["layout_share"] < 1 and r["accel_latency_ms"] > 0
     assert r["accel_nodes"] == 5 and r["cpu_nodes"] == len(q.nodes) - 5
 

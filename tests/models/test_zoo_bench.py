@@ -58,8 +58,11 @@ def test_bench_zoo_quick(small_zoo, tmp_path, capsys):
     assert cnn["ok_cpu"] and err < 1e-5
     for runtime in ("celosia", "onnxruntime"):
         s = cnn[runtime]
-        assert 0 < s["min_ms"] <= s["p10_ms"] <= s["median_ms"] <= s["p90_ms"]
-    assert cnn["repetitions"] >= 3
+        assert 0 < s["min_ms"] <= s["p25_ms"] <= s["median_ms"] <= s["p75_ms"]
+        assert s["iqr_ms"] == pytest.approx(s["p75_ms"] - s["p25_ms"])
+        assert s["samples"] == cnn["repetitions"] >= 3
+    per = cnn["cpu_ratio_per_block"]
+    assert per["blocks"] == cnn["blocks"] == 3 and per["median"] > 0 and per["iqr"] >= 0
 
     flow = models["unsupported"]
     assert not flow["ok_cpu"] and "celosia" not in flow
@@ -73,6 +76,7 @@ def test_bench_zoo_quick(small_zoo, tmp_path, capsys):
     assert "zoo: [1/4] small_cnn (the digits CNN's shape) ..." in captured.err
     assert "zoo: [4/4] absent: missing" in captured.err
     assert "unsupported: onnxruntime" in captured.out
+    assert f"{cnn['repetitions']} runs each in 3 blocks" in captured.out
 
 
 def test_bench_zoo_int8_record(small_zoo, tmp_path):

@@ -217,3 +217,32 @@ def test_compare_outputs():
                               exact=False)
     assert not same and d["outputs"]["p"]["argmax_agreement"] == 0.5
     assert "arg-max agrees on 50.0% of rows" in d["summary"]
+
+
+def test_a_stem_with_three_channels_reports_real_utilisation_and_its_padding():
+    """A stem convolution (3 -> 16 channels, 7x7, stride 2, pad 3) runs its 3 input channels
+    padded to BLOCK = 16: the GEMM core does 16/3 of the model's multiply-adds. Utilisation
+    counts the real ones only, and the padded work is reported as padding_overhead."""
+    b = _Builder(seed=5)
+    b.types["x"] = TensorType("int8", (1, 3, 32, 32))
+    b.add(_qconv("stem", "x", "y", (16, 3, 7, 7), stride=2, pads=(3, 3, 3, 3)),
+          (1, 16, 16, 16), (16, 3, 7, 7))
+    model = AccelModel.build(b.graph(["x"], ["y"]), "default")
+    x = np.random.default_rng(6).integers(-128, 128, (1, 3, 32, 32), dtype=np.int8)
+    out = model.run({"x": x}, target="cycle")
+    np.testing.assert_array_equal(out["y"], model.cpu_build().run({"x": x})["y"])
+    row = model.report[0]
+    real = 16 * 16 * 16 * 3 * 7 * 7  # Hout x Wout x Cout x Cin x kh x kw
+    assert row["macs"] == real and row["gemm_macs"] == 16 * 16 * 16 * 16 * 7 * 7
+    assert row["padding_overhead"] == pytest.approx(16 / 3 - 1)
+    assert row["utilization"] == pytest.approx(real / (row["cycles"] * 256))
+    s = model.summary()
+    assert (s["macs"], s["gemm_macs"]) == (real, row["gemm_macs"])
+    assert s["utilization"] == row["utilization"] and s["padding_overhead"] == row["padding_overhead"]
+    # the GEMM core's own busy share (the cycle model's gemm_utilization) counts the
+    # padding: 16/3 times the utilisation
+    assert row["gemm_macs"] / (row["cycles"] * 256) == pytest.approx(row["utilization"] * 16 / 3)
+    # fsim has no cycles: no utilisation, the same padding
+    model.run({"x": x}, target="fsim")
+    assert model.report[0]["utilization"] is None
+    assert model.report[0]["padding_overhead"] == pytest.approx(16 / 3 - 1)

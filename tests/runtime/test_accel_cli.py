@@ -45,6 +45,21 @@ def test_compile_then_run_on_the_cycle_model_with_everything(files, capsys):
     assert "[5/8]" in captured.err  # one progress line per node
     r = json.loads(report.read_text())
     assert r["summary"]["cycles"] > 0 and r["compare"]["cpu"]["outputs"]["probs"]["differing"] == 0
+    # --report: the table and the summary are the warm (second) run's; the cold one, the
+    # process's first inference, is reported beside it, and the line says which is which
+    runs = r["runs"]
+    assert runs["timed"] == "warm" and runs["warm"]["latency_ms"] == r["summary"]["latency_ms"]
+    assert runs["cold"]["wall_s"] > 0 and runs["cold"]["latency_ms"] > 0
+    assert runs["cold"]["accel_ms"] == runs["warm"]["accel_ms"]  # the same cycles
+    assert (f"the table is the warm run (the second): latency "
+            f"{runs['warm']['latency_ms']:.3f} ms") in captured.out
+    assert f"cold (the process's first run): latency {runs['cold']['latency_ms']:.3f} ms" \
+        in captured.out
+    # utilisation counts the model's own multiply-adds: conv1 reads 1 channel padded to 16
+    c1 = next(n for n in r["nodes"] if n["node"] == "conv1")
+    assert c1["macs"] == 8 * 16 * 8 * 8 * 9 and c1["gemm_macs"] == 16 * c1["macs"]
+    assert c1["padding_overhead"] == pytest.approx(c1["gemm_macs"] / c1["macs"] - 1)
+    assert c1["utilization"] == pytest.approx(c1["macs"] / (c1["cycles"] * 256))
     assert {n["target"] for n in r["nodes"]} == {"accel", "cpu"}
     assert timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert np.load(outputs)["probs"].shape == (8, 10)

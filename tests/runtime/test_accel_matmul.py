@@ -150,10 +150,12 @@ def test_attention_model_end_to_end(tmp_path):
             np.testing.assert_array_equal(m.run(x, target=target)["y"], want)
     rows = {r["node"]: r for r in loaded.report}
     assert all(rows[n]["target"] == "accel" and rows[n]["cycles"] > 0 for n in mms)
-    macs = {r["node"]: r["macs"] for r in loaded.report if r["target"] == "accel"}
-    # 3 heads of [10, 8] x [8, 10] and [10, 10] x [10, 8], padded to BLOCK columns: the
-    # GEMM core's MACs (counters) are the padded products
-    assert macs[mms[0]] == 3 * 10 * 16 * 16 and macs[mms[1]] == 3 * 10 * 16 * 16
+    # 3 heads of [10, 8] x [8, 10] and [10, 10] x [10, 8]: the model's own MACs, and the
+    # GEMM core's (counters), the products padded to BLOCK columns
+    assert [rows[n]["macs"] for n in mms] == [3 * 10 * 8 * 10, 3 * 10 * 10 * 8]
+    assert [rows[n]["gemm_macs"] for n in mms] == [3 * 10 * 16 * 16] * 2
+    assert [rows[n]["padding_overhead"] for n in mms] == [pytest.approx(256 / 80 - 1)] * 2
+    assert rows[mms[0]]["utilization"] == pytest.approx(800 * 3 / (rows[mms[0]]["cycles"] * 256))
 
 
 def test_a_value_in_another_layout_keeps_the_qmatmul_on_the_cpu():

@@ -11,6 +11,8 @@ import pytest
 from int8_data import int8s as _int8s
 
 from celosia.compiler.cpu import kernels as graph_cpu_kernels
+from celosia.compiler.cpu.int8_forms import ENV, chosen_form
+from celosia.compiler.cpu.lowering_int8 import dot_reason
 from celosia.compiler.graph.ir import Graph, Node, NodeError, TensorType, constant
 from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph.passes import optimize
@@ -93,11 +95,13 @@ def same_as_numpy(graph: Graph, feeds: dict, kernels=()):
 
 
 def qconv_graph(rng, c, m, hw, kernel, *, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1),
-                group=1, shift=17, lo=-128, hi=127, residual=False, batch=1):
+                group=1, shift=17, lo=-128, hi=127, residual=False, batch=1, pad_value=None):
     """x (int8 input) -> QConv [-> with an int8 residual input] -> y."""
     a = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads),
          "dilations": list(dilations), "group": group, "shift": shift, "lo": lo, "hi": hi,
          "scale": 0.1}
+    if pad_value is not None:
+        a["pad_value"] = pad_value
     bias, mult = requant_params(rng, m)
     consts = {"w": int8s(rng, (m, c // group, *kernel)), "b": bias, "mult": mult}
     inputs = {"x": TensorType("int8", (batch, c, *hw))}
@@ -129,12 +133,54 @@ def qconv_graph(rng, c, m, hw, kernel, *, strides=(1, 1), pads=(0, 0, 0, 0), dil
 ], ids=["3x3-residual-shift0", "asymmetric-dilated-shift31", "1x1-stride2-clamp",
         "depthwise-batch2", "groups2", "groups3-thin-blocks", "thin-7x7-stem",
         "9x9-smaller-block"])
-def test_qconv_kernels_are_bit_exact(case):
+@pytest.mark.parametrize("int8_form", ["none", "auto"])
+def test_qconv_kernels_are_bit_exact(case, int8_form, monkeypatch):
+    """Both kernel families: the float-FMA ones ("none") and the host's int8 dot-product
+    instructions ("auto"; tests/compiler/cpu/test_int8_dot.py forces each form)."""
+    monkeypatch.setenv(ENV, int8_form)
     rng = np.random.default_rng(len(str(case)))
     g, feeds = qconv_graph(rng, **case)
     built = same_as_numpy(g, feeds, kernels=["QConv"])
     ops = {spec["op"] for spec in built.program.specs.values()}
-    assert ("qdwconv" if case.get("group", 1) == case["c"] else "qconv") in ops
+    form, group = chosen_form(), case.get("group", 1)
+    if form and dot_reason(form, case["c"], case["m"], group) is None:
+        assert "qdot" in ops
+    else:
+        assert ("qdwconv" if group == case["c"] else "qconv") in ops
+
+
+@pytest.mark.parametrize("case", [
+    dict(c=32, m=32, hw=(9, 11), kernel=(3, 3), pads=(1, 1, 1, 1), residual=True,
+         pad_value=-128),
+    dict(c=16, m=48, hw=(10, 9), kernel=(3, 2), strides=(2, 1), pads=(0, 2, 1, 1),
+         dilations=(2, 1), shift=31, pad_value=127),
+    dict(c=48, m=48, hw=(9, 8), kernel=(3, 3), strides=(2, 2), pads=(1, 0, 2, 1), group=48,
+         batch=2, pad_value=-37),
+    dict(c=6, m=9, hw=(5, 5), kernel=(3, 3), pads=(1, 1, 1, 1), group=3, pad_value=5),
+    dict(c=32, m=32, hw=(19,), kernel=(5,), strides=(2,), pads=(2, 3), dilations=(1,),
+         pad_value=-90),
+    dict(c=32, m=32, hw=(7, 7), kernel=(1, 1), pad_value=-128),
+], ids=["3x3", "asymmetric-dilated-strided", "depthwise-batch2", "groups3", "1d", "no-pads"])
+def test_qconv_pad_value_is_bit_exact(case):
+    """QConv's pad_value (the padding reads it): the compiled kernels against qops.py, and
+    qops.py against the same convolution of the input padded by hand with that value."""
+    from celosia.compiler.graph.qops import qconv
+
+    rng = np.random.default_rng(len(str(case)))
+    g, feeds = qconv_graph(rng, **case)
+    built = same_as_numpy(g, feeds, kernels=["QConv"])
+    (node,) = g.nodes
+    a, z = node.attrs, case["pad_value"]
+    nd = len(case["kernel"])
+    x = feeds["x"]
+    widths = [(0, 0), (0, 0)] + [(a["pads"][i], a["pads"][i + nd]) for i in range(nd)]
+    padded = np.pad(x, widths, constant_values=z)
+    consts = [np.asarray(g.initializers[v]) for v in node.inputs[1:4]]
+    extra = [feeds["r"]] if "r" in feeds else []
+    want = qconv({**a, "pads": [0] * 2 * nd, "pad_value": 0}, padded, *consts, *extra)
+    np.testing.assert_array_equal(built.run(feeds)["y"], want)
+    specs = [s for s in built.program.specs.values() if s["op"] in ("qconv", "qdwconv")]
+    assert all(s.get("pad_value", False) == any(a["pads"]) for s in specs), specs
 
 
 def test_qconv_sums_beyond_float32_and_int32_exactly():
@@ -228,14 +274,17 @@ def test_quantize_and_dequantize_are_bit_exact():
     assert "@nchw16c" in blocked["inputs"][0] and "@nchw16c" in blocked["outputs"][0]
 
 
-def test_what_has_no_kernel_stays_numpy():
-    """A QConv window of more than 1024 taps per channel (float32 would not sum it exactly)
-    and invalid requantization (shift 32) run as numpy steps: the same outputs, and the
-    numpy error at run time."""
+def test_what_has_no_kernel_stays_numpy(monkeypatch):
+    """A QConv window of more than 1024 taps per channel (the float-FMA kernels would not
+    sum it exactly; the int8 dot-product ones sum in int32 and take it) and invalid
+    requantization (shift 32) run as numpy steps: the same outputs, and the numpy error at
+    run time."""
     rng = np.random.default_rng(5)
     g, feeds = qconv_graph(rng, 2, 16, (34, 33), (33, 33))
-    built = same_as_numpy(g, feeds)
-    assert [s["kind"] for s in built.program.steps if s["op"] == "QConv"] == ["numpy"]
+    for form, kind in (("none", "numpy"), ("auto", "kernel" if chosen_form("auto") else "numpy")):
+        monkeypatch.setenv(ENV, form)
+        built = same_as_numpy(g, feeds)
+        assert [s["kind"] for s in built.program.steps if s["op"] == "QConv"] == [kind]
     g, feeds = qconv_graph(rng, 16, 16, (5, 5), (3, 3), shift=32)
     built = CpuModel.from_graph(g)
     assert [s["kind"] for s in built.program.steps if s["op"] == "QConv"] == ["numpy"]

@@ -133,6 +133,10 @@ def test_kernel_work():
                               [np.empty((2, 3, 5)), np.empty((2, 5, 4)),
                                np.empty((2, 3, 4))]) == 30 + 40 + 24 * 6
     assert runner.kernel_work({"op": "new kind"}, [data, out]) == data.size + out.size
+    qdot = {"op": "qdot", "kernel": [3, 3], "channels": 32, "groups": 2}  # int8_dot.py
+    assert runner.kernel_work(qdot, [data, out]) == data.size + out.size + out.size * 144
+    assert runner.kernel_work({"op": "qdot", "kernel": [3, 3], "channels": "x", "groups": 2},
+                              [data, out]) == data.size + out.size + out.size * 9
     for odd in ({"weight": ["a", 2]}, {"weight": [2]}, {"kernel": [3, None]},
                 {"op": "batch_matmul", "a": []}):  # only a rough size: never an error
         assert runner.kernel_work(odd, [data, out]) == data.size + out.size

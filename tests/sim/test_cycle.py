@@ -2,6 +2,7 @@
 schedule's rules checked naively on its timeline, limits, statistics and the trace.
 (Agreement with the RTL, cycle for cycle, is tests/hw/test_cycle_vs_rtl.py.)"""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -174,7 +175,8 @@ def test_unaligned_rows_count_every_touched_beat():
 
 
 def test_load_plans_row_by_row_and_vectorised_agree():
-    """Timing.load_plan has a per-row Python path (few rows) and a numpy path (many rows)."""
+    """Timing.load_plan and store_plan have a per-row Python path (few rows) and a numpy path
+    (many rows)."""
     import random
 
     import celosia.sim.cycle_timing as ct
@@ -200,7 +202,71 @@ def test_load_plans_row_by_row_and_vectorised_agree():
             for name in ("req", "buf", "first", "span", "push", "beats", "burst_beats",
                          "lat_after"):
                 assert getattr(rows, name) == getattr(vec, name), (name, insn)
+            # the same for a STORE of those rows (no padding): row by row and vectorised
+            store = dataclasses.replace(insn, opcode=Opcode.STORE, mem_type=MemType.OUT,
+                                        y_pad_0=0, y_pad_1=0, x_pad_0=0, x_pad_1=0)
+            eb = elem_bytes(cfg, MemType.OUT)
+            rows = t.store_plan(store, eb)
+            saved, ct._PY_ROWS = ct._PY_ROWS, -1
+            try:
+                assert rows == t.store_plan(store, eb), store
+            finally:
+                ct._PY_ROWS = saved
 
+
+
+def test_one_row_in_one_burst_has_one_plan_per_beat_offset():
+    """_Static shares a plan between one-row LOADs/STOREs inside one burst window that
+    start at the same offset within a beat: their plans are equal wherever they are."""
+    import random
+
+    rng = random.Random(7)
+    for cfg in (DEFAULT, SMALL, HwConfig(bus_bytes=64), HwConfig(bus_bytes=1)):
+        t = Timing.from_config(cfg)
+        for _ in range(200):
+            store_ = rng.random() < 0.3
+            mt = MemType.OUT if store_ else rng.choice([MemType.UOP, MemType.INP, MemType.WGT,
+                                                        MemType.ACC, MemType.ACC_8BIT])
+            eb = elem_bytes(cfg, mt)
+            x = rng.randrange(1, max(2, t.burst_bytes // eb // 2))
+            plans = []
+            for _ in range(2):
+                while True:  # a start inside a burst window with the row's end in it too
+                    base = rng.randrange(0, 1 << 16)
+                    a = base * eb
+                    if a // t.burst_bytes == (a + x * eb - 1) // t.burst_bytes:
+                        break
+                plans.append((a % t.bus_bytes, MemInsn(
+                    opcode=Opcode.STORE if store_ else Opcode.LOAD, mem_type=mt,
+                    dram_base=base, y_size=1, x_size=x, x_stride=x)))
+            (o1, i1), (o2, i2) = plans
+            if o1 != o2:
+                continue
+            a, b = ((t.store_plan(i, eb) if store_ else t.load_plan(i, eb)) for i in (i1, i2))
+            if store_:
+                assert a == b, (i1, i2)
+            else:
+                for name in ("req", "buf", "first", "span", "push", "beats", "burst_beats",
+                             "lat_after"):
+                    assert getattr(a, name) == getattr(b, name), (name, i1, i2)
+
+
+def test_one_request_splits_into_the_same_bursts_in_python():
+    """Fetch batches split their one request in Python (cycle_timing._request_bursts); the
+    numpy split of many rows (_bursts) is the reference."""
+    import random
+
+    import celosia.sim.cycle_timing as ct
+
+    rng = random.Random(4)
+    for bus, burst, eb in ((8, 2048, 16), (1, 256, 16), (64, 4096, 16), (8, 2048, 4),
+                           (64, 4096, 1)):
+        for _ in range(300):
+            a = rng.randrange(20000) // eb * eb
+            e = a + rng.randrange(1, 600) * eb
+            want = ct._bursts(np.array([a]), np.array([e]), eb, bus, burst)
+            assert ct._request_bursts(a, e, eb, bus, burst) == \
+                tuple(want[k].tolist() for k in (3, 4, 5)), (a, e, eb, bus, burst)
 
 
 def test_mem_plans_repeat_a_window_further_on():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from celosia import HwConfig
+from celosia.errors import ProgramError
 from celosia.isa import AluInsn, AluOp, GemmInsn, Uop, encode_uops
 from celosia.sim.datapath import Datapath, numpy_blas_controllers, single_threaded_blas
 
@@ -84,6 +85,34 @@ def test_grid_path_is_taken_for_tensorized_loops():
     rng = np.random.default_rng(1)
     dp, insn, uops = _random_case(cfg, rng, grid=True)
     assert _kernel_name(dp, insn) == "gemm_grid"
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per_group"])
+def test_grid_rows_interleaved_by_iteration(cfg, shared):
+    """Groups whose ACC rows interleave (group g of iteration r in row g + G * r: a GEMM
+    tiled over output blocks, each iteration's blocks side by side): consecutive in
+    iteration-major order, which the grid kernel updates as a view of ACC."""
+    rng = np.random.default_rng(3 + shared)
+    for groups, per, io, ii in ((4, 3, 5, 2), (16, 16, 8, 1), (3, 70, 2, 3)):
+        dp = Datapath(cfg, np.zeros(64, np.uint8))
+        dp.inp[:] = rng.integers(-128, 128, dp.inp.shape)
+        dp.wgt[:] = rng.integers(-128, 128, dp.wgt.shape)
+        dp.acc[:] = rng.integers(-2**31, 2**31, dp.acc.shape)
+        dp.out[:] = rng.integers(-128, 128, dp.out.shape)
+        srcs = [int(v) for v in rng.integers(0, cfg.inp_depth - 4 * io * ii, per)]
+        uops = [Uop(g, s if shared else int(rng.integers(0, cfg.inp_depth - 4 * io * ii)),
+                    int(rng.integers(0, cfg.wgt_depth))) for g in range(groups) for s in srcs]
+        uops = [uops[k] for k in rng.permutation(len(uops))]
+        insn = GemmInsn(uop_bgn=0, uop_end=len(uops), iter_out=io, iter_in=ii,
+                        dst_factor_out=groups * ii, dst_factor_in=groups,
+                        src_factor_out=2 * ii, src_factor_in=2)
+        dp.uop[:len(uops)] = encode_uops(uops, cfg)
+        want_acc, want_out = _naive(dp, insn, uops)
+        assert _kernel_name(dp, insn) == "gemm_grid"
+        dp.gemm(0, insn)
+        np.testing.assert_array_equal(dp.acc, want_acc)
+        np.testing.assert_array_equal(dp.out, want_out)
 
 
 # ---- adversarial GEMMs ------------------------------------------------------------------
@@ -339,6 +368,64 @@ def test_alu_random_patterns_match_naive(chunked, monkeypatch):
         msg = f"case {case}: {insn} {uops}"
         np.testing.assert_array_equal(dp.acc, want_acc, err_msg=msg)
         np.testing.assert_array_equal(dp.out, want_out, err_msg=msg)
+
+
+def test_one_micro_op_kernels_match_naive():
+    """ALU instructions and GEMM resets of one micro-op (every program's epilogues and
+    resets) are built from the loop fields alone when their rows are arithmetic
+    progressions that run as one batch (Datapath._compile_one_uop); any other pattern
+    (overlapping reads, repeated rows, rows out of order) takes the general kernels. Both
+    against the naive loop, the fast path taken where it applies."""
+    cfg = CONFIGS[0]
+    rng = np.random.default_rng(21)
+    fast = 0
+    for case in range(250):
+        dp = Datapath(cfg, np.zeros(64, np.uint8))
+        dp.acc[:] = rng.integers(-2**31, 2**31, dp.acc.shape)
+        dp.out[:] = rng.integers(-128, 128, dp.out.shape)
+        io, ii = int(rng.integers(1, 7)), int(rng.integers(1, 9))
+        f = lambda: int(rng.choice([0, 1, 1, 2, 3, ii]))  # noqa: E731
+        dst = int(rng.integers(0, 200))
+        src = int(rng.choice([dst, dst + int(rng.integers(-60, 60)), 1500]))
+        uop = [Uop(dst, max(src, 0))]
+        dp.uop[:1] = encode_uops(uop, cfg)
+        if rng.random() < 0.25:
+            insn = GemmInsn(reset=True, uop_bgn=0, uop_end=1, iter_out=io, iter_in=ii,
+                            dst_factor_out=f(), dst_factor_in=f())
+            rows = {dst + i * insn.dst_factor_out + j * insn.dst_factor_in
+                    for i in range(io) for j in range(ii)}
+            want_acc, want_out = dp.acc.copy(), dp.out.copy()
+            want_acc[sorted(rows)] = 0
+            want_out[sorted(rows)] = 0
+            fast += dp._compile_one_uop(insn, "GEMM") is not None
+            dp.gemm(0, insn)
+        else:
+            dfo, dfi = f(), f()
+            same = rng.random() < 0.3
+            insn = AluInsn(alu_op=AluOp(int(rng.integers(0, 5))),
+                           use_imm=bool(rng.random() < 0.4), imm=int(rng.integers(-40, 40)),
+                           uop_bgn=0, uop_end=1, iter_out=io, iter_in=ii,
+                           dst_factor_out=dfo, dst_factor_in=dfi,
+                           src_factor_out=dfo if same else f(),
+                           src_factor_in=dfi if same else f())
+            if insn.alu_op == AluOp.SHR and not insn.use_imm:
+                dp.acc[:] = rng.integers(-40, 40, dp.acc.shape)
+            want_acc, want_out = _naive_alu(dp, insn, uop)
+            fast += dp._compile_one_uop(insn, "ALU") is not None
+            dp.alu(0, insn)
+        msg = f"case {case}: {insn} {uop}"
+        np.testing.assert_array_equal(dp.acc, want_acc, err_msg=msg)
+        np.testing.assert_array_equal(dp.out, want_out, err_msg=msg)
+    assert 60 < fast < 250  # both paths taken
+    # rows past the end: the general path's error, naming the iteration and the row
+    dp = Datapath(cfg, np.zeros(64, np.uint8))
+    dp.uop[:1] = encode_uops([Uop(2040, 0)], cfg)
+    for insn in (GemmInsn(reset=True, uop_bgn=0, uop_end=1, iter_out=3, iter_in=4,
+                          dst_factor_out=4, dst_factor_in=1),
+                 AluInsn(alu_op=AluOp.ADD, use_imm=True, imm=1, uop_bgn=0, uop_end=1,
+                         iter_out=3, iter_in=4, dst_factor_out=4, dst_factor_in=1)):
+        with pytest.raises(ProgramError, match=r"iteration \(out 2, in 0\) uses ACC row 2048"):
+            (dp.gemm if isinstance(insn, GemmInsn) else dp.alu)(0, insn)
 
 
 def test_in_place_mul_and_shr_reach_fixed_points():

@@ -206,8 +206,12 @@ def test_many_programs_decoded_once(keep, monkeypatch):
     if keep == "eight":
         monkeypatch.setattr(fsim, "_PROGRAM_CACHE_INSNS", 0)
     calls = []
-    decode = fsim.decode
-    monkeypatch.setattr(fsim, "decode", lambda word, *a: calls.append(word) or decode(word, *a))
+    decoder = fsim.decoder
+
+    def counted(cfg):  # fsim decodes a program's words with decoder(cfg)
+        decode = decoder(cfg)
+        return lambda word, *a: calls.append(word) or decode(word, *a)
+    monkeypatch.setattr(fsim, "decoder", counted)
     cfgs = [(SMALL, DEFAULT)[seed % 2] for seed in range(12)]
     images = [random_program(cfg, 100 + seed, n_body=25).image
               for seed, cfg in enumerate(cfgs[:-1])]

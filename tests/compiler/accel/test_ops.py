@@ -137,6 +137,18 @@ def test_strided_1x1_conv_loads_only_the_rows_it_reads():
     assert stats["inp_load_bytes"] == 2 * 4 * 7 * 16
 
 
+
+@pytest.mark.parametrize("target", ["fsim", "cycle"])
+def test_conv_whose_channel_block_stride_is_past_the_dma_stride_field(target):
+    """A channel block of 66,000 pixels is further apart in DRAM than a LOAD/STORE's 16-bit
+    x_stride reaches (U-Net's 256 x 256 layers: 65,536): tiles of two input and two output
+    channel blocks load and store each block with its own DMA, bit-exact."""
+    cfg = HwConfig()
+    spec = ConvSpec(n=1, c=32, h=1, w=66000, o=32, kh=1, kw=1, stride=1, pad=0,
+                    epilogue=Epilogue(bias=True, scale=True, shift=12))
+    got, want, _ = run_conv(cfg, spec, ConvKnobs(1, 500, 2, 2), target=target, seed=3)
+    np.testing.assert_array_equal(got, want)
+
 def test_schedule_search_estimates_measures_and_caches(tmp_path, monkeypatch):
     from celosia.compiler.accel import tune
 

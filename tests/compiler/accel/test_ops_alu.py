@@ -93,12 +93,14 @@ def test_padding_beyond_the_dma_is_declined():
         pool_knobs(cfg, spec)
 
 
-GAP_CASES = [  # (preset, n, c, h, w, multiplier, shift)
+GAP_CASES = [  # (preset, n, c, h, w, multiplier, shift[, offset])
     ("default", 1, 40, 7, 7, 1 << 20, 26),       # multiplier and rounding past 16 bits
     ("default", 1, 512, 2, 2, 12345, 17),         # many channel blocks, groups of them
     ("default", 1, 16, 50, 50, 3, 12),           # one plane larger than the accumulator
     ("small", 1, 10, 5, 3, -7000, 9),
     ("small", 1, 4, 40, 40, 9, 14),              # small preset: pixels in chunks
+    ("default", 1, 40, 7, 7, 1 << 20, 26, -(1 << 30) - 12345),  # zero points' offset
+    ("small", 1, 10, 5, 3, 7000, 9, 128 << 9),
 ]
 
 
@@ -107,14 +109,16 @@ def test_global_average_pool_matches_qops(case):
     from celosia.compiler.accel.ops_alu import GapSpec, gap_constants, global_average_pool
     from celosia.compiler.graph.qops import qglobal_average_pool
 
-    preset, n, c, h, w, mult, shift = case
+    preset, n, c, h, w, mult, shift, *offset = case
+    offset = offset[0] if offset else 0
     cfg = HwConfig.load(preset)
     b, k = cfg.batch, cfg.block
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     x = rng.integers(-128, 128, (n, c, h, w), dtype=np.int8)
     x[:, :1] = 127  # a channel that saturates
-    want = qglobal_average_pool({"shift": shift, "multiplier": mult}, x)
-    spec = GapSpec(n=n, c=-(-c // k) * k, h=h, w=w, multiplier=mult, shift=shift)
+    want = qglobal_average_pool({"shift": shift, "multiplier": mult, "offset": offset}, x)
+    spec = GapSpec(n=n, c=-(-c // k) * k, h=h, w=w, multiplier=mult, shift=shift,
+                   offset=offset)
     fn = global_average_pool(cfg, spec)
     xp = pack_nchw(pad_channels(x, 1, k), b, k)
     outs = []
@@ -158,3 +162,45 @@ def test_elementwise_matches_qops(case):
             args += [pack_value(b, cfg), elt_constants(cfg, spec)]
         fn(Device(cfg, target, dram_size=8 << 20), *args, out)
         np.testing.assert_array_equal(unpack_value(out, shape), want, err_msg=target)
+
+
+QMUL_CASES = [  # (preset, a shape, b shape, multiplier, shift)
+    ("default", (1, 40, 7, 9), (1, 40, 7, 9), 1 << 17, 24),     # one shape, past 16 bits
+    ("default", (1, 40, 7, 9), (1, 40, 1, 1), 77777, 21),       # squeeze-excitation's gate
+    ("default", (2, 24, 50, 50), (2, 24, 1, 1), 3000, 16),      # a run longer than a chunk
+    ("default", (1, 48, 1, 1), (1, 48, 1, 1), 555, 12),         # gates of one pixel
+    ("small", (3, 10), (3, 10), 700, 11),                       # a 2-D value
+    ("small", (2, 12, 1, 13), (2, 12, 1, 1), 9, 5),             # a 1-D image's gate
+]
+
+
+@pytest.mark.parametrize("zero_points", [(0, 0, 0), (-128, 5, -128), (17, -128, 3)])
+@pytest.mark.parametrize("gate_first", [False, True])
+@pytest.mark.parametrize("case", QMUL_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+def test_qmul_matches_qops(case, gate_first, zero_points):
+    """QMul on the ALU, of one shape or by a per-channel gate (either operand), with and
+    without zero points (za, zb, zo), against qops.qmul on random int8 values, on fsim and
+    the cycle model."""
+    from celosia.compiler.accel.ops_alu import EltSpec, elementwise, elt_constants
+    from celosia.compiler.accel.partition import pack_value, packed_shape, unpack_value
+    from celosia.compiler.graph.qops import qmul
+
+    preset, a_shape, b_shape, mult, shift = case
+    cfg = HwConfig.load(preset)
+    rng = np.random.default_rng(zlib.crc32(repr((case, gate_first, zero_points)).encode()))
+    a = rng.integers(-128, 128, a_shape, dtype=np.int8)
+    b = rng.integers(-128, 128, b_shape, dtype=np.int8)
+    a[..., 0] = -128  # the extremes: -128 * -128 * m is the largest product
+    b.flat[0] = -128
+    first, second = (b, a) if gate_first else (a, b)
+    want = qmul({"shift": shift, "multipliers": [mult], "zero_points": zero_points},
+                first, second)
+    gate = int(np.prod(a_shape[2:])) if b_shape != a_shape else 1
+    spec = EltSpec("mul", packed_shape(a_shape, cfg), (mult,), shift, gate_rows=gate,
+                   gate_first=gate_first, zero_points=zero_points)
+    fn = elementwise(cfg, spec)
+    for target in ("fsim", "cycle"):
+        out = np.zeros(spec.shape, np.int8)
+        args = [pack_value(first, cfg), pack_value(second, cfg), elt_constants(cfg, spec)]
+        fn(Device(cfg, target, dram_size=8 << 20), *args, out)
+        np.testing.assert_array_equal(unpack_value(out, a_shape), want, err_msg=target)

@@ -255,3 +255,38 @@ def test_inject_dma_merged_host_loops_leave_no_loop_variable_in_the_addresses():
         for c in range(8):
           load_2d(data, c * 12, 4, 3, 4, 1, 1, 1, 1, data_pad, c * 30, 2)
         """)
+
+
+def _dma_of_copy(shape, region=None):
+    """A dma_copy of ``data`` (``shape``) into an ACC buffer of ``region``'s shape (the
+    leading corner of each axis; the whole of it by default)."""
+    data = te.placeholder(shape, "int8", "data")
+    cp = te.compute(region or shape, lambda *i: data[i], "cp")
+    res = te.compute(cp.shape, lambda *i: cp[i], "res")
+    sch = create_schedule(res)
+    sch[cp].set_scope("acc")
+    sch[cp].pragma(sch[cp].axes[0], "dma_copy")
+    return body(inject_dma(lower(sch, [data, res], "t"))).split("# stage res")[0]
+
+
+def test_inject_dma_splits_a_contiguous_run_longer_than_x_size():
+    """2 x 300 x 300 contiguous elements merge into one run of 180,000, past the 16-bit
+    x_size: x keeps the columns (300) and the merged rest becomes the y loop (600 rows of
+    stride 300), one DMA as before but one that encodes."""
+    assert _dma_of_copy((2, 300, 300, 1, 16)) == textwrap.dedent("""\
+        cp = alloc(2, 300, 300, 1, 16; int8, acc)
+        # stage cp
+        load_2d(data, 0, 300, 600, 300, 0, 0, 0, 0, cp, 0, 5)
+        """)
+
+
+def test_inject_dma_keeps_a_dram_stride_past_x_stride_as_a_host_loop():
+    """Two planes of 70,000 elements, 1,000 of each copied: the plane stride does not fit
+    the 16-bit x_stride, so the planes are a host loop of 1-row DMAs (U-Net at 256 x 256
+    made a channel-block stride of 65,536 and failed in the driver)."""
+    assert _dma_of_copy((2, 70000, 1, 16), (2, 1000, 1, 16)) == textwrap.dedent("""\
+        cp = alloc(2, 1000, 1, 16; int8, acc)
+        # stage cp
+        for i0 in range(2):
+          load_2d(data, i0 * 70000, 1000, 1, 1000, 0, 0, 0, 0, cp, i0 * 1000, 5)
+        """)

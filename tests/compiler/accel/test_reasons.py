@@ -13,6 +13,9 @@ from celosia import HwConfig
 from celosia.compiler.accel.partition import annotate
 from celosia.compiler.pipeline import quantize_model
 
+LUT_REASON = ("QLut (int8 lookup table): the ALU has no table lookup (its operations are "
+              "MIN, MAX, ADD, SHR and MUL)")
+
 
 def _placed(nodes, inputs, outputs, weights, opset=17):
     """{node name: (op, target, reason)} of the quantized model, and the quantized graph."""
@@ -54,7 +57,7 @@ def test_conv_with_a_table_activation_is_an_accelerator_conv_and_a_cpu_lut():
     placed, _ = _placed(nodes, {"x": [1, 4, 6, 6]}, {"y": [1, 8, 6, 6]}, {"w": (8, 4, 3, 3)})
     assert placed["conv"][:2] == ("QConv", "accel")
     lut = [r for r in placed.values() if r[0] == "QLut"]
-    assert lut == [("QLut", "cpu", "QLut (int8 lookup table) has no accelerator kernel yet")]
+    assert lut == [("QLut", "cpu", LUT_REASON)]
     _every_cpu_reason_is_specific(placed)
 
 
@@ -76,8 +79,8 @@ def test_an_add_after_silu_is_a_qadd_after_the_table_and_the_conv_is_accelerated
 
 def test_conv_kept_float_by_a_run_time_mul_and_a_broadcast_gate():
     """A Mul by a run-time value fused into a convolution keeps it float; squeeze-excitation's
-    gate [N, C, 1, 1] times the features is an int8 Mul that broadcasts, which QMul does
-    not."""
+    gate [N, C, 1, 1] times the features is a QMul that broadcasts, on the ALU: its gate's
+    table (a QLut, on the CPU) is computed in place in DRAM."""
     c = helper.make_node
     nodes = [c("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], name="conv_mul"),
              c("Mul", ["a", "gate"], ["m"], name="mul"),
@@ -96,11 +99,8 @@ def test_conv_kept_float_by_a_run_time_mul_and_a_broadcast_gate():
     assert placed["pool"] == ("MaxPool", "accel", "max pooling on the ALU")
     assert placed["squeeze"] == ("QGlobalAveragePool", "accel",
                                  "global average pooling on the ALU")
-    op, target, reason = placed["se_mul"]
-    assert (op, target) == ("Mul", "cpu")
-    assert reason == ("Mul left in float: it broadcasts its operands (float32[1,8,6,6], "
-                      "float32[1,8,1,1]) to float32[1,8,6,6] (QMul takes two operands of the "
-                      "output's shape)")
+    assert placed["gate_fn"] == ("QLut", "cpu", LUT_REASON)
+    assert placed["se_mul"] == ("QMul", "accel", "element-wise int8 Mul on the ALU")
     _every_cpu_reason_is_specific(placed)
 
 
@@ -124,7 +124,7 @@ def test_transformer_linears_and_attention():
     assert placed["proj_q"][:2] == ("QGemm", "accel")
     assert placed["fc1"][:2] == ("QGemm", "accel")
     assert [r for r in placed.values() if r[0] == "QLut"] == [
-        ("QLut", "cpu", "QLut (int8 lookup table) has no accelerator kernel yet")]
+        ("QLut", "cpu", LUT_REASON)]
     for name in ("scores", "context"):
         assert placed[name][:2] == ("QMatMul", "accel")
         assert placed[name][2].startswith("matmul: a dense product per matrix")

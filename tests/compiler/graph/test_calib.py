@@ -97,15 +97,20 @@ def test_quantize_graph_scales(method):
     graph, data = _conv_relu_conv()
     assert [n.outputs[0] for n in graph.nodes] == ["r", "y"]  # the Relu fused
     env = [_values(graph, d) for d in data]
-    q = quantize_graph(graph, data, method=method)
+    # (no bias correction: it would learn the clipping error of the Student-t calibration
+    # samples, which the normal test sample below does not have: 0.19 relative RMS error)
+    q = quantize_graph(graph, data, method=method, bias_correction=False)
     for name in ("x", "r", "y"):
         arrays = [e[name] for e in env]
         v = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float32)
         top = float(np.abs(v).max())
+        # the Relu output, read by a padded convolution, takes the zero point -128 and
+        # 256 steps on [0, range] (qzero.py)
+        steps = 255 if name == "r" else 127
         want = (percentile_range(v, top, 97) if method.startswith("percentile")
-                else entropy_range(v, top))
+                else entropy_range(v, top, steps + 1))
         assert want < top  # heavy tails: the method clips
-        assert _scale_of(q, name) == pytest.approx(float(np.float32(want / 127)), rel=1e-6)
+        assert _scale_of(q, name) == pytest.approx(float(np.float32(want / steps)), rel=1e-6)
     test = {"x": np.random.default_rng(5).normal(size=(1, 4, 8, 8)).astype(np.float32)}
     ref = run_graph(q, test)["y"]
     np.testing.assert_array_equal(CpuModel.from_graph(q).run(test)["y"], ref)

@@ -1,0 +1,33 @@
+"""Medians and their spread, for benchmarks that time runtimes against each other.
+
+Timings on a shared machine are noisy, so every benchmark that compares runtimes reports
+the median of repeated, interleaved runs with its interquartile range (IQR: the 75th minus
+the 25th percentile) and how many samples it is over. A ratio between two runtimes timed
+in alternating blocks is also given per block (the ratio of the two blocks' medians): the
+median of those and their IQR say how much the ratio itself moves across the run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["summary_ms", "block_ratios"]
+
+
+def summary_ms(samples) -> dict:
+    """Median, 25th and 75th percentiles, IQR and minimum (ms) of samples in seconds, and
+    their count."""
+    ms = np.asarray(samples, np.float64) * 1e3
+    p25, p50, p75 = np.percentile(ms, [25, 50, 75])
+    return {"median_ms": float(p50), "p25_ms": float(p25), "p75_ms": float(p75),
+            "iqr_ms": float(p75 - p25), "min_ms": float(ms.min()), "samples": int(ms.size)}
+
+
+def block_ratios(ours: list, theirs: list, per_block: int) -> dict:
+    """The ratio of two runtimes' block medians (ours / theirs), block by block (samples in
+    order, ``per_block`` to a block): median, IQR and count."""
+    a = np.asarray(ours, np.float64).reshape(-1, per_block)
+    b = np.asarray(theirs, np.float64).reshape(-1, per_block)
+    r = np.median(a, axis=1) / np.median(b, axis=1)
+    p25, p50, p75 = np.percentile(r, [25, 50, 75])
+    return {"median": float(p50), "iqr": float(p75 - p25), "blocks": int(r.size)}
