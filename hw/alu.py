@@ -46,12 +46,16 @@ class AluLane(wiring.Component):
         w = self.WIDTH
         x, y = self.x, self.y
         # ---- stage E -------------------------------------------------------------------
-        op = Signal(AluOp)
-        value = self.early  # MIN/MAX/ADD: the result; SHR: x
-        shift = Signal(6)  # SHR: amount (bits 0-4) and direction (bit 5, 1 = right)
+        # data registers without reset (compute's valid bits say when they hold a micro-op;
+        # as in hw/gemm.py)
+        op = Signal(AluOp, reset_less=True)
+        value = Signal(signed(w), reset_less=True)  # MIN/MAX/ADD: the result; SHR: x
+        m.d.comb += self.early.eq(value)
+        shift = Signal(6, reset_less=True)  # SHR: amount (bits 0-4), direction (bit 5: right)
         # MUL: x_lo * y_lo and the low halves of x_lo * y_hi and x_hi * y_lo, in registers of
         # their own (a multiplier's output goes straight into a register)
-        p0, p1, p2 = Signal(w), Signal(16), Signal(16)
+        p0, p1, p2 = (Signal(w, reset_less=True), Signal(16, reset_less=True),
+                      Signal(16, reset_less=True))
         x_lo, x_hi = x.as_unsigned()[:16], x.as_unsigned()[16:]
         y_lo, y_hi = y.as_unsigned()[:16], y.as_unsigned()[16:]
         # shift amounts: right min(y, 31) for y >= 0, left min(-y, 31) for y < 0

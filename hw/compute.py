@@ -236,7 +236,10 @@ class Compute(wiring.Component):
         # ---- buffer reads: INP/WGT in R, ACC in X-2 (GEMM) or X-3 (ALU), all registered --
         acc_addr = Mux(is_alu, dst[X - 3], dst[X - 2]), src[X - 3]
         m.d.comb += [self.acc_r[0].addr.eq(acc_addr[0]), self.acc_r[1].addr.eq(acc_addr[1])]
-        inp_q, wgt_q = Signal.like(self.inp_r.data), Signal.like(self.wgt_r.data)
+        # (the datapath's registers have no reset: valid bits, reset by start, say when a
+        # stage holds a micro-op; hw/gemm.py)
+        inp_q = Signal.like(self.inp_r.data, reset_less=True)
+        wgt_q = Signal.like(self.wgt_r.data, reset_less=True)
         m.d.sync += [inp_q.eq(self.inp_r.data), wgt_q.eq(self.wgt_r.data)]
 
         # ---- forwarding: rows written after the ACC read sampled them ------------------
@@ -247,7 +250,7 @@ class Compute(wiring.Component):
         # the third is in `res` when the micro-op uses the data (and for an ALU micro-op the
         # micro-op right ahead is one closer still: its MIN/MAX/ADD result is `early`).
         # Every hit is found a cycle ahead and registered, so each use is a short mux.
-        res, res_1 = Signal(lanes * 32), Signal(lanes * 32)
+        res, res_1 = Signal(lanes * 32, reset_less=True), Signal(lanes * 32, reset_less=True)
         m.d.sync += res_1.eq(res)
 
         def hit(row, s, name, when=1):
@@ -262,7 +265,7 @@ class Compute(wiring.Component):
         # data read in cycle c leaves the buffer in c + 1, when the micro-ops now in X and W
         # are in W (res) and W+1 (res_1)
         # (an ALU with an immediate takes it in place of ACC[src], and forwards nothing there)
-        acc_q, src_q = Signal(lanes * 32), Signal(lanes * 32)
+        acc_q, src_q = Signal(lanes * 32, reset_less=True), Signal(lanes * 32, reset_less=True)
         imm = Signal(signed(32))
         m.d.comb += imm.eq(alu.imm)
         for port, reg, name, when in ((0, acc_q, "acc", 1), (1, src_q, "src", ~alu.use_imm)):

@@ -82,7 +82,10 @@ class GemmCore(wiring.Component):
             return self.wgt.word_select(o * n + c, 8).as_signed()
 
         def register(value, name):
-            reg = Signal(value.shape(), name=name)
+            # data only: compute's valid bits (reset by start) say when a stage holds a
+            # micro-op, so these need no reset (fewer FPGA reset nets; in Verilator their
+            # logic no longer depends on the start strobe, a top-level input)
+            reg = Signal(value.shape(), name=name, reset_less=True)
             m.d.sync += reg.eq(value)
             return reg
 
