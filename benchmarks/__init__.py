@@ -46,6 +46,10 @@ BENCHMARKS = {
                 "a stream of 8 inputs (BERT-style encoder, ResNet-18; int8, cycle model) with "
                 "the CPU and the accelerator overlapped: throughput against one node at a "
                 "time and against the busier side's bound"),
+    "fpga": ("celosia.benchmarks.fpga_bench", "run",
+             "open-tool FPGA results: Fmax of the small and ecp5 presets on the LFE5U-85F "
+             "(place and route), the default core on the xc7z020 (fits), resources, and "
+             "ResNet-18's conv layer cycles before/after the pipelined datapath"),
     "zoo": ("celosia.benchmarks.zoo", "run",
             "the model zoo at full size on the CPU build against onnxruntime: models that "
             "import and agree, latency ratio per model, geometric mean and worst"),

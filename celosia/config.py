@@ -366,4 +366,21 @@ PRESETS: dict[str, HwConfig] = {
         cmd_queue_depth=4,
         token_queue_depth=4,
     ),
+    # The largest core for the Lattice LFE5U-85F (ULX3S-85F class; docs/fpga.md): 1x8x8.
+    # Multipliers decide the GEMM: each int8 product is one MULT18X18D (an 18x18 multiplier
+    # cannot hold two, unlike a DSP48E1) and each 32-bit ALU lane needs three, so 1x8x8 takes
+    # 64 + 24 of the part's 156 while 2x8x8 (176) and 1x16x16 (304) do not fit. The
+    # buffers are then as large as the ISA's fields allow: a micro-op holds dst + src + wgt
+    # row indices in 32 bits and an ALU instruction four ACC indices in 44, so ACC has 2048
+    # rows (64 KiB, kept twice for compute's two read ports), INP 2048 (16 KiB) and WGT
+    # 1024 (64 KiB), the default core's row counts, and UOP the largest a GEMM's 13-bit
+    # uop_bgn addresses (8192 micro-ops); about 130 of the 208 DP16KD block RAMs (counted
+    # from the buffer sizes; its place and route has not been run to the end yet).
+    "ecp5": HwConfig(
+        log_block=3,
+        log_uop_buff_size=15,
+        log_inp_buff_size=14,
+        log_wgt_buff_size=16,
+        log_acc_buff_size=16,
+    ),
 }

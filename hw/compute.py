@@ -3,14 +3,33 @@
 Per instruction: IDLE (start when the head of the command queue has its tokens) -> work
 -> PUSH (wait for room, push) -> IDLE; each of IDLE and PUSH takes at least one cycle.
 
-GEMM and ALU run a three-stage pipeline, one micro-op per cycle:
-  A  loop counters (i, j, k) address the UOP buffer;
-  B  micro-op fields + loop offsets give the ACC/INP/WGT rows, checked against their
-     buffers, and address the buffers' read ports;
-  C  the GEMM core or the ALU lanes compute; ACC[dst] and OUT[dst] are written.
-A micro-op in B reads ACC in the same cycle the previous one writes it in C; the ACC read
-ports are transparent to the write port, so the read sees the new row (forwarding) and the
-in-order rule of ISA.md holds without stalls.
+GEMM and ALU run a pipeline of ``exec_stage + 2`` stages, one micro-op per cycle, every
+register-to-register path short (two or three adder levels, one multiplier, one buffer
+read) so that the core closes timing at 100 MHz on an FPGA (docs/fpga.md). With
+T = tree_stages(BLOCK) (hw/gemm.py) and X = exec_stage = 6 + T:
+
+  A (0)   loop counters (i, j, k) address the UOP buffer;
+  U (1)   the UOP row is read;
+  B (2)   the micro-op word (registered) + loop offsets give the ACC/INP/WGT rows and their
+          range checks;
+  R (3)   rows registered: INP/WGT read; an out-of-range row raises its error; ALU hazard
+          stall (below);
+  4, 5    INP/WGT read data registered; GEMM products (registered);
+  6..X-1  GEMM adder tree, T stages of two adder levels; ACC read in X-2 (GEMM) or X-3
+          (ALU: ACC[dst] and ACC[src]), its data registered a cycle later;
+  X-1     ALU stage E (hw/alu.py);
+  X       GEMM: ACC[dst] + the sum; ALU: stage X; the result is registered in ``res``;
+  W = X+1 ``res`` is written to ACC[dst] and OUT[dst].
+
+Hazards: an ACC read samples the buffer before the writes of the micro-ops up to three
+ahead of it; those rows are forwarded from ``res`` and its delayed copy (and, to an ALU
+micro-op, from the E register of the micro-op right ahead when it does MIN/MAX/ADD), so GEMM accumulation chains and MIN/MAX/ADD chains run at one micro-op per cycle. A SHR or
+MUL result exists only in X, too late for the micro-op right behind it: an ALU micro-op of
+a SHR/MUL instruction that reads (dst, or src without an immediate) the row the micro-op
+before it writes waits one cycle in R (a bubble). The pipeline drains before the
+instruction pushes, so instructions never overlap. A GEMM/ALU with N micro-ops and S such
+stalls pushes in t0 + N + S + X + 2 (N >= 1; t0 + 2 for N = 0); sim/cycle_timing.py has the
+same rule.
 """
 
 from __future__ import annotations
@@ -23,8 +42,8 @@ from celosia.config import LOOP_ITER_BITS, HwConfig
 
 from .alu import AluLane
 from .axi import ReadClientSignature
-from .gemm import GemmCore
-from .isa import CmdLayout, ErrorCode, InsnLayouts, MemType, Opcode
+from .gemm import GemmCore, tree_stages
+from .isa import AluOp, CmdLayout, ErrorCode, InsnLayouts, MemType, Opcode
 from .sram import SramReadSignature, SramWriteSignature
 from .status import ErrorReport, ModuleState, ModuleStatus
 from .tensor_load import TensorLoad
@@ -36,10 +55,17 @@ COMPUTE_EVENTS = ("compute_insns", "gemm_insns", "alu_insns", "gemm_uops", "alu_
 _OFF = 32  # loop offsets: 14-bit counts times 16-bit factors stay far below 2^32
 
 
+def log2_depth(depth: int) -> int:
+    """Address bits of a buffer of ``depth`` rows (at least 1)."""
+    return max(1, (depth - 1).bit_length())
+
+
 class Compute(wiring.Component):
     def __init__(self, cfg: HwConfig, *, gemm_products: str = "native"):
         self.cfg = cfg
         self.gemm_products = gemm_products  # GemmCore's ``products`` (same function and timing)
+        #: the pipeline stage (A = 0) computing a micro-op's result; it writes in the next
+        self.exec_stage = 6 + tree_stages(cfg.block)
         acc_bits = 8 * cfg.acc_elem_bytes
         super().__init__({
             "cmd_data": In(CmdLayout()), "cmd_rdy": In(1), "cmd_en": Out(1),
@@ -104,29 +130,38 @@ class Compute(wiring.Component):
                 with m.Else():
                     m.d.comb += ev.acc8_load_elems.eq(~loader.w_zero)
 
-        # ---- micro-op loop generator (stage A) -----------------------------------------
+        # ---- the GEMM/ALU pipeline ---------------------------------------------------------
+        # Stages, by the cycle a micro-op is in them (A = 0; see the module docstring):
+        R = 3  # rows registered: INP/WGT addressed; errors reported; ALU hazard stall
+        X = self.exec_stage  # result computed into `res`
+        W = X + 1  # `res` written to ACC and OUT
+        acc_bits = log2_depth(cfg.acc_depth)
+        two_stage = is_alu & ((alu.alu_op == AluOp.SHR) | (alu.alu_op == AluOp.MUL))
+        stall = Signal()  # hold stages A..R one cycle (an ALU hazard at R)
+        stall_q = Signal()
+        m.d.sync += stall_q.eq(stall)
+
+        # ---- stage A: loop counters (i, j, k) address the UOP buffer -------------------
         k = Signal(cfg.log_uop_depth + 1)
         i = Signal(LOOP_ITER_BITS)
         j = Signal(LOOP_ITER_BITS)
         dst_o, src_o, wgt_o = Signal(_OFF), Signal(_OFF), Signal(_OFF)  # outer offsets
         dst_i, src_i, wgt_i = Signal(_OFF), Signal(_OFF), Signal(_OFF)  # outer + inner
         gen_done = Signal()
-        # stage B registers
-        b_valid = Signal()
-        b_dst, b_src, b_wgt = Signal(_OFF), Signal(_OFF), Signal(_OFF)
-        # stage C registers
-        c_valid = Signal()
-        c_row = Signal(range(cfg.acc_depth))
-
         wgt_fo = Mux(is_alu, 0, gemm.wgt_factor_out)
         wgt_fi = Mux(is_alu, 0, gemm.wgt_factor_in)
         src_fo = Mux(is_alu, alu.src_factor_out, gemm.src_factor_out)
         src_fi = Mux(is_alu, alu.src_factor_in, gemm.src_factor_in)
         executing = Signal()
-        m.d.comb += self.uop_r.addr.eq(k)
-        m.d.sync += b_valid.eq(0)
-        with m.If(executing & ~gen_done):
-            m.d.sync += [b_valid.eq(1), b_dst.eq(dst_i), b_src.eq(src_i), b_wgt.eq(wgt_i)]
+        issue = executing & ~gen_done & ~stall
+        # stage U registers: the micro-op whose UOP row is being read
+        u_valid, u_k = Signal(), Signal.like(k)
+        u_dst, u_src, u_wgt = Signal(_OFF), Signal(_OFF), Signal(_OFF)
+        m.d.comb += self.uop_r.addr.eq(Mux(stall, u_k, k))  # a stall reads the row again
+        with m.If(~stall):
+            m.d.sync += [u_valid.eq(issue), u_k.eq(k),
+                         u_dst.eq(dst_i), u_src.eq(src_i), u_wgt.eq(wgt_i)]
+        with m.If(issue):
             with m.If(k != gemm.uop_end - 1):
                 m.d.sync += k.eq(k + 1)
             with m.Else():
@@ -143,8 +178,14 @@ class Compute(wiring.Component):
                     with m.If(i == gemm.iter_out - 1):
                         m.d.sync += gen_done.eq(1)
 
-        # ---- stage B: row indices, range checks, buffer reads ---------------------------
-        uop = data.View(lay.uop, self.uop_r.data)
+        # ---- stage B: the micro-op word (registered) + offsets give the rows -----------
+        b_valid = Signal()
+        b_uop = Signal(32)
+        b_dst, b_src, b_wgt = Signal(_OFF), Signal(_OFF), Signal(_OFF)
+        with m.If(~stall):
+            m.d.sync += [b_valid.eq(u_valid), b_uop.eq(self.uop_r.data),
+                         b_dst.eq(u_dst), b_src.eq(u_src), b_wgt.eq(u_wgt)]
+        uop = data.View(lay.uop, b_uop)
         row_dst = Signal(_OFF + 1)
         row_src = Signal(_OFF + 1)
         row_wgt = Signal(_OFF + 1)
@@ -155,39 +196,117 @@ class Compute(wiring.Component):
         bad_dst = row_dst >= cfg.acc_depth
         bad_src = (reads_inp & (row_src >= cfg.inp_depth)) | (reads_src & (row_src >= cfg.acc_depth))
         bad_wgt = reads_inp & (row_wgt >= cfg.wgt_depth)
-        m.d.comb += [
-            self.acc_r[0].addr.eq(row_dst), self.acc_r[1].addr.eq(row_src),
-            self.inp_r.addr.eq(row_src), self.wgt_r.addr.eq(row_wgt),
-        ]
-        bad = bad_dst | bad_src | bad_wgt
-        m.d.sync += [c_valid.eq(b_valid & ~bad & ~self.halt), c_row.eq(row_dst)]
-        with m.If(b_valid & bad):
-            m.d.comb += [self.error.valid.eq(1), self.error.index.eq(index),
-                         self.error.code.eq(Mux(bad_dst, ErrorCode.UOP_DST,
-                                                Mux(bad_src, ErrorCode.UOP_SRC, ErrorCode.UOP_WGT)))]
 
-        # ---- stage C: compute and write ---------------------------------------------------
-        m.submodules.gemm = core = GemmCore(cfg, products=self.gemm_products)
-        m.d.comb += [core.inp.eq(self.inp_r.data), core.wgt.eq(self.wgt_r.data),
-                     core.acc.eq(self.acc_r[0].data)]
-        alu_out = Signal(8 * cfg.acc_elem_bytes)
+        # ---- stage R: rows registered; INP/WGT read; errors; ALU hazard ----------------
+        r_valid, r_bad, r_hazard = Signal(), Signal(), Signal()
+        r_code = Signal(ErrorCode)
+        r_dst = Signal(acc_bits)
+        r_src = Signal(max(acc_bits, log2_depth(cfg.inp_depth)))
+        r_wgt = Signal(log2_depth(cfg.wgt_depth))
+        # A two-stage ALU op's result is known one stage after the next micro-op would need
+        # it: that micro-op waits a cycle if it reads the row (hw/alu.py).
+        hazard = two_stage & r_valid & ((row_dst[:acc_bits] == r_dst) |
+                                        (~alu.use_imm & (row_src[:acc_bits] == r_dst)))
+        with m.If(~stall):
+            m.d.sync += [r_valid.eq(b_valid), r_bad.eq(bad_dst | bad_src | bad_wgt),
+                         r_code.eq(Mux(bad_dst, ErrorCode.UOP_DST,
+                                       Mux(bad_src, ErrorCode.UOP_SRC, ErrorCode.UOP_WGT))),
+                         r_dst.eq(row_dst), r_src.eq(row_src), r_wgt.eq(row_wgt),
+                         r_hazard.eq(hazard)]
+        m.d.comb += [stall.eq(r_valid & r_hazard & ~stall_q),
+                     self.inp_r.addr.eq(r_src), self.wgt_r.addr.eq(r_wgt)]
+        with m.If(r_valid & r_bad):
+            m.d.comb += [self.error.valid.eq(1), self.error.index.eq(index),
+                         self.error.code.eq(r_code)]
+
+        # ---- stages after R: no stalls, so rows and valid bits simply shift ------------
+        valid = {R: r_valid & ~r_bad & ~stall & ~self.halt}
+        dst = {R: r_dst}
+        src = {R: r_src[:acc_bits]}
+        for s in range(R + 1, W + 1):
+            valid[s], dst[s] = Signal(name=f"valid_{s}"), Signal(acc_bits, name=f"dst_{s}")
+            m.d.sync += [valid[s].eq(valid[s - 1]), dst[s].eq(dst[s - 1])]
+            if s <= X - 2:
+                src[s] = Signal(acc_bits, name=f"src_{s}")
+                m.d.sync += src[s].eq(src[s - 1])
+        in_flight = Signal()
+        m.d.comb += in_flight.eq(Cat(u_valid, b_valid, r_valid,
+                                     *(valid[s] for s in range(R + 1, W))).any())
+
+        # ---- buffer reads: INP/WGT in R, ACC in X-2 (GEMM) or X-3 (ALU), all registered --
+        acc_addr = Mux(is_alu, dst[X - 3], dst[X - 2]), src[X - 3]
+        m.d.comb += [self.acc_r[0].addr.eq(acc_addr[0]), self.acc_r[1].addr.eq(acc_addr[1])]
+        # (the datapath's registers have no reset: valid bits, reset by start, say when a
+        # stage holds a micro-op; hw/gemm.py)
+        inp_q = Signal.like(self.inp_r.data, reset_less=True)
+        wgt_q = Signal.like(self.wgt_r.data, reset_less=True)
+        m.d.sync += [inp_q.eq(self.inp_r.data), wgt_q.eq(self.wgt_r.data)]
+
+        # ---- forwarding: rows written after the ACC read sampled them ------------------
+        # `res` is the row being written (W), res_1 the row written the cycle before. An ACC
+        # read samples the buffer before the writes of the three micro-ops ahead of its own
+        # (non-transparent ports). Two of them are written by the cycle its data leaves the
+        # buffer and are merged in from res/res_1 as the data is registered (acc_q, src_q);
+        # the third is in `res` when the micro-op uses the data (and for an ALU micro-op the
+        # micro-op right ahead is one closer still: its MIN/MAX/ADD result is `early`).
+        # Every hit is found a cycle ahead and registered, so each use is a short mux.
+        res, res_1 = Signal(lanes * 32, reset_less=True), Signal(lanes * 32, reset_less=True)
+        m.d.sync += res_1.eq(res)
+
+        def hit(row, s, name, when=1):
+            """Registered: the valid micro-op in stage ``s`` writes ``row`` (and ``when``)."""
+            h = Signal(name=f"hit_{name}_{s}")
+            m.d.sync += h.eq(valid[s] & (dst[s] == row) & when)
+            return h
+
+        def lanes_of(value):
+            return [value.word_select(lane, 32) for lane in range(lanes)]
+
+        # data read in cycle c leaves the buffer in c + 1, when the micro-ops now in X and W
+        # are in W (res) and W+1 (res_1)
+        # (an ALU with an immediate takes it in place of ACC[src], and forwards nothing there)
+        acc_q, src_q = Signal(lanes * 32, reset_less=True), Signal(lanes * 32, reset_less=True)
         imm = Signal(signed(32))
         m.d.comb += imm.eq(alu.imm)
-        for lane in range(lanes):
+        for port, reg, name, when in ((0, acc_q, "acc", 1), (1, src_q, "src", ~alu.use_imm)):
+            near = hit(acc_addr[port], X, name, when)
+            far = hit(acc_addr[port], W, name, when)
+            for lane, (raw, a, b) in enumerate(zip(*map(lanes_of, (self.acc_r[port].data, res,
+                                                                     res_1)))):
+                if port == 1:
+                    raw = Mux(alu.use_imm, imm, raw)
+                m.d.sync += reg.word_select(lane, 32).eq(Mux(near, a, Mux(far, b, raw)))
+
+        # ---- stage X-1 (ALU stage E) and X: compute; W: write -------------------------
+        m.submodules.gemm = core = GemmCore(cfg, products=self.gemm_products)
+        assert core.latency == X - (R + 2), "GemmCore latency and compute stages disagree"
+        m.d.comb += [core.inp.eq(inp_q), core.wgt.eq(wgt_q)]
+        gemm_hit = hit(dst[X - 1], X, "gemm")  # in W when the micro-op is in X
+        alu_hits = {name: (hit(row, X - 1, name, when), hit(row, X, name, when))  # X, W at E
+                    for name, row, when in (("x", dst[X - 2], 1),
+                                            ("y", src[X - 2], ~alu.use_imm))}
+        result = Signal(lanes * 32)
+        for lane, (written, acc_in, src_in) in enumerate(zip(*map(lanes_of, (res, acc_q,
+                                                                            src_q)))):
             unit = AluLane()
             m.submodules[f"alu{lane}"] = unit
+            x_near, x_far = alu_hits["x"]
+            y_near, y_far = alu_hits["y"]
             m.d.comb += [
                 unit.op.eq(alu.alu_op),
-                unit.x.eq(self.acc_r[0].data.word_select(lane, 32)),
-                unit.y.eq(Mux(alu.use_imm, imm, self.acc_r[1].data.word_select(lane, 32))),
-                alu_out.word_select(lane, 32).eq(unit.r),
+                unit.x.eq(Mux(x_near, unit.early, Mux(x_far, written, acc_in))),
+                unit.y.eq(Mux(y_near, unit.early, Mux(y_far, written, src_in))),
             ]
-        result = Mux(is_alu, alu_out, Mux(gemm.reset, 0, core.out))
-        with m.If(c_valid & ~loading):
+            acc_now = Mux(gemm_hit, written, acc_in).as_signed()
+            total = core.sum.word_select(lane, 32).as_signed()
+            gemm_value = Mux(gemm.reset, 0, acc_now + total)
+            m.d.comb += result.word_select(lane, 32).eq(Mux(is_alu, unit.result, gemm_value))
+        m.d.sync += res.eq(result)
+        with m.If(valid[W] & ~loading):
             m.d.comb += [
-                self.acc_w.en.eq(1), self.acc_w.addr.eq(c_row), self.acc_w.data.eq(result),
-                self.out_w.en.eq(1), self.out_w.addr.eq(c_row),
-                self.out_w.data.eq(Cat(*(result.word_select(x, 32)[:8] for x in range(lanes)))),
+                self.acc_w.en.eq(1), self.acc_w.addr.eq(dst[W]), self.acc_w.data.eq(res),
+                self.out_w.en.eq(1), self.out_w.addr.eq(dst[W]),
+                self.out_w.data.eq(Cat(*(res.word_select(x, 32)[:8] for x in range(lanes)))),
                 ev.gemm_uops.eq(~is_alu & ~gemm.reset), ev.alu_uops.eq(is_alu),
             ]
 
@@ -200,16 +319,19 @@ class Compute(wiring.Component):
                 m.d.comb += [st.state.eq(ModuleState.IDLE), st.valid.eq(self.cmd_rdy),
                              st.index.eq(self.cmd_data.index),
                              st.flags.eq(self.cmd_data.insn[3:7])]
+                # the head is copied in every IDLE cycle (the copy in the start cycle is the
+                # one kept): these registers load on the state, not on the start decision,
+                # whose fanout would otherwise lengthen the path from the queue to the tokens
+                m.d.sync += [insn.eq(self.cmd_data.insn), index.eq(self.cmd_data.index),
+                             is_alu.eq(head.opcode == Opcode.ALU),
+                             k.eq(head.uop_bgn), i.eq(0), j.eq(0),
+                             dst_o.eq(0), src_o.eq(0), wgt_o.eq(0),
+                             dst_i.eq(0), src_i.eq(0), wgt_i.eq(0),
+                             gen_done.eq((head.uop_bgn == head.uop_end) |
+                                         (head.iter_out == 0) | (head.iter_in == 0))]
                 with m.If(self.cmd_rdy & pops_ok & ~self.halt):
                     m.d.comb += [self.cmd_en.eq(1), self.l2c_pop.eq(head.pop_prev),
                                  self.s2c_pop.eq(head.pop_next), ev.compute_insns.eq(1)]
-                    m.d.sync += [insn.eq(self.cmd_data.insn), index.eq(self.cmd_data.index),
-                                 is_alu.eq(head.opcode == Opcode.ALU),
-                                 k.eq(head.uop_bgn), i.eq(0), j.eq(0),
-                                 dst_o.eq(0), src_o.eq(0), wgt_o.eq(0),
-                                 dst_i.eq(0), src_i.eq(0), wgt_i.eq(0),
-                                 gen_done.eq((head.uop_bgn == head.uop_end) |
-                                             (head.iter_out == 0) | (head.iter_in == 0))]
                     with m.Switch(head.opcode):
                         with m.Case(Opcode.LOAD):
                             m.next = "LOAD"
@@ -230,7 +352,7 @@ class Compute(wiring.Component):
                     m.next = "PUSH"
             with m.State("EXEC"):
                 m.d.comb += [executing.eq(1), st.state.eq(ModuleState.BUSY)]
-                with m.If(gen_done & ~b_valid):
+                with m.If(gen_done & ~in_flight):
                     m.next = "PUSH"
             with m.State("PUSH"):
                 m.d.comb += st.state.eq(ModuleState.PUSH)

@@ -77,12 +77,14 @@ class Accelerator(wiring.Component):
                   for name in ("l2c", "c2l", "c2s", "s2c")}
 
         # ---- buffers ----------------------------------------------------------------------
-        uop = Sram(depth=cfg.uop_depth, width=32)
-        inp = Sram(depth=cfg.inp_depth, width=8 * cfg.inp_elem_bytes)
-        wgt = Sram(depth=cfg.wgt_depth, width=8 * cfg.wgt_elem_bytes)
-        acc = Sram(depth=cfg.acc_depth, width=8 * cfg.acc_elem_bytes, read_ports=2,
-                   transparent=True)
-        out = Sram(depth=cfg.acc_depth, width=8 * cfg.out_elem_bytes)
+        # writes to UOP, INP, WGT and OUT are read no earlier than a few cycles later (the
+        # writer's DONE and PUSH, a token): they go through a register (FPGA timing)
+        uop = Sram(depth=cfg.uop_depth, width=32, registered_write=True)
+        inp = Sram(depth=cfg.inp_depth, width=8 * cfg.inp_elem_bytes, registered_write=True)
+        wgt = Sram(depth=cfg.wgt_depth, width=8 * cfg.wgt_elem_bytes, registered_write=True)
+        # compute forwards the rows its ACC reads miss (hw/compute.py): no transparency
+        acc = Sram(depth=cfg.acc_depth, width=8 * cfg.acc_elem_bytes, read_ports=2)
+        out = Sram(depth=cfg.acc_depth, width=8 * cfg.out_elem_bytes, registered_write=True)
         m.submodules.uop_buf, m.submodules.inp_buf, m.submodules.wgt_buf = uop, inp, wgt
         m.submodules.acc_buf, m.submodules.out_buf = acc, out
         wiring.connect(m, load.inp_w, inp.write)

@@ -45,23 +45,20 @@ class ReadDma(wiring.Component):
         eb, bus = self.eb, self.bus_bytes
         lb, le = _log2(bus), _log2(eb)
         burst = burst_bytes(bus)
+        lburst = _log2(burst)
+        # Short register-to-register paths (FPGA timing): the next burst's byte address, the
+        # bytes left in the request and the distance to the next burst boundary are
+        # registers; a burst's size is one narrow comparison of two of them.
         ar_addr = Signal(ADDR_WIDTH)  # next burst's beat-aligned byte address
-        ar_end = Signal(ADDR_WIDTH)  # beat-aligned end of the request (exclusive)
-        to_boundary = Signal(ADDR_WIDTH)
-        left = Signal(ADDR_WIDTH)
-        m.d.comb += [
-            to_boundary.eq(burst - ar_addr[:_log2(burst)]),
-            left.eq(ar_end - ar_addr),
-        ]
-        chunk = Mux(left < to_boundary, left, to_boundary)  # bytes in this burst
+        left = Signal(32 + le + 1)  # beat-aligned bytes of the request not yet requested
+        to_boundary = Signal(lburst + 1)  # bytes from ar_addr to the next burst boundary
+        fits = (left[lburst + 1:] == 0) & (left[:lburst + 1] < to_boundary)
+        chunk = Mux(fits, left[:lburst + 1], to_boundary)  # bytes in this burst
         m.d.comb += [self.bus.araddr.eq(ar_addr), self.bus.arlen.eq((chunk >> lb) - 1)]
 
         start = Signal(ADDR_WIDTH)
-        stop = Signal(ADDR_WIDTH)
-        m.d.comb += [
-            start.eq(self.req_addr << le),
-            stop.eq((self.req_addr + self.req_count) << le),
-        ]
+        m.d.comb += start.eq(self.req_addr << le)
+        start_low = start[:lb]  # the request's offset in its first beat
         beat = self.bus.rvalid & self.bus.rready
         draining = Signal()  # an element is still to come out of the beat buffer
 
@@ -71,17 +68,20 @@ class ReadDma(wiring.Component):
                 with m.If(self.req_valid & ~draining & (self.req_count != 0)):
                     m.d.sync += [
                         ar_addr.eq(start >> lb << lb),
-                        ar_end.eq((stop + bus - 1) >> lb << lb),
+                        left.eq(((self.req_count << le) + start_low + (bus - 1)) >> lb << lb),
+                        to_boundary.eq(burst - (start[:lburst] >> lb << lb)),
                     ]
                     m.next = "AR"
             with m.State("AR"):
                 m.d.comb += self.bus.arvalid.eq(1)
                 with m.If(self.bus.arready):
-                    m.d.sync += ar_addr.eq(ar_addr + chunk)
+                    m.d.sync += [ar_addr.eq(ar_addr + chunk), left.eq(left - chunk)]
                     m.next = "R"
             with m.State("R"):
+                # the next burst (if any) starts at a boundary: at least two cycles away
+                m.d.sync += to_boundary.eq(burst - ar_addr[:lburst])
                 with m.If(beat & self.bus.rlast):
-                    with m.If(ar_addr == ar_end):
+                    with m.If(left == 0):
                         m.next = "IDLE"
                     with m.Else():
                         m.next = "AR"
@@ -105,11 +105,13 @@ class ReadDma(wiring.Component):
             buf = Signal(8 * bus)
             have = Signal()
             slot = Signal(range(slots))
-            cur = Signal(ADDR_WIDTH)  # byte address of the next element to come out
-            end = Signal(ADDR_WIDTH)  # byte end of the request
+            cur = Signal(max(1, lb))  # offset in its beat of the next element to come out
+            remaining = Signal(32)  # elements of the request still to come out
+            one_left = Signal()  # remaining == 1, as a register
             with m.If(fsm.ongoing("IDLE") & self.req_valid & self.req_ready):
-                m.d.sync += [cur.eq(start), end.eq(stop)]
-            last_slot = (slot == slots - 1) | (cur + eb == end)
+                m.d.sync += [cur.eq(start_low), remaining.eq(self.req_count),
+                             one_left.eq(self.req_count == 1)]
+            last_slot = (slot == slots - 1) | one_left
             drain_last = have & last_slot
             m.d.comb += [
                 self.e_valid.eq(have),
@@ -119,7 +121,8 @@ class ReadDma(wiring.Component):
             ]
             cur_next = Mux(have, cur + eb, cur)
             with m.If(have):
-                m.d.sync += [cur.eq(cur + eb), slot.eq(slot + 1)]
+                m.d.sync += [cur.eq(cur + eb), slot.eq(slot + 1), remaining.eq(remaining - 1),
+                             one_left.eq(remaining == 2)]
                 with m.If(last_slot):
                     m.d.sync += have.eq(0)
             with m.If(beat):

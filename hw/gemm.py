@@ -1,38 +1,61 @@
-"""The GEMM datapath of one micro-op: ACC[b][o] + sum_c INP[b][c] * WGT[o][c] for every
-b < BATCH, o < BLOCK, as BATCH x BLOCK x BLOCK signed 8x8 products and balanced adder trees
-(32-bit wrap-around). Combinational: the compute pipeline registers around it.
+"""The GEMM datapath of one micro-op, pipelined: for every b < BATCH, o < BLOCK the sum
+``sum_c INP[b][c] * WGT[o][c]`` of BLOCK signed 8x8 products. The accumulator add is not
+here: compute adds the sum to the ACC row in its X stage, where it forwards rows still in
+flight (hw/compute.py).
+
+Pipeline (one operand pair per cycle, no stalls, no enables): the operands ``inp``/``wgt``
+presented in cycle c are multiplied in c and the products registered; each following cycle
+adds groups of four terms (two adder levels, ``((a + b) + (c + d))``) and registers them,
+until one term per lane is left. ``sum`` shows the sums of the operands of cycle c in cycle
+``c + latency``, ``latency = 1 + tree_stages(BLOCK)``. Registers around the multipliers are
+what lets an FPGA whose multipliers have no registers of their own (ECP5's MULT18X18D as
+nextpnr sees it) run at 100 MHz.
 
 ``products`` chooses how the 8x8 products are built; every choice computes the same
-function, in the same cycle:
+function with the same latency:
 
 - ``"native"`` (default): one ``*`` per product; synthesis picks DSPs or LUTs.
 - ``"dsp_pair"``: two products that share their input element in one 25x8 multiplier, for
   FPGAs whose DSP block has a 25x18 multiplier (Xilinx DSP48E1): outputs o and o+1 use
   ``(w1 * 2**16 + w0) * x = w1*x * 2**16 + w0*x``. As ``|w0*x| <= 2**14``, the low 16 bits
   sign-extended are ``w0*x``, and the bits from 16 up plus bit 15 (the borrow) are
-  ``w1*x``; the borrow bits join output o+1's adder tree. This halves the multipliers
-  (256 -> 128 DSP48E1 for the default 1x16x16 core, which then fits the xc7z020).
+  ``w1*x``. This halves the multipliers (256 -> 128 DSP48E1 for the default 1x16x16 core,
+  which then fits the xc7z020).
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Module
+from amaranth.hdl import Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from celosia.config import HwConfig
 
-__all__ = ["GemmCore", "GEMM_PRODUCTS"]
+__all__ = ["GemmCore", "GEMM_PRODUCTS", "tree_stages", "SUM_BITS"]
 
 GEMM_PRODUCTS = ("native", "dsp_pair")
+#: width of one lane's sum on the ``sum`` port (sign-extended)
+SUM_BITS = 32
 
 
-def _tree_sum(values):
-    values = list(values)
-    while len(values) > 1:
-        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values[0]
+def tree_stages(block: int) -> int:
+    """Register stages of the adder tree over ``block`` products: each sums groups of 4."""
+    stages, terms = 0, block
+    while terms > 1:
+        terms = -(-terms // 4)
+        stages += 1
+    return stages
+
+
+def _reduce4(terms):
+    """Groups of four terms summed as two adder levels."""
+    out = []
+    for i in range(0, len(terms), 4):
+        g = terms[i:i + 4]
+        while len(g) > 1:
+            g = [g[k] + g[k + 1] if k + 1 < len(g) else g[k] for k in range(0, len(g), 2)]
+        out.append(g[0])
+    return out
 
 
 class GemmCore(wiring.Component):
@@ -41,9 +64,11 @@ class GemmCore(wiring.Component):
             raise ValueError(f"products must be one of {GEMM_PRODUCTS}, not {products!r}")
         self.cfg = cfg
         self.products = products
+        #: cycles from operands to their sums on ``sum``
+        self.latency = 1 + tree_stages(cfg.block)
         super().__init__({
             "inp": In(8 * cfg.inp_elem_bytes), "wgt": In(8 * cfg.wgt_elem_bytes),
-            "acc": In(8 * cfg.acc_elem_bytes), "out": Out(8 * cfg.acc_elem_bytes),
+            "sum": Out(SUM_BITS * cfg.batch * cfg.block),
         })
 
     def elaborate(self, platform):
@@ -56,24 +81,38 @@ class GemmCore(wiring.Component):
         def w(o, c):
             return self.wgt.word_select(o * n + c, 8).as_signed()
 
-        def write(b, o, terms):
-            lane = b * n + o
-            acc = self.acc.word_select(lane, 32).as_signed()
-            m.d.comb += self.out.word_select(lane, 32).eq(acc + _tree_sum(terms))
+        def register(value, name):
+            # data only: compute's valid bits (reset by start) say when a stage holds a
+            # micro-op, so these need no reset (fewer FPGA reset nets; in Verilator their
+            # logic no longer depends on the start strobe, a top-level input)
+            reg = Signal(value.shape(), name=name, reset_less=True)
+            m.d.sync += reg.eq(value)
+            return reg
 
+        # products, per lane (b, o): n terms, registered
+        lanes = {}
         for b in range(batch):
             if self.products == "native":
                 for o in range(n):
-                    write(b, o, [x(b, c) * w(o, c) for c in range(n)])
+                    lanes[b * n + o] = [register(x(b, c) * w(o, c), f"p_{b}_{o}_{c}")
+                                        for c in range(n)]
                 continue
             for o in range(0, n, 2):  # BLOCK is a power of two >= 2: outputs pair up
-                lows, highs, borrows = [], [], []
+                lows, highs = [], []
                 for c in range(n):
                     packed = (w(o + 1, c) << 16) + w(o, c)  # 25-bit signed
                     p = packed * x(b, c)  # 33-bit signed: one DSP48E1
-                    lows.append(p[:16].as_signed())
-                    highs.append(p[16:].as_signed())
-                    borrows.append(p[15])
-                write(b, o, lows)
-                write(b, o + 1, borrows + highs)
+                    lows.append(register(p[:16].as_signed(), f"p_{b}_{o}_{c}"))
+                    high = Signal(signed(17))
+                    m.d.comb += high.eq(p[16:].as_signed() + p[15])
+                    highs.append(register(high, f"p_{b}_{o + 1}_{c}"))
+                lanes[b * n + o] = lows
+                lanes[b * n + o + 1] = highs
+        # adder tree: groups of four per stage
+        for stage in range(tree_stages(n)):
+            for lane, terms in lanes.items():
+                lanes[lane] = [register(t, f"t{stage}_{lane}_{i}")
+                               for i, t in enumerate(_reduce4(terms))]
+        for lane, (total,) in lanes.items():
+            m.d.comb += self.sum.word_select(lane, SUM_BITS).eq(total)
         return m

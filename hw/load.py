@@ -73,10 +73,13 @@ class Load(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += [st.state.eq(ModuleState.IDLE), st.valid.eq(self.cmd_rdy),
                              st.index.eq(self.cmd_data.index), st.flags.eq(self.cmd_data.insn[3:7])]
+                # the head is copied in every IDLE cycle (the copy in the start cycle is the
+                # one kept): its registers load on the state, not on the start decision, whose
+                # fanout would otherwise lengthen the path from the queue to the tokens
+                m.d.sync += [insn.eq(self.cmd_data.insn), index.eq(self.cmd_data.index)]
                 with m.If(self.cmd_rdy & (~head.pop_next | self.c2l_can_pop) & ~self.halt):
                     m.d.comb += [self.cmd_en.eq(1), self.c2l_pop.eq(head.pop_next),
                                  self.events.load_insns.eq(1)]
-                    m.d.sync += [insn.eq(self.cmd_data.insn), index.eq(self.cmd_data.index)]
                     m.next = "LOAD"
             with m.State("LOAD"):
                 m.d.comb += [c.valid.eq(1), st.state.eq(ModuleState.BUSY)]

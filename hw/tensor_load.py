@@ -90,34 +90,45 @@ class TensorLoad(wiring.Component):
             with m.If(sel == i):
                 m.d.comb += [e_valid.eq(dma.e_valid), e_data.eq(dma.e_data)]
 
+        # The walk's decisions come from registers (FPGA timing): whether the position is
+        # past the last row, in a data row, at the row's first data column; each is
+        # computed with the position it belongs to.
+        at_end, in_data, at_x0 = Signal(), Signal(), Signal()
+        x_last = Signal(MEM_SIZE_BITS)  # x_size - 1
+
         def advance(n):
             """Move the walk position n elements forward along the row (n <= width - col)."""
             nxt = col + n
             with m.If(nxt == width):
-                m.d.sync += [col.eq(0), row.eq(row + 1)]
+                m.d.sync += [col.eq(0), row.eq(row + 1), at_x0.eq(x0 == 0),
+                             at_end.eq(row + 1 == rows),
+                             in_data.eq((row + 1 >= y0) & (row + 1 < y_end))]
             with m.Else():
-                m.d.sync += col.eq(nxt)
+                m.d.sync += [col.eq(nxt), at_x0.eq(nxt == x0)]
 
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += cmd.ready.eq(1)
                 with m.If(cmd.valid):
+                    c_rows = cmd.y_pad_0 + cmd.y_size + cmd.y_pad_1
                     m.d.sync += [
                         sel.eq(cmd.sel), y0.eq(cmd.y_pad_0), y_end.eq(cmd.y_pad_0 + cmd.y_size),
-                        rows.eq(cmd.y_pad_0 + cmd.y_size + cmd.y_pad_1),
+                        rows.eq(c_rows),
                         x0.eq(cmd.x_pad_0), x_size.eq(cmd.x_size), x_stride.eq(cmd.x_stride),
+                        x_last.eq(cmd.x_size - 1),
                         width.eq(cmd.x_pad_0 + cmd.x_size + cmd.x_pad_1),
                         row.eq(0), col.eq(0), ptr.eq(cmd.sram_base), row_addr.eq(cmd.dram_base),
+                        at_end.eq(c_rows == 0), in_data.eq((cmd.y_pad_0 == 0) & (cmd.y_size != 0)),
+                        at_x0.eq(cmd.x_pad_0 == 0),
                     ]
                     with m.If(cmd.x_size == 0):
                         m.next = "DONE"
                     with m.Else():
                         m.next = "WALK"
             with m.State("WALK"):
-                data_row = (row >= y0) & (row < y_end)
-                with m.If(row == rows):
+                with m.If(at_end):
                     m.next = "DONE"
-                with m.Elif(data_row & (col == x0)):
+                with m.Elif(in_data & at_x0):
                     for i, dma in enumerate(dmas):
                         m.d.comb += [dma.req_valid.eq(sel == i), dma.req_addr.eq(row_addr),
                                      dma.req_count.eq(x_size)]
@@ -131,7 +142,7 @@ class TensorLoad(wiring.Component):
                 with m.If(e_valid):
                     m.d.comb += [self.w_en.eq(1), self.w_addr.eq(ptr), self.w_data.eq(e_data)]
                     m.d.sync += [ptr.eq(ptr + 1), got.eq(got + 1)]
-                    with m.If(got == x_size - 1):
+                    with m.If(got == x_last):
                         advance(x_size)
                         m.next = "WALK"
             with m.State("DONE"):

@@ -61,8 +61,13 @@ class TensorStore(wiring.Component):
         row_sram = Signal(MEM_SRAM_BITS + MEM_SIZE_BITS + 1)
         row_dram = Signal(MEM_DRAM_BITS + MEM_SIZE_BITS + 2)
         cur = Signal(ADDR_WIDTH)  # byte address of the next element to send
-        row_end = Signal(ADDR_WIDTH)
-        burst_end = Signal(ADDR_WIDTH)
+        lburst = _log2(burst)
+        # Short register-to-register paths (FPGA timing): the bytes of the row not yet in a
+        # burst, the distance to the next burst boundary and the elements left in the burst
+        # are registers; a burst's size is one narrow comparison of two of them.
+        row_left = Signal(MEM_SIZE_BITS + le + 1)
+        to_boundary = Signal(lburst + 1)
+        burst_elems = Signal(lburst + 1)  # elements of the burst still to be packed
         ptr = Signal(MEM_SRAM_BITS + MEM_SIZE_BITS + 1)
         ptr_next = Signal.like(ptr)
         m.d.comb += ptr_next.eq(ptr)
@@ -71,8 +76,9 @@ class TensorStore(wiring.Component):
         m.d.comb += self.r_addr.eq(ptr_next)
 
         aligned = cur >> lb << lb
-        to_boundary = burst - cur[:_log2(burst)]
-        b_end = Mux(row_end - cur < to_boundary, row_end, cur + to_boundary)
+        fits = (row_left[lburst + 1:] == 0) & (row_left[:lburst + 1] < to_boundary)
+        b_len = Mux(fits, row_left[:lburst + 1], to_boundary)  # bytes of this burst
+        awlen = (b_len + cur[:lb] - 1) >> lb  # beats - 1
         beats_left = Signal(9)
 
         if eb >= bus:
@@ -103,20 +109,21 @@ class TensorStore(wiring.Component):
                     m.next = "IDLE"
                 with m.Else():
                     m.d.comb += ptr_next.eq(row_sram)
+                    row_start = row_dram << le
                     m.d.sync += [
-                        cur.eq(row_dram << le), row_end.eq((row_dram + x_size) << le),
+                        cur.eq(row_start), row_left.eq(x_size << le),
+                        to_boundary.eq(burst - row_start[:lburst]),
                         row_sram.eq(row_sram + x_size), row_dram.eq(row_dram + x_stride),
                         rows_left.eq(rows_left - 1),
                     ]
                     m.next = "AW"
             with m.State("AW"):
-                m.d.comb += [
-                    self.bus.awvalid.eq(1), self.bus.awaddr.eq(aligned),
-                    self.bus.awlen.eq(((b_end - aligned + bus - 1) >> lb) - 1),
-                ]
+                m.d.comb += [self.bus.awvalid.eq(1), self.bus.awaddr.eq(aligned),
+                             self.bus.awlen.eq(awlen)]
                 with m.If(self.bus.awready):
-                    m.d.sync += [burst_end.eq(b_end),
-                                 beats_left.eq((b_end - aligned + bus - 1) >> lb)]
+                    # the next burst of the row (if any) starts at a boundary
+                    m.d.sync += [beats_left.eq(awlen + 1), row_left.eq(row_left - b_len),
+                                 to_boundary.eq(burst), burst_elems.eq(b_len >> le)]
                     if eb >= bus:
                         m.d.sync += sub.eq(0)
                         m.next = "SEND"
@@ -141,8 +148,8 @@ class TensorStore(wiring.Component):
                             m.d.sync += [beat.word_select(s, 8 * eb).eq(self.r_data),
                                          strb[s * eb:(s + 1) * eb].eq((1 << eb) - 1)]
                     m.d.comb += [ptr_next.eq(ptr + 1), self.elems.eq(1)]
-                    m.d.sync += cur.eq(cur + eb)
-                    with m.If((slot == slots - 1) | (cur + eb == burst_end)):
+                    m.d.sync += [cur.eq(cur + eb), burst_elems.eq(burst_elems - 1)]
+                    with m.If((slot == slots - 1) | (burst_elems == 1)):
                         m.next = "SEND"
                 with m.State("SEND"):
                     m.d.comb += [self.bus.wvalid.eq(1), self.bus.wlast.eq(beats_left == 1)]
@@ -155,7 +162,7 @@ class TensorStore(wiring.Component):
             with m.State("B"):
                 m.d.comb += self.bus.bready.eq(1)
                 with m.If(self.bus.bvalid):
-                    with m.If(cur == row_end):
+                    with m.If(row_left == 0):
                         m.next = "ROW"
                     with m.Else():
                         m.next = "AW"

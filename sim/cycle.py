@@ -35,10 +35,11 @@ import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
-from celosia.isa import AluInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode, elem_bytes
+from celosia.isa import (AluInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode, decode_uops,
+                         elem_bytes)
 
 from .cycle_report import plot_timeline, timeline_stats, write_trace
-from .cycle_timing import NEVER, Timing
+from .cycle_timing import NEVER, TWO_STAGE_ALU_OPS, Timing, alu_hazards
 from .datapath import DEFAULT_MAX_WORK, single_threaded_blas
 from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine
 
@@ -112,8 +113,8 @@ class CycleSimulator(FunctionalSimulator):
         self.timeline = None
         static = self._static(insns, insn_addr)
         with single_threaded_blas():
-            self._execute(insns, static)
-        timeline = _Schedule(insns, static, self.timing, insn_addr).run(self.max_cycles)
+            stalls = self._execute(insns, static)
+        timeline = _Schedule(insns, static, self.timing, insn_addr, stalls).run(self.max_cycles)
         self.timeline = timeline
         stats = self._counters()
         stats.update(timeline_stats(timeline, self.config, stats))
@@ -131,8 +132,10 @@ class CycleSimulator(FunctionalSimulator):
             static = insns.cache[key] = _Static(insns, self.timing, self.config)
         return static
 
-    def _execute(self, insns: Program, static: "_Static") -> None:
-        """Pass 1: fsim's token machine and datapath.
+    def _execute(self, insns: Program, static: "_Static") -> dict:
+        """Pass 1: fsim's token machine and datapath. Returns the hazard stalls of the
+        SHR/MUL ALU instructions (index -> cycles), which depend on the micro-ops in the UOP
+        buffer when each runs.
 
         Each module runs its instructions one after another, so the sum of their shortest
         durations bounds the run from below: crossing ``max_cycles`` stops the run before
@@ -152,7 +155,20 @@ class CycleSimulator(FunctionalSimulator):
                         f"long")
                 datapath.execute(index, insn)
 
+        stalls: dict = {}
+        if static.hazard_alu and self.timing.hazard_stalls:
+            timed, cfg, hazard_alu = execute, self.config, static.hazard_alu
+
+            def execute(index: int, insn: Insn) -> None:
+                if index in hazard_alu:
+                    dst, src, _ = decode_uops(datapath.uop[insn.uop_bgn:insn.uop_end], cfg)
+                    n = alu_hazards(insn, dst, src)
+                    if n:
+                        stalls[index] = n
+                timed(index, insn)
+
         _TokenMachine(insns, self.config, execute).run()
+        return stalls
 
 
 class _Static:
@@ -222,6 +238,11 @@ class _Static:
             self.local[j] = len(self.seq[m])
             self.seq[m].append(j)
         self.max_lower = max(self.lower)
+        # SHR/MUL ALU instructions with micro-ops: their hazard stalls are counted per run
+        self.hazard_alu = frozenset(
+            j for j, insn in enumerate(insns)
+            if isinstance(insn, AluInsn) and insn.alu_op in TWO_STAGE_ALU_OPS
+            and insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn) > 1)
         self.arrays = None  # module, pop_q, push_q as arrays (``tables``)
         self.stats = None
 
@@ -282,6 +303,8 @@ class Timeline:
     times: np.ndarray = None
     #: (fetch bursts, 2): request and grant of each of fetch's read bursts, or None
     fetch_reads: np.ndarray = None
+    #: hazard stall cycles of the SHR/MUL ALU instructions that had any (index -> cycles)
+    stalls: dict = None  # type: ignore[assignment]
 
     @property
     def cycles(self) -> int:
@@ -344,9 +367,11 @@ class _Schedule:
     An event that happens wakes its waiter, if any, by appending it to ``runnable``.
     """
 
-    def __init__(self, insns: list[Insn], static: _Static, timing: Timing, insn_addr: int):
+    def __init__(self, insns: list[Insn], static: _Static, timing: Timing, insn_addr: int,
+                 stalls: dict | None = None):
         n = len(insns)
         self.static = static
+        self.stalls = stalls or {}
         self.insns, self.plans, self.timing, self.insn_addr = insns, static.plans, timing, insn_addr
         self.module, self.seq, self.local = static.module, static.seq, static.local
         self.pops, self.pushes = static.pops, static.pushes
@@ -460,6 +485,7 @@ class _Schedule:
         tok_ready, room_ready = self.tok_ready, self.room_ready
         runnable, w_s, w_push, w_pop = self.runnable, self.w_s, self.w_push, self.w_pop
         client = me  # read client id (load 1, compute 2; store never reads)
+        stalls = self.stalls
         free = 0
         for j in self.seq[m]:
             if dispatch[j] < 0:
@@ -493,6 +519,8 @@ class _Schedule:
             plan = plans[j]
             if isinstance(plan, int):
                 p = s + plan
+                if stalls:
+                    p += stalls.get(j, 0)
             else:  # a LOAD's bursts on the read channel
                 req, buf, first, span = plan.req, plan.buf, plan.first, plan.span
                 delta = wait = lat = i = 0
@@ -603,4 +631,5 @@ class _Schedule:
             tok_ready=times[8:10].T, room_ready=times[10:12].T,
             batches=np.array(self.batches, dtype=np.int64).reshape(-1, 3), reads=self.reads,
             writes=dict(st.writes), static=st, times=times,
-            fetch_reads=np.array(self.fetch_reads, dtype=np.int64).reshape(-1, 2))
+            fetch_reads=np.array(self.fetch_reads, dtype=np.int64).reshape(-1, 2),
+            stalls=dict(self.stalls))

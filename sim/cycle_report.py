@@ -81,6 +81,9 @@ class _StaticStats:
         self.module, self.pops, self.pushes = list(st.module), list(st.pops), list(st.pushes)
         self._static = st
         self._matrices = None
+        # GEMM/ALU cycles waiting for the last micro-op to leave the pipeline
+        self.drain = sum(tl.timing.drain_cycles(i) for i in tl.insns
+                         if isinstance(i, (GemmInsn, AluInsn)))
 
     def matrices(self):
         """(module_hot, pop_hot, push_hot, write_wait, mem_hot) for _sums_numpy: 0/1
@@ -280,6 +283,11 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     for m, name in enumerate(MODULES):
         busy, cmdq, tokens, rooms, dram, bus, idle = _MODULE_KEYS[name]
         row = [(busy, per_module[0][m]), (cmdq, per_module[1][m])]
+        if name == "compute":  # inside busy: pipeline drain and hazard stalls
+            hazard = sum(tl.stalls.values()) if tl.stalls else 0
+            row = [(busy, per_module[0][m] - static.drain - hazard),
+                   ("compute_stall_pipeline_cycles", static.drain),
+                   ("compute_stall_hazard_cycles", hazard), row[1]]
         row += [(key, token_q[q]) for q, key in tokens]
         row += [(key, room_q[q]) for q, key in rooms]
         row.append((dram, per_module[2][m]))
@@ -373,6 +381,10 @@ def trace_dict(tl) -> dict:
                 mid = min(max(int(tl.room_ready[j, col]), begin), p)
                 span(tid, f"wait: room in {_QUEUE_NAMES[q]}", begin, mid, "stall")
                 begin = mid
+        if isinstance(insn, (GemmInsn, AluInsn)):  # the last micro-ops leave the pipeline
+            hazard = tl.stalls.get(j, 0) if tl.stalls else 0
+            span(tid, "pipeline drain", c - tl.timing.drain_cycles(insn), c, "stall",
+                 {"hazard_stalls": hazard} if hazard else None)
         if j in writes:
             beats, nb = writes[j]
             span(_TIDS["dram write"], f"STORE #{j}", s + 2, c - 1, "dram",

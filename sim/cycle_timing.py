@@ -29,10 +29,11 @@ import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError
-from celosia.isa import (INSN_BYTES, AluInsn, FinishInsn, GemmInsn, Insn, MemInsn, Opcode,
-                         elem_bytes)
+from celosia.isa import (INSN_BYTES, AluInsn, AluOp, FinishInsn, GemmInsn, Insn, MemInsn,
+                         Opcode, elem_bytes)
 
-__all__ = ["Timing", "ReadPlan", "FetchBatch", "NEVER"]
+__all__ = ["Timing", "ReadPlan", "FetchBatch", "NEVER", "gemm_tree_stages", "alu_hazards",
+           "TWO_STAGE_ALU_OPS"]
 
 #: an offset earlier than any cycle (a bound that never binds)
 NEVER = -(1 << 62)
@@ -127,6 +128,21 @@ def _bursts(a: np.ndarray, e: np.ndarray, eb: int, bus: int, burst: int):
     return row, first, last, beats, elems, n_last
 
 
+#: ALU operations whose result is known one stage late: the micro-op right behind one of
+#: them waits a cycle if it reads the row it writes (hw/alu.py)
+TWO_STAGE_ALU_OPS = (AluOp.SHR, AluOp.MUL)
+
+
+def gemm_tree_stages(block: int) -> int:
+    """Register stages of the GEMM adder tree over ``block`` products, four terms summed per
+    stage (hw/gemm.py tree_stages)."""
+    stages, terms = 0, block
+    while terms > 1:
+        terms = -(-terms // 4)
+        stages += 1
+    return stages
+
+
 def _request_bursts(a: int, e: int, eb: int, bus: int, burst: int) -> tuple[list, list, list]:
     """_bursts of one request [a, e) in Python (it has a few bursts at most): per burst,
     its beats, the request's elements in it and in its last beat."""
@@ -154,12 +170,20 @@ class Timing:
     write_latency: int
     cmd_queue_depth: int
     token_queue_depth: int
+    #: the GEMM/ALU pipeline stage that computes a micro-op's result (the loop counters'
+    #: stage is 0; hw/compute.py exec_stage: 6 + the GEMM adder tree's stages); the
+    #: micro-op writes ACC in the next stage
+    exec_stage: int
     #: instructions fetch reads in one batch (hw/fetch.py FETCH_INSNS; also its buffer size)
     fetch_insns: int = 8
+    #: cycles an instruction spends in fetch's check stages between the DMA and the buffer
+    check_stages: int = 3
+    #: whether SHR/MUL micro-ops wait for the row the micro-op before them writes
+    hazard_stalls: bool = True
 
     def __post_init__(self):
         for name in ("bus_bytes", "read_latency", "write_latency", "cmd_queue_depth",
-                     "token_queue_depth", "fetch_insns"):
+                     "token_queue_depth", "exec_stage", "fetch_insns"):
             if getattr(self, name) < 1:
                 raise CelosiaError(f"Timing.{name} must be at least 1, not {getattr(self, name)}")
 
@@ -173,7 +197,16 @@ class Timing:
                    read_latency=max(1, lat if read_latency is None else read_latency),
                    write_latency=max(1, lat if write_latency is None else write_latency),
                    cmd_queue_depth=cfg.cmd_queue_depth, token_queue_depth=cfg.token_queue_depth,
-                   **overrides)
+                   **{"exec_stage": 6 + gemm_tree_stages(cfg.block), **overrides})
+
+    @classmethod
+    def unpipelined(cls, cfg: HwConfig, **options) -> "Timing":
+        """The timing of the RTL before its datapath was pipelined for FPGA clocks (issue
+        15): a three-stage GEMM/ALU with transparent ACC reads and no stalls (GEMM/ALU push
+        in t0 + N + 3), and fetch checking the buffer's head as it dispatches. For
+        before/after comparisons (``celosia bench fpga``)."""
+        return cls.from_config(cfg, exec_stage=1, check_stages=0, hazard_stalls=False,
+                               **options)
 
     @property
     def burst_bytes(self) -> int:
@@ -203,8 +236,8 @@ class Timing:
                 beat = (j + 1) * k - 1  # its last beat, counted over the whole request
                 b = bisect_right(start, beat) - 1  # the last burst starting by then
                 insn_burst.append(b)
-                # delivered the cycle after its last beat, readable the cycle after that
-                insn_ready.append(beat - start[b] + 2)
+                # delivered the cycle after its last beat, checked, readable the cycle after
+                insn_ready.append(beat - start[b] + 2 + self.check_stages)
         else:
             span = [e - n for e, n in zip(elems, n_last)]
             buf_after = list(n_last)
@@ -213,8 +246,8 @@ class Timing:
                 b = bisect_right(start, j) - 1
                 insn_burst.append(b)
                 # beats are accepted as the buffer drains: element m of the burst drains in
-                # first + 1 + m, and is readable the cycle after
-                insn_ready.append(j - start[b] + 2)
+                # first + 1 + m, is checked, and is readable the cycle after
+                insn_ready.append(j - start[b] + 2 + self.check_stages)
         return FetchBatch(span, buf_after, beats, insn_burst, insn_ready)
 
     # ---- per-instruction plans -----------------------------------------------------------
@@ -341,13 +374,22 @@ class Timing:
         total = int(w.sum()) + beats.size * (1 + self.write_latency) + insn.y_size
         return 2 + total + 1, int(beats.sum()), int(beats.size)
 
-    @staticmethod
-    def loop_plan(insn) -> int:
-        """GEMM/ALU (hw/compute.py): the micro-op generator runs t0 + 1 .. t0 + N, the last
-        micro-op writes in t0 + N + 2 (three stages, forwarding, no stalls) and PUSH is
-        t0 + N + 3; with no micro-op, PUSH is t0 + 2."""
+    def loop_cycles(self, n: int, stalls: int = 0) -> int:
+        """GEMM/ALU (hw/compute.py) with ``n`` micro-ops, ``stalls`` of which wait a cycle:
+        the micro-op generator issues in t0 + 1 .. t0 + n + stalls, the last micro-op writes
+        ``exec_stage + 1`` cycles after its issue (forwarding, no other stalls) and PUSH is
+        the cycle after; with no micro-op, PUSH is t0 + 2."""
+        return n + stalls + self.exec_stage + 2 if n else 2
+
+    def loop_plan(self, insn) -> int:
+        """GEMM/ALU without hazard stalls (those depend on the micro-ops: alu_hazards)."""
+        return self.loop_cycles(insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn))
+
+    def drain_cycles(self, insn) -> int:
+        """The cycles of a GEMM/ALU spent only waiting for its last micro-op to leave the
+        pipeline (from the cycle after its last issue to its last write)."""
         n = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
-        return n + 3 if n else 2
+        return self.exec_stage + 1 if n else 0
 
     def plan(self, insn: Insn, cfg: HwConfig):
         """The plan of any instruction."""
@@ -360,6 +402,65 @@ class Timing:
             return self.loop_plan(insn)
         assert isinstance(insn, FinishInsn)
         return 1  # PUSH the cycle after the start
+
+
+def alu_hazards(insn: AluInsn, dst: np.ndarray, src: np.ndarray) -> int:
+    """The cycles a SHR or MUL ALU instruction stalls (hw/compute.py, stage R): one per
+    micro-op that reads the ACC row written by the micro-op right before it (its dst; or its
+    src, unless the instruction uses its immediate). ``dst``/``src``: the micro-ops' fields
+    (uop_bgn .. uop_end). Counted in closed form over the loops, never per execution:
+    consecutive executions are (i, j, k) -> (i, j, k+1), (i, j, last) -> (i, j+1, first) and
+    (i, last j, last) -> (i+1, 0, first); rows are ``field + i * factor_out + j * factor_in``,
+    so each pair's condition is fixed or linear in (i, j)."""
+    if insn.alu_op not in TWO_STAGE_ALU_OPS:
+        return 0
+    u, I, J = len(dst), insn.iter_out, insn.iter_in
+    if u == 0 or I == 0 or J == 0:
+        return 0
+    d = np.asarray(dst, np.int64)
+    s = np.asarray(src, np.int64)
+    Fo, Fi, Go, Gi = (insn.dst_factor_out, insn.dst_factor_in, insn.src_factor_out,
+                      insn.src_factor_in)
+    reads_src = not insn.use_imm
+    total = 0
+    if u > 1:  # within one pass over the micro-ops, at every (i, j)
+        same = d[1:] == d[:-1]
+        total += int(same.sum()) * I * J
+        if reads_src:  # s[k+1] + i*Go + j*Gi == d[k] + i*Fo + j*Fi
+            total += _solutions(Fo - Go, Fi - Gi, (s[1:] - d[:-1])[~same], I, J)
+    if J > 1:  # (i, j, last) -> (i, j + 1, first), j < J - 1
+        if d[0] + Fi == d[-1]:
+            total += I * (J - 1)
+        elif reads_src:  # s[0] + i*Go + (j+1)*Gi == d[-1] + i*Fo + j*Fi
+            total += _solutions(Go - Fo, Gi - Fi, np.array([d[-1] - s[0] - Gi]), I, J - 1)
+    if I > 1:  # (i, J - 1, last) -> (i + 1, 0, first), i < I - 1
+        if d[0] + Fo == d[-1] + (J - 1) * Fi:
+            total += I - 1
+        elif reads_src:  # s[0] + (i+1)*Go == d[-1] + i*Fo + (J-1)*Fi
+            total += _solutions(Go - Fo, 0, np.array([d[-1] + (J - 1) * Fi - s[0] - Go]),
+                                I - 1, 1)
+    return total
+
+
+def _solutions(a: int, b: int, c: np.ndarray, I: int, J: int) -> int:
+    """The number of (i, j, m) with 0 <= i < I, 0 <= j < J and a*i + b*j == c[m]."""
+    if c.size == 0:
+        return 0
+    values, counts = np.unique(c, return_counts=True)
+    if a == 0 and b == 0:
+        return int(counts[values == 0].sum()) * I * J
+    if b == 0:  # swap: solve for i, j free
+        a, b, I, J = b, a, J, I
+    total = 0
+    # a*i + b*j == v, b != 0: for each i, j = (v - a*i) / b must be a whole number in [0, J)
+    i = np.arange(I, dtype=np.int64)
+    step = max(1, (1 << 20) // I)  # bound the (values x i) block
+    for k in range(0, values.size, step):
+        rest = values[k:k + step, None] - a * i[None, :]
+        q, r = np.divmod(rest, b)
+        ok = (r == 0) & (q >= 0) & (q < J)
+        total += int((ok.sum(axis=1) * counts[k:k + step]).sum())
+    return total
 
 
 @lru_cache(maxsize=1024)

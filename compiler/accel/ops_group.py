@@ -363,7 +363,7 @@ def estimate_group_conv(cfg: HwConfig, spec: GroupConvSpec, kb: GroupConvKnobs) 
     for the weights, each row paying the DRAM latency) and the GEMM micro-ops; with two
     threads one thread's loads hide behind the other's compute. Plus the ALU epilogue and
     the store per tile."""
-    from .tune import _alu_ops, _load_cycles, _store_cycles
+    from .tune import _alu_ops, _load_cycles, _loop_cycles, _store_cycles
 
     in_h = (kb.tile_h - 1) * spec.strides[0] + spec.kh
     in_w = (kb.tile_w - 1) * spec.strides[1] + spec.kw
@@ -381,8 +381,8 @@ def estimate_group_conv(cfg: HwConfig, spec: GroupConvSpec, kb: GroupConvKnobs) 
         load += wgt
         wgt_total = 0.0
     rows = blocks * kb.tile_h * kb.tile_w
-    gemm = rows * kb.tile_ci * taps + 3
-    epi = _alu_ops(spec) * (rows + 3) + rows + 3
+    gemm = _loop_cycles(cfg, rows * kb.tile_ci * taps)
+    epi = (_alu_ops(spec) + 1) * _loop_cycles(cfg, rows)
     store = _store_cycles(cfg, blocks * kb.tile_h, kb.tile_w, cfg.out_elem_bytes)
     step = max(load, gemm) if kb.vthreads > 1 else load + gemm
     return wgt_total + tiles * (steps * step + epi + (0 if kb.vthreads > 1 else store))

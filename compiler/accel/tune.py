@@ -40,6 +40,14 @@ def cache_dir() -> Path:
     return Path(root) / "tune"
 
 
+def _loop_cycles(cfg: HwConfig, n: int) -> int:
+    """A GEMM/ALU instruction of ``n`` micro-ops on compute, start to push (the cycle
+    model's rule: the micro-ops plus the pipeline's depth)."""
+    from celosia.sim.cycle_timing import Timing
+
+    return Timing.from_config(cfg).loop_cycles(n)
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -225,9 +233,9 @@ def estimate_conv(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs, *, groups: int = 
 
     rows = th * tw * tco
     alu_ops = _alu_ops(spec)
-    gemm = rows * tci * taps + 3
-    reset = rows + 3
-    epilogue = alu_ops * (rows + 3)
+    gemm = _loop_cycles(cfg, rows * tci * taps)
+    reset = _loop_cycles(cfg, rows)
+    epilogue = alu_ops * _loop_cycles(cfg, rows)
     lat = cfg.dram_latency
     e = spec.epilogue
     if e.bias or e.scale:  # per tile, tco accumulator elements each
@@ -275,8 +283,10 @@ def estimate_conv(cfg: HwConfig, spec: ConvSpec, k: ConvKnobs, *, groups: int = 
     return b + (total_groups - groups) * (b - a) / (groups - half)
 
 
-def measure_conv(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, *, seed: int = 0) -> dict:
-    """Run the layer with random data on the cycle model; its counters."""
+def measure_conv(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, *, seed: int = 0,
+                 timing=None) -> dict:
+    """Run the layer with random data on the cycle model (under ``timing``, a
+    celosia.sim.cycle_timing.Timing, if given); its counters."""
     from celosia.driver import Device
 
     from .ops import pack_bias, pack_nchw, pack_oihw
@@ -294,7 +304,8 @@ def measure_conv(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, *, seed: int =
         args.append(np.zeros((spec.n // b, spec.o // k, spec.oh, spec.ow, b, k), np.int8))
     args.append(np.zeros((spec.n // b, spec.o // k, spec.oh, spec.ow, b, k), np.int8))
     size = sum(a.nbytes for a in args) * 2 + (8 << 20)
-    return fn(Device(cfg, target="cycle", dram_size=size), *args)
+    options = {} if timing is None else {"timing": timing}
+    return fn(Device(cfg, target="cycle", dram_size=size, **options), *args)
 
 
 def _sources_hash() -> str:

@@ -22,7 +22,7 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from .ops import DenseKnobs, DenseSpec, dense, pack_bias
-from .tune import _buffer_limits, _divisors, _key, cache_dir, search_cached
+from .tune import _buffer_limits, _divisors, _key, _loop_cycles, cache_dir, search_cached
 
 __all__ = ["dense_candidates", "estimate_dense", "measure_dense", "tune_dense"]
 
@@ -68,7 +68,7 @@ def estimate_dense(cfg: HwConfig, spec: DenseSpec, k: DenseKnobs) -> float:
     steps = kb // k.tile_k
     inp = k.tile_n * (lat + k.tile_k * b * blk / bus)
     wgt = k.tile_o * (lat + k.tile_k * blk * blk / bus)
-    gemm = k.tile_n * k.tile_o * k.tile_k + 3  # micro-ops and the instruction
+    gemm = _loop_cycles(cfg, k.tile_n * k.tile_o * k.tile_k)  # micro-ops and the pipeline
     e = spec.epilogue
     alu = k.tile_n * k.tile_o * (e.bias + e.scale + 1 + e.residual + 2)
     extra_loads = k.tile_o * (e.bias + e.scale) * (lat + b * blk * 4 / bus) + \

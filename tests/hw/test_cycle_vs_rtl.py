@@ -9,6 +9,7 @@ default preset.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import sys
@@ -292,6 +293,73 @@ def test_compiled_group_conv2d_tiles_of_super_groups_and_input_blocks(tmp_path):
     args = [rng.integers(-128, 128, p.shape).astype(p.dtype) for p in fn.func.params]
     for image in _driver_images(cfg, lambda dev: fn(dev, *args), tmp_path, 8 << 20):
         assert_same_time(cfg, image)
+
+
+# ---- pipeline hazards -----------------------------------------------------------------------
+
+
+def hazard_program(cfg, seed: int) -> ProgramImage:
+    """GEMM and ALU instructions whose micro-ops all land on a few ACC rows, so that rows
+    are read while the micro-ops one to four ahead of them still write them: every
+    forwarding distance of hw/compute.py, accumulation chains, and the SHR/MUL hazard stall
+    (within a pass over the micro-ops and across both loop boundaries)."""
+    import random
+
+    rng = random.Random(seed)
+    rows = 6  # ACC rows in play
+    dram = np.zeros(1 << 14, np.uint8)
+    acc = np.array([rng.choice([rng.randrange(-2**31, 2**31), rng.randrange(-300, 300),
+                                rng.randrange(-40, 40)]) for _ in range(rows * cfg.block)],
+                   np.int64).astype("<i4")
+    dram[0x1000:0x1000 + acc.nbytes] = acc.view(np.uint8)
+    dram[0x1800:0x1c00] = np.frombuffer(np.random.default_rng(seed).bytes(0x400), np.uint8)
+    uops = [Uop(dst=rng.randrange(rows // 2), src=rng.randrange(rows // 2),
+                wgt=rng.randrange(4)) for _ in range(8)]
+    words = encode_uops(uops, cfg)
+    dram[0x2000:0x2000 + words.nbytes] = words.view(np.uint8)
+    acc_eb, inp_eb = elem_bytes(cfg, MemType.ACC), elem_bytes(cfg, MemType.INP)
+    wgt_eb = elem_bytes(cfg, MemType.WGT)
+    insns = [_load(MemType.UOP, 0, 0x2000 // 4, len(uops)),
+             _load(MemType.ACC, 0, 0x1000 // acc_eb, rows),
+             _load(MemType.INP, 0, 0x1800 // inp_eb, 4),
+             _load(MemType.WGT, 0, 0x1a00 // wgt_eb, 4, push_next=True)]
+    for n in range(10):
+        bgn = rng.randrange(len(uops))
+        end = rng.randrange(bgn + 1, min(len(uops), bgn + 4) + 1)
+        loops = dict(uop_bgn=bgn, uop_end=end, iter_out=rng.randint(1, 3),
+                     iter_in=rng.randint(1, 3), dst_factor_out=rng.randint(0, 1),
+                     dst_factor_in=rng.randint(0, 1), src_factor_out=rng.randint(0, 1),
+                     src_factor_in=rng.randint(0, 1))
+        if rng.random() < 0.35:
+            insns.append(GemmInsn(wgt_factor_out=0, wgt_factor_in=rng.randint(0, 1),
+                                  pop_prev=n == 0, **loops))
+        else:
+            op = rng.choice(list(AluOp))
+            imm = rng.randrange(-40, 40) if op != AluOp.MUL else rng.randrange(-9, 9)
+            insns.append(AluInsn(alu_op=op, use_imm=rng.random() < 0.3, imm=imm,
+                                 pop_prev=n == 0, **loops))
+    insns[-1] = dataclasses.replace(insns[-1], push_next=True)
+    insns += [_store(0, 0x3000 // elem_bytes(cfg, MemType.OUT), rows, pop_prev=True),
+              FinishInsn()]
+    prog = encode_program(insns, cfg)
+    dram[0x3800:0x3800 + prog.size] = prog
+    return ProgramImage(dram, 0x3800, len(insns))
+
+
+@pytest.mark.parametrize("cfg,chunk", [(SMALL, c) for c in range(4)] + [
+    pytest.param(HwConfig.preset(name), 0, marks=pytest.mark.slow, id=f"{name}-0")
+    for name in ("default", "ecp5")])
+def test_pipeline_hazards(cfg, chunk):
+    """RTL, fsim and the cycle model agree on values and cycles when micro-ops read rows
+    that micro-ops just ahead of them write; the cycle model counts SHR/MUL stalls."""
+    stalls = 0
+    for seed in range(25 * chunk, 25 * chunk + 25):
+        image = hazard_program(cfg, seed)
+        assert_same_time(cfg, image)
+        ex = make_executor("cycle", cfg, image.dram.size)
+        ex.write_dram(0, image.dram)
+        stalls += ex.run(image.insn_addr, image.insn_count)["compute_stall_hazard_cycles"]
+    assert stalls > 0  # the programs do exercise the stall
 
 
 # ---- random programs ------------------------------------------------------------------------

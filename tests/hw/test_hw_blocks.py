@@ -14,6 +14,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from axi_model import AxiSlaveModel
+from celosia.config import HwConfig
 from celosia.hw.alu import AluLane, alu_lane_model
 from celosia.hw.arbiter import ReadArbiter
 from celosia.hw.cmd_queue import CommandQueue
@@ -97,6 +98,8 @@ def _interesting(rng):
 
 
 def test_alu_lane_matches_model():
+    """The two-stage lane, fed a new operation every cycle: ``result`` in the next cycle is
+    the model's for every op, ``early`` (the E register) for MIN/MAX/ADD."""
     rng = random.Random(2)
     dut = AluLane()
 
@@ -106,11 +109,31 @@ def test_alu_lane_matches_model():
             ctx.set(dut.op, op)
             ctx.set(dut.x, x)
             ctx.set(dut.y, y)
-            assert ctx.get(dut.r) == alu_lane_model(op, x, y), (op, x, y)
+            await ctx.tick()
+            want = alu_lane_model(op, x, y)
+            assert ctx.get(dut.result) == want, (op, x, y)
+            if op in (0, 1, 2):
+                assert ctx.get(dut.early) == want, (op, x, y)
 
     sim = Simulator(dut)
+    sim.add_clock(1e-6)
     sim.add_testbench(bench)
     sim.run()
+
+
+def test_gemm_tree_stages_match_the_cycle_model():
+    """hw/gemm.py's adder tree and hw/compute.py's stages against the cycle model's rule,
+    for every BLOCK a configuration may have."""
+    from celosia.hw.compute import Compute
+    from celosia.hw.gemm import GemmCore, tree_stages
+    from celosia.sim.cycle_timing import Timing, gemm_tree_stages
+
+    for log_block in range(1, 7):
+        cfg = HwConfig(log_block=log_block, log_inp_buff_size=9 + log_block,  # 512 rows each
+                       log_wgt_buff_size=9 + 2 * log_block, log_acc_buff_size=11 + log_block)
+        assert tree_stages(cfg.block) == gemm_tree_stages(cfg.block) == -(-log_block // 2)
+        assert GemmCore(cfg).latency == 1 + tree_stages(cfg.block)
+        assert Compute(cfg).exec_stage == Timing.from_config(cfg).exec_stage
 
 
 # ---- arbiter --------------------------------------------------------------------------

@@ -141,8 +141,9 @@ def test_single_load_closed_form(mt, x):
     per_elem = x if eb < cfg.bus_bytes else beats
     assert tl.push[0] - tl.start[0] == per_elem + L + 7
     # fetch: batch requested in cycle 2, granted in 3, first beat 4 + L; instruction 0 is
-    # readable after its 16 / bus beats + 1, dispatched then; its module starts a cycle later.
-    assert tl.dispatch[0] == L + 5 + 16 // cfg.bus_bytes
+    # readable after its 16 / bus beats + 1 and the check stages, dispatched then; its module
+    # starts a cycle later.
+    assert tl.dispatch[0] == L + 5 + 16 // cfg.bus_bytes + t.check_stages
     assert tl.start[0] == tl.dispatch[0] + 1
     on_compute = mt not in (MemType.INP, MemType.WGT)  # then FINISH runs after it
     assert stats["cycles"] == tl.push[0] + 1 + (2 if on_compute else 0)
@@ -345,26 +346,93 @@ def gemm_only_image(cfg, uops, **loop):
     return b.image()
 
 
+@pytest.mark.parametrize("cfg", [DEFAULT, SMALL], ids=["default", "small"])
 @pytest.mark.parametrize("n", [1, 5, 64])
-def test_gemm_is_n_plus_3_to_its_push(n):
-    cfg = DEFAULT
-    sim, stats = both(gemm_only_image(cfg, [Uop(i, i, 0) for i in range(n)]))
-    assert sim.timeline.push[1] - sim.timeline.start[1] == n + 3
+def test_gemm_pushes_n_plus_the_pipeline_after_its_start(n, cfg):
+    """A GEMM of n micro-ops pushes n + exec_stage + 2 cycles after its start: issue in
+    t0 + 1 .. t0 + n, the last write exec_stage + 1 later, PUSH the cycle after."""
+    sim, stats = both(gemm_only_image(cfg, [Uop(i, i, 0) for i in range(n)]), cfg)
+    X = sim.timing.exec_stage
+    assert X == 6 + {16: 2, 4: 1}[cfg.block]
+    assert sim.timeline.push[1] - sim.timeline.start[1] == n + X + 2
+    assert stats["compute_stall_pipeline_cycles"] == X + 1
+    assert stats["compute_stall_hazard_cycles"] == 0
 
 
-def test_dependent_micro_ops_do_not_stall():
-    """ACC forwarding: all micro-ops on one row run at one per cycle, GEMM and ALU."""
+def test_dependent_micro_ops_do_not_stall_but_shr_and_mul_do():
+    """Forwarding: GEMM accumulation into one row and MIN/MAX/ADD chains run at one
+    micro-op per cycle; a SHR or MUL micro-op reading the row of the one right before it
+    waits a cycle (hw/compute.py)."""
     cfg = DEFAULT
     n = 10
     sim, _ = both(gemm_only_image(cfg, [Uop(0, i, 0) for i in range(n)]))
-    assert sim.timeline.push[1] - sim.timeline.start[1] == n + 3
+    X = sim.timing.exec_stage
+    assert sim.timeline.push[1] - sim.timeline.start[1] == n + X + 2
+    for op, stalls in ((AluOp.ADD, 0), (AluOp.MAX, 0), (AluOp.SHR, 8), (AluOp.MUL, 8)):
+        b = ProgramBuilder(cfg)
+        base = b.uops([Uop(1, 0), Uop(2, 1), Uop(3, 2)])  # each reads the row the previous wrote
+        b.emit(load(MemType.UOP, 0, base, 3))
+        b.emit(AluInsn(alu_op=op, uop_bgn=0, uop_end=3, iter_out=4))
+        b.emit(FinishInsn())
+        sim, stats = both(b.image())
+        # per pass, micro-ops 1 and 2 read the previous one's dst (3 -> 1 across passes
+        # does not): 2 x 4 stalls
+        assert sim.timeline.push[1] - sim.timeline.start[1] == 12 + stalls + X + 2, op
+        assert stats["compute_stall_hazard_cycles"] == stalls
+
+
+def test_unpipelined_timing_is_the_earlier_rtl():
+    """Timing.unpipelined (the before side of `celosia bench fpga`): GEMM/ALU push in
+    t0 + N + 3 with no stalls, instructions readable the cycle after the DMA delivers them."""
+    from celosia.sim.cycle import CycleSimulator
+    from celosia.sim.cycle_timing import Timing
+
+    cfg = DEFAULT
+    t = Timing.unpipelined(cfg)
     b = ProgramBuilder(cfg)
-    base = b.uops([Uop(1, 0), Uop(2, 1), Uop(3, 2)])  # each reads the row the previous wrote
+    base = b.uops([Uop(1, 0), Uop(2, 1), Uop(3, 2)])
     b.emit(load(MemType.UOP, 0, base, 3))
-    b.emit(AluInsn(alu_op=AluOp.ADD, uop_bgn=0, uop_end=3, iter_out=4))
+    b.emit(AluInsn(alu_op=AluOp.MUL, uop_bgn=0, uop_end=3, iter_out=4))
     b.emit(FinishInsn())
-    sim, _ = both(b.image())
-    assert sim.timeline.push[1] - sim.timeline.start[1] == 12 + 3
+    image = b.image()
+    sim = CycleSimulator(cfg, image.dram.size, timing=t)
+    sim.write_dram(0, image.dram)
+    stats = sim.run(image.insn_addr, image.insn_count)
+    tl = sim.timeline
+    assert tl.push[1] - tl.start[1] == 12 + 3 and stats["compute_stall_hazard_cycles"] == 0
+    assert tl.dispatch[0] == t.read_latency + 5 + 16 // cfg.bus_bytes
+
+
+def _hazards_by_enumeration(insn, dst, src) -> int:
+    """The naive count: every execution in order against the one before it."""
+    rows = [(d + i * insn.dst_factor_out + j * insn.dst_factor_in,
+             s + i * insn.src_factor_out + j * insn.src_factor_in)
+            for i in range(insn.iter_out) for j in range(insn.iter_in)
+            for d, s in zip(dst, src)]
+    return sum(1 for (d0, _), (d1, s1) in zip(rows, rows[1:])
+               if d1 == d0 or (not insn.use_imm and s1 == d0))
+
+
+def test_alu_hazard_count_matches_enumeration():
+    """cycle_timing.alu_hazards (closed form over the loops) against enumerating every pair
+    of consecutive executions, on small random loops where rows often meet."""
+    import random
+
+    from celosia.sim.cycle_timing import alu_hazards
+
+    rng = random.Random(5)
+    for _ in range(3000):
+        u = rng.randint(1, 5)
+        dst = [rng.randrange(4) for _ in range(u)]
+        src = [rng.randrange(4) for _ in range(u)]
+        insn = AluInsn(alu_op=rng.choice(list(AluOp)), use_imm=rng.random() < 0.3,
+                       uop_bgn=0, uop_end=u, iter_out=rng.randint(1, 5),
+                       iter_in=rng.randint(1, 5),
+                       dst_factor_out=rng.randint(0, 3), dst_factor_in=rng.randint(0, 3),
+                       src_factor_out=rng.randint(0, 3), src_factor_in=rng.randint(0, 3))
+        want = (_hazards_by_enumeration(insn, dst, src)
+                if insn.alu_op in (AluOp.SHR, AluOp.MUL) else 0)
+        assert alu_hazards(insn, np.array(dst), np.array(src)) == want, (insn, dst, src)
 
 
 def test_token_wait_serializes():

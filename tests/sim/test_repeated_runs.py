@@ -298,8 +298,15 @@ def _previous_stats(tl, cfg, counters: dict) -> dict:
             rooms.append((tl.push_q[mask, col], wait))
         run = tl.done[mask] - tl.start[mask]
         bus, dram = tl.rd_wait[mask], tl.rd_lat[mask] + write_wait[mask]
-        row = {f"{name}_busy_cycles": int((run - bus - dram + 1).sum()),
-               f"{name}_stall_cmdq_empty_cycles": int(cmd.sum())}
+        row = {f"{name}_busy_cycles": int((run - bus - dram + 1).sum())}
+        if name == "compute":  # GEMM/ALU: the pipeline's drain and the hazard stalls
+            drain = sum(t.exec_stage + 1 for i in tl.insns if isinstance(i, (GemmInsn, AluInsn))
+                        and i.iter_out * i.iter_in * (i.uop_end - i.uop_bgn))
+            hazard = sum(tl.stalls.values())
+            row[f"{name}_busy_cycles"] -= drain + hazard
+            row["compute_stall_pipeline_cycles"] = drain
+            row["compute_stall_hazard_cycles"] = hazard
+        row[f"{name}_stall_cmdq_empty_cycles"] = int(cmd.sum())
         for q in _POPS[name]:
             row[f"{name}_stall_token_{_QUEUE_ENDS[q][0]}_cycles"] = int(
                 sum(w[qs == q].sum() for qs, w in tokens))

@@ -1,14 +1,14 @@
-"""The ALU lane (combinational) against hw/alu.py's naive model: random operations on
-corner values (0, +-1, shift amounts around 31/32, INT32_MIN/MAX) and random words."""
+"""The ALU lane (two stages) against hw/alu.py's naive model: a new random operation every
+cycle on corner values (0, +-1, shift amounts around 31/32, INT32_MIN/MAX) and random
+words; ``result`` one cycle after the operands for every op, ``early`` for MIN/MAX/ADD."""
 
 from __future__ import annotations
 
 import cocotb
-from cocotb.triggers import Timer
 
 from celosia.hw.alu import alu_lane_model
 
-from .common import Block, get_signed, put, rng_for
+from .common import Block, drive, get_signed, put, rng_for, settle, start
 
 VECTORS = 4000
 
@@ -23,11 +23,18 @@ def _interesting(rng):
 async def alu_lane(dut):
     alu = Block(dut, "alu")
     rng = rng_for("alu")
-    for n in range(VECTORS):
-        op, x, y = rng.randrange(5), _interesting(rng), _interesting(rng)
-        put(alu.op, op)
-        put(alu.x, x)
-        put(alu.y, y)
-        await Timer(1, unit="ns")
-        got = get_signed(alu.r)
-        assert got == alu_lane_model(op, x, y), (n, op, x, y, got)
+    await start(dut)
+    prev = None
+    for n in range(VECTORS + 1):
+        await drive()
+        if prev is not None:  # the operation presented in the cycle before
+            op, x, y = prev
+            want = alu_lane_model(op, x, y)
+            got = get_signed(alu.result)
+            assert got == want, (n, op, x, y, got)
+            if op in (0, 1, 2):
+                assert get_signed(alu.early) == want, (n, op, x, y)
+        prev = rng.randrange(5), _interesting(rng), _interesting(rng)
+        for port, value in zip((alu.op, alu.x, alu.y), prev):
+            put(port, value)
+        await settle()

