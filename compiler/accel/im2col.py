@@ -38,6 +38,7 @@ from celosia.config import HwConfig
 from celosia.errors import CompilerError
 
 from ..graph.ir import Graph, Node
+from .ops import _ConvOutput
 
 __all__ = ["Windows", "windows_of", "fits", "candidate", "layer", "pack", "plan", "LAYOUT"]
 
@@ -45,7 +46,7 @@ LAYOUT = "im2col"  # the staged operand's layout name (program manifests)
 
 
 @dataclass(frozen=True)
-class Windows:
+class Windows(_ConvOutput):
     """The geometry of a convolution's windows: input [n, c, h, w], kernel kh x kw, strides
     (rows, columns), pads (top, left, bottom, right), the padding's value ``z``."""
 
@@ -61,14 +62,6 @@ class Windows:
     # int8 values the runtime writes into the lanes past kh x kw x C (the bias lanes,
     # ``bias_lanes``); zeros past them
     lanes: tuple = ()
-
-    @property
-    def oh(self) -> int:
-        return (self.h + self.pads[0] + self.pads[2] - self.kh) // self.strides[0] + 1
-
-    @property
-    def ow(self) -> int:
-        return (self.w + self.pads[1] + self.pads[3] - self.kw) // self.strides[1] + 1
 
     @property
     def channels(self) -> int:
