@@ -73,7 +73,8 @@ def run_demo(*, target: str = "cycle", config: HwConfig | None = None, out_dir: 
     if summary["cycles"] is not None:
         per = summary["cycles"] / len(y)
         print(f"\n  {summary['cycles']:,} accelerator cycles for {len(y)} digits ({per:,.0f} per "
-              f"digit, {summary['accel_ms'] / len(y) * 1e3:.1f} us at {config.clock_mhz:g} MHz);\n"
+              f"digit, {summary['accel_ms'] / len(y) * 1e3:.1f} us at "
+              f"{summary['clock']['text']});\n"
               f"  utilisation {summary['utilization']:.1%} (the model's own multiply-adds over "
               f"cycles x {config.macs_per_cycle} MACs per cycle), padding overhead "
               f"{summary['padding_overhead']:+.0%} (GEMM work on channels padded to "

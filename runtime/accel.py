@@ -912,6 +912,9 @@ class AccelModel:
         cpu_ms = sum(r["cpu_ms"] for r in rows)
         layout_ms = sum(r["layout_ms"] for r in rows)
         total = accel_ms + cpu_ms + layout_ms
+        from ..fpga.clock import clock_status
+
+        clock = clock_status(self.config)
         return {
             "nodes": len(rows), "accel_nodes": len(accel), "cpu_nodes": len(rows) - len(accel),
             "cycles": cycles, "accel_ms": accel_ms if timed else None, "cpu_ms": cpu_ms,
@@ -927,6 +930,10 @@ class AccelModel:
             "padding_overhead": padding_overhead(gemm_macs, macs),
             "macs": macs, "gemm_macs": gemm_macs,
             "clock_mhz": self.config.clock_mhz,
+            # whether place and route has met that clock, and the time at its Fmax if not
+            "clock": clock,
+            "accel_ms_at_fmax": (cycles / (clock["fmax_mhz"] * 1e3)
+                                 if timed and clock["met"] is False else None),
         }
 
 

@@ -40,11 +40,21 @@ def format_table(rows: list[dict], summary: dict) -> str:
     lines.append("-" * len(head))
     cyc = f"{s['cycles']:,} cycles" if s["cycles"] is not None else "untimed target"
     lines.append(f"{s['accel_nodes']} nodes on the accelerator ({cyc}, "
-                 f"{_fmt(s['accel_ms'], '.3f')} ms at {s['clock_mhz']:g} MHz, utilisation "
+                 f"{_fmt(s['accel_ms'], '.3f')} ms at {_clock(s)}, utilisation "
                  f"{_fmt(s['utilization'], '.1%')} of real multiply-adds, padding overhead "
                  f"{_fmt(s.get('padding_overhead'), '+.1%')}), {s['cpu_nodes']} on the CPU "
                  f"({s['cpu_ms']:.3f} ms) + layout {s['layout_ms']:.3f} ms")
     return "\n".join(lines)
+
+
+def _clock(s: dict) -> str:
+    """The claimed clock and what place and route has shown of it (fpga/clock.py)."""
+    clock = s.get("clock")
+    if clock is None:
+        return f"{s['clock_mhz']:g} MHz"
+    if clock["met"] is False and s.get("accel_ms_at_fmax") is not None:
+        return f"{clock['text']}; {s['accel_ms_at_fmax']:.3f} ms at its Fmax"
+    return clock["text"]
 
 
 def write_json(path, data: dict) -> None:
