@@ -110,11 +110,9 @@ def _synth(metrics: dict, details: dict) -> None:
         for key in ("lut", "ff", "bram", "bram36", "dsp", "logic_depth"):
             if report.get(key) is not None:
                 metrics[f"{prefix}_{key}"] = report[key]
-        if part_name == "xc7z020":
-            metrics[f"{prefix}_fits"] = int(report["fits"])
-        else:
+        metrics[f"{prefix}_fits"] = int(report["fits"])
+        if part_name != "xc7z020":  # place and routed: an Fmax
             metrics[f"{prefix}_fmax_mhz"] = report.get("fmax_mhz")
-            metrics[f"{prefix}_fits"] = int(report["fits"])
 
 
 def _resnet_layers(quick: bool, metrics: dict, details: dict) -> None:

@@ -51,11 +51,14 @@ def _int32(v: int) -> int:
 # ---- the arithmetic of qops.py ----------------------------------------------------------
 
 
-def requantize_rounded(t, shift):
+def requantize_rounded(t, shift, zero_point=None):
     """qops' ``clip(wrap(t + 2**(shift-1)) >> shift, -128, 127)`` of an int32 ``t``, as
-    int8 (``shift`` an int32 expression, 1..31)."""
+    int8 (``shift`` an int32 expression, 1..31); ``zero_point`` (an expression) is added
+    after the shift, before the clip."""
     half = as_expr(1, t) << (shift - as_expr(1, shift))
     t = (t + half) >> shift
+    if zero_point is not None:
+        t = t + zero_point
     return min_expr(max_expr(t, as_expr(-128, t)), as_expr(127, t)).astype(I8)
 
 
@@ -68,10 +71,7 @@ def qaddz_value(a, b, p):
     """qops.qadd with zero points: ``wrap((a - za) * ma + (b - zb) * mb)``, requantized,
     zo added before the clip; p = [ma, mb, shift, za, zb, zo]."""
     t = (a.astype(I32) - p[3]) * p[0] + (b.astype(I32) - p[4]) * p[1]
-    shift = p[2]
-    half = as_expr(1, t) << (shift - as_expr(1, shift))
-    t = ((t + half) >> shift) + p[5]
-    return min_expr(max_expr(t, as_expr(-128, t)), as_expr(127, t)).astype(I8)
+    return requantize_rounded(t, p[2], p[5])
 
 
 def qmul_value(a, b, p):
@@ -83,10 +83,7 @@ def qmulz_value(a, b, p):
     """qops.qmul with zero points: ``wrap((a - za) * (b - zb) * m)``, requantized, zo added
     before the clip; p = [m, shift, za, zb, zo]."""
     t = (a.astype(I32) - p[2]) * (b.astype(I32) - p[3]) * p[0]
-    shift = p[1]
-    half = as_expr(1, t) << (shift - as_expr(1, shift))
-    t = ((t + half) >> shift) + p[4]
-    return min_expr(max_expr(t, as_expr(-128, t)), as_expr(127, t)).astype(I8)
+    return requantize_rounded(t, p[1], p[4])
 
 
 def qmatmul_value(acc, p):
