@@ -325,6 +325,8 @@ def run_host_node(node, prog: dict, inputs: list, ex, cfg, graph) -> tuple[tuple
 def _check_products(f, node, graph, image_bytes: int) -> list[dict]:
     """A node's products in a .cel manifest (runtime/schema.py), against the node: one per
     product, programs and buffers inside the image."""
+    from ..compiler.accel.wide import WideSpec, out_planes
+
     want = _products_of(node, graph)
     out = []
     for p in f.list():
@@ -345,8 +347,9 @@ def _check_products(f, node, graph, image_bytes: int) -> list[dict]:
             raise p.fail(f"has m, o, k {rec['m']}, {rec['o']}, {rec['k']}, the product is "
                          f"{m}, {w.shape[0]}, {w.shape[1]}")
         # the result's byte planes: 4 (int32), 4 per accumulator (exact), 8 (carries)
-        mode, accumulators = rec["spec"][5], rec["spec"][3] + rec["spec"][4] - 1
-        planes = {0: 4, 1: 4 * accumulators, 2: 8}.get(mode)
+        mode = rec["spec"][5]
+        planes = out_planes(WideSpec(*rec["spec"][:5], exact=mode >= 1, carry=mode == 2)) \
+            if mode in (0, 1, 2) else None
         if planes is None or len(rec["out_shape"]) != 5 or rec["out_shape"][0] != planes:
             raise p.fail(f"has spec {rec['spec']} (its last: 0 int32, 1 exact, 2 exact with "
                          f"carries) and result planes {rec['out_shape'][:1]}, which do not "

@@ -128,14 +128,9 @@ class WideBorder:
         gather()
         if self.mode != 1:
             return result
-        acc = result
-        total = acc[..., 0].astype(np.int64)
-        for i in range(1, self.planes // 4):  # sum_i acc_i * 256**(n-1-i), Horner's rule
-            total *= 256
-            total += acc[..., i]
-        if self.correction is not None:
-            total += self.correction[:self.o]
-        return total
+        from ..compiler.accel.wide import sum_accumulators
+
+        return sum_accumulators(result, self.correction)
 
     def _gather(self, m: int) -> tuple:
         """(the bound kernel gathering the byte planes of ``m`` result rows into each

@@ -52,7 +52,7 @@ from .ops_alu import AluProgram
 __all__ = ["WideSpec", "WideKnobs", "wide_knobs", "wide_dense", "split_activation",
            "split_weight", "pack_wide_activation", "pack_wide_weight", "wide_correction",
            "unpack_acc32", "wide_weight_problem", "WEIGHT16_MAX", "combine_exact",
-           "exact_correction", "carry_correction", "carry_plan", "exact_in_int32", "unpack_int64",
+           "exact_correction", "sum_accumulators", "carry_correction", "carry_plan", "exact_in_int32", "unpack_int64",
            "out_planes"]
 
 WEIGHT16_MAX = 32639  # the largest int16 weight whose signed digits are both int8
@@ -440,15 +440,21 @@ def combine_exact(planes: np.ndarray, m: int, o: int, correction=None) -> np.nda
     activations)."""
     n = planes.shape[0] // 4
     _, mb, ob, b, k = planes.shape
-    if b == 1:  # one gather of every accumulator's bytes, then the int64 sum in one product
+    if b == 1:  # one gather of every accumulator's bytes
         words = _gather_bytes(planes.reshape(4 * n, mb * ob * k)).view("<i4")  # [M * O, n]
-        total = (words.astype(np.int64) @ (256 ** np.arange(n - 1, -1, -1, dtype=np.int64)))
-        total = total.reshape(mb, ob * k)[:m, :o]
+        acc = words.reshape(mb, ob * k, n)[:m, :o]
     else:
-        total = np.zeros((m, o), np.int64)
-        for i in range(n):
-            total = total * 256 + unpack_acc32(planes[4 * i:4 * i + 4], m, o)
-    return total if correction is None else total + correction[:o]
+        acc = np.stack([unpack_acc32(planes[4 * i:4 * i + 4], m, o) for i in range(n)], -1)
+    return sum_accumulators(acc, correction)
+
+
+def sum_accumulators(acc: np.ndarray, correction=None) -> np.ndarray:
+    """An exact program's int32 accumulators ``acc`` [..., O, n] (the most significant
+    first) as the int64 product [..., O]: ``sum_i acc_i * 256**(n-1-i)``, plus
+    ``correction`` per output channel (``exact_correction``, int16 activations)."""
+    n = acc.shape[-1]
+    total = acc.astype(np.int64) @ (256 ** np.arange(n - 1, -1, -1, dtype=np.int64))
+    return total if correction is None else total + correction[:total.shape[-1]]
 
 
 def exact_correction(w: np.ndarray) -> np.ndarray:
