@@ -454,9 +454,7 @@ class AccelModel:
                 for o in n.outputs if o}
         cpu_reads = {i for n in graph.nodes if n.name not in self.programs and
                      n.name not in self.packed for i in n.inputs if i} | set(graph.outputs)
-        # values the runtime packs only as a layer's windows (compiler/accel/im2col.py)
-        windowed = {st["value"] for p in self.programs.values() for st in p.get("staged", ())
-                    if st["layout"] == "im2col"}
+        windowed = _windowed(self.programs.values())
         for name, v in self.values.items():
             shape = graph.types[name].shape
             if "of" in v or v.get("layout") or len(shape) not in (3, 4) or name in windowed:
@@ -653,8 +651,7 @@ class AccelModel:
                 shown(k + 1)
             elif prog is not None:
                 packed = False
-                windowed = {st["value"] for st in prog.get("staged", ())
-                            if st["layout"] == im2col.LAYOUT}
+                windowed = _windowed([prog])
                 for name in dram_reads(node):
                     if name and name not in in_dram and name not in windowed:
                         v = self.values[name]
@@ -935,6 +932,15 @@ class AccelModel:
             "accel_ms_at_fmax": (cycles / (clock["fmax_mhz"] * 1e3)
                                  if timed and clock["met"] is False else None),
         }
+
+
+def _windowed(programs) -> set:
+    """The values the runtime packs as a layer's im2col windows (compiler/accel/im2col.py)
+    in these program records."""
+    from ..compiler.accel.im2col import LAYOUT
+
+    return {st["value"] for p in programs for st in p.get("staged", ())
+            if st["layout"] == LAYOUT}
 
 
 def _pack(x: np.ndarray, cfg, layout: str | None = None, out: np.ndarray | None = None):

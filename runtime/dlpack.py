@@ -1,7 +1,8 @@
 """DLPack tensors in and out of a compiled CPU model, without copies where the layout allows.
 
-``CpuModel.run(feeds, out=...)`` takes any object with ``__dlpack__`` (numpy arrays, PyTorch
-tensors, JAX or TensorFlow CPU arrays) as an input and any writable one as an output buffer.
+``CpuModel.run_dlpack(feeds, out=...)`` (and ``CpuModel.run``, given such a tensor) takes any
+object with ``__dlpack__`` (numpy arrays, PyTorch tensors, JAX or TensorFlow CPU arrays) as an
+input and any writable one as an output buffer.
 Each is seen as a numpy array over the same memory (``np.from_dlpack``: no copy). Then:
 
 - an input the compiled kernels read directly (every step that reads it is a kernel, no view
@@ -69,7 +70,7 @@ class ZeroCopy:
                       and v not in program.constants
                       and not (v in program.inputs and v in program.outputs)}
         self.types = {v: (np.dtype(program.values[v]["dtype"]), tuple(program.values[v]["shape"]))
-                      for v in names if not executor._dynamic & {v}}
+                      for v in names if v not in executor._dynamic}
         self.last: dict = {"inputs": [], "outputs": []}
 
     def _fits(self, name: str, a: np.ndarray, write: bool) -> bool:
@@ -77,9 +78,10 @@ class ZeroCopy:
                 and (a.dtype, a.shape) == self.types[name]
                 and (a.flags.writeable or not write))
 
-    def run(self, feeds: dict, out: dict | None = None, **kw) -> dict:
+    def run(self, arrays: dict, out: dict | None = None, **kw) -> dict:
+        """Run on input ``arrays`` (numpy, already checked: ``CpuModel.run_dlpack``), the
+        outputs in ``out``'s tensors where given (module doc)."""
         program = self.ex.program
-        arrays = {n: as_array(x, f"input {n!r}") for n, x in feeds.items()}
         outs = {}
         for n, x in (out or {}).items():
             if n not in program.outputs:
