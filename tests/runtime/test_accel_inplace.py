@@ -22,8 +22,8 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
-def _conv(rng, name, x, y, cin, cout, k=3, group=1):
-    w = rng.normal(0, 1 / np.sqrt(cin // group * k * k), (cout, cin // group, k, k))
+def _conv(rng, name, x, y, cin, cout, k=3, group=1, gain=1.0):
+    w = rng.normal(0, gain / np.sqrt(cin // group * k * k), (cout, cin // group, k, k))
     b = rng.normal(0, 0.3, cout)
     return ([helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [y], kernel_shape=[k, k],
                               pads=[k // 2] * 4, group=group)],

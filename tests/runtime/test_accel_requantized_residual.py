@@ -7,27 +7,19 @@ fsim and the cycle model."""
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 from onnx_builders import make_model, vi
 
 from celosia.compiler.graph.qtable import table_input_range
 from celosia.compiler.graph.reference import run_graph
 from celosia.compiler.pipeline import quantize_model
 from celosia.runtime.accel import AccelModel, compare_outputs
+from tests.runtime.test_accel_inplace import _conv
 
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
-def _conv(rng, name, x, y, cin, cout, k=3, group=1, gain=1.0):
-    w = rng.normal(0, gain / np.sqrt(cin // group * k * k), (cout, cin // group, k, k))
-    b = rng.normal(0, 0.3, cout)
-    return ([helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [y], kernel_shape=[k, k],
-                              pads=[k // 2] * 4, group=group)],
-            [numpy_helper.from_array(w.astype(np.float32), f"{name}_w"),
-             numpy_helper.from_array(b.astype(np.float32), f"{name}_b")])
 
 
 def _model(rng, cin, c, hw, n):
