@@ -174,6 +174,13 @@ def _accel_build(args) -> bool:
         raise CelosiaError("--int8-residuals goes with --quantize int8")
     if args.no_bias_correction and not args.quantize:
         raise CelosiaError("--no-bias-correction goes with --quantize int8")
+    if args.targets is not None:
+        if args.target == "cpu" and not args.quantize:
+            raise CelosiaError("--targets goes with an accelerator build (--target fsim, "
+                               "cycle or rtl, or --quantize int8)")
+        from .runtime.targets import target_order
+
+        target_order(args.targets)  # an unknown target fails before the build
     if args.smooth is not None:
         from .compiler.graph.smooth import check_alpha
 
@@ -206,6 +213,18 @@ def _progress(enabled: bool):
     return lambda line: print(line, file=sys.stderr, flush=True)
 
 
+def cmd_targets(args) -> int:
+    from .runtime.targets import available_targets
+
+    rows = available_targets()
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:<10} not loaded: {r['error']}")
+        else:
+            print(f"{r['name']:<10} {r['description']}\n{'':<10} ({r['origin']})")
+    return 1 if any("error" in r for r in rows) else 0
+
+
 def cmd_compile(args) -> int:
     from .runtime.cpu import CpuModel, is_artifact
 
@@ -221,7 +240,8 @@ def cmd_compile(args) -> int:
                                      calibration_method=args.calibration_method or "mse",
                                      smooth=args.smooth, int8_residuals=args.int8_residuals,
                                      bias_correction=not args.no_bias_correction,
-                                     progress=_progress(args.progress))
+                                     progress=_progress(args.progress),
+                                     targets=args.targets)
         model.save(args.output)
         info = model.build_info
         print(f"wrote {args.output}: {info['nodes']} nodes, {info['accel_nodes']} on the "
@@ -417,10 +437,11 @@ def _run_accel(args, artifact: bool) -> int:
     progress = _progress(args.progress)
     if artifact:
         if args.quantize or args.calibration or args.calibration_method or args.input_shape \
-                or args.smooth is not None or args.int8_residuals or args.no_bias_correction:
+                or args.smooth is not None or args.int8_residuals or args.no_bias_correction \
+                or args.targets:
             raise CelosiaError(f"{args.model} is built already: --quantize, --calibration, "
                                f"--calibration-method, --smooth, --int8-residuals, "
-                               f"--no-bias-correction and "
+                               f"--no-bias-correction, --targets and "
                                f"--input-shape apply to ONNX models")
         model = AccelModel.load(args.model)
         if args.config and _config(args.config) != model.config:
@@ -433,7 +454,7 @@ def _run_accel(args, artifact: bool) -> int:
                                      calibration_method=args.calibration_method or "mse",
                                      smooth=args.smooth, int8_residuals=args.int8_residuals,
                                      bias_correction=not args.no_bias_correction,
-                                     progress=progress)
+                                     progress=progress, targets=args.targets)
     cpu = None
     if args.target == "cpu" or "cpu" in compares:  # the all-CPU build, made at most once
         cpu = model if not model.programs else model.cpu_build()
@@ -733,6 +754,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "`run` takes them from the --input arrays when left out")
         p.add_argument("--progress", action="store_true",
                        help="one line per layer compiled and per node run (stderr)")
+        p.add_argument("--targets", metavar="accel,NAME,...",
+                       help="accelerator builds: the code generation targets to partition "
+                            "between, in order of preference (plug-ins included; `celosia "
+                            "targets` lists them; default accel,cpu)")
+
+    p = sub.add_parser("targets", help="list the code generation targets (built-in and "
+                                       "plug-ins) and plug-ins that failed to load")
+    p.set_defaults(func=cmd_targets)
 
     p = sub.add_parser("compile", help="build an ONNX model for a target into one file (.cel)")
     p.add_argument("model", help="ONNX model (.onnx), or a CPU .cel to build again from the "

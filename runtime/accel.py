@@ -131,7 +131,7 @@ class AccelModel:
     def __init__(self, graph, config: HwConfig, placements: dict, programs: dict,
                  values: dict, image: np.ndarray, *, segments: list | None = None,
                  source: bytes | None = None, build_info: dict | None = None,
-                 packed: set | None = None):
+                 packed: set | None = None, external: list | None = None):
         self.graph = graph
         self.config = config
         self.placements = placements  # node name -> Placement
@@ -139,6 +139,9 @@ class AccelModel:
         self.values = values          # value name -> {"addr", "shape" (packed)}
         self.image = image            # DRAM bytes [0, len)
         self.segments = segments or []  # [(node names, CpuModel)]: compiled CPU parts
+        # [(target name, node names, module)]: partitions of plug-in targets
+        # (runtime/targets.py)
+        self.external = external or []
         self.source = source
         self.build_info = build_info or {}
         self.report: list[dict] = []
@@ -154,8 +157,11 @@ class AccelModel:
 
     @classmethod
     def build(cls, graph, config=None, *, accelerate: bool = True, tune_top: int = 4,
-              progress=None, source: bytes | None = None) -> "AccelModel":
-        """Partition, compile and place a quantized graph (see the module docstring)."""
+              progress=None, source: bytes | None = None, targets=None) -> "AccelModel":
+        """Partition, compile and place a quantized graph (see the module docstring).
+        ``targets``: the targets to partition between, in order of preference (names
+        registered in runtime/targets.py; default accel, cpu); plug-in targets' partitions
+        are built by their targets and run on the host."""
         from celosia.errors import CompilerError
 
         from ..compiler.accel.partition import in_dram, packed_nodes
@@ -185,7 +191,14 @@ class AccelModel:
         cfg = HwConfig.load(config)
         if accelerate:  # a layer read only through channel slices: a layer per slice
             graph = split_sliced_layers(graph)
-        placements = annotate(graph, cfg, accelerate=accelerate)
+        refusals = {}
+        if accelerate and targets is not None:
+            from .targets import place
+
+            placed = place(graph, cfg, targets)
+            placements, refusals = placed.placements, placed.refusals
+        else:
+            placements = annotate(graph, cfg, accelerate=accelerate)
         accel = [n for n in graph.nodes if placements[n.name].target == "accel"]
         producer = {o: n for n in graph.nodes for o in n.outputs if o}
         compiled, views, windows = {}, [], {}
@@ -329,8 +342,12 @@ class AccelModel:
         t0 = time.perf_counter()
         shapes = {k: s for k, (_, s, _) in values.items()}
         segments = _cpu_segments(graph, placements, progress, packed, shapes)
+        cpu_s = time.perf_counter() - t0
+        external = _external_partitions(graph, placements, progress)
         info = {"nodes": len(graph.nodes), "accel_nodes": len(programs),
-                "cpu_segments": len(segments), "cpu_compile_s": time.perf_counter() - t0,
+                "cpu_segments": len(segments), "cpu_compile_s": cpu_s,
+                **({"external": [{"target": t, "nodes": len(n)} for t, n, _ in external],
+                    "refusals": refusals} if external or refusals else {}),
                 "regions": len(set(region_of.values())), "dram_bytes": int(image.size),
                 "instructions": sum(p["insn_count"] for p in programs.values()),
                 "total_s": time.perf_counter() - start}
@@ -340,7 +357,7 @@ class AccelModel:
                         **({"of": r} if r else {})}
                     for k, (b, s, r) in values.items()},
                    image, segments=segments, source=source, build_info=info,
-                   packed=packed)._warm_layouts()
+                   packed=packed, external=external)._warm_layouts()
 
     @classmethod
     def from_onnx(cls, model, config=None, *, input_shapes: dict | None = None,
@@ -348,7 +365,7 @@ class AccelModel:
                   progress=None, calibration_method: str = "mse",
                   smooth: float | None = None,
                   int8_residuals: bool = False,
-                  bias_correction: bool = True) -> "AccelModel":
+                  bias_correction: bool = True, targets=None) -> "AccelModel":
         """Import an ONNX model (path, bytes or ModelProto), quantize it to int8 (with
         ``calibration``: an .npz path or {input: samples}; a QDQ model needs none) and build
         it for ``target`` (``"cpu"``: the all-CPU build of the same quantized graph).
@@ -356,7 +373,8 @@ class AccelModel:
         (compiler/graph/calib.py); ``smooth``: the SmoothQuant alpha (compiler/graph/smooth.py;
         None or 0 for none, quantize_model's default); ``int8_residuals``: dense layers'
         residual sums int8 rather than float (compiler/graph/residual.py);
-        ``bias_correction``: compiler/graph/biascorr.py (on by default)."""
+        ``bias_correction``: compiler/graph/biascorr.py (on by default); ``targets``: the
+        targets to partition between (``build``)."""
         from ..compiler.frontend.onnx import import_onnx
         from ..compiler.graph.quantize import CalibrationError
         from ..compiler.pipeline import quantize_model
@@ -379,7 +397,7 @@ class AccelModel:
             progress(f"quantized to int8: {n} integer conv/dense layers "
                      f"({time.perf_counter() - start:.2f} s)")
         built = cls.build(qgraph, config, accelerate=target != "cpu", tune_top=tune_top,
-                          progress=progress, source=_model_bytes(model))
+                          progress=progress, source=_model_bytes(model), targets=targets)
         built.build_info["target"] = target
         built.build_info["total_s"] = time.perf_counter() - start
         return built
@@ -401,11 +419,20 @@ class AccelModel:
             "programs": self.programs, "values": self.values, "build": self.build_info,
             "segments": [names for names, _ in self.segments],
             "in_place": sorted(self.packed),
+            "external": [{"target": t, "nodes": names} for t, names, _ in self.external],
         }
         members = {name: npy_bytes(a) for name, a in consts.items()}
         members["dram.npy"] = npy_bytes(self.image)
         for k, (_, cpu) in enumerate(self.segments):
             members[f"cpu/{k}.cel"] = cpu.to_bytes()
+        for k, (t, names, module) in enumerate(self.external):
+            data = module.to_bytes()
+            if not isinstance(data, (bytes, bytearray)):
+                from .targets import TargetError
+
+                raise TargetError(f"target {t!r}: to_bytes() of its module for nodes "
+                                  f"{names[0]!r}.. returned {type(data).__name__}, not bytes")
+            members[f"external/{k}.bin"] = bytes(data)
         if self.source is not None:
             members["model.onnx"] = self.source
         write_artifact(path, manifest, members, deflate=True)
@@ -433,10 +460,13 @@ class AccelModel:
             build = a.check(schema.build_info)
             segments = [(n, CpuModel.load(a.read(f"cpu/{k}.cel"), f"{a.where}: cpu/{k}.cel"))
                         for k, n in enumerate(names)]
+            parts_ext = a.check(schema.check_external, graph, parts["placements"])
+            external = [(t, n, _load_partition(t, n, a.read(f"external/{k}.bin"), a.where))
+                        for k, (t, n) in enumerate(parts_ext)]
             source = a.read("model.onnx") if a.has("model.onnx") else None
             model = cls(graph, cfg, parts["placements"], parts["programs"], parts["values"],
                         image, segments=segments, source=source, build_info=build,
-                        packed=packed)
+                        packed=packed, external=external)
             problem = model._flow_problem()
             if problem:
                 raise a.error(problem, "manifest.json")
@@ -478,8 +508,17 @@ class AccelModel:
         graph = self.graph
         made = set(graph.inputs) | set(graph.initializers)
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
+        external_of = {names[0]: (t, names) for t, names, _ in self.external}
         for node in graph.nodes:
-            if node.name in self.programs and self.programs[node.name]["kind"] in HOST_KINDS:
+            if node.name in external_of:
+                t, names = external_of[node.name]
+                ins, outs = _partition_values(graph, names)
+                missing = [v for v in ins if v not in made]
+                if missing:
+                    return (f"the {t!r} partition of {names[0]!r} reads {missing[0]!r} before "
+                            f"it is made")
+                made.update(outs)
+            elif node.name in self.programs and self.programs[node.name]["kind"] in HOST_KINDS:
                 missing = [v for v in node.inputs if v and v not in made]
                 if missing:
                     return f"accelerator node {node.name!r} reads {missing[0]!r} before it is made"
@@ -603,6 +642,7 @@ class AccelModel:
                                      self._host_buffer(name))
 
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
+        external_of = {names[0]: (t, names, m) for t, names, m in self.external}
         rows: dict[str, dict] = {}
         for node in graph.nodes:
             rows[node.name] = {"node": node.name, "op": node.op, "target": "cpu",
@@ -625,7 +665,28 @@ class AccelModel:
             row = rows[node.name]
             t0 = time.perf_counter()
             prog = self.programs.get(node.name)
-            if prog is not None and prog["kind"] in HOST_KINDS:
+            if node.name in external_of:
+                # A plug-in target's partition: its inputs on the host, its outputs kept
+                # there (runtime/targets.py).
+                t, names, module = external_of[node.name]
+                ins, outs = _partition_values(graph, names)
+                read = crossings["to_cpu"]
+                for name in ins:
+                    to_host(name)
+                t1 = time.perf_counter()
+                results = _run_partition(t, names, module, {v: host[v] for v in ins},
+                                         {v: graph.types[v] for v in outs})
+                t2 = time.perf_counter()
+                for name, value in results.items():
+                    host[name] = value
+                    in_dram.discard(name)
+                for name in names:
+                    rows[name]["target"] = t
+                rows[names[0]]["cpu_ms"] = (t2 - t1) * 1e3
+                rows[names[0]]["layout_ms"] = ((t1 - t0) * 1e3
+                                               if crossings["to_cpu"] > read else 0.0)
+                shown(k + len(names))
+            elif prog is not None and prog["kind"] in HOST_KINDS:
                 # Values on the host; the layer packs its products' operands itself.
                 for name in node.inputs:
                     to_host(name)
@@ -999,6 +1060,110 @@ def _flat_types(graph, names, packed: set, shapes: dict) -> dict:
             for n in nodes for v in (*dram_reads(n), n.outputs[0])}
 
 
+def _partition_values(graph, names) -> tuple[list, list]:
+    """The values a run of consecutive nodes reads from outside it (not constants), and
+    those it makes that are read after it or are graph outputs."""
+    chosen = set(names)
+    nodes = [n for n in graph.nodes if n.name in chosen]
+    start = graph.nodes.index(nodes[0])
+    later = {i for n in graph.nodes[start + len(nodes):] for i in n.inputs if i}
+    later |= set(graph.outputs)
+    produced = {o for n in nodes for o in n.outputs if o}
+    reads = [i for n in nodes for i in n.inputs if i]
+    inputs = list(dict.fromkeys(i for i in reads
+                                if i not in produced and i not in graph.initializers))
+    outputs = [o for n in nodes for o in n.outputs if o and o in later]
+    return inputs, outputs
+
+
+def _partition_graph(graph, names, name: str):
+    """A run of consecutive nodes as a Graph of its own (``_partition_values``' inputs and
+    outputs, the constants it reads)."""
+    from ..compiler.graph.ir import Graph
+
+    chosen = set(names)
+    nodes = [n for n in graph.nodes if n.name in chosen]
+    inputs, outputs = _partition_values(graph, names)
+    produced = {o for n in nodes for o in n.outputs if o}
+    reads = [i for n in nodes for i in n.inputs if i]
+    inits = {i: graph.initializers[i] for i in reads if i in graph.initializers}
+    types = {v: graph.types[v] for v in (*inputs, *produced, *inits)}
+    return Graph(name, tuple(inputs), tuple(outputs), tuple(nodes), inits, types)
+
+
+def _external_partitions(graph, placements: dict, progress=None) -> list:
+    """Each maximal run of consecutive nodes placed on one plug-in target, built by that
+    target: [(target name, node names, module)] (runtime/targets.py)."""
+    from .targets import BUILTIN, TargetError, get_target
+
+    runs: list[tuple[str, list]] = []
+    for node in graph.nodes:
+        t = placements[node.name].target
+        if t in BUILTIN:
+            continue
+        k = graph.nodes.index(node)
+        if runs and runs[-1][0] == t and graph.nodes[k - 1].name == runs[-1][1][-1]:
+            runs[-1][1].append(node.name)
+        else:
+            runs.append((t, [node.name]))
+    out = []
+    for k, (t, names) in enumerate(runs):
+        if not _partition_values(graph, names)[1]:
+            raise TargetError(f"the {t!r} partition of {names[0]!r} makes nothing read after "
+                              f"it; its nodes would be dead code")
+        target = get_target(t)
+        t0 = time.perf_counter()
+        sub = _partition_graph(graph, names, f"{graph.name}_{t}{k}")
+        try:
+            module = target.build(sub)
+        except TargetError:
+            raise
+        except Exception as e:
+            raise TargetError(f"target {t!r} failed to build its partition of "
+                              f"{len(names)} nodes ({names[0]!r}..): {type(e).__name__}: "
+                              f"{e}") from e
+        for method in ("run", "to_bytes"):
+            if not callable(getattr(module, method, None)):
+                raise TargetError(f"target {t!r}: build() returned {type(module).__name__}, "
+                                  f"which has no {method}() method")
+        if progress:
+            progress(f"{t} partition {k}: {len(names)} nodes ({', '.join(names[:4])}"
+                     f"{', ...' if len(names) > 4 else ''}) built in "
+                     f"{time.perf_counter() - t0:.2f} s")
+        out.append((t, names, module))
+    return out
+
+
+def _load_partition(target: str, names, data: bytes, where: str):
+    from .targets import TargetError, get_target
+
+    try:
+        t = get_target(target)
+    except TargetError as e:
+        raise TargetError(f"{where}: its nodes {names[0]!r}.. run on target {target!r}: {e}") \
+            from None
+    try:
+        return t.load(data)
+    except TargetError:
+        raise
+    except Exception as e:
+        raise TargetError(f"{where}: target {target!r} could not load its partition of "
+                          f"{names[0]!r}..: {type(e).__name__}: {e}") from e
+
+
+def _run_partition(target: str, names, module, feeds: dict, wanted: dict) -> dict:
+    from .targets import TargetError, check_outputs
+
+    try:
+        results = module.run(feeds)
+    except TargetError:
+        raise
+    except Exception as e:
+        raise TargetError(f"target {target!r} failed running its partition of "
+                          f"{names[0]!r}..: {type(e).__name__}: {e}") from e
+    return check_outputs(target, names, wanted, results)
+
+
 def _cpu_segments(graph, placements: dict, progress=None, packed: set = frozenset(),
                   shapes: dict | None = None) -> list:
     """The CPU nodes as compiled segments: each maximal run of consecutive CPU nodes (in the
@@ -1006,7 +1171,6 @@ def _cpu_segments(graph, placements: dict, progress=None, packed: set = frozense
     are the values it reads from outside, its outputs those read after it. Nodes computed in
     place on the packed layout (``packed``) make runs of their own, whose values are flat
     int8 arrays of their packed bytes (``shapes``: value -> packed shape)."""
-    from ..compiler.graph.ir import Graph
     from .cpu import CpuModel
 
     runs, current = [], []
@@ -1021,21 +1185,11 @@ def _cpu_segments(graph, placements: dict, progress=None, packed: set = frozense
         runs.append(current)
     segments = []
     for k, nodes in enumerate(runs):
-        start = graph.nodes.index(nodes[0])
-        later = {i for n in graph.nodes[start + len(nodes):] for i in n.inputs if i}
-        later |= set(graph.outputs)
-        produced = {o for n in nodes for o in n.outputs if o}
-        reads = [i for n in nodes for i in n.inputs if i]
-        inputs = list(dict.fromkeys(i for i in reads
-                                    if i not in produced and i not in graph.initializers))
-        outputs = [o for n in nodes for o in n.outputs if o and o in later]
-        if not outputs:
+        names = [n.name for n in nodes]
+        if not _partition_values(graph, names)[1]:
             continue
-        inits = {i: graph.initializers[i] for i in reads if i in graph.initializers}
-        types = {v: graph.types[v] for v in (*inputs, *produced, *inits)}
-        types.update(_flat_types(graph, [n.name for n in nodes], packed, shapes or {}))
-        sub = Graph(f"{graph.name}_cpu{k}", tuple(inputs), tuple(outputs), tuple(nodes),
-                    inits, types)
+        sub = _partition_graph(graph, names, f"{graph.name}_cpu{k}")
+        sub.types.update(_flat_types(graph, names, packed, shapes or {}))
         t0 = time.perf_counter()
         cpu = CpuModel.from_graph(sub)
         if progress:

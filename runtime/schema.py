@@ -19,8 +19,9 @@ from ..limits import check_bytes
 from .artifact import Field, check_array, nbytes
 from .schema_control import check_control_step
 
-__all__ = ["encode", "decode", "encode_graph", "build_info", "check_cpu", "check_config", "check_graph",
-           "check_accel", "check_segments", "KERNEL_DTYPES", "STEP_KINDS"]
+__all__ = ["encode", "decode", "encode_graph", "build_info", "check_cpu", "check_config",
+           "check_graph", "check_accel", "check_segments", "check_external", "external_targets",
+           "KERNEL_DTYPES", "STEP_KINDS"]
 
 STEP_KINDS = ("kernel", "view", "numpy", "concat", "control")
 KERNEL_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "float32", "bool"})
@@ -356,9 +357,11 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
 
     nodes = {n.name: n for n in graph.nodes}
     placements = {}
+    # the built-in targets, and the plug-in targets that have partitions (check_external)
+    known = ("accel", "cpu", *external_targets(root))
     for name, f in root["placements"].items():
         target, reason = f.list(2)
-        placements[name] = Placement(target.string(("accel", "cpu")), reason.string())
+        placements[name] = Placement(target.string(known), reason.string())
     if set(placements) != set(nodes):
         missing = sorted(set(nodes) - set(placements)) or sorted(set(placements) - set(nodes))
         raise root["placements"].fail(f"does not place exactly the graph's nodes "
@@ -492,6 +495,47 @@ def check_in_place(root: Field, graph, placements: dict) -> set[str]:
         raise f.fail(f"names {sorted(names - can)[:3]}, which cannot run in place on the "
                      f"packed layout (an element-wise int8 CPU node of operands made in DRAM)")
     return names
+
+
+def external_targets(root: Field) -> list[str]:
+    """The plug-in targets named by an accelerator build's partitions (runtime/targets.py);
+    none in a file without any."""
+    f = root.get("external")
+    if f is None:
+        return []
+    names = []
+    for p in f.list():
+        name = p["target"].string()
+        if not name.isidentifier():
+            raise p["target"].fail(f"is {name!r}, not a target's name (an identifier)")
+        names.append(name)
+    return names
+
+
+def check_external(root: Field, graph, placements: dict) -> list[tuple[str, list[str]]]:
+    """The partitions of plug-in targets: each a run of consecutive nodes placed on its
+    target, every such node in exactly one."""
+    order = {n.name: k for k, n in enumerate(graph.nodes)}
+    seen, parts = set(), []
+    f = root.get("external")
+    for p in (f.list() if f is not None else ()):
+        target = p["target"].string()
+        names = p["nodes"].names()
+        if target in ("accel", "cpu") or not names or \
+                any(n not in order or placements[n].target != target or n in seen
+                    for n in names) or \
+                [order[n] for n in names] != list(range(order[names[0]],
+                                                        order[names[0]] + len(names))):
+            raise p.fail(f"is not a run of consecutive nodes placed on plug-in target "
+                         f"{target!r}, each in one partition")
+        seen.update(names)
+        parts.append((target, names))
+    stray = [n for n, pl in placements.items() if pl.target not in ("accel", "cpu")
+             and n not in seen]
+    if stray:
+        raise root["placements"].fail(f"places {stray[0]!r} on {placements[stray[0]].target!r}, "
+                                      f"but no partition of that target holds it")
+    return parts
 
 
 def check_segments(root: Field, graph, placements: dict) -> list[list[str]]:

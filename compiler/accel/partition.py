@@ -382,13 +382,20 @@ def _problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
     return None
 
 
-def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True) -> dict[str, Placement]:
+def annotate(graph: Graph, cfg: HwConfig, *, accelerate: bool = True,
+             claimed: dict | None = None) -> dict[str, Placement]:
     """A Placement per node name. With ``accelerate=False`` every node is on the CPU (the
-    all-CPU build of the same quantized graph)."""
+    all-CPU build of the same quantized graph). ``claimed``: nodes another target has taken
+    already (node name -> its Placement, runtime/targets.py): the accelerator places the
+    others around them, reading what they make as values made off the accelerator."""
     out = {}
     producer = {o: n for n in graph.nodes for o in n.outputs if o}
     packed: set[str] = set()  # CPU nodes computed in place on the packed layout so far
+    claimed = claimed or {}
     for node in graph.nodes:
+        if node.name in claimed:
+            out[node.name] = claimed[node.name]
+            continue
         if not accelerate:
             problem = "all-CPU build"
         elif node.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
