@@ -9,6 +9,14 @@ Tensorizing a loop nest matches its body against that declaration structurally: 
 operations and dtypes, every intrinsic axis bound to one innermost loop of the same extent,
 and each operand's trailing indices exactly those axes (its leading indices, which do not
 use them, select the element). A mismatch is a CompilerError saying what differs.
+
+Intrinsics are registered by name (``register_intrinsic``; Python entry points in the group
+``celosia.intrinsics`` for a package, read at the first lookup), the built-in ``gemm`` among
+them, and schedules ask for them by name (``get_intrinsic``). A declared intrinsic reaches
+the code generator only through a micro-op it can emit (``HARDWARE``: the call, and what
+that micro-op computes on the configuration): ``get_intrinsic`` checks that the declaration
+names such a call and computes exactly what it does (operand shapes, dtypes and scopes,
+the reduction, the arithmetic), and otherwise says what is missing or what differs.
 """
 
 from __future__ import annotations
@@ -21,7 +29,11 @@ from ..tensor.expr import (Bin, Call, Cast, Const, Expr, Load, Reduce, Var, coll
                            simplify)
 from ..tensor.tir import Buffer, Evaluate
 
-__all__ = ["TensorIntrinsic", "gemm_intrinsic", "element_index"]
+__all__ = ["TensorIntrinsic", "gemm_intrinsic", "element_index", "register_intrinsic",
+           "get_intrinsic", "intrinsic_names", "HARDWARE", "INTRINSIC_GROUP"]
+
+
+_SCOPE_ORDER = ("inp", "wgt", "acc")
 
 
 def element_index(buf: Buffer, indices: tuple, elem_dims: int) -> Expr:
@@ -165,7 +177,10 @@ class TensorIntrinsic:
             body = lowering.rewrite_loads(body, values)
         operands = self.match(stage, inner, body, out_buf, out_idx, where)
         elem = {t: element_index(buf, idx, len(t.shape)) for t, (buf, idx) in operands.items()}
-        inputs = [t for t in operands if t is not self.output]
+        # the micro-op's operands in its own order (INP, then WGT), whatever order the
+        # declaration reads them in
+        inputs = sorted((t for t in operands if t is not self.output),
+                        key=lambda t: _SCOPE_ORDER.index(self.scopes[t]))
         if reset:
             return Evaluate(Call(self.call, (out_buf, elem[self.output], Const(1, "int32"))))
         args = [out_buf, elem[self.output], Const(0, "int32")]
@@ -183,3 +198,142 @@ def gemm_intrinsic(cfg: HwConfig) -> TensorIntrinsic:
                      lambda b, o: te.sum(inp[b, k].astype("int32") * wgt[o, k].astype("int32"), axis=[k]),
                      "gemm")
     return TensorIntrinsic("gemm", out, {inp: "inp", wgt: "wgt", out: "acc"}, "uop_gemm")
+
+
+# ---- the registry --------------------------------------------------------------------------
+
+INTRINSIC_GROUP = "celosia.intrinsics"
+# The micro-ops the code generator emits, by call name: what each computes on a
+# configuration (the definition a declared intrinsic must equal). ALU micro-ops come from
+# element-wise stages marked ``alu`` (tensorize.inject_alu), not from intrinsics.
+HARDWARE = {"uop_gemm": gemm_intrinsic}
+
+_factories: dict = {}
+_origin: dict = {}
+_entry_points_read = False
+
+
+def _read_entry_points() -> None:
+    global _entry_points_read
+    if _entry_points_read:
+        return
+    _entry_points_read = True
+    import importlib.metadata
+
+    for ep in importlib.metadata.entry_points(group=INTRINSIC_GROUP):
+        if ep.name in _factories:
+            continue
+        where = f"entry point {ep.name!r} = {ep.value!r}"
+        try:
+            _factories[ep.name] = ep.load()
+        except Exception as e:  # a broken plug-in says so when its intrinsic is asked for
+            _factories[ep.name] = _broken(f"{where} failed to import: {type(e).__name__}: {e}")
+        _origin[ep.name] = where
+    _factories.setdefault("gemm", gemm_intrinsic)
+    _origin.setdefault("gemm", "built in")
+
+
+def _broken(why: str):
+    def factory(cfg):
+        raise CompilerError(why)
+    return factory
+
+
+def register_intrinsic(name: str, factory, *, replace: bool = False) -> None:
+    """Register ``factory(cfg) -> TensorIntrinsic`` as the intrinsic ``name``."""
+    _read_entry_points()
+    if not callable(factory):
+        raise CompilerError(f"intrinsic {name!r}: give a function of the HwConfig returning a "
+                            f"TensorIntrinsic, not {factory!r}")
+    if name in _factories and not replace:
+        raise CompilerError(f"an intrinsic named {name!r} is registered already "
+                            f"({_origin[name]}): pass replace=True to replace it")
+    _factories[name] = factory
+    _origin[name] = "register_intrinsic"
+
+
+def intrinsic_names() -> list[str]:
+    _read_entry_points()
+    return sorted(_factories)
+
+
+def get_intrinsic(name: str, cfg: HwConfig) -> TensorIntrinsic:
+    """The registered intrinsic ``name`` for ``cfg``, checked against the micro-op it calls
+    (module doc)."""
+    _read_entry_points()
+    if name not in _factories:
+        raise CompilerError(f"no tensor intrinsic named {name!r}: registered are "
+                            f"{', '.join(sorted(_factories))} (register_intrinsic, or an entry "
+                            f"point in the group {INTRINSIC_GROUP!r})")
+    intr = _factories[name](cfg)
+    if not isinstance(intr, TensorIntrinsic):
+        raise CompilerError(f"intrinsic {name!r}: its factory returned {intr!r}, not a "
+                            f"TensorIntrinsic")
+    hw = HARDWARE.get(intr.call)
+    if hw is None:
+        raise CompilerError(
+            f"intrinsic {name!r} calls {intr.call!r}, which the accelerator's code generator "
+            f"does not emit: its micro-ops are {', '.join(sorted(HARDWARE))} (ALU micro-ops "
+            f"come from element-wise stages marked alu); declare the intrinsic with one of "
+            f"those calls")
+    why = _differs(intr, hw(cfg))
+    if why:
+        raise CompilerError(f"intrinsic {name!r} does not compute what {intr.call} does on "
+                            f"this configuration (BATCH={cfg.batch}, BLOCK={cfg.block}): {why}")
+    return intr
+
+
+def _operands(intr: TensorIntrinsic) -> dict:
+    """scope -> (shape, dtype) of each operand, the output's included."""
+    out = {}
+    for t, scope in intr.scopes.items():
+        out[scope] = (tuple(t.shape), t.op.dtype)
+    return out
+
+
+def _canonical(intr: TensorIntrinsic) -> str:
+    """The arithmetic with names replaced by roles: data axes by position, reduction axes
+    by position, operands by scope (so two declarations of one computation print alike)."""
+    op = intr.op
+    names = {a.var: f"i{k}" for k, a in enumerate(op.axes)}
+    names.update({a.var: f"r{k}" for k, a in enumerate(op.reduce_axes)})
+    scope = {t.op: sc for t, sc in intr.scopes.items()}
+
+    def show(e) -> str:
+        if isinstance(e, Reduce):
+            return f"sum[{','.join(names.get(a.var, '?') for a in e.axes)}]({show(e.source)})"
+        if isinstance(e, Cast):
+            return f"{e.dtype}({show(e.value)})"
+        if isinstance(e, Bin):
+            a, b = show(e.a), show(e.b)
+            if e.op in ("+", "*", "min", "max"):
+                a, b = sorted((a, b))
+            return f"({a} {e.op}:{e.dtype} {b})"
+        if isinstance(e, Load):
+            src = getattr(e.source, "op", e.source)
+            return f"{scope.get(src, '?')}[{','.join(show(i) for i in e.indices)}]"
+        if isinstance(e, Var):
+            return names.get(e, "?")
+        if isinstance(e, Const):
+            return f"{e.value}:{e.dtype}"
+        return expr_str(e)
+
+    return show(op.body)
+
+
+def _differs(intr: TensorIntrinsic, hw: TensorIntrinsic) -> str | None:
+    ours, theirs = _operands(intr), _operands(hw)
+    if set(ours) != set(theirs):
+        return (f"its operands are in {', '.join(sorted(ours))}, the micro-op's in "
+                f"{', '.join(sorted(theirs))}")
+    for sc in sorted(theirs):
+        if ours[sc] != theirs[sc]:
+            return (f"its {sc} operand is {ours[sc][1]}{list(ours[sc][0])}, the micro-op's "
+                    f"{theirs[sc][1]}{list(theirs[sc][0])}")
+    a, b = intr.op.reduce_axes, hw.op.reduce_axes
+    if [x.extent for x in a] != [x.extent for x in b]:
+        return (f"it reduces over {[x.extent for x in a]}, the micro-op over "
+                f"{[x.extent for x in b]}")
+    if _canonical(intr) != _canonical(hw):
+        return f"it computes {_canonical(intr)}, the micro-op {_canonical(hw)}"
+    return None

@@ -28,7 +28,7 @@ from ..tensor import te
 from ..tensor.expr import max_expr, min_expr, select
 from ..tensor.schedule import create_schedule
 from .build import AcceleratorFunction, build
-from .intrin import gemm_intrinsic
+from .intrin import get_intrinsic
 
 __all__ = ["Epilogue", "ConvSpec", "ConvKnobs", "conv2d", "DenseSpec", "DenseKnobs", "dense",
            "conv2d_reference", "dense_reference", "pack_nchw", "unpack_nchw", "pack_oihw",
@@ -347,7 +347,7 @@ def conv2d(cfg: HwConfig, spec: ConvSpec, knobs: ConvKnobs, name: str = "conv2d"
     # output columns become its micro-ops, columns innermost so that consecutive micro-ops
     # write different accumulator rows (no read-after-write stalls in the GEMM pipeline).
     s[conv].reorder(ci_o, cn, cy, cc, ci_i, cdy, cdx, cx, cb_, co_, cki)
-    s[conv].tensorize(cb_, gemm_intrinsic(cfg))
+    s[conv].tensorize(cb_, get_intrinsic("gemm", cfg))
     s[conv].init_in_reduce_loop()
     _load_input(s, data, padded, conv, ci_o)
     wgt = s.cache_read(kernel, "wgt", [conv])
@@ -430,7 +430,7 @@ def dense(cfg: HwConfig, spec: DenseSpec, knobs: DenseKnobs, name: str = "dense"
     gko, gki = s[gemm].reduce_axes
     k_o, k_i = s[gemm].split(gko, knobs.tile_k)
     s[gemm].reorder(k_o, gi, gj, k_i, gb, go, gki)
-    s[gemm].tensorize(gb, gemm_intrinsic(cfg))
+    s[gemm].tensorize(gb, get_intrinsic("gemm", cfg))
     s[gemm].init_in_reduce_loop()
     for t, scope in ((data, "inp"), (weight, "wgt")):
         cached = s.cache_read(t, scope, [gemm])

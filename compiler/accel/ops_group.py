@@ -42,7 +42,7 @@ from celosia.errors import CompilerError
 from ..tensor import te
 from .border import bias_rows, bias_uops
 from .build import AcceleratorFunction, build
-from .intrin import gemm_intrinsic
+from .intrin import get_intrinsic
 from .ops import (Epilogue, _accumulator_schedule, _check_divides, _ConvOutput,
                   _epilogue_stages, _load_epilogue_inputs, _load_input, _pad_input,
                   _per_tile, _split_vthreads, _wrap)
@@ -227,7 +227,7 @@ def group_conv2d(cfg: HwConfig, spec: GroupConvSpec, knobs: GroupConvKnobs,
     # As conv2d: rows and super-groups (or output blocks) become the GEMM instruction's
     # loops; input blocks, taps and columns its micro-ops, columns innermost.
     s[conv].reorder(ci_o, cn, cy, cg, cc, ci_i, cdy, cdx, cx, cb_, co_, cki)
-    s[conv].tensorize(cb_, gemm_intrinsic(cfg))
+    s[conv].tensorize(cb_, get_intrinsic("gemm", cfg))
     s[conv].init_in_reduce_loop()
     _load_input(s, data, padded, conv, ci_o)
     wgt = s.cache_read(kernel, "wgt", [conv])

@@ -279,3 +279,23 @@ def test_cli_lists_targets_and_takes_them(registry, onnx_path, tmp_path, capsys)
                      "--quantize", "int8", "--calibration", str(tmp_path / "calib.npz"),
                      "--targets", "accel,nope", "-o", str(cel)]) == 2
     assert "no target named 'nope'" in capsys.readouterr().err
+
+
+def test_the_docs_example_target_runs(registry, onnx_path):
+    """docs/targets.md's example, executed as written."""
+    import re
+
+    text = (Path(__file__).parents[2] / "docs" / "targets.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    exec(compile(code, "docs/targets.md", "exec"), {})
+    try:
+        model = AccelModel.from_onnx(onnx_path, "small", calibration=CALIBRATION,
+                                     targets=("accel", "npelt"))
+        taken = [n.op for n in model.graph.nodes if model.placements[n.name].target == "npelt"]
+        assert taken == ["Relu"]
+        feeds = _feeds(30)
+        base = AccelModel.from_onnx(onnx_path, "small", calibration=CALIBRATION)
+        np.testing.assert_array_equal(model.run(feeds, target="fsim")["y"],
+                                      base.run(feeds, target="fsim")["y"])
+    finally:
+        targets.unregister_target("npelt")
