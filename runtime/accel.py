@@ -1094,7 +1094,7 @@ def _partition_graph(graph, names, name: str):
 def _external_partitions(graph, placements: dict, progress=None) -> list:
     """Each maximal run of consecutive nodes placed on one plug-in target, built by that
     target: [(target name, node names, module)] (runtime/targets.py)."""
-    from .targets import BUILTIN, TargetError, get_target
+    from .targets import BUILTIN, TargetError, get_target, plugin_errors
 
     runs: list[tuple[str, list]] = []
     for node in graph.nodes:
@@ -1114,14 +1114,9 @@ def _external_partitions(graph, placements: dict, progress=None) -> list:
         target = get_target(t)
         t0 = time.perf_counter()
         sub = _partition_graph(graph, names, f"{graph.name}_{t}{k}")
-        try:
+        with plugin_errors(f"target {t!r} failed to build its partition of {len(names)} "
+                           f"nodes ({names[0]!r}..)"):
             module = target.build(sub)
-        except TargetError:
-            raise
-        except Exception as e:
-            raise TargetError(f"target {t!r} failed to build its partition of "
-                              f"{len(names)} nodes ({names[0]!r}..): {type(e).__name__}: "
-                              f"{e}") from e
         for method in ("run", "to_bytes"):
             if not callable(getattr(module, method, None)):
                 raise TargetError(f"target {t!r}: build() returned {type(module).__name__}, "
@@ -1135,32 +1130,23 @@ def _external_partitions(graph, placements: dict, progress=None) -> list:
 
 
 def _load_partition(target: str, names, data: bytes, where: str):
-    from .targets import TargetError, get_target
+    from .targets import TargetError, get_target, plugin_errors
 
     try:
         t = get_target(target)
     except TargetError as e:
         raise TargetError(f"{where}: its nodes {names[0]!r}.. run on target {target!r}: {e}") \
             from None
-    try:
+    with plugin_errors(f"{where}: target {target!r} could not load its partition of "
+                       f"{names[0]!r}.."):
         return t.load(data)
-    except TargetError:
-        raise
-    except Exception as e:
-        raise TargetError(f"{where}: target {target!r} could not load its partition of "
-                          f"{names[0]!r}..: {type(e).__name__}: {e}") from e
 
 
 def _run_partition(target: str, names, module, feeds: dict, wanted: dict) -> dict:
-    from .targets import TargetError, check_outputs
+    from .targets import check_outputs, plugin_errors
 
-    try:
+    with plugin_errors(f"target {target!r} failed running its partition of {names[0]!r}.."):
         results = module.run(feeds)
-    except TargetError:
-        raise
-    except Exception as e:
-        raise TargetError(f"target {target!r} failed running its partition of "
-                          f"{names[0]!r}..: {type(e).__name__}: {e}") from e
     return check_outputs(target, names, wanted, results)
 
 

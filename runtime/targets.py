@@ -54,13 +54,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..errors import CelosiaError
 
 __all__ = ["Target", "TargetError", "register_target", "unregister_target", "get_target",
            "available_targets", "place", "Placed", "BUILTIN", "ENTRY_POINT_GROUP",
-           "CpuTarget", "AccelTarget", "check_outputs", "target_order"]
+           "CpuTarget", "AccelTarget", "check_outputs", "target_order", "plugin_errors"]
 
 ENTRY_POINT_GROUP = "celosia.targets"
 BUILTIN = ("accel", "cpu")
@@ -68,6 +69,18 @@ BUILTIN = ("accel", "cpu")
 
 class TargetError(CelosiaError):
     """A target that is unknown, badly registered, or that broke its contract."""
+
+
+@contextmanager
+def plugin_errors(message: str):
+    """Inside the block, anything but a TargetError that a plug-in raises becomes one:
+    ``message``, then what it raised."""
+    try:
+        yield
+    except TargetError:
+        raise
+    except Exception as e:
+        raise TargetError(f"{message}: {type(e).__name__}: {e}") from e
 
 
 class Target:
@@ -314,11 +327,9 @@ def place(graph, config, targets=BUILTIN, *, annotate=None) -> Placed:
     def asks(target, node):
         key = (target.name, node.name)
         if key not in answers:
-            try:
+            with plugin_errors(f"target {target.name!r} failed deciding on node "
+                               f"{node.name!r} ({node.op})"):
                 why = target.supports(node, graph, config)
-            except Exception as e:
-                raise TargetError(f"target {target.name!r} failed deciding on node "
-                                  f"{node.name!r} ({node.op}): {type(e).__name__}: {e}") from e
             if why is not None and not isinstance(why, str):
                 raise TargetError(f"target {target.name!r}: supports() of node {node.name!r} "
                                   f"returned {why!r}; return None (it takes the node) or a "

@@ -18,6 +18,7 @@ from celosia.cli import main as cli_main
 from celosia.runtime import targets
 from celosia.runtime.accel import AccelModel
 from celosia.runtime.targets import Target, TargetError
+from plugin_helpers import write_distribution
 
 PLUGINS = Path(__file__).parent / "plugins"
 
@@ -249,11 +250,8 @@ def test_registry_errors(registry, tmp_path, monkeypatch):
         targets.register_target(object)
     # a distribution whose entry point does not import: listed with the reason, and a lookup
     # says why
-    dist = tmp_path / "broken_plugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[celosia.targets]\nbroken = no_such_module:T\n"
-                                           "accel = no_such_module:Accel\n")
+    write_distribution(tmp_path, "broken-plugin", "celosia.targets",
+                       {"broken": "no_such_module:T", "accel": "no_such_module:Accel"})
     monkeypatch.syspath_prepend(str(tmp_path))
     targets._reset_for_tests()
     with pytest.raises(TargetError, match="could not be loaded: .*broken-plugin failed to "

@@ -16,6 +16,7 @@ from celosia.compiler.accel.intrin import (TensorIntrinsic, get_intrinsic, intri
 from celosia.compiler.tensor import te
 from celosia.driver import Device
 from celosia.errors import CompilerError
+from plugin_helpers import write_distribution
 
 from .test_passes import CFG, tiny_dense
 
@@ -95,11 +96,8 @@ def test_a_package_registers_an_intrinsic_through_an_entry_point(registry, tmp_p
     pkg = tmp_path / "my_intrinsics.py"
     pkg.write_text("from celosia.compiler.accel.intrin import gemm_intrinsic\n"
                    "def pe(cfg):\n    return gemm_intrinsic(cfg)\n")
-    dist = tmp_path / "my_intrinsics-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-intrinsics\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[celosia.intrinsics]\npe = my_intrinsics:pe\n"
-                                           "gone = not_installed:pe\n")
+    write_distribution(tmp_path, "my-intrinsics", "celosia.intrinsics",
+                       {"pe": "my_intrinsics:pe", "gone": "not_installed:pe"})
     monkeypatch.syspath_prepend(str(tmp_path))
     assert get_intrinsic("pe", CFG).call == "uop_gemm"
     with pytest.raises(CompilerError, match="'gone' = 'not_installed:pe' failed to import"):
