@@ -1,4 +1,5 @@
-"""The `celosia` command line: exec, disasm, config, bench, demo, verilog, fpga, compile, run."""
+"""The `celosia` command line: exec, disasm, config, bench, demo, verilog, fpga, compile, run,
+export."""
 
 from __future__ import annotations
 
@@ -638,6 +639,24 @@ def _run_cpu(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """`celosia export MODEL --target cpu -o DIR`: lib<name>.so + <name>.h (runtime/cabi.py)."""
+    from .runtime.cabi import export_model
+
+    if args.target != "cpu":
+        raise CelosiaError(f"export --target {args.target!r}: a library holds CPU code only "
+                           f"(--target cpu); the accelerator targets run through `celosia run`")
+    info = export_model(args.model, args.output, args.name,
+                        input_shapes=_input_shapes(args.input_shape), quantize=args.quantize,
+                        calibration=args.calibration,
+                        calibration_method=args.calibration_method or "mse")
+    print(f"wrote {info['library']} ({info['library_bytes']:,} bytes: {info['kernels']} "
+          f"kernels, {info['steps']} steps, {info['constant_bytes']:,} bytes of constants, "
+          f"{info['arena_bytes']:,} bytes of working memory), {info['header']} and "
+          f"{info['dlpack']}")
+    return 0
+
+
 # ---- parser --------------------------------------------------------------------------------
 
 
@@ -785,6 +804,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "CPU builds compare with onnxruntime (exit 1 when an output's largest "
                         "difference is beyond 1e-4 of its largest magnitude)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("export", help="write a CPU build as a shared library with a C ABI "
+                                      "(lib<name>.so, <name>.h, dlpack.h; docs/export.md)")
+    p.add_argument("model", help="ONNX model (.onnx; built for the CPU first) or a CPU build "
+                                 "(.cel)")
+    p.add_argument("--target", default="cpu", help="cpu (the only target a library holds)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT_DIR",
+                   help="the folder to write lib<name>.so, <name>.h and dlpack.h into")
+    p.add_argument("--name", help="the library's name (a C identifier; default: the model "
+                                  "file's name)")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                   help="static shape of an input with dynamic dimensions (repeatable)")
+    p.add_argument("--quantize", metavar="int8",
+                   help="the all-CPU int8 build of the quantized model (needs --calibration)")
+    p.add_argument("--calibration", metavar="DATA.npz",
+                   help="calibration inputs for --quantize (as for `celosia compile`)")
+    p.add_argument("--calibration-method", metavar="METHOD",
+                   help="with --quantize: mse (default), minmax, percentile[:P], entropy")
+    p.set_defaults(func=cmd_export)
     return parser
 
 

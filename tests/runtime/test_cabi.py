@@ -1,0 +1,256 @@
+"""`celosia export`: a CPU build as lib<name>.so + <name>.h with a C ABI over DLPack tensors,
+checked from a C program compiled with the system compiler and from Python (ctypes)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from celosia.cli import main
+from celosia.models.registry import ZOO
+from celosia.runtime.cabi import ExportError, Library, export_library, export_model, find_cc
+from celosia.runtime.cpu import CpuModel
+
+HERE = Path(__file__).parent
+
+
+def conv_matmul_softmax(seed: int = 0) -> onnx.ModelProto:
+    """x[2,3,8,8] -> Conv 3x3 (pad 1) -> Relu -> Flatten -> MatMul -> Add -> Softmax."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(4, 3, 3, 3)).astype(np.float32) * 0.3
+    b = rng.normal(size=(4,)).astype(np.float32)
+    m = rng.normal(size=(256, 10)).astype(np.float32) * 0.1
+    c = rng.normal(size=(10,)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["conv"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["conv"], ["relu"]),
+             helper.make_node("Flatten", ["relu"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "m"], ["mm"]),
+             helper.make_node("Add", ["mm", "c"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["probs"], axis=-1)]
+    graph = helper.make_graph(
+        nodes, "conv_matmul_softmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [2, 10])],
+        [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (m, "m"), (c, "c"))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """The conv/matmul/softmax model exported with the CLI, and a C program linked to it."""
+    root = tmp_path_factory.mktemp("cabi")
+    model = conv_matmul_softmax()
+    onnx.save(model, root / "net.onnx")
+    assert main(["export", str(root / "net.onnx"), "--target", "cpu", "-o",
+                 str(root / "out"), "--name", "net"]) == 0
+    exe = _compile_program(root / "out", "net", root / "run_net")
+    return {"root": root, "model": model, "out": root / "out", "exe": exe}
+
+
+def _compile_program(out: Path, name: str, exe: Path) -> Path:
+    cc = find_cc()
+    subprocess.run([*cc, "-O1", "-std=c11", "-I", str(out), "-include", f"{name}.h",
+                    str(HERE / "cabi" / "run_model.c"), "-L", str(out), f"-l{name}",
+                    f"-Wl,-rpath,{out}", "-o", str(exe)], check=True, capture_output=True)
+    return exe
+
+
+def _run_program(exe: Path, work: Path, inputs: list, mode: str = "run"):
+    work.mkdir(parents=True, exist_ok=True)
+    for i, a in enumerate(inputs):
+        (work / f"in{i}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
+    return subprocess.run([str(exe), str(work), mode], capture_output=True, text=True)
+
+
+def _relative(a, b) -> float:
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def test_c_program_matches_onnxruntime(built):
+    x = np.random.default_rng(1).normal(size=(2, 3, 8, 8)).astype(np.float32)
+    r = _run_program(built["exe"], built["root"] / "run1", [x])
+    assert r.returncode == 0, r.stderr
+    assert "net: 1 inputs, 1 outputs, ok" in r.stdout
+    y = np.frombuffer((built["root"] / "run1" / "out0.bin").read_bytes(), np.float32)
+    want = ort.InferenceSession(built["model"].SerializeToString()).run(None, {"x": x})[0]
+    assert y.shape == (20,)
+    assert _relative(y.reshape(2, 10), want) < 1e-5
+    assert np.allclose(y.reshape(2, 10).sum(1), 1, atol=1e-5)
+
+
+def test_c_program_wrong_shape_and_count(built):
+    x = np.zeros((2, 3, 8, 8), np.float32)
+    r = _run_program(built["exe"], built["root"] / "run2", [x], "wrong_shape")
+    assert r.returncode != 0
+    assert "input 0 (x) has shape [3, 3, 8, 8]; the model takes shape [2, 3, 8, 8]" in r.stderr
+    r = _run_program(built["exe"], built["root"] / "run3", [x], "wrong_count")
+    assert r.returncode != 0
+    assert "takes 1 input tensors, given 0" in r.stderr
+
+
+def test_files_and_exports(built):
+    out = built["out"]
+    assert sorted(p.name for p in out.iterdir()) == ["dlpack.h", "libnet.so", "net.h"]
+    header = (out / "net.h").read_text()
+    assert "int celosia_run(const DLTensor *inputs, int num_inputs, DLTensor *outputs, " \
+           "int num_outputs);" in header
+    assert "input  0: x  float32[2, 3, 8, 8]" in header
+    assert "DLPACK_MAJOR_VERSION 1" in (out / "dlpack.h").read_text()
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(out / "libnet.so")],
+                              capture_output=True, text=True, check=True).stdout
+    names = {line.split()[-1] for line in exported.splitlines() if line.strip()}
+    assert {"celosia_run", "celosia_num_inputs", "celosia_num_outputs",
+            "celosia_last_error"} <= names
+    assert not any("seg" in n or n.startswith("__celosia") for n in names)  # kernels stay inside
+    deps = subprocess.run(["ldd", str(out / "libnet.so")], capture_output=True, text=True).stdout
+    assert "python" not in deps.lower()
+
+
+def test_ctypes_numpy_and_torch(built):
+    torch = pytest.importorskip("torch")
+    lib = Library(built["out"] / "libnet.so")
+    assert lib.name == "net"
+    assert lib.inputs == [("x", "float32", (2, 3, 8, 8))]
+    assert lib.outputs == [("probs", "float32", (2, 10))]
+    x = np.random.default_rng(2).normal(size=(2, 3, 8, 8)).astype(np.float32)
+    want = CpuModel.build(built["model"]).run({"x": x})["probs"]
+    (y,) = lib.run(x)
+    np.testing.assert_array_equal(y, want)  # the same kernels, the same bits
+    t = torch.from_numpy(x.copy())
+    out = torch.empty(2, 10)
+    lib.run(t, out=[out])  # through the tensors' __dlpack__ capsules
+    np.testing.assert_array_equal(out.numpy(), want)
+
+
+def test_ctypes_errors(built):
+    lib = Library(built["out"] / "libnet.so")
+    x = np.zeros((2, 3, 8, 8), np.float32)
+    y = np.empty((2, 10), np.float32)
+    cases = [
+        ([x.astype(np.float64)], [y], "input 0 (x) has dtype float64; the model takes float32"),
+        ([np.zeros((2, 3, 8), np.float32)], [y],
+         "input 0 (x) has 3 dimensions; the model takes shape [2, 3, 8, 8]"),
+        ([np.zeros((2, 3, 8, 16), np.float32)[..., ::2]], [y],
+         "input 0 (x) has strides [384, 128, 16, 2] (in elements), not C-contiguous"),
+        ([x], [np.empty((10, 2), np.float32)], "output 0 (probs) has shape [10, 2]"),
+        ([x, x], [y], "takes 1 input tensors, given 2"),
+        ([x], [], "gives 1 output tensors, given 0"),
+    ]
+    for ins, outs, message in cases:
+        assert lib.call(ins, outs) != 0
+        assert message in lib.last_error, lib.last_error
+    with pytest.raises(ExportError, match="libnet: celosia_run: input 0"):
+        lib.run(np.zeros((1, 3, 8, 8), np.float32))
+    assert lib.call([x], [y]) == 0 and lib.last_error == ""
+
+
+def test_null_data_and_device(built):
+    from celosia.runtime.cabi import dltensor
+
+    lib = Library(built["out"] / "libnet.so")
+    x, y = np.zeros((2, 3, 8, 8), np.float32), np.empty((2, 10), np.float32)
+    import ctypes
+    from celosia.runtime.cabi import DLTensor
+    tx, keep_x = dltensor(x)
+    ty, keep_y = dltensor(y)
+    for change, message in ((lambda t: setattr(t, "data", None), "input 0 (x): data is NULL"),
+                            (lambda t: setattr(t.device, "device_type", 2),
+                             "is on device type 2; this library runs on the CPU")):
+        t = DLTensor.from_buffer_copy(tx)
+        change(t)
+        rc = lib.lib.celosia_run((DLTensor * 1)(t), 1, (DLTensor * 1)(ty), 1)
+        assert rc != 0 and message in lib.last_error
+    assert lib.lib.celosia_run(None, 1, (DLTensor * 1)(ty), 1) != 0
+    assert "inputs is NULL" in lib.last_error
+    assert ctypes.sizeof(DLTensor) == 48  # dlpack.h's layout on 64-bit hosts
+    del keep_x, keep_y
+
+
+def test_threads_share_the_library(built):
+    """Calls from several threads at once (serialised inside) each get their own result."""
+    lib = Library(built["out"] / "libnet.so")
+    model = CpuModel.build(built["model"])
+    xs = [np.random.default_rng(10 + k).normal(size=(2, 3, 8, 8)).astype(np.float32)
+          for k in range(4)]
+    want = [model.run({"x": x})["probs"] for x in xs]
+    got: dict = {}
+
+    def work(k):
+        for _ in range(20):
+            got[k] = lib.run(xs[k])[0]
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(4):
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_zoo_small_cnn_from_c(tmp_path):
+    entry = ZOO["small_cnn"]
+    model = entry.model("small")
+    feeds = entry.make_feeds("small", seed=3)
+    onnx.save(model, tmp_path / "small_cnn.onnx")
+    info = export_model(tmp_path / "small_cnn.onnx", tmp_path / "out")
+    assert Path(info["library"]).name == "libsmall_cnn.so"
+    exe = _compile_program(tmp_path / "out", "small_cnn", tmp_path / "run")
+    r = _run_program(exe, tmp_path / "work", [feeds["image"]])
+    assert r.returncode == 0, r.stderr
+    y = np.frombuffer((tmp_path / "work" / "out0.bin").read_bytes(), np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    assert _relative(y.reshape(want.shape), want) < entry.tolerance
+
+
+def test_int8_build_is_bit_exact_with_the_cpu_int8_build(tmp_path):
+    from celosia.runtime.accel import AccelModel
+
+    entry = ZOO["small_cnn"]
+    model = entry.model("small")
+    rng = np.random.default_rng(4)
+    np.savez(tmp_path / "cal.npz", image=rng.normal(size=(2, 4, 1, 8, 8)).astype(np.float32))
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["export", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out"), "--name",
+                 "q", "--quantize", "int8", "--calibration", str(tmp_path / "cal.npz")]) == 0
+    reference = AccelModel.from_onnx(tmp_path / "m.onnx", calibration=str(tmp_path / "cal.npz"),
+                                     target="cpu").cpu_build()
+    ops = {s["op"] for s in reference.segments[0][1].program.steps if s["kind"] == "kernel"}
+    assert {"QConv", "QGemm"} <= ops  # integer kernels
+    lib = Library(tmp_path / "out" / "libq.so")
+    for k in range(3):
+        x = rng.normal(size=(4, 1, 8, 8)).astype(np.float32)
+        (y,) = lib.run(x)
+        want = reference.run({"image": x})
+        np.testing.assert_array_equal(y, want[lib.outputs[0][0]])
+
+
+def test_unsupported_steps_are_named(tmp_path):
+    entry = ZOO["control_flow"]
+    model = entry.model("small")
+    shapes = {k: v.shape for k, v in entry.make_feeds("small").items()}
+    with pytest.raises(ExportError) as e:
+        export_library(CpuModel.build(model, shapes), tmp_path, "cf")
+    text = str(e.value)
+    assert "node 'Loop_7' (Loop): control flow" in text
+    assert "node 'Equal_8' (Equal): runs as a numpy step" in text
+    assert "celosia run" in text
+    assert not (tmp_path / "libcf.so").exists()
+
+
+def test_bad_name_target_and_compiler(built, tmp_path, monkeypatch, capsys):
+    model = CpuModel.build(built["model"])
+    with pytest.raises(ExportError, match="must be a C identifier"):
+        export_library(model, tmp_path, "9lives")
+    assert main(["export", str(built["root"] / "net.onnx"), "--target", "fsim", "-o",
+                 str(tmp_path)]) == 2
+    assert "a library holds CPU code only" in capsys.readouterr().err
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with pytest.raises(ExportError, match=r"\$CC is '/nonexistent/cc', which is not a program"):
+        export_library(model, tmp_path, "net")
