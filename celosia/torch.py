@@ -290,8 +290,17 @@ def _build(model, opts: Options, calibration):
         return built, built.run
     built = AccelModel.from_onnx(model, opts.config, calibration=calibration,
                                  target=opts.target, calibration_method=opts.calibration_method)
-    run_on = "fsim" if opts.target == "cpu" else opts.target
-    return built, lambda feeds: built.run(feeds, target=run_on)
+    if opts.target == "cpu":
+        # The all-CPU int8 build (no accelerator node): its one CPU segment is a CpuModel
+        # over the whole graph; run it itself (LLVM kernels, DLPack in and out) rather than
+        # through the accelerator model's per-node loop.
+        graph = built.graph
+        if not built.programs and len(built.segments) == 1:
+            cpu = built.segments[0][1]
+            if set(cpu.program.inputs) == set(graph.inputs) and \
+                    set(graph.outputs) <= set(cpu.program.outputs):
+                return cpu, cpu.run
+    return built, lambda feeds: built.run(feeds, target=opts.target)
 
 
 def _run_tensors(built, run, feeds: dict, out_names: list, dtypes: list) -> tuple:

@@ -110,6 +110,38 @@ def test_int8_accelerator_bit_exact_with_cpu_int8_build(target, tmp_path):
                           ours.numpy())
 
 
+def test_int8_cpu_target_runs_the_cpu_build(monkeypatch):
+    """target "cpu" with int8: the all-CPU int8 build (a CpuModel, LLVM kernels), never the
+    accelerator model or its simulator; bit-exact with cpu_build() of the same graph."""
+    from celosia.runtime.accel import AccelModel
+    from celosia.runtime.cpu import CpuModel
+
+    m, cal = _net(), _inputs(4, seed=2)
+    f = torch.compile(m, backend="celosia", options={"target": "cpu", "quantize": "int8",
+                                                     "calibration": cal})
+    x = _inputs(1, seed=3)[0]
+
+    def no_accel_run(*a, **k):
+        raise AssertionError("AccelModel.run called for target cpu")
+    monkeypatch.setattr(AccelModel, "run", no_accel_run)
+    with torch.no_grad():
+        ours = f(x)
+    assert ct.report()["graphs"][0]["ran_on"] == "celosia:cpu"
+    [(_, built)] = ct.built_models()
+    assert isinstance(built, CpuModel)
+    assert any(s["op"] == "QConv" for s in built.program.steps)  # the integer kernels
+    monkeypatch.undo()
+    aot = ct.compile_module(m, (x,), target="cpu", quantize="int8", calibration=cal)
+    assert isinstance(aot.built, CpuModel)
+    assert torch.equal(aot(x), ours)
+    # the accelerator build of the same graph (checked against its cpu_build() above)
+    torch._dynamo.reset()
+    q = torch.compile(m, backend="celosia", options={"target": "fsim", "quantize": "int8",
+                                                     "calibration": cal})
+    with torch.no_grad():
+        assert torch.equal(q(x), ours)
+
+
 def test_graph_break_falls_back_and_is_reported():
     m = _net(Broken)
     f = torch.compile(m, backend="celosia")
@@ -130,8 +162,8 @@ def test_graph_break_falls_back_and_is_reported():
     r = ct.report()
     assert [row["ran_on"] for row in r["graphs"]] == ["celosia:cpu", "pytorch"]
     assert "graph break" in r["graphs"][1]["reason"]
-    [(_, built)] = ct.built_models()
-    [name], [out] = built.graph.inputs, built.graph.outputs
+    [(_, built)] = ct.built_models()  # target cpu: the int8 CPU build, a CpuModel
+    [name], [out] = built.program.inputs, built.program.outputs
     with torch.no_grad():
         mid = built.run({name: x.numpy()})[out]
         t = m.ln(torch.from_numpy(mid).flatten(2).transpose(1, 2))
