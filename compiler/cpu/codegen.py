@@ -31,7 +31,7 @@ import numpy as np
 
 from celosia.errors import CompilerError
 
-from ..tensor.tir import ACCEL_CALLS, Buffer, Evaluate, Kernel, PrimFunc, Store, verify, walk
+from ..tensor.tir import ACCEL_CALLS, Allocate, Buffer, Evaluate, Kernel, PrimFunc, Store, verify, walk
 from .emit import emit_module, split_segments
 from .host import cache_dir, host_target, llvm_binding, num_threads, target_machine
 from .threads import native_pool
@@ -305,6 +305,11 @@ def compile_cpu(func: PrimFunc, *, use_cache: bool = True) -> CpuKernel:
             raise CompilerError(f"{func.name}: the CPU backend runs plain loops; this function "
                                 f"holds accelerator operations (lower it without the "
                                 f"accelerator pipeline)")
+    for buf in [*func.params, *(n.buffer for n in walk(func.body) if isinstance(n, Allocate))]:
+        if buf.dtype not in _NP_DTYPES:
+            raise CompilerError(f"{func.name}: buffer {buf.name} is {buf.dtype}; the CPU "
+                                f"backend takes {', '.join(_NP_DTYPES)} (convert "
+                                f"float64/float16 data to float32)")
     start = time.perf_counter()
     temps, segments = split_segments(func)
     llvm_ir = emit_module(func, temps, segments)

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from celosia.errors import CompilerError
 
-from .expr import Expr, Load, Reduce, Var, as_expr, collect
+from .expr import DTYPES, Expr, Load, Reduce, Var, as_expr, collect
 
-__all__ = ["IterVar", "Tensor", "PlaceholderOp", "ComputeOp", "placeholder", "compute",
+__all__ = ["IterVar", "Tensor", "PlaceholderOp", "ComputeOp", "placeholder", "compute", "check_dtype",
            "reduce_axis", "sum", "inputs_of", "topo_order"]
 
 
@@ -111,8 +111,21 @@ def _check_shape(name: str, shape) -> tuple:
     return shape
 
 
+def check_dtype(dtype, what: str) -> str:
+    """``dtype`` (a name, a numpy dtype or type) as one of the tensor language's DTYPES; a
+    CompilerError naming it and what is supported otherwise (float64, float16: no)."""
+    name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
+    name = {"bool_": "bool"}.get(name, name)
+    if name not in DTYPES:
+        raise CompilerError(f"{what}: dtype {name} is not supported; celosia's tensor "
+                            f"expressions and code generators take {', '.join(DTYPES)} "
+                            f"(convert float64/float16 data to float32)")
+    return name
+
+
 def placeholder(shape, dtype: str = "int8", name: str = "placeholder") -> Tensor:
-    return Tensor(PlaceholderOp(name, _check_shape(name, shape), dtype))
+    return Tensor(PlaceholderOp(name, _check_shape(name, shape),
+                                check_dtype(dtype, f"placeholder {name}")))
 
 
 def reduce_axis(extent: int, name: str = "k") -> IterVar:
