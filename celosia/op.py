@@ -42,6 +42,7 @@ argument's kind (a torch tensor for torch inputs, numpy otherwise).
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 
 import numpy as np
@@ -128,6 +129,8 @@ class Op:
         self.builds = 0          # compilations made (cache misses)
         self.last_pointers: list = []   # data addresses the last call's kernel ran on
         self.__doc__, self.__name__ = fn.__doc__, fn.__name__
+        if "torch" in sys.modules:  # registered now: torch.compile cannot register it later
+            self._torch_op = _register_torch(self)
 
     def __repr__(self) -> str:
         return (f"celosia.op {self.name}({', '.join(self.tensor_params)}; target "
@@ -252,6 +255,13 @@ class Op:
     def torch_op(self):
         """The ``torch.library`` custom op ``celosia::<name>`` (registered on first use)."""
         if self._torch_op is None:
+            import torch
+
+            if torch.compiler.is_compiling():
+                raise OpError(f"celosia.op {self.name} was defined before torch was imported "
+                              f"and is first called inside torch.compile, where a custom op "
+                              f"cannot be registered: import torch before defining it, or "
+                              f"touch {self.name}.torch_op once before compiling")
             self._torch_op = _register_torch(self)
         return self._torch_op
 
