@@ -57,7 +57,7 @@ import numpy as np
 
 from celosia.errors import CelosiaError
 
-from .executor import ALIGN, _concatenates, _nbytes, _slice_offset, plan_memory, run_time_shaped
+from .executor import ALIGN, _nbytes, plan_memory, run_time_shaped
 
 __all__ = ["ExportError", "export_library", "export_model", "find_cc", "DLPACK_HEADER",
            "API", "Library", "DLTensor", "dltensor"]
@@ -161,39 +161,32 @@ def _all_cpu(accel, where):
     return cpu
 
 
+class Unsupported(Exception):
+    """A step the library cannot run (the message says why)."""
+
+
 def unsupported_steps(program) -> list[str]:
     """Why each step the library cannot run is so ("node 'x' (Op): reason"); [] when all can."""
     why = []
-    offsets = None
     for c in program.control:
         why.append(f"node {c.get('node')!r} ({c.get('op')}): control flow whose bodies the "
                    f"CPU build runs from Python")
+    coder = None
     for s in program.steps:
-        kind, where = s["kind"], f"node {s['node']!r} ({s['op']})"
+        where = f"node {s['node']!r} ({s['op']})"
         dynamic = [v for v in (*s["inputs"], *s["outputs"])
                    if v and v in program.values and run_time_shaped(program.values[v])]
         if dynamic:
             why.append(f"{where}: {dynamic[0]!r} has a size known only at run time; give the "
                        f"inputs static shapes (--input-shape) so every size is fixed")
-        elif kind in ("kernel", "view"):
             continue
-        elif kind == "concat" or (kind == "numpy" and s["op"] == "Concat"
-                                  and s["attrs"].get("axis") == 1
-                                  and _concatenates(program.values, s)):
+        if s["kind"] in ("kernel", "view") or (s["kind"] == "control" and program.control):
             continue
-        elif kind == "numpy" and s["op"] == "Slice" and _slice_offset(program, s) is not None:
-            if offsets is None:
-                offsets = plan_memory(program)[0]
-            i, o = s["inputs"][0], s["outputs"][0]
-            if i in offsets and o in offsets and \
-                    offsets[o] == offsets[i] + _slice_offset(program, s):
-                continue  # lives in its input: nothing to do
-            why.append(f"{where}: a Slice that is not a view of its input")
-        elif kind == "numpy":
-            why.append(f"{where}: runs as a numpy step in celosia's CPU build (no compiled "
-                       f"kernel for it), and the library has no Python")
-        elif kind != "control":
-            why.append(f"{where}: a {kind!r} step")
+        coder = coder or _StepCoder(program, _Plan(program))
+        try:
+            coder.code(s)
+        except Unsupported as e:
+            why.append(f"{where}: {e}")
     return why
 
 
@@ -244,6 +237,167 @@ class _Plan:
         return f"(void *)(A + {off})" if base == "A" else f"(void *)(C + {off})"
 
 
+_C_TYPES = {"float32": "float", "int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t",
+            "int32": "int32_t", "int64": "int64_t", "bool": "uint8_t"}
+MAX_DIMS = 16
+# Numpy steps the library runs, all exact data movement (no arithmetic): a strided copy of
+# a view numpy would make (Slice, Transpose, Split, Expand), a memcpy (a reshaping copy),
+# Concat, Gather and Cast. Everything else the CPU build runs in numpy is refused.
+_COPY_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
+
+
+class _StepCoder:
+    """The C code of a non-kernel step (Unsupported when there is none)."""
+
+    def __init__(self, program, plan: "_Plan"):
+        self.p, self.plan = program, plan
+
+    def info(self, v: str) -> tuple[tuple, np.dtype]:
+        if v in self.p.constants:
+            a = self.p.constants[v]
+            return tuple(a.shape), a.dtype
+        i = self.p.values[v]
+        return tuple(int(d) for d in i["shape"]), np.dtype(i["dtype"])
+
+    def ptr(self, v: str) -> str:
+        base, off = self.plan.where(v)
+        return f"{base} + {off}"
+
+    def out_ptr(self, v: str) -> str:
+        base, off = self.plan.where(v)
+        if base != "A":
+            raise Unsupported(f"writes {v!r}, which is a constant")
+        return f"A + {off}"
+
+    def code(self, s: dict) -> str:
+        kind, op = s["kind"], s["op"]
+        outs = [o for o in s["outputs"] if o]
+        ins = [v for v in s["inputs"] if v]
+        if kind == "concat":
+            return self.concat(ins, outs[0], 1)
+        if kind != "numpy":
+            raise Unsupported(f"a {kind!r} step")
+        a = s.get("attrs", {})
+        try:
+            if op == "Concat":
+                return self.concat(ins, outs[0], int(a["axis"]))
+            if op == "Slice":
+                index = [slice(None)] * len(self.info(ins[0])[0])
+                for start, end, axis, step in zip(a["starts"], a["ends"], a["axes"], a["steps"]):
+                    index[int(axis)] = slice(int(start), int(end), int(step))
+                return self.view_copy(ins[0], [outs[0]], lambda x: [x[tuple(index)]])
+            if op == "Transpose":
+                perm = a.get("perm")
+                return self.view_copy(ins[0], outs, lambda x: [np.transpose(x, perm)])
+            if op == "Split" and len(ins) == 1:
+                cuts = np.cumsum(a["split"])[:-1]
+                return self.view_copy(ins[0], s["outputs"],
+                                      lambda x: np.split(x, cuts, axis=int(a["axis"])))
+            if op == "Expand" and len(ins) == 1:
+                shape = self.info(outs[0])[0]
+                return self.view_copy(ins[0], outs, lambda x: [np.broadcast_to(x, shape)])
+            if op in _COPY_OPS:
+                return self.reshape(ins[0], outs[0])
+            if op == "Gather" and len(ins) == 2:
+                return self.gather(s, ins, outs[0], int(a.get("axis", 0)))
+            if op == "Cast" and len(ins) == 1:
+                return self.cast(ins[0], outs[0])
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise Unsupported(f"attributes the library cannot read ({type(e).__name__}: {e})")
+        raise Unsupported("runs as a numpy step in celosia's CPU build (no compiled kernel "
+                          "for it), and the library has no Python")
+
+    def concat(self, ins, out, axis) -> str:
+        shape, dtype = self.info(out)
+        axis = axis % len(shape)
+        inner = int(np.prod(shape[axis + 1:], dtype=np.int64)) * dtype.itemsize
+        outer = int(np.prod(shape[:axis], dtype=np.int64))
+        obase, ooff = self.plan.where(out)
+        if obase != "A":
+            raise Unsupported(f"writes {out!r}, which is a constant")
+        lines, first = [], 0
+        for v in ins:
+            vshape, vdtype = self.info(v)
+            if vdtype != dtype or len(vshape) != len(shape):
+                raise Unsupported(f"concatenates {v!r} ({vdtype}{list(vshape)}) into "
+                                  f"{dtype}{list(shape)}")
+            chunk = vshape[axis] * inner
+            if not (outer == 1 and self.plan.where(v) == ("A", ooff + first)):  # else in place
+                lines.append(f"for (int64_t n = 0; n < {outer}; n++) memcpy(A + {ooff} + "
+                             f"n * {shape[axis] * inner} + {first}, {self.ptr(v)} + n * {chunk}, "
+                             f"{chunk});")
+            first += chunk
+        return "\n  ".join(lines)
+
+    def view_copy(self, src, outs, view) -> str:
+        """Each output is ``view(x)``'s strided view of the input, copied contiguous."""
+        shape, dtype = self.info(src)
+        fake = np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape=shape,
+                                               strides=_contiguous_strides(shape, dtype))
+        base = fake.__array_interface__["data"][0]
+        lines = []
+        for o, v in zip(outs, view(fake)):
+            if not o:
+                continue
+            oshape, odtype = self.info(o)
+            if tuple(v.shape) != oshape or v.dtype != odtype or len(oshape) > MAX_DIMS:
+                raise Unsupported(f"gives {v.dtype}{list(v.shape)} where the program holds "
+                                  f"{odtype}{list(oshape)}")
+            offset = v.__array_interface__["data"][0] - base
+            if self.plan.where(o) == (self.plan.where(src)[0], self.plan.where(src)[1] + offset) \
+                    and v.flags.c_contiguous:
+                continue  # the output lives in its input already
+            lines.append(f"{{ static const int64_t shape[] = {{{_ints(v.shape)}}}, strides[] = "
+                         f"{{{_ints(v.strides)}}}; strided_copy({self.out_ptr(o)}, "
+                         f"{self.ptr(src)} + {offset}, {v.ndim}, shape, strides, "
+                         f"{dtype.itemsize}); }}")
+        return "\n  ".join(lines)
+
+    def reshape(self, src, out) -> str:
+        (shape, dtype), (oshape, odtype) = self.info(src), self.info(out)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if n != int(np.prod(oshape, dtype=np.int64)) * odtype.itemsize:
+            raise Unsupported(f"reshapes {dtype}{list(shape)} to {odtype}{list(oshape)}")
+        if self.plan.where(src) == self.plan.where(out):
+            return ""
+        return f"memmove({self.out_ptr(out)}, {self.ptr(src)}, {n});"
+
+    def gather(self, s, ins, out, axis) -> str:
+        (shape, dtype), (ishape, idtype) = self.info(ins[0]), self.info(ins[1])
+        axis %= max(1, len(shape))
+        if idtype not in (np.dtype(np.int64), np.dtype(np.int32)):
+            raise Unsupported(f"indices of dtype {idtype}")
+        inner = int(np.prod(shape[axis + 1:], dtype=np.int64)) * dtype.itemsize
+        outer = int(np.prod(shape[:axis], dtype=np.int64))
+        n = int(np.prod(ishape, dtype=np.int64))
+        return (f"if (gather({self.out_ptr(out)}, {self.ptr(ins[0])}, {self.ptr(ins[1])}, "
+                f"{idtype.itemsize}, {n}, {outer}, {shape[axis]}, {inner}, "
+                f"{_c_string(s['node'])})) return -1;")
+
+    def cast(self, src, out) -> str:
+        (shape, dtype), (_, odtype) = self.info(src), self.info(out)
+        if str(dtype) not in _C_TYPES or str(odtype) not in _C_TYPES:
+            raise Unsupported(f"casts {dtype} to {odtype}")
+        n = int(np.prod(shape, dtype=np.int64))
+        st, dt = _C_TYPES[str(dtype)], _C_TYPES[str(odtype)]
+        value = "(v != 0)" if odtype == np.bool_ else f"({dt})v"
+        return (f"{{ const {st} *x = (const {st} *)({self.ptr(src)}); {dt} *y = ({dt} *)"
+                f"({self.out_ptr(out)}); for (int64_t i = 0; i < {n}; i++) {{ {st} v = x[i]; "
+                f"y[i] = {value}; }} }}")
+
+
+def _contiguous_strides(shape, dtype) -> tuple:
+    strides, step = [], np.dtype(dtype).itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(int(d), 1)
+    return tuple(reversed(strides))
+
+
+def _ints(xs) -> str:
+    return ", ".join(str(int(x)) for x in xs) or "0"
+
+
 def _symbol(name: str, k: int, j: int) -> str:
     return f"__celosia_{name}_k{k}_s{j}"
 
@@ -253,6 +407,7 @@ def _generate_c(program, plan: _Plan, name: str, kernels: list, temps_bytes: int
     p = program
     index = {key: k for k, key in enumerate(kernels)}
     decls, body = [], []
+    coder = _StepCoder(program, plan)
     for key, k in index.items():
         for j, _ in enumerate(p.kernels[key].segments):
             decls.append(f"extern void {_symbol(name, k, j)}(void **, int64_t, int64_t);")
@@ -272,24 +427,10 @@ def _generate_c(program, plan: _Plan, name: str, kernels: list, temps_bytes: int
                              for j, e in enumerate(kernel._extents))
             body.append(f"{comment}\n  {{ void *b[{max(1, len(args))}] = {{{', '.join(args)}}}; "
                         f"{calls} }}")
-        elif kind in ("concat", "numpy") and s["op"] != "Slice":
-            out = s["outputs"][0]
-            shape = p.values[out]["shape"]
-            item = np.dtype(p.values[out]["dtype"]).itemsize
-            inner = int(np.prod(shape[2:], dtype=np.int64)) * item
-            obase, ooff = plan.where(out)
-            lines, first = [], 0
-            for v in s["inputs"]:
-                c = p.values[v]["shape"][1]
-                ibase, ioff = plan.where(v)
-                if not (shape[0] == 1 and (ibase, ioff) == (obase, ooff + first * inner)):
-                    src = f"{ibase} + {ioff}"
-                    lines.append(f"for (int64_t n = 0; n < {shape[0]}; n++) memcpy("
-                                 f"A + {ooff} + n * {shape[1] * inner} + {first * inner}, "
-                                 f"{src} + n * {c * inner}, {c * inner});")
-                first += c
-            if lines:
-                body.append(comment + "\n  " + "\n  ".join(lines))
+        elif kind != "view":
+            code = coder.code(s)
+            if code:
+                body.append(comment + "\n  " + code)
     ins = [(v, p.values[v]) for v in p.inputs]
     outs = [(v, p.values[v]) for v in p.outputs]
 
@@ -417,10 +558,46 @@ static int check(const DLTensor *t, int i, int output) {{
   return 0;
 }}
 
-static void run_steps(unsigned char *A, const unsigned char *C) {{
+/* dst (contiguous) = the strided view of src: shape, strides in bytes */
+static void strided_copy(unsigned char *dst, const unsigned char *src, int ndim,
+                         const int64_t *shape, const int64_t *strides, int64_t item) {{
+  int64_t total = 1, idx[16] = {{0}};
+  for (int d = 0; d < ndim; d++) total *= shape[d];
+  if (total == 0) return;
+  if (ndim == 0) {{ memcpy(dst, src, item); return; }}
+  int64_t n = shape[ndim - 1], step = strides[ndim - 1];
+  for (int64_t row = 0; row < total / n; row++) {{
+    const unsigned char *p = src;
+    for (int d = 0; d < ndim - 1; d++) p += idx[d] * strides[d];
+    if (step == item) {{ memcpy(dst, p, n * item); dst += n * item; }}
+    else for (int64_t j = 0; j < n; j++, dst += item) memcpy(dst, p + j * step, item);
+    for (int d = ndim - 2; d >= 0; d--) {{ if (++idx[d] < shape[d]) break; idx[d] = 0; }}
+  }}
+}}
+
+/* np.take(data, indices, axis): outer x dim x inner bytes, indices int32 or int64 */
+static int gather(unsigned char *dst, const unsigned char *data, const unsigned char *indices,
+                  int index_bytes, int64_t n, int64_t outer, int64_t dim, int64_t inner,
+                  const char *node) {{
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t k = 0; k < n; k++, dst += inner) {{
+      int64_t i = index_bytes == 8 ? ((const int64_t *)indices)[k]
+                                   : ((const int32_t *)indices)[k];
+      if (i < -dim || i >= dim)
+        return fail("celosia_run: node %s (Gather): index %" PRId64 " is out of range for an "
+                    "axis of %" PRId64 " (valid: -%" PRId64 " to %" PRId64 ")", node, i, dim,
+                    dim, dim - 1);
+      if (i < 0) i += dim;
+      memcpy(dst, data + (o * dim + i) * inner, inner);
+    }}
+  return 0;
+}}
+
+static int run_steps(unsigned char *A, const unsigned char *C) {{
   unsigned char *T = A + ARENA_BYTES;
   (void)T; (void)C;
 {steps}
+  return 0;
 }}
 
 API int celosia_run(const DLTensor *inputs, int num_inputs, DLTensor *outputs, int num_outputs) {{
@@ -452,7 +629,10 @@ API int celosia_run(const DLTensor *inputs, int num_inputs, DLTensor *outputs, i
     for (int i = 0; i < N_IN; i++)
       memcpy(A + in_at_arena[i], (const char *)inputs[i].data + inputs[i].byte_offset,
              in_bytes[i]);
-    run_steps(A, C);
+    if (run_steps(A, C) != 0) {{
+      pthread_mutex_unlock(&lock);
+      return -1;
+    }}
     {copy_out}
   }}
   pthread_mutex_unlock(&lock);

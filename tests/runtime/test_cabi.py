@@ -254,3 +254,63 @@ def test_bad_name_target_and_compiler(built, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CC", "/nonexistent/cc")
     with pytest.raises(ExportError, match=r"\$CC is '/nonexistent/cc', which is not a program"):
         export_library(model, tmp_path, "net")
+
+
+def _data_movement_model():
+    """Gather (run-time indices) -> Concat with a constant -> Transpose -> Slice (negative
+    step) -> Split; Cast of the indices; a constant output."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),
+        helper.make_node("Concat", ["extra", "emb"], ["cat"], axis=1),
+        helper.make_node("Transpose", ["cat"], ["tr"], perm=[0, 2, 1]),
+        helper.make_node("Slice", ["tr", "st", "en", "ax", "sp"], ["sl"]),
+        helper.make_node("Cast", ["ids"], ["idsf"], to=TensorProto.FLOAT),
+        helper.make_node("Split", ["sl"], ["s1", "s2"], axis=1, num_outputs=2),
+        helper.make_node("Expand", ["bias", "eshape"], ["ex"]),
+    ]
+    arrays = {"table": rng.normal(size=(20, 6)).astype(np.float32),
+              "extra": rng.normal(size=(2, 1, 6)).astype(np.float32),
+              "st": np.array([5, 0], np.int64), "en": np.array([-7, 100], np.int64),
+              "ax": np.array([2, 0], np.int64), "sp": np.array([-2, 1], np.int64),
+              "bias": np.arange(3, dtype=np.float32), "eshape": np.array([2, 1, 3], np.int64)}
+    outs = [("s1", [2, 3, 3]), ("s2", [2, 3, 3]), ("idsf", [2, 5]), ("ex", [2, 1, 3])]
+    graph = helper.make_graph(
+        nodes, "moves", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outs],
+        [numpy_helper.from_array(a, n) for n, a in arrays.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_numpy_steps_of_data_movement(tmp_path):
+    """Gather, Concat, Cast, Split (numpy steps in the CPU build) run in C, exactly."""
+    model = _data_movement_model()
+    cpu = CpuModel.build(model)
+    numpy_ops = {s["op"] for s in cpu.program.steps if s["kind"] == "numpy"}
+    assert {"Gather", "Concat", "Cast", "Split"} <= numpy_ops
+    lib = Library(export_library(cpu, tmp_path, "moves")["library"])
+    session = ort.InferenceSession(model.SerializeToString())
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        ids = rng.integers(-20, 20, size=(2, 5)).astype(np.int64)  # negative ones wrap
+        outs = lib.run(ids)
+        want, ours = session.run(None, {"ids": ids}), cpu.run({"ids": ids})
+        for (name, _, _), y, w in zip(lib.outputs, outs, want):
+            np.testing.assert_array_equal(y, w)
+            np.testing.assert_array_equal(y, ours[name])
+    ids[1, 3] = 20
+    assert lib.call([ids], [np.empty(s, d) for _, d, s in lib.outputs]) != 0
+    assert "node Gather_0 (Gather): index 20 is out of range for an axis of 20 " \
+           "(valid: -20 to 19)" in lib.last_error
+
+
+def test_zoo_lstm_exports_bit_exact(tmp_path):
+    pytest.importorskip("torch")
+    entry = ZOO["lstm"]
+    feeds = entry.make_feeds("small", seed=2)
+    cpu = CpuModel.build(entry.model("small"), {k: v.shape for k, v in feeds.items()})
+    lib = Library(export_library(cpu, tmp_path, "lstm")["library"])
+    outs = lib.run(*[feeds[n] for n, _, _ in lib.inputs])
+    ref = cpu.run(feeds)
+    for (name, _, _), y in zip(lib.outputs, outs):
+        np.testing.assert_array_equal(y, ref[name])
