@@ -314,3 +314,74 @@ def test_zoo_lstm_exports_bit_exact(tmp_path):
     ref = cpu.run(feeds)
     for (name, _, _), y in zip(lib.outputs, outs):
         np.testing.assert_array_equal(y, ref[name])
+
+
+TWO_MODELS_C = r"""
+#include <stdio.h>
+#include "a.h"
+#include "b.h"
+int main(void) {
+  static float x[2 * 3 * 8 * 8], pa[20], pb[20];
+  for (int i = 0; i < 2 * 3 * 64; i++) x[i] = (float)(i % 11) / 11.0f;
+  int64_t s_in[] = {2, 3, 8, 8}, s_out[] = {2, 10};
+  DLTensor in = {.data = x, .device = {kDLCPU, 0}, .ndim = 4, .dtype = {kDLFloat, 32, 1},
+                 .shape = s_in};
+  DLTensor oa = {.data = pa, .device = {kDLCPU, 0}, .ndim = 2, .dtype = {kDLFloat, 32, 1},
+                 .shape = s_out};
+  DLTensor ob = oa;
+  ob.data = pb;
+  if (a_run(&in, 1, &oa, 1) || b_run(&in, 1, &ob, 1)) return 1;
+  for (int i = 0; i < 20; i++) printf("%.9g %.9g\n", pa[i], pb[i]);
+  fprintf(stderr, "%s %s %d\n", a_model_name(), b_model_name(), A_NUM_OUTPUTS);
+  return 0;
+}
+"""
+
+
+def test_two_models_in_one_program(tmp_path):
+    """Each library also exports the API under its own name (<name>_run, ...), so one
+    program links two exported models; the kernels' symbols never clash."""
+    m1, m2 = conv_matmul_softmax(seed=0), conv_matmul_softmax(seed=1)
+    for model, name in ((m1, "a"), (m2, "b")):
+        export_library(CpuModel.build(model), tmp_path, name)
+    (tmp_path / "two.c").write_text(TWO_MODELS_C)
+    subprocess.run([*find_cc(), "-std=c11", str(tmp_path / "two.c"), "-I", str(tmp_path),
+                    "-L", str(tmp_path), "-la", "-lb", f"-Wl,-rpath,{tmp_path}", "-o",
+                    str(tmp_path / "two")], check=True, capture_output=True)
+    r = subprocess.run([str(tmp_path / "two")], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr.strip() == "a b 1"
+    got = np.array([[float(v) for v in line.split()] for line in r.stdout.splitlines()])
+    x = (np.arange(2 * 3 * 64) % 11 / np.float32(11)).astype(np.float32).reshape(2, 3, 8, 8)
+    for k, model in enumerate((m1, m2)):
+        want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+        assert _relative(got[:, k].reshape(2, 10), want) < 1e-5
+    assert not np.allclose(got[:, 0], got[:, 1])  # two different models really ran
+
+
+def test_constant_outputs_and_an_input_as_output(tmp_path):
+    from onnx_builders import onnxruntime_run
+
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Relu", ["x"], ["relu"]),
+             helper.make_node("Add", ["shape", "shape"], ["twice"])]
+    graph = helper.make_graph(
+        nodes, "constant_outputs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_empty_tensor_value_info(o) for o in ("shape", "relu", "twice", "table", "x")],
+        [numpy_helper.from_array(np.arange(5, dtype=np.int64), "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    lib = Library(export_library(CpuModel.build(model), tmp_path, "c")["library"])
+    x = np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)
+    want = onnxruntime_run(model, {"x": x})
+    for (name, _, _), y in zip(lib.outputs, lib.run(x)):
+        np.testing.assert_array_equal(y, want[name])
+
+
+def test_export_from_a_cel(built, tmp_path, capsys):
+    cel = tmp_path / "net.cel"
+    assert main(["compile", str(built["root"] / "net.onnx"), "-o", str(cel)]) == 0
+    assert main(["export", str(cel), "-o", str(tmp_path / "out")]) == 0
+    assert "wrote " + str(tmp_path / "out" / "libnet.so") in capsys.readouterr().out
+    lib = Library(tmp_path / "out" / "libnet.so")
+    x = np.random.default_rng(9).normal(size=(2, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(lib.run(x)[0], CpuModel.load(cel).run({"x": x})["probs"])
