@@ -15,8 +15,10 @@ The library is the CPU build itself, with no Python at run time:
   every other global symbol made local), so kernels of the same operator never collide;
 - the program's sequencing as generated C: one block per step, the kernel's segments called
   on its buffers' addresses in the arena (the executor's memory plan, ``plan_memory``), the
-  iterations of each parallel loop run on the calling thread; views cost nothing, channel
-  concatenations are ``memcpy``;
+  iterations of each parallel loop run on the calling thread; views cost nothing; numpy
+  steps that move data (Concat, Gather, Cast, Slice, Transpose, Split, Expand, reshaping
+  copies) run as exact C copies, float32 numpy steps that compute (element-wise with
+  broadcasting, reductions, Softmax) as C loops over libm (within float rounding of numpy);
 - the constants (packed weights, biases) in one read-only blob (``.incbin`` in an assembly
   file), 64-byte aligned.
 
@@ -35,9 +37,8 @@ Threads: ``celosia_run`` may be called from any number of threads; the calls sha
 arena and are serialised by a mutex (each call runs its kernels on its own thread).
 ``celosia_last_error`` is per thread.
 
-What it cannot take (a clear ``ExportError`` at export, naming the nodes): steps executed
-by Python in the CPU build (numpy fallbacks of operators without a compiled kernel,
-If/Loop/Scan, values whose size is known only at run time), and accelerator builds.
+What it cannot take (a clear ``ExportError`` at export, naming the nodes): other numpy
+steps, If/Loop/Scan, values whose size is known only at run time, and accelerator builds.
 """
 
 from __future__ import annotations
@@ -308,6 +309,14 @@ class _StepCoder:
                 return self.gather(s, ins, outs[0], int(a.get("axis", 0)))
             if op == "Cast" and len(ins) == 1:
                 return self.cast(ins[0], outs[0])
+            if op in _UNARY and len(ins) == 1:
+                return self.elementwise(op, ins, outs[0], _UNARY[op])
+            if op in _BINARY and len(ins) == 2:
+                return self.elementwise(op, ins, outs[0], _BINARY[op])
+            if op in _REDUCE and len(ins) == 1:
+                return self.reduce(op, ins[0], outs[0], a)
+            if op == "Softmax" and len(ins) == 1:
+                return self.softmax(ins[0], outs[0], int(a.get("axis", -1)))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise Unsupported(f"attributes the library cannot read ({type(e).__name__}: {e})")
         raise Unsupported("runs as a numpy step in celosia's CPU build (no compiled kernel "
@@ -380,6 +389,77 @@ class _StepCoder:
                 f"{idtype.itemsize}, {n}, {outer}, {shape[axis]}, {inner}, "
                 f"{_c_string(s['node'])})) return -1;")
 
+    def _float32(self, op, values) -> None:
+        for v in values:
+            if self.info(v)[1] != np.float32:
+                raise Unsupported(f"{op} on {self.info(v)[1]} (the library computes float32 "
+                                  f"only; {v!r} is {self.info(v)[1]})")
+
+    def _broadcast_strides(self, v, shape) -> tuple:
+        """``v``'s strides in elements seen broadcast to ``shape`` (0 where repeated)."""
+        vshape, dtype = self.info(v)
+        fake = np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape=vshape,
+                                               strides=_contiguous_strides(vshape, dtype))
+        try:
+            view = np.broadcast_to(fake, shape)
+        except ValueError:
+            raise Unsupported(f"{v!r} {list(vshape)} does not broadcast to {list(shape)}") \
+                from None
+        return tuple(st // dtype.itemsize for st in view.strides)
+
+    def elementwise(self, op, ins, out, formula) -> str:
+        """out[i] = formula(a[i], b[i]) in float32, the inputs broadcast numpy's way."""
+        self._float32(op, [*ins, out])
+        shape = self.info(out)[0]
+        if len(shape) > MAX_DIMS:
+            raise Unsupported(f"{len(shape)} dimensions")
+        n = int(np.prod(shape, dtype=np.int64))
+        lines = [f"{{ static const int64_t shape[] = {{{_ints(shape)}}};"]
+        names = "ab"
+        for k, v in enumerate(ins):
+            strides = self._broadcast_strides(v, shape)
+            lines.append(f"static const int64_t s{names[k]}[] = {{{_ints(strides)}}};")
+            lines.append(f"const float *{names[k]} = (const float *)({self.ptr(v)});")
+        lines.append(f"float *y = (float *)({self.out_ptr(out)});")
+        reads = " ".join(f"float {names[k]}v = {names[k]}[offset({len(shape)}, shape, "
+                         f"s{names[k]}, i)];" for k in range(len(ins)))
+        lines.append(f"for (int64_t i = 0; i < {n}; i++) {{ {reads} y[i] = {formula}; }} }}")
+        return "\n  ".join(lines)
+
+    def reduce(self, op, src, out, a) -> str:
+        """ReduceSum/Mean/Max/Min over ``axes`` (all when absent), float32, sums in double."""
+        self._float32(op, [src, out])
+        shape, dtype = self.info(src)
+        axes = a.get("axes")
+        axes = sorted({int(x) % len(shape) for x in axes} if axes is not None
+                      else range(len(shape)))
+        if not axes and int(a.get("noop_with_empty_axes", 0)):
+            return self.reshape(src, out)
+        keep = [d for d in range(len(shape)) if d not in axes]
+        strides = [st // 4 for st in _contiguous_strides(shape, dtype)]
+        kshape = [shape[d] for d in keep] or [1]
+        kstrides = [strides[d] for d in keep] or [0]
+        rshape = [shape[d] for d in axes] or [1]
+        rstrides = [strides[d] for d in axes] or [0]
+        nk, nr = int(np.prod(kshape, dtype=np.int64)), int(np.prod(rshape, dtype=np.int64))
+        if nk != int(np.prod(self.info(out)[0], dtype=np.int64)):
+            raise Unsupported(f"gives {list(self.info(out)[0])} from {list(shape)}")
+        kind = {"ReduceSum": 0, "ReduceMean": 1, "ReduceMax": 2, "ReduceMin": 3}[op]
+        return (f"{{ static const int64_t ks[] = {{{_ints(kshape)}}}, kt[] = "
+                f"{{{_ints(kstrides)}}}, rs[] = {{{_ints(rshape)}}}, rt[] = "
+                f"{{{_ints(rstrides)}}}; reduce_f32((float *)({self.out_ptr(out)}), "
+                f"(const float *)({self.ptr(src)}), {len(kshape)}, ks, kt, {nk}, "
+                f"{len(rshape)}, rs, rt, {nr}, {kind}); }}")
+
+    def softmax(self, src, out, axis) -> str:
+        self._float32("Softmax", [src, out])
+        shape = self.info(src)[0]
+        axis %= len(shape)
+        outer = int(np.prod(shape[:axis], dtype=np.int64))
+        inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+        return (f"softmax_f32((float *)({self.out_ptr(out)}), (const float *)"
+                f"({self.ptr(src)}), {outer}, {shape[axis]}, {inner});")
+
     def cast(self, src, out) -> str:
         (shape, dtype), (_, odtype) = self.info(src), self.info(out)
         if str(dtype) not in _C_TYPES or str(odtype) not in _C_TYPES:
@@ -390,6 +470,17 @@ class _StepCoder:
         return (f"{{ const {st} *x = (const {st} *)({self.ptr(src)}); {dt} *y = ({dt} *)"
                 f"({self.out_ptr(out)}); for (int64_t i = 0; i < {n}; i++) {{ {st} v = x[i]; "
                 f"y[i] = {value}; }} }}")
+
+
+# float32 formulas of av (and bv), after compiler/graph/ops.py's float32 numpy definitions
+_UNARY = {"Tanh": "tanhf(av)", "Exp": "expf(av)", "Log": "logf(av)", "Sqrt": "sqrtf(av)",
+          "Abs": "fabsf(av)", "Neg": "-av", "Reciprocal": "1.0f / av", "Floor": "floorf(av)",
+          "Ceil": "ceilf(av)", "Relu": "(av < 0.0f ? 0.0f : av)", "Erf": "erff(av)",
+          "Sigmoid": "1.0f / (1.0f + expf(-av))", "Identity": "av"}
+_BINARY = {"Add": "av + bv", "Sub": "av - bv", "Mul": "av * bv", "Div": "av / bv",
+           "Pow": "powf(av, bv)", "Max": "(av >= bv || av != av ? av : bv)",
+           "Min": "(av <= bv || av != av ? av : bv)"}
+_REDUCE = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")
 
 
 def _contiguous_strides(shape, dtype) -> tuple:
@@ -485,6 +576,7 @@ def _generate_c(program, plan: _Plan, name: str, kernels: list, temps_bytes: int
 
 _C_TEMPLATE = r"""/* Generated by `celosia export`: the sequencing of model {name}'s CPU build. */
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -609,6 +701,46 @@ static int gather(unsigned char *dst, const unsigned char *data, const unsigned 
       memcpy(dst, data + (o * dim + i) * inner, inner);
     }}
   return 0;
+}}
+
+/* the offset (in elements) of the i-th element of a row-major walk over shape */
+static inline int64_t offset(int ndim, const int64_t *shape, const int64_t *strides,
+                             int64_t i) {{
+  int64_t off = 0;
+  for (int d = ndim - 1; d >= 0; d--) {{ off += (i % shape[d]) * strides[d]; i /= shape[d]; }}
+  return off;
+}}
+
+/* kind 0 sum, 1 mean, 2 max, 3 min over the r dimensions, for each of the k positions */
+static void reduce_f32(float *y, const float *x, int nk, const int64_t *ks, const int64_t *kt,
+                       int64_t kn, int nr, const int64_t *rs, const int64_t *rt, int64_t rn,
+                       int kind) {{
+  for (int64_t i = 0; i < kn; i++) {{
+    const float *base = x + offset(nk, ks, kt, i);
+    double sum = 0.0;
+    float best = rn ? base[offset(nr, rs, rt, 0)] : (kind == 2 ? -INFINITY : INFINITY);
+    for (int64_t j = 0; j < rn; j++) {{
+      float v = base[offset(nr, rs, rt, j)];
+      sum += v;
+      if (kind == 2 && (v > best || v != v)) best = v;
+      if (kind == 3 && (v < best || v != v)) best = v;
+    }}
+    y[i] = kind == 0 ? (float)sum : kind == 1 ? (float)(sum / (double)rn) : best;
+  }}
+}}
+
+/* softmax over the middle axis of [outer, n, inner] */
+static void softmax_f32(float *y, const float *x, int64_t outer, int64_t n, int64_t inner) {{
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t k = 0; k < inner; k++) {{
+      const float *p = x + o * n * inner + k;
+      float *q = y + o * n * inner + k;
+      float m = -INFINITY;
+      for (int64_t j = 0; j < n; j++) if (p[j * inner] > m) m = p[j * inner];
+      double sum = 0.0;
+      for (int64_t j = 0; j < n; j++) {{ q[j * inner] = expf(p[j * inner] - m); sum += q[j * inner]; }}
+      for (int64_t j = 0; j < n; j++) q[j * inner] = (float)(q[j * inner] / sum);
+    }}
 }}
 
 static int run_steps(unsigned char *A, const unsigned char *C) {{

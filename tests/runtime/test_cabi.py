@@ -385,3 +385,89 @@ def test_export_from_a_cel(built, tmp_path, capsys):
     lib = Library(tmp_path / "out" / "libnet.so")
     x = np.random.default_rng(9).normal(size=(2, 3, 8, 8)).astype(np.float32)
     np.testing.assert_array_equal(lib.run(x)[0], CpuModel.load(cel).run({"x": x})["probs"])
+
+
+def _float_ops_model():
+    """Float32 operators the CPU build may run as numpy steps: reductions, Softmax on a
+    middle axis, broadcasting binaries, transcendental unaries."""
+    rng = np.random.default_rng(3)
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "axes"], ["mean"], keepdims=1),
+        helper.make_node("Sub", ["x", "mean"], ["centred"]),
+        helper.make_node("Softmax", ["centred"], ["sm"], axis=1),
+        helper.make_node("Tanh", ["x"], ["t"]),
+        helper.make_node("Mul", ["t", "scale"], ["ts"]),
+        helper.make_node("Erf", ["ts"], ["e"]),
+        helper.make_node("Max", ["e", "sm"], ["mx"]),
+        helper.make_node("ReduceMax", ["mx", "axes2"], ["rmax"], keepdims=0),
+        helper.make_node("ReduceSum", ["x", "axes2"], ["rsum"], keepdims=0),
+        helper.make_node("Div", ["rmax", "rsum"], ["ratio"]),
+        helper.make_node("Sigmoid", ["ratio"], ["out"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([2], np.int64), "axes"),
+             numpy_helper.from_array(np.array([0, 2], np.int64), "axes2"),
+             numpy_helper.from_array(rng.normal(size=(1, 5)).astype(np.float32), "scale")]
+    graph = helper.make_graph(
+        nodes, "float_ops", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 5])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("sm", TensorProto.FLOAT, [2, 3, 5])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_float_numpy_steps_within_float_rounding(tmp_path):
+    """Float32 numpy steps run in C (libm, double sums): equal to onnxruntime within float
+    rounding, not bit for bit with numpy."""
+    model = _float_ops_model()
+    cpu = CpuModel.build(model)
+    lib = Library(export_library(cpu, tmp_path, "f")["library"])
+    session = ort.InferenceSession(model.SerializeToString())
+    rng = np.random.default_rng(6)
+    for _ in range(3):
+        x = rng.normal(size=(2, 3, 5)).astype(np.float32)
+        for (name, _, _), y, w in zip(lib.outputs, lib.run(x), session.run(None, {"x": x})):
+            assert _relative(y, w) < 1e-5, name
+
+
+def test_zoo_bert_exports(tmp_path):
+    """The BERT encoder: Gather (embeddings), Cast, Tanh (pooler) in C, the rest kernels."""
+    pytest.importorskip("torch")
+    entry = ZOO["bert"]
+    feeds = entry.make_feeds("small", seed=4)
+    model = entry.model("small")
+    cpu = CpuModel.build(model, {k: v.shape for k, v in feeds.items()})
+    assert {"Gather", "Cast", "Tanh"} <= {s["op"] for s in cpu.program.steps
+                                          if s["kind"] == "numpy"}
+    lib = Library(export_library(cpu, tmp_path, "bert")["library"])
+    outs = lib.run(*[feeds[n] for n, _, _ in lib.inputs])
+    session = ort.InferenceSession(model.SerializeToString())
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    for (name, _, _), y in zip(lib.outputs, outs):
+        assert _relative(y, want[name]) < entry.tolerance, name
+
+
+def test_broadcasting_numpy_steps(tmp_path):
+    """Binary and unary float32 numpy steps with numpy broadcasting (a program written
+    directly: the lowering compiles these as kernels when it can)."""
+    from celosia.compiler.cpu.lowering import CpuProgram
+
+    f32 = "float32"
+    values = {"a": {"dtype": f32, "shape": [2, 3, 4]}, "b": {"dtype": f32, "shape": [3, 1]},
+              "d": {"dtype": f32, "shape": [2, 3, 4]}, "p": {"dtype": f32, "shape": [2, 3, 4]},
+              "m": {"dtype": f32, "shape": [2, 3, 4]}, "y": {"dtype": f32, "shape": [2, 3, 4]}}
+    c = np.linspace(0.5, 2.0, 4, dtype=np.float32)
+
+    def step(op, ins, out):
+        return {"kind": "numpy", "node": f"{op}_{out}", "op": op, "inputs": ins,
+                "outputs": [out], "attrs": {}}
+    steps = [step("Sub", ["a", "b"], "d"), step("Abs", ["d"], "p"),
+             step("Pow", ["p", "c"], "m"), step("Min", ["m", "b"], "y")]
+    program = CpuProgram("direct", ["a", "b"], ["y", "d"], values, {"c": c}, steps, {})
+    cpu = CpuModel(program)
+    lib = Library(export_library(cpu, tmp_path, "direct")["library"])
+    rng = np.random.default_rng(8)
+    a = rng.normal(size=(2, 3, 4)).astype(np.float32)
+    b = rng.normal(size=(3, 1)).astype(np.float32)
+    want = cpu.run({"a": a, "b": b})
+    y, d = lib.run(a, b)
+    np.testing.assert_array_equal(d, want["d"])  # + - * / are exact in float32 as in numpy
+    np.testing.assert_allclose(y, want["y"], rtol=1e-6)
