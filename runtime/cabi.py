@@ -201,8 +201,10 @@ def unsupported_steps(program) -> list[str]:
 
 
 def _c_string(s: str) -> str:
-    return '"' + "".join(c if c.isalnum() or c in " _-.@/:,()[]" else f"\\{ord(c):03o}"
-                         for c in s) + '"'
+    """``s`` as a C string literal (UTF-8; anything but plain ASCII letters, digits and a
+    few punctuation marks as octal escapes)."""
+    safe = set(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-.@/:,()[]")
+    return '"' + "".join(chr(b) if b in safe else f"\\{b:03o}" for b in s.encode()) + '"'
 
 
 def _align(n: int) -> int:
@@ -831,7 +833,7 @@ def _header(program, name: str) -> str:
 
     def rows(kind, names):
         return "\n".join(
-            f" *   {kind} {i}: {v}  {program.values[v]['dtype']}"
+            f" *   {kind} {i}: {v.replace('*/', '* /')}  {program.values[v]['dtype']}"
             f"[{', '.join(map(str, program.values[v]['shape']))}]"
             for i, v in enumerate(names))
     return f"""/* {name}.h: the C API of lib{name}.so, written by `celosia export`.

@@ -7,6 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+try:  # imported first, so each operator's torch custom op is registered at its definition
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
 import celosia
 from celosia.errors import CompilerError
 from celosia.op import OpError, broadcast, broadcast_shape, create_schedule, select, te

@@ -471,3 +471,21 @@ def test_broadcasting_numpy_steps(tmp_path):
     y, d = lib.run(a, b)
     np.testing.assert_array_equal(d, want["d"])  # + - * / are exact in float32 as in numpy
     np.testing.assert_allclose(y, want["y"], rtol=1e-6)
+
+
+def test_odd_value_names(tmp_path):
+    """Value names are data in the library (strings, comments), whatever they hold."""
+    odd_in, odd_out = 'x:0/é "q"', "y*/z\\n??/"
+    graph = helper.make_graph(
+        [helper.make_node("Relu", [odd_in], [odd_out])], "odd",
+        [helper.make_tensor_value_info(odd_in, TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info(odd_out, TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    export_library(CpuModel.build(model), tmp_path, "odd")
+    _compile_program(tmp_path, "odd", tmp_path / "run")  # the header compiles
+    lib = Library(tmp_path / "libodd.so")
+    assert lib.inputs == [(odd_in, "float32", (3,))] and lib.outputs[0][0] == odd_out
+    x = np.array([-1.0, 0.5, 2.0], np.float32)
+    np.testing.assert_array_equal(lib.run(x)[0], np.maximum(x, 0))
+    assert lib.call([np.zeros(4, np.float32)], [np.empty(3, np.float32)]) != 0
+    assert f"input 0 ({odd_in}) has shape [4]" in lib.last_error
