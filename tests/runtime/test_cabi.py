@@ -489,3 +489,22 @@ def test_odd_value_names(tmp_path):
     np.testing.assert_array_equal(lib.run(x)[0], np.maximum(x, 0))
     assert lib.call([np.zeros(4, np.float32)], [np.empty(3, np.float32)]) != 0
     assert f"input 0 ({odd_in}) has shape [4]" in lib.last_error
+
+
+def test_accelerator_build_is_refused(tmp_path):
+    from celosia.runtime.accel import AccelModel
+
+    entry = ZOO["small_cnn"]
+    onnx.save(entry.model("small"), tmp_path / "m.onnx")
+    cal = {"image": np.random.default_rng(1).normal(size=(2, 4, 1, 8, 8)).astype(np.float32)}
+    accel = AccelModel.from_onnx(tmp_path / "m.onnx", calibration=cal, target="fsim")
+    assert accel.programs  # layers on the accelerator
+    accel.save(tmp_path / "m.cel")
+    with pytest.raises(ExportError, match="is an accelerator build: a library holds CPU code "
+                                          "only"):
+        export_model(tmp_path / "m.cel", tmp_path / "out")
+    accel.cpu_build().save(tmp_path / "cpu.cel")  # the all-CPU int8 build exports
+    info = export_model(tmp_path / "cpu.cel", tmp_path / "out", "q")
+    x = np.random.default_rng(2).normal(size=(4, 1, 8, 8)).astype(np.float32)
+    (y,) = Library(info["library"]).run(x)
+    np.testing.assert_array_equal(y, accel.run({"image": x}, target="fsim")[accel.graph.outputs[0]])
