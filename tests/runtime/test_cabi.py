@@ -508,3 +508,56 @@ def test_accelerator_build_is_refused(tmp_path):
     x = np.random.default_rng(2).normal(size=(4, 1, 8, 8)).astype(np.float32)
     (y,) = Library(info["library"]).run(x)
     np.testing.assert_array_equal(y, accel.run({"image": x}, target="fsim")[accel.graph.outputs[0]])
+
+
+_THREADED_RUN = r"""
+import sys, threading
+import numpy as np
+from celosia.runtime.cabi import Library
+import os
+lib = Library(sys.argv[1])
+x, want = np.load(sys.argv[2]), np.load(sys.argv[3])
+before = len(os.listdir("/proc/self/task"))
+lib.run(x)
+workers = len(os.listdir("/proc/self/task")) - before
+bad = []
+def work():
+    for _ in range(10):
+        if not np.array_equal(lib.run(x)[0], want):
+            bad.append(1)
+threads = [threading.Thread(target=work) for _ in range(3)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(f"ok {workers}" if not bad else f"{len(bad)} runs differ")
+"""
+
+
+def test_parallel_loops_in_the_library(tmp_path):
+    """A convolution big enough to split runs its parallel loops on the library's worker
+    threads ($CELOSIA_NUM_THREADS); results equal the Python build's for any thread count,
+    with callers on several threads, and the process exits cleanly (the workers are
+    joined when the library is unloaded). In a subprocess, under a timeout."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(32, 16, 3, 3)).astype(np.float32) * 0.1
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"])], "big_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 64, 64])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    cpu = CpuModel.build(model)
+    info = export_library(cpu, tmp_path, "big")
+    x = rng.normal(size=(1, 16, 64, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", cpu.run({"x": x})["y"])
+    (tmp_path / "run.py").write_text(_THREADED_RUN)
+    import os
+    import sys
+    for threads, workers in (("1", 0), ("3", 2)):
+        r = subprocess.run([sys.executable, str(tmp_path / "run.py"), info["library"],
+                            str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "CELOSIA_NUM_THREADS": threads})
+        assert r.returncode == 0 and r.stdout.strip() == f"ok {workers}", \
+            (threads, r.stdout, r.stderr)
