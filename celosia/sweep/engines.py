@@ -1,0 +1,142 @@
+"""The engines that run design points: ``local`` (worker processes on this machine) and
+``ray`` (Ray tasks, on a local cluster started here or a running one).
+
+Both take the same task function and payloads and yield ``(payload, result)`` as points
+finish, in whatever order; a result of ``None`` means the worker died twice on that point
+(the first death is retried once), with the reason in the second element's place.
+
+Why not concurrent.futures' ProcessPoolExecutor for ``local``: when one of its workers dies,
+every pending future fails with BrokenProcessPool and the pool must be rebuilt, so the
+engine cannot tell which point killed it. Here each worker process has its own pipe and
+runs one point at a time, so a death is charged to exactly the point it was running.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections import deque
+from multiprocessing.connection import wait
+
+from celosia.errors import CelosiaError
+
+__all__ = ["run_local", "run_ray", "ENGINES", "DIED"]
+
+ENGINES = ("local", "ray")
+DIED = "the worker process died while evaluating this point, and again on its retry"
+
+
+def _worker(conn, fn) -> None:
+    import os
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per worker
+    while True:
+        try:
+            payload = conn.recv()
+        except EOFError:
+            return
+        if payload is None:
+            return
+        conn.send(fn(payload))
+
+
+def run_local(fn, payloads, workers: int):
+    """Yield (payload, result or None, reason) as each payload finishes on ``workers``
+    spawned processes."""
+    ctx = mp.get_context("spawn")
+    queue = deque((p, 0) for p in payloads)
+    slots: list = []  # [process, conn, (payload, attempt) or None]
+
+    def start():
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(child, fn), daemon=True)
+        proc.start()
+        child.close()
+        return [proc, parent, None]
+
+    try:
+        for _ in range(max(1, min(workers, len(queue)))):
+            slots.append(start())
+        while queue or any(s[2] is not None for s in slots):
+            for s in slots:
+                if s[2] is None and queue:
+                    s[2] = queue.popleft()
+                    s[1].send(s[2][0])
+            ready = wait([s[1] for s in slots if s[2] is not None] +
+                         [s[0].sentinel for s in slots if s[2] is not None])
+            for i, s in enumerate(slots):
+                if s[2] is None or (s[1] not in ready and s[0].sentinel not in ready):
+                    continue
+                payload, attempt = s[2]
+                result = None
+                if s[1].poll():
+                    try:
+                        result = s[1].recv()
+                    except (EOFError, OSError):
+                        result = None
+                if result is not None:
+                    s[2] = None
+                    yield payload, result, ""
+                    continue
+                # the worker died: its point is retried once, on a new worker
+                s[0].join()
+                s[1].close()
+                slots[i] = start()
+                if attempt == 0:
+                    queue.appendleft((payload, 1))
+                else:
+                    yield payload, None, f"{DIED} (exit code {s[0].exitcode})"
+    finally:
+        for s in slots:
+            try:
+                s[1].send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for s in slots:
+            s[0].join(timeout=5)
+            if s[0].is_alive():
+                s[0].terminate()
+                s[0].join()
+
+
+def run_ray(fn, payloads, workers: int, address: str | None):
+    """The same as run_local through Ray: ``address`` None starts a local cluster of
+    ``workers`` CPUs (no dashboard) and stops it at the end; "auto" or an address joins a
+    running one (celosia must be installed on its nodes), keeping at most 2 x ``workers``
+    points in flight."""
+    try:
+        import ray
+        from ray.exceptions import RayError
+    except ImportError:
+        raise CelosiaError("--engine ray needs the ray package: pip install 'celosia[sweep]'") \
+            from None
+    started = not ray.is_initialized()
+    if started:
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise CelosiaError(f"--engine ray: cannot {'join the cluster at ' + address if address else 'start a local Ray cluster'}: {exc}") from None
+    remote = ray.remote(num_cpus=1, max_retries=1, retry_exceptions=False)(fn)
+    pending = deque(payloads)
+    running: dict = {}
+    window = max(1, 2 * workers)
+    try:
+        while pending or running:
+            while pending and len(running) < window:
+                p = pending.popleft()
+                running[remote.remote(p)] = p
+            done, _ = ray.wait(list(running), num_returns=1)
+            for ref in done:
+                payload = running.pop(ref)
+                try:
+                    yield payload, ray.get(ref), ""
+                except RayError as exc:  # the worker died twice (Ray retried it once)
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                    yield payload, None, f"{DIED} (Ray: {type(exc).__name__}: {first})"
+    finally:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        if started:
+            ray.shutdown()
