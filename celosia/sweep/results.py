@@ -40,6 +40,15 @@ class Store:
             rows[row["key"]] = row
         return list(rows.values())
 
+    def repair(self) -> None:
+        """Cut a torn last line (a run killed while writing it) so the next row starts on a
+        line of its own."""
+        if not self.rows_path.exists():
+            return
+        data = self.rows_path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            self.rows_path.write_bytes(data[:data.rfind(b"\n") + 1])
+
     def append(self, row: dict) -> None:
         with open(self.rows_path, "a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
@@ -110,7 +119,10 @@ def write_outputs(spec, store: Store, rows: list[dict], run_info: dict) -> dict:
     import pyarrow.parquet as pq
 
     rows = sorted(rows, key=lambda r: (r["config_index"], r["workload_index"]))
-    table = pa.Table.from_pylist(rows)
+    columns: dict = {}  # every row's keys (a failed point has no metrics), first seen first
+    for r in rows:
+        columns.update(dict.fromkeys(r))
+    table = pa.Table.from_pylist([{k: r.get(k) for k in columns} for r in rows])
     pq.write_table(table, store.out / "results.parquet")
     configs = per_config(spec, rows)
     feasible = [c for c in configs if c["feasible"] and c["area"] is not None]

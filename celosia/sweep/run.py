@@ -85,6 +85,7 @@ def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = N
                            f"({kept}); resume with that spec or use another --out")
     out.mkdir(parents=True, exist_ok=True)
     kept.write_text(spec.text)
+    store.repair()
 
     # the points, in spec order; a combination HwConfig rejects is a row at once
     done = {r["key"]: r for r in store.rows()}

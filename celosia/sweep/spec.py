@@ -207,17 +207,37 @@ def _space(table: dict, base: HwConfig, source: str) -> dict:
             raise SpecError(f"{source}: space.{key}: an empty list; give at least one value")
         seen = []
         for i, v in enumerate(values):
-            try:  # HwConfig's own validation, on the base configuration
-                replace(base, **{key: v})
-            except ConfigError as exc:
-                raise SpecError(f"{source}: space.{key}[{i}] = {v!r}: {exc}") from None
-            except TypeError as exc:
-                raise SpecError(f"{source}: space.{key}[{i}] = {v!r}: {exc}") from None
             if v in seen:
                 raise SpecError(f"{source}: space.{key}[{i}] = {v!r} is listed twice")
             seen.append(v)
         space[key] = values
+    # HwConfig's own validation: a value is rejected when no configuration of the space
+    # that has it is valid (the base's error is the reason); a combination that is invalid
+    # while each of its values is valid somewhere becomes a row with its reason.
+    for key, values in space.items():
+        others = [k for k in space if k != key]
+        for i, v in enumerate(values):
+            try:
+                replace(base, **{key: v})
+                continue
+            except ConfigError as exc:
+                error = exc
+            except TypeError as exc:
+                raise SpecError(f"{source}: space.{key}[{i}] = {v!r}: {exc}") from None
+            combos = itertools.islice(itertools.product(*(space[k] for k in others)), 100_000)
+            if not any(_valid(base, {key: v, **dict(zip(others, c))}) for c in combos):
+                raise SpecError(f"{source}: space.{key}[{i}] = {v!r}: {error}" +
+                                (" (with every combination of the other fields of the space)"
+                                 if others else "")) from None
     return space
+
+
+def _valid(base: HwConfig, point: dict) -> bool:
+    try:
+        replace(base, **point)
+        return True
+    except ConfigError:
+        return False
 
 
 def _objectives(spec: Spec, table: dict, source: str) -> None:
