@@ -14,6 +14,7 @@ runs one point at a time, so a death is charged to exactly the point it was runn
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from collections import deque
 from multiprocessing.connection import wait
 
@@ -39,9 +40,10 @@ def _worker(conn, fn) -> None:
         conn.send(fn(payload))
 
 
-def run_local(fn, payloads, workers: int):
+def run_local(fn, payloads, workers: int, timing: dict | None = None):
     """Yield (payload, result or None, reason) as each payload finishes on ``workers``
-    spawned processes."""
+    spawned processes (``timing["start_s"]``: the time to start them)."""
+    t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     queue = deque((p, 0) for p in payloads)
     slots: list = []  # [process, conn, (payload, attempt) or None]
@@ -56,6 +58,8 @@ def run_local(fn, payloads, workers: int):
     try:
         for _ in range(max(1, min(workers, len(queue)))):
             slots.append(start())
+        if timing is not None:
+            timing["start_s"] = round(time.perf_counter() - t0, 3)
         while queue or any(s[2] is not None for s in slots):
             for s in slots:
                 if s[2] is None and queue:
@@ -98,11 +102,13 @@ def run_local(fn, payloads, workers: int):
                 s[0].join()
 
 
-def run_ray(fn, payloads, workers: int, address: str | None):
+def run_ray(fn, payloads, workers: int, address: str | None, timing: dict | None = None):
     """The same as run_local through Ray: ``address`` None starts a local cluster of
     ``workers`` CPUs (no dashboard) and stops it at the end; "auto" or an address joins a
     running one (celosia must be installed on its nodes), keeping at most 2 x ``workers``
-    points in flight."""
+    points in flight. ``timing["start_s"]``: the time to import Ray and start or join the
+    cluster."""
+    t0 = time.perf_counter()
     try:
         import ray
         from ray.exceptions import RayError
@@ -118,6 +124,8 @@ def run_ray(fn, payloads, workers: int, address: str | None):
                 ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise CelosiaError(f"--engine ray: cannot {'join the cluster at ' + address if address else 'start a local Ray cluster'}: {exc}") from None
+    if timing is not None:
+        timing["start_s"] = round(time.perf_counter() - t0, 3)
     remote = ray.remote(num_cpus=1, max_retries=1, retry_exceptions=False)(fn)
     pending = deque(payloads)
     running: dict = {}

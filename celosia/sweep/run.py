@@ -55,10 +55,11 @@ class Progress:
             print(file=self.stream, flush=True)
 
 
-def _engine(engine: str, fn, payloads, workers: int, address: str | None):
+def _engine(engine: str, fn, payloads, workers: int, address: str | None,
+            timing: dict | None = None):
     if engine == "local":
-        return run_local(fn, payloads, workers)
-    return run_ray(fn, payloads, workers, address)
+        return run_local(fn, payloads, workers, timing)
+    return run_ray(fn, payloads, workers, address, timing)
 
 
 def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = None,
@@ -139,10 +140,12 @@ def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = N
             p["synth"] = store.synth_report(h, spec.part)
 
     bar = Progress(len(payloads), progress)
+    timing: dict = {}
     t1 = time.perf_counter()
     failed = 0
     try:
-        for payload, result, reason in _engine(engine, run_point, payloads, workers, address):
+        for payload, result, reason in _engine(engine, run_point, payloads, workers, address,
+                                               timing):
             base = payload["base"]
             if result is None:
                 failed += 1
@@ -162,6 +165,7 @@ def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = N
         "this_run": {"evaluated": len(payloads), "skipped_done": skipped,
                      "invalid_configs": len(invalid), "workers_died_twice": failed,
                      "points_s": round(points_s, 3), "synth_s": round(synth_s, 3),
+                     "engine_start_s": timing.get("start_s"),
                      "points_per_hour": (round(len(payloads) / points_s * 3600, 1)
                                          if payloads and points_s > 0 else None)},
     })
