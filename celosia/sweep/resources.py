@@ -16,7 +16,8 @@ fpga/synth.py:
   Against docs/fpga.md: LFE5U-85F small 15 and default 274 (both as measured); xc7z020
   default 137 (as measured), small 7.5 (measured 5.5: Yosys puts tiny buffers in LUTRAM).
 - **LUT and FF**: a line through two synthesised points per part (a + b x MACs per cycle):
-  the small (16 MACs) and default (256 MACs) cores of docs/fpga.md's table. Buffer sizes,
+  the small (16 MACs) and default (256 MACs) cores, synthesised (docs/fpga.md's table; the
+  pipelined small core on the xc7z020 by `celosia sweep --synth`). Buffer sizes,
   bus width and queue depths are not in it; it is exact at those two points only and is a
   first-order guide elsewhere, which is why ``--synth`` exists.
 
@@ -34,11 +35,13 @@ ANALYTIC_NOTE = ("analytic estimate (celosia/sweep/resources.py): DSP counted ex
                  "from the buffer shapes, LUT/FF a line through two synthesised cores")
 
 # (lut a, lut b, ff a, ff b) per part: LUT = a + b x MACs per cycle.
-# xc7z020: small core 8,812 LUT / 4,729 FF (16 MACs), default 20,485 / 19,414 (256 MACs);
+# xc7z020: small core 8,157 LUT / 6,631 FF (16 MACs; `celosia sweep --synth` of the small
+# preset, Yosys 0.70 via yowasp, the pipelined core of fcaa3b2), default 20,485 / 19,414
+# (256 MACs, docs/fpga.md);
 # LFE5U-85F: small core 14,092 / 7,635 (16 MACs, pipelined), default 42,208 / 11,822
 # (256 MACs, before pipelining: the only default-core ECP5 synthesis there is).
 _LINES = {
-    "xc7z020": ((8812, 16), (20485, 256), (4729, 16), (19414, 256)),
+    "xc7z020": ((8157, 16), (20485, 256), (6631, 16), (19414, 256)),
     "lfe5u-85f": ((14092, 16), (42208, 256), (7635, 16), (11822, 256)),
 }
 # (width, depth) aspect ratios of one block RAM

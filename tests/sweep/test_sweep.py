@@ -304,3 +304,29 @@ models = ["small_cnn"]
         want = json.loads(report.read_text())["summary"]
         assert r["cycles"] == want["cycles"] > 0
         assert r["macs"] == want["macs"] and r["accel_nodes"] == want["accel_nodes"]
+
+
+def test_synthesis_report_replaces_the_estimate():
+    """With --synth a point's resources (and Fmax) are the synthesis report's; a failed
+    synthesis falls back to the estimate and says why. (The real Yosys run takes minutes:
+    here the report is given, as the driver gives it from DIR/cache.)"""
+    from celosia.sweep.task import run_point
+    from celosia.sweep.workloads import Workload
+
+    cfg = HwConfig.preset("ecp5")
+    w = Workload("conv:8x8x16->16:k1:s1", "conv", dict(h=8, w=8, c=16, o=16, k=1, stride=1,
+                                                          pad=0))
+    payload = {"key": "k", "config": cfg.to_dict(), "workload": w, "part": "lfe5u-85f",
+               "constraints": {"fits": True, "min_fmax_mhz": 100}}
+    report = {"part": "LFE5U-85F", "lut": 30000, "ff": 9000, "bram": 120, "dsp": 90,
+              "fits": True, "fmax_mhz": 87.5}
+    row = run_point({**payload, "synth": report})["row"]
+    assert (row["lut"], row["ff"], row["bram"], row["dsp"]) == (30000, 9000, 120, 90)
+    assert row["resource_source"] == "yosys (lfe5u-85f)" and row["fmax_mhz"] == 87.5
+    assert row["status"] == "ok" and not row["feasible"]
+    assert row["violations"] == "fmax_mhz 87.5 < 100"
+    row = run_point({**payload, "synth": {"error": "yosys failed (exit 1)"}})["row"]
+    assert row["resource_source"] == "analytic (synthesis failed: yosys failed (exit 1))"
+    assert row["lut"] == analytic(cfg, "lfe5u-85f")["lut"]
+    # the same cycles either way: resources do not change the design point's timing
+    assert row["cycles"] == run_point(payload)["row"]["cycles"] > 0
