@@ -26,45 +26,48 @@ ENGINES = ("local", "ray")
 DIED = "the worker process died while evaluating this point, and again on its retry"
 
 
-def _worker(conn, fn) -> None:
+def _worker(conn) -> None:
     import os
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per worker
     while True:
         try:
-            payload = conn.recv()
+            job = conn.recv()
         except EOFError:
             return
-        if payload is None:
+        if job is None:
             return
+        fn, payload = job
         conn.send(fn(payload))
 
 
-def run_local(fn, payloads, workers: int, timing: dict | None = None):
-    """Yield (payload, result or None, reason) as each payload finishes on ``workers``
-    spawned processes (``timing["start_s"]``: the time to start them)."""
-    t0 = time.perf_counter()
-    ctx = mp.get_context("spawn")
-    queue = deque((p, 0) for p in payloads)
-    slots: list = []  # [process, conn, (payload, attempt) or None]
+class LocalPool:
+    """``workers`` spawned processes, kept across calls of ``run`` (a model-based search
+    sends points batch by batch)."""
 
-    def start():
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(child, fn), daemon=True)
+    def __init__(self, workers: int):
+        self.workers = max(1, workers)
+        self.ctx = mp.get_context("spawn")
+        self.slots: list = []  # [process, conn, (payload, attempt) or None]
+
+    def _start(self):
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_worker, args=(child,), daemon=True)
         proc.start()
         child.close()
         return [proc, parent, None]
 
-    try:
-        for _ in range(max(1, min(workers, len(queue)))):
-            slots.append(start())
-        if timing is not None:
-            timing["start_s"] = round(time.perf_counter() - t0, 3)
+    def run(self, fn, payloads):
+        """Yield (payload, result or None, reason) as each payload finishes."""
+        queue = deque((p, 0) for p in payloads)
+        while len(self.slots) < min(self.workers, len(queue)):
+            self.slots.append(self._start())
+        slots = self.slots
         while queue or any(s[2] is not None for s in slots):
             for s in slots:
                 if s[2] is None and queue:
                     s[2] = queue.popleft()
-                    s[1].send(s[2][0])
+                    s[1].send((fn, s[2][0]))
             ready = wait([s[1] for s in slots if s[2] is not None] +
                          [s[0].sentinel for s in slots if s[2] is not None])
             for i, s in enumerate(slots):
@@ -84,30 +87,50 @@ def run_local(fn, payloads, workers: int, timing: dict | None = None):
                 # the worker died: its point is retried once, on a new worker
                 s[0].join()
                 s[1].close()
-                slots[i] = start()
+                slots[i] = self._start()
                 if attempt == 0:
                     queue.appendleft((payload, 1))
                 else:
                     yield payload, None, f"{DIED} (exit code {s[0].exitcode})"
-    finally:
-        for s in slots:
+
+    def close(self) -> None:
+        for s in self.slots:
             try:
                 s[1].send(None)
             except (OSError, BrokenPipeError):
                 pass
-        for s in slots:
+        for s in self.slots:
             s[0].join(timeout=5)
             if s[0].is_alive():
                 s[0].terminate()
                 s[0].join()
+        self.slots = []
 
 
-def run_ray(fn, payloads, workers: int, address: str | None, timing: dict | None = None):
+def run_local(fn, payloads, workers: int, timing: dict | None = None, pool=None):
+    """Yield (payload, result or None, reason) as each payload finishes on ``workers``
+    spawned processes (``timing["start_s"]``: the time to start them), or on ``pool``'s."""
+    t0 = time.perf_counter()
+    own = pool is None
+    pool = LocalPool(workers) if own else pool
+    try:
+        gen = pool.run(fn, payloads)
+        if timing is not None:
+            timing.setdefault("start_s", round(time.perf_counter() - t0, 3))
+        yield from gen
+    finally:
+        if own:
+            pool.close()
+
+
+def run_ray(fn, payloads, workers: int, address: str | None, timing: dict | None = None,
+            keep: bool = False):
     """The same as run_local through Ray: ``address`` None starts a local cluster of
     ``workers`` CPUs (no dashboard) and stops it at the end; "auto" or an address joins a
     running one (celosia must be installed on its nodes), keeping at most 2 x ``workers``
     points in flight. ``timing["start_s"]``: the time to import Ray and start or join the
-    cluster."""
+    cluster. With ``keep`` the cluster is left running for the next call (the caller shuts
+    it down)."""
     t0 = time.perf_counter()
     try:
         import ray
@@ -125,7 +148,7 @@ def run_ray(fn, payloads, workers: int, address: str | None, timing: dict | None
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise CelosiaError(f"--engine ray: cannot {'join the cluster at ' + address if address else 'start a local Ray cluster'}: {exc}") from None
     if timing is not None:
-        timing["start_s"] = round(time.perf_counter() - t0, 3)
+        timing.setdefault("start_s", round(time.perf_counter() - t0, 3))
     remote = ray.remote(num_cpus=1, max_retries=1, retry_exceptions=False)(fn)
     pending = deque(payloads)
     running: dict = {}
@@ -146,5 +169,5 @@ def run_ray(fn, payloads, workers: int, address: str | None, timing: dict | None
     finally:
         for ref in running:
             ray.cancel(ref, force=True)
-        if started:
+        if started and not keep:
             ray.shutdown()

@@ -55,13 +55,6 @@ class Progress:
             print(file=self.stream, flush=True)
 
 
-def _engine(engine: str, fn, payloads, workers: int, address: str | None,
-            timing: dict | None = None):
-    if engine == "local":
-        return run_local(fn, payloads, workers, timing)
-    return run_ray(fn, payloads, workers, address, timing)
-
-
 def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = None,
               workers: int | None = None, resume: bool = False, limit: int | None = None,
               synth: bool = False, progress: bool = True) -> dict:
@@ -88,10 +81,80 @@ def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = N
     kept.write_text(spec.text)
     store.repair()
 
-    # the points, in spec order; a combination HwConfig rejects is a row at once
+    state = {"evaluated": 0, "invalid": 0, "failed": 0, "synth_s": 0.0, "points_s": 0.0,
+             "skipped": 0}
+    timing: dict = {}
+    session = _Session(engine, workers, address)
+    bar = None
+    try:
+        if spec.method == "optuna":
+            from .search import optuna_search
+
+            bar = Progress(spec.n * len(spec.workloads), progress)
+            optuna_search(spec, lambda configs: _evaluate(
+                spec, store, configs, session, state, timing, synth, limit, bar, out,
+                progress), workers)
+        else:
+            configs = list(enumerate(spec.configs()))
+            total = len(configs) * len(spec.workloads)
+            bar = Progress(total, progress)
+            _evaluate(spec, store, configs, session, state, timing, synth, limit, bar, out,
+                      progress)
+    finally:
+        session.close()
+        if bar is not None:
+            bar.close()
+    rows = store.rows()
+    n, points_s = state["evaluated"], state["points_s"]
+    summary = write_outputs(spec, store, rows, {
+        "engine": engine, "workers": workers, "synth": synth,
+        "this_run": {"evaluated": n, "skipped_done": state["skipped"],
+                     "invalid_configs": state["invalid"],
+                     "workers_died_twice": state["failed"],
+                     "points_s": round(points_s, 3), "synth_s": round(state["synth_s"], 3),
+                     "engine_start_s": timing.get("start_s"),
+                     "points_per_hour": (round(n / points_s * 3600, 1)
+                                         if n and points_s > 0 else None)},
+    })
+    return summary
+
+
+class _Session:
+    """The engine for the whole sweep: the local pool's processes or the Ray cluster are
+    started once, however many batches the search sends."""
+
+    def __init__(self, engine: str, workers: int, address: str | None):
+        self.engine, self.workers, self.address = engine, workers, address
+        self.pool, self.ray_started = None, False
+
+    def run(self, fn, payloads, timing: dict | None = None):
+        if self.engine == "local":
+            if self.pool is None:
+                from .engines import LocalPool
+
+                self.pool = LocalPool(self.workers)
+            return run_local(fn, payloads, self.workers, timing, pool=self.pool)
+        gen = run_ray(fn, payloads, self.workers, self.address, timing, keep=True)
+        self.ray_started = True
+        return gen
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+        if self.ray_started:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+
+
+def _evaluate(spec: Spec, store: Store, configs, session, state, timing, synth, limit, bar,
+              out, progress) -> list:
+    """Evaluate the points of ``configs`` ([(config index, {field: value})]) not already in
+    DIR; every row of those configurations (evaluated now or before), in order."""
     done = {r["key"]: r for r in store.rows()}
-    payloads, invalid = [], []
-    for ci, point in enumerate(spec.configs()):
+    payloads, keys = [], []
+    for ci, point in configs:
         try:
             cfg = spec.config_of(point)
             h, reason = config_hash(cfg), ""
@@ -99,27 +162,32 @@ def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = N
             cfg, h, reason = None, "invalid-" + str(ci), str(exc)
         for wi, w in enumerate(spec.workloads):
             key = point_key(h, w.name)
+            keys.append(key)
             base = {"key": key, "config_hash": h, "config_index": ci, "workload_index": wi,
                     "workload": w.name, "workload_kind": w.kind,
                     "is_default": cfg == spec.base,
                     **(cfg.to_dict() if cfg else {**spec.base.to_dict(), **point})}
-            if key in done:
+            if key in done or key in {p["key"] for p in payloads}:
+                state["skipped"] += key in done
+                bar.total -= 1  # (already done, or twice in this batch)
                 continue
             if cfg is None:
-                invalid.append({**base, "status": "invalid_config", "reason": reason,
-                                "feasible": False, "violations": ""})
+                row = {**base, "status": "invalid_config", "reason": reason,
+                       "feasible": False, "violations": ""}
+                store.append(row)
+                done[key] = row
+                state["invalid"] += 1
+                bar.total -= 1
                 continue
             payloads.append({"key": key, "config": cfg.to_dict(), "workload": w,
                              "part": spec.part, "constraints": spec.constraints, "base": base})
-    for row in invalid:
-        store.append(row)
-    skipped = len(done)
     if limit is not None:
-        payloads = payloads[:limit]
+        room = max(0, limit - state["evaluated"])
+        bar.total -= max(0, len(payloads) - room)
+        payloads = payloads[:room]
 
-    t0 = time.perf_counter()
-    synth_s = 0.0
     if synth:  # each configuration once, through the same engine, before its points
+        t0 = time.perf_counter()
         need = {}
         for p in payloads:
             h = p["base"]["config_hash"]
@@ -128,45 +196,29 @@ def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = N
         if need and progress:
             print(f"synthesising {len(need)} configurations for the {spec.part} "
                   f"(cached in {out}/cache)", file=sys.stderr, flush=True)
-        for payload, result, reason in _engine(engine, run_synth, list(need.values()),
-                                               workers, address):
+        for payload, result, reason in session.run(run_synth, list(need.values())):
             store.add_synth(payload["key"], spec.part,
                             result["synth"] if result else {"error": reason})
-        synth_s = time.perf_counter() - t0
+        state["synth_s"] += time.perf_counter() - t0
     for p in payloads:
         h = p["base"]["config_hash"]
         p["cache"] = store.cache_files(h)
         if synth:
             p["synth"] = store.synth_report(h, spec.part)
 
-    bar = Progress(len(payloads), progress)
-    timing: dict = {}
     t1 = time.perf_counter()
-    failed = 0
-    try:
-        for payload, result, reason in _engine(engine, run_point, payloads, workers, address,
-                                               timing):
-            base = payload["base"]
-            if result is None:
-                failed += 1
-                row = {**base, "status": "failed", "reason": reason, "feasible": False,
-                       "violations": "", "attempts": 2}
-            else:
-                store.add_cache(base["config_hash"], result["cache"])
-                row = {**base, **result["row"]}
-            store.append(row)
-            bar.update()
-    finally:
-        bar.close()
-    points_s = time.perf_counter() - t1
-    rows = store.rows()
-    summary = write_outputs(spec, store, rows, {
-        "engine": engine, "workers": workers, "synth": synth,
-        "this_run": {"evaluated": len(payloads), "skipped_done": skipped,
-                     "invalid_configs": len(invalid), "workers_died_twice": failed,
-                     "points_s": round(points_s, 3), "synth_s": round(synth_s, 3),
-                     "engine_start_s": timing.get("start_s"),
-                     "points_per_hour": (round(len(payloads) / points_s * 3600, 1)
-                                         if payloads and points_s > 0 else None)},
-    })
-    return summary
+    for payload, result, reason in session.run(run_point, payloads, timing):
+        base = payload["base"]
+        if result is None:
+            state["failed"] += 1
+            row = {**base, "status": "failed", "reason": reason, "feasible": False,
+                   "violations": "", "attempts": 2}
+        else:
+            store.add_cache(base["config_hash"], result["cache"])
+            row = {**base, **result["row"]}
+        store.append(row)
+        done[row["key"]] = row
+        state["evaluated"] += 1
+        bar.update()
+    state["points_s"] += time.perf_counter() - t1
+    return [done.get(k) for k in keys]

@@ -65,7 +65,8 @@ class Spec:
 
     def configs(self) -> list[dict]:
         """The configurations the search visits, as {field: value} over the space's fields
-        (grid: all, in order; random: ``n`` distinct ones drawn with ``seed``)."""
+        (grid: all, in order; random: ``n`` distinct ones drawn with ``seed``). The optuna
+        method asks for its configurations batch by batch instead (search.py)."""
         names = list(self.space)
         if self.method == "grid":
             return [dict(zip(names, values))
@@ -297,11 +298,9 @@ def _search(spec: Spec, table: dict, source: str) -> None:
         raise SpecError(f"{source}: search.{sorted(extra)[0]}: unknown key; keys are method, "
                         f"n, seed")
     method = table.get("method", "grid")
-    if method == "optuna":
-        raise SpecError(f"{source}: search.method: \"optuna\" (a model-based search) is not "
-                        f"implemented yet; use grid or random (docs/sweep.md)")
-    if method not in ("grid", "random"):
-        raise SpecError(f"{source}: search.method: {method!r}; methods are grid, random")
+    if method not in ("grid", "random", "optuna"):
+        raise SpecError(f"{source}: search.method: {method!r}; methods are grid, random, "
+                        f"optuna")
     spec.method = method
     n = table.get("n")
     if method != "grid":
@@ -311,8 +310,14 @@ def _search(spec: Spec, table: dict, source: str) -> None:
         spec.n = n
     elif n is not None:
         raise SpecError(f"{source}: search.n: the grid visits every configuration; n goes "
-                        f"with method = \"random\"")
+                        f"with method = \"random\" or \"optuna\"")
     seed = table.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise SpecError(f"{source}: search.seed must be an integer, not {seed!r}")
     spec.seed = seed
+    if method == "optuna":
+        import importlib.util
+
+        if importlib.util.find_spec("optuna") is None:
+            raise SpecError(f"{source}: search.method = \"optuna\" needs the optuna package: "
+                            f"pip install 'celosia[sweep]' (or use grid or random)")
