@@ -123,6 +123,24 @@ def run_local(fn, payloads, workers: int, timing: dict | None = None, pool=None)
             pool.close()
 
 
+def _reachable(address: str) -> None:
+    """A Ray address names a GCS server that answers; ray.init would wait for minutes on
+    one that does not."""
+    import socket
+
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise CelosiaError(f"--address {address!r}: give HOST:PORT of the cluster's head (its "
+                           f"GCS port, 6379 by default) or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise CelosiaError(f"--address {address}: no Ray cluster answers there ({exc}); start "
+                           f"one with `ray start --head` or leave --address out for a local "
+                           f"cluster") from None
+
+
 def run_ray(fn, payloads, workers: int, address: str | None, timing: dict | None = None,
             keep: bool = False):
     """The same as run_local through Ray: ``address`` None starts a local cluster of
@@ -139,6 +157,8 @@ def run_ray(fn, payloads, workers: int, address: str | None, timing: dict | None
         raise CelosiaError("--engine ray needs the ray package: pip install 'celosia[sweep]'") \
             from None
     started = not ray.is_initialized()
+    if started and address and address != "auto":
+        _reachable(address)
     if started:
         try:
             if address:

@@ -352,3 +352,30 @@ def test_optuna_search_is_reproducible_and_resumable(tmp_path):
     run_sweep(spec, tmp_path / "c", workers=2, limit=3, progress=False)
     run_sweep(spec, tmp_path / "c", workers=2, resume=True, progress=False)
     assert _rows(tmp_path / "c") == rows
+
+
+def test_onnx_workload(tmp_path):
+    """An ONNX file (static shapes) is calibrated and run on standard-normal inputs; its row
+    times the accelerator nodes as a zoo model's does."""
+    import onnx
+
+    from celosia.models.registry import entry
+
+    onnx.save(entry("small_cnn").model("small"), tmp_path / "m.onnx")
+    (tmp_path / "s.toml").write_text("[space]\nbus_bytes = [8]\n"
+                                     "[workloads]\nonnx = ['m.onnx']\n")
+    from celosia.sweep import load_spec
+
+    spec = load_spec(tmp_path / "s.toml")
+    summary = run_sweep(spec, tmp_path / "out", workers=1, progress=False)
+    (row,) = _rows(tmp_path / "out")
+    assert summary["status"] == {"ok": 1} and row["workload"] == "onnx:m.onnx"
+    assert row["cycles"] > 0 and row["accel_nodes"] > 0 and row["macs"] > 0
+    assert 0 < row["compute_busy_cycles"] <= row["cycles"] and row["dram_bytes"] > 0
+
+
+def test_unreachable_ray_address_is_a_clear_error(tmp_path):
+    pytest.importorskip("ray")
+    with pytest.raises(Exception, match="no Ray cluster answers there"):
+        run_sweep(parse_spec(SMALL), tmp_path / "out", engine="ray", address="127.0.0.1:1",
+                  progress=False)
