@@ -379,3 +379,35 @@ def test_unreachable_ray_address_is_a_clear_error(tmp_path):
     with pytest.raises(Exception, match="no Ray cluster answers there"):
         run_sweep(parse_spec(SMALL), tmp_path / "out", engine="ray", address="127.0.0.1:1",
                   progress=False)
+
+
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_schedule_search_measures_through_an_engine(engine):
+    """A conv and a dense search measuring their pools on an engine choose the same
+    schedules, with the same counters, as searches measuring one candidate after
+    another here."""
+    if engine == "ray":
+        pytest.importorskip("ray")
+    from celosia.compiler.accel import tune
+    from celosia.compiler.accel.ops import ConvSpec, DenseSpec, Epilogue
+    from celosia.compiler.accel.tune_dense import tune_dense
+    from celosia.sweep.measure import through
+
+    cfg = HwConfig()
+    conv = ConvSpec(1, 64, 14, 14, 64, 3, 3, 1, 1, Epilogue(shift=8, relu=True))
+    dense = DenseSpec(16, 256, 128, Epilogue(shift=8))
+    want = (tune.tune_conv(cfg, conv, use_cache=False), tune_dense(cfg, dense, use_cache=False))
+    pools = []
+    with through(engine, workers=2):
+        mapper = tune._MEASURE_MAP
+
+        def counting(measure, knobs):
+            pools.append(len(knobs))
+            return mapper(measure, knobs)
+
+        tune.set_measure_map(counting)
+        got = (tune.tune_conv(cfg, conv, use_cache=False),
+               tune_dense(cfg, dense, use_cache=False))
+    assert tune._MEASURE_MAP is None  # restored
+    assert got == want
+    assert pools and all(n > 1 for n in pools)  # the pools went to the engine
