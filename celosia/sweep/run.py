@@ -153,7 +153,7 @@ def _evaluate(spec: Spec, store: Store, configs, session, state, timing, synth, 
     """Evaluate the points of ``configs`` ([(config index, {field: value})]) not already in
     DIR; every row of those configurations (evaluated now or before), in order."""
     done = {r["key"]: r for r in store.rows()}
-    payloads, keys = [], []
+    payloads, keys, queued = [], [], set()
     for ci, point in configs:
         try:
             cfg = spec.config_of(point)
@@ -167,7 +167,7 @@ def _evaluate(spec: Spec, store: Store, configs, session, state, timing, synth, 
                     "workload": w.name, "workload_kind": w.kind,
                     "is_default": cfg == spec.base,
                     **(cfg.to_dict() if cfg else {**spec.base.to_dict(), **point})}
-            if key in done or key in {p["key"] for p in payloads}:
+            if key in done or key in queued:
                 state["skipped"] += key in done
                 bar.total -= 1  # (already done, or twice in this batch)
                 continue
@@ -181,6 +181,7 @@ def _evaluate(spec: Spec, store: Store, configs, session, state, timing, synth, 
                 continue
             payloads.append({"key": key, "config": cfg.to_dict(), "workload": w,
                              "part": spec.part, "constraints": spec.constraints, "base": base})
+            queued.add(key)
     if limit is not None:
         room = max(0, limit - state["evaluated"])
         bar.total -= max(0, len(payloads) - room)
