@@ -1,5 +1,5 @@
 """`celosia sweep SPEC.toml --out DIR [--engine local|ray] [--address ADDR] [--workers N]
-[--resume] [--limit N] [--synth]`."""
+[--resume] [--limit N] [--synth] [--rtl-sample N]`."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--synth", action="store_true",
                    help="resources from Yosys synthesis (fpga/synth.py; minutes per "
                         "configuration, cached in DIR) instead of the analytic estimate")
+    p.add_argument("--rtl-sample", type=int, default=0, metavar="N",
+                   help="also run the first N layer points on the RTL (Verilator, built once "
+                        "per configuration): their cycles must equal the cycle model's")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
 
 
@@ -36,7 +39,8 @@ def command(args) -> int:
     spec = load_spec(args.spec)  # every error of the spec before any work
     summary = run_sweep(spec, args.out, engine=args.engine, address=args.address,
                         workers=args.workers, resume=args.resume, limit=args.limit,
-                        synth=args.synth, progress=not args.quiet)
+                        synth=args.synth, rtl_sample=args.rtl_sample,
+                        progress=not args.quiet)
     run = summary["this_run"]
     status = ", ".join(f"{k} {v}" for k, v in sorted(summary["status"].items()))
     rate = f", {run['points_per_hour']:.0f} points/h" if run["points_per_hour"] else ""

@@ -57,7 +57,7 @@ class Progress:
 
 def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = None,
               workers: int | None = None, resume: bool = False, limit: int | None = None,
-              synth: bool = False, progress: bool = True) -> dict:
+              synth: bool = False, rtl_sample: int = 0, progress: bool = True) -> dict:
     """Run (or continue) the sweep; the summary (also DIR/summary.json)."""
     if engine not in ENGINES:
         raise CelosiaError(f"unknown engine {engine!r}; engines are {', '.join(ENGINES)}")
@@ -66,6 +66,8 @@ def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = N
     workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise CelosiaError(f"--workers must be at least 1, not {workers}")
+    if rtl_sample < 0:
+        raise CelosiaError(f"--rtl-sample must be at least 0, not {rtl_sample}")
     if limit is not None and limit < 0:
         raise CelosiaError(f"--limit must be at least 0, not {limit}")
     out = Path(out)
@@ -81,8 +83,8 @@ def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = N
     kept.write_text(spec.text)
     store.repair()
 
-    state = {"evaluated": 0, "invalid": 0, "failed": 0, "synth_s": 0.0, "points_s": 0.0,
-             "skipped": 0}
+    state = {"rtl_sample": rtl_sample, "evaluated": 0, "invalid": 0, "failed": 0,
+             "synth_s": 0.0, "points_s": 0.0, "skipped": 0}
     timing: dict = {}
     session = _Session(engine, workers, address)
     bar = None
@@ -182,6 +184,11 @@ def _evaluate(spec: Spec, store: Store, configs, session, state, timing, synth, 
             payloads.append({"key": key, "config": cfg.to_dict(), "workload": w,
                              "part": spec.part, "constraints": spec.constraints, "base": base})
             queued.add(key)
+    if state["rtl_sample"]:  # the first layer points of the spec (in its order) not yet done
+        for p in payloads:
+            if state["rtl_sample"] and p["workload"].kind == "conv":
+                p["rtl"] = True
+                state["rtl_sample"] -= 1
     if limit is not None:
         room = max(0, limit - state["evaluated"])
         bar.total -= max(0, len(payloads) - room)

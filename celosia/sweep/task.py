@@ -155,6 +155,20 @@ def run_point(payload: dict) -> dict:
                 tb = traceback.extract_tb(exc.__traceback__)[-1]
                 row.update(status="failed", reason=f"{type(exc).__name__}: {exc} (at "
                                                   f"{Path(tb.filename).name}:{tb.lineno})")
+            if payload.get("rtl") and row["status"] == "ok":
+                # the RTL check of a sampled point: its cycles must equal the cycle model's
+                from .workloads import rtl_cycles
+
+                try:
+                    row["rtl_cycles"] = rtl_cycles(cfg, w.params, row["schedule"])
+                    row["rtl_match"] = row["rtl_cycles"] == row["cycles"]
+                    if not row["rtl_match"]:
+                        row.update(status="rtl_mismatch",
+                                   reason=f"the RTL ran {row['rtl_cycles']} cycles, the cycle "
+                                          f"model {row['cycles']}: a bug, please report it")
+                except CelosiaError as exc:
+                    row["rtl_match"] = None
+                    row["reason"] = f"RTL check not run: {exc}"
             new_files = cache.new_files()
     violations = _constraint_violations(row, payload["constraints"]) \
         if row["status"] == "ok" else []

@@ -165,6 +165,29 @@ def _eval_conv(cfg, p: dict) -> dict:
             **{k: int(stats[k]) for k in STALL_KEYS + DRAM_KEYS if k in stats}}
 
 
+def rtl_cycles(cfg, p: dict, schedule: str) -> int:
+    """The layer with ``schedule`` (a row's JSON knobs) run on the RTL (Verilator; built
+    once per configuration and cached, sim/rtl.py): its cycle count."""
+    import json
+
+    import numpy as np
+
+    from celosia.compiler.accel.ops import ConvKnobs, conv2d, pack_nchw, pack_oihw
+    from celosia.driver import Device
+
+    _, spec = conv_specs(cfg, p)
+    rng = np.random.default_rng(0)
+    b, k = cfg.batch, cfg.block
+    fn = conv2d(cfg, spec, ConvKnobs(**json.loads(schedule)))
+    args = [pack_nchw(rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8),
+                      b, k),
+            pack_oihw(rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw),
+                                   dtype=np.int8), k),
+            np.zeros((spec.n // b, spec.o // k, spec.oh, spec.ow, b, k), np.int8)]
+    size = sum(a.nbytes for a in args) * 2 + (8 << 20)
+    return int(fn(Device(cfg, target="rtl", dram_size=size), *args)["cycles"])
+
+
 _GRAPHS: dict = {}  # quantized graphs of this process, per workload (config-independent)
 
 

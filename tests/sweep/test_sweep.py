@@ -443,3 +443,25 @@ def test_killed_run_resumes_with_the_same_rows(tmp_path):
     resumed = _rows(out)
     assert len({r["key"] for r in resumed}) == len(resumed) == 16
     assert resumed == _rows(tmp_path / "full")
+
+
+@pytest.mark.slow
+def test_rtl_sample_cycles_equal_the_cycle_model(tmp_path):
+    """--rtl-sample: sampled layer points run on the RTL too (a cold Verilator build of the
+    small core, about a minute), with the same cycles."""
+    text = """
+[base]
+preset = "small"
+[space]
+dram_latency = [8, 16]
+[workloads]
+layers = ["conv:6x6x8->8:k3:s1", "conv:4x4x8->4:k1:s1"]
+"""
+    summary = run_sweep(parse_spec(text), tmp_path / "out", workers=1, rtl_sample=3,
+                        progress=False)
+    rows = _rows(tmp_path / "out")
+    assert summary["status"] == {"ok": 4}
+    checked = [r for r in rows if r.get("rtl_cycles") is not None]
+    assert len(checked) == 3
+    for r in checked:
+        assert r["rtl_match"] and r["rtl_cycles"] == r["cycles"] > 0
