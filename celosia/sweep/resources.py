@@ -36,7 +36,7 @@ ANALYTIC_NOTE = ("analytic estimate (celosia/sweep/resources.py): DSP counted ex
 
 # (lut a, lut b, ff a, ff b) per part: LUT = a + b x MACs per cycle.
 # xc7z020: small core 8,157 LUT / 6,631 FF (16 MACs; `celosia sweep --synth` of the small
-# preset, Yosys 0.70 via yowasp, the pipelined core of fcaa3b2), default 20,485 / 19,414
+# preset, Yosys 0.70 via yowasp, the pipelined core of main at a40ffc5), default 20,485 / 19,414
 # (256 MACs, docs/fpga.md);
 # LFE5U-85F: small core 14,092 / 7,635 (16 MACs, pipelined), default 42,208 / 11,822
 # (256 MACs, before pipelining: the only default-core ECP5 synthesis there is).
