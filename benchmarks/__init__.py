@@ -50,6 +50,10 @@ BENCHMARKS = {
              "open-tool FPGA results: Fmax of the small and ecp5 presets on the LFE5U-85F "
              "(place and route), the default core on the xc7z020 (fits), resources, and "
              "ResNet-18's conv layer cycles before/after the pipelined datapath"),
+    "sweep": ("celosia.benchmarks.sweep_bench", "run",
+              "`celosia sweep` over ResNet-18's conv layers (8 configurations, cold caches): "
+              "design points per hour, Ray's scaling from 1 to 2 workers, Ray's wall time "
+              "over the local engine's"),
     "zoo": ("celosia.benchmarks.zoo", "run",
             "the model zoo at full size on the CPU build against onnxruntime: models that "
             "import and agree, latency ratio per model, geometric mean and worst"),

@@ -149,6 +149,12 @@ def cmd_fpga_synth(args) -> int:
     return command(args)
 
 
+def cmd_sweep(args) -> int:
+    from .sweep.cli import command
+
+    return command(args)
+
+
 # ---- whole models (compile, run) --------------------------------------------------------------
 
 MODEL_TARGETS = ("cpu", "fsim", "cycle", "rtl")
@@ -755,6 +761,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .fpga.synth import add_arguments as synth_arguments
     synth_arguments(q)
     q.set_defaults(func=cmd_fpga_synth)
+
+    p = sub.add_parser("sweep", help="design-space exploration: configurations x workloads "
+                                      "on the cycle model, locally or on Ray (docs/sweep.md)")
+    from .sweep.cli import add_arguments as sweep_arguments
+    sweep_arguments(p)
+    p.set_defaults(func=cmd_sweep)
 
     def model_options(p):
         p.add_argument("--target", default="cpu", choices=MODEL_TARGETS,

@@ -641,6 +641,8 @@ class AccelModel:
                                      graph.types[name].shape, v.get("layout"), cfg,
                                      self._host_buffer(name))
 
+        # the executor's counters of each accelerator node in this run
+        self.node_counters: dict[str, dict] = {}
         segment_of = {names[0]: (names, cpu) for names, cpu in self.segments}
         external_of = {names[0]: (t, names, m) for t, names, m in self.external}
         rows: dict[str, dict] = {}
@@ -745,6 +747,7 @@ class AccelModel:
                 row["layout_ms"] = (time.perf_counter() - t0) * 1e3 if packed else 0.0
                 counters = (ex.run(prog["insn_addr"], prog["insn_count"])
                             if prog["insn_count"] else {"cycles": 0})
+                self.node_counters[node.name] = counters  # (celosia sweep's stall breakdown)
                 out = node.outputs[0]
                 in_dram.add(out)
                 host.pop(out, None)

@@ -11,6 +11,7 @@ and the ResNet-18 results.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -356,7 +357,21 @@ def tune_conv(cfg: HwConfig, spec: ConvSpec, *, vthreads: bool = True, top: int 
         return ranked, len([k for k in ranked[:max(1, top)] if estimates[k] <= cutoff])
 
     return search_cached(path, use_cache, ConvKnobs, ranked,
-                         lambda knobs: measure_conv(cfg, spec, knobs), spec)
+                         functools.partial(measure_conv, cfg, spec), spec)
+
+
+# How a search measures its pool of candidates: None, one after another in this process;
+# else a function (measure, [knobs]) -> [counters or CompilerError], which
+# celosia.sweep.measure.through sets to run them at once on a sweep engine (local worker
+# processes or Ray tasks). The choice is the same either way (search_cached).
+_MEASURE_MAP = None
+
+
+def set_measure_map(mapper):
+    """Set how searches measure their pools (None: in this process); the previous one."""
+    global _MEASURE_MAP
+    previous, _MEASURE_MAP = _MEASURE_MAP, mapper
+    return previous
 
 
 def search_cached(path: Path, use_cache: bool, knobs_type, rank, measure, what) -> tuple:
@@ -369,12 +384,21 @@ def search_cached(path: Path, use_cache: bool, knobs_type, rank, measure, what) 
         data = json.loads(path.read_text())
         return knobs_type(**data["knobs"]), data["stats"]
     ranked, pool = rank()
+    # the pool measured at once when a measure map is set (the same counters, the same
+    # choice: the fastest, the first in rank order among equals)
+    at_once = _MEASURE_MAP(measure, ranked[:pool]) if _MEASURE_MAP and pool > 1 else None
+    # (None from the map too: it could not send ``measure`` to its workers)
     best, errors = None, []
     for i, knobs in enumerate(ranked):
         if i >= pool and best is not None:
             break  # past the pool: only while nothing measured so far compiled
         try:
-            stats = measure(knobs)
+            if at_once is not None and i < pool:
+                if isinstance(at_once[i], CompilerError):
+                    raise at_once[i]
+                stats = at_once[i]
+            else:
+                stats = measure(knobs)
         except CompilerError as e:  # (a candidate that does not compile: try the next one)
             errors.append(str(e))
             continue

@@ -16,6 +16,8 @@ cached on disk like ``tune.tune_conv`` (same key scheme and cache directory).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from celosia.config import HwConfig
@@ -118,4 +120,4 @@ def tune_dense(cfg: HwConfig, spec: DenseSpec, *, top: int = 3,
         return ranked, len([k for k in ranked[:max(1, top)] if estimates[k] <= cutoff])
 
     return search_cached(path, use_cache, DenseKnobs, ranked,
-                         lambda knobs: measure_dense(cfg, spec, knobs), spec)
+                         functools.partial(measure_dense, cfg, spec), spec)
