@@ -14,13 +14,16 @@ Two ways in:
 Scales are symmetric, zero points are 0: a value v of scale s is stored as int8
 ``q = clip(rint(v / s), -128, 127)``, ``s = range / 127`` over the calibration samples,
 the range being max|v| (method "minmax") or, by default ("mse"), for values never
-negative that do not feed a QLut, the clipping range of least squared error
+negative that do not feed a QLut, the clipping range of least squared error, for signed
+ones the least squared error range clipping at most 1e-4 of the samples
 (``_mse_ranges``; docs/graph.md has the measurements behind the choice), or a percentile
 of |v| ("percentile") or TensorRT's KL-divergence threshold ("entropy"), calib.py. The exception:
 values never negative whose writers and readers fold a zero point into their constants
 exactly (qzero.py: Relu outputs read by convolutions, padded ones too (``pad_value``), Gemm,
 Linear) get zero point -128 and all 256 steps on [0, range], and so do signed values only
-lookup tables write, from the tables' least entry (``_table_lows``); a global average
+lookup tables write, from the tables' least entry (``_table_lows``; Slice, Concat and Add
+carry such a lower end), and signed values with none whose calibrated [min, max] rounds
+held-out calibration samples better (``_zero_point_pays``, chosen per value); a global average
 pool writes its own scale (``_pool_params``). ``zero_points=False`` turns zero points off.
 
 A Conv (2-D), Gemm (no transA) or MatMul (any rank >= 2 by a constant [K,O]; N-d inputs
@@ -694,7 +697,8 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
 
 def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) -> dict:
     """The "mse" method: the MSE range (_mse_range) for the classes of values that were never
-    negative on the samples (a Relu output), the maximum for the others, for the inputs of
+    negative on the samples (a Relu output), a mildly clipped one for signed values
+    (``_signed_range``; the maximum for a graph output), the maximum for the inputs of
     a QLut and for the outputs of a layer clamped above (Relu6: the clamp already bounds
     the range, and narrowing it cost MobileNetV2 0.9975 -> 0.9970). Measured on the zoo's
     small models (docs/graph.md): MSE ranges for every value lose accuracy on the SiLU
