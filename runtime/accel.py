@@ -732,6 +732,17 @@ class AccelModel:
                 for st in prog.get("staged", ()):
                     to_host(st["value"])
                     view = ex.dram_view(st["addr"], math.prod(st["shape"]))
+                    if st["layout"] == im2col.LAYOUT and view is not None:
+                        # im2col.stager: the windows' packing bound to this DRAM buffer
+                        stage = self.__dict__.setdefault("_stagers", {}).get(node.name)
+                        if stage is None or stage[0] is not ex:
+                            stage = self._stagers[node.name] = (ex, im2col.stager(
+                                self._windows(node.name), cfg,
+                                view.view(np.int8).reshape(st["shape"])))
+                        stage[1](host[st["value"]])
+                        crossings["to_accel"] += 1
+                        packed = True
+                        continue
                     if st["layout"] == im2col.LAYOUT:
                         pack_st = partial(im2col.pack, win=self._windows(node.name), cfg=cfg)
                     else:

@@ -22,9 +22,13 @@ value on the host (``pack``), counted as layout time and as a crossing.
 (a graph input or a CPU node's output: packing it is the runtime's work anyway) and that
 no other accelerator node reads (else it would cross twice, in two layouts), and fewer
 input blocks than conv2d's blocks x taps; then both layers are tuned on the cycle model
-(compiler/accel/tune.py, cached) and the windowed one is taken only if it takes fewer
-cycles (its input is kh x kw / (stride_h x stride_w) times larger in DRAM, so a layer
-whose loads already bound it may not gain).
+(compiler/accel/tune.py, cached) and the windowed one is taken only if the accelerator
+time it saves (cycles at the configured clock) exceeds what packing the windows costs the
+CPU beyond packing the plain input, timed at build time (``extra_pack_seconds``): its
+input is kh x kw / (stride_h x stride_w) times larger, so a layer whose loads already bound
+it may not gain cycles, and a small one may gain fewer microseconds than the packing costs.
+With BATCH 1 the windows are packed by a compiled kernel (compiler/cpu/im2col_layout.py),
+otherwise by one numpy gather.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from celosia.errors import CompilerError
 from ..graph.ir import Graph, Node
 from .ops import _ConvOutput
 
-__all__ = ["Windows", "windows_of", "fits", "candidate", "layer", "pack", "plan", "LAYOUT"]
+__all__ = ["Windows", "windows_of", "fits", "candidate", "layer", "pack", "stager", "plan",
+           "LAYOUT"]
 
 LAYOUT = "im2col"  # the staged operand's layout name (program manifests)
 
@@ -195,9 +200,12 @@ def layer(node: Node, graph: Graph, cfg: HwConfig, win: Windows):
 
 
 def plan(node: Node, graph: Graph, cfg: HwConfig, placements: dict, base, *, top: int = 4):
-    """(layer, windows) of the node over its windows if that takes fewer cycles than
-    ``base`` (its conv2d AccelLayer), both tuned on the cycle model for one batch tile, or
-    if no schedule of ``base`` fits the buffers; else None."""
+    """(layer, windows) of the node over its windows if that saves more accelerator time
+    than the CPU spends packing them, or if no schedule of ``base`` (its conv2d AccelLayer)
+    fits the buffers; else None. Both layers are tuned on the cycle model for one batch
+    tile; the time saved is the cycles saved for the whole batch at the configured clock,
+    the packing cost ``extra_pack_seconds`` (windows against the plain input the layer
+    would read otherwise)."""
     from .tune import tune_conv
 
     win = candidate(node, graph, placements, cfg)
@@ -213,20 +221,128 @@ def plan(node: Node, graph: Graph, cfg: HwConfig, placements: dict, base, *, top
         _, theirs = tune_conv(cfg, replace(base.spec, n=one), top=top)
     except CompilerError:  # no schedule of the padded layer fits: the windows' does
         return alt, win
-    if ours["cycles"] >= theirs["cycles"]:
+    saved = (theirs["cycles"] - ours["cycles"]) * (win.n // one) / (cfg.clock_mhz * 1e6)
+    if saved <= 0 or saved <= extra_pack_seconds(win, cfg):
         return None
     return alt, win
+
+
+def extra_pack_seconds(win: Windows, cfg: HwConfig, repeats: int = 5) -> float:
+    """How much longer packing the windows takes on this CPU than packing the plain input
+    (runtime/accel.py's border: the compiled layout kernel for a large image of BATCH 1,
+    else partition.pack_value): each timed ``repeats`` times on zeros after a first call,
+    the least of each (seconds; the border's other costs, the same for both, cancel)."""
+    import time
+
+    from ..cpu.packed_layout import compiled_layout, pack_fast
+    from .partition import pack_value, packed_shape
+
+    x = np.zeros((win.n, win.c, win.h, win.w), np.int8)
+    windows = np.empty(win.packed_shape(cfg), np.int8)
+    shape = packed_shape(x.shape, cfg)
+    plain = np.empty(shape, np.int8)
+    if compiled_layout(x.shape, shape, cfg.batch, cfg.block):
+        plain_pack = lambda: pack_fast(x, plain, cfg.block)  # noqa: E731
+    else:
+        plain_pack = lambda: pack_value(x, cfg, None, out=plain)  # noqa: E731
+    stage = stager(win, cfg, windows)
+
+    def least(fn) -> float:
+        fn()
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        return best
+    return least(lambda: stage(x)) - least(plain_pack)
+
+
+def gather_index(win: Windows, cfg: HwConfig) -> np.ndarray:
+    """The staged operand as one gather (cached per geometry): byte j of the packed windows
+    (``Windows.packed_shape``, flattened) is byte ``index[j]`` of the source ``x.ravel()``
+    followed by ``win.z`` (the padding), 0 (channels past the lanes) and ``win.lanes``."""
+    key = (win, cfg.batch, cfg.block)
+    cached = _INDEX.get(key)
+    if cached is not None:
+        return cached
+    b, k = cfg.batch, cfg.block
+    n, c, h, w, oh, ow = win.n, win.c, win.h, win.w, win.oh, win.ow
+    size = n * c * h * w
+    pt, pl = win.pads[:2]
+    sh, sw = win.strides
+    ch = np.arange(win.blocks(k) * k)
+    tap, ci = np.divmod(np.minimum(ch, win.channels - 1), c)
+    dy, dx = np.divmod(tap, win.kw)
+    ys = np.arange(oh)[:, None] * sh + dy[None, :] - pt  # [oh, channels]
+    xs = np.arange(ow)[:, None] * sw + dx[None, :] - pl  # [ow, channels]
+    inside = (((ys >= 0) & (ys < h))[:, None, :] & ((xs >= 0) & (xs < w))[None, :, :])
+    pixel = np.clip(ys, 0, h - 1)[:, None, :] * w + np.clip(xs, 0, w - 1)[None, :, :]
+    image = np.arange(n)[:, None, None, None] * (c * h * w)
+    src = image + (ci * (h * w))[None, None, None, :] + pixel[None]  # [n, oh, ow, channels]
+    src = np.where(inside[None], src, size)  # the padding: z
+    lane = ch - win.channels
+    extra = np.where(lane < len(win.lanes), size + 2 + lane, size + 1)  # a lane, or 0
+    src = np.where((ch < win.channels)[None, None, None, :], src, extra[None, None, None, :])
+    cb = win.blocks(k)
+    # out[i, j, y, x, bb, kk] = src[i * b + bb, y, x, j * k + kk]
+    index = src.reshape(n // b, b, oh, ow, cb, k).transpose(0, 4, 2, 3, 1, 5)
+    index = np.ascontiguousarray(index, dtype=np.intp).reshape(-1)
+    if len(_INDEX) >= 16:
+        _INDEX.pop(next(iter(_INDEX)))
+    _INDEX[key] = index
+    return index
+
+
+_INDEX: dict = {}  # gather_index's cache: (Windows, batch, block) -> index
 
 
 def pack(x: np.ndarray, win: Windows, cfg: HwConfig, out: np.ndarray | None = None) -> np.ndarray:
     """The windows of int8 ``x`` ([n, c, h, w], or [n, c, w] for a 1-D layer) in the staged
     operand's layout (``Windows.packed_shape``), into ``out`` if given: padding reads
-    ``win.z``, channels past kh x kw x C are zeros."""
-    b, k = cfg.batch, cfg.block
+    ``win.z``, channels past kh x kw x C are zeros. With BATCH 1 a compiled kernel
+    (compiler/cpu/im2col_layout.py), else one gather with a precomputed index
+    (``gather_index``); ``pack_reference`` is the definition both equal."""
     x = np.asarray(x)
     if x.dtype != np.int8 or x.size != win.n * win.c * win.h * win.w:
         raise CompilerError(f"im2col: expected int8 [{win.n}, {win.c}, {win.h}, {win.w}], got "
                             f"{x.dtype}{list(x.shape)}")
+    shape = win.packed_shape(cfg)
+    if out is None:
+        out = np.empty(shape, np.int8)
+    if cfg.batch == 1 and out.flags.c_contiguous:  # the compiled kernel
+        from ..cpu.im2col_layout import pack_windows
+
+        pack_windows(x, win, out, cfg.block)
+        return out
+    index = gather_index(win, cfg)
+    source = np.empty(x.size + 2 + len(win.lanes), np.int8)
+    source[:x.size] = x.reshape(-1)
+    source[x.size:] = (win.z, 0) + tuple(win.lanes)
+    flat = out.reshape(-1) if out.flags.c_contiguous else None
+    if flat is not None:
+        np.take(source, index, out=flat)
+    else:
+        out[...] = source[index].reshape(shape)
+    return out
+
+
+def stager(win: Windows, cfg: HwConfig, out: np.ndarray):
+    """A function of int8 ``x`` packing its windows into ``out`` (a DRAM buffer of the
+    staged operand's shape) as ``pack`` does, with everything that does not depend on
+    ``x`` done once (the compiled kernel bound to ``out``, im2col_layout.packer): the
+    runtime keeps one per node and executor."""
+    if cfg.batch == 1 and out.flags.c_contiguous:
+        from ..cpu.im2col_layout import packer
+
+        return packer(win, cfg.block, out)
+    return lambda x: pack(x, win, cfg, out=out)
+
+
+def pack_reference(x: np.ndarray, win: Windows, cfg: HwConfig) -> np.ndarray:
+    """``pack`` by strided numpy views (the definition the gather is tested against)."""
+    b, k = cfg.batch, cfg.block
+    x = np.asarray(x)
     n, c, oh, ow = win.n, win.c, win.oh, win.ow
     pt, pl, pb, pr = win.pads
     sh, sw = win.strides
@@ -241,9 +357,7 @@ def pack(x: np.ndarray, win: Windows, cfg: HwConfig, out: np.ndarray | None = No
     windows = as_strided(xp, (n, oh, ow, win.kh, win.kw * c), (s[0], sh * s[1], sw * s[2], s[1], 1),
                          writeable=False)
     as_strided(cols, windows.shape, (*d[:3], win.kw * c, 1))[...] = windows
-    shape = win.packed_shape(cfg)
-    if out is None:
-        out = np.empty(shape, np.int8)
+    out = np.empty(win.packed_shape(cfg), np.int8)
     # out[i, j, y, x, bb, kk] = cols[i * b + bb, y, x, j * k + kk]
     out.transpose(0, 4, 2, 3, 1, 5)[...] = cols.reshape(n // b, b, oh, ow, cb, k)
     return out

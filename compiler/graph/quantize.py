@@ -14,13 +14,16 @@ Two ways in:
 Scales are symmetric, zero points are 0: a value v of scale s is stored as int8
 ``q = clip(rint(v / s), -128, 127)``, ``s = range / 127`` over the calibration samples,
 the range being max|v| (method "minmax") or, by default ("mse"), for values never
-negative that do not feed a QLut, the clipping range of least squared error
+negative that do not feed a QLut, the clipping range of least squared error, for signed
+ones the least squared error range clipping at most 1e-4 of the samples
 (``_mse_ranges``; docs/graph.md has the measurements behind the choice), or a percentile
 of |v| ("percentile") or TensorRT's KL-divergence threshold ("entropy"), calib.py. The exception:
 values never negative whose writers and readers fold a zero point into their constants
 exactly (qzero.py: Relu outputs read by convolutions, padded ones too (``pad_value``), Gemm,
 Linear) get zero point -128 and all 256 steps on [0, range], and so do signed values only
-lookup tables write, from the tables' least entry (``_table_lows``); a global average
+lookup tables write, from the tables' least entry (``_table_lows``; Slice, Concat and Add
+carry such a lower end), and signed values with none whose calibrated [min, max] rounds
+held-out calibration samples better (``_zero_point_pays``, chosen per value); a global average
 pool writes its own scale (``_pool_params``). ``zero_points=False`` turns zero points off.
 
 A Conv (2-D), Gemm (no transA) or MatMul (any rank >= 2 by a constant [K,O]; N-d inputs
@@ -117,6 +120,9 @@ _MSE_LOWEST = 0.3
 # cost EfficientNet (small) 0.99269 -> 0.96574 and YOLO 0.99974 -> 0.99969 in cosine to fp32
 # (test data beyond a calibrated minimum is clipped where the symmetric range had room).
 _SIGNED_ZERO_POINTS = 0.0  # the largest -min/max given one (0: never negative)
+# The share of calibration samples the "mse" range of a signed value may clip
+# (``_signed_range``).
+_SIGNED_CLIP = 1e-4
 # A[o], the bound on |acc + bias| the shift is chosen for, is MARGIN times the calibration
 # maximum: inputs somewhat beyond the samples still do not wrap.
 MARGIN = 2.0
@@ -686,13 +692,13 @@ def _calibrate(graph: Graph, samples: list[dict], plan: _Plan, needed: set):
                     env.pop(i, None)
     means = {name: np.array(v) if v else np.zeros((1, len(plan.layers[name].bias)))
              for name, v in sums.items()}
-    return maxabs, mins, pre, {v: np.concatenate(a) if a else np.zeros(0, np.float32)
-                               for v, a in kept.items()}, means
+    return maxabs, mins, pre, kept, means
 
 
 def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) -> dict:
     """The "mse" method: the MSE range (_mse_range) for the classes of values that were never
-    negative on the samples (a Relu output), the maximum for the others, for the inputs of
+    negative on the samples (a Relu output), a mildly clipped one for signed values
+    (``_signed_range``; the maximum for a graph output), the maximum for the inputs of
     a QLut and for the outputs of a layer clamped above (Relu6: the clamp already bounds
     the range, and narrowing it cost MobileNetV2 0.9975 -> 0.9970). Measured on the zoo's
     small models (docs/graph.md): MSE ranges for every value lose accuracy on the SiLU
@@ -717,13 +723,19 @@ def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) ->
              if n.name in plan.layers and not plan.layers[n.name].tail
              and math.isfinite(plan.layers[n.name].hi)}
     affine_tails = _affine_tails(graph, plan)
+    # (a graph output keeps its maximum: its extremes are the answer; a signed graph input
+    # is clipped like other values: U-Net, full size, +7.8e-6 against onnxruntime with,
+    # +1.1e-6 without)
+    ends = {plan.classes.find(v) for v in graph.outputs}
     out = {}
     for root, t in top.items():
         values = np.concatenate(members[root])
         if root in affine_tails and root not in asym:
             out[root] = _mse_range(values, t)
-        elif root in kept or values.min(initial=0) < 0:
+        elif root in kept or root in ends:
             out[root] = t
+        elif values.min(initial=0) < 0:
+            out[root] = _signed_range(values, t)
         elif root in asym:
             out[root] = mse_top(values, t, _MSE_LOWEST)
         else:
@@ -734,7 +746,7 @@ def _mse_ranges(graph: Graph, plan: _Plan, top: dict, members: dict, asym=()) ->
 # Ops whose output is never below their input's least value (they move, select or average
 # values), and functions into [0, 1] (gates).
 _KEEPS_LOW = ("GlobalAveragePool", "AveragePool", "MaxPool", "Flatten", "Reshape", "Identity",
-              "Squeeze", "Unsqueeze", "Transpose")
+              "Squeeze", "Unsqueeze", "Transpose", "Slice")
 _UNIT_OPS = ("Sigmoid", "HardSigmoid")
 
 
@@ -823,6 +835,13 @@ def _bounds(graph: Graph, plan: _Plan, tables: dict, open_roots: set, scale, zer
             unit.add(out)
         elif n.op == "Relu" and n.name not in plan.layers:
             lows[out] = 0.0
+        elif n.op == "Add" and len(n.inputs) == 2 and n.name not in plan.layers and \
+                all(i in lows for i in n.inputs):
+            lows[out] = min(lows[n.inputs[0]] + lows[n.inputs[1]], 0.0)  # (a sum of two)
+        elif n.op == "Concat" and n.inputs and all(i in lows for i in n.inputs):
+            lows[out] = min(lows[i] for i in n.inputs)  # (a concatenation of bounded values)
+            if all(i in unit for i in n.inputs):
+                unit.add(out)
         elif n.op in _KEEPS_LOW and n.inputs and n.inputs[0] in lows:
             lows[out] = lows[n.inputs[0]]
             if n.inputs[0] in unit:
@@ -841,15 +860,57 @@ def _affine_tails(graph: Graph, plan: _Plan) -> set:
             and any(s[0] in ("Add", "Mul") for s in plan.layers[n.name].tail)}
 
 
-def _mse_range(values: np.ndarray, top: float) -> float:
-    """The range in [_MSE_LOWEST * top, top] whose symmetric int8 rounding (values beyond it
-    clipped) has the least mean squared error over ``values``: a few outliers no longer
-    widen every step of the rest."""
+def _zero_point_pays(samples: dict) -> bool:
+    """Whether a signed value's calibrated [min, max] with a zero point (256 steps, as
+    onnxruntime's MinMax calibration gives every activation) rounds it with less squared
+    error than its symmetric range (``_signed_range``), judged the way a test input meets
+    it: each calibration sample quantized with the ranges the other samples give
+    (leave-one-out), the errors summed. A lopsided value (U-Net's concatenation of a
+    Relu output and an upsampling's [-1.4, 4.6]) gains up to a bit; one whose minimum moves
+    from sample to sample loses what the samples beyond the others' minimum clip (why
+    calibrated zero points for every signed value measured worse, ``_SIGNED_ZERO_POINTS``).
+    ``samples``: {sample index: [the kept elements of each member of the class]}."""
+    from .qzero import quantize_affine
+
+    parts = [np.concatenate(v).astype(np.float64) for _, v in sorted(samples.items())]
+    parts = [p for p in parts if p.size]
+    if len(parts) < 2:
+        return False
+    sym = aff = 0.0
+    for k, held in enumerate(parts):
+        rest = np.concatenate(parts[:k] + parts[k + 1:])
+        top = float(np.abs(rest).max())
+        t = _signed_range(rest, top)
+        s = _scale(t)
+        sym += float(((np.clip(np.rint(held / s), -128, 127) * s - held) ** 2).sum())
+        sa, za = affine(float(rest.min()), float(rest.max()))
+        aff += float(((quantize_affine(held, sa, za) - held) ** 2).sum())
+    return aff < sym
+
+
+def _signed_range(values: np.ndarray, top: float) -> float:
+    """The range of a signed value the "mse" method gives: the least squared error range
+    (``_mse_range``) among those that clip at most ``_SIGNED_CLIP`` of the calibration
+    samples (so in [the (1 - _SIGNED_CLIP) quantile of |x|, max |x|]). Unbounded, the least
+    squared error of a signed value clips far more (YOLO's concatenated SiLU outputs 12.3 ->
+    7.3 by entropy): values a later layer needs, and measured worse at the end (YOLO, full
+    size, mean cosine of six: the maximum 0.999701, unbounded MSE 0.999764, entropy
+    0.999763, this 0.999775; onnxruntime 0.999765)."""
+    if top <= 0 or values.size == 0:
+        return top
+    floor = percentile_range(values, top, 100 * (1 - _SIGNED_CLIP))
+    return _mse_range(values, top, floor / top)
+
+
+def _mse_range(values: np.ndarray, top: float, lowest: float = _MSE_LOWEST) -> float:
+    """The range in [lowest * top, top] (by default ``_MSE_LOWEST``) whose symmetric int8
+    rounding (values beyond it clipped) has the least mean squared error over ``values``: a
+    few outliers no longer widen every step of the rest."""
     if top <= 0 or values.size == 0:
         return top
     v = values.astype(np.float64)
     best, best_err = top, math.inf
-    for t in np.linspace(_MSE_LOWEST, 1.0, 57) * top:
+    for t in np.linspace(lowest, 1.0, 57) * top:
         s = float(np.float32(t / 127))
         err = float(((np.clip(np.rint(v / s), -128, 127) * s - v) ** 2).mean())
         if err < best_err:
@@ -1122,12 +1183,16 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     low: dict[str, float] = {}
     high: dict[str, float] = {}
     members: dict[str, list] = {}
+    per_sample: dict[str, dict] = {}
     for v in maxabs:
         root = plan.classes.find(v)
         top[root] = max(top.get(root, 0.0), maxabs[v])
         lo, hi = mins.get(v, (0.0, 0.0))
         low[root], high[root] = min(low.get(root, 0.0), lo), max(high.get(root, 0.0), hi)
-        members.setdefault(root, []).append(kept[v])
+        members.setdefault(root, []).append(np.concatenate(kept[v]) if kept[v] else
+                                            np.zeros(0, np.float32))
+        for k, a in enumerate(kept[v]):  # (per calibration sample: _zero_point_pays)
+            per_sample.setdefault(root, {}).setdefault(k, []).append(a)
     # float values a Quantize converts for an int8 reader (the Quantize can add a zero
     # point); not graph inputs (nothing bounds what a caller passes)
     converted = {i for n in graph.nodes if plan.kinds.get(n.name) in _ZERO_READERS
@@ -1177,7 +1242,17 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
         if found is not None:
             affine_of[root] = found[:2]
     tails = _affine_tails(graph, plan)
-    for r, lo in _table_lows(graph, plan, signed - tails, scale, zero, converted).items():
+    bounded = _table_lows(graph, plan, signed - tails, scale, zero, converted)
+    # A signed value with no such lower end takes its calibrated [min, max] with a zero
+    # point when that rounds the samples better than its symmetric range, each sample
+    # judged by the ranges of the others (``_zero_point_pays``): the choice is per value.
+    chosen = {r for r in sorted(signed - tails - set(bounded))
+              if method == "mse" and _zero_point_pays(per_sample.get(r, {}))}
+    for r in chosen:
+        affine_of[r] = affine(low[r], high[r])
+    if chosen:  # (a table reading one of them has new entries: its bounds again)
+        bounded = _table_lows(graph, plan, signed - tails - chosen, scale, zero, converted)
+    for r, lo in bounded.items():
         affine_of[r] = affine(lo, high[r])
 
     b = _Builder(graph)

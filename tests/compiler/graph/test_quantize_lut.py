@@ -139,7 +139,7 @@ def test_transformer_linear_becomes_qgemm_over_rows():
 
 def test_calibration_methods():
     """"mse" narrows the range of a non-negative value with outliers (never beyond the
-    maximum) and keeps the maximum for signed values; "minmax" keeps every maximum; an
+    maximum) and keeps the maximum for a graph output; "minmax" keeps every maximum; an
     unknown method is a CalibrationError naming the choices."""
     from celosia.compiler.graph.quantize import CalibrationError, _mse_range
 
@@ -166,7 +166,7 @@ def test_calibration_methods():
                   if n.op == "QConv"} for m in ("minmax", "mse")}
     first, last = sorted(scales["mse"])[0], sorted(scales["mse"])[-1]
     assert scales["mse"][first] <= scales["minmax"][first]  # relu output: may narrow
-    assert scales["mse"][last] == scales["minmax"][last]  # a signed output keeps its max
+    assert scales["mse"][last] == scales["minmax"][last]  # a graph output keeps its max
     with pytest.raises(CalibrationError, match="unknown calibration method 'kl'.*mse, minmax"):
         quantize_graph(graph, data, method="kl")
 
