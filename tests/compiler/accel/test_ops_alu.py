@@ -254,3 +254,20 @@ def test_qmul_matches_qops(case, gate_first, zero_points):
         args = [pack_value(first, cfg), pack_value(second, cfg), elt_constants(cfg, spec)]
         fn(Device(cfg, target, dram_size=8 << 20), *args, out)
         np.testing.assert_array_equal(unpack_value(out, a_shape), want, err_msg=target)
+
+
+@pytest.mark.parametrize("how", ["rows", "columns"])
+def test_separable_passes_on_the_rtl(how, monkeypatch):
+    """The in-place first pass relies on the ALU's in-order micro-ops (ISA: a later one
+    sees an earlier one's result): the RTL (small preset) gives the definition's result and
+    the cycle model's cycle count."""
+    cfg = HwConfig.load("small")
+    spec = _spec(cfg, 1, 6, 8, 8, (3, 3), (2, 2), (1, 1), (1, 1), 0)
+    x = np.random.default_rng(11).integers(-128, 128, (1, 6, 8, 8), dtype=np.int8)
+    monkeypatch.setattr(ops_alu, "pool_passes", lambda *a: (how, 0))
+    cycles = {}
+    for target in ("rtl", "cycle"):
+        got, stats = _run(cfg, spec, x, PoolKnobs(2, 4), target=target)
+        np.testing.assert_array_equal(got, maxpool_reference(x, spec), err_msg=target)
+        cycles[target] = stats["cycles"]
+    assert cycles["rtl"] == cycles["cycle"] > 0
