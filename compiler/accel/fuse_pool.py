@@ -1,0 +1,340 @@
+"""A 1x1 convolution with its max pooling fused: the pooling runs in the accumulator on the
+convolution's requantized rows before they are stored, so the convolution's un-pooled output
+is never written to DRAM nor loaded back (compiler/accel/ops_alu.py's max pooling loads its
+input into the accumulator with ``ACC_8BIT``, two bus cycles per row, and waits for DRAM).
+
+The layer is a 1x1, stride-1, unpadded conv2d (a few-channel layer over its windows,
+compiler/accel/im2col.py, is one: ResNet's stem) followed by any 2-D max pooling of its
+output whose tile fits the accumulator. Written against the driver's stream builder like
+ops_alu.py. Per batch block and tile of ``th`` pooled rows (whole rows), for all output
+channel blocks at once:
+
+1. the window rows it shares with the previous tile (``span_h - th x stride_h`` of them),
+   already reduced along the row, are copied to the top of the tile (``MIN -128``, ``MAX``);
+2. its new rows outside the image and its padding columns are set to at most -128
+   (``MIN -128``; max pooling pads with -inf and every window holds an image pixel);
+3. its new image rows are the convolution: a GEMM reset of their accumulator rows, then per
+   chunk of input pixels (all input blocks of up to ``chunk`` pixels of one row,
+   double-buffered in INP, loaded by the load module) one GEMM micro-op per input block,
+   output block and pixel, with the weights (all blocks, loaded once) in WGT;
+4. the epilogue on those rows (compiler/accel/ops.py's order: + bias, x multiplier,
+   x scale, + bias if last, >> shift, clip), one ALU instruction per step;
+5. the pooling as ops_alu's separable form: each new row's window maxima along the row,
+   in place (``kw - 1`` MAX per output column), then ``MIN -128`` and one ``MAX`` per kernel
+   row into the tile's output rows (two buffers, alternating, so that a tile's store
+   overlaps the next tile), and the store.
+
+Every step computes what the unfused pair does (the epilogue's values are the conv2d's int8
+outputs, the maxima ops_alu's), so the result is the pooled QConv's bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from celosia.config import HwConfig
+from celosia.errors import CompilerError
+from celosia.isa import AluOp, MemType, Module
+
+from .ops import ConvSpec
+from .ops_alu import _MAX_SIZE, AluProgram, PoolSpec, _check_axis, _tiles, _window
+
+__all__ = ["ConvPoolKnobs", "conv_pool_knobs", "conv_pool", "why_not_fused"]
+
+
+@dataclass(frozen=True)
+class ConvPoolKnobs:
+    tile_h: int  # pooled rows per tile
+    chunk: int  # input pixels per INP load
+
+
+def why_not_fused(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec) -> str | None:
+    """Why this convolution and max pooling cannot run as one program, or None."""
+    if (conv.kh, conv.kw, conv.strides, conv.pads) != (1, 1, (1, 1), (0, 0, 0, 0)):
+        return (f"the convolution is {conv.kh}x{conv.kw}, strides {conv.strides}, pads "
+                f"{conv.pads}: only a 1x1, stride-1, unpadded one (a few-channel layer over "
+                f"its windows) is fused with its pooling")
+    if conv.epilogue.residual or conv.bias_classes:
+        return "the convolution adds a residual or a bias table"
+    if (pool.n, pool.c, pool.h, pool.w) != (conv.n, conv.o, conv.oh, conv.ow):
+        return "the pooling does not read the convolution's output"
+    for what, size, out, stride, pad, dil, taps in (
+            ("row", pool.h, pool.oh, pool.stride_h, pool.pad_top, pool.dil_h, pool.kh),
+            ("column", pool.w, pool.ow, pool.stride_w, pool.pad_left, pool.dil_w, pool.kw)):
+        for y in range(out):
+            if not any(0 <= y * stride - pad + d * dil < size for d in range(taps)):
+                return (f"output {what} {y}'s window reads only padding (its -inf is "
+                        f"written exactly only by the unfused max pooling)")
+    try:
+        conv_pool_knobs(cfg, conv, pool)
+    except CompilerError as e:
+        return str(e)
+    return None
+
+
+def _acc_rows(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, th: int) -> int:
+    ob = conv.o // cfg.block
+    e = conv.epilogue
+    iw = _window(0, pool.ow, pool.stride_w, pool.pad_left, pool.span_w, pool.w)[1]
+    ih = (th - 1) * pool.stride_h + pool.span_h
+    return ob * (e.bias + e.scale) + ob * ih * iw + 2 * ob * th * pool.ow
+
+
+def _carry_fits(pool: PoolSpec, th: int) -> bool:
+    """Whether every tile's rows shared with the previous tile can be copied to the top of
+    the tile without the copy overwriting rows it has still to read."""
+    prev = None
+    for y0, y1 in _tiles(pool.oh, th):
+        r0, ih, _, _ = _window(y0, y1, pool.stride_h, pool.pad_top, pool.span_h, pool.h)
+        if prev is not None:
+            ov = max(0, prev[0] + prev[1] - r0)
+            if ov > r0 - prev[0]:
+                return False
+        prev = (r0, ih)
+    return True
+
+
+def conv_pool_knobs(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec) -> ConvPoolKnobs:
+    """The most pooled rows per tile that fit the accumulator (whole rows), and the largest
+    chunk of pixels two INP buffers hold; a CompilerError says what does not fit."""
+    b, k = cfg.batch, cfg.block
+    cb, ob = conv.c // k, conv.o // k
+    if conv.n % b or conv.c % k or conv.o % k:
+        raise CompilerError(f"N={conv.n}, C={conv.c}, O={conv.o} must be multiples of "
+                            f"BATCH={b} and BLOCK={k}")
+    if ob * cb > cfg.wgt_depth:
+        raise CompilerError(f"its {ob * cb} weight blocks do not fit the {cfg.wgt_depth}-block "
+                            f"weight buffer at once")
+    if 2 * cb > cfg.inp_depth:
+        raise CompilerError(f"two pixels of {cb} input blocks do not fit the input buffer")
+    if pool.h * pool.w > _MAX_SIZE:
+        raise CompilerError(f"a plane of {pool.h}x{pool.w} pixels is further than the DMA's "
+                            f"row stride reaches ({_MAX_SIZE} elements)")
+    iw = _window(0, pool.ow, pool.stride_w, pool.pad_left, pool.span_w, pool.w)[1]
+    if iw > 2047:
+        raise CompilerError(f"a pooled row reads {iw} columns, more than an ALU loop's "
+                            f"factor reaches")
+    th = next((t for t in range(pool.oh, 0, -1)
+               if _acc_rows(cfg, conv, pool, t) <= cfg.acc_depth and _carry_fits(pool, t)),
+              None)
+    if th is None:
+        raise CompilerError(f"one pooled row of {ob} channel blocks needs "
+                            f"{_acc_rows(cfg, conv, pool, 1)} accumulator rows (its window, "
+                            f"two output buffers), more than {cfg.acc_depth}")
+    for what, args in (("rows", (pool.h, pool.oh, th, pool.stride_h, pool.pad_top,
+                                 pool.span_h)),
+                       ("columns", (pool.w, pool.ow, pool.ow, pool.stride_w, pool.pad_left,
+                                    pool.span_w))):
+        problem = _check_axis(what, *args)
+        if problem:
+            raise CompilerError(f"max pooling: {problem}")
+    most = min(pool.w, cfg.inp_depth // (2 * cb))
+    parts = -(-pool.w // most)  # chunks per row, of equal widths
+    return ConvPoolKnobs(th, -(-pool.w // parts))
+
+
+def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnobs,
+              name: str = "conv_pool") -> AluProgram:
+    """The fused program (module docstring); takes (data, kernel[, bias][, scale], out),
+    ``out`` the pooled output, packed like max pooling's."""
+    problem = why_not_fused(cfg, conv, pool)
+    if problem:
+        raise CompilerError(f"{name}: {problem}")
+    b, k = cfg.batch, cfg.block
+    nb, cb, ob = conv.n // b, conv.c // k, conv.o // k
+    e = conv.epilogue
+    H, W = pool.h, pool.w
+    sh, sw, dh, dw = pool.stride_h, pool.stride_w, pool.dil_h, pool.dil_w
+    th, chunk = knobs.tile_h, knobs.chunk
+    if _acc_rows(cfg, conv, pool, th) > cfg.acc_depth or not _carry_fits(pool, th):
+        raise CompilerError(f"{name}: tiles of {th} pooled rows do not fit the accumulator")
+    _, iw, pl, _ = _window(0, pool.ow, sw, pool.pad_left, pool.span_w, W)
+    ih_max = (th - 1) * sh + pool.span_h
+    bias_at = 0
+    scale_at = ob * e.bias
+    tb = ob * (e.bias + e.scale)  # the window tiles, one per output block
+    ts = ih_max * iw
+    o_at = tb + ob * ts  # two output buffers of ob x th x ow rows
+    o_size = ob * th * pool.ow
+    ow = pool.ow
+    C, L, S = Module.COMPUTE, Module.LOAD, Module.STORE
+    tiles = _tiles(pool.oh, th)
+
+    def steps():
+        """The epilogue's ALU steps: (op, imm, source row base or None)."""
+        out = []
+        if e.bias and not e.bias_last:
+            out.append((AluOp.ADD, None, bias_at))
+        if e.multiplier is not None:
+            out.append((AluOp.MUL, e.multiplier, None))
+        if e.scale:
+            out.append((AluOp.MUL, None, scale_at))
+        if e.bias and e.bias_last:
+            out.append((AluOp.ADD, None, bias_at))
+        if e.shift:
+            out.append((AluOp.SHR, e.shift, None))
+        out.append((AluOp.MAX, e.low, None))
+        out.append((AluOp.MIN, e.hi, None))
+        return out
+
+    def emit(dev, bufs):
+        data, kernel, *consts, out = bufs
+        dev.load_2d(kernel, 0, ob * cb, 1, ob * cb, sram_index=0, mem_type=MemType.WGT)
+        for what, at in (("bias", bias_at), ("scale", scale_at)):
+            if getattr(e, what):
+                dev.load_2d(consts.pop(0), 0, ob, 1, ob, sram_index=at, mem_type=MemType.ACC)
+        # the chunks of input pixels, in order: (batch block, row, first column, width)
+        chunks = []
+        for n in range(nb):
+            prev = None
+            for y0, y1 in tiles:
+                r0, ih, _, _ = _window(y0, y1, sh, pool.pad_top, pool.span_h, H)
+                ov = max(0, prev[0] + prev[1] - r0) if prev else 0
+                for r in range(max(r0 + ov, 0), min(r0 + ih, H)):
+                    chunks += [(n, r, c0, min(chunk, W - c0)) for c0 in range(0, W, chunk)]
+                prev = (r0, ih)
+        n_chunks = len(chunks)
+        # the load module runs ahead over every chunk; compute consumes them in order
+        state = {"next": 0}
+
+        def load_chunks_until(i):
+            while state["next"] <= min(i, n_chunks - 1):
+                j = state["next"]
+                n, r, c0, cw = chunks[j]
+                if j >= 2:
+                    dev.dep_pop(C, L)  # compute has used chunk j - 2's buffer
+                dev.load_2d(data, n * cb * H * W + r * W + c0, cw, cb, H * W,
+                            sram_index=(j % 2) * cb * chunk, mem_type=MemType.INP)
+                dev.dep_push(L, C)
+                state["next"] += 1
+
+        def rows_alu(key, op, imm, src, first, count, cols, col0):
+            """``op`` on ``count`` tile rows from local row ``first``, ``cols`` columns from
+            ``col0``, every output block (``src``: a per-block row, or None)."""
+            def record(kb):
+                if ob > 1:
+                    kb.loop(ob, ts, 1 if src is not None else 0)
+                if cols > 1:
+                    kb.loop(cols, 1, 0)
+                for r in range(count):
+                    kb.push(tb + (first + r) * iw + col0, src if src is not None else 0)
+            dev.alu(("convpool", key, op, imm, src, ob, ts, iw, tb, first, count, cols, col0),
+                    record, op, imm=imm)
+
+        ci = 0  # the next chunk compute takes
+        t = 0
+        for n in range(nb):
+            prev = None
+            for y0, y1 in tiles:
+                r0, ih, pt, pb = _window(y0, y1, sh, pool.pad_top, pool.span_h, H)
+                ov = max(0, prev[0] + prev[1] - r0) if prev else 0
+                if ov:  # 1. the shared rows, reduced along the row already
+                    src0 = r0 - prev[0]
+                    for op in (AluOp.MIN, AluOp.MAX):
+                        def record(kb, op=op, src0=src0, ov=ov):
+                            if ov > 1:
+                                kb.loop(ov, iw, iw)
+                            if ow > 1:
+                                kb.loop(ow, sw, sw)
+                            for j in range(ob):
+                                kb.push(tb + j * ts, tb + j * ts + src0 * iw)
+                        dev.alu(("convpool-carry", op, ob, ts, tb, iw, ov, ow, sw, src0),
+                                record, op, imm=-128 if op == AluOp.MIN else None)
+                new0 = ov
+                real0, real1 = max(r0, 0) - r0, min(r0 + ih, H) - r0  # local image rows
+                real0 = max(real0, new0)
+                # 2. padding: new rows outside the image, and the padding columns
+                for a, c in ((new0, min(real0, ih)), (max(real1, new0), ih)):
+                    if c > a:
+                        rows_alu("pad-rows", AluOp.MIN, -128, None, a, c - a, iw, 0)
+                if real1 > real0:
+                    for c0, c1 in ((0, pl), (pl + W, iw)):
+                        if c1 > c0:
+                            rows_alu("pad-cols", AluOp.MIN, -128, None, real0, real1 - real0,
+                                     c1 - c0, c0)
+                    # 3. the convolution of the new image rows
+                    def reset(kb, real0=real0, count=real1 - real0):
+                        if ob > 1:
+                            kb.loop(ob, ts, 0)
+                        if W > 1:
+                            kb.loop(W, 1, 0)
+                        for r in range(count):
+                            kb.push(tb + (real0 + r) * iw + pl, 0)
+                    dev.gemm(("convpool-reset", ob, ts, tb, iw, pl, W, real0, real1 - real0),
+                             reset, reset=True)
+                    for r in range(r0 + real0, r0 + real1):
+                        for c0 in range(0, W, chunk):
+                            load_chunks_until(ci + 1)
+                            cw = min(chunk, W - c0)
+                            base = (ci % 2) * cb * chunk
+                            dst = tb + (r - r0) * iw + pl + c0
+
+                            def gemm(kb, base=base, dst=dst, cw=cw):
+                                # pixels innermost: consecutive micro-ops write different rows
+                                if ob > 1:
+                                    kb.loop(ob, ts, 0, cb)
+                                if cb > 1:
+                                    kb.loop(cb, 0, cw, 1)
+                                for p in range(cw):
+                                    kb.push(dst + p, base + p, 0)
+                            dev.dep_pop(L, C)
+                            dev.gemm(("convpool-gemm", ob, ts, cb, base, dst, cw), gemm)
+                            if ci + 2 < n_chunks:
+                                dev.dep_push(C, L)
+                            ci += 1
+                    # 4. the epilogue
+                    for op, imm, src in steps():
+                        rows_alu("epilogue", op, imm, src, real0, real1 - real0, W, pl)
+                # 5. the pooling: row maxima of the new rows in place, then into O
+                if pool.kw > 1 and ih > new0:
+                    def hpass(kb, new0=new0, count=ih - new0):
+                        if count > 1:
+                            kb.loop(count, iw, iw)
+                        if ow > 1:
+                            kb.loop(ow, sw, sw)
+                        for j in range(ob):
+                            for dx in range(1, pool.kw):
+                                kb.push(tb + j * ts + new0 * iw, tb + j * ts + new0 * iw + dx * dw)
+                    dev.alu(("convpool-h", ob, ts, tb, iw, new0, ih - new0, ow, sw, dw, pool.kw),
+                            hpass, AluOp.MAX)
+                oh_t = y1 - y0
+                o_base = o_at + (t % 2) * o_size
+                if t >= 2:
+                    dev.dep_pop(S, C)  # the store of tile t - 2 has read this buffer
+
+                def init(kb, o_base=o_base, oh_t=oh_t):
+                    if ob > 1:
+                        kb.loop(ob, th * ow, 0)
+                    kb.loop(oh_t * ow, 1, 0)
+                    kb.push(o_base, 0)
+                dev.alu(("convpool-init", ob, th, ow, oh_t, o_base), init, AluOp.MIN, imm=-128)
+
+                def vpass(kb, o_base=o_base, oh_t=oh_t):
+                    if oh_t > 1:
+                        kb.loop(oh_t, ow, sh * iw)
+                    if ow > 1:
+                        kb.loop(ow, 1, sw)
+                    for j in range(ob):
+                        for dy in range(pool.kh):
+                            kb.push(o_base + j * th * ow, tb + j * ts + dy * dh * iw)
+                dev.alu(("convpool-v", ob, th, ow, oh_t, o_base, ts, tb, iw, sh, sw, dh,
+                         pool.kh), vpass, AluOp.MAX)
+                dev.dep_push(C, S)
+                dev.dep_pop(C, S)
+                for j in range(ob):
+                    dev.store_2d(o_base + j * th * ow, out,
+                                 ((n * ob + j) * pool.oh + y0) * ow, oh_t * ow, 1, oh_t * ow)
+                dev.dep_push(S, C)
+                t += 1
+                prev = (r0, ih)
+        for _ in range(min(t, 2)):  # take the last stores' tokens: none left for later programs
+            dev.dep_pop(S, C)
+
+    args = [("data", "int8", (nb, cb, H, W, b, k)),
+            ("kernel", "int8", (ob, cb, 1, 1, k, k))]
+    if e.bias:
+        args.append(("bias", "int32", (ob, b, k)))
+    if e.scale:
+        args.append(("scale", "int32", (ob, b, k)))
+    args.append(("out", "int8", (nb, ob, pool.oh, pool.ow, b, k)))
+    return AluProgram(name, cfg, args, emit)
