@@ -14,9 +14,10 @@ channel blocks at once:
 2. its new rows outside the image and its padding columns are set to at most -128
    (``MIN -128``; max pooling pads with -inf and every window holds an image pixel);
 3. its new image rows are the convolution: a GEMM reset of their accumulator rows, then per
-   chunk of input pixels (all input blocks of up to ``chunk`` pixels of one row,
-   double-buffered in INP, loaded by the load module) one GEMM micro-op per input block,
-   output block and pixel, with the weights (all blocks, loaded once) in WGT;
+   chunk of input pixels (all input blocks of up to ``chunk`` pixels: whole rows, or
+   parts of one row; double-buffered in INP, loaded by the load module) one GEMM
+   micro-op per input block, output block and pixel, the weights (all blocks, loaded
+   once) in WGT;
 4. the epilogue on those rows (compiler/accel/ops.py's order: + bias, x multiplier,
    x scale, + bias if last, >> shift, clip), one ALU instruction per step;
 5. the pooling as ops_alu's separable form: each new row's window maxima along the row,
@@ -128,7 +129,10 @@ def conv_pool_knobs(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec) -> ConvPoolKn
         problem = _check_axis(what, *args)
         if problem:
             raise CompilerError(f"max pooling: {problem}")
-    most = min(pool.w, cfg.inp_depth // (2 * cb))
+    most = cfg.inp_depth // (2 * cb)
+    if most >= pool.w:  # whole rows per chunk, at most as many as a tile has
+        return ConvPoolKnobs(th, min(most // pool.w, (th - 1) * pool.stride_h + pool.span_h)
+                             * pool.w)
     parts = -(-pool.w // most)  # chunks per row, of equal widths
     return ConvPoolKnobs(th, -(-pool.w // parts))
 
@@ -183,15 +187,22 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
         for what, at in (("bias", bias_at), ("scale", scale_at)):
             if getattr(e, what):
                 dev.load_2d(consts.pop(0), 0, ob, 1, ob, sram_index=at, mem_type=MemType.ACC)
-        # the chunks of input pixels, in order: (batch block, row, first column, width)
+        # the chunks of input pixels, in order: (batch block, first row, rows, first column,
+        # width): whole rows (contiguous in DRAM) when a row fits a buffer, else parts of one
+        def row_chunks(a, b):
+            if chunk >= W:
+                per = chunk // W
+                return [(r, min(per, b - r), 0, W) for r in range(a, b, per)]
+            return [(r, 1, c0, min(chunk, W - c0)) for r in range(a, b)
+                    for c0 in range(0, W, chunk)]
+
         chunks = []
         for n in range(nb):
             prev = None
             for y0, y1 in tiles:
                 r0, ih, _, _ = _window(y0, y1, sh, pool.pad_top, pool.span_h, H)
                 ov = max(0, prev[0] + prev[1] - r0) if prev else 0
-                for r in range(max(r0 + ov, 0), min(r0 + ih, H)):
-                    chunks += [(n, r, c0, min(chunk, W - c0)) for c0 in range(0, W, chunk)]
+                chunks += [(n, *c) for c in row_chunks(max(r0 + ov, 0), min(r0 + ih, H))]
                 prev = (r0, ih)
         n_chunks = len(chunks)
         # the load module runs ahead over every chunk; compute consumes them in order
@@ -200,10 +211,10 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
         def load_chunks_until(i):
             while state["next"] <= min(i, n_chunks - 1):
                 j = state["next"]
-                n, r, c0, cw = chunks[j]
+                n, r, rows, c0, cw = chunks[j]
                 if j >= 2:
                     dev.dep_pop(C, L)  # compute has used chunk j - 2's buffer
-                dev.load_2d(data, n * cb * H * W + r * W + c0, cw, cb, H * W,
+                dev.load_2d(data, n * cb * H * W + r * W + c0, rows * cw, cb, H * W,
                             sram_index=(j % 2) * cb * chunk, mem_type=MemType.INP)
                 dev.dep_push(L, C)
                 state["next"] += 1
@@ -262,26 +273,25 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
                             kb.push(tb + (real0 + r) * iw + pl, 0)
                     dev.gemm(("convpool-reset", ob, ts, tb, iw, pl, W, real0, real1 - real0),
                              reset, reset=True)
-                    for r in range(r0 + real0, r0 + real1):
-                        for c0 in range(0, W, chunk):
-                            load_chunks_until(ci + 1)
-                            cw = min(chunk, W - c0)
-                            base = (ci % 2) * cb * chunk
-                            dst = tb + (r - r0) * iw + pl + c0
+                    for r, rows, c0, cw in row_chunks(r0 + real0, r0 + real1):
+                        load_chunks_until(ci + 1)
+                        base = (ci % 2) * cb * chunk
+                        dst = tb + (r - r0) * iw + pl + c0
 
-                            def gemm(kb, base=base, dst=dst, cw=cw):
-                                # pixels innermost: consecutive micro-ops write different rows
-                                if ob > 1:
-                                    kb.loop(ob, ts, 0, cb)
-                                if cb > 1:
-                                    kb.loop(cb, 0, cw, 1)
+                        def gemm(kb, base=base, dst=dst, rows=rows, cw=cw):
+                            # pixels innermost: consecutive micro-ops write different rows
+                            if ob > 1:
+                                kb.loop(ob, ts, 0, cb)
+                            if cb > 1:
+                                kb.loop(cb, 0, rows * cw, 1)
+                            for rr in range(rows):
                                 for p in range(cw):
-                                    kb.push(dst + p, base + p, 0)
-                            dev.dep_pop(L, C)
-                            dev.gemm(("convpool-gemm", ob, ts, cb, base, dst, cw), gemm)
-                            if ci + 2 < n_chunks:
-                                dev.dep_push(C, L)
-                            ci += 1
+                                    kb.push(dst + rr * iw + p, base + rr * cw + p, 0)
+                        dev.dep_pop(L, C)
+                        dev.gemm(("convpool-gemm", ob, ts, cb, base, dst, rows, cw, iw), gemm)
+                        if ci + 2 < n_chunks:
+                            dev.dep_push(C, L)
+                        ci += 1
                     # 4. the epilogue
                     for op, imm, src in steps():
                         rows_alu("epilogue", op, imm, src, real0, real1 - real0, W, pl)
@@ -338,3 +348,66 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
         args.append(("scale", "int32", (ob, b, k)))
     args.append(("out", "int8", (nb, ob, pool.oh, pool.ow, b, k)))
     return AluProgram(name, cfg, args, emit)
+
+
+def _measure(cfg: HwConfig, fn, seed: int = 0) -> int:
+    """Cycles of one run of ``fn`` (an AluProgram) on the cycle model with random data."""
+    import numpy as np
+
+    from celosia.driver import Device
+
+    rng = np.random.default_rng(seed)
+    arrays = [rng.integers(-128, 128, shape).astype(dt) if dt == "int8" else
+              rng.integers(1, 999, shape).astype(dt) for _, dt, shape, _ in fn.arg_specs()]
+    size = sum(a.nbytes for a in arrays) * 2 + (8 << 20)
+    return int(fn(Device(cfg, target="cycle", dram_size=size), *arrays)["cycles"])
+
+
+def plan(node, graph, cfg: HwConfig, placements: dict, layer, *, top: int = 4):
+    """The fused program of a QConv and the MaxPool that alone reads its output, or None.
+
+    Taken when: ``layer`` (the QConv's, after compiler/accel/im2col.py) is a 1x1 conv2d, its
+    output is no graph output and is read by one MaxPool only, placed on the accelerator
+    (partition.annotate), ``why_not_fused`` finds nothing, and the fused program takes fewer
+    cycles on the cycle model than the convolution's tuned schedule and the max pooling's
+    program (one batch block each). Returns (function, knobs, the MaxPool node)."""
+    import hashlib
+    import json
+    from dataclasses import asdict, replace
+    from pathlib import Path
+
+    from . import ops_alu
+    from .ops_alu import maxpool, pool_knobs
+    from .partition import layer_for
+    from .tune import _sources_hash, cache_dir, tune_conv
+
+    if layer.kind != "conv2d" or node.outputs[0] in graph.outputs:
+        return None
+    readers = [n for n in graph.nodes if node.outputs[0] in n.inputs]
+    if len(readers) != 1 or readers[0].op != "MaxPool" or \
+            placements[readers[0].name].target != "accel":
+        return None
+    pool_node = readers[0]
+    pool = layer_for(pool_node, graph, cfg).spec
+    if why_not_fused(cfg, layer.spec, pool):
+        return None
+    conv1, pool1 = replace(layer.spec, n=cfg.batch), replace(pool, n=cfg.batch)
+    knobs = conv_pool_knobs(cfg, conv1, pool1)
+    # (cached on disk like the schedule search, by the sources the cycles depend on)
+    text = json.dumps({"src": _sources_hash(), "file": hashlib.sha256(
+        Path(__file__).read_bytes() + Path(ops_alu.__file__).read_bytes()).hexdigest(),
+        "cfg": cfg.to_dict(), "conv": asdict(conv1), "pool": asdict(pool1), "top": top},
+        sort_keys=True, default=str)
+    path = cache_dir() / f"convpool-{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
+    if path.exists():
+        fused, apart = json.loads(path.read_text())
+    else:
+        fused = _measure(cfg, conv_pool(cfg, conv1, pool1, knobs))
+        apart = tune_conv(cfg, conv1, top=top)[1]["cycles"] + \
+            _measure(cfg, maxpool(cfg, pool1, pool_knobs(cfg, pool1)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([fused, apart]))
+    if fused >= apart:
+        return None
+    return (conv_pool(cfg, layer.spec, pool, conv_pool_knobs(cfg, layer.spec, pool),
+                      name=node.name), knobs, pool_node)
