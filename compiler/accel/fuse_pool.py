@@ -1,5 +1,5 @@
 """A 1x1 convolution with its max pooling fused: the pooling runs in the accumulator on the
-convolution's requantized rows before they are stored, so the convolution's un-pooled output
+convolution's rows before they are stored, so the convolution's un-pooled output
 is never written to DRAM nor loaded back (compiler/accel/ops_alu.py's max pooling loads its
 input into the accumulator with ``ACC_8BIT``, two bus cycles per row, and waits for DRAM).
 
@@ -10,23 +10,30 @@ ops_alu.py. Per batch block and tile of ``th`` pooled rows (whole rows), for all
 channel blocks at once:
 
 1. the window rows it shares with the previous tile (``span_h - th x stride_h`` of them),
-   already reduced along the row, are copied to the top of the tile (``MIN -128``, ``MAX``);
-2. its new rows outside the image and its padding columns are set to at most -128
-   (``MIN -128``; max pooling pads with -inf and every window holds an image pixel);
+   already reduced along the row, are copied to the top of the tile (``MUL 0``, ``ADD``);
+2. its new rows outside the image and its padding columns are set to the int32 minimum
+   (``MIN -32768``, ``MAX -32768``, ``SHR -16``): below every value, so padding never wins
+   a window (max pooling pads with -inf, and every window holds an image pixel);
 3. its new image rows are the convolution: a GEMM reset of their accumulator rows, then per
    chunk of input pixels (all input blocks of up to ``chunk`` pixels: whole rows, or
    parts of one row; double-buffered in INP, loaded by the load module) one GEMM
    micro-op per input block, output block and pixel, the weights (all blocks, loaded
    once) in WGT;
-4. the epilogue on those rows (compiler/accel/ops.py's order: + bias, x multiplier,
-   x scale, + bias if last, >> shift, clip), one ALU instruction per step;
-5. the pooling as ops_alu's separable form: each new row's window maxima along the row,
-   in place (``kw - 1`` MAX per output column), then ``MIN -128`` and one ``MAX`` per kernel
-   row into the tile's output rows (two buffers, alternating, so that a tile's store
-   overlaps the next tile), and the store.
+4. the epilogue up to the shift on those rows (compiler/accel/ops.py's order: + bias,
+   x multiplier, x scale, + bias if last), one ALU instruction per step;
+5. the pooling, separable as in ops_alu.py and in place: each new row's window maxima along
+   the row (``kw - 1`` MAX per output column, at the window's first column), then each
+   pooled pixel's maxima down the column (``kh - 1`` MAX, at the window's first row);
+   then the rest of the epilogue, ``>> shift`` and the clip, on the maxima only (both are
+   monotone: the shift and clip of a maximum are the maximum of the shifted and clipped
+   values), a copy into the tile's output rows (two buffers, alternating, so that a tile's
+   store overlaps the next tile) and the store. ResNet's stem: 7 ALU micro-ops per pooled
+   pixel and output block after the row maxima, instead of 3 x 4 for the shift and clip
+   of its four pixels and 4 for the pooling.
 
-Every step computes what the unfused pair does (the epilogue's values are the conv2d's int8
-outputs, the maxima ops_alu's), so the result is the pooled QConv's bit for bit.
+Every value is the unfused pair's (the int32 values before the shift are the conv2d's, and
+the shift and clip of their maximum the maximum of its int8 outputs), so the result is the
+pooled QConv's bit for bit.
 """
 
 from __future__ import annotations
@@ -164,6 +171,9 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
     C, L, S = Module.COMPUTE, Module.LOAD, Module.STORE
     tiles = _tiles(pool.oh, th)
 
+    # (the int32 minimum, exactly: below every value, so that padding never wins a window)
+    LOWEST = ((AluOp.MIN, -(1 << 15)), (AluOp.MAX, -(1 << 15)), (AluOp.SHR, -16))
+
     def steps():
         """The epilogue's ALU steps: (op, imm, source row base or None)."""
         out = []
@@ -180,6 +190,8 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
         out.append((AluOp.MAX, e.low, None))
         out.append((AluOp.MIN, e.hi, None))
         return out
+
+    after = steps()[-(2 + bool(e.shift)):]  # shift and clip: after the pooling
 
     def emit(dev, bufs):
         data, kernel, *consts, out = bufs
@@ -241,8 +253,8 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
                 ov = max(0, prev[0] + prev[1] - r0) if prev else 0
                 if ov:  # 1. the shared rows, reduced along the row already
                     src0 = r0 - prev[0]
-                    for op in (AluOp.MIN, AluOp.MAX):
-                        def record(kb, op=op, src0=src0, ov=ov):
+                    for op, imm in ((AluOp.MUL, 0), (AluOp.ADD, None)):  # a copy: 0 + x
+                        def record(kb, src0=src0, ov=ov):
                             if ov > 1:
                                 kb.loop(ov, iw, iw)
                             if ow > 1:
@@ -250,19 +262,21 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
                             for j in range(ob):
                                 kb.push(tb + j * ts, tb + j * ts + src0 * iw)
                         dev.alu(("convpool-carry", op, ob, ts, tb, iw, ov, ow, sw, src0),
-                                record, op, imm=-128 if op == AluOp.MIN else None)
+                                record, op, imm=imm)
                 new0 = ov
                 real0, real1 = max(r0, 0) - r0, min(r0 + ih, H) - r0  # local image rows
                 real0 = max(real0, new0)
                 # 2. padding: new rows outside the image, and the padding columns
                 for a, c in ((new0, min(real0, ih)), (max(real1, new0), ih)):
                     if c > a:
-                        rows_alu("pad-rows", AluOp.MIN, -128, None, a, c - a, iw, 0)
+                        for op, imm in LOWEST:
+                            rows_alu("pad-rows", op, imm, None, a, c - a, iw, 0)
                 if real1 > real0:
                     for c0, c1 in ((0, pl), (pl + W, iw)):
                         if c1 > c0:
-                            rows_alu("pad-cols", AluOp.MIN, -128, None, real0, real1 - real0,
-                                     c1 - c0, c0)
+                            for op, imm in LOWEST:
+                                rows_alu("pad-cols", op, imm, None, real0, real1 - real0,
+                                         c1 - c0, c0)
                     # 3. the convolution of the new image rows
                     def reset(kb, real0=real0, count=real1 - real0):
                         if ob > 1:
@@ -292,8 +306,8 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
                         if ci + 2 < n_chunks:
                             dev.dep_push(C, L)
                         ci += 1
-                    # 4. the epilogue
-                    for op, imm, src in steps():
+                    # 4. the epilogue up to the shift
+                    for op, imm, src in steps()[:-len(after)]:
                         rows_alu("epilogue", op, imm, src, real0, real1 - real0, W, pl)
                 # 5. the pooling: row maxima of the new rows in place, then into O
                 if pool.kw > 1 and ih > new0:
@@ -308,27 +322,39 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
                     dev.alu(("convpool-h", ob, ts, tb, iw, new0, ih - new0, ow, sw, dw, pool.kw),
                             hpass, AluOp.MAX)
                 oh_t = y1 - y0
+
+                def pooled(kb, taps, oh_t=oh_t):
+                    # each pooled pixel's first tap (row y * sh, column x * sw of the tile)
+                    if oh_t > 1:
+                        kb.loop(oh_t, sh * iw, sh * iw)
+                    if ow > 1:
+                        kb.loop(ow, sw, sw)
+                    for j in range(ob):
+                        for dy in taps:
+                            kb.push(tb + j * ts, tb + j * ts + dy * dh * iw)
+                # the column maxima in place (an output's first row is a tap of no later
+                # output, and the rows shared with the next tile lie below every first row)
+                if pool.kh > 1:
+                    dev.alu(("convpool-v", ob, ts, tb, iw, oh_t, ow, sh, sw, dh, pool.kh),
+                            lambda kb: pooled(kb, range(1, pool.kh)), AluOp.MAX)
+                # the rest of the epilogue on the maxima: shift and clip are monotone, so
+                # they give the maximum of the epilogue's values
+                for op, imm, _ in after:
+                    dev.alu(("convpool-after", op, imm, ob, ts, tb, iw, oh_t, ow, sh, sw),
+                            lambda kb: pooled(kb, (0,)), op, imm=imm)
                 o_base = o_at + (t % 2) * o_size
                 if t >= 2:
                     dev.dep_pop(S, C)  # the store of tile t - 2 has read this buffer
-
-                def init(kb, o_base=o_base, oh_t=oh_t):
-                    if ob > 1:
-                        kb.loop(ob, th * ow, 0)
-                    kb.loop(oh_t * ow, 1, 0)
-                    kb.push(o_base, 0)
-                dev.alu(("convpool-init", ob, th, ow, oh_t, o_base), init, AluOp.MIN, imm=-128)
-
-                def vpass(kb, o_base=o_base, oh_t=oh_t):
-                    if oh_t > 1:
-                        kb.loop(oh_t, ow, sh * iw)
-                    if ow > 1:
-                        kb.loop(ow, 1, sw)
-                    for j in range(ob):
-                        for dy in range(pool.kh):
-                            kb.push(o_base + j * th * ow, tb + j * ts + dy * dh * iw)
-                dev.alu(("convpool-v", ob, th, ow, oh_t, o_base, ts, tb, iw, sh, sw, dh,
-                         pool.kh), vpass, AluOp.MAX)
+                for op, imm in ((AluOp.MUL, 0), (AluOp.ADD, None)):  # a copy into O
+                    def copy(kb, o_base=o_base, oh_t=oh_t):
+                        if ob > 1:
+                            kb.loop(ob, th * ow, ts)
+                        if oh_t > 1:
+                            kb.loop(oh_t, ow, sh * iw)
+                        for x in range(ow):
+                            kb.push(o_base + x, tb + x * sw)
+                    dev.alu(("convpool-copy", op, ob, th, ow, oh_t, o_base, ts, tb, iw, sh, sw),
+                            copy, op, imm=imm)
                 dev.dep_push(C, S)
                 dev.dep_pop(C, S)
                 for j in range(ob):

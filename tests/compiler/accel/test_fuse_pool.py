@@ -115,7 +115,7 @@ def test_fused_is_faster_than_the_pair_on_the_stem():
     np.testing.assert_array_equal(unpack_nchw(out), want)
     pair = conv_stats["cycles"] + pool_stats["cycles"]
     print(f"fused {fused['cycles']} against {conv_stats['cycles']} + {pool_stats['cycles']}")
-    assert fused["cycles"] < pair - 100_000, (fused["cycles"], pair)
+    assert fused["cycles"] < pair - 200_000, (fused["cycles"], pair)
 
 
 def test_what_is_not_fused_says_why():
