@@ -144,10 +144,47 @@ def conv_pool_knobs(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec) -> ConvPoolKn
     return ConvPoolKnobs(th, -(-pool.w // parts))
 
 
+def monotone(conv: ConvSpec, weight, bias, scale) -> bool:
+    """Whether the whole epilogue is a non-decreasing function of the accumulator for these
+    constants (packed as conv2d takes them): no step can wrap around int32 for any int8
+    input (|accumulator| <= 128 x the sum of an output channel's |weights|), and every
+    multiplier is non-negative. Then it too commutes with the maximum, and runs on the
+    pooled maxima only (``conv_pool(..., whole=True)``)."""
+    import numpy as np
+
+    e = conv.epilogue
+    w = np.abs(np.asarray(weight, np.float64))  # (O/k, C/k, KH, KW, k, k)
+    x = 128.0 * w.sum(axis=(1, 2, 3, 5)).reshape(-1)  # per output channel
+    per_channel = (lambda a: np.asarray(a, np.float64)[:, 0, :].reshape(-1))
+    b = np.abs(per_channel(bias)) if e.bias else 0.0
+    limit = 2.0 ** 31 - 1
+    bounds = []
+    if e.bias and not e.bias_last:
+        x = x + b
+        bounds.append(x)
+    if e.multiplier is not None:
+        if e.multiplier < 0:
+            return False
+        x = x * e.multiplier
+        bounds.append(x)
+    if e.scale:
+        m = per_channel(scale)
+        if (m < 0).any():
+            return False
+        x = x * m
+        bounds.append(x)
+    if e.bias and e.bias_last:
+        x = x + b
+        bounds.append(x)
+    return all((v <= limit).all() for v in bounds)
+
+
 def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnobs,
-              name: str = "conv_pool") -> AluProgram:
+              name: str = "conv_pool", *, whole: bool = False) -> AluProgram:
     """The fused program (module docstring); takes (data, kernel[, bias][, scale], out),
-    ``out`` the pooled output, packed like max pooling's."""
+    ``out`` the pooled output, packed like max pooling's. ``whole``: the whole epilogue
+    after the pooling, on the maxima (only for constants that ``monotone`` accepts; else
+    the shift and the clip alone)."""
     problem = why_not_fused(cfg, conv, pool)
     if problem:
         raise CompilerError(f"{name}: {problem}")
@@ -191,7 +228,8 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
         out.append((AluOp.MIN, e.hi, None))
         return out
 
-    after = steps()[-(2 + bool(e.shift)):]  # shift and clip: after the pooling
+    # shift and clip (or the whole epilogue): after the pooling
+    after = steps() if whole else steps()[-(2 + bool(e.shift)):]
 
     def emit(dev, bufs):
         data, kernel, *consts, out = bufs
@@ -307,7 +345,7 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
                             dev.dep_push(C, L)
                         ci += 1
                     # 4. the epilogue up to the shift
-                    for op, imm, src in steps()[:-len(after)]:
+                    for op, imm, src in steps()[:len(steps()) - len(after)]:
                         rows_alu("epilogue", op, imm, src, real0, real1 - real0, W, pl)
                 # 5. the pooling: row maxima of the new rows in place, then into O
                 if pool.kw > 1 and ih > new0:
@@ -339,9 +377,16 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
                             lambda kb: pooled(kb, range(1, pool.kh)), AluOp.MAX)
                 # the rest of the epilogue on the maxima: shift and clip are monotone, so
                 # they give the maximum of the epilogue's values
-                for op, imm, _ in after:
-                    dev.alu(("convpool-after", op, imm, ob, ts, tb, iw, oh_t, ow, sh, sw),
-                            lambda kb: pooled(kb, (0,)), op, imm=imm)
+                for op, imm, src in after:
+                    def step(kb, src=src, oh_t=oh_t):
+                        if oh_t > 1:
+                            kb.loop(oh_t, sh * iw, 0)
+                        if ow > 1:
+                            kb.loop(ow, sw, 0)
+                        for j in range(ob):  # (src: the block's bias or scale row)
+                            kb.push(tb + j * ts, src + j if src is not None else 0)
+                    dev.alu(("convpool-after", op, imm, src, ob, ts, tb, iw, oh_t, ow, sh, sw),
+                            step, op, imm=imm)
                 o_base = o_at + (t % 2) * o_size
                 if t >= 2:
                     dev.dep_pop(S, C)  # the store of tile t - 2 has read this buffer
@@ -419,16 +464,17 @@ def plan(node, graph, cfg: HwConfig, placements: dict, layer, *, top: int = 4):
         return None
     conv1, pool1 = replace(layer.spec, n=cfg.batch), replace(pool, n=cfg.batch)
     knobs = conv_pool_knobs(cfg, conv1, pool1)
+    whole = monotone(layer.spec, layer.weight, layer.bias, layer.scale)
     # (cached on disk like the schedule search, by the sources the cycles depend on)
     text = json.dumps({"src": _sources_hash(), "file": hashlib.sha256(
         Path(__file__).read_bytes() + Path(ops_alu.__file__).read_bytes()).hexdigest(),
-        "cfg": cfg.to_dict(), "conv": asdict(conv1), "pool": asdict(pool1), "top": top},
-        sort_keys=True, default=str)
+        "cfg": cfg.to_dict(), "conv": asdict(conv1), "pool": asdict(pool1), "top": top,
+        "whole": whole}, sort_keys=True, default=str)
     path = cache_dir() / f"convpool-{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
     if path.exists():
         fused, apart = json.loads(path.read_text())
     else:
-        fused = _measure(cfg, conv_pool(cfg, conv1, pool1, knobs))
+        fused = _measure(cfg, conv_pool(cfg, conv1, pool1, knobs, whole=whole))
         apart = tune_conv(cfg, conv1, top=top)[1]["cycles"] + \
             _measure(cfg, maxpool(cfg, pool1, pool_knobs(cfg, pool1)))
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -436,4 +482,4 @@ def plan(node, graph, cfg: HwConfig, placements: dict, layer, *, top: int = 4):
     if fused >= apart:
         return None
     return (conv_pool(cfg, layer.spec, pool, conv_pool_knobs(cfg, layer.spec, pool),
-                      name=node.name), knobs, pool_node)
+                      name=node.name, whole=whole), knobs, pool_node)

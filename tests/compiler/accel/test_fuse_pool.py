@@ -9,7 +9,8 @@ import zlib
 import numpy as np
 import pytest
 
-from celosia.compiler.accel.fuse_pool import conv_pool, conv_pool_knobs, why_not_fused
+from celosia.compiler.accel.fuse_pool import (conv_pool, conv_pool_knobs, monotone,
+                                              why_not_fused)
 from celosia.compiler.accel.ops import (ConvSpec, Epilogue, conv2d,
                                         conv2d_reference, pack_bias, pack_nchw, pack_oihw,
                                         unpack_nchw)
@@ -41,9 +42,9 @@ def _want(conv, pool, x, w, bias, scale):
     return maxpool_reference(y, pool)
 
 
-def _fused(cfg, conv, pool, x, w, bias, scale, target):
+def _fused(cfg, conv, pool, x, w, bias, scale, target, whole=False):
     b, k = cfg.batch, cfg.block
-    fn = conv_pool(cfg, conv, pool, conv_pool_knobs(cfg, conv, pool))
+    fn = conv_pool(cfg, conv, pool, conv_pool_knobs(cfg, conv, pool), whole=whole)
     args = [pack_nchw(x, b, k), pack_oihw(w, k)]
     if conv.epilogue.bias:
         args.append(pack_bias(bias, b, k))
@@ -70,8 +71,11 @@ CASES = [  # (preset, n, c, hw, o, epilogue, kernel, stride, dilation, pads, cei
 ]
 
 
+@pytest.mark.parametrize("whole", [False, True])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:5])))
-def test_fused_conv_pool_matches_the_definitions(case):
+def test_fused_conv_pool_matches_the_definitions(case, whole):
+    """The shift and clip after the pooling, or (``whole``, constants that cannot wrap) the
+    whole epilogue."""
     preset, n, c, (h, w), o, epi, k, s, d, p, ceil = case
     cfg = HwConfig.load(preset)
     conv = ConvSpec(n, c, h, w, o, 1, 1, epilogue=Epilogue(**epi))
@@ -79,12 +83,14 @@ def test_fused_conv_pool_matches_the_definitions(case):
     assert why_not_fused(cfg, conv, pool) is None
     rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
     x, wt, bias, scale = _operands(cfg, conv, rng)
+    b, kk = cfg.batch, cfg.block
+    assert monotone(conv, pack_oihw(wt, kk), pack_bias(bias, b, kk), pack_bias(scale, b, kk))
     want = _want(conv, pool, x, wt, bias, scale)
     assert len(np.unique(want)) > 10  # the epilogue's clip does not flatten everything
     targets = ("fsim", "cycle", "rtl") if preset == "small" else ("fsim", "cycle")
     cycles = {}
     for target in targets:
-        got, stats = _fused(cfg, conv, pool, x, wt, bias, scale, target)
+        got, stats = _fused(cfg, conv, pool, x, wt, bias, scale, target, whole)
         np.testing.assert_array_equal(got, want, err_msg=target)
         if target != "fsim":
             cycles[target] = stats["cycles"]
@@ -128,3 +134,23 @@ def test_what_is_not_fused_says_why():
     wide = ConvSpec(1, 16, 8, 1500, 512, 1, 1, epilogue=Epilogue(relu=True))
     assert "accumulator rows" in why_not_fused(
         cfg, wide, _pool(wide, (3, 3), (2, 2), (1, 1), (1, 1), 0))
+
+
+def test_the_whole_epilogue_moves_only_when_it_cannot_wrap():
+    """``monotone``: every step's bound within int32 and no negative multiplier."""
+    cfg = HwConfig.load("default")
+    b, k = cfg.batch, cfg.block
+    conv = ConvSpec(1, 32, 4, 4, 16, 1, 1, epilogue=Epilogue(bias=True, scale=True, shift=9))
+    w = np.full((16, 32, 1, 1), -128, np.int8)  # |accumulator| <= 128 * 32 * 128 = 524,288
+    bias = np.full(16, 1000, np.int32)
+    ok = np.full(16, (2**31 - 1) // (524_288 + 1000), np.int32)
+    assert monotone(conv, pack_oihw(w, k), pack_bias(bias, b, k), pack_bias(ok, b, k))
+    over = ok.copy()
+    over[5] += 1  # one channel's product can pass 2^31 - 1
+    assert not monotone(conv, pack_oihw(w, k), pack_bias(bias, b, k), pack_bias(over, b, k))
+    negative = np.ones(16, np.int32)
+    negative[0] = -1
+    assert not monotone(conv, pack_oihw(w, k), pack_bias(bias, b, k),
+                        pack_bias(negative, b, k))
+    neg_imm = ConvSpec(1, 32, 4, 4, 16, 1, 1, epilogue=Epilogue(multiplier=-2, shift=3))
+    assert not monotone(neg_imm, pack_oihw(w, k), pack_bias(bias, b, k), None)
