@@ -10,7 +10,8 @@ ops_alu.py. Per batch block and tile of ``th`` pooled rows (whole rows), for all
 channel blocks at once:
 
 1. the window rows it shares with the previous tile (``span_h - th x stride_h`` of them),
-   already reduced along the row, are copied to the top of the tile (``MUL 0``, ``ADD``);
+   already reduced along the row, stay where they are: the window's rows are a ring of
+   ``(th - 1) x stride_h + span_h`` accumulator rows per output block;
 2. its new rows outside the image and its padding columns are set to the int32 minimum
    (``MIN -32768``, ``MAX -32768``, ``SHR -16``): below every value, so padding never wins
    a window (max pooling pads with -inf, and every window holds an image pixel);
@@ -88,20 +89,6 @@ def _acc_rows(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, th: int) -> int:
     return ob * (e.bias + e.scale) + ob * ih * iw + 2 * ob * th * pool.ow
 
 
-def _carry_fits(pool: PoolSpec, th: int) -> bool:
-    """Whether every tile's rows shared with the previous tile can be copied to the top of
-    the tile without the copy overwriting rows it has still to read."""
-    prev = None
-    for y0, y1 in _tiles(pool.oh, th):
-        r0, ih, _, _ = _window(y0, y1, pool.stride_h, pool.pad_top, pool.span_h, pool.h)
-        if prev is not None:
-            ov = max(0, prev[0] + prev[1] - r0)
-            if ov > r0 - prev[0]:
-                return False
-        prev = (r0, ih)
-    return True
-
-
 def conv_pool_knobs(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec) -> ConvPoolKnobs:
     """The most pooled rows per tile that fit the accumulator (whole rows), and the largest
     chunk of pixels two INP buffers hold; a CompilerError says what does not fit."""
@@ -123,7 +110,7 @@ def conv_pool_knobs(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec) -> ConvPoolKn
         raise CompilerError(f"a pooled row reads {iw} columns, more than an ALU loop's "
                             f"factor reaches")
     th = next((t for t in range(pool.oh, 0, -1)
-               if _acc_rows(cfg, conv, pool, t) <= cfg.acc_depth and _carry_fits(pool, t)),
+               if _acc_rows(cfg, conv, pool, t) <= cfg.acc_depth),
               None)
     if th is None:
         raise CompilerError(f"one pooled row of {ob} channel blocks needs "
@@ -194,7 +181,7 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
     H, W = pool.h, pool.w
     sh, sw, dh, dw = pool.stride_h, pool.stride_w, pool.dil_h, pool.dil_w
     th, chunk = knobs.tile_h, knobs.chunk
-    if _acc_rows(cfg, conv, pool, th) > cfg.acc_depth or not _carry_fits(pool, th):
+    if _acc_rows(cfg, conv, pool, th) > cfg.acc_depth:
         raise CompilerError(f"{name}: tiles of {th} pooled rows do not fit the accumulator")
     _, iw, pl, _ = _window(0, pool.ow, sw, pool.pad_left, pool.span_w, W)
     ih_max = (th - 1) * sh + pool.span_h
@@ -269,136 +256,120 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
                 dev.dep_push(L, C)
                 state["next"] += 1
 
-        def rows_alu(key, op, imm, src, first, count, cols, col0):
-            """``op`` on ``count`` tile rows from local row ``first``, ``cols`` columns from
-            ``col0``, every output block (``src``: a per-block row, or None)."""
+        def rows_alu(key, op, imm, src, at, cols, col0):
+            """``op`` on the tile rows at ACC rows ``at`` (block 0, column 0), ``cols``
+            columns from ``col0``, every output block (``src``: a per-block row, or None)."""
             def record(kb):
                 if ob > 1:
                     kb.loop(ob, ts, 1 if src is not None else 0)
                 if cols > 1:
                     kb.loop(cols, 1, 0)
-                for r in range(count):
-                    kb.push(tb + (first + r) * iw + col0, src if src is not None else 0)
-            dev.alu(("convpool", key, op, imm, src, ob, ts, iw, tb, first, count, cols, col0),
+                for r in at:
+                    kb.push(r + col0, src if src is not None else 0)
+            dev.alu(("convpool", key, op, imm, src, ob, ts, iw, tuple(at), cols, col0),
                     record, op, imm=imm)
 
         ci = 0  # the next chunk compute takes
         t = 0
         for n in range(nb):
             prev = None
+            first = _window(0, 1, sh, pool.pad_top, pool.span_h, H)[0]
+
+            def at(r, first=first):
+                """The ACC row of image row ``r``'s column 0 (block 0): the window rows are
+                a ring of ``ih_max`` rows, so rows shared by consecutive tiles stay put."""
+                return tb + ((r - first) % ih_max) * iw
+
             for y0, y1 in tiles:
                 r0, ih, pt, pb = _window(y0, y1, sh, pool.pad_top, pool.span_h, H)
                 ov = max(0, prev[0] + prev[1] - r0) if prev else 0
-                if ov:  # 1. the shared rows, reduced along the row already
-                    src0 = r0 - prev[0]
-                    for op, imm in ((AluOp.MUL, 0), (AluOp.ADD, None)):  # a copy: 0 + x
-                        def record(kb, src0=src0, ov=ov):
-                            if ov > 1:
-                                kb.loop(ov, iw, iw)
-                            if ow > 1:
-                                kb.loop(ow, sw, sw)
-                            for j in range(ob):
-                                kb.push(tb + j * ts, tb + j * ts + src0 * iw)
-                        dev.alu(("convpool-carry", op, ob, ts, tb, iw, ov, ow, sw, src0),
-                                record, op, imm=imm)
-                new0 = ov
-                real0, real1 = max(r0, 0) - r0, min(r0 + ih, H) - r0  # local image rows
-                real0 = max(real0, new0)
-                # 2. padding: new rows outside the image, and the padding columns
-                for a, c in ((new0, min(real0, ih)), (max(real1, new0), ih)):
-                    if c > a:
-                        for op, imm in LOWEST:
-                            rows_alu("pad-rows", op, imm, None, a, c - a, iw, 0)
-                if real1 > real0:
+                new = range(r0 + ov, r0 + ih)  # the rows this tile adds (image rows)
+                real = [r for r in new if 0 <= r < H]
+                # 1. padding: new rows outside the image, and the padding columns
+                pads = [at(r) for r in new if not 0 <= r < H]
+                if pads:
+                    for op, imm in LOWEST:
+                        rows_alu("pad-rows", op, imm, None, pads, iw, 0)
+                if real:
                     for c0, c1 in ((0, pl), (pl + W, iw)):
                         if c1 > c0:
                             for op, imm in LOWEST:
-                                rows_alu("pad-cols", op, imm, None, real0, real1 - real0,
+                                rows_alu("pad-cols", op, imm, None, [at(r) for r in real],
                                          c1 - c0, c0)
-                    # 3. the convolution of the new image rows
-                    def reset(kb, real0=real0, count=real1 - real0):
+                    # 2. the convolution of the new image rows
+                    def reset(kb, rows=tuple(at(r) for r in real)):
                         if ob > 1:
                             kb.loop(ob, ts, 0)
                         if W > 1:
                             kb.loop(W, 1, 0)
-                        for r in range(count):
-                            kb.push(tb + (real0 + r) * iw + pl, 0)
-                    dev.gemm(("convpool-reset", ob, ts, tb, iw, pl, W, real0, real1 - real0),
+                        for r in rows:
+                            kb.push(r + pl, 0)
+                    dev.gemm(("convpool-reset", ob, ts, pl, W, tuple(at(r) for r in real)),
                              reset, reset=True)
-                    for r, rows, c0, cw in row_chunks(r0 + real0, r0 + real1):
+                    for r, rows, c0, cw in row_chunks(real[0], real[-1] + 1):
                         load_chunks_until(ci + 1)
                         base = (ci % 2) * cb * chunk
-                        dst = tb + (r - r0) * iw + pl + c0
+                        dsts = tuple(at(r + rr) + pl + c0 for rr in range(rows))
 
-                        def gemm(kb, base=base, dst=dst, rows=rows, cw=cw):
+                        def gemm(kb, base=base, dsts=dsts, cw=cw):
                             # pixels innermost: consecutive micro-ops write different rows
                             if ob > 1:
                                 kb.loop(ob, ts, 0, cb)
                             if cb > 1:
-                                kb.loop(cb, 0, rows * cw, 1)
-                            for rr in range(rows):
+                                kb.loop(cb, 0, len(dsts) * cw, 1)
+                            for rr, d in enumerate(dsts):
                                 for p in range(cw):
-                                    kb.push(dst + rr * iw + p, base + rr * cw + p, 0)
+                                    kb.push(d + p, base + rr * cw + p, 0)
                         dev.dep_pop(L, C)
-                        dev.gemm(("convpool-gemm", ob, ts, cb, base, dst, rows, cw, iw), gemm)
+                        dev.gemm(("convpool-gemm", ob, ts, cb, base, dsts, cw), gemm)
                         if ci + 2 < n_chunks:
                             dev.dep_push(C, L)
                         ci += 1
-                    # 4. the epilogue up to the shift
+                    # 3. the epilogue up to the shift
                     for op, imm, src in steps()[:len(steps()) - len(after)]:
-                        rows_alu("epilogue", op, imm, src, real0, real1 - real0, W, pl)
-                # 5. the pooling: row maxima of the new rows in place, then into O
-                if pool.kw > 1 and ih > new0:
-                    def hpass(kb, new0=new0, count=ih - new0):
-                        if count > 1:
-                            kb.loop(count, iw, iw)
-                        if ow > 1:
-                            kb.loop(ow, sw, sw)
-                        for j in range(ob):
-                            for dx in range(1, pool.kw):
-                                kb.push(tb + j * ts + new0 * iw, tb + j * ts + new0 * iw + dx * dw)
-                    dev.alu(("convpool-h", ob, ts, tb, iw, new0, ih - new0, ow, sw, dw, pool.kw),
-                            hpass, AluOp.MAX)
+                        rows_alu("epilogue", op, imm, src, [at(r) for r in real], W, pl)
+                # 4. the pooling: row maxima of the new rows in place, then column maxima in
+                # place (an output's first row is a tap of no later output, and the rows
+                # shared with the next tile lie below every first row)
                 oh_t = y1 - y0
+                firsts = tuple(at(r0 + y * sh) for y in range(oh_t))
 
-                def pooled(kb, taps, oh_t=oh_t):
-                    # each pooled pixel's first tap (row y * sh, column x * sw of the tile)
-                    if oh_t > 1:
-                        kb.loop(oh_t, sh * iw, sh * iw)
+                def by_column(kb, micro, src_step=None):
+                    if ob > 1:
+                        kb.loop(ob, ts, ts if src_step is None else src_step)
                     if ow > 1:
-                        kb.loop(ow, sw, sw)
-                    for j in range(ob):
-                        for dy in taps:
-                            kb.push(tb + j * ts, tb + j * ts + dy * dh * iw)
-                # the column maxima in place (an output's first row is a tap of no later
-                # output, and the rows shared with the next tile lie below every first row)
+                        kb.loop(ow, sw, sw if src_step is None else 0)
+                    for d, src in micro:
+                        kb.push(d, src)
+                if pool.kw > 1 and len(new):
+                    rows = tuple(at(r) for r in new)
+                    dev.alu(("convpool-h", ob, ts, ow, sw, dw, pool.kw, rows),
+                            lambda kb, rows=rows: by_column(
+                                kb, [(r, r + dx * dw) for r in rows for dx in range(1, pool.kw)]),
+                            AluOp.MAX)
                 if pool.kh > 1:
-                    dev.alu(("convpool-v", ob, ts, tb, iw, oh_t, ow, sh, sw, dh, pool.kh),
-                            lambda kb: pooled(kb, range(1, pool.kh)), AluOp.MAX)
+                    taps = tuple((at(r0 + y * sh), at(r0 + y * sh + dy * dh))
+                                 for y in range(oh_t) for dy in range(1, pool.kh))
+                    dev.alu(("convpool-v", ob, ts, ow, sw, taps),
+                            lambda kb, taps=taps: by_column(kb, taps), AluOp.MAX)
                 # the rest of the epilogue on the maxima: shift and clip are monotone, so
                 # they give the maximum of the epilogue's values
                 for op, imm, src in after:
-                    def step(kb, src=src, oh_t=oh_t):
-                        if oh_t > 1:
-                            kb.loop(oh_t, sh * iw, 0)
-                        if ow > 1:
-                            kb.loop(ow, sw, 0)
-                        for j in range(ob):  # (src: the block's bias or scale row)
-                            kb.push(tb + j * ts, src + j if src is not None else 0)
-                    dev.alu(("convpool-after", op, imm, src, ob, ts, tb, iw, oh_t, ow, sh, sw),
-                            step, op, imm=imm)
+                    micro = [(f, src if src is not None else 0) for f in firsts]
+                    dev.alu(("convpool-after", op, imm, src, ob, ts, ow, sw, firsts),
+                            lambda kb, micro=micro, src=src: by_column(
+                                kb, micro, 1 if src is not None else 0), op, imm=imm)
                 o_base = o_at + (t % 2) * o_size
                 if t >= 2:
                     dev.dep_pop(S, C)  # the store of tile t - 2 has read this buffer
                 for op, imm in ((AluOp.MUL, 0), (AluOp.ADD, None)):  # a copy into O
-                    def copy(kb, o_base=o_base, oh_t=oh_t):
+                    def copy(kb, o_base=o_base, firsts=firsts):
                         if ob > 1:
                             kb.loop(ob, th * ow, ts)
-                        if oh_t > 1:
-                            kb.loop(oh_t, ow, sh * iw)
-                        for x in range(ow):
-                            kb.push(o_base + x, tb + x * sw)
-                    dev.alu(("convpool-copy", op, ob, th, ow, oh_t, o_base, ts, tb, iw, sh, sw),
+                        for y, f in enumerate(firsts):
+                            for x in range(ow):
+                                kb.push(o_base + y * ow + x, f + x * sw)
+                    dev.alu(("convpool-copy", op, ob, th, ow, o_base, ts, sw, firsts),
                             copy, op, imm=imm)
                 dev.dep_push(C, S)
                 dev.dep_pop(C, S)
