@@ -190,6 +190,7 @@ class AccelModel:
         producer = {o: n for n in graph.nodes for o in n.outputs if o}
         compiled, views, windows = {}, [], {}
         fused = {}  # a MaxPool run by its QConv's program -> that QConv (fuse_pool.py)
+        apart = {}  # a MaxPool after a QConv, not fused -> why
         for k, node in enumerate(accel):
             if node.name in fused:
                 continue
@@ -220,7 +221,9 @@ class AccelModel:
                 if windowed:
                     layer, windows[node.name] = windowed
                 # the max pooling that alone reads it, pooled before the store
-                pooled = fuse_pool.plan(node, graph, cfg, placements, layer, top=tune_top)
+                pooled, why = fuse_pool.plan(node, graph, cfg, placements, layer, top=tune_top)
+                if why:
+                    apart[why[0]] = f"not fused with {node.name}: {why[1]}"
                 if pooled:
                     fn, knobs, pool = pooled
                     fused[pool.name] = node.name
@@ -232,7 +235,8 @@ class AccelModel:
             compiled[node.name] = (layer, fn, knobs)
             if progress:
                 progress(f"[{k + 1}/{len(accel)}] {node.name}: {layer.kind} {_spec_str(layer.spec)}"
-                         f" -> {_knobs_str(knobs)} ({time.perf_counter() - t0:.2f} s)")
+                         f" -> {_knobs_str(knobs)} ({time.perf_counter() - t0:.2f} s)"
+                         + (f"; {apart[node.name]}" if node.name in apart else ""))
         region_of = regions(graph, placements)
         layouts = value_layouts(graph, placements)
         packed = packed_nodes(graph, placements) if accelerate else set()

@@ -406,13 +406,15 @@ def _measure(cfg: HwConfig, fn, seed: int = 0) -> int:
 
 
 def plan(node, graph, cfg: HwConfig, placements: dict, layer, *, top: int = 4):
-    """The fused program of a QConv and the MaxPool that alone reads its output, or None.
+    """The fused program of a QConv and the MaxPool that alone reads its output.
 
     Taken when: ``layer`` (the QConv's, after compiler/accel/im2col.py) is a 1x1 conv2d, its
     output is no graph output and is read by one MaxPool only, placed on the accelerator
     (partition.annotate), ``why_not_fused`` finds nothing, and the fused program takes fewer
     cycles on the cycle model than the convolution's tuned schedule and the max pooling's
-    program (one batch block each). Returns (function, knobs, the MaxPool node)."""
+    program (one batch block each). Returns ((function, knobs, the MaxPool node), None), or
+    (None, (the MaxPool's name, why it is not fused)) when a MaxPool on the accelerator reads
+    the output, else (None, None)."""
     import hashlib
     import json
     from dataclasses import asdict, replace
@@ -423,16 +425,24 @@ def plan(node, graph, cfg: HwConfig, placements: dict, layer, *, top: int = 4):
     from .partition import layer_for
     from .tune import _sources_hash, cache_dir, tune_conv
 
-    if layer.kind != "conv2d" or node.outputs[0] in graph.outputs:
-        return None
     readers = [n for n in graph.nodes if node.outputs[0] in n.inputs]
-    if len(readers) != 1 or readers[0].op != "MaxPool" or \
-            placements[readers[0].name].target != "accel":
-        return None
-    pool_node = readers[0]
+    pools = [n for n in readers if n.op == "MaxPool" and placements[n.name].target == "accel"]
+    if not pools:
+        return None, None
+    pool_node = pools[0]
+
+    def no(why):
+        return None, (pool_node.name, why)
+    others = [n.name for n in readers if n is not pool_node]
+    if others or node.outputs[0] in graph.outputs:
+        return no(f"{node.outputs[0]!r} is also read by {others[0]!r}" if others else
+                  f"{node.outputs[0]!r} is also a graph output")
+    if layer.kind != "conv2d":
+        return no(f"{node.name!r} runs as {layer.kind}, not conv2d")
     pool = layer_for(pool_node, graph, cfg).spec
-    if why_not_fused(cfg, layer.spec, pool):
-        return None
+    why = why_not_fused(cfg, layer.spec, pool)
+    if why:
+        return no(why)
     conv1, pool1 = replace(layer.spec, n=cfg.batch), replace(pool, n=cfg.batch)
     knobs = conv_pool_knobs(cfg, conv1, pool1)
     whole = monotone(layer.spec, layer.weight, layer.bias, layer.scale)
@@ -451,6 +461,6 @@ def plan(node, graph, cfg: HwConfig, placements: dict, layer, *, top: int = 4):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps([fused, apart]))
     if fused >= apart:
-        return None
+        return no(f"fused it takes {fused:,} cycles on the cycle model, apart {apart:,}")
     return (conv_pool(cfg, layer.spec, pool, conv_pool_knobs(cfg, layer.spec, pool),
-                      name=node.name, whole=whole), knobs, pool_node)
+                      name=node.name, whole=whole), knobs, pool_node), None

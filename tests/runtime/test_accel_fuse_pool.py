@@ -56,7 +56,7 @@ def test_the_pool_runs_in_the_convolutions_program(tmp_path, kw, monkeypatch):
     path = tmp_path / "m.cel"
     model.save(path)
     np.testing.assert_array_equal(AccelModel.load(path).run({"x": x}, target="cycle")["p"], want)
-    monkeypatch.setattr(fuse_pool, "plan", lambda *a, **k: None)
+    monkeypatch.setattr(fuse_pool, "plan", lambda *a, **k: (None, None))
     apart = AccelModel.build(g, "default")
     assert apart.programs["pool"]["kind"] == "maxpool"
     np.testing.assert_array_equal(apart.run({"x": x}, target="cycle")["p"], want)
@@ -65,8 +65,11 @@ def test_the_pool_runs_in_the_convolutions_program(tmp_path, kw, monkeypatch):
 
 def test_a_convolution_output_read_elsewhere_is_not_fused():
     g = _graph(also_out=True)
-    model = AccelModel.build(g, "default")
+    lines = []
+    model = AccelModel.build(g, "default", progress=lines.append)
     assert model.programs["pool"]["kind"] == "maxpool"
+    said = [line for line in lines if "pool: maxpool" in line]
+    assert said and said[0].endswith("not fused with stem: 'y' is also a graph output"), lines
     x = np.random.default_rng(2).integers(-128, 128, g.types["x"].shape, dtype=np.int8)
     got, want = model.run({"x": x}, target="cycle"), model.cpu_build().run({"x": x})
     for v in ("p", "y"):
@@ -83,3 +86,28 @@ def test_the_rtl_agrees_on_the_small_configuration():
     rtl = model.report[0]["cycles"]
     np.testing.assert_array_equal(model.run({"x": x}, target="cycle")["p"], want)
     assert model.report[0]["cycles"] == rtl > 0
+
+
+def test_a_layer_larger_than_1x1_says_why_it_is_not_fused():
+    """A 3x3 layer whose input the accelerator makes (no windows) keeps its conv2d schedule;
+    the build log says why its pooling runs apart."""
+    g = _graph(size=16, c=16, o=16, k=3, stride=1, pad=1)
+    rng = np.random.default_rng(4)
+    first = Node("QConv", ("x0", "w0", "b0", "m0"), ("x",),
+                 dict(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0],
+                      dilations=[1, 1], group=1, shift=8, lo=-128, hi=127, scale=0.1), "first")
+    inits = {**g.initializers,
+             "w0": constant(rng.integers(-128, 128, (16, 16, 1, 1), dtype=np.int8)),
+             "b0": constant(np.zeros(16, np.int32)), "m0": constant(np.ones(16, np.int32))}
+    types = {**g.types, "x0": g.types["x"],
+             **{n: TensorType(str(np.asarray(inits[n]).dtype), np.asarray(inits[n]).shape)
+                for n in ("w0", "b0", "m0")}}
+    g2 = Graph("g", ("x0",), ("p",), (first, *g.nodes), inits, types)
+    lines = []
+    model = AccelModel.build(g2, "default", progress=lines.append)
+    assert model.programs["stem"]["kind"] == "conv2d"
+    assert model.programs["pool"]["kind"] == "maxpool"
+    assert any("not fused with stem: the convolution is 3x3" in line for line in lines), lines
+    x0 = rng.integers(-128, 128, (1, 16, 16, 16), dtype=np.int8)
+    np.testing.assert_array_equal(model.run({"x0": x0}, target="cycle")["p"],
+                                  model.cpu_build().run({"x0": x0})["p"])
