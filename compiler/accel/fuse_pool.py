@@ -27,10 +27,11 @@ channel blocks at once:
    pooled pixel's maxima down the column (``kh - 1`` MAX, at the window's first row);
    then the rest of the epilogue, ``>> shift`` and the clip, on the maxima only (both are
    monotone: the shift and clip of a maximum are the maximum of the shifted and clipped
-   values), a copy into the tile's output rows (two buffers, alternating, so that a tile's
-   store overlaps the next tile) and the store. ResNet's stem: 7 ALU micro-ops per pooled
-   pixel and output block after the row maxima, instead of 3 x 4 for the shift and clip
-   of its four pixels and 4 for the pooling.
+   values), the clip's last step, ``MIN hi``, written into the tile's output rows (two
+   buffers, alternating, so that a tile's store overlaps the next tile: each made exactly
+   ``hi`` first by one ``MAX hi``, as everything they held is at most ``hi``), and the
+   store. ResNet's stem: 6 ALU micro-ops per pooled pixel and output block after the row
+   maxima, instead of 3 x 4 for the shift and clip of its four pixels and 4 for the pooling.
 
 Every value is the unfused pair's (the int32 values before the shift are the conv2d's, and
 the shift and clip of their maximum the maximum of its int8 outputs), so the result is the
@@ -224,6 +225,9 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
         for what, at in (("bias", bias_at), ("scale", scale_at)):
             if getattr(e, what):
                 dev.load_2d(consts.pop(0), 0, ob, 1, ob, sram_index=at, mem_type=MemType.ACC)
+        # both output buffers at most ``hi`` (the invariant the clip into them keeps)
+        dev.alu(("convpool-o", o_at, 2 * o_size, e.hi),
+                lambda kb: (kb.loop(2 * o_size, 1, 0), kb.push(o_at, 0)), AluOp.MIN, imm=e.hi)
         # the chunks of input pixels, in order: (batch block, first row, rows, first column,
         # width): whole rows (contiguous in DRAM) when a row fits a buffer, else parts of one
         def row_chunks(a, b):
@@ -354,7 +358,7 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
                             lambda kb, taps=taps: by_column(kb, taps), AluOp.MAX)
                 # the rest of the epilogue on the maxima: shift and clip are monotone, so
                 # they give the maximum of the epilogue's values
-                for op, imm, src in after:
+                for op, imm, src in after[:-1]:
                     micro = [(f, src if src is not None else 0) for f in firsts]
                     dev.alu(("convpool-after", op, imm, src, ob, ts, ow, sw, firsts),
                             lambda kb, micro=micro, src=src: by_column(
@@ -362,15 +366,21 @@ def conv_pool(cfg: HwConfig, conv: ConvSpec, pool: PoolSpec, knobs: ConvPoolKnob
                 o_base = o_at + (t % 2) * o_size
                 if t >= 2:
                     dev.dep_pop(S, C)  # the store of tile t - 2 has read this buffer
-                for op, imm in ((AluOp.MUL, 0), (AluOp.ADD, None)):  # a copy into O
-                    def copy(kb, o_base=o_base, firsts=firsts):
-                        if ob > 1:
-                            kb.loop(ob, th * ow, ts)
-                        for y, f in enumerate(firsts):
-                            for x in range(ow):
-                                kb.push(o_base + y * ow + x, f + x * sw)
-                    dev.alu(("convpool-copy", op, ob, th, ow, o_base, ts, sw, firsts),
-                            copy, op, imm=imm)
+                # the clip's MIN into O: O, at most hi since its last use, is first made hi
+                # exactly, then O = min(hi, maximum)
+                dev.alu(("convpool-hi", o_base, ob, th, ow, oh_t, e.hi),
+                        lambda kb, o_base=o_base, oh_t=oh_t: (
+                            kb.loop(ob, th * ow, 0) if ob > 1 else None,
+                            kb.loop(oh_t * ow, 1, 0) if oh_t * ow > 1 else None,
+                            kb.push(o_base, 0)), AluOp.MAX, imm=e.hi)
+
+                def into(kb, o_base=o_base, firsts=firsts):
+                    if ob > 1:
+                        kb.loop(ob, th * ow, ts)
+                    for y, f in enumerate(firsts):
+                        for x in range(ow):
+                            kb.push(o_base + y * ow + x, f + x * sw)
+                dev.alu(("convpool-min", ob, th, ow, o_base, ts, sw, firsts), into, AluOp.MIN)
                 dev.dep_push(C, S)
                 dev.dep_pop(C, S)
                 for j in range(ob):
