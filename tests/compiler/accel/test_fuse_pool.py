@@ -68,6 +68,8 @@ CASES = [  # (preset, n, c, hw, o, epilogue, kernel, stride, dilation, pads, cei
      (3, 2), (1, 2), (2, 1), (2, 1), 0),  # dilated, uneven
     ("small", 1, 24, (9, 8), 8, dict(bias=True, scale=True, shift=16, relu=True),
      (3, 3), (2, 2), (1, 1), (1, 1), 0),
+    ("default", 3, 16, (7, 12), 32, dict(bias=True, scale=True, shift=14, relu=True),
+     (3, 3), (2, 2), (1, 1), (1, 1), 1),  # three images, ceil mode
 ]
 
 
