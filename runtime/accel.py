@@ -182,7 +182,7 @@ class AccelModel:
             value_layouts,
             root_of,
         )
-        from ..compiler.accel import im2col
+        from ..compiler.accel import fuse_pool, im2col
         from ..compiler.accel.recurrent import is_host_node
         from ..driver import Device
         from .accel_recurrent import build_host_node, host_bytes
@@ -202,7 +202,11 @@ class AccelModel:
         accel = [n for n in graph.nodes if placements[n.name].target == "accel"]
         producer = {o: n for n in graph.nodes for o in n.outputs if o}
         compiled, views, windows = {}, [], {}
+        fused = {}  # a MaxPool run by its QConv's program -> that QConv (fuse_pool.py)
+        apart = {}  # a MaxPool after a QConv, not fused -> why
         for k, node in enumerate(accel):
+            if node.name in fused:
+                continue
             if node.op in ALIAS_OPS + ALU_OPS + PLACED_OPS:
                 # (a node before it that left the accelerator may have taken the in-place
                 # node that made its input with it)
@@ -229,14 +233,23 @@ class AccelModel:
                 windowed = im2col.plan(node, graph, cfg, placements, layer, top=tune_top)
                 if windowed:
                     layer, windows[node.name] = windowed
-                fn, knobs = compile_layer(layer, cfg, top=tune_top)
+                # the max pooling that alone reads it, pooled before the store
+                pooled, why = fuse_pool.plan(node, graph, cfg, placements, layer, top=tune_top)
+                if why:
+                    apart[why[0]] = f"not fused with {node.name}: {why[1]}"
+                if pooled:
+                    fn, knobs, pool = pooled
+                    fused[pool.name] = node.name
+                else:
+                    fn, knobs = compile_layer(layer, cfg, top=tune_top)
             except CompilerError as e:
                 placements[node.name] = Placement("cpu", f"no accelerator schedule: {e}")
                 continue
             compiled[node.name] = (layer, fn, knobs)
             if progress:
                 progress(f"[{k + 1}/{len(accel)}] {node.name}: {layer.kind} {_spec_str(layer.spec)}"
-                         f" -> {_knobs_str(knobs)} ({time.perf_counter() - t0:.2f} s)")
+                         f" -> {_knobs_str(knobs)} ({time.perf_counter() - t0:.2f} s)"
+                         + (f"; {apart[node.name]}" if node.name in apart else ""))
         region_of = regions(graph, placements)
         layouts = value_layouts(graph, placements)
         packed = packed_nodes(graph, placements) if accelerate else set()
@@ -294,6 +307,12 @@ class AccelModel:
                     "spec": {"of": root_of(node.outputs[0], producer, placements)} if view
                     else {"slices": {v: slices[v][1] for v in node.inputs}},
                     "knobs": {}, "macs": 0, "region": region_of[node.name]}
+            if node.name in fused:  # its QConv's program writes its output
+                value_buffer(node.outputs[0], elem)
+                programs[node.name] = {"insn_addr": 0, "insn_count": 0, "kind": "fused",
+                                       "spec": {"into": fused[node.name]}, "knobs": {},
+                                       "macs": 0, "region": region_of[node.name]}
+                continue
             if node.name not in compiled:
                 continue
             if compiled[node.name] is None:  # a recurrent layer, or control flow
@@ -322,8 +341,13 @@ class AccelModel:
                             dev.upload(layer.scale, align=align[3]), o_buf,
                             values[node.outputs[0]][1])
             else:
+                operands = layer.operands(node)
+                pool = [n for n, conv in fused.items() if conv == node.name]
+                if pool:  # the program stores the pooled output
+                    operands[-1] = ("value", next(n.outputs[0] for n in graph.nodes
+                                                  if n.name == pool[0]))
                 bufs = [value_buffer(x, a) if what == "value" else dev.upload(x, align=a)
-                        for (what, x), a in zip(layer.operands(node), align)]
+                        for (what, x), a in zip(operands, align)]
                 if node.name in windows:  # the input's windows, packed by the runtime
                     shape = windows[node.name].packed_shape(cfg)
                     bufs[0] = dev.alloc(int(np.prod(shape)), align=align[0])
@@ -332,7 +356,8 @@ class AccelModel:
                 fn.bind(dev, bufs)
             prog = dev.build_program()
             programs[node.name] = {
-                "insn_addr": prog.insn_addr, "insn_count": prog.insn_count, "kind": layer.kind,
+                "insn_addr": prog.insn_addr, "insn_count": prog.insn_count,
+                "kind": "conv_pool" if node.name in fused.values() else layer.kind,
                 "spec": asdict(layer.spec), "knobs": asdict(knobs), "macs": layer.macs,
                 "region": region_of[node.name],
                 **({"staged": staged} if layer.kind == "matmul" or staged else {}),

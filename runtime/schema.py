@@ -380,10 +380,14 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
                                  f"recurrent and control programs its {', '.join(RECURRENT_OPS)}"
                                  f" nodes and control flow with integer products, "
                                  f"and only they)")
+        if kind == "fused" and op != "MaxPool":
+            raise f["kind"].fail(f"is 'fused' for a {op} node: only a MaxPool is run by the "
+                                 f"program of the layer before it (compiler/accel/fuse_pool.py)")
         # A view or a placement runs no program (compiler/accel/partition.py), a recurrent
-        # layer one per product (listed in its products).
+        # layer one per product (listed in its products), a fused MaxPool none (its QConv's
+        # program stores its output).
         addr, count = f["insn_addr"].integer(), \
-            f["insn_count"].integer(int(kind not in ("view", "concat", *HOST_KINDS)))
+            f["insn_count"].integer(int(kind not in ("view", "concat", "fused", *HOST_KINDS)))
         if addr % 16 or addr + 16 * count > image_bytes:
             raise f.fail(f"has its {count} instructions at {addr}, not 16-byte aligned "
                          f"inside the {image_bytes}-byte DRAM image")
@@ -435,12 +439,14 @@ def check_accel(root: Field, graph, cfg, image_bytes: int) -> dict:
         if "of" in v and (v["of"] not in values or values[v["of"]]["addr"] != v["addr"]):
             raise root["values"][name].fail(
                 f"is a view of {v['of']!r}, which has no buffer of its own at {v['addr']}")
+    # a fused MaxPool's input: pooled in the accumulator, never stored (fuse_pool.py)
+    unstored = {nodes[n].inputs[0] for n, p in programs.items() if p["kind"] == "fused"}
     for name in sorted(accel):
         node = nodes[name]
         if is_host_node(node):  # its values stay on the host
             continue
         for v in (*dram_reads(node), node.outputs[0]):
-            if v and v not in values:
+            if v and v not in values and v not in unstored:
                 raise root["values"].fail(f"has no buffer for {v!r}, which accelerator node "
                                           f"{name!r} uses")
     for v, (outer, offset) in concat_slices(graph, placements, cfg).items():

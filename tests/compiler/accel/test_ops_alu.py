@@ -8,6 +8,7 @@ import zlib
 import numpy as np
 import pytest
 
+from celosia.compiler.accel import ops_alu
 from celosia.compiler.accel.ops import pack_nchw, pad_channels, unpack_nchw
 from celosia.compiler.accel.ops_alu import (PoolKnobs, PoolSpec, maxpool, maxpool_reference,
                                             pool_knobs)
@@ -59,6 +60,48 @@ def test_maxpool_matches_the_definition_on_fsim_and_cycle(case):
     np.testing.assert_array_equal(got_cycle, want)
     assert stats["cycles"] > 0
 
+
+
+@pytest.mark.parametrize("how", ["direct", "rows", "columns"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:5])))
+def test_every_reduction_order_matches_the_definition(case, how, monkeypatch):
+    """The window maxima taken directly, or separably (each input row's, or column's,
+    windows first, in place) give the definition's result on every case, whichever the
+    micro-op count would choose; tiles of several rows and columns included."""
+    preset, n, c, h, w, k, s, d, p, ceil = case
+    cfg = HwConfig.load(preset)
+    rng = np.random.default_rng(zlib.crc32(repr((case, how)).encode()))
+    x = rng.integers(-128, 128, (n, c, h, w), dtype=np.int8)
+    x[:, :, -1, :] = -128  # ties with the padding at the border
+    spec = _spec(cfg, n, c, h, w, k, s, d, p, ceil)
+    monkeypatch.setattr(ops_alu, "pool_passes", lambda *a: (how, 0))
+    want = maxpool_reference(x, spec)
+    for knobs in (None, PoolKnobs(max(1, spec.oh // 2), max(1, spec.ow // 3))):
+        got, _ = _run(cfg, spec, x, knobs)
+        np.testing.assert_array_equal(got, want, err_msg=str(knobs))
+
+
+def test_separable_passes_take_fewer_micro_ops():
+    """ResNet's stem pool (3x3, stride 2) and SPPF's (5x5, stride 1) are reduced in two
+    passes, a 2x2 stride-2 pool directly; the separable form is fewer cycles on the cycle
+    model than the direct one for the stem pool's shape."""
+    cfg = HwConfig.load("default")
+    stem = _spec(cfg, 1, 16, 112, 112, (3, 3), (2, 2), (1, 1), (1, 1), 0)
+    sppf = _spec(cfg, 1, 16, 20, 20, (5, 5), (1, 1), (1, 1), (2, 2), 0)
+    half = _spec(cfg, 1, 16, 20, 20, (2, 2), (2, 2), (1, 1), (0, 0), 0)
+    assert ops_alu.pool_passes(stem, 5, 56, 11, 113)[0] != "direct"
+    assert ops_alu.pool_passes(sppf, 16, 20, 20, 24)[0] != "direct"
+    assert ops_alu.pool_passes(half, 10, 10, 20, 20)[0] == "direct"
+    x = np.random.default_rng(7).integers(-128, 128, (1, 16, 112, 112), dtype=np.int8)
+    got, fast = _run(cfg, stem, x, target="cycle")
+    np.testing.assert_array_equal(got, maxpool_reference(x, stem))
+    direct = ops_alu.pool_passes
+    try:
+        ops_alu.pool_passes = lambda *a: ("direct", 0)
+        _, slow = _run(cfg, stem, x, target="cycle")
+    finally:
+        ops_alu.pool_passes = direct
+    assert fast["cycles"] < 0.95 * slow["cycles"]
 
 def test_small_tiles_cover_the_image():
     """Tiles of a few rows and columns (several O buffers in flight, border and inner
@@ -211,3 +254,20 @@ def test_qmul_matches_qops(case, gate_first, zero_points):
         args = [pack_value(first, cfg), pack_value(second, cfg), elt_constants(cfg, spec)]
         fn(Device(cfg, target, dram_size=8 << 20), *args, out)
         np.testing.assert_array_equal(unpack_value(out, a_shape), want, err_msg=target)
+
+
+@pytest.mark.parametrize("how", ["rows", "columns"])
+def test_separable_passes_on_the_rtl(how, monkeypatch):
+    """The in-place first pass relies on the ALU's in-order micro-ops (ISA: a later one
+    sees an earlier one's result): the RTL (small preset) gives the definition's result and
+    the cycle model's cycle count."""
+    cfg = HwConfig.load("small")
+    spec = _spec(cfg, 1, 6, 8, 8, (3, 3), (2, 2), (1, 1), (1, 1), 0)
+    x = np.random.default_rng(11).integers(-128, 128, (1, 6, 8, 8), dtype=np.int8)
+    monkeypatch.setattr(ops_alu, "pool_passes", lambda *a: (how, 0))
+    cycles = {}
+    for target in ("rtl", "cycle"):
+        got, stats = _run(cfg, spec, x, PoolKnobs(2, 4), target=target)
+        np.testing.assert_array_equal(got, maxpool_reference(x, spec), err_msg=target)
+        cycles[target] = stats["cycles"]
+    assert cycles["rtl"] == cycles["cycle"] > 0
