@@ -35,6 +35,7 @@ __all__ = ["BoardExecutor", "BoardError", "BoardTimeoutError", "BoardLink", "ope
 
 #: bytes per MEM_WRITE / MEM_READ request
 BLOCK = 1024
+_ZERO_RUN = 63 * BLOCK  # bytes per MEM_ZERO request (LEN is 16 bits)
 
 
 class BoardError(CelosiaError):
@@ -285,11 +286,27 @@ class BoardExecutor(Executor):
     # ---- Executor ----------------------------------------------------------------------
 
     def write_dram(self, addr: int, data) -> None:
+        """Blocks of BLOCK bytes; runs of all-zero blocks go as MEM_ZERO requests."""
         raw = np.frombuffer(memoryview(np.ascontiguousarray(data)).cast("B"), np.uint8)
         self._check_range(addr, raw.size)
+        zero_from = None  # start of a run of zero blocks not sent yet
+
+        def flush_zeros(end):
+            start = zero_from
+            while start is not None and start < end:
+                n = min(end - start, _ZERO_RUN)
+                self._transact(Cmd.MEM_ZERO, addr + start, n)
+                start += n
+
         for off in range(0, raw.size, BLOCK):
-            chunk = raw[off:off + BLOCK].tobytes()
-            self._transact(Cmd.MEM_WRITE, addr + off, len(chunk), chunk)
+            chunk = raw[off:off + BLOCK]
+            if not chunk.any():
+                zero_from = off if zero_from is None else zero_from
+                continue
+            flush_zeros(off)
+            zero_from = None
+            self._transact(Cmd.MEM_WRITE, addr + off, chunk.size, chunk.tobytes())
+        flush_zeros(raw.size)
 
     def read_dram(self, addr: int, nbytes: int) -> np.ndarray:
         self._check_range(addr, nbytes)
@@ -344,7 +361,7 @@ def _borrow():
 _borrow()
 
 _CMD_NAMES = {Cmd.INFO: "INFO", Cmd.REG_WRITE: "REG_WRITE", Cmd.REG_READ: "REG_READ",
-              Cmd.MEM_WRITE: "MEM_WRITE", Cmd.MEM_READ: "MEM_READ"}
+              Cmd.MEM_WRITE: "MEM_WRITE", Cmd.MEM_READ: "MEM_READ", Cmd.MEM_ZERO: "MEM_ZERO"}
 
 
 def make_any_executor(target: str, config: HwConfig, dram_size: int | None, **options):

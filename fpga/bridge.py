@@ -124,7 +124,7 @@ class HostBridge(wiring.Component):
                             m.d.sync += status.eq(Status.RANGE)
                         with m.If(n != _reg_len(c)):
                             m.d.sync += status.eq(Status.BAD_CMD)
-                    with m.Case(Cmd.MEM_WRITE, Cmd.MEM_READ):
+                    with m.Case(Cmd.MEM_WRITE, Cmd.MEM_READ, Cmd.MEM_ZERO):
                         m.d.sync += status.eq(Status.OK)
                         with m.If(~mem_ok):
                             m.d.sync += status.eq(Status.RANGE)
@@ -135,7 +135,7 @@ class HostBridge(wiring.Component):
                 # the payload follows only for a write (odd command codes)
                 with m.If(~c[0]):
                     m.d.sync += count.eq(0)
-                with m.If((c == Cmd.MEM_WRITE) | (c == Cmd.MEM_READ)):
+                with m.If((c == Cmd.MEM_WRITE) | (c == Cmd.MEM_READ) | (c == Cmd.MEM_ZERO)):
                     m.next = "BUSY_AR"
                 with m.Else():
                     m.next = "PAYLOAD"
@@ -181,9 +181,18 @@ class HostBridge(wiring.Component):
                             m.next = "REG_AW"
                         with m.Case(Cmd.REG_READ):
                             m.next = "REG_AR"
+                        with m.Case(Cmd.MEM_ZERO):
+                            m.d.sync += count.eq(length)
+                            m.next = "ZERO"
                         with m.Case(Cmd.INFO):
                             m.d.sync += word.eq(Cat(Const(self.ram_bytes, 32),
                                                     Const(self.config_id, 32)))
+            with m.State("ZERO"):  # one byte per cycle
+                m.d.comb += [self.active.eq(1), self.mem_sel.eq(1), self.mem_addr.eq(addr),
+                             self.mem_wdata.eq(0), self.mem_we.eq(1)]
+                m.d.sync += [addr.eq(addr + 1), count.eq(count - 1)]
+                with m.If(count == 1):
+                    m.next = "REPLY_SYNC"
             with m.State("REG_AW"):
                 m.d.comb += [self.active.eq(1), bus.awaddr.eq(addr), bus.wdata.eq(wval),
                              bus.awvalid.eq(1), bus.wvalid.eq(1)]

@@ -22,7 +22,11 @@ REG_WRITE   0x01  ADDR = register byte offset, LEN = 4, value    (none)
 REG_READ    0x02  ADDR = register byte offset, LEN = 0           value u32
 MEM_WRITE   0x03  ADDR = byte address, LEN = n (1..65535), n B   (none)
 MEM_READ    0x04  ADDR = byte address, LEN = n (1..65535)        n bytes
+MEM_ZERO    0x06  ADDR = byte address, LEN = n (1..65535)        (none)
 ==========  ====  ============================================  ==========================
+
+MEM_ZERO writes n zero bytes (one per clock) after its checksum is checked: the host sends
+runs of zeros in a DRAM image this way instead of byte by byte.
 
 A request that breaks a rule is answered with a non-zero STATUS (below) and no DATA; the
 payload of a write is always consumed, so the link stays in step. A REG_WRITE acts only
@@ -53,6 +57,7 @@ class Cmd:
     REG_READ = 0x02
     MEM_WRITE = 0x03
     MEM_READ = 0x04
+    MEM_ZERO = 0x06
 
 
 #: commands whose request carries LEN payload bytes (odd command codes)

