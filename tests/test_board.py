@@ -26,6 +26,7 @@ from celosia.fpga.protocol import Cmd, Status, checksum, config_id, request
 from celosia.sim.base import run_image
 
 SMALL = HwConfig.preset("small")
+BOARD_RAM_LATENCY = {"read_latency": 2, "write_latency": 1}  # fpga/board.py AxiRam
 TIMEOUT = 30.0  # seconds per request: the simulated board shares a loaded machine
 
 
@@ -164,7 +165,10 @@ def _same_as_fsim(ex, image):
     assert diff.size == 0, f"DRAM differs from fsim at {diff.size} bytes, first {diff[:8]}"
     for name in ("insn_count", "gemm_uops", "alu_uops", "macs", "out_store_bytes"):
         assert stats[name] == ref_stats[name], name
-    assert stats["cycles"] > 0
+    # the board's RAM answers a read two cycles after AR and a write one cycle after WLAST:
+    # the cycle model with those latencies counts the board's cycles exactly
+    _, model = run_image(image, "cycle", SMALL, **BOARD_RAM_LATENCY)
+    assert stats["cycles"] == model["cycles"] > 0
     return stats
 
 
