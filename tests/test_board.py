@@ -251,6 +251,12 @@ def test_board_protocol_errors(sim):
         assert ex.read_dram(64, 4).tolist() == [1, 0x42, 3, 4]  # written as it came
         ex.write_dram(64, b"\x05\x06\x07\x08")  # the link is in step again
         assert ex.read_dram(64, 4).tolist() == [5, 6, 7, 8]
+        # a request cut short: the board drops it after a gap of 256 byte times (~10k clocks
+        # here) and answers the next one
+        link.write(request(Cmd.MEM_WRITE, 64, 4, b"\x09\x09\x09\x09")[:10])
+        time.sleep(1.0)
+        assert link.drain() == 0  # no answer to half a request
+        assert ex.read_dram(64, 4).tolist() == [9, 9, 7, 8]  # the bytes that came, written
         with pytest.raises(BoardError, match="refused MEM_READ .*outside the board's RAM"):
             ex._transact(Cmd.MEM_READ, ex.ram_bytes - 2, 4)
         with pytest.raises(BoardError, match="refused 9 .*unknown command"):
