@@ -126,6 +126,40 @@ def test_a_corrupted_reply_is_retried_then_an_error():
         fake.close()
 
 
+def _protocol_board(control: int):
+    """A fake board that speaks the protocol: 1 MiB of RAM reading as zeros, registers
+    reading 0 but CONTROL, which reads ``control``."""
+    def answer(data):
+        out = b""
+        while len(data) >= 9:
+            cmd, addr, length = struct.unpack("<BIH", data[1:8])
+            size = 9 + (length if cmd in (Cmd.REG_WRITE, Cmd.MEM_WRITE) else 0)
+            data = data[size:]
+            body = {Cmd.INFO: struct.pack("<II", 1 << 20, config_id(SMALL)),
+                    Cmd.REG_READ: struct.pack("<I", control if addr == 0 else 0),
+                    Cmd.MEM_READ: bytes(length)}.get(cmd, b"")
+            out += bytes([0x5A, 0]) + body + bytes([checksum(body)])
+        return out
+    return _FakeBoard(answer)
+
+
+def test_a_stuck_board_times_out_instead_of_hanging():
+    fake = _protocol_board(control=1)  # running, never done
+    try:
+        dev = Device(SMALL, target=f"board:socket:127.0.0.1:{fake.port}", run_timeout=0.3,
+                     precheck=False)
+        assert dev.executor.dram_size == 1 << 20
+        t0 = time.monotonic()
+        with pytest.raises(CelosiaError, match=r"did not finish within 0.3 s \(run_timeout; 0 "
+                                               r"cycles so far; load idle, .*\): raise "
+                                               r"run_timeout, or reset the board"):
+            dev.executor.run(0, 1)
+        assert time.monotonic() - t0 < 5
+        dev.executor.close()
+    finally:
+        fake.close()
+
+
 def test_no_board_at_the_port():
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
