@@ -208,8 +208,10 @@ class BoardExecutor(Executor):
                 and dram_size > self.ram_bytes:
             self.link.close()
             raise BoardError(
-                f"a DRAM of {int(dram_size)} bytes was asked for, but the board at {port} has "
-                f"{self.ram_bytes} bytes of RAM: pass dram_size <= {self.ram_bytes} (or none)")
+                f"a DRAM of {int(dram_size)} bytes was asked for (the program image or "
+                f"dram_size), but the board at {port} has {self.ram_bytes} bytes of RAM: use "
+                f"dram_size <= {self.ram_bytes} (Device's default for a board), or a board top "
+                f"with more RAM (celosia fpga build --ram-kib)")
         super().__init__(config, dram_size)
 
     def close(self) -> None:

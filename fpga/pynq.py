@@ -186,8 +186,9 @@ if {[llength [get_bd_nets -quiet -of_objects [get_bd_pins accel/ap_clk]]] == 0} 
 
 # addresses: the registers at 0x43C0_0000 (4 KiB), the whole DDR for the accelerator
 assign_bd_address
-set_property offset 0x43C00000 [get_bd_addr_segs {ps7/Data/SEG_accel_reg0}]
-set_property range 4K [get_bd_addr_segs {ps7/Data/SEG_accel_reg0}]
+set regs [get_bd_addr_segs {ps7/Data/SEG_accel_*}]
+set_property offset 0x43C00000 $regs
+set_property range 4K $regs
 validate_bd_design
 save_bd_design
 
