@@ -448,3 +448,48 @@ def test_board_of_another_configuration():
                 assert stats["cycles"] == model["cycles"]
         finally:
             ex.close()
+
+
+def test_board_over_a_serial_port(sim):
+    """The serial-port path of the executor (termios, raw 8N1): a pseudo-terminal whose
+    other end is forwarded to the simulated board; a random program bit-exact with fsim."""
+    import os
+    import select
+
+    from celosia.driver.board import BoardExecutor
+
+    master, slave = os.openpty()
+    path = os.ttyname(slave)
+    host, port = sim.address.rsplit(":", 1)
+    conn = socket.create_connection((host, int(port)))
+    stop = threading.Event()
+
+    def forward():
+        while not stop.is_set():
+            ready, _, _ = select.select([master, conn], [], [], 0.05)
+            try:
+                if master in ready:
+                    conn.sendall(os.read(master, 4096))
+                if conn in ready:
+                    data = conn.recv(4096)
+                    if not data:
+                        return
+                    os.write(master, data)
+            except OSError:
+                return
+
+    thread = threading.Thread(target=forward, daemon=True)
+    thread.start()
+    try:
+        ex = BoardExecutor(SMALL, None, port=path, baud=115200, timeout=TIMEOUT)
+        try:
+            assert ex.link.byte_time == pytest.approx(10 / 115200)
+            _same_as_fsim(ex, _sim_programs().random_program(SMALL, 31).image)
+        finally:
+            ex.close()
+    finally:
+        stop.set()
+        thread.join(5)
+        conn.close()
+        os.close(master)
+        os.close(slave)
