@@ -26,7 +26,7 @@ from amaranth.lib import io
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError
 
-from .synth import PARTS, SynthError, _cells, _fit, _require, _run_tool
+from .synth import PARTS, SynthError, _cells, _fit, _require, _run_tool, critical_path
 
 __all__ = ["BOARD_NAMES", "build_ulx3s", "add_arguments", "command", "baud_divisor"]
 
@@ -156,7 +156,8 @@ def build_ulx3s(cfg: HwConfig, out: Path, *, ram_bytes: int | None = None, baud:
     fmax = {k: v.get("achieved") for k, v in pnr.get("fmax", {}).items()}
     util = {k: v.get("used") for k, v in pnr.get("utilization", {}).items()
             if k in ("TRELLIS_COMB", "TRELLIS_FF", "DP16KD", "MULT18X18D", "TRELLIS_IO")}
-    report.update(fmax_mhz=fmax, utilization=util, pnr_s=round(time.perf_counter() - t0, 1))
+    report.update(fmax_mhz=fmax, utilization=util, pnr_s=round(time.perf_counter() - t0, 1),
+                  critical_path=critical_path((out / "nextpnr.log").read_text(errors="replace")))
     save()
     achieved = min(fmax.values()) if fmax else None
     log(f"nextpnr: Fmax {achieved} MHz at a {spec.clock_hz / 1e6:g} MHz clock "
