@@ -229,9 +229,22 @@ def test_board_runs_programs_bit_exact_with_fsim(sim):
     gen = _sim_programs().random_program
     ex = _executor(sim)
     try:
-        for seed in range(1, 7):
+        for seed in range(1, 4):
             _same_as_fsim(ex, gen(SMALL, seed).image)
-        _same_as_fsim(ex, gen(SMALL, 5000, n_body=150).image)
+    finally:
+        ex.close()
+
+
+@pytest.mark.slow
+def test_board_runs_more_programs_bit_exact_with_fsim(sim):
+    """12 more random programs, three of them of 150 body instructions."""
+    gen = _sim_programs().random_program
+    ex = _executor(sim)
+    try:
+        for seed in range(4, 13):
+            _same_as_fsim(ex, gen(SMALL, seed).image)
+        for seed in (5000, 5001, 5002):
+            _same_as_fsim(ex, gen(SMALL, seed, n_body=150).image)
     finally:
         ex.close()
 
