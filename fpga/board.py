@@ -73,7 +73,7 @@ def _blocks(depth: int, width_bits: int, spec: BoardSpec) -> int:
 
 def core_bram_blocks(cfg: HwConfig, spec: BoardSpec) -> int:
     """The core's block RAMs, counted from its buffers (ACC twice: two read ports). The
-    small preset counts 16 here; synthesis placed it in 15 DP16KD (docs/fpga.md)."""
+    small preset counts 15 here, what Yosys uses for it (docs/fpga.md, docs/board.md)."""
     buffers = [(cfg.uop_depth, 32), (cfg.inp_depth, 8 * cfg.inp_elem_bytes),
                (cfg.wgt_depth, 8 * cfg.wgt_elem_bytes), (cfg.acc_depth, 8 * cfg.acc_elem_bytes),
                (cfg.acc_depth, 8 * cfg.acc_elem_bytes), (cfg.acc_depth, 8 * cfg.out_elem_bytes)]
