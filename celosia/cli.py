@@ -30,10 +30,18 @@ def _write_json(path: str | Path, data: dict) -> None:
 def cmd_exec(args) -> int:
     import numpy as np
 
+    from .driver.board import make_any_executor
     from .image import ProgramImage
-    from .sim.base import make_executor
 
     cfg = _config(args.config)
+    board = args.target.startswith("board:")
+    if board and (args.max_cycles is not None or args.max_work is not None or args.trace
+                  or args.timeline):
+        raise CelosiaError("--max-cycles, --max-work, --trace and --timeline apply to the "
+                           "simulators; a board runs for real (its runs stop after "
+                           "60 s)")
+    if args.baud is not None and not board:
+        raise CelosiaError("--baud applies to a board on a serial port (--target board:PORT)")
     if args.target == "fsim" and (args.max_cycles is not None or args.trace):
         raise CelosiaError("--max-cycles and --trace apply to the timed targets (cycle, rtl); "
                            "fsim has no cycles: bound its work with --max-work N")
@@ -52,7 +60,9 @@ def cmd_exec(args) -> int:
     if args.trace:
         options["trace"] = args.trace
     image = ProgramImage.load(args.image)
-    executor = make_executor(args.target, cfg, image.dram.size, **options)
+    if args.baud is not None:
+        options["baud"] = args.baud
+    executor = make_any_executor(args.target, cfg, image.dram.size, **options)
     executor.write_dram(0, image.dram)
     stats = executor.run(image.insn_addr, image.insn_count)
     dram = executor.read_dram(0, image.dram.size)
@@ -141,6 +151,19 @@ def cmd_verilog(args) -> int:
     Path(args.output).write_text(text)
     print(f"wrote {args.output} ({len(text.splitlines())} lines)")
     return 0
+
+
+def cmd_fpga_build(args) -> int:
+    from .fpga.build import command
+
+    return command(args)
+
+
+def _exec_target(value: str) -> str:
+    if value in ("fsim", "cycle", "rtl") or (value.startswith("board:") and len(value) > 6):
+        return value
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from fsim, cycle, rtl, "
+                                     f"board:PORT)")
 
 
 def cmd_fpga_synth(args) -> int:
@@ -696,8 +719,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("exec", help="run a program image on an executor")
     p.add_argument("image", help="program image (.npz with dram, insn_addr, insn_count)")
-    p.add_argument("--target", default="fsim", choices=["fsim", "cycle", "rtl"])
+    p.add_argument("--target", default="fsim", type=_exec_target,
+                   help="fsim, cycle, rtl, or board:PORT (a board top over its UART: a serial "
+                        "device, or socket:HOST:PORT; docs/board.md)")
     config_option(p)
+    p.add_argument("--baud", type=int, help="board:PORT on a serial device: the bitstream's "
+                                            "UART rate (default 115200)")
     p.add_argument("--out", required=True, help="where to write the final DRAM (.npz, key dram)")
     p.add_argument("--stats", help="where to write the counters (JSON)")
     p.add_argument("--max-cycles", type=int, metavar="N",
@@ -761,6 +788,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .fpga.synth import add_arguments as synth_arguments
     synth_arguments(q)
     q.set_defaults(func=cmd_fpga_synth)
+    q = fpga.add_parser("build", help="a board's files: the ULX3S-85F bitstream (open tools), "
+                                      "or the PYNQ-Z1's Verilog and Vivado script "
+                                      "(docs/board.md)")
+    from .fpga.build import add_arguments as build_arguments
+    build_arguments(q)
+    q.set_defaults(func=cmd_fpga_build)
 
     p = sub.add_parser("sweep", help="design-space exploration: configurations x workloads "
                                       "on the cycle model, locally or on Ray (docs/sweep.md)")

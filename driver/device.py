@@ -78,10 +78,12 @@ class Program:
 
 
 class Device:
-    """An accelerator of one configuration behind an executor (``target``)."""
+    """An accelerator of one configuration behind an executor (``target``: fsim, cycle,
+    rtl, or board:PORT for a board top over its UART, driver/board.py). ``dram_size``
+    defaults to 64 MiB for the simulators and to the board's RAM for a board."""
 
     def __init__(self, config: HwConfig | str | Path | None = None,
-                 target: str | Executor = "fsim", *, dram_size: int = 64 << 20,
+                 target: str | Executor = "fsim", *, dram_size: int | None = None,
                  **executor_options):
         self.config = HwConfig.load(config)
         if isinstance(target, Executor):
@@ -91,8 +93,16 @@ class Device:
             if target.config != self.config:
                 raise CelosiaError("Device: the executor was made for a different configuration")
             self.executor = target
+        elif isinstance(target, str) and target.startswith("board:"):  # driver/board.py
+            from .board import make_any_executor
+
+            if dram_size is not None:
+                dram_size = _int("Device", "dram_size", dram_size, 1, 1 << 40)
+            self.executor = make_any_executor(target, self.config, dram_size,
+                                              **executor_options)
         else:
-            dram_size = _int("Device", "dram_size", dram_size, 1, 1 << 40)
+            dram_size = _int("Device", "dram_size", 64 << 20 if dram_size is None else dram_size,
+                             1, 1 << 40)
             self.executor = make_executor(target, self.config, dram_size, **executor_options)
         self.allocator = DramAllocator(self.executor.dram_size)
         self._stream = InsnStream(self.config)

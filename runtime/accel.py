@@ -591,11 +591,12 @@ class AccelModel:
     # ---- running ---------------------------------------------------------------------------
 
     def _executor(self, target: str):
-        from ..sim.base import make_executor
+        from ..driver.board import make_any_executor  # the simulators, and board:PORT
 
         ex = self._executors.get(target)
         if ex is None:
-            ex = make_executor(target, self.config, _round_up(max(self.image.size, 1 << 16), 1 << 16))
+            ex = make_any_executor(target, self.config,
+                                   _round_up(max(self.image.size, 1 << 16), 1 << 16))
             ex.write_dram(0, self.image)
             self._executors[target] = ex
         return ex
