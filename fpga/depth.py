@@ -68,7 +68,8 @@ def _arcs(cell: dict) -> list[tuple[str, str]] | None:
 def logic_depth(netlist: dict | str | Path, top: str | None = None) -> dict:
     """The longest combinational path of ``top`` (a flattened module) in a Yosys JSON netlist
     (a dict, or the path of a ``write_json`` file): ``{"depth": cells on it, "path": their
-    names, start to end, "types": cells per type on it, "cells": cells counted}``."""
+    names, start to end, "nets": a named net each of them drives (or None), "types": cells
+    per type on it, "cells": combinational cells counted}``."""
     if not isinstance(netlist, dict):
         netlist = json.loads(Path(netlist).read_text())
     modules = netlist["modules"]
@@ -129,4 +130,31 @@ def logic_depth(netlist: dict | str | Path, top: str | None = None) -> dict:
     path.reverse()
     types = Counter(cells[n]["type"] for n in path)
     return {"depth": level[end], "path": path, "types": dict(sorted(types.items())),
-            "cells": len(arcs)}
+            "cells": len(arcs), "nets": _net_names(modules[top], cells, path)}
+
+
+def _net_names(module: dict, cells: dict, path: list[str]) -> list[str | None]:
+    """A readable name of a net each cell of ``path`` drives (Yosys' mapped cells have
+    generated names; the nets often keep the design's), or None."""
+    names: dict[int, str] = {}
+    for name, net in module.get("netnames", {}).items():
+        if net.get("hide_name") or name.startswith("$"):
+            continue
+        for bit in net.get("bits", []):
+            if isinstance(bit, int) and (bit not in names or len(name) < len(names[bit])):
+                names[bit] = name
+    out = []
+    for cell_name in path:
+        cell = cells[cell_name]
+        found = None
+        for port, direction in cell.get("port_directions", {}).items():
+            if direction != "output":
+                continue
+            for bit in cell["connections"].get(port, []):
+                if isinstance(bit, int) and bit in names:
+                    found = names[bit]
+                    break
+            if found:
+                break
+        out.append(found)
+    return out

@@ -153,7 +153,7 @@ def xilinx_flow(verilog: str, top: str, work: Path, *, time_limit: float | None 
         "logic_depth": depth["depth"],
         "logic_path": {"from": depth["path"][0] if depth["path"] else None,
                        "to": depth["path"][-1] if depth["path"] else None,
-                       "types": depth["types"]},
+                       "nets": [n for n in depth["nets"] if n], "types": depth["types"]},
         "synth_s": round(time.perf_counter() - t0, 1),
     }
     _fit(report, PARTS["xc7z020"].capacity)

@@ -28,9 +28,10 @@ def _cell(kind, params=None, **conns):
             "connections": {port: list(bits) for port, bits in conns.items()}}
 
 
-def _netlist(cells, ports=None):
+def _netlist(cells, ports=None, netnames=None):
     return {"modules": {"top": {"attributes": {"top": "00000000000000000000000000000001"},
-                                "ports": ports or {}, "cells": cells}}}
+                                "ports": ports or {}, "cells": cells,
+                                "netnames": netnames or {}}}}
 
 
 def test_registers_end_paths_and_feedback_through_them_is_no_loop():
@@ -43,8 +44,11 @@ def test_registers_end_paths_and_feedback_through_them_is_no_loop():
         "ff2": _cell("FDRE", C=[1], CE=["1"], D=[6], R=["0"], Q=[21]),
         "a2": _cell("LUT1", I0=[21], O=[20]),
     }
-    got = logic_depth(_netlist(cells))
+    nets = {"$auto$x": {"hide_name": 1, "bits": [3]}, "sum": {"hide_name": 0, "bits": [5, 4]},
+            "count_q": {"hide_name": 0, "bits": [21]}}
+    got = logic_depth(_netlist(cells, netnames=nets))
     assert got["depth"] == 3 and got["path"] == ["a", "c", "b"]
+    assert got["nets"] == [None, "sum", None]  # hidden names are not shown
     assert got["types"] == {"CARRY4": 1, "LUT1": 1, "LUT2": 1} and got["cells"] == 4
 
 
