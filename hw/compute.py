@@ -281,14 +281,23 @@ class Compute(wiring.Component):
         acc_q, src_q = Signal(lanes * 32, reset_less=True), Signal(lanes * 32, reset_less=True)
         imm = Signal(signed(32))
         m.d.comb += imm.eq(alu.imm)
+        # The block RAM's data is late (an ECP5 DP16KD without its output register: over 4 ns
+        # clock to out) and may come from across the chip: it passes one LUT (take it, or
+        # take `other`), and `other` (a forwarded row or the immediate) and the choice are
+        # made from registers beside it, kept as their own nets (`keep`) so that synthesis
+        # does not fold them into the RAM data's path (FPGA timing; same function).
         for port, reg, name, when in ((0, acc_q, "acc", 1), (1, src_q, "src", ~alu.use_imm)):
             near = hit(acc_addr[port], X, name, when)
             far = hit(acc_addr[port], W, name, when)
+            take_ram = Signal(name=f"{name}_take_ram", attrs={"keep": 1})
+            other = Signal(lanes * 32, name=f"{name}_other", attrs={"keep": 1})
+            m.d.comb += take_ram.eq(~near & ~far & (1 if port == 0 else ~alu.use_imm))
             for lane, (raw, a, b) in enumerate(zip(*map(lanes_of, (self.acc_r[port].data, res,
                                                                      res_1)))):
-                if port == 1:
-                    raw = Mux(alu.use_imm, imm, raw)
-                m.d.sync += reg.word_select(lane, 32).eq(Mux(near, a, Mux(far, b, raw)))
+                last = imm if port == 1 else b
+                m.d.comb += other.word_select(lane, 32).eq(Mux(near, a, Mux(far, b, last)))
+                m.d.sync += reg.word_select(lane, 32).eq(Mux(take_ram, raw,
+                                                             other.word_select(lane, 32)))
 
         # ---- stage X-1 (ALU stage E) and X: compute; W: write -------------------------
         m.submodules.gemm = core = GemmCore(cfg, products=self.gemm_products)
