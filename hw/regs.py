@@ -80,7 +80,8 @@ def reg(name: str) -> Register:
 
 
 class RegisterFile(wiring.Component):
-    """``rw`` registers are outputs, ``ro`` registers inputs; ``start`` pulses for one cycle."""
+    """``rw`` registers are outputs, ``ro`` registers inputs; ``start`` pulses for one cycle,
+    the cycle after a write of CONTROL bit 0."""
 
     def __init__(self):
         members = {"bus": In(AxiLiteSignature(REG_ADDR_WIDTH)), "start": Out(1),
@@ -95,6 +96,10 @@ class RegisterFile(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         bus = self.bus
+        # `start` is a register, set the cycle after the write is taken: it resets every
+        # engine, and the address decode and the running test in front of that fanout were
+        # the critical path on the FPGA (docs/fpga.md). Runs count cycles from it.
+        m.d.sync += self.start.eq(0)
         # Writes: take AW and W together, answer B the next cycle.
         accept_w = bus.awvalid & bus.wvalid & ~bus.bvalid
         m.d.comb += [bus.awready.eq(accept_w), bus.wready.eq(accept_w)]
@@ -110,7 +115,7 @@ class RegisterFile(wiring.Component):
                             sig = getattr(self, r.name)
                             m.d.sync += sig[32 * half:32 * (half + 1)].eq(bus.wdata)
                         elif r.access == "ctrl":
-                            m.d.comb += self.start.eq(bus.wdata[0] & ~self.running)
+                            m.d.sync += self.start.eq(bus.wdata[0] & ~self.running)
         # Reads: AR in, R the next cycle.
         m.d.comb += bus.arready.eq(~bus.rvalid)
         with m.If(bus.rvalid & bus.rready):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
 from celosia.benchmarks import fpga_bench
 from celosia.config import HwConfig
 from celosia.fpga import synth
@@ -53,3 +55,34 @@ def test_a_failed_run_is_recorded_not_fatal(tmp_path, monkeypatch):
     metrics, details = {}, {}
     fpga_bench._synth(metrics, details)
     assert metrics == {} and "did not finish" in details["small_ecp5"]["error"]
+
+
+def test_kept_results_serve_the_same_design_only(tmp_path, monkeypatch):
+    """A report kept in fpga/results/ (celosia fpga synth --out) is reused when it was made
+    from the same Verilog, tools, speed grade, target clock and default seed."""
+    monkeypatch.setenv("CELOSIA_FPGA_BENCH_CACHE", str(tmp_path / "cache"))
+    small = HwConfig.preset("small")
+    entry = {"part": "lfe5u-85f", "fits": True, "over": [], "fmax_mhz": 104.2,
+             "speed_grade": 8, "target_mhz": small.clock_mhz, "seed": None,
+             "verilog_sha256": synth.verilog_digest(small, "native"),
+             "tools": synth.tool_versions(), "hw_commit": "abc1234"}
+    results = tmp_path / "results"
+    results.mkdir()
+
+    def keep(**over):
+        (results / "small.json").write_text(json.dumps(
+            {"config": "small", "hw_config": small.to_dict(), "lfe5u-85f": {**entry, **over}}))
+
+    monkeypatch.setattr("celosia.fpga.clock.RESULTS", results)
+    keep()
+    got = fpga_bench.kept_result(small, "lfe5u-85f")
+    assert got["fmax_mhz"] == 104.2 and got["source"] == str(results / "small.json")
+    for over in ({"verilog_sha256": "0" * 64}, {"seed": 2}, {"speed_grade": 6},
+                 {"target_mhz": 50.0}, {"tools": {}}):
+        keep(**over)
+        assert fpga_bench.kept_result(small, "lfe5u-85f") is None, over
+    assert fpga_bench.kept_result(small, "xc7z020") is None  # no entry for that part
+    keep()
+    monkeypatch.setattr(synth, "synth", lambda *a, **kw: pytest.fail("should be reused"))
+    report = fpga_bench.cached_synth("small_ecp5", small, "lfe5u-85f")
+    assert report["cached"] is True and report["hw_commit"] == "abc1234"

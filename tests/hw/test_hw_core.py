@@ -180,6 +180,26 @@ def test_illegal_programs_name_the_instruction(name, precheck):
     assert not isinstance(rtl_err.value, DeadlockError)
 
 
+@pytest.mark.slow
+def test_wgt_load_past_dram_is_caught_by_the_default_core():
+    """The default core's WGT elements are 256 bytes: fetch's DRAM range check shifts the
+    element count by 8, which once did not fit its 3-bit shift register (the check never
+    fired for WGT there)."""
+    cfg = DEFAULT
+    insns = [_load(MemType.WGT, dram_base=(1 << 16) // cfg.wgt_elem_bytes - 1, x_size=2,
+                   y_size=1, x_stride=2), FinishInsn()]
+    image = _image(cfg, insns, dram_size=1 << 16, insn_addr=0x2000)
+    with pytest.raises(ProgramError) as fsim_err:
+        run_both(cfg, image)
+    ex = make_executor("rtl", cfg, image.dram.size, precheck=False)
+    ex.write_dram(0, image.dram)
+    with pytest.raises(ProgramError) as rtl_err:
+        ex.run(image.insn_addr, image.insn_count)
+    assert rtl_err.value.index == fsim_err.value.index == 0
+    assert "past the end of" in fsim_err.value.rule
+    assert "past the end of DRAM" in rtl_err.value.rule
+
+
 @pytest.mark.parametrize("kind", ["dst", "src", "wgt", "alu_src"])
 def test_micro_op_out_of_range_stops_the_core(kind):
     cfg = SMALL
