@@ -1289,3 +1289,17 @@ def _progress_line(k: int, n: int, row: dict) -> str:
         return (f"[{k + 1}/{n}] {row['node']} ({row['op']}) accel: {row['cycles']:,} cycles = "
                 f"{row['accel_ms']:.3f} ms" + (f", utilisation {util:.0%}" if util is not None else ""))
     return f"[{k + 1}/{n}] {row['node']} ({row['op']}) cpu: {row['cpu_ms']:.3f} ms"
+
+
+def _install_packers() -> None:
+    """The im2col windows' compiled packing kernels, from the CPU backend, for the
+    accelerator stage's packing (compiler/accel/im2col.py ``use_compiled``)."""
+    from ..compiler.accel import im2col
+    from ..compiler.cpu.im2col_layout import pack_windows, packer
+    from ..compiler.cpu.packed_layout import compiled_layout, pack_fast
+
+    im2col.use_compiled(pack_windows=pack_windows, packer=packer,
+                        compiled_layout=compiled_layout, pack_fast=pack_fast)
+
+
+_install_packers()

@@ -18,13 +18,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from celosia.config import ConfigError, HwConfig
-from celosia.errors import CelosiaError
+
+from .errors import SpecError
 
 __all__ = ["SpecError", "Spec", "load_spec", "parse_spec", "config_hash", "METRICS"]
 
 
-class SpecError(CelosiaError):
-    """An invalid sweep specification: names the key and the reason."""
 
 
 _FIELDS = {f.name: f for f in fields(HwConfig)}

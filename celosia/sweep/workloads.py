@@ -29,6 +29,8 @@ from pathlib import Path
 
 from celosia.errors import CelosiaError
 
+from .errors import SpecError
+
 __all__ = ["Workload", "parse_workloads", "evaluate", "RESNET18_LAYERS"]
 
 # (name, H = W, Cin, Cout, kernel, stride): benchmarks/resnet_layers.py's LAYERS
@@ -55,8 +57,6 @@ class Workload:
 
 
 def _bad(source: str, key: str, msg: str) -> CelosiaError:
-    from .spec import SpecError
-
     return SpecError(f"{source}: workloads.{key}: {msg}")
 
 

@@ -234,14 +234,15 @@ def extra_pack_seconds(win: Windows, cfg: HwConfig, repeats: int = 5) -> float:
     the least of each (seconds; the border's other costs, the same for both, cancel)."""
     import time
 
-    from ..cpu.packed_layout import compiled_layout, pack_fast
     from .partition import pack_value, packed_shape
+
+    compiled_layout, pack_fast = _COMPILED["compiled_layout"], _COMPILED["pack_fast"]
 
     x = np.zeros((win.n, win.c, win.h, win.w), np.int8)
     windows = np.empty(win.packed_shape(cfg), np.int8)
     shape = packed_shape(x.shape, cfg)
     plain = np.empty(shape, np.int8)
-    if compiled_layout(x.shape, shape, cfg.batch, cfg.block):
+    if compiled_layout is not None and compiled_layout(x.shape, shape, cfg.batch, cfg.block):
         plain_pack = lambda: pack_fast(x, plain, cfg.block)  # noqa: E731
     else:
         plain_pack = lambda: pack_value(x, cfg, None, out=plain)  # noqa: E731
@@ -296,6 +297,21 @@ def gather_index(win: Windows, cfg: HwConfig) -> np.ndarray:
 
 _INDEX: dict = {}  # gather_index's cache: (Windows, batch, block) -> index
 
+# The compiled packing kernels come from the CPU backend (compiler/cpu/im2col_layout.py,
+# packed_layout.py), which this stage does not import (celosia.compiler's stage order):
+# the runtime, which imports both, installs them (runtime/accel.py). Without them packing
+# is the gather above, with the same bytes.
+_COMPILED: dict = {"pack_windows": None, "packer": None, "compiled_layout": None,
+                   "pack_fast": None}
+
+
+def use_compiled(**kernels) -> None:
+    """Install the CPU backend's compiled packing kernels (names as in ``_COMPILED``)."""
+    unknown = set(kernels) - set(_COMPILED)
+    if unknown:
+        raise CompilerError(f"im2col.use_compiled: unknown kernels {sorted(unknown)}")
+    _COMPILED.update(kernels)
+
 
 def pack(x: np.ndarray, win: Windows, cfg: HwConfig, out: np.ndarray | None = None) -> np.ndarray:
     """The windows of int8 ``x`` ([n, c, h, w], or [n, c, w] for a 1-D layer) in the staged
@@ -310,9 +326,8 @@ def pack(x: np.ndarray, win: Windows, cfg: HwConfig, out: np.ndarray | None = No
     shape = win.packed_shape(cfg)
     if out is None:
         out = np.empty(shape, np.int8)
-    if cfg.batch == 1 and out.flags.c_contiguous:  # the compiled kernel
-        from ..cpu.im2col_layout import pack_windows
-
+    pack_windows = _COMPILED["pack_windows"]
+    if pack_windows is not None and cfg.batch == 1 and out.flags.c_contiguous:  # compiled
         pack_windows(x, win, out, cfg.block)
         return out
     index = gather_index(win, cfg)
@@ -332,9 +347,8 @@ def stager(win: Windows, cfg: HwConfig, out: np.ndarray):
     staged operand's shape) as ``pack`` does, with everything that does not depend on
     ``x`` done once (the compiled kernel bound to ``out``, im2col_layout.packer): the
     runtime keeps one per node and executor."""
-    if cfg.batch == 1 and out.flags.c_contiguous:
-        from ..cpu.im2col_layout import packer
-
+    packer = _COMPILED["packer"]
+    if packer is not None and cfg.batch == 1 and out.flags.c_contiguous:
         return packer(win, cfg.block, out)
     return lambda x: pack(x, win, cfg, out=out)
 
