@@ -1,7 +1,6 @@
 """The LLVM CPU backend: every expression kind and dtype against the loop-IR interpreter,
 loop kinds (parallel, vectorize, unroll), the disk cache and the argument checks."""
 
-import time
 
 import numpy as np
 import pytest
@@ -246,15 +245,13 @@ def test_second_compile_is_a_cache_hit(tmp_path, monkeypatch):
     s = create_schedule(out)
     s[out].unroll(s[out].leaves[1])  # a big function: a cold compile takes a while
     f = lower(s, [a, out])
-    t0 = time.perf_counter()
     cold = compile_cpu(f)
-    t1 = time.perf_counter()
     warm = compile_cpu(f)
-    t2 = time.perf_counter()
     assert not cold.from_cache and warm.from_cache
     assert cold.cache_path == warm.cache_path and cold.cache_path.is_file()
     assert cold.cache_path.parent == tmp_path / "llvm"
-    assert t2 - t1 < (t1 - t0) / 2, (t1 - t0, t2 - t1)
+    # (no wall-clock comparison: a fresh CI machine once took as long for the cache hit as
+    # for the compile; the hit itself is asserted above, its speed is a benchmark's matter)
     av = np.random.default_rng(11).random((64, 64), dtype=np.float32)
     x, y = np.zeros((64, 64), np.float32), np.zeros((64, 64), np.float32)
     cold(av, x)
