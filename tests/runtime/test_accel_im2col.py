@@ -14,6 +14,8 @@ from celosia.compiler.graph import qops
 from celosia.compiler.graph.ir import Graph, Node, TensorType, constant
 from celosia.runtime.accel import AccelModel
 
+from accel_helpers import after_accel_conv
+
 
 def _windows_reference(x, win):
     """[n, kh * kw * c, oh, ow]: channel (dy * kw + dx) * c + ci of pixel (y, x) is the
@@ -201,16 +203,7 @@ def test_a_layer_whose_input_the_accelerator_makes_keeps_its_padding():
     input stays in DRAM and the layer pads its channels (no windows)."""
     g, node = _stem_graph(c=3, size=12)
     rng = np.random.default_rng(2)
-    first = Node("QConv", ("x0", "w0", "b0", "m0"), ("x",),
-                 dict(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0],
-                      dilations=[1, 1], group=1, shift=8, lo=-128, hi=127, scale=0.1), "first")
-    inits = {**g.initializers,
-             "w0": constant(rng.integers(-128, 128, (3, 3, 1, 1), dtype=np.int8)),
-             "b0": constant(np.zeros(3, np.int32)), "m0": constant(np.ones(3, np.int32))}
-    types = {**g.types, "x0": g.types["x"],
-             **{n: TensorType(str(np.asarray(inits[n]).dtype), np.asarray(inits[n]).shape)
-                for n in ("w0", "b0", "m0")}}
-    g2 = Graph("g", ("x0",), ("y",), (first, node), inits, types)
+    g2 = after_accel_conv(g, (node,), ("y",), 3, rng)
     model = AccelModel.build(g2, "default")
     assert "staged" not in model.programs["stem"]
     assert model.programs["stem"]["spec"]["kh"] == 7
