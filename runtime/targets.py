@@ -141,7 +141,8 @@ class AccelTarget(Target):
         from ..compiler.accel.partition import annotate
 
         # The node in the graph around it, as the partitioner places it.
-        return _accel_reason(node, graph, config, annotate)
+        placement = annotate(graph, config)[node.name]
+        return None if placement.target == "accel" else placement.reason
 
     def build(self, graph):
         raise TargetError("the accelerator's partitions are built by AccelModel.build "
@@ -149,11 +150,6 @@ class AccelTarget(Target):
 
     def load(self, data: bytes):
         raise TargetError("the accelerator's partitions are loaded with their AccelModel")
-
-
-def _accel_reason(node, graph, config, annotate) -> str | None:
-    placement = annotate(graph, config)[node.name]
-    return None if placement.target == "accel" else placement.reason
 
 
 # ---- the registry ----------------------------------------------------------------------------
@@ -318,7 +314,8 @@ def place(graph, config, targets=BUILTIN, *, annotate=None) -> Placed:
     order = target_order(targets)
     accelerate = "accel" in order
     plugins = [get_target(t) for t in order if t not in BUILTIN]
-    before = [t for t in plugins if accelerate and order.index(t.name) < order.index("accel")] \
+    # without the accelerator, every plug-in claims before the (all-CPU) rest
+    before = [t for t in plugins if order.index(t.name) < order.index("accel")] \
         if accelerate else plugins
     after = [t for t in plugins if t not in before]
     refusals: dict[str, dict[str, str]] = {}
