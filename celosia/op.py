@@ -50,13 +50,23 @@ import numpy as np
 from .errors import CelosiaError, CompilerError
 
 from .compiler.tensor import te
-from .compiler.tensor.expr import as_expr, cast, exp, select, sqrt
+from .compiler.tensor.expr import as_expr, cast, exp, max_expr, min_expr, select, sqrt
 from .compiler.tensor.schedule import Schedule, create_schedule
 
 __all__ = ["op", "Op", "te", "create_schedule", "broadcast", "broadcast_shape", "OpError",
-           "select", "cast", "exp", "sqrt"]
+           "select", "cast", "exp", "sqrt", "minimum", "maximum"]
 
-TARGETS = ("cpu",)
+TARGETS = ("cpu", "accel")
+
+
+def minimum(a, b):
+    """The smaller of two expressions (elementwise; the ALU's MIN on the accelerator)."""
+    return min_expr(a, b)
+
+
+def maximum(a, b):
+    """The larger of two expressions (elementwise; the ALU's MAX on the accelerator)."""
+    return max_expr(a, b)
 
 
 class OpError(CelosiaError, TypeError):
@@ -115,8 +125,12 @@ def _is_tensor(x) -> bool:
 class Op:
     """A Python-defined operator (module docstring); made by ``@celosia.op``."""
 
-    def __init__(self, fn, target: str, name: str, outputs: int, max_builds: int):
+    def __init__(self, fn, target: str, name: str, outputs: int, max_builds: int,
+                 config=None, executor: str = "fsim", intrinsic: str = "gemm"):
         self.fn, self.target, self.name = fn, target, name
+        self.config, self.executor, self.intrinsic = config, executor, intrinsic
+        self._device = None      # the accelerator target's Device, made on the first build
+        self.last_stats: dict = {}   # the accelerator's counters of the last call
         self.num_outputs, self.max_builds = outputs, max_builds
         params = list(inspect.signature(fn).parameters.values())
         self.tensor_params = [p.name for p in params if p.default is inspect.Parameter.empty
@@ -135,6 +149,15 @@ class Op:
     def __repr__(self) -> str:
         return (f"celosia.op {self.name}({', '.join(self.tensor_params)}; target "
                 f"{self.target!r}, {len(self._builds)} builds cached)")
+
+    @property
+    def device(self):
+        """The accelerator target's ``Device`` (its ``executor`` on ``config``)."""
+        if self._device is None:
+            from .driver import Device
+
+            self._device = Device(self.config, target=self.executor)
+        return self._device
 
     # ---- building ------------------------------------------------------------------------
 
@@ -181,13 +204,22 @@ class Op:
                 self._builds[key] = self._builds.pop(key)  # most recent last
                 return hit
             holders, outs, sched = self.define(types, constants)
-            if sched is None:
-                sched = _default_schedule(outs)
-            kernel = compile_cpu(lower(sched, [*holders, *outs], name=self.name))
+            if self.target == "accel":
+                # the compute is matched and scheduled for the accelerator (a schedule the
+                # function returns is for the CPU and is not used)
+                from .op_accel import AccelKernel
+
+                kernel = AccelKernel(self, holders, outs, self.device, self.intrinsic)
+            else:
+                if sched is None:
+                    sched = _default_schedule(outs)
+                kernel = compile_cpu(lower(sched, [*holders, *outs], name=self.name))
             self._builds[key] = (kernel, [(t.shape, t.dtype) for t in outs])
             self.builds += 1
             while len(self._builds) > self.max_builds:
-                self._builds.pop(next(iter(self._builds)))
+                old, _ = self._builds.pop(next(iter(self._builds)))
+                if hasattr(old, "free"):
+                    old.free()
             return self._builds[key]
 
     # ---- calling -------------------------------------------------------------------------
@@ -245,7 +277,11 @@ class Op:
                               f"output {k} is {dtype}{list(shape)}: pass a writable "
                               f"C-contiguous tensor of that dtype and shape")
             outs.append(a)
-        kernel(*arrays, *outs)
+        if self.target == "accel":
+            with self._lock:  # one program runs on the device at a time
+                kernel(*arrays, *outs)
+        else:
+            kernel(*arrays, *outs)
         self.last_pointers = [a.ctypes.data for a in (*arrays, *outs)]
         return results[0] if len(results) == 1 else tuple(results)
 
@@ -328,16 +364,30 @@ def _register_torch(o: Op):
 
 
 def op(fn=None, *, target: str = "cpu", name: str | None = None, outputs: int = 1,
-       max_builds: int = 64):
+       max_builds: int = 64, config=None, executor: str = "fsim", intrinsic: str = "gemm"):
     """Decorate a tensor-expression function as an operator (module docstring).
     ``name``: the torch custom op's name (``celosia::<name>``; default the function's);
     ``outputs``: how many tensors it returns; ``max_builds``: builds kept (least recently
-    used dropped)."""
+    used dropped). For ``target="accel"``: ``config`` (a preset name such as "small" or
+    "default", a JSON path or an HwConfig; default "default"), ``executor`` ("fsim" or
+    "cycle"), ``intrinsic`` (the registered tensor intrinsic the product is tensorized
+    with)."""
     if target not in TARGETS:
         raise OpError(f"celosia.op: target {target!r} is not supported; targets: "
-                      f"{', '.join(TARGETS)} (the accelerator's GEMM intrinsic is not "
-                      f"reachable from celosia.op yet)")
+                      f"{', '.join(TARGETS)}")
+    if target == "accel":
+        from .config import HwConfig
+        from .op_accel import EXECUTORS
+
+        if executor not in EXECUTORS:
+            raise OpError(f"celosia.op: executor {executor!r} is not supported for target "
+                          f"accel; executors: {', '.join(EXECUTORS)}")
+        config = HwConfig.load(config)
+    elif config is not None or executor != "fsim" or intrinsic != "gemm":
+        raise OpError("celosia.op: config, executor and intrinsic are options of "
+                      "target=\"accel\"; target \"cpu\" takes none of them")
 
     def wrap(f):
-        return Op(f, target, name or f.__name__, outputs, max_builds)
+        return Op(f, target, name or f.__name__, outputs, max_builds, config, executor,
+                  intrinsic)
     return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,98 @@
+"""The accelerator target of ``celosia.op`` (docs/op.md): one resident program per build.
+
+``AccelKernel`` is what ``Op.kernel`` caches for ``target="accel"``: the match of the
+compute (compiler/accel/te_op.py), its accelerator function(s), DRAM buffers for their
+packed arguments on the operator's ``Device`` (fsim or the cycle model), and the program
+bound to those buffers and kept resident (``Device.build_program``), so a call packs its
+inputs into the buffers, runs the program (``run_program``), reads the output and
+unpacks it: nothing is compiled or bound again for the same (shapes, dtypes, constants).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .compiler.accel.build import _align, _nbytes
+from .compiler.accel.codegen import build_ops, emit, insert_dependencies
+from .compiler.accel.te_op import (build_gemm_op, choose_knobs, match_gemm, out_shape,
+                                   pack_inputs, unpack_output)
+from .compiler.tensor.tir import Allocate, walk
+
+__all__ = ["AccelKernel", "EXECUTORS"]
+
+EXECUTORS = ("fsim", "cycle")
+
+
+class AccelKernel:
+    """A compiled, bound and resident accelerator program for one build of an op."""
+
+    def __init__(self, op, holders, outs, device, intrinsic: str = "gemm"):
+        where = f"celosia.op {op.name} (target accel)"
+        cfg = device.config
+        self.op, self.device = op, device
+        self.match = match_gemm(holders, outs, cfg, where)
+        self.knobs = choose_knobs(self.match, cfg)
+        self.functions = build_gemm_op(self.match, cfg, self.knobs, op.name, intrinsic)
+        self.out_shape, self.out_dtype = tuple(outs[0].shape), outs[0].dtype
+        self._buffers: list = []
+        try:
+            self._bind()
+        except BaseException:
+            self.free()
+            raise
+
+    def __repr__(self) -> str:
+        k = self.knobs
+        return (f"AccelKernel({self.match.describe()}; tiles {k.tile_n}x{k.tile_o}x{k.tile_k}"
+                f"{f', {k.vthreads} threads' if k.vthreads > 1 else ''})")
+
+    def _alloc(self, nbytes: int, align: int):
+        buf = self.device.alloc(nbytes, align=align)
+        self._buffers.append(buf)
+        return buf
+
+    def _bind(self) -> None:
+        dev, cfg = self.device, self.device.config
+        params = self.functions[0].func.params
+        # data, weight and the epilogue's tensors are shared by the functions (one per
+        # output byte plane); each has its own output buffer
+        self.inputs = [self._alloc(max(_nbytes(p), 1), _align(p)) for p in params[:-1]]
+        self.outputs = [self._alloc(_nbytes(params[-1]), _align(params[-1]))
+                        for _ in self.functions]
+        ops = []
+        for fn, out in zip(self.functions, self.outputs):
+            dram = dict(zip(fn.func.params, [*self.inputs, out]))
+            for node in walk(fn.func.body):
+                if isinstance(node, Allocate) and node.buffer.scope == "global":
+                    dram[node.buffer] = self._alloc(_nbytes(node.buffer), _align(node.buffer))
+            ops += build_ops(fn.func, cfg, dram)
+        # one stream: the tokens cover every function, so one's loads wait for the
+        # previous one's use of the on-chip buffers
+        emit(insert_dependencies(ops, cfg), dev)
+        self.program = dev.build_program()
+        self._buffers += list(self.program.buffers)
+
+    def __call__(self, *arrays) -> None:
+        """Run on the op's input arrays; the result is written into the last array."""
+        *inputs, result = arrays
+        cfg = self.device.config
+        for buf, packed in zip(self.inputs, pack_inputs(self.match, inputs, cfg)):
+            buf.write(packed)
+        stats = self.device.run_program(self.program)
+        planes = [b.read(np.int8, out_shape(self.match, cfg)) for b in self.outputs]
+        result[...] = unpack_output(self.match, planes, cfg)
+        m = self.match
+        stats = dict(stats)
+        stats["useful_macs"] = m.m * m.k * m.n
+        if "cycles" in stats and stats["cycles"]:
+            peak = cfg.batch * cfg.block * cfg.block
+            stats["useful_utilization"] = stats["useful_macs"] / (stats["cycles"] * peak)
+        self.op.last_stats = stats
+
+    def free(self) -> None:
+        """Give the program's and the arguments' DRAM back (when the build is evicted)."""
+        for b in self._buffers:
+            if b.live:
+                self.device.free(b)
+        self._buffers = []
+

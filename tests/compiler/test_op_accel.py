@@ -1,0 +1,240 @@
+"""``@celosia.op(target="accel")``: one definition built for the CPU and the accelerator
+(compiler/accel/te_op.py, celosia/op_accel.py), bit-exact against numpy on random shapes,
+from numpy and torch, and the errors for computes that do not map."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import celosia
+from celosia import HwConfig
+from celosia.op import OpError, maximum, minimum, select, te
+from celosia.compiler.accel.te_op import NotMappable
+
+SMALL = HwConfig.preset("small")            # BATCH 1, BLOCK 4
+BATCH2 = replace(SMALL, log_batch=1)        # BATCH 2: rows padded too
+
+
+def _wrap(x):
+    return ((np.asarray(x, np.int64) + 2**31) % 2**32 - 2**31)
+
+
+def _i8(rng, shape):
+    return rng.integers(-128, 128, shape, dtype=np.int8)
+
+
+def _matmul(a, b):
+    k = te.reduce_axis(a.shape[1], "k")
+    return te.compute((a.shape[0], b.shape[1]), lambda i, j: te.sum(
+        a[i, k].astype("int32") * b[k, j].astype("int32"), axis=[k]), "c")
+
+
+def matmul(a, b):
+    """int8 x int8 -> int32."""
+    return _matmul(a, b)
+
+
+def qdense(x, w, bias, scale, shift=9, lo=-128, hi=127):
+    """x [M, K] times w [N, K] (transposed weight), + bias[j], * scale[j], >> shift, clip,
+    int8."""
+    k = te.reduce_axis(x.shape[1], "k")
+    acc = te.compute((x.shape[0], w.shape[0]), lambda i, j: te.sum(
+        x[i, k].astype("int32") * w[j, k].astype("int32"), axis=[k]), "acc")
+    y = te.compute(acc.shape, lambda i, j: (acc[i, j] + bias[j]) * scale[j] >> shift, "y")
+    return te.compute(acc.shape, lambda i, j: minimum(maximum(y[i, j], lo), hi).astype("int8"),
+                      "out")
+
+
+def qdense_reference(x, w, bias, scale, shift=9, lo=-128, hi=127):
+    acc = _wrap(x.astype(np.int64) @ w.astype(np.int64).T)
+    y = _wrap(_wrap(acc + bias) * scale) >> shift
+    return np.clip(y, lo, hi).astype(np.int8)
+
+
+def mixed(at, b, rowv, resid, s, jv):
+    """at [K, M] (transposed), the output transposed ([N, M]), a row operand, an int8
+    residual read transposed, tensor subtraction, c - x, a constant too wide for the
+    immediate, << and a scalar tensor."""
+    k = te.reduce_axis(at.shape[0], "k")
+    c = te.compute((b.shape[1], at.shape[1]), lambda j, i: te.sum(
+        at[k, i].astype("int32") * b[k, j].astype("int32"), axis=[k]), "c")
+
+    def epi(j, i):
+        x = (c[j, i] - rowv[i]) * 3 + resid[i, j].astype("int32") + jv[j].astype("int32")
+        x = 100000 - x
+        x = (x << 2) + s[0]
+        return (x >> 7).astype("int8")          # no clip: the low byte, wrapped
+    return te.compute(c.shape, epi, "out")
+
+
+def mixed_reference(at, b, rowv, resid, s, jv):
+    c = _wrap(at.T.astype(np.int64) @ b.astype(np.int64))                  # [M, N]
+    x = _wrap(_wrap(_wrap(c - rowv[:, None]) * 3 + resid) + jv[None, :])
+    x = _wrap(100000 - x)
+    x = _wrap(_wrap(x << 2) + s[0])
+    return (x >> 7).astype(np.int8).T
+
+
+def _shape(rng, cfg):
+    return tuple(int(v) for v in rng.integers(1, 3 * cfg.block + 2, 3))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_matmul_int32_random_shapes(seed):
+    rng = np.random.default_rng(seed)
+    cfg = BATCH2 if seed % 2 else SMALL
+    cpu = celosia.op(target="cpu", name=f"mm_cpu_{seed}")(matmul)
+    acc = celosia.op(target="accel", config=cfg, name=f"mm_acc_{seed}")(matmul)
+    for _ in range(3):
+        m, k, n = _shape(rng, cfg)
+        a, b = _i8(rng, (m, k)), _i8(rng, (k, n))
+        want = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
+        got = acc(a, b)
+        assert got.dtype == np.int32 and got.shape == (m, n)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(cpu(a, b), want)
+    # extreme values: every byte plane of the int32 result is exercised
+    a, b = np.full((3, 9), -128, np.int8), np.full((9, 5), -128, np.int8)
+    np.testing.assert_array_equal(acc(a, b), np.full((3, 5), 9 * 16384, np.int32))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_requantized_dense_cpu_and_accel_bit_exact(seed):
+    rng = np.random.default_rng(10 + seed)
+    cfg = BATCH2 if seed == 1 else SMALL
+    cpu = celosia.op(target="cpu", name=f"qd_cpu_{seed}")(qdense)
+    acc = celosia.op(target="accel", config=cfg, name=f"qd_acc_{seed}")(qdense)
+    for _ in range(2):
+        m, k, n = _shape(rng, cfg)
+        x, w = _i8(rng, (m, k)), _i8(rng, (n, k))
+        bias = rng.integers(-5000, 5000, n).astype(np.int32)
+        scale = rng.integers(-700, 700, n).astype(np.int32)
+        kw = dict(shift=int(rng.integers(4, 14)), lo=int(rng.integers(-128, 0)),
+                  hi=int(rng.integers(0, 128)))
+        want = qdense_reference(x, w, bias, scale, **kw)
+        np.testing.assert_array_equal(acc(x, w, bias, scale, **kw), want)
+        np.testing.assert_array_equal(cpu(x, w, bias, scale, **kw), want)
+
+
+def test_mixed_epilogue_operands_and_layouts():
+    rng = np.random.default_rng(5)
+    cpu = celosia.op(target="cpu", name="mixed_cpu")(mixed)
+    acc = celosia.op(target="accel", config=BATCH2, name="mixed_acc")(mixed)
+    for m, k, n in ((5, 7, 6), (8, 4, 12)):
+        at, b = _i8(rng, (k, m)), _i8(rng, (k, n))
+        rowv = rng.integers(-2**31, 2**31 - 1, m, dtype=np.int64).astype(np.int32)
+        resid = _i8(rng, (m, n))
+        s = rng.integers(-2**20, 2**20, 1).astype(np.int32)
+        jv = rng.integers(-30000, 30000, n).astype(np.int16)
+        want = mixed_reference(at, b, rowv, resid, s, jv)
+        np.testing.assert_array_equal(cpu(at, b, rowv, resid, s, jv), want)
+        np.testing.assert_array_equal(acc(at, b, rowv, resid, s, jv), want)
+    kernel = next(iter(acc._builds.values()))[0]
+    # the product's rows are the output's first axis (j: b's columns)
+    kinds = sorted((o.kind, o.int8, o.negate) for o in kernel.match.operands)
+    assert kinds == [("col", False, True), ("full", True, False), ("row", False, False),
+                     ("scalar", False, False), ("scalar", False, False)]
+
+
+def test_cache_stats_and_cycle_model():
+    rng = np.random.default_rng(3)
+    acc = celosia.op(target="accel", config="small", executor="cycle", name="qd_cycle")(qdense)
+    x, w = _i8(rng, (8, 16)), _i8(rng, (12, 16))
+    bias = rng.integers(-5000, 5000, 12).astype(np.int32)
+    scale = rng.integers(-700, 700, 12).astype(np.int32)
+    want = qdense_reference(x, w, bias, scale)
+    np.testing.assert_array_equal(acc(x, w, bias, scale), want)
+    first = dict(acc.last_stats)
+    np.testing.assert_array_equal(acc(x, w, bias, scale), want)   # same build, resident
+    assert acc.builds == 1
+    assert acc.last_stats["cycles"] == first["cycles"] > 0
+    assert acc.last_stats["useful_macs"] == 8 * 16 * 12 == acc.last_stats["macs"]
+    assert 0 < acc.last_stats["useful_utilization"] <= 1
+    acc(x, w, bias, scale, shift=5)                                 # a constant: new build
+    assert acc.builds == 2
+
+
+def test_numpy_out_and_torch_custom_op():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    acc = celosia.op(target="accel", config="small", name="qd_torch")(qdense)
+    x, w = _i8(rng, (6, 10)), _i8(rng, (7, 10))
+    bias = rng.integers(-5000, 5000, 7).astype(np.int32)
+    scale = rng.integers(-700, 700, 7).astype(np.int32)
+    want = qdense_reference(x, w, bias, scale, shift=8)
+    out = np.empty((6, 7), np.int8)
+    acc(x, w, bias, scale, out=out, shift=8)
+    np.testing.assert_array_equal(out, want)
+    tx, tw, tb, ts = (torch.from_numpy(v) for v in (x, w, bias, scale))
+    got = acc(tx, tw, tb, ts, shift=8)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.int8
+    np.testing.assert_array_equal(got.numpy(), want)
+    got = torch.ops.celosia.qd_torch(tx, tw, tb, ts, shift=8)
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+def _err(fn, *arrays, **kw):
+    o = celosia.op(target="accel", config="small", name=f"bad_{fn.__name__}")(fn)
+    with pytest.raises(NotMappable) as e:
+        o(*arrays, **kw)
+    assert 'target="cpu"' in str(e.value)
+    return str(e.value)
+
+
+def test_unmappable_computes_say_what_and_suggest_cpu():
+    rng = np.random.default_rng(0)
+    a, b = _i8(rng, (4, 4)), _i8(rng, (4, 4))
+    f = rng.random((4, 4)).astype(np.float32)
+
+    def add(x, y):
+        return te.compute(x.shape, lambda i, j: x[i, j] + y[i, j], "z")
+    assert "no reduction" in _err(add, a, b)
+    assert "float32" in _err(matmul, f, f)
+    assert "int16" in _err(matmul, a.astype(np.int16), b)
+
+    def relu_select(x, y):
+        c = _matmul(x, y)
+        return te.compute(c.shape, lambda i, j: select(c[i, j] > 0, c[i, j], 0), "r")
+    assert "select" in _err(relu_select, a, b)
+
+    def divide(x, y):
+        c = _matmul(x, y)
+        return te.compute(c.shape, lambda i, j: (c[i, j] // 3).astype("int8"), "d")
+    assert "no //" in _err(divide, a, b)
+
+    def square(x, y):
+        c = _matmul(x, y)
+        return te.compute(c.shape, lambda i, j: (c[i, j] * c[i, j]).astype("int8"), "s")
+    assert "both operands" in _err(square, a, b)
+
+    def middle_cast(x, y):
+        c = _matmul(x, y)
+        return te.compute(c.shape, lambda i, j: c[i, j].astype("int8").astype("int32") + 1, "m")
+    assert "in the middle" in _err(middle_cast, a, b)
+
+    def shifted_read(x, y):
+        c = _matmul(x, y)
+        return te.compute((3, 4), lambda i, j: c[i + 1, j], "s")
+    assert "element-wise" in _err(shifted_read, a, b)
+
+    def wide_out(x, y):
+        c = _matmul(x, y)
+        return te.compute(c.shape, lambda i, j: c[i, j].astype("int16"), "w")
+    assert "int16" in _err(wide_out, a, b)
+
+    def two_reductions(x, y):
+        k = te.reduce_axis(4, "k")
+        r = te.reduce_axis(4, "r")
+        return te.compute((4,), lambda i: te.sum(x[i, k].astype("int32") * y[r, k].astype(
+            "int32"), axis=[k, r]), "c")
+    assert "2-D matrix product" in _err(two_reductions, a, b)
+
+
+def test_decorator_errors():
+    with pytest.raises(OpError, match="executor"):
+        celosia.op(target="accel", executor="rtl")(matmul)
+    with pytest.raises(OpError, match="options of"):
+        celosia.op(target="cpu", config="small")(matmul)
+    with pytest.raises(celosia.CelosiaError, match="preset"):
+        celosia.op(target="accel", config="no-such-config")(matmul)
