@@ -54,7 +54,7 @@ from .compiler.tensor.expr import as_expr, cast, exp, max_expr, min_expr, select
 from .compiler.tensor.schedule import Schedule, create_schedule
 
 __all__ = ["op", "Op", "te", "create_schedule", "broadcast", "broadcast_shape", "OpError",
-           "select", "cast", "exp", "sqrt", "minimum", "maximum"]
+           "select", "cast", "exp", "sqrt", "minimum", "maximum", "AccelMappingError"]
 
 TARGETS = ("cpu", "accel")
 
@@ -71,6 +71,11 @@ def maximum(a, b):
 
 class OpError(CelosiaError, TypeError):
     """A wrong call of a ``celosia.op`` operator: says which argument and what to pass."""
+
+
+class AccelMappingError(OpError, CompilerError):
+    """The compute does not map onto the accelerator (target="accel"): says what does
+    not and suggests target="cpu"."""
 
 
 def broadcast_shape(*tensors) -> tuple:
@@ -209,7 +214,12 @@ class Op:
                 # function returns is for the CPU and is not used)
                 from .op_accel import AccelKernel
 
-                kernel = AccelKernel(self, holders, outs, self.device, self.intrinsic)
+                from .compiler.accel.te_op import NotMappable
+
+                try:
+                    kernel = AccelKernel(self, holders, outs, self.device, self.intrinsic)
+                except NotMappable as e:
+                    raise AccelMappingError(str(e)) from None
             else:
                 if sched is None:
                     sched = _default_schedule(outs)

@@ -240,6 +240,13 @@ def _match_product(gemm, holders, where):
                          f"axis {kv.name} and one output axis (a[i, {kv.name}] or "
                          f"a[{kv.name}, i])")
         factors.append(ld)
+    extent = {a.var: a.extent for a in (*op.axes, *body.axes)}
+    for ld in factors:
+        for i, n in zip(ld.indices, ld.source.shape):
+            ext = extent.get(i)
+            if ext is not None and ext > n:
+                _fail(where, f"{gemm.name}: {expr_str(ld)} reads {i.name} up to {ext - 1}, "
+                             f"outside {ld.source.name}'s dimension of {n}")
     g_axes = [a.var for a in op.axes]
     (fa, fb) = factors
     ia = next(i for i in fa.indices if i is not kv)
@@ -536,6 +543,7 @@ def pack_inputs(m: GemmMatch, arrays: list, cfg: HwConfig) -> list[np.ndarray]:
     mp, kp, np_ = padded(m, cfg)
     a = arrays[m.a_arg] if m.a_rows_first else arrays[m.a_arg].T
     w = arrays[m.b_arg].T if m.b_k_first else arrays[m.b_arg]      # [N, K]
+    a, w = a[:m.m, :m.k], w[:m.n, :m.k]   # the ranges the product reads
     a = _pad2(np.asarray(a, np.int8), mp, kp)
     w = _pad2(np.asarray(w, np.int8), np_, kp)
     data = a.reshape(mp // b, b, kp // k, k).transpose(0, 2, 1, 3)

@@ -105,8 +105,8 @@ def test_errors():
         axpy(x, x, out=np.empty(5, np.float32))
     with pytest.raises(OpError, match="argument y is a list"):
         axpy(x, [1.0, 2.0, 3.0, 4.0])
-    with pytest.raises(OpError, match="target 'accel' is not supported"):
-        celosia.op(target="accel")
+    with pytest.raises(OpError, match="target 'gpu' is not supported; targets: cpu, accel"):
+        celosia.op(target="gpu")
     with pytest.raises(CompilerError, match="buffer a is float64"):  # the emitter's guard
         from celosia.compiler.cpu.codegen import compile_cpu
         from celosia.compiler.tensor.tir import Buffer, PrimFunc, Seq

@@ -9,8 +9,7 @@ import pytest
 
 import celosia
 from celosia import HwConfig
-from celosia.op import OpError, maximum, minimum, select, te
-from celosia.compiler.accel.te_op import NotMappable
+from celosia.op import AccelMappingError, OpError, maximum, minimum, select, te
 
 SMALL = HwConfig.preset("small")            # BATCH 1, BLOCK 4
 BATCH2 = replace(SMALL, log_batch=1)        # BATCH 2: rows padded too
@@ -176,9 +175,9 @@ def test_numpy_out_and_torch_custom_op():
 
 def _err(fn, *arrays, **kw):
     o = celosia.op(target="accel", config="small", name=f"bad_{fn.__name__}")(fn)
-    with pytest.raises(NotMappable) as e:
+    with pytest.raises(AccelMappingError) as e:
         o(*arrays, **kw)
-    assert 'target="cpu"' in str(e.value)
+    assert 'target="cpu"' in str(e.value) and isinstance(e.value, OpError)
     return str(e.value)
 
 
@@ -229,6 +228,27 @@ def test_unmappable_computes_say_what_and_suggest_cpu():
         return te.compute((4,), lambda i: te.sum(x[i, k].astype("int32") * y[r, k].astype(
             "int32"), axis=[k, r]), "c")
     assert "2-D matrix product" in _err(two_reductions, a, b)
+
+    def too_far(x, y):
+        k = te.reduce_axis(6, "k")
+        return te.compute((4, 4), lambda i, j: te.sum(
+            x[i, k].astype("int32") * y[k, j].astype("int32"), axis=[k]), "c")
+    assert "outside x's dimension of 4" in _err(too_far, a, b)
+
+
+def test_product_of_sub_ranges():
+    """A product over part of its inputs (extents smaller than the arrays) packs only the
+    part it reads."""
+    def part(x, y):
+        k = te.reduce_axis(5, "k")
+        return te.compute((3, 6), lambda i, j: te.sum(
+            x[i, k].astype("int32") * y[j, k].astype("int32"), axis=[k]), "c")
+    rng = np.random.default_rng(2)
+    x, y = _i8(rng, (7, 9)), _i8(rng, (8, 9))
+    want = x[:3, :5].astype(np.int32) @ y[:6, :5].astype(np.int32).T
+    acc = celosia.op(target="accel", config="small", name="part_acc")(part)
+    np.testing.assert_array_equal(acc(x, y), want)
+    np.testing.assert_array_equal(celosia.op(target="cpu", name="part_cpu")(part)(x, y), want)
 
 
 def test_decorator_errors():
