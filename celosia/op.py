@@ -29,8 +29,9 @@ polymorphism (the function sees each input's dtype and may branch on it; bool, i
 int32, int64, uint8, float32 - anything else, e.g. float64 or float16, is a CompilerError
 naming the dtype); broadcasting written in the compute (``broadcast(x, i)`` reads ``x`` at
 output index ``i`` with numpy's rules; ``broadcast_shape`` gives the result's shape), never
-implicit. Targets: ``"cpu"`` only (the accelerator's GEMM intrinsic is not reachable from here
-yet).
+implicit. Targets: ``"cpu"`` and ``"accel"`` (a matrix product of int8
+inputs with an element-wise int32 epilogue, matched to the GEMM intrinsic and the ALU and
+run on fsim or the cycle model: compiler/accel/te_op.py, op_accel.py, docs/op.md).
 
 Calls read every input in its own memory (numpy arrays as they are, other tensors through
 ``np.from_dlpack``: no copy) when it is C-contiguous (others are copied once) and write each
@@ -136,6 +137,7 @@ class Op:
         self.config, self.executor, self.intrinsic = config, executor, intrinsic
         self._device = None      # the accelerator target's Device, made on the first build
         self.last_stats: dict = {}   # the accelerator's counters of the last call
+        self.last_build = None       # the kernel of the last call (accel: an AccelKernel)
         self.num_outputs, self.max_builds = outputs, max_builds
         params = list(inspect.signature(fn).parameters.values())
         self.tensor_params = [p.name for p in params if p.default is inspect.Parameter.empty
@@ -293,6 +295,7 @@ class Op:
         else:
             kernel(*arrays, *outs)
         self.last_pointers = [a.ctypes.data for a in (*arrays, *outs)]
+        self.last_build = kernel
         return results[0] if len(results) == 1 else tuple(results)
 
     # ---- PyTorch --------------------------------------------------------------------------

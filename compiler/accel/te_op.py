@@ -103,6 +103,7 @@ class GemmMatch:
     out_rows_first: bool  # output[i, j] (else output[j, i])
     steps: list = field(default_factory=list)
     out_dtype: str = "int8"
+    names: tuple = ()     # the arguments' names (for messages)
 
     @property
     def operands(self) -> list[Operand]:
@@ -113,15 +114,16 @@ class GemmMatch:
         return seen
 
     def describe(self) -> str:
-        chain = "".join(f" {s.op} {s.imm if s.operand is None else _op_text(s.operand)}"
+        chain = "".join(f", {s.op} {s.imm if s.operand is None else self._op_text(s.operand)}"
                         for s in self.steps)
         return (f"GEMM [{self.m}, {self.k}] x [{self.k}, {self.n}]{chain} -> {self.out_dtype}")
 
-
-def _op_text(o: Operand) -> str:
-    if o.arg < 0:
-        return f"const {o.value}"
-    return f"{'-' if o.negate else ''}arg{o.arg}({o.kind})"
+    def _op_text(self, o: Operand) -> str:
+        if o.arg < 0:
+            return f"{o.value} (a constant row)"
+        name = self.names[o.arg] if o.arg < len(self.names) else f"argument {o.arg}"
+        where = {"full": "[row, col]", "row": "[row]", "col": "[col]", "scalar": "[0]"}[o.kind]
+        return f"{'-' if o.negate else ''}{name}{where}"
 
 
 def _fail(where: str, what: str) -> None:
@@ -201,6 +203,7 @@ def match_gemm(holders: list, outs: list, cfg: HwConfig, where: str) -> GemmMatc
                          f"value cast to int8 (the store of the accumulator's low byte)")
         final = value.value
     m.out_dtype = out.dtype
+    m.names = tuple(h.name for h in holders)
     m.steps = _chain(final, gemm, holders, row_v, col_v, (m.m, m.n), where)
     return m
 

@@ -173,6 +173,22 @@ def test_numpy_out_and_torch_custom_op():
     np.testing.assert_array_equal(got.numpy(), want)
 
 
+def test_inside_torch_compile():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(9)
+    acc = celosia.op(target="accel", config="small", name="qd_compiled")(qdense)
+    x, w = _i8(rng, (5, 9)), _i8(rng, (6, 9))
+    bias = rng.integers(-5000, 5000, 6).astype(np.int32)
+    scale = rng.integers(-700, 700, 6).astype(np.int32)
+    want = qdense_reference(x, w, bias, scale, shift=8)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(a, b, c, d):
+        return acc(a, b, c, d, shift=8).to(torch.int32) + 1
+    got = f(*(torch.from_numpy(v) for v in (x, w, bias, scale)))
+    np.testing.assert_array_equal(got.numpy(), want.astype(np.int32) + 1)
+
+
 def _err(fn, *arrays, **kw):
     o = celosia.op(target="accel", config="small", name=f"bad_{fn.__name__}")(fn)
     with pytest.raises(AccelMappingError) as e:
