@@ -225,7 +225,11 @@ class Op:
             else:
                 if sched is None:
                     sched = _default_schedule(outs)
-                kernel = compile_cpu(lower(sched, [*holders, *outs], name=self.name))
+                used = [_in_schedule(sched, h) for h in holders]
+                kernel = compile_cpu(lower(sched, [h for h, u in zip(holders, used) if u]
+                                           + list(outs), name=self.name))
+                if not all(used):  # an input the compute does not read is not passed
+                    kernel = _skipping(kernel, used)
             self._builds[key] = (kernel, [(t.shape, t.dtype) for t in outs])
             self.builds += 1
             while len(self._builds) > self.max_builds:
@@ -313,6 +317,21 @@ class Op:
                               f"touch {self.name}.torch_op once before compiling")
             self._torch_op = _register_torch(self)
         return self._torch_op
+
+
+def _in_schedule(sched: Schedule, t) -> bool:
+    try:
+        sched[t]
+    except CompilerError:
+        return False
+    return True
+
+
+def _skipping(kernel, used: list):
+    """``kernel`` called with the op's arrays, leaving out the unused inputs'."""
+    def call(*arrays):
+        return kernel(*(a for a, u in zip(arrays, used + [True] * len(arrays)) if u))
+    return call
 
 
 def _is_torch(x) -> bool:

@@ -1,7 +1,7 @@
 """The accelerator target of ``celosia.op`` (docs/op.md): one resident program per build.
 
 ``AccelKernel`` is what ``Op.kernel`` caches for ``target="accel"``: the match of the
-compute (compiler/accel/te_op.py), its accelerator function(s), DRAM buffers for their
+compute (compiler/accel/te_op.py), its accelerator function, DRAM buffers for its
 packed arguments on the operator's ``Device`` (fsim or the cycle model), and the program
 bound to those buffers and kept resident (``Device.build_program``), so a call packs its
 inputs into the buffers, runs the program (``run_program``), reads the output and
@@ -13,10 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from .compiler.accel.build import _align, _nbytes
-from .compiler.accel.codegen import build_ops, emit, insert_dependencies
-from .compiler.accel.te_op import (build_gemm_op, choose_knobs, match_gemm, out_shape,
-                                   pack_inputs, unpack_output)
-from .compiler.tensor.tir import Allocate, walk
+from .compiler.accel.te_op import (build_gemm_op, choose_knobs, match_gemm, pack_inputs,
+                                   unpack_output)
 
 __all__ = ["AccelKernel", "EXECUTORS"]
 
@@ -32,7 +30,7 @@ class AccelKernel:
         self.op, self.device = op, device
         self.match = match_gemm(holders, outs, cfg, where)
         self.knobs = choose_knobs(self.match, cfg)
-        self.functions = build_gemm_op(self.match, cfg, self.knobs, op.name, intrinsic)
+        self.function = build_gemm_op(self.match, cfg, self.knobs, op.name, intrinsic)
         self.out_shape, self.out_dtype = tuple(outs[0].shape), outs[0].dtype
         self._buffers: list = []
         try:
@@ -52,23 +50,10 @@ class AccelKernel:
         return buf
 
     def _bind(self) -> None:
-        dev, cfg = self.device, self.device.config
-        params = self.functions[0].func.params
-        # data, weight and the epilogue's tensors are shared by the functions (one per
-        # output byte plane); each has its own output buffer
-        self.inputs = [self._alloc(max(_nbytes(p), 1), _align(p)) for p in params[:-1]]
-        self.outputs = [self._alloc(_nbytes(params[-1]), _align(params[-1]))
-                        for _ in self.functions]
-        ops = []
-        for fn, out in zip(self.functions, self.outputs):
-            dram = dict(zip(fn.func.params, [*self.inputs, out]))
-            for node in walk(fn.func.body):
-                if isinstance(node, Allocate) and node.buffer.scope == "global":
-                    dram[node.buffer] = self._alloc(_nbytes(node.buffer), _align(node.buffer))
-            ops += build_ops(fn.func, cfg, dram)
-        # one stream: the tokens cover every function, so one's loads wait for the
-        # previous one's use of the on-chip buffers
-        emit(insert_dependencies(ops, cfg), dev)
+        dev = self.device
+        self.buffers = [self._alloc(max(_nbytes(p), 1), _align(p))
+                        for p in self.function.func.params]
+        self._buffers += self.function.bind(dev, self.buffers)   # DRAM scratch, if any
         self.program = dev.build_program()
         self._buffers += list(self.program.buffers)
 
@@ -76,11 +61,11 @@ class AccelKernel:
         """Run on the op's input arrays; the result is written into the last array."""
         *inputs, result = arrays
         cfg = self.device.config
-        for buf, packed in zip(self.inputs, pack_inputs(self.match, inputs, cfg)):
+        for buf, packed in zip(self.buffers, pack_inputs(self.match, inputs, cfg)):
             buf.write(packed)
         stats = self.device.run_program(self.program)
-        planes = [b.read(np.int8, out_shape(self.match, cfg)) for b in self.outputs]
-        result[...] = unpack_output(self.match, planes, cfg)
+        out = self.function.func.params[-1]
+        result[...] = unpack_output(self.match, self.buffers[-1].read(np.int8, out.shape), cfg)
         m = self.match
         stats = dict(stats)
         stats["useful_macs"] = m.m * m.k * m.n

@@ -27,9 +27,10 @@ BATCH, K and N to BLOCK with zeros) and schedules it like ``ops.dense``: output 
 threads, the product tensorized with the registered intrinsic (``get_intrinsic``), the
 chain on the ALU per tile, the tensors it reads loaded into the accumulator per tile (an
 int8 one sign-extended, ACC_8BIT). The tiling is the one ``tune_dense.estimate_dense``
-ranks first among those whose buffers fit. An int32 result leaves the accelerator as four
-byte planes (the chain followed by ``>> 8p``, stored as int8), four functions run as one
-program, so it costs four products.
+ranks first among those whose buffers fit. An int32 result leaves the accelerator as its
+four byte planes: per tile, the accumulators' int8 view is stored, shifted right by 8 on
+the ALU, stored again, ... (``_store_planes`` rewrites the lowered store nest), so the
+product is computed once.
 
 ``pack_inputs`` / ``unpack_output`` convert between the caller's arrays and those layouts.
 """
@@ -47,7 +48,10 @@ from ..tensor import te
 from ..tensor.expr import Bin, Cast, Const, Load, Reduce, Var, expr_str, linear_form, substitute
 from ..tensor.expr import max_expr, min_expr
 from ..tensor.schedule import create_schedule
-from .build import AcceleratorFunction, build
+from ..tensor.lower import lower
+from ..tensor.tir import Attr, For, Store, seq, transform, walk
+from .build import AcceleratorFunction, accelerator_pipeline
+from .vthread import substitute_stmt
 from .intrin import get_intrinsic
 from .ops import DenseKnobs, DenseSpec, Epilogue
 
@@ -429,21 +433,15 @@ def _operand_shape(o: Operand, nb: int, ob: int, cfg: HwConfig) -> tuple:
 
 
 def build_gemm_op(m: GemmMatch, cfg: HwConfig, knobs: DenseKnobs | None = None,
-                  name: str = "op", intrinsic: str = "gemm") -> list[AcceleratorFunction]:
-    """The accelerator functions of a match: one for an int8 result, four (the byte planes,
-    least significant first) for int32. Each takes (data, weight, *operands, out) in the
-    packed layouts (``pack_inputs``, ``unpack_output``)."""
+                  name: str = "op", intrinsic: str = "gemm") -> AcceleratorFunction:
+    """The accelerator function of a match; it takes (data, weight, *operands, out) in the
+    packed layouts (``pack_inputs``, ``unpack_output``): out is (nb, ob, b, k) int8, or
+    (4, nb, ob, b, k), the int32 result's byte planes, least significant first."""
     knobs = knobs or choose_knobs(m, cfg)
-    planes = [None] if m.out_dtype == "int8" else [0, 8, 16, 24]
-    return [_build_one(m, cfg, knobs, f"{name}{'' if p is None else f'_byte{p // 8}'}",
-                       intrinsic, p or 0) for p in planes]
-
-
-def _build_one(m: GemmMatch, cfg: HwConfig, kn: DenseKnobs, name: str, intrinsic: str,
-               plane_shift: int) -> AcceleratorFunction:
     b, k = cfg.batch, cfg.block
     mp, kp, np_ = padded(m, cfg)
     nb, kb, ob = mp // b, kp // k, np_ // k
+    kn = knobs
     data = te.placeholder((nb, kb, b, k), "int8", "data")
     weight = te.placeholder((ob, kb, k, k), "int8", "weight")
     ko, ki = te.reduce_axis(kb, "ko"), te.reduce_axis(k, "ki")
@@ -453,7 +451,7 @@ def _build_one(m: GemmMatch, cfg: HwConfig, kn: DenseKnobs, name: str, intrinsic
     extras = [te.placeholder(_operand_shape(o, nb, ob, cfg), "int8" if o.int8 else "int32",
                              f"operand{n}") for n, o in enumerate(m.operands)]
     slot = {o: t for o, t in zip(m.operands, extras)}
-    steps = list(m.steps) + ([Step("SHR", imm=plane_shift)] if plane_shift else [])
+    steps = m.steps
 
     def at(i, j, bb, oo):
         x = gemm[i, j, bb, oo]
@@ -481,11 +479,16 @@ def _build_one(m: GemmMatch, cfg: HwConfig, kn: DenseKnobs, name: str, intrinsic
         return x
 
     epi = te.compute((nb, ob, b, k), at, "epilogue")
-    out = te.compute((nb, ob, b, k), lambda *i: epi[i].astype("int8"), "out")
+    wide = m.out_dtype == "int32"
+    if wide:  # the byte planes: the store of plane p reads the value shifted by 8p
+        out = te.compute((4, nb, ob, b, k), lambda p, i, j, bb, oo: epi[i, j, bb, oo].astype(
+            "int8"), "out")
+    else:
+        out = te.compute((nb, ob, b, k), lambda *i: epi[i].astype("int8"), "out")
     s = create_schedule(out)
     s[gemm].set_scope("acc")
     s[epi].set_scope("acc")
-    i_, j_, b_, o_ = s[out].axes
+    p_, i_, j_, b_, o_ = s[out].axes if wide else (None, *s[out].axes)
     io, ii = s[out].split(i_, kn.tile_n)
     jo, ji = s[out].split(j_, kn.tile_o)
     order = [io, jo, ii, ji, b_, o_]
@@ -493,11 +496,15 @@ def _build_one(m: GemmMatch, cfg: HwConfig, kn: DenseKnobs, name: str, intrinsic
         t, rest = s[out].split(jo, jo.extent // kn.vthreads)
         s[out].bind_vthread(t, interleave="thread")
         order[1:2] = [t, rest]
-    s[out].reorder(*order)
     tile = order[-5]
+    store_at = ii
+    if wide:
+        order.insert(order.index(ii), p_)
+        store_at = p_
+    s[out].reorder(*order)
     for stage in (gemm, epi):
         s[stage].compute_at(s[out], tile)
-    s[out].pragma(ii, "dma_copy")
+    s[out].pragma(store_at, "dma_copy")
     s[epi].pragma(s[epi].axes[0], "alu")
     gi, gj, gb, go = s[gemm].axes
     gko, gki = s[gemm].reduce_axes
@@ -513,7 +520,35 @@ def _build_one(m: GemmMatch, cfg: HwConfig, kn: DenseKnobs, name: str, intrinsic
         cached = s.cache_read(t, "acc", [epi])
         s[cached].compute_at(s[out], tile)
         s[cached].pragma(s[cached].axes[0], "dma_copy")
-    return build(s, [data, weight, *extras, out], cfg, name)
+    func = lower(s, [data, weight, *extras, out], name)
+    if wide:
+        func = func.with_body(transform(func.body, _store_planes))
+    return AcceleratorFunction(accelerator_pipeline(func, cfg), cfg)
+
+
+def _store_planes(st):
+    """The int32 result's store nest ``for p in 4: out[p, ...] = int8(epilogue[...])``
+    becomes four stores of the accumulator's int8 view, each but the last followed by an
+    ALU nest shifting the accumulators right by 8 (in place): plane p is byte p."""
+    if not (isinstance(st, Attr) and st.key == "pragma" and st.value == "dma_copy"
+            and isinstance(st.body, For) and st.body.extent == 4):
+        return None
+    store = next((n for n in walk(st.body) if isinstance(n, Store)), None)
+    if store is None or store.buffer.scope != "global" or len(store.buffer.shape) != 5:
+        return None
+    acc = store.value.value.source  # int8(epilogue[...])
+    loop = st.body
+    parts = []
+    for p in range(4):
+        if p:
+            idx = tuple(Var(f"s{d}") for d in range(len(acc.shape)))
+            nest = Store(acc, idx, Bin(">>", Load(acc, idx, "int32"), Const(8, "int32"),
+                                       "int32"))
+            for v, n in reversed(list(zip(idx, acc.shape))):
+                nest = For(v, n, nest)
+            parts.append(Attr("pragma", "alu", nest))
+        parts.append(Attr("pragma", "dma_copy", substitute_stmt(loop.body, {loop.var: p}, {})))
+    return seq(*parts)
 
 
 # ---- packing -------------------------------------------------------------------------------
@@ -571,20 +606,15 @@ def pack_inputs(m: GemmMatch, arrays: list, cfg: HwConfig) -> list[np.ndarray]:
     return out
 
 
-def out_shape(m: GemmMatch, cfg: HwConfig) -> tuple:
-    mp, _, np_ = padded(m, cfg)
-    return (mp // cfg.batch, np_ // cfg.block, cfg.batch, cfg.block)
-
-
-def unpack_output(m: GemmMatch, planes: list[np.ndarray], cfg: HwConfig) -> np.ndarray:
-    """The output's packed planes (one int8, or four bytes of int32, least significant
+def unpack_output(m: GemmMatch, planes: np.ndarray, cfg: HwConfig) -> np.ndarray:
+    """The packed output (int8, or the four byte planes of int32, least significant
     first) -> the op's output in its own axis order."""
     mp, _, np_ = padded(m, cfg)
 
     def plain(p):
         return p.transpose(0, 2, 1, 3).reshape(mp, np_)[:m.m, :m.n]
     if m.out_dtype == "int8":
-        res = plain(planes[0])
+        res = plain(planes)
     else:
         u = [plain(p).view(np.uint8).astype(np.uint32) for p in planes]
         res = (u[0] | (u[1] << 8) | (u[2] << 16) | (u[3] << 24)).view(np.int32)

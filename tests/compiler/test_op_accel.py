@@ -75,6 +75,86 @@ def mixed_reference(at, b, rowv, resid, s, jv):
     return (x >> 7).astype(np.int8).T
 
 
+def scaled(a, b, bias, m=3):
+    """An int32 result with an epilogue (no cast): every byte plane of the chain."""
+    c = _matmul(a, b)
+    return te.compute(c.shape, lambda i, j: c[i, j] * m - bias[j], "s")
+
+
+def chain(a, b, col, row, full, sc, recipe=""):
+    """A product followed by the operations of ``recipe`` ("op:operand" items separated by
+    commas; operands: a number, col, row, full (int8), sc; "rsub" is operand - x; a final
+    "int8" casts)."""
+    c = _matmul(a, b)
+    items = [it.split(":") for it in recipe.split(",") if it]
+
+    def epi(i, j):
+        x = c[i, j]
+        for op, *arg in items:
+            if op == "int8":
+                return x.astype("int8")
+            v = {"col": lambda: col[j], "row": lambda: row[i],
+                 "full": lambda: full[i, j].astype("int32"),
+                 "sc": lambda: sc[0]}.get(arg[0], lambda: int(arg[0]))()
+            x = {"+": lambda: x + v, "-": lambda: x - v, "*": lambda: x * v,
+                 "min": lambda: minimum(x, v), "max": lambda: maximum(x, v),
+                 ">>": lambda: x >> v, "<<": lambda: x << v, "rsub": lambda: v - x}[op]()
+        return x
+    return te.compute(c.shape, epi, "out")
+
+
+def chain_reference(a, b, col, row, full, sc, recipe):
+    x = _wrap(a.astype(np.int64) @ b.astype(np.int64))
+    for op, *arg in (it.split(":") for it in recipe.split(",") if it):
+        if op == "int8":
+            return x.astype(np.int8)
+        v = {"col": col[None, :].astype(np.int64), "row": row[:, None].astype(np.int64),
+             "full": full.astype(np.int64), "sc": np.int64(sc[0])}.get(arg[0])
+        v = np.int64(int(arg[0])) if v is None else v
+        x = _wrap({"+": lambda: x + v, "-": lambda: x - v, "*": lambda: x * v,
+                   "min": lambda: np.minimum(x, v), "max": lambda: np.maximum(x, v),
+                   ">>": lambda: x >> v, "<<": lambda: x << v, "rsub": lambda: v - x}[op]())
+    return x.astype(np.int32)
+
+
+def _recipe(rng) -> str:
+    items = []
+    for _ in range(int(rng.integers(1, 6))):
+        op = str(rng.choice(["+", "-", "*", "min", "max", ">>", "<<", "rsub"]))
+        if op in (">>", "<<"):
+            arg = str(int(rng.integers(0, 12)))
+        else:
+            arg = str(rng.choice(["col", "row", "full", "sc", "num", "big"]))
+            arg = {"num": str(int(rng.integers(-300, 300))),
+                   "big": str(int(rng.integers(-2**31, 2**31)))}.get(arg, arg)
+        items.append(f"{op}:{arg}")
+    if rng.random() < 0.6:
+        items.append("int8")
+    return ",".join(items)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_epilogue_chains(seed):
+    """Random chains of every ALU operation and operand kind, int8 or int32 results, on
+    random shapes: the accelerator build equals the CPU build and numpy."""
+    rng = np.random.default_rng(100 + seed)
+    cfg = BATCH2 if seed % 3 == 0 else SMALL
+    acc = celosia.op(target="accel", config=cfg, name=f"chain_acc_{seed}")(chain)
+    cpu = celosia.op(target="cpu", name=f"chain_cpu_{seed}")(chain)
+    for _ in range(3):
+        m, k, n = _shape(rng, cfg)
+        recipe = _recipe(rng)
+        a, b = _i8(rng, (m, k)), _i8(rng, (k, n))
+        col = rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
+        row = rng.integers(-5000, 5000, m).astype(np.int32)
+        full = _i8(rng, (m, n))
+        sc = rng.integers(-2**31, 2**31, 1, dtype=np.int64).astype(np.int32)
+        args = (a, b, col, row, full, sc)
+        want = chain_reference(*args, recipe)
+        np.testing.assert_array_equal(cpu(*args, recipe=recipe), want, err_msg=recipe)
+        np.testing.assert_array_equal(acc(*args, recipe=recipe), want, err_msg=recipe)
+
+
 def _shape(rng, cfg):
     return tuple(int(v) for v in rng.integers(1, 3 * cfg.block + 2, 3))
 
@@ -96,6 +176,19 @@ def test_matmul_int32_random_shapes(seed):
     # extreme values: every byte plane of the int32 result is exercised
     a, b = np.full((3, 9), -128, np.int8), np.full((9, 5), -128, np.int8)
     np.testing.assert_array_equal(acc(a, b), np.full((3, 5), 9 * 16384, np.int32))
+
+
+def test_int32_epilogue_with_virtual_threads():
+    rng = np.random.default_rng(4)
+    acc = celosia.op(target="accel", config="small", name="scaled_acc")(scaled)
+    cpu = celosia.op(target="cpu", name="scaled_cpu")(scaled)
+    for m, k, n in ((3, 40, 32), (10, 7, 9)):
+        a, b = _i8(rng, (m, k)), _i8(rng, (k, n))
+        bias = rng.integers(-2**31, 2**31 - 1, n, dtype=np.int64).astype(np.int32)
+        want = _wrap(_wrap(a.astype(np.int64) @ b * 1000) - bias).astype(np.int32)
+        np.testing.assert_array_equal(acc(a, b, bias, m=1000), want)
+        np.testing.assert_array_equal(cpu(a, b, bias, m=1000), want)
+    assert any(kern.knobs.vthreads == 2 for kern, _ in acc._builds.values())
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -265,6 +358,18 @@ def test_product_of_sub_ranges():
     acc = celosia.op(target="accel", config="small", name="part_acc")(part)
     np.testing.assert_array_equal(acc(x, y), want)
     np.testing.assert_array_equal(celosia.op(target="cpu", name="part_cpu")(part)(x, y), want)
+
+
+def test_unused_input_on_both_targets():
+    """An argument the compute does not read (here ``row`` and ``full``) is accepted."""
+    rng = np.random.default_rng(1)
+    a, b = _i8(rng, (3, 5)), _i8(rng, (5, 2))
+    col, row, full = np.arange(2, dtype=np.int32), np.zeros(3, np.int32), _i8(rng, (3, 2))
+    sc = np.array([7], np.int32)
+    want = chain_reference(a, b, col, row, full, sc, "+:col,*:sc")
+    for target in ("cpu", "accel"):
+        o = celosia.op(target=target, name=f"unused_{target}")(chain)
+        np.testing.assert_array_equal(o(a, b, col, row, full, sc, recipe="+:col,*:sc"), want)
 
 
 def test_decorator_errors():
