@@ -68,7 +68,7 @@ class AccelKernel:
         result[...] = unpack_output(self.match, self.buffers[-1].read(np.int8, out.shape), cfg)
         m = self.match
         stats = dict(stats)
-        stats["useful_macs"] = m.m * m.k * m.n
+        stats["useful_macs"] = m.groups * m.m * m.k * m.n
         if "cycles" in stats and stats["cycles"]:
             peak = cfg.batch * cfg.block * cfg.block
             stats["useful_utilization"] = stats["useful_macs"] / (stats["cycles"] * peak)

@@ -5,9 +5,11 @@ function returned for one set of shapes here. ``match_gemm`` finds what the acce
 can do with them and says exactly what it cannot:
 
 - one stage is a matrix product: a ``te.sum`` over one reduction axis ``k`` of
-  ``x[., .].astype("int32") * y[., .].astype("int32")`` with ``x`` and ``y`` int8 input
-  tensors of two dimensions, one indexed by ``k`` and an output axis (``a[i, k]`` or
-  ``a[k, i]``), the other by ``k`` and the other output axis (``b[k, j]`` or ``b[j, k]``);
+  ``x[...].astype("int32") * y[...].astype("int32")`` with ``x`` and ``y`` int8 input
+  tensors indexed by ``k`` and output axes (each once; other indices constants): the
+  last output axis only ``x`` reads is the rows, the last only ``y`` reads the columns,
+  every other output axis is a batch axis (``a[i, k] * b[k, j]``, ``a[k, i] * b[j, k]``,
+  ``q[b, h, i, d] * k[b, h, j, d]``, ``x[b, i, k] * w[k, j]``);
 - the element-wise stages after it (inlined into one expression of the output's axes)
   are an *in-place chain* on the product's element: each operation combines the running
   int32 value with a constant or an element of an input tensor read at indices affine in
@@ -21,8 +23,9 @@ can do with them and says exactly what it cannot:
 c``; a constant that does not fit the ALU's 16-bit immediate becomes a one-row tensor.
 
 ``build_gemm_op`` then writes the same computation on the accelerator's packed layouts
-(the dense layouts of ops.py: data (M/b, K/k, b, k), weight (N/k, K/k, k, k); M padded to
-BATCH, K and N to BLOCK with zeros) and schedules it like ``ops.dense``: output tiles of
+(the dense layouts of ops.py with a batch dimension first: data (G, M/b, K/k, b, k), weight
+(G, N/k, K/k, k, k), G = 1 for a factor without batch axes; M padded to BATCH, K and N to
+BLOCK with zeros) and schedules it like ``ops.dense`` inside a loop over the batch: tiles of
 ``tile_n`` x ``tile_o`` blocks, ``tile_k`` input blocks per load, optionally two virtual
 threads, the product tensorized with the registered intrinsic (``get_intrinsic``), the
 chain on the ALU per tile, the tensors it reads loaded into the accumulator per tile (an
@@ -37,6 +40,7 @@ product is computed once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,7 +49,8 @@ from celosia.config import ALU_IMM_BITS, HwConfig
 from celosia.errors import CompilerError
 
 from ..tensor import te
-from ..tensor.expr import Bin, Cast, Const, Load, Reduce, Var, expr_str, linear_form, substitute
+from ..tensor.expr import (Bin, Cast, Const, Load, Reduce, Var, collect, expr_str, linear_form,
+                           substitute)
 from ..tensor.expr import max_expr, min_expr
 from ..tensor.schedule import create_schedule
 from ..tensor.lower import lower
@@ -55,7 +60,7 @@ from .vthread import substitute_stmt
 from .intrin import get_intrinsic
 from .ops import DenseKnobs, DenseSpec, Epilogue
 
-__all__ = ["GemmMatch", "Operand", "Step", "match_gemm", "choose_knobs", "build_gemm_op",
+__all__ = ["GemmMatch", "Operand", "Factor", "Step", "match_gemm", "choose_knobs", "build_gemm_op",
            "pack_inputs", "unpack_output", "NotMappable"]
 
 _IMM_LO, _IMM_HI = -(1 << (ALU_IMM_BITS - 1)), (1 << (ALU_IMM_BITS - 1)) - 1
@@ -70,17 +75,39 @@ class NotMappable(CompilerError):
 @dataclass(frozen=True)
 class Operand:
     """An input tensor the epilogue reads: argument ``arg`` at indices affine in the
-    output's (row, column) (``index``: per dimension, (row coefficient, column coefficient,
-    constant)); ``kind``: which of row/column it depends on ("full", "row", "col",
-    "scalar"); ``int8``: held as int8 (loaded sign-extended), else converted to int32;
-    ``negate``: its negation is added (``x - t``)."""
+    product's axes in canonical order (the leading axes, row, column): ``index`` holds per
+    dimension of the tensor (coefficients per canonical axis, constant). ``deps``: whether
+    it depends on (the leading axes, the row, the column); it is packed with those
+    dimensions only. ``int8``: held as int8 (loaded sign-extended), else converted to int32;
+    ``negate``: its negation is added (``x - t``); ``value``: a constant too wide for the
+    ALU's immediate (``arg`` -1)."""
 
     arg: int
     index: tuple
-    kind: str
+    deps: tuple = (False, False, False)
     int8: bool = False
     negate: bool = False
-    value: int | None = None  # a constant too wide for the immediate (arg = -1)
+    value: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """What it varies along within one matrix: "full", "row", "col" or "scalar"."""
+        return {(True, True): "full", (True, False): "row", (False, True): "col",
+                (False, False): "scalar"}[tuple(self.deps[1:])]
+
+
+@dataclass(frozen=True)
+class Factor:
+    """A matrix operand of the product: argument ``arg``, each of its dimensions indexed by
+    a canonical axis ("lead", position), ("row",), ("col",), the reduction ("k",) or a
+    constant ("const", value)."""
+
+    arg: int
+    dims: tuple
+
+    @property
+    def batched(self) -> bool:
+        return any(d[0] == "lead" for d in self.dims)
 
 
 @dataclass(frozen=True)
@@ -97,17 +124,20 @@ class Step:
 class GemmMatch:
     """What ``match_gemm`` found (module docstring)."""
 
+    lead: tuple           # extents of the leading (batch) axes
     m: int
     k: int
     n: int
-    a_arg: int            # the argument giving rows (indexed by i and k)
-    a_rows_first: bool    # a[i, k] (else a[k, i])
-    b_arg: int            # the argument giving columns
-    b_k_first: bool       # b[k, j] (else b[j, k])
-    out_rows_first: bool  # output[i, j] (else output[j, i])
+    a: Factor             # rows x k
+    b: Factor             # columns x k
+    out_order: tuple      # per output axis, its canonical position
     steps: list = field(default_factory=list)
     out_dtype: str = "int8"
     names: tuple = ()     # the arguments' names (for messages)
+
+    @property
+    def groups(self) -> int:
+        return math.prod(self.lead)
 
     @property
     def operands(self) -> list[Operand]:
@@ -120,14 +150,16 @@ class GemmMatch:
     def describe(self) -> str:
         chain = "".join(f", {s.op} {s.imm if s.operand is None else self._op_text(s.operand)}"
                         for s in self.steps)
-        return (f"GEMM [{self.m}, {self.k}] x [{self.k}, {self.n}]{chain} -> {self.out_dtype}")
+        lead = f"{' x '.join(map(str, self.lead))} x " if self.lead else ""
+        return (f"GEMM {lead}[{self.m}, {self.k}] x [{self.k}, {self.n}]{chain} -> "
+                f"{self.out_dtype}")
 
     def _op_text(self, o: Operand) -> str:
         if o.arg < 0:
             return f"{o.value} (a constant row)"
         name = self.names[o.arg] if o.arg < len(self.names) else f"argument {o.arg}"
-        where = {"full": "[row, col]", "row": "[row]", "col": "[col]", "scalar": "[0]"}[o.kind]
-        return f"{'-' if o.negate else ''}{name}{where}"
+        where = [w for w, d in zip(("batch", "row", "col"), o.deps) if d]
+        return f"{'-' if o.negate else ''}{name}[{', '.join(where) or '0'}]"
 
 
 def _fail(where: str, what: str) -> None:
@@ -151,7 +183,6 @@ def _inline(e, where: str):
 
 
 def _loads(e, pred) -> list:
-    from ..tensor.expr import collect
     return collect(e, lambda n: isinstance(n, Load) and pred(n))
 
 
@@ -168,9 +199,10 @@ def match_gemm(holders: list, outs: list, cfg: HwConfig, where: str) -> GemmMatc
     if out.dtype not in ("int8", "int32"):
         _fail(where, f"the output {out.name} is {out.dtype}; the accelerator produces int8 "
                      f"(the accumulator's int8 view) or int32")
-    if not isinstance(out.op, te.ComputeOp) or out.ndim != 2:
+    if not isinstance(out.op, te.ComputeOp) or out.ndim < 2:
         _fail(where, f"the output {out.name} has shape {list(out.shape)}; the accelerator "
-                     f"build takes a 2-D matrix product (with an element-wise epilogue)")
+                     f"build takes a matrix product (of at least two dimensions) with an "
+                     f"element-wise epilogue")
     axes = [a.var for a in out.op.axes]
     body = out.op.body
     if isinstance(body, Reduce):
@@ -186,19 +218,21 @@ def match_gemm(holders: list, outs: list, cfg: HwConfig, where: str) -> GemmMatc
                             f"reads {len(reductions)} reductions ({', '.join(sorted(t.name for t in reductions))}); "
                             f"the accelerator runs one matrix product per build"))
         gemm = next(iter(reductions))
-    rows_var, cols_var, m = _match_product(gemm, holders, where)
+    if gemm.ndim != out.ndim:
+        _fail(where, f"the output {out.name} has {out.ndim} dimensions and the product "
+                     f"{gemm.name} {gemm.ndim}; the epilogue must be element-wise")
+    m, canon = _match_product(gemm, holders, where)   # canon: product axis var -> position
     # the product's element in the epilogue: read at the output's own axes
     for ld in _loads(value, lambda n: n.source is gemm):
-        if len(set(ld.indices)) != 2 or any(i not in axes for i in ld.indices):
+        if len(set(ld.indices)) != out.ndim or any(i not in axes for i in ld.indices):
             _fail(where, f"{expr_str(ld)} reads the product {gemm.name} at other indices than "
                          f"the output's ({', '.join(v.name for v in axes)}); the epilogue must "
                          f"be element-wise")
     g_axes = [a.var for a in gemm.op.axes]
     ld0 = _loads(value, lambda n: n.source is gemm)[0]
-    # output axis -> role: the output axis that reads the product's row axis is the row
-    out_row = ld0.indices[g_axes.index(rows_var)]
-    m.out_rows_first = out_row is axes[0]
-    row_v, col_v = (axes[0], axes[1]) if m.out_rows_first else (axes[1], axes[0])
+    # output axis var -> canonical position (through the product's axis it reads)
+    out_canon = {ld0.indices[p]: canon[g] for p, g in enumerate(g_axes)}
+    m.out_order = tuple(out_canon[v] for v in axes)
     final = value
     if out.dtype == "int8":
         if not (isinstance(value, Cast) and value.dtype == "int8"
@@ -208,7 +242,8 @@ def match_gemm(holders: list, outs: list, cfg: HwConfig, where: str) -> GemmMatc
         final = value.value
     m.out_dtype = out.dtype
     m.names = tuple(h.name for h in holders)
-    m.steps = _chain(final, gemm, holders, row_v, col_v, (m.m, m.n), where)
+    extents = (*m.lead, m.m, m.n)
+    m.steps = _chain(final, gemm, holders, out_canon, extents, where)
     return m
 
 
@@ -217,18 +252,20 @@ def _match_product(gemm, holders, where):
     body = op.body
     if not isinstance(body, Reduce):
         _fail(where, f"{gemm.name} is not a reduction")
-    if len(op.axes) != 2 or len(body.axes) != 1:
-        _fail(where, f"the reduction {gemm.name} has {len(op.axes)} output axes and "
-                     f"{len(body.axes)} reduction axes; the GEMM intrinsic is a matrix "
-                     f"product: two output axes, one reduction axis")
+    if len(body.axes) != 1:
+        _fail(where, f"the reduction {gemm.name} has {len(body.axes)} reduction axes; the "
+                     f"GEMM intrinsic is a matrix product over one (write a convolution as a "
+                     f"product of an im2col'd input, or use target \"cpu\")")
     if body.dtype != "int32":
         _fail(where, f"the reduction {gemm.name} sums {body.dtype}; the accelerator "
                      f"accumulates int8 products in int32")
     kv = body.axes[0].var
     src = body.source
-    shape = "x[., .].astype(\"int32\") * y[., .].astype(\"int32\") with int8 inputs x, y"
+    shape = "x[..].astype(\"int32\") * y[..].astype(\"int32\") with int8 inputs x, y"
     if not (isinstance(src, Bin) and src.op == "*"):
         _fail(where, f"{gemm.name} sums {expr_str(src)}, not a product {shape}")
+    g_axes = [a.var for a in op.axes]
+    extent = {a.var: a.extent for a in (*op.axes, *body.axes)}
     factors = []
     for f in (src.a, src.b):
         if not (isinstance(f, Cast) and f.dtype == "int32" and isinstance(f.value, Load)):
@@ -241,39 +278,62 @@ def _match_product(gemm, holders, where):
         if ld.dtype != "int8":
             _fail(where, f"{gemm.name}: input {ld.source.name} is {ld.dtype}; the GEMM core "
                          f"multiplies int8 x int8 (quantize it to int8 first)")
-        if ld.source.ndim != 2 or not all(isinstance(i, Var) for i in ld.indices) \
-                or kv not in ld.indices or len(set(ld.indices)) != 2:
-            _fail(where, f"{gemm.name}: {expr_str(ld)} must read a 2-D input at the reduction "
-                         f"axis {kv.name} and one output axis (a[i, {kv.name}] or "
-                         f"a[{kv.name}, i])")
-        factors.append(ld)
-    extent = {a.var: a.extent for a in (*op.axes, *body.axes)}
-    for ld in factors:
+        used = [i for i in ld.indices if isinstance(i, Var)]
+        if any(not isinstance(i, (Var, Const)) for i in ld.indices) or kv not in used \
+                or len(set(used)) != len(used) or any(v not in extent for v in used):
+            _fail(where, f"{gemm.name}: {expr_str(ld)} must read an input at the reduction "
+                         f"axis {kv.name} and output axes of {gemm.name} (each once; other "
+                         f"indices constants)")
         for i, n in zip(ld.indices, ld.source.shape):
-            ext = extent.get(i)
-            if ext is not None and ext > n:
-                _fail(where, f"{gemm.name}: {expr_str(ld)} reads {i.name} up to {ext - 1}, "
+            hi = extent[i] - 1 if isinstance(i, Var) else int(i.value)
+            if hi >= n or (isinstance(i, Const) and int(i.value) < 0):
+                _fail(where, f"{gemm.name}: {expr_str(ld)} reads "
+                             f"{i.name + ' up to ' if isinstance(i, Var) else 'index '}{hi}, "
                              f"outside {ld.source.name}'s dimension of {n}")
-    g_axes = [a.var for a in op.axes]
-    (fa, fb) = factors
-    ia = next(i for i in fa.indices if i is not kv)
-    ib = next(i for i in fb.indices if i is not kv)
-    if ia is ib or ia not in g_axes or ib not in g_axes:
+        factors.append(ld)
+    fa, fb = factors
+    va, vb = set(fa.indices) - {kv}, set(fb.indices) - {kv}
+    own_a = [v for v in g_axes if v in va and v not in vb]
+    own_b = [v for v in g_axes if v in vb and v not in va]
+    if not own_a or not own_b:
         _fail(where, f"{gemm.name}: the factors {expr_str(fa)} and {expr_str(fb)} must each "
-                     f"be indexed by a different output axis of {gemm.name}")
-    # rows come from the factor indexed by the product's first axis
-    if ia is not g_axes[0]:
-        fa, fb, ia, ib = fb, fa, ib, ia
-    k_extent = body.axes[0].extent
-    m_rows, n_cols = op.axes[0].extent, op.axes[1].extent
-    match = GemmMatch(m=m_rows, k=k_extent, n=n_cols,
-                      a_arg=holders.index(fa.source), a_rows_first=fa.indices[0] is ia,
-                      b_arg=holders.index(fb.source), b_k_first=fb.indices[0] is kv,
-                      out_rows_first=True)
-    return ia, ib, match
+                     f"be indexed by an output axis the other does not read (the rows and "
+                     f"the columns; the other axes are batch axes)")
+    # the last such axis of each is its rows (columns); any others are batch axes
+    ra, cb = own_a[-1], own_b[-1]
+    # rows come from the factor whose own axis comes first in the product
+    if g_axes.index(ra) > g_axes.index(cb):
+        fa, fb, ra, cb = fb, fa, cb, ra
+    lead = [v for v in g_axes if v not in (ra, cb)]
+    canon = {v: p for p, v in enumerate(lead)}
+    canon[ra], canon[cb] = len(lead), len(lead) + 1
+
+    def dims(ld):
+        out = []
+        for i in ld.indices:
+            if isinstance(i, Const):
+                out.append(("const", int(i.value)))
+            elif i is kv:
+                out.append(("k",))
+            elif i is ra:
+                out.append(("row",))
+            elif i is cb:
+                out.append(("col",))
+            else:
+                out.append(("lead", canon[i]))
+        return tuple(out)
+
+    match = GemmMatch(lead=tuple(extent[v] for v in lead), m=extent[ra], k=extent[kv],
+                      n=extent[cb], a=Factor(holders.index(fa.source), dims(fa)),
+                      b=Factor(holders.index(fb.source), dims(fb)), out_order=())
+    return match, canon
 
 
-def _chain(e, gemm, holders, row_v, col_v, shape, where) -> list[Step]:
+def _chain(e, gemm, holders, out_canon, extents, where) -> list[Step]:
+    """The in-place ALU chain of the epilogue ``e`` (its variables: the output's axes,
+    ``out_canon`` maps them to canonical positions of ``extents``)."""
+    nlead = len(extents) - 2
+
     def has_acc(x) -> bool:
         return bool(_loads(x, lambda n: n.source is gemm))
 
@@ -285,7 +345,7 @@ def _chain(e, gemm, holders, row_v, col_v, shape, where) -> list[Step]:
             v = _wrap32(-v) if negate else v
             if _IMM_LO <= v <= _IMM_HI:
                 return v
-            return Operand(-1, (), "scalar", value=v)
+            return Operand(-1, (), value=v)
         int8 = False
         if isinstance(x, Cast) and x.dtype == "int32" and isinstance(x.value, Load) \
                 and x.value.dtype in ("int8", "int16", "uint8", "bool"):
@@ -300,24 +360,25 @@ def _chain(e, gemm, holders, row_v, col_v, shape, where) -> list[Step]:
             _fail(where, f"the epilogue operand {expr_str(x0)} reads the computed tensor "
                          f"{x.source.name}")
         index = []
-        deps = set()
+        dep = [False] * len(extents)
         for d, i in enumerate(x.indices):
             lf = linear_form(i)
-            if lf is None or set(lf[0]) - {row_v, col_v}:
+            if lf is None or set(lf[0]) - set(out_canon):
                 _fail(where, f"{expr_str(x0)}: index {expr_str(i)} is not affine in the "
                              f"output's axes")
-            cr, cc = lf[0].get(row_v, 0), lf[0].get(col_v, 0)
-            lo = lf[1] + min(0, cr * (shape[0] - 1)) + min(0, cc * (shape[1] - 1))
-            hi = lf[1] + max(0, cr * (shape[0] - 1)) + max(0, cc * (shape[1] - 1))
+            coef = [0] * len(extents)
+            for v, c in lf[0].items():
+                coef[out_canon[v]] += c
+            lo = lf[1] + sum(min(0, c * (n - 1)) for c, n in zip(coef, extents))
+            hi = lf[1] + sum(max(0, c * (n - 1)) for c, n in zip(coef, extents))
             if lo < 0 or hi >= x.source.shape[d]:
                 _fail(where, f"{expr_str(x0)}: index {expr_str(i)} runs over [{lo}, {hi}], "
                              f"outside dimension {d} of {x.source.name} ({x.source.shape[d]})")
-            deps |= {v for v, c in ((row_v, cr), (col_v, cc)) if c}
-            index.append((cr, cc, lf[1]))
-        kind = {frozenset(): "scalar", frozenset([row_v]): "row", frozenset([col_v]): "col",
-                frozenset([row_v, col_v]): "full"}[frozenset(deps)]
-        return Operand(holders.index(x.source), tuple(index), kind,
-                       int8=int8 and kind == "full" and not negate, negate=negate)
+            dep = [a or bool(c) for a, c in zip(dep, coef)]
+            index.append((tuple(coef), lf[1]))
+        deps = (any(dep[:nlead]), dep[nlead], dep[nlead + 1])
+        return Operand(holders.index(x.source), tuple(index), deps,
+                       int8=int8 and all(deps[1:]) and not negate, negate=negate)
 
     def walk(x) -> list[Step]:
         if isinstance(x, Load) and x.source is gemm:
@@ -389,8 +450,8 @@ def padded(m: GemmMatch, cfg: HwConfig) -> tuple[int, int, int]:
 
 
 def _rows(m: GemmMatch, kn: DenseKnobs) -> dict:
-    per = {"full": kn.tile_n * kn.tile_o, "col": kn.tile_o, "row": kn.tile_n, "scalar": 1}
-    acc = kn.tile_n * kn.tile_o + sum(per[o.kind] for o in m.operands)
+    acc = kn.tile_n * kn.tile_o + sum((kn.tile_n if o.deps[1] else 1) *
+                                      (kn.tile_o if o.deps[2] else 1) for o in m.operands)
     return {"inp": kn.vthreads * kn.tile_n * kn.tile_k, "wgt": kn.vthreads * kn.tile_o * kn.tile_k,
             "acc": kn.vthreads * acc, "uop": kn.tile_n * kn.tile_o * kn.tile_k + 2 * len(m.steps) + 2}
 
@@ -403,9 +464,9 @@ def choose_knobs(m: GemmMatch, cfg: HwConfig) -> DenseKnobs:
     mp, kp, np_ = padded(m, cfg)
     nb, kb, ob = mp // cfg.batch, kp // cfg.block, np_ // cfg.block
     limit = _buffer_limits(cfg)
-    kinds = {o.kind for o in m.operands}
-    proxy = DenseSpec(mp, kp, np_, Epilogue(bias="col" in kinds or "row" in kinds,
-                                            residual="full" in kinds))
+    kinds = {o.deps[1:] for o in m.operands}
+    proxy = DenseSpec(mp, kp, np_, Epilogue(bias=bool(kinds - {(True, True)}),
+                                            residual=(True, True) in kinds))
     best = None
     for tn in _divisors(nb):
         for to in _divisors(ob):
@@ -426,41 +487,46 @@ def choose_knobs(m: GemmMatch, cfg: HwConfig) -> DenseKnobs:
     return best[1]
 
 
-def _operand_shape(o: Operand, nb: int, ob: int, cfg: HwConfig) -> tuple:
-    b, k = cfg.batch, cfg.block
-    return {"full": (nb, ob, b, k), "col": (ob, b, k), "row": (nb, b, k),
-            "scalar": (1, b, k)}[o.kind]
+def _operand_shape(o: Operand, g: int, nb: int, ob: int, cfg: HwConfig) -> tuple:
+    """(groups if it depends on the batch axes) (row blocks) (column blocks) b, k; one
+    row (1, b, k) when it depends on none."""
+    lead = tuple(n for n, d in zip((g, nb, ob), o.deps) if d) or (1,)
+    return (*lead, cfg.batch, cfg.block)
 
 
 def build_gemm_op(m: GemmMatch, cfg: HwConfig, knobs: DenseKnobs | None = None,
                   name: str = "op", intrinsic: str = "gemm") -> AcceleratorFunction:
     """The accelerator function of a match; it takes (data, weight, *operands, out) in the
-    packed layouts (``pack_inputs``, ``unpack_output``): out is (nb, ob, b, k) int8, or
-    (4, nb, ob, b, k), the int32 result's byte planes, least significant first."""
+    packed layouts (``pack_inputs``, ``unpack_output``): data (Ga, nb, kb, b, k), weight
+    (Gb, ob, kb, k, k) (Ga, Gb: the groups, or 1 for a factor without batch axes), out
+    (G, nb, ob, b, k) int8, or (4, G, nb, ob, b, k), the int32 result's byte planes, least
+    significant first."""
     knobs = knobs or choose_knobs(m, cfg)
     b, k = cfg.batch, cfg.block
     mp, kp, np_ = padded(m, cfg)
     nb, kb, ob = mp // b, kp // k, np_ // k
     kn = knobs
-    data = te.placeholder((nb, kb, b, k), "int8", "data")
-    weight = te.placeholder((ob, kb, k, k), "int8", "weight")
+    g = m.groups
+    ga, gb_ = (g if m.a.batched else 1), (g if m.b.batched else 1)
+    data = te.placeholder((ga, nb, kb, b, k), "int8", "data")
+    weight = te.placeholder((gb_, ob, kb, k, k), "int8", "weight")
     ko, ki = te.reduce_axis(kb, "ko"), te.reduce_axis(k, "ki")
-    gemm = te.compute((nb, ob, b, k), lambda i, j, bb, oo: te.sum(
-        data[i, ko, bb, ki].astype("int32") * weight[j, ko, oo, ki].astype("int32"),
-        axis=[ko, ki]), "gemm")
-    extras = [te.placeholder(_operand_shape(o, nb, ob, cfg), "int8" if o.int8 else "int32",
+    gemm = te.compute((g, nb, ob, b, k), lambda q, i, j, bb, oo: te.sum(
+        data[q if ga > 1 else 0, i, ko, bb, ki].astype("int32")
+        * weight[q if gb_ > 1 else 0, j, ko, oo, ki].astype("int32"), axis=[ko, ki]), "gemm")
+    extras = [te.placeholder(_operand_shape(o, g, nb, ob, cfg), "int8" if o.int8 else "int32",
                              f"operand{n}") for n, o in enumerate(m.operands)]
     slot = {o: t for o, t in zip(m.operands, extras)}
     steps = m.steps
 
-    def at(i, j, bb, oo):
-        x = gemm[i, j, bb, oo]
+    def at(q, i, j, bb, oo):
+        x = gemm[q, i, j, bb, oo]
         for s in steps:
             if s.operand is None:
                 v = s.imm
             else:
                 t = slot[s.operand]
-                idx = {"full": (i, j), "col": (j,), "row": (i,), "scalar": (0,)}[s.operand.kind]
+                idx = tuple(v for v, d in zip((q, i, j), s.operand.deps) if d) or (0,)
                 v = t[(*idx, bb, oo)]
                 if t.dtype == "int8":
                     v = v.astype("int32")
@@ -478,24 +544,24 @@ def build_gemm_op(m: GemmMatch, cfg: HwConfig, knobs: DenseKnobs | None = None,
                 x = x >> v
         return x
 
-    epi = te.compute((nb, ob, b, k), at, "epilogue")
+    epi = te.compute((g, nb, ob, b, k), at, "epilogue")
     wide = m.out_dtype == "int32"
     if wide:  # the byte planes: the store of plane p reads the value shifted by 8p
-        out = te.compute((4, nb, ob, b, k), lambda p, i, j, bb, oo: epi[i, j, bb, oo].astype(
-            "int8"), "out")
+        out = te.compute((4, g, nb, ob, b, k), lambda p, q, i, j, bb, oo: epi[
+            q, i, j, bb, oo].astype("int8"), "out")
     else:
-        out = te.compute((nb, ob, b, k), lambda *i: epi[i].astype("int8"), "out")
+        out = te.compute((g, nb, ob, b, k), lambda *i: epi[i].astype("int8"), "out")
     s = create_schedule(out)
     s[gemm].set_scope("acc")
     s[epi].set_scope("acc")
-    p_, i_, j_, b_, o_ = s[out].axes if wide else (None, *s[out].axes)
+    p_, q_, i_, j_, b_, o_ = s[out].axes if wide else (None, *s[out].axes)
     io, ii = s[out].split(i_, kn.tile_n)
     jo, ji = s[out].split(j_, kn.tile_o)
-    order = [io, jo, ii, ji, b_, o_]
+    order = [q_, io, jo, ii, ji, b_, o_]
     if kn.vthreads > 1:
         t, rest = s[out].split(jo, jo.extent // kn.vthreads)
         s[out].bind_vthread(t, interleave="thread")
-        order[1:2] = [t, rest]
+        order[2:3] = [t, rest]
     tile = order[-5]
     store_at = ii
     if wide:
@@ -506,10 +572,10 @@ def build_gemm_op(m: GemmMatch, cfg: HwConfig, knobs: DenseKnobs | None = None,
         s[stage].compute_at(s[out], tile)
     s[out].pragma(store_at, "dma_copy")
     s[epi].pragma(s[epi].axes[0], "alu")
-    gi, gj, gb, go = s[gemm].axes
+    gq, gi, gj, gb, go = s[gemm].axes
     gko, gki = s[gemm].reduce_axes
     k_o, k_i = s[gemm].split(gko, kn.tile_k)
-    s[gemm].reorder(k_o, gi, gj, k_i, gb, go, gki)
+    s[gemm].reorder(k_o, gq, gi, gj, k_i, gb, go, gki)
     s[gemm].tensorize(gb, get_intrinsic(intrinsic, cfg))
     s[gemm].init_in_reduce_loop()
     for t, scope in ((data, "inp"), (weight, "wgt")):
@@ -534,7 +600,7 @@ def _store_planes(st):
             and isinstance(st.body, For) and st.body.extent == 4):
         return None
     store = next((n for n in walk(st.body) if isinstance(n, Store)), None)
-    if store is None or store.buffer.scope != "global" or len(store.buffer.shape) != 5:
+    if store is None or store.buffer.scope != "global" or len(store.buffer.shape) != 6:
         return None
     acc = store.value.value.source  # int8(epilogue[...])
     loop = st.body
@@ -554,73 +620,99 @@ def _store_planes(st):
 # ---- packing -------------------------------------------------------------------------------
 
 
-def _pad2(x: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    if x.shape == (rows, cols):
-        return x
-    out = np.zeros((rows, cols), x.dtype)
-    out[:x.shape[0], :x.shape[1]] = x
+def _grid(extents: tuple, deps: tuple) -> list[np.ndarray]:
+    """Per canonical axis, its index broadcast over the axes in ``deps`` (others: 0)."""
+    shape = tuple(n if d else 1 for n, d in zip(extents, deps))
+    out = []
+    for a, (n, d) in enumerate(zip(extents, deps)):
+        view = [1] * len(extents)
+        view[a] = shape[a]
+        out.append(np.arange(n if d else 1).reshape(view))
     return out
 
 
-def _gather(o: Operand, arr: np.ndarray, m: int, n: int) -> np.ndarray:
-    """The operand's values: [m, n], [m], [n] or [] by its kind."""
-    r = np.arange(m)[:, None] if o.kind in ("full", "row") else np.zeros((1, 1), np.int64)
-    c = np.arange(n)[None, :] if o.kind in ("full", "col") else np.zeros((1, 1), np.int64)
-    idx = tuple(cr * r + cc * c + c0 for cr, cc, c0 in o.index)
-    v = arr[idx] if idx else arr.reshape(())[None, None]
-    v = np.broadcast_to(v, (r.shape[0], c.shape[1]))
+def _gather_factor(f: Factor, arr: np.ndarray, m: GemmMatch, own: str, size: int):
+    """A factor as (groups or 1, size (its own axis), K) int8."""
+    lead = len(m.lead)
+    extents = (*m.lead, size, m.k)
+    deps = tuple(f.batched for _ in m.lead) + (True, True)
+    grid = _grid(extents, deps)
+    idx = []
+    for d in f.dims:
+        if d[0] == "const":
+            idx.append(np.array(d[1]).reshape((1,) * len(extents)))
+        elif d[0] == "lead":
+            idx.append(grid[d[1]])
+        else:
+            idx.append(grid[lead] if d[0] == own else grid[lead + 1])
+    v = np.broadcast_to(arr[tuple(idx)], tuple(n if dd else 1 for n, dd in zip(extents, deps)))
+    return np.asarray(v, np.int8).reshape(-1, size, m.k)
+
+
+def _gather_operand(o: Operand, arr: np.ndarray, m: GemmMatch) -> np.ndarray:
+    """An operand's values as (groups or 1, M or 1, N or 1)."""
+    extents = (*m.lead, m.m, m.n)
+    lead = len(m.lead)
+    deps = tuple(o.deps[0] for _ in m.lead) + o.deps[1:]
+    grid = _grid(extents, deps)
+    idx = tuple(sum(c * grid[a] for a, c in enumerate(coef)) + c0 for coef, c0 in o.index)
+    shape = tuple(n if d else 1 for n, d in zip(extents, deps))
+    v = np.broadcast_to(arr[idx] if idx else arr.reshape(()), shape)
     v = v.astype(np.int8 if o.int8 else np.int32)
     if o.negate:
         v = np.negative(v)  # int32: wraps like the int32 subtraction it replaces
-    return {"full": v, "row": v[:, 0], "col": v[0], "scalar": v[0, 0]}[o.kind]
+    return v.reshape(math.prod(shape[:lead]), shape[lead], shape[lead + 1])
+
+
+def _pad_to(x: np.ndarray, shape: tuple) -> np.ndarray:
+    if x.shape == shape:
+        return x
+    out = np.zeros(shape, x.dtype)
+    out[tuple(slice(0, n) for n in x.shape)] = x
+    return out
 
 
 def pack_inputs(m: GemmMatch, arrays: list, cfg: HwConfig) -> list[np.ndarray]:
     """The caller's arrays -> (data, weight, *operands) in the packed layouts."""
     b, k = cfg.batch, cfg.block
     mp, kp, np_ = padded(m, cfg)
-    a = arrays[m.a_arg] if m.a_rows_first else arrays[m.a_arg].T
-    w = arrays[m.b_arg].T if m.b_k_first else arrays[m.b_arg]      # [N, K]
-    a, w = a[:m.m, :m.k], w[:m.n, :m.k]   # the ranges the product reads
-    a = _pad2(np.asarray(a, np.int8), mp, kp)
-    w = _pad2(np.asarray(w, np.int8), np_, kp)
-    data = a.reshape(mp // b, b, kp // k, k).transpose(0, 2, 1, 3)
-    weight = w.reshape(np_ // k, k, kp // k, k).transpose(0, 2, 1, 3)
+    a = _gather_factor(m.a, np.asarray(arrays[m.a.arg]), m, "row", m.m)     # (Ga, M, K)
+    w = _gather_factor(m.b, np.asarray(arrays[m.b.arg]), m, "col", m.n)     # (Gb, N, K)
+    a = _pad_to(a, (a.shape[0], mp, kp))
+    w = _pad_to(w, (w.shape[0], np_, kp))
+    data = a.reshape(-1, mp // b, b, kp // k, k).transpose(0, 1, 3, 2, 4)
+    weight = w.reshape(-1, np_ // k, k, kp // k, k).transpose(0, 1, 3, 2, 4)
     out = [np.ascontiguousarray(data), np.ascontiguousarray(weight)]
     for o in m.operands:
         if o.arg < 0:
-            v = np.int32(o.value)
-            out.append(np.full((1, b, k), v, np.int32))
+            out.append(np.full((1, b, k), o.value, np.int32))
             continue
-        v = _gather(o, arrays[o.arg], m.m, m.n)
-        if o.kind == "full":
-            v = _pad2(v, mp, np_).reshape(mp // b, b, np_ // k, k).transpose(0, 2, 1, 3)
-        elif o.kind == "col":
-            v = np.broadcast_to(np.pad(v, (0, np_ - m.n)).reshape(np_ // k, 1, k),
-                                (np_ // k, b, k))
-        elif o.kind == "row":
-            v = np.broadcast_to(np.pad(v, (0, mp - m.m)).reshape(mp // b, b, 1), (mp // b, b, k))
-        else:
-            v = np.broadcast_to(v, (1, b, k))
-        out.append(np.ascontiguousarray(v))
+        v = _gather_operand(o, np.asarray(arrays[o.arg]), m)              # (G|1, M|1, N|1)
+        gq, rows, cols = v.shape
+        rows_p, cols_p = (mp if o.deps[1] else 1), (np_ if o.deps[2] else 1)
+        v = _pad_to(v, (gq, rows_p, cols_p))
+        # rows run over the b lanes of row blocks, columns over the k lanes of column blocks
+        v = v.reshape(gq, -1, b if o.deps[1] else 1, cols_p // k if o.deps[2] else 1,
+                      k if o.deps[2] else 1).transpose(0, 1, 3, 2, 4)
+        v = np.broadcast_to(v, (*v.shape[:3], b, k))
+        keep = [d for d in (o.deps[0], o.deps[1], o.deps[2])]
+        lead = tuple(n for n, d in zip(v.shape[:3], keep) if d) or (1,)
+        out.append(np.ascontiguousarray(v.reshape(*lead, b, k)))
     return out
 
 
-def unpack_output(m: GemmMatch, planes: np.ndarray, cfg: HwConfig) -> np.ndarray:
-    """The packed output (int8, or the four byte planes of int32, least significant
-    first) -> the op's output in its own axis order."""
+def unpack_output(m: GemmMatch, packed: np.ndarray, cfg: HwConfig) -> np.ndarray:
+    """The packed output (G, nb, ob, b, k) int8, or the four byte planes of an int32 one,
+    least significant first -> the op's output in its own axis order."""
     mp, _, np_ = padded(m, cfg)
 
-    def plain(p):
-        return p.transpose(0, 2, 1, 3).reshape(mp, np_)[:m.m, :m.n]
+    def plain(p):  # (G, nb, ob, b, k) -> (lead..., M, N)
+        x = p.transpose(0, 1, 3, 2, 4).reshape(-1, mp, np_)[:, :m.m, :m.n]
+        return x.reshape(*m.lead, m.m, m.n)
     if m.out_dtype == "int8":
-        res = plain(planes)
+        res = plain(packed)
     else:
-        u = [plain(p).view(np.uint8).astype(np.uint32) for p in planes]
+        u = [plain(p).view(np.uint8).astype(np.uint32) for p in packed]
         res = (u[0] | (u[1] << 8) | (u[2] << 16) | (u[3] << 24)).view(np.int32)
-    return np.ascontiguousarray(res if m.out_rows_first else res.T)
-
-
-def macs(m: GemmMatch) -> int:
-    return m.m * m.k * m.n * (1 if m.out_dtype == "int8" else 4)
-
+    # canonical (lead..., row, col) -> the output's axis order
+    return np.ascontiguousarray(res.transpose(m.out_order))

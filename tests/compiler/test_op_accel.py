@@ -336,7 +336,20 @@ def test_unmappable_computes_say_what_and_suggest_cpu():
         r = te.reduce_axis(4, "r")
         return te.compute((4,), lambda i: te.sum(x[i, k].astype("int32") * y[r, k].astype(
             "int32"), axis=[k, r]), "c")
-    assert "2-D matrix product" in _err(two_reductions, a, b)
+    assert "at least two dimensions" in _err(two_reductions, a, b)
+
+    def two_reduction_axes(x, y):
+        k = te.reduce_axis(4, "k")
+        r = te.reduce_axis(4, "r")
+        return te.compute((4, 4), lambda i, j: te.sum(x[i, k].astype("int32") * y[r, j].astype(
+            "int32"), axis=[k, r]), "c")
+    assert "2 reduction axes" in _err(two_reduction_axes, a, b)
+
+    def outer(x, y):
+        k = te.reduce_axis(4, "k")
+        return te.compute((4, 4), lambda i, j: te.sum(x[i, k].astype("int32") * y[i, k].astype(
+            "int32"), axis=[k]), "c")
+    assert "the rows and the columns" in _err(outer, a, b)
 
     def too_far(x, y):
         k = te.reduce_axis(6, "k")
@@ -370,6 +383,49 @@ def test_unused_input_on_both_targets():
     for target in ("cpu", "accel"):
         o = celosia.op(target=target, name=f"unused_{target}")(chain)
         np.testing.assert_array_equal(o(a, b, col, row, full, sc, recipe="+:col,*:sc"), want)
+
+
+def attention_scores(q, kt, scale, bias, shift=7):
+    """Per batch and head: q [B, H, M, D] times kt [B, H, N, D]^T, * scale[h] + bias[j],
+    >> shift, clipped to int8: a product with two batch axes."""
+    d = te.reduce_axis(q.shape[3], "d")
+    s = te.compute((q.shape[0], q.shape[1], q.shape[2], kt.shape[2]),
+                   lambda bb, h, i, j: te.sum(q[bb, h, i, d].astype("int32")
+                                              * kt[bb, h, j, d].astype("int32"), axis=[d]), "s")
+    return te.compute(s.shape, lambda bb, h, i, j: minimum(maximum(
+        (s[bb, h, i, j] * scale[h] + bias[j]) >> shift, -128), 127).astype("int8"), "y")
+
+
+def shared_weight(x, w):
+    """x [B, M, K] times one w [K, N] (not batched), read from slice 1 of x's first axis:
+    an int32 [M, B, N] result (the batch axis in the middle)."""
+    k = te.reduce_axis(w.shape[0], "k")
+    return te.compute((x.shape[2], x.shape[1], w.shape[1]), lambda i, bb, j: te.sum(
+        x[1, bb, i, k].astype("int32") * w[k, j].astype("int32"), axis=[k]), "c")
+
+
+def test_batched_products():
+    rng = np.random.default_rng(6)
+    q, kt = _i8(rng, (2, 3, 5, 6)), _i8(rng, (2, 3, 7, 6))
+    scale = rng.integers(1, 300, 3).astype(np.int32)
+    bias = rng.integers(-3000, 3000, 7).astype(np.int32)
+    acc = _wrap(np.einsum("bhid,bhjd->bhij", q.astype(np.int64), kt.astype(np.int64)))
+    want = np.clip((_wrap(acc * scale[None, :, None, None]) + bias) >> 7, -128, 127
+                   ).astype(np.int8)
+    on_accel = celosia.op(target="accel", config=BATCH2, name="att_acc")(attention_scores)
+    on_cpu = celosia.op(target="cpu", name="att_cpu")(attention_scores)
+    np.testing.assert_array_equal(on_accel(q, kt, scale, bias), want)
+    np.testing.assert_array_equal(on_cpu(q, kt, scale, bias), want)
+    assert on_accel.last_build.match.lead == (2, 3)
+    assert on_accel.last_stats["useful_macs"] == 6 * 5 * 6 * 7
+
+    x, w = _i8(rng, (3, 4, 5, 9)), _i8(rng, (9, 6))
+    want = np.einsum("bik,kj->ibj", x[1].astype(np.int64), w.astype(np.int64)).astype(np.int32)
+    on_accel = celosia.op(target="accel", config="small", name="shared_acc")(shared_weight)
+    np.testing.assert_array_equal(on_accel(x, w), want)
+    np.testing.assert_array_equal(celosia.op(target="cpu", name="shared_cpu")(shared_weight)(
+        x, w), want)
+    assert not on_accel.last_build.match.b.batched and on_accel.last_build.match.a.batched
 
 
 def test_decorator_errors():
