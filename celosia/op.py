@@ -131,9 +131,12 @@ def _is_tensor(x) -> bool:
 class Op:
     """A Python-defined operator (module docstring); made by ``@celosia.op``."""
 
-    def __init__(self, fn, target: str, name: str, outputs: int, max_builds: int,
+    def __init__(self, fn, target, name: str, outputs: int, max_builds: int,
                  config=None, executor: str = "fsim", intrinsic: str = "gemm"):
         self.fn, self.target, self.name = fn, target, name
+        self.targets = (target,) if isinstance(target, str) else tuple(target)
+        self.last_target = None      # the target of the last call's build
+        self.last_fallback = None    # why the accelerator did not take it (a fallback)
         self.config, self.executor, self.intrinsic = config, executor, intrinsic
         self._device = None      # the accelerator target's Device, made on the first build
         self.last_stats: dict = {}   # the accelerator's counters of the last call
@@ -145,6 +148,7 @@ class Op:
         self.constant_params = {p.name: p.default for p in params
                                 if p.default is not inspect.Parameter.empty}
         self._builds: dict = {}
+        self._placed: dict = {}  # build key -> (target, why the accelerator did not take it)
         self._lock = threading.Lock()
         self._torch_op = None
         self.builds = 0          # compilations made (cache misses)
@@ -209,34 +213,62 @@ class Op:
             hit = self._builds.get(key)
             if hit is not None:
                 self._builds[key] = self._builds.pop(key)  # most recent last
+                self.last_target, self.last_fallback = self._placed[key]
                 return hit
             holders, outs, sched = self.define(types, constants)
-            if self.target == "accel":
-                # the compute is matched and scheduled for the accelerator (a schedule the
-                # function returns is for the CPU and is not used)
-                from .op_accel import AccelKernel
-
-                from .compiler.accel.te_op import NotMappable
-
-                try:
-                    kernel = AccelKernel(self, holders, outs, self.device, self.intrinsic)
-                except NotMappable as e:
-                    raise AccelMappingError(str(e)) from None
-            else:
-                if sched is None:
-                    sched = _default_schedule(outs)
-                used = [_in_schedule(sched, h) for h in holders]
-                kernel = compile_cpu(lower(sched, [h for h, u in zip(holders, used) if u]
-                                           + list(outs), name=self.name))
-                if not all(used):  # an input the compute does not read is not passed
-                    kernel = _skipping(kernel, used)
+            fallback = None
+            for target in self.targets:
+                if target == "accel":
+                    try:
+                        kernel = self._accel_kernel(holders, outs)
+                    except AccelMappingError as e:
+                        if target == self.targets[-1]:
+                            raise
+                        fallback = str(e)
+                        continue
+                else:
+                    if sched is None:
+                        sched = _default_schedule(outs)
+                    used = [_in_schedule(sched, h) for h in holders]
+                    kernel = compile_cpu(lower(sched, [h for h, u in zip(holders, used) if u]
+                                               + list(outs), name=self.name))
+                    if not all(used):  # an input the compute does not read is not passed
+                        kernel = _skipping(kernel, used)
+                break
             self._builds[key] = (kernel, [(t.shape, t.dtype) for t in outs])
+            self._placed[key] = self.last_target, self.last_fallback = target, fallback
             self.builds += 1
             while len(self._builds) > self.max_builds:
-                old, _ = self._builds.pop(next(iter(self._builds)))
-                if hasattr(old, "free"):
-                    old.free()
+                self._evict(next(iter(self._builds)))
             return self._builds[key]
+
+    def _evict(self, key) -> None:
+        old, _ = self._builds.pop(key)
+        self._placed.pop(key, None)
+        if hasattr(old, "free"):  # an accelerator build's DRAM
+            old.free()
+
+    def _accel_kernel(self, holders, outs):
+        """The accelerator build (a schedule the function returns is for the CPU and is
+        not used); when the device's DRAM is full, the other accelerator builds are
+        dropped and it is tried once more."""
+        from .compiler.accel.te_op import NotMappable
+        from .driver.alloc import AllocationError
+        from .op_accel import AccelKernel
+
+        for attempt in (0, 1):
+            try:
+                return AccelKernel(self, holders, outs, self.device, self.intrinsic)
+            except NotMappable as e:
+                raise AccelMappingError(str(e)) from None
+            except AllocationError as e:
+                resident = [k for k, (kern, _) in self._builds.items() if hasattr(kern, "free")]
+                if attempt or not resident:
+                    raise OpError(f"celosia.op {self.name} (target accel): the build does not "
+                                  f"fit the device's {self.device.executor.dram_size} bytes "
+                                  f"of DRAM ({e}); use smaller shapes or target=\"cpu\"") from None
+                for k in resident:
+                    self._evict(k)
 
     # ---- calling -------------------------------------------------------------------------
 
@@ -293,11 +325,12 @@ class Op:
                               f"output {k} is {dtype}{list(shape)}: pass a writable "
                               f"C-contiguous tensor of that dtype and shape")
             outs.append(a)
-        if self.target == "accel":
+        if hasattr(kernel, "program"):  # an accelerator build
             with self._lock:  # one program runs on the device at a time
                 kernel(*arrays, *outs)
         else:
             kernel(*arrays, *outs)
+            self.last_stats = {}
         self.last_pointers = [a.ctypes.data for a in (*arrays, *outs)]
         self.last_build = kernel
         return results[0] if len(results) == 1 else tuple(results)
@@ -395,19 +428,26 @@ def _register_torch(o: Op):
     return opdef
 
 
-def op(fn=None, *, target: str = "cpu", name: str | None = None, outputs: int = 1,
+def op(fn=None, *, target: str | tuple = "cpu", name: str | None = None, outputs: int = 1,
        max_builds: int = 64, config=None, executor: str = "fsim", intrinsic: str = "gemm"):
     """Decorate a tensor-expression function as an operator (module docstring).
     ``name``: the torch custom op's name (``celosia::<name>``; default the function's);
     ``outputs``: how many tensors it returns; ``max_builds``: builds kept (least recently
-    used dropped). For ``target="accel"``: ``config`` (a preset name such as "small" or
-    "default", a JSON path or an HwConfig; default "default"), ``executor`` ("fsim" or
-    "cycle"), ``intrinsic`` (the registered tensor intrinsic the product is tensorized
-    with)."""
-    if target not in TARGETS:
-        raise OpError(f"celosia.op: target {target!r} is not supported; targets: "
-                      f"{', '.join(TARGETS)}")
-    if target == "accel":
+    used dropped). ``target``: "cpu", "accel", or a tuple tried in order per build
+    (``("accel", "cpu")``: the CPU where the compute does not map; ``op.last_target`` and
+    ``op.last_fallback`` say which and why). For the accelerator: ``config`` (a preset
+    name such as "small" or "default", a JSON path or an HwConfig; default "default"),
+    ``executor`` ("fsim" or "cycle"), ``intrinsic`` (the registered tensor intrinsic the
+    product is tensorized with)."""
+    targets = (target,) if isinstance(target, str) else tuple(target)
+    for t in targets:
+        if t not in TARGETS:
+            raise OpError(f"celosia.op: target {t!r} is not supported; targets: "
+                          f"{', '.join(TARGETS)} (or a tuple of them, tried in order: "
+                          f"(\"accel\", \"cpu\"))")
+    if not targets or len(set(targets)) != len(targets):
+        raise OpError(f"celosia.op: target {target!r}: name each target once")
+    if "accel" in targets:
         from .config import HwConfig
         from .op_accel import EXECUTORS
 

@@ -428,6 +428,37 @@ def test_batched_products():
     assert not on_accel.last_build.match.b.batched and on_accel.last_build.match.a.batched
 
 
+def test_fallback_to_cpu_and_dram_reuse():
+    """target=("accel", "cpu"): a build the accelerator cannot take runs on the CPU and
+    says why; a full DRAM drops the older accelerator builds instead of failing."""
+    from celosia.driver import Device
+
+    def maybe(x, y, div=1):
+        c = _matmul(x, y)
+        return te.compute(c.shape, lambda i, j: (c[i, j] // div if div > 1 else c[i, j] >> 2
+                                                 ).astype("int8"), "d")
+    o = celosia.op(target=("accel", "cpu"), config="small", name="maybe")(maybe)
+    o._device = Device(SMALL, target="fsim", dram_size=24 << 10)
+    rng = np.random.default_rng(7)
+    a, b = _i8(rng, (20, 24)), _i8(rng, (24, 20))
+    prod = a.astype(np.int32) @ b
+    np.testing.assert_array_equal(o(a, b), (prod >> 2).astype(np.int8))
+    assert o.last_target == "accel" and o.last_fallback is None and o.last_stats["macs"]
+    np.testing.assert_array_equal(o(a, b, div=3), (prod // 3).astype(np.int8))
+    assert o.last_target == "cpu" and "no //" in o.last_fallback and o.last_stats == {}
+    # each of these builds fills most of the 24 KiB: the next one drops the older ones
+    for n in (40, 44, 48):
+        x, y = _i8(rng, (n, 48)), _i8(rng, (48, n))
+        np.testing.assert_array_equal(o(x, y), ((x.astype(np.int32) @ y) >> 2).astype(np.int8))
+    assert o.builds == 5 and len(o._builds) < 5 and o.last_target == "accel"
+    tiny = celosia.op(target="accel", config="small", name="tiny")(matmul)
+    tiny._device = Device(SMALL, target="fsim", dram_size=4 << 10)
+    with pytest.raises(OpError, match="does not fit the device's 4096 bytes"):
+        tiny(_i8(rng, (40, 40)), _i8(rng, (40, 40)))
+    with pytest.raises(OpError, match="name each target once"):
+        celosia.op(target=("cpu", "cpu"))(matmul)
+
+
 def test_decorator_errors():
     with pytest.raises(OpError, match="executor"):
         celosia.op(target="accel", executor="rtl")(matmul)
