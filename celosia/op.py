@@ -132,8 +132,9 @@ class Op:
     """A Python-defined operator (module docstring); made by ``@celosia.op``."""
 
     def __init__(self, fn, target, name: str, outputs: int, max_builds: int,
-                 config=None, executor: str = "fsim", intrinsic: str = "gemm"):
+                 config=None, executor: str = "fsim", intrinsic: str = "gemm", tune: int = 0):
         self.fn, self.target, self.name = fn, target, name
+        self.tune = tune
         self.targets = (target,) if isinstance(target, str) else tuple(target)
         self.last_target = None      # the target of the last call's build
         self.last_fallback = None    # why the accelerator did not take it (a fallback)
@@ -429,7 +430,8 @@ def _register_torch(o: Op):
 
 
 def op(fn=None, *, target: str | tuple = "cpu", name: str | None = None, outputs: int = 1,
-       max_builds: int = 64, config=None, executor: str = "fsim", intrinsic: str = "gemm"):
+       max_builds: int = 64, config=None, executor: str = "fsim", intrinsic: str = "gemm",
+       tune: int = 0):
     """Decorate a tensor-expression function as an operator (module docstring).
     ``name``: the torch custom op's name (``celosia::<name>``; default the function's);
     ``outputs``: how many tensors it returns; ``max_builds``: builds kept (least recently
@@ -438,7 +440,8 @@ def op(fn=None, *, target: str | tuple = "cpu", name: str | None = None, outputs
     ``op.last_fallback`` say which and why). For the accelerator: ``config`` (a preset
     name such as "small" or "default", a JSON path or an HwConfig; default "default"),
     ``executor`` ("fsim" or "cycle"), ``intrinsic`` (the registered tensor intrinsic the
-    product is tensorized with)."""
+    product is tensorized with), ``tune`` (measure that many of the best-estimated tilings
+    on the cycle model per build and keep the fastest; 0: the best estimate)."""
     targets = (target,) if isinstance(target, str) else tuple(target)
     for t in targets:
         if t not in TARGETS:
@@ -455,11 +458,14 @@ def op(fn=None, *, target: str | tuple = "cpu", name: str | None = None, outputs
             raise OpError(f"celosia.op: executor {executor!r} is not supported for target "
                           f"accel; executors: {', '.join(EXECUTORS)}")
         config = HwConfig.load(config)
-    elif config is not None or executor != "fsim" or intrinsic != "gemm":
-        raise OpError("celosia.op: config, executor and intrinsic are options of "
+        if isinstance(tune, bool) or not isinstance(tune, int) or tune < 0:
+            raise OpError(f"celosia.op: tune={tune!r}: give how many tilings to measure "
+                          f"(0 for none)")
+    elif config is not None or executor != "fsim" or intrinsic != "gemm" or tune:
+        raise OpError("celosia.op: config, executor, intrinsic and tune are options of "
                       "target=\"accel\"; target \"cpu\" takes none of them")
 
     def wrap(f):
         return Op(f, target, name or f.__name__, outputs, max_builds, config, executor,
-                  intrinsic)
+                  intrinsic, tune)
     return wrap(fn) if fn is not None else wrap

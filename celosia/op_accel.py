@@ -14,7 +14,7 @@ import numpy as np
 
 from .compiler.accel.build import _align, _nbytes
 from .compiler.accel.te_op import (build_gemm_op, choose_knobs, match_gemm, pack_inputs,
-                                   unpack_output)
+                                   ranked_knobs, unpack_output)
 
 __all__ = ["AccelKernel", "EXECUTORS"]
 
@@ -29,8 +29,12 @@ class AccelKernel:
         cfg = device.config
         self.op, self.device = op, device
         self.match = match_gemm(holders, outs, cfg, where)
-        self.knobs = choose_knobs(self.match, cfg)
-        self.function = build_gemm_op(self.match, cfg, self.knobs, op.name, intrinsic)
+        self.tuning: list = []   # (cycles, knobs) measured when the op tunes
+        if op.tune:
+            self.knobs, self.function = self._tune(op, intrinsic)
+        else:
+            self.knobs = choose_knobs(self.match, cfg)
+            self.function = build_gemm_op(self.match, cfg, self.knobs, op.name, intrinsic)
         self.out_shape, self.out_dtype = tuple(outs[0].shape), outs[0].dtype
         self._buffers: list = []
         try:
@@ -43,6 +47,23 @@ class AccelKernel:
         k = self.knobs
         return (f"AccelKernel({self.match.describe()}; tiles {k.tile_n}x{k.tile_o}x{k.tile_k}"
                 f"{f', {k.vthreads} threads' if k.vthreads > 1 else ''})")
+
+    def _tune(self, op, intrinsic: str):
+        """The best of the ``op.tune`` tilings ``estimate_dense`` ranks first, measured on
+        the cycle model (on zeros: the timing does not depend on the data)."""
+        from .driver import Device
+
+        cfg = self.device.config
+        best = None
+        for kn in ranked_knobs(self.match, cfg)[:max(1, int(op.tune))]:
+            fn = build_gemm_op(self.match, cfg, kn, op.name, intrinsic)
+            args = [np.zeros(shape, dtype) for _, dtype, shape, _ in fn.arg_specs()]
+            dram = sum(a.nbytes + 4096 for a in args) + (1 << 20)
+            cycles = fn(Device(cfg, target="cycle", dram_size=dram), *args)["cycles"]
+            self.tuning.append((cycles, kn))
+            if best is None or cycles < best[0]:
+                best = (cycles, kn, fn)
+        return best[1], best[2]
 
     def _alloc(self, nbytes: int, align: int):
         buf = self.device.alloc(nbytes, align=align)

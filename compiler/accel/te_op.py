@@ -60,7 +60,8 @@ from .vthread import substitute_stmt
 from .intrin import get_intrinsic
 from .ops import DenseKnobs, DenseSpec, Epilogue
 
-__all__ = ["GemmMatch", "Operand", "Factor", "Step", "match_gemm", "choose_knobs", "build_gemm_op",
+__all__ = ["GemmMatch", "Operand", "Factor", "Step", "match_gemm", "choose_knobs", "ranked_knobs",
+           "build_gemm_op",
            "pack_inputs", "unpack_output", "NotMappable"]
 
 _IMM_LO, _IMM_HI = -(1 << (ALU_IMM_BITS - 1)), (1 << (ALU_IMM_BITS - 1)) - 1
@@ -458,6 +459,11 @@ def _rows(m: GemmMatch, kn: DenseKnobs) -> dict:
 
 def choose_knobs(m: GemmMatch, cfg: HwConfig) -> DenseKnobs:
     """The tiling ``estimate_dense`` ranks first among those whose buffers fit."""
+    return ranked_knobs(m, cfg)[0]
+
+
+def ranked_knobs(m: GemmMatch, cfg: HwConfig) -> list[DenseKnobs]:
+    """Every tiling whose buffers fit, best ``estimate_dense`` first."""
     from .tune import _buffer_limits, _divisors
     from .tune_dense import estimate_dense
 
@@ -467,7 +473,7 @@ def choose_knobs(m: GemmMatch, cfg: HwConfig) -> DenseKnobs:
     kinds = {o.deps[1:] for o in m.operands}
     proxy = DenseSpec(mp, kp, np_, Epilogue(bias=bool(kinds - {(True, True)}),
                                             residual=(True, True) in kinds))
-    best = None
+    ranked = []
     for tn in _divisors(nb):
         for to in _divisors(ob):
             for tk in _divisors(kb):
@@ -476,15 +482,13 @@ def choose_knobs(m: GemmMatch, cfg: HwConfig) -> DenseKnobs:
                     r = _rows(m, kn)
                     if any(r[x] > limit[x] for x in r):
                         continue
-                    cost = estimate_dense(cfg, proxy, kn)
-                    if best is None or cost < best[0]:
-                        best = (cost, kn)
-    if best is None:
+                    ranked.append((estimate_dense(cfg, proxy, kn), len(ranked), kn))
+    if not ranked:
         raise NotMappable(f"{m.describe()}: not even one block of each operand and the "
                           f"epilogue's {len(m.operands)} tensors fit the buffers of this "
                           f"configuration (BATCH={cfg.batch}, BLOCK={cfg.block}); use a larger "
                           f"configuration or target=\"cpu\"")
-    return best[1]
+    return [kn for _, _, kn in sorted(ranked)]
 
 
 def _operand_shape(o: Operand, g: int, nb: int, ob: int, cfg: HwConfig) -> tuple:
@@ -697,8 +701,8 @@ def pack_inputs(m: GemmMatch, arrays: list, cfg: HwConfig) -> list[np.ndarray]:
         v = np.broadcast_to(v, (*v.shape[:3], b, k))
         keep = [d for d in (o.deps[0], o.deps[1], o.deps[2])]
         lead = tuple(n for n, d in zip(v.shape[:3], keep) if d) or (1,)
-        out.append(np.ascontiguousarray(v.reshape(*lead, b, k)))
-    return out
+        out.append(v.reshape(*lead, b, k))
+    return [np.require(x, requirements="CW") for x in out]  # C-contiguous, writable
 
 
 def unpack_output(m: GemmMatch, packed: np.ndarray, cfg: HwConfig) -> np.ndarray:

@@ -245,6 +245,13 @@ def test_cache_stats_and_cycle_model():
     assert 0 < acc.last_stats["useful_utilization"] <= 1
     acc(x, w, bias, scale, shift=5)                                 # a constant: new build
     assert acc.builds == 2
+    # tune=4: the four best-estimated tilings measured, the fastest kept
+    tuned = celosia.op(target="accel", config="small", executor="cycle", tune=4,
+                       name="qd_tuned")(qdense)
+    np.testing.assert_array_equal(tuned(x, w, bias, scale), want)
+    measured = tuned.last_build.tuning
+    assert len(measured) == 4 and measured[0][1] == acc.last_build.knobs
+    assert tuned.last_stats["cycles"] == min(c for c, _ in measured) <= first["cycles"]
 
 
 def test_numpy_out_and_torch_custom_op():
@@ -464,5 +471,7 @@ def test_decorator_errors():
         celosia.op(target="accel", executor="rtl")(matmul)
     with pytest.raises(OpError, match="options of"):
         celosia.op(target="cpu", config="small")(matmul)
+    with pytest.raises(OpError, match="how many tilings"):
+        celosia.op(target="accel", tune=-1)(matmul)
     with pytest.raises(celosia.CelosiaError, match="preset"):
         celosia.op(target="accel", config="no-such-config")(matmul)
