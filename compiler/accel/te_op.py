@@ -141,6 +141,28 @@ class GemmMatch:
         return math.prod(self.lead)
 
     @property
+    def fold(self) -> bool:
+        """Whether the batch axes fold into the rows: the weight is the same for every
+        batch, so one product of (batch x M) rows loads it once per tile, not per batch."""
+        return bool(self.lead) and not self.b.batched
+
+    @property
+    def rows(self) -> int:
+        """The rows of one product the accelerator computes."""
+        return self.groups * self.m if self.fold else self.m
+
+    @property
+    def products(self) -> int:
+        """How many products the accelerator computes (the batch, or 1 when folded)."""
+        return 1 if self.fold else self.groups
+
+    def packed_deps(self, o: Operand) -> tuple:
+        """What an operand varies along in the products computed (batch, row, column)."""
+        if self.fold:
+            return (False, o.deps[0] or o.deps[1], o.deps[2])
+        return o.deps
+
+    @property
     def operands(self) -> list[Operand]:
         seen = []
         for s in self.steps:
@@ -447,12 +469,13 @@ def _ceil(n: int, k: int) -> int:
 
 
 def padded(m: GemmMatch, cfg: HwConfig) -> tuple[int, int, int]:
-    return _ceil(m.m, cfg.batch), _ceil(m.k, cfg.block), _ceil(m.n, cfg.block)
+    return _ceil(m.rows, cfg.batch), _ceil(m.k, cfg.block), _ceil(m.n, cfg.block)
 
 
 def _rows(m: GemmMatch, kn: DenseKnobs) -> dict:
-    acc = kn.tile_n * kn.tile_o + sum((kn.tile_n if o.deps[1] else 1) *
-                                      (kn.tile_o if o.deps[2] else 1) for o in m.operands)
+    deps = [m.packed_deps(o) for o in m.operands]
+    acc = kn.tile_n * kn.tile_o + sum((kn.tile_n if d[1] else 1) * (kn.tile_o if d[2] else 1)
+                                      for d in deps)
     return {"inp": kn.vthreads * kn.tile_n * kn.tile_k, "wgt": kn.vthreads * kn.tile_o * kn.tile_k,
             "acc": kn.vthreads * acc, "uop": kn.tile_n * kn.tile_o * kn.tile_k + 2 * len(m.steps) + 2}
 
@@ -470,7 +493,7 @@ def ranked_knobs(m: GemmMatch, cfg: HwConfig) -> list[DenseKnobs]:
     mp, kp, np_ = padded(m, cfg)
     nb, kb, ob = mp // cfg.batch, kp // cfg.block, np_ // cfg.block
     limit = _buffer_limits(cfg)
-    kinds = {o.deps[1:] for o in m.operands}
+    kinds = {m.packed_deps(o)[1:] for o in m.operands}
     proxy = DenseSpec(mp, kp, np_, Epilogue(bias=bool(kinds - {(True, True)}),
                                             residual=(True, True) in kinds))
     ranked = []
@@ -491,10 +514,10 @@ def ranked_knobs(m: GemmMatch, cfg: HwConfig) -> list[DenseKnobs]:
     return [kn for _, _, kn in sorted(ranked)]
 
 
-def _operand_shape(o: Operand, g: int, nb: int, ob: int, cfg: HwConfig) -> tuple:
+def _operand_shape(deps: tuple, g: int, nb: int, ob: int, cfg: HwConfig) -> tuple:
     """(groups if it depends on the batch axes) (row blocks) (column blocks) b, k; one
     row (1, b, k) when it depends on none."""
-    lead = tuple(n for n, d in zip((g, nb, ob), o.deps) if d) or (1,)
+    lead = tuple(n for n, d in zip((g, nb, ob), deps) if d) or (1,)
     return (*lead, cfg.batch, cfg.block)
 
 
@@ -510,16 +533,17 @@ def build_gemm_op(m: GemmMatch, cfg: HwConfig, knobs: DenseKnobs | None = None,
     mp, kp, np_ = padded(m, cfg)
     nb, kb, ob = mp // b, kp // k, np_ // k
     kn = knobs
-    g = m.groups
-    ga, gb_ = (g if m.a.batched else 1), (g if m.b.batched else 1)
+    g = m.products
+    ga, gb_ = (g if m.a.batched and g > 1 else 1), (g if m.b.batched else 1)
     data = te.placeholder((ga, nb, kb, b, k), "int8", "data")
     weight = te.placeholder((gb_, ob, kb, k, k), "int8", "weight")
     ko, ki = te.reduce_axis(kb, "ko"), te.reduce_axis(k, "ki")
     gemm = te.compute((g, nb, ob, b, k), lambda q, i, j, bb, oo: te.sum(
         data[q if ga > 1 else 0, i, ko, bb, ki].astype("int32")
         * weight[q if gb_ > 1 else 0, j, ko, oo, ki].astype("int32"), axis=[ko, ki]), "gemm")
-    extras = [te.placeholder(_operand_shape(o, g, nb, ob, cfg), "int8" if o.int8 else "int32",
-                             f"operand{n}") for n, o in enumerate(m.operands)]
+    extras = [te.placeholder(_operand_shape(m.packed_deps(o), g, nb, ob, cfg),
+                             "int8" if o.int8 else "int32", f"operand{n}")
+              for n, o in enumerate(m.operands)]
     slot = {o: t for o, t in zip(m.operands, extras)}
     steps = m.steps
 
@@ -530,7 +554,7 @@ def build_gemm_op(m: GemmMatch, cfg: HwConfig, knobs: DenseKnobs | None = None,
                 v = s.imm
             else:
                 t = slot[s.operand]
-                idx = tuple(v for v, d in zip((q, i, j), s.operand.deps) if d) or (0,)
+                idx = tuple(v for v, d in zip((q, i, j), m.packed_deps(s.operand)) if d) or (0,)
                 v = t[(*idx, bb, oo)]
                 if t.dtype == "int8":
                     v = v.astype("int32")
@@ -682,6 +706,8 @@ def pack_inputs(m: GemmMatch, arrays: list, cfg: HwConfig) -> list[np.ndarray]:
     mp, kp, np_ = padded(m, cfg)
     a = _gather_factor(m.a, np.asarray(arrays[m.a.arg]), m, "row", m.m)     # (Ga, M, K)
     w = _gather_factor(m.b, np.asarray(arrays[m.b.arg]), m, "col", m.n)     # (Gb, N, K)
+    if m.fold:  # every batch's rows in one product
+        a = np.broadcast_to(a, (m.groups, m.m, m.k)).reshape(1, m.rows, m.k)
     a = _pad_to(a, (a.shape[0], mp, kp))
     w = _pad_to(w, (w.shape[0], np_, kp))
     data = a.reshape(-1, mp // b, b, kp // k, k).transpose(0, 1, 3, 2, 4)
@@ -692,15 +718,18 @@ def pack_inputs(m: GemmMatch, arrays: list, cfg: HwConfig) -> list[np.ndarray]:
             out.append(np.full((1, b, k), o.value, np.int32))
             continue
         v = _gather_operand(o, np.asarray(arrays[o.arg]), m)              # (G|1, M|1, N|1)
-        gq, rows, cols = v.shape
-        rows_p, cols_p = (mp if o.deps[1] else 1), (np_ if o.deps[2] else 1)
+        deps = m.packed_deps(o)
+        if m.fold:
+            v = np.broadcast_to(v, (m.groups, m.m, v.shape[2]) if deps[1] else v.shape)
+            v = v.reshape(1, -1, v.shape[2])
+        gq = v.shape[0]
+        rows_p, cols_p = (mp if deps[1] else 1), (np_ if deps[2] else 1)
         v = _pad_to(v, (gq, rows_p, cols_p))
         # rows run over the b lanes of row blocks, columns over the k lanes of column blocks
-        v = v.reshape(gq, -1, b if o.deps[1] else 1, cols_p // k if o.deps[2] else 1,
-                      k if o.deps[2] else 1).transpose(0, 1, 3, 2, 4)
+        v = v.reshape(gq, -1, b if deps[1] else 1, cols_p // k if deps[2] else 1,
+                      k if deps[2] else 1).transpose(0, 1, 3, 2, 4)
         v = np.broadcast_to(v, (*v.shape[:3], b, k))
-        keep = [d for d in (o.deps[0], o.deps[1], o.deps[2])]
-        lead = tuple(n for n, d in zip(v.shape[:3], keep) if d) or (1,)
+        lead = tuple(n for n, d in zip(v.shape[:3], deps) if d) or (1,)
         out.append(v.reshape(*lead, b, k))
     return [np.require(x, requirements="CW") for x in out]  # C-contiguous, writable
 
@@ -711,7 +740,7 @@ def unpack_output(m: GemmMatch, packed: np.ndarray, cfg: HwConfig) -> np.ndarray
     mp, _, np_ = padded(m, cfg)
 
     def plain(p):  # (G, nb, ob, b, k) -> (lead..., M, N)
-        x = p.transpose(0, 1, 3, 2, 4).reshape(-1, mp, np_)[:, :m.m, :m.n]
+        x = p.transpose(0, 1, 3, 2, 4).reshape(-1, mp, np_)[:, :m.rows, :m.n]
         return x.reshape(*m.lead, m.m, m.n)
     if m.out_dtype == "int8":
         res = plain(packed)

@@ -411,6 +411,17 @@ def shared_weight(x, w):
         x[1, bb, i, k].astype("int32") * w[k, j].astype("int32"), axis=[k]), "c")
 
 
+def shared_requant(x, w, sc, r, shift=3):
+    """x [B, M, K] times one w [N, K]: the batch folds into the rows; a per-batch scale and
+    a residual [M, B, N] (the output's layout) read in the epilogue."""
+    k = te.reduce_axis(w.shape[1], "k")
+    c = te.compute((x.shape[1], x.shape[0], w.shape[0]), lambda i, bb, j: te.sum(
+        x[bb, i, k].astype("int32") * w[j, k].astype("int32"), axis=[k]), "c")
+    return te.compute(c.shape, lambda i, bb, j: minimum(maximum(
+        (c[i, bb, j] * sc[bb] + r[i, bb, j].astype("int32")) >> shift, -128), 127
+    ).astype("int8"), "y")
+
+
 def test_batched_products():
     rng = np.random.default_rng(6)
     q, kt = _i8(rng, (2, 3, 5, 6)), _i8(rng, (2, 3, 7, 6))
@@ -433,6 +444,16 @@ def test_batched_products():
     np.testing.assert_array_equal(celosia.op(target="cpu", name="shared_cpu")(shared_weight)(
         x, w), want)
     assert not on_accel.last_build.match.b.batched and on_accel.last_build.match.a.batched
+    assert on_accel.last_build.match.fold
+
+    x, w = _i8(rng, (3, 5, 7)), _i8(rng, (6, 7))
+    sc, r = rng.integers(-40, 40, 3).astype(np.int32), _i8(rng, (5, 3, 6))
+    c = np.einsum("bik,jk->ibj", x.astype(np.int64), w.astype(np.int64))
+    want = np.clip((c * sc[None, :, None] + r) >> 3, -128, 127).astype(np.int8)
+    for cfg in (SMALL, BATCH2):
+        on_accel = celosia.op(target="accel", config=cfg, name=f"sr_{cfg.batch}")(shared_requant)
+        np.testing.assert_array_equal(on_accel(x, w, sc, r), want)
+        assert on_accel.last_build.match.fold and on_accel.last_build.match.rows == 15
 
 
 def test_fallback_to_cpu_and_dram_reuse():
