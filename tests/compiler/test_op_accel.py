@@ -487,6 +487,73 @@ def test_fallback_to_cpu_and_dram_reuse():
         celosia.op(target=("cpu", "cpu"))(matmul)
 
 
+def _layout_case(rng):
+    """A random batched product: batch axes (0-2), factor layouts, which factor has batch
+    axes, the output's axis order, and an epilogue operand varying along random axes."""
+    nl = int(rng.integers(0, 3))
+    names = [f"l{p}" for p in range(nl)] + ["i", "j"]
+    ext = {n: int(rng.integers(1, 4)) for n in names[:nl]}
+    ext.update(i=int(rng.integers(1, 9)), j=int(rng.integers(1, 11)), k=int(rng.integers(1, 11)))
+    a_ax = [n for n in names[:nl] if rng.random() < 0.7] + ["i", "k"]
+    b_ax = [n for n in names[:nl] if rng.random() < 0.5] + ["j", "k"]
+    rng.shuffle(a_ax)
+    rng.shuffle(b_ax)
+    out_ax = list(names)
+    rng.shuffle(out_ax)
+    op_ax = [n for n in names if rng.random() < 0.5]
+    rng.shuffle(op_ax)
+    return ext, a_ax, b_ax, out_ax, op_ax, bool(rng.random() < 0.5)
+
+
+def _layout_op(ext, a_ax, b_ax, out_ax, op_ax, to_int8):
+    def f(a, b, t):
+        k = te.reduce_axis(ext["k"], "k")
+
+        def prod(*v):
+            env = dict(zip(out_ax, v), k=k)
+            return te.sum(a[tuple(env[n] for n in a_ax)].astype("int32")
+                          * b[tuple(env[n] for n in b_ax)].astype("int32"), axis=[k])
+        c = te.compute(tuple(ext[n] for n in out_ax), prod, "c")
+
+        def epi(*v):
+            env = dict(zip(out_ax, v))
+            x = (c[v] * 3 - t[tuple(env[n] for n in op_ax) or (0,)]) >> 1
+            return minimum(maximum(x, -128), 127).astype("int8") if to_int8 else x
+        return te.compute(c.shape, epi, "y")
+    return f
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_layouts(seed):
+    """Random batch axes, factor layouts, output axis orders and operand shapes: the
+    accelerator build equals numpy (einsum) and the CPU build."""
+    rng = np.random.default_rng(200 + seed)
+    for case in range(4):
+        ext, a_ax, b_ax, out_ax, op_ax, to_int8 = _layout_case(rng)
+        a = _i8(rng, tuple(ext[n] for n in a_ax))
+        b = _i8(rng, tuple(ext[n] for n in b_ax))
+        t = rng.integers(-2**31, 2**31, tuple(ext[n] for n in op_ax) or (1,),
+                         dtype=np.int64).astype(np.int32)
+        letter = {n: chr(ord("a") + q) for q, n in enumerate(sorted(ext))}
+        sub = ",".join("".join(letter[n] for n in ax) for ax in (a_ax, b_ax))
+        sub += "->" + "".join(letter[n] for n in out_ax)
+        c = _wrap(np.einsum(sub, a.astype(np.int64), b.astype(np.int64)))
+        tt = t.astype(np.int64) if op_ax else np.int64(t[0])
+        if op_ax:  # t's axes -> the output's, broadcast over the others
+            perm = sorted(range(len(op_ax)), key=lambda q: out_ax.index(op_ax[q]))
+            tt = np.transpose(tt, perm).reshape(tuple(ext[n] if n in op_ax else 1
+                                                      for n in out_ax))
+        want = _wrap(_wrap(c * 3) - tt) >> 1
+        want = np.clip(want, -128, 127).astype(np.int8) if to_int8 else want.astype(np.int32)
+        f = _layout_op(ext, a_ax, b_ax, out_ax, op_ax, to_int8)
+        cfg = BATCH2 if case % 2 else SMALL
+        what = f"{a_ax} x {b_ax} -> {out_ax}, operand over {op_ax}"
+        got = celosia.op(target="accel", config=cfg, name=f"lay_{seed}_{case}")(f)(a, b, t)
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        cpu = celosia.op(target="cpu", name=f"lay_cpu_{seed}_{case}")(f)(a, b, t)
+        np.testing.assert_array_equal(cpu, want, err_msg=what)
+
+
 def test_decorator_errors():
     with pytest.raises(OpError, match="executor"):
         celosia.op(target="accel", executor="rtl")(matmul)
