@@ -31,7 +31,7 @@ naming the dtype); broadcasting written in the compute (``broadcast(x, i)`` read
 output index ``i`` with numpy's rules; ``broadcast_shape`` gives the result's shape), never
 implicit. Targets: ``"cpu"`` and ``"accel"`` (a matrix product of int8
 inputs with an element-wise int32 epilogue, matched to the GEMM intrinsic and the ALU and
-run on fsim or the cycle model: compiler/accel/te_op.py, op_accel.py, docs/op.md).
+run on fsim, the cycle model or the RTL: compiler/accel/te_op.py, op_accel.py, docs/op.md).
 
 Calls read every input in its own memory (numpy arrays as they are, other tensors through
 ``np.from_dlpack``: no copy) when it is C-contiguous (others are copied once) and write each
@@ -439,7 +439,7 @@ def op(fn=None, *, target: str | tuple = "cpu", name: str | None = None, outputs
     (``("accel", "cpu")``: the CPU where the compute does not map; ``op.last_target`` and
     ``op.last_fallback`` say which and why). For the accelerator: ``config`` (a preset
     name such as "small" or "default", a JSON path or an HwConfig; default "default"),
-    ``executor`` ("fsim" or "cycle"), ``intrinsic`` (the registered tensor intrinsic the
+    ``executor`` ("fsim", "cycle" or "rtl"), ``intrinsic`` (the registered tensor intrinsic the
     product is tensorized with), ``tune`` (measure that many of the best-estimated tilings
     on the cycle model per build and keep the fastest; 0: the best estimate)."""
     targets = (target,) if isinstance(target, str) else tuple(target)

@@ -2,7 +2,7 @@
 
 ``AccelKernel`` is what ``Op.kernel`` caches for ``target="accel"``: the match of the
 compute (compiler/accel/te_op.py), its accelerator function, DRAM buffers for its
-packed arguments on the operator's ``Device`` (fsim or the cycle model), and the program
+packed arguments on the operator's ``Device`` (fsim, the cycle model or the RTL), and the program
 bound to those buffers and kept resident (``Device.build_program``), so a call packs its
 inputs into the buffers, runs the program (``run_program``), reads the output and
 unpacks it: nothing is compiled or bound again for the same (shapes, dtypes, constants).
@@ -18,7 +18,7 @@ from .compiler.accel.te_op import (build_gemm_op, choose_knobs, match_gemm, pack
 
 __all__ = ["AccelKernel", "EXECUTORS"]
 
-EXECUTORS = ("fsim", "cycle")
+EXECUTORS = ("fsim", "cycle", "rtl")
 
 
 class AccelKernel:
