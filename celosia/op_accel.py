@@ -82,11 +82,12 @@ class AccelKernel:
         """Run on the op's input arrays; the result is written into the last array."""
         *inputs, result = arrays
         cfg = self.device.config
-        for buf, packed in zip(self.buffers, pack_inputs(self.match, inputs, cfg)):
+        for buf, packed in zip(self.buffers, pack_inputs(self.match, inputs, cfg, self.knobs)):
             buf.write(packed)
         stats = self.device.run_program(self.program)
         out = self.function.func.params[-1]
-        result[...] = unpack_output(self.match, self.buffers[-1].read(np.int8, out.shape), cfg)
+        result[...] = unpack_output(self.match, self.buffers[-1].read(np.int8, out.shape), cfg,
+                                    self.knobs)
         m = self.match
         stats = dict(stats)
         stats["useful_macs"] = m.groups * m.m * m.k * m.n

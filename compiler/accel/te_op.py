@@ -468,8 +468,22 @@ def _ceil(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-def padded(m: GemmMatch, cfg: HwConfig) -> tuple[int, int, int]:
-    return _ceil(m.rows, cfg.batch), _ceil(m.k, cfg.block), _ceil(m.n, cfg.block)
+def padded(m: GemmMatch, cfg: HwConfig, kn: DenseKnobs | None = None) -> tuple[int, int, int]:
+    """(rows, K, N) padded to BATCH, BLOCK, BLOCK and, with a tiling, to whole tiles (the
+    tiles need not divide the product: the padding is computed and dropped)."""
+    b, blk = cfg.batch, cfg.block
+    nb, kb, ob = -(-m.rows // b), -(-m.k // blk), -(-m.n // blk)
+    if kn is not None:
+        nb, kb, ob = _ceil(nb, kn.tile_n), _ceil(kb, kn.tile_k), _ceil(ob, kn.tile_o * kn.vthreads)
+    return nb * b, kb * blk, ob * blk
+
+
+def _tile_sizes(n: int) -> list[int]:
+    """Tile sizes tried for ``n`` blocks: its divisors, and the sizes splitting it into 1 to
+    16 near-equal tiles (a prime number of rows, ViT's 197, still gets good tiles)."""
+    from .tune import _divisors
+
+    return sorted(set(_divisors(n)) | {-(-n // t) for t in range(1, min(n, 16) + 1)})
 
 
 def _rows(m: GemmMatch, kn: DenseKnobs) -> dict:
@@ -487,25 +501,26 @@ def choose_knobs(m: GemmMatch, cfg: HwConfig) -> DenseKnobs:
 
 def ranked_knobs(m: GemmMatch, cfg: HwConfig) -> list[DenseKnobs]:
     """Every tiling whose buffers fit, best ``estimate_dense`` first."""
-    from .tune import _buffer_limits, _divisors
+    from .tune import _buffer_limits
     from .tune_dense import estimate_dense
 
     mp, kp, np_ = padded(m, cfg)
     nb, kb, ob = mp // cfg.batch, kp // cfg.block, np_ // cfg.block
     limit = _buffer_limits(cfg)
     kinds = {m.packed_deps(o)[1:] for o in m.operands}
-    proxy = DenseSpec(mp, kp, np_, Epilogue(bias=bool(kinds - {(True, True)}),
-                                            residual=(True, True) in kinds))
+    epilogue = Epilogue(bias=bool(kinds - {(True, True)}), residual=(True, True) in kinds)
     ranked = []
-    for tn in _divisors(nb):
-        for to in _divisors(ob):
-            for tk in _divisors(kb):
-                for vt in ((1, 2) if (ob // to) % 2 == 0 else (1,)):
+    for tn in _tile_sizes(nb):
+        for to in _tile_sizes(ob):
+            for tk in _tile_sizes(kb):
+                for vt in ((1, 2) if -(-ob // to) >= 2 else (1,)):
                     kn = DenseKnobs(tile_n=tn, tile_o=to, tile_k=tk, vthreads=vt)
                     r = _rows(m, kn)
                     if any(r[x] > limit[x] for x in r):
                         continue
-                    ranked.append((estimate_dense(cfg, proxy, kn), len(ranked), kn))
+                    spec = DenseSpec(*padded(m, cfg, kn), epilogue)
+                    ranked.append((estimate_dense(cfg, spec, kn) * m.products, len(ranked),
+                                   kn))
     if not ranked:
         raise NotMappable(f"{m.describe()}: not even one block of each operand and the "
                           f"epilogue's {len(m.operands)} tensors fit the buffers of this "
@@ -530,7 +545,7 @@ def build_gemm_op(m: GemmMatch, cfg: HwConfig, knobs: DenseKnobs | None = None,
     significant first."""
     knobs = knobs or choose_knobs(m, cfg)
     b, k = cfg.batch, cfg.block
-    mp, kp, np_ = padded(m, cfg)
+    mp, kp, np_ = padded(m, cfg, knobs)
     nb, kb, ob = mp // b, kp // k, np_ // k
     kn = knobs
     g = m.products
@@ -700,10 +715,12 @@ def _pad_to(x: np.ndarray, shape: tuple) -> np.ndarray:
     return out
 
 
-def pack_inputs(m: GemmMatch, arrays: list, cfg: HwConfig) -> list[np.ndarray]:
-    """The caller's arrays -> (data, weight, *operands) in the packed layouts."""
+def pack_inputs(m: GemmMatch, arrays: list, cfg: HwConfig,
+                kn: DenseKnobs) -> list[np.ndarray]:
+    """The caller's arrays -> (data, weight, *operands) in the packed layouts of the build
+    with tiling ``kn``."""
     b, k = cfg.batch, cfg.block
-    mp, kp, np_ = padded(m, cfg)
+    mp, kp, np_ = padded(m, cfg, kn)
     a = _gather_factor(m.a, np.asarray(arrays[m.a.arg]), m, "row", m.m)     # (Ga, M, K)
     w = _gather_factor(m.b, np.asarray(arrays[m.b.arg]), m, "col", m.n)     # (Gb, N, K)
     if m.fold:  # every batch's rows in one product
@@ -734,10 +751,11 @@ def pack_inputs(m: GemmMatch, arrays: list, cfg: HwConfig) -> list[np.ndarray]:
     return [np.require(x, requirements="CW") for x in out]  # C-contiguous, writable
 
 
-def unpack_output(m: GemmMatch, packed: np.ndarray, cfg: HwConfig) -> np.ndarray:
+def unpack_output(m: GemmMatch, packed: np.ndarray, cfg: HwConfig,
+                  kn: DenseKnobs) -> np.ndarray:
     """The packed output (G, nb, ob, b, k) int8, or the four byte planes of an int32 one,
     least significant first -> the op's output in its own axis order."""
-    mp, _, np_ = padded(m, cfg)
+    mp, _, np_ = padded(m, cfg, kn)
 
     def plain(p):  # (G, nb, ob, b, k) -> (lead..., M, N)
         x = p.transpose(0, 1, 3, 2, 4).reshape(-1, mp, np_)[:, :m.rows, :m.n]
