@@ -583,6 +583,37 @@ def test_random_layouts(seed):
         np.testing.assert_array_equal(cpu, want, err_msg=what)
 
 
+def test_a_registered_intrinsic(monkeypatch):
+    """intrinsic=: the product is tensorized with a user-registered intrinsic (an equal
+    declaration of the GEMM micro-op); one computing something else is refused."""
+    from celosia.compiler.accel import intrin
+    from celosia.errors import CompilerError
+
+    monkeypatch.setattr(intrin, "_factories", {})
+    monkeypatch.setattr(intrin, "_origin", {})
+    monkeypatch.setattr(intrin, "_entry_points_read", False)
+
+    def declared(cfg, transposed=False):
+        acts = te.placeholder((cfg.batch, cfg.block), "int8", "acts")
+        filt = te.placeholder((cfg.block, cfg.block), "int8", "filt")
+        r = te.reduce_axis(cfg.block, "r")
+        out = te.compute((cfg.batch, cfg.block), lambda row, col: te.sum(
+            (filt[r, col] if transposed else filt[col, r]).astype("int32")
+            * acts[row, r].astype("int32"), axis=[r]), "mine")
+        return intrin.TensorIntrinsic("mine", out, {acts: "inp", filt: "wgt", out: "acc"},
+                                      "uop_gemm")
+    intrin.register_intrinsic("my_gemm", declared)
+    intrin.register_intrinsic("wrong_gemm", lambda cfg: declared(cfg, transposed=True))
+    rng = np.random.default_rng(13)
+    x, w = _i8(rng, (5, 9)), _i8(rng, (6, 9))
+    bias, scale = np.arange(6, dtype=np.int32) * 100, np.full(6, 3, np.int32)
+    o = celosia.op(target="accel", config="small", intrinsic="my_gemm", name="mine")(qdense)
+    np.testing.assert_array_equal(o(x, w, bias, scale), qdense_reference(x, w, bias, scale))
+    bad = celosia.op(target="accel", config="small", intrinsic="wrong_gemm", name="wrong")(qdense)
+    with pytest.raises(CompilerError, match="wrong_gemm"):
+        bad(x, w, bias, scale)
+
+
 def test_decorator_errors():
     with pytest.raises(OpError, match="executor"):
         celosia.op(target="accel", executor="board")(matmul)
