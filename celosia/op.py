@@ -150,7 +150,7 @@ class Op:
                                 if p.default is not inspect.Parameter.empty}
         self._builds: dict = {}
         self._placed: dict = {}  # build key -> (target, why the accelerator did not take it)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._torch_op = None
         self.builds = 0          # compilations made (cache misses)
         self.last_pointers: list = []   # data addresses the last call's kernel ran on
@@ -305,6 +305,16 @@ class Op:
             a = as_array(x, f"celosia.op {self.name}: argument {name}")
             te.check_dtype(a.dtype, f"celosia.op {self.name}: argument {name}")
             arrays.append(a if a.flags.c_contiguous else np.ascontiguousarray(a))
+        if "accel" in self.targets:
+            # one program runs on the device at a time, and no other call evicts this
+            # call's build (freeing its DRAM) between its lookup and its run
+            with self._lock:
+                return self._run(args, arrays, constants, out)
+        return self._run(args, arrays, constants, out)
+
+    def _run(self, args, arrays, constants, out):
+        from .runtime.dlpack import as_array
+
         kernel, out_types = self.kernel([(a.shape, a.dtype) for a in arrays], constants)
         if out is None:
             first = args[0] if args else None
@@ -326,11 +336,8 @@ class Op:
                               f"output {k} is {dtype}{list(shape)}: pass a writable "
                               f"C-contiguous tensor of that dtype and shape")
             outs.append(a)
-        if hasattr(kernel, "program"):  # an accelerator build
-            with self._lock:  # one program runs on the device at a time
-                kernel(*arrays, *outs)
-        else:
-            kernel(*arrays, *outs)
+        kernel(*arrays, *outs)
+        if not hasattr(kernel, "program"):  # not an accelerator build
             self.last_stats = {}
         self.last_pointers = [a.ctypes.data for a in (*arrays, *outs)]
         self.last_build = kernel
