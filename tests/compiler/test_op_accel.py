@@ -614,6 +614,31 @@ def test_a_registered_intrinsic(monkeypatch):
         bad(x, w, bias, scale)
 
 
+def test_threads_share_an_op_with_evictions():
+    """Calls from several threads on one accelerator op keeping one build: every result is
+    right although each call may evict another's build."""
+    import threading
+
+    o = celosia.op(target="accel", config="small", max_builds=1, name="threaded")(matmul)
+    rng = np.random.default_rng(14)
+    cases = [(_i8(rng, (m, 6)), _i8(rng, (6, 5))) for m in (3, 4, 5, 6)]
+    errors = []
+
+    def work(a, b):
+        try:
+            for _ in range(3):
+                np.testing.assert_array_equal(o(a, b), a.astype(np.int32) @ b)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=c) for c in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(o._builds) == 1
+
+
 def test_decorator_errors():
     with pytest.raises(OpError, match="executor"):
         celosia.op(target="accel", executor="board")(matmul)
