@@ -217,7 +217,11 @@ class _Builder:
         for extent, *f in factors:
             span += np.array(f) * (extent - 1)
         lo, hi = arr.min(axis=0), arr.max(axis=0) + span + 1
-        key = ("k", id(k), uops, factors)
+        # What the kernel is (operation, immediate, micro-ops, loops), not which statement
+        # made it: a key with id(k) could be reused by another function's statement once
+        # the first is garbage-collected, and the device's kernel cache would then refuse
+        # (or share) a different kernel under it.
+        key = ("k", k.op, k.imm, uops, factors)
 
         def record(kb):
             for extent, fd, fs, fw in factors:

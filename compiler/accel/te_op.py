@@ -20,7 +20,10 @@ can do with them and says exactly what it cannot:
   low byte, as ``astype("int8")`` wraps) or the int32 value itself.
 
 ``x - t`` with a tensor ``t`` adds ``-t`` (negated on the host); ``c - x`` is ``x * -1 +
-c``; a constant that does not fit the ALU's 16-bit immediate becomes a one-row tensor.
+c``; a constant that does not fit the ALU's 16-bit immediate becomes a one-row tensor; an
+operand that is an integer expression of input elements and constants (``zp * wsum[j] +
+bias[j]``) is computed on the host when the operands are packed (``_host_eval``, numpy with
+the CPU backend's wrapping and floor division) and loaded like a tensor.
 
 ``build_gemm_op`` then writes the same computation on the accelerator's packed layouts
 (the dense layouts of ops.py with a batch dimension first: data (G, M/b, K/k, b, k), weight
@@ -49,8 +52,8 @@ from celosia.config import ALU_IMM_BITS, HwConfig
 from celosia.errors import CompilerError
 
 from ..tensor import te
-from ..tensor.expr import (Bin, Cast, Const, Load, Reduce, Var, collect, expr_str, linear_form,
-                           substitute)
+from ..tensor.expr import (Bin, Call, Cast, Const, Load, Reduce, Select, Var, collect, expr_str,
+                           linear_form, substitute)
 from ..tensor.expr import max_expr, min_expr
 from ..tensor.schedule import create_schedule
 from ..tensor.lower import lower
@@ -81,7 +84,9 @@ class Operand:
     it depends on (the leading axes, the row, the column); it is packed with those
     dimensions only. ``int8``: held as int8 (loaded sign-extended), else converted to int32;
     ``negate``: its negation is added (``x - t``); ``value``: a constant too wide for the
-    ALU's immediate (``arg`` -1)."""
+    ALU's immediate (``arg`` -1); ``expr``: an expression of input tensor elements and
+    constants computed on the host when the operands are packed (``arg`` -2; ``leaves``:
+    (load, Operand) of each tensor element it reads)."""
 
     arg: int
     index: tuple
@@ -89,6 +94,8 @@ class Operand:
     int8: bool = False
     negate: bool = False
     value: int | None = None
+    expr: object = None
+    leaves: tuple = ()
 
     @property
     def kind(self) -> str:
@@ -178,6 +185,8 @@ class GemmMatch:
                 f"{self.out_dtype}")
 
     def _op_text(self, o: Operand) -> str:
+        if o.expr is not None:
+            return f"{'-' if o.negate else ''}({expr_str(o.expr)}) (computed when packed)"
         if o.arg < 0:
             return f"{o.value} (a constant row)"
         name = self.names[o.arg] if o.arg < len(self.names) else f"argument {o.arg}"
@@ -374,11 +383,29 @@ def _chain(e, gemm, holders, out_canon, extents, where) -> list[Step]:
                 and x.value.dtype in ("int8", "int16", "uint8", "bool"):
             int8 = x.value.dtype == "int8"
             x = x.value
-        if not isinstance(x, Load) or x.dtype not in ("int32", "int8", "int16", "uint8",
-                                                      "bool"):
-            _fail(where, f"the epilogue operand {expr_str(x0)} is neither a constant nor an "
-                         f"input tensor element (cast to int32); the ALU combines the running "
-                         f"value with one of those per operation")
+        if not isinstance(x, Load) or x.dtype != "int32" and x is x0:
+            return host_operand(x0, negate)
+        return element(x, x0, int8, negate)
+
+    def host_operand(x, negate):
+        """An expression of input tensor elements and constants, computed on the host."""
+        for n in collect(x, lambda n: True):
+            if isinstance(n, (Reduce, Call)) or getattr(n, "dtype", "int32") == "float32":
+                _fail(where, f"the epilogue operand {expr_str(x)} computes "
+                             f"{expr_str(n)}; an operand computed on the host takes integer "
+                             f"arithmetic of input tensor elements and constants")
+        leaves = {}
+        for ld in _loads(x, lambda n: True):
+            if ld not in leaves:
+                leaves[ld] = element(ld, x, False, False)
+        if not leaves:  # constants only
+            v = int(_host_eval(x, {}, [], None))
+            return operand(Const(_wrap32(v), "int32"), negate)
+        deps = tuple(any(o.deps[d] for o in leaves.values()) for d in range(3))
+        return Operand(-2, (), deps, negate=negate, expr=x, leaves=tuple(leaves.items()))
+
+    def element(x, x0, int8, negate):
+        """The Operand of the input element ``x`` (a Load) in the operand ``x0``."""
         if x.source not in holders:
             _fail(where, f"the epilogue operand {expr_str(x0)} reads the computed tensor "
                          f"{x.source.name}")
@@ -692,8 +719,8 @@ def _gather_factor(f: Factor, arr: np.ndarray, m: GemmMatch, own: str, size: int
     return np.asarray(v, np.int8).reshape(-1, size, m.k)
 
 
-def _gather_operand(o: Operand, arr: np.ndarray, m: GemmMatch) -> np.ndarray:
-    """An operand's values as (groups or 1, M or 1, N or 1)."""
+def _gather_raw(o: Operand, arr: np.ndarray, m: GemmMatch) -> np.ndarray:
+    """An input element's values as (groups or 1, M or 1, N or 1), in its own dtype."""
     extents = (*m.lead, m.m, m.n)
     lead = len(m.lead)
     deps = tuple(o.deps[0] for _ in m.lead) + o.deps[1:]
@@ -701,10 +728,54 @@ def _gather_operand(o: Operand, arr: np.ndarray, m: GemmMatch) -> np.ndarray:
     idx = tuple(sum(c * grid[a] for a, c in enumerate(coef)) + c0 for coef, c0 in o.index)
     shape = tuple(n if d else 1 for n, d in zip(extents, deps))
     v = np.broadcast_to(arr[idx] if idx else arr.reshape(()), shape)
+    return v.reshape(math.prod(shape[:lead]), shape[lead], shape[lead + 1])
+
+
+def _gather_operand(o: Operand, arrays: list, m: GemmMatch) -> np.ndarray:
+    """An operand's values as (groups or 1, M or 1, N or 1), int8 or int32."""
+    if o.expr is not None:
+        v = _host_eval(o.expr, dict(o.leaves), arrays, m)
+    else:
+        v = _gather_raw(o, np.asarray(arrays[o.arg]), m)
     v = v.astype(np.int8 if o.int8 else np.int32)
     if o.negate:
         v = np.negative(v)  # int32: wraps like the int32 subtraction it replaces
-    return v.reshape(math.prod(shape[:lead]), shape[lead], shape[lead + 1])
+    return v
+
+
+_NP = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
+       "uint8": np.uint8, "bool": np.bool_}
+
+
+def _host_eval(e, leaves: dict, arrays: list, m: GemmMatch | None) -> np.ndarray:
+    """An integer expression of input elements (``leaves``: load -> Operand) and constants
+    in numpy, with the CPU backend's semantics: results wrap to their dtype, ``//`` and
+    ``%`` floor."""
+    def ev(x):
+        if isinstance(x, Const):
+            return np.array(x.value, _NP[x.dtype])
+        if isinstance(x, Load):
+            o = leaves[x]
+            return _gather_raw(o, np.asarray(arrays[o.arg]), m).astype(_NP[x.dtype])
+        if isinstance(x, Cast):
+            v = ev(x.value)
+            return v != 0 if x.dtype == "bool" else v.astype(np.int64).astype(_NP[x.dtype])
+        if isinstance(x, Select):
+            return np.where(ev(x.cond), ev(x.t), ev(x.f)).astype(_NP[x.dtype])
+        if isinstance(x, Bin):
+            a, b = ev(x.a), ev(x.b)
+            if x.op in ("&&", "||"):
+                return np.logical_and(a, b) if x.op == "&&" else np.logical_or(a, b)
+            a, b = a.astype(np.int64), b.astype(np.int64)
+            with np.errstate(divide="ignore"):
+                r = {"+": np.add, "-": np.subtract, "*": np.multiply, "min": np.minimum,
+                     "max": np.maximum, ">>": np.right_shift, "<<": np.left_shift,
+                     "//": np.floor_divide, "%": np.mod, "<": np.less, "<=": np.less_equal,
+                     ">": np.greater, ">=": np.greater_equal, "==": np.equal,
+                     "!=": np.not_equal}[x.op](a, b)
+            return r if x.dtype == "bool" else r.astype(_NP[x.dtype])
+        raise CompilerError(f"cannot compute {expr_str(x)} on the host")
+    return np.asarray(ev(e))
 
 
 def _pad_to(x: np.ndarray, shape: tuple) -> np.ndarray:
@@ -731,10 +802,10 @@ def pack_inputs(m: GemmMatch, arrays: list, cfg: HwConfig,
     weight = w.reshape(-1, np_ // k, k, kp // k, k).transpose(0, 1, 3, 2, 4)
     out = [np.ascontiguousarray(data), np.ascontiguousarray(weight)]
     for o in m.operands:
-        if o.arg < 0:
+        if o.arg == -1:
             out.append(np.full((1, b, k), o.value, np.int32))
             continue
-        v = _gather_operand(o, np.asarray(arrays[o.arg]), m)              # (G|1, M|1, N|1)
+        v = _gather_operand(o, arrays, m)                                 # (G|1, M|1, N|1)
         deps = m.packed_deps(o)
         if m.fold:
             v = np.broadcast_to(v, (m.groups, m.m, v.shape[2]) if deps[1] else v.shape)

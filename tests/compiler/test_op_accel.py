@@ -83,8 +83,8 @@ def scaled(a, b, bias, m=3):
 
 def chain(a, b, col, row, full, sc, recipe=""):
     """A product followed by the operations of ``recipe`` ("op:operand" items separated by
-    commas; operands: a number, col, row, full (int8), sc; "rsub" is operand - x; a final
-    "int8" casts)."""
+    commas; operands: a number, col, row, full (int8), sc, and the expressions ex1, ex2
+    computed on the host; "rsub" is operand - x; a final "int8" casts)."""
     c = _matmul(a, b)
     items = [it.split(":") for it in recipe.split(",") if it]
 
@@ -95,7 +95,10 @@ def chain(a, b, col, row, full, sc, recipe=""):
                 return x.astype("int8")
             v = {"col": lambda: col[j], "row": lambda: row[i],
                  "full": lambda: full[i, j].astype("int32"),
-                 "sc": lambda: sc[0]}.get(arg[0], lambda: int(arg[0]))()
+                 "sc": lambda: sc[0],
+                 "ex1": lambda: (col[j] >> 3) * row[i] + 5,
+                 "ex2": lambda: select(full[i, j] > 0, col[j], sc[0] // 7 - (row[i] % 5)),
+                 }.get(arg[0], lambda: int(arg[0]))()
             x = {"+": lambda: x + v, "-": lambda: x - v, "*": lambda: x * v,
                  "min": lambda: minimum(x, v), "max": lambda: maximum(x, v),
                  ">>": lambda: x >> v, "<<": lambda: x << v, "rsub": lambda: v - x}[op]()
@@ -108,8 +111,12 @@ def chain_reference(a, b, col, row, full, sc, recipe):
     for op, *arg in (it.split(":") for it in recipe.split(",") if it):
         if op == "int8":
             return x.astype(np.int8)
-        v = {"col": col[None, :].astype(np.int64), "row": row[:, None].astype(np.int64),
-             "full": full.astype(np.int64), "sc": np.int64(sc[0])}.get(arg[0])
+        c64, r64, s64 = col[None, :].astype(np.int64), row[:, None].astype(np.int64), \
+            np.int64(sc[0])
+        v = {"col": c64, "row": r64, "full": full.astype(np.int64), "sc": s64,
+             "ex1": _wrap(_wrap((c64 >> 3) * r64) + 5),
+             "ex2": np.where(full > 0, c64, _wrap(s64 // 7 - r64 % 5)),
+             }.get(arg[0])
         v = np.int64(int(arg[0])) if v is None else v
         x = _wrap({"+": lambda: x + v, "-": lambda: x - v, "*": lambda: x * v,
                    "min": lambda: np.minimum(x, v), "max": lambda: np.maximum(x, v),
@@ -124,7 +131,7 @@ def _recipe(rng) -> str:
         if op in (">>", "<<"):
             arg = str(int(rng.integers(0, 12)))
         else:
-            arg = str(rng.choice(["col", "row", "full", "sc", "num", "big"]))
+            arg = str(rng.choice(["col", "row", "full", "sc", "num", "big", "ex1", "ex2"]))
             arg = {"num": str(int(rng.integers(-300, 300))),
                    "big": str(int(rng.integers(-2**31, 2**31)))}.get(arg, arg)
         items.append(f"{op}:{arg}")
@@ -386,6 +393,12 @@ def test_unmappable_computes_say_what_and_suggest_cpu():
         return te.compute((4, 4), lambda i, j: te.sum(x[i, k].astype("int32") * y[i, k].astype(
             "int32"), axis=[k]), "c")
     assert "the rows and the columns" in _err(outer, a, b)
+
+    def float_operand(x, y, f):
+        c = _matmul(x, y)
+        return te.compute(c.shape, lambda i, j: c[i, j] + (f[j].astype("float32") * 2.0
+                                                            ).astype("int32"), "o")
+    assert "integer arithmetic" in _err(float_operand, a, b, np.arange(4, dtype=np.int32))
 
     def too_far(x, y):
         k = te.reduce_axis(6, "k")
