@@ -627,6 +627,20 @@ def test_a_registered_intrinsic(monkeypatch):
         bad(x, w, bias, scale)
 
 
+def test_rebuilds_on_one_device():
+    """Builds evicted and made again on one Device (max_builds=1, alternating shapes): the
+    device's micro-op kernel cache must not confuse a new build's kernels with a collected
+    one's. (Its key was id() of the kernel statement, which a new statement can reuse; a
+    script doing this failed about one build in twenty, though not reliably under pytest.)"""
+    o = celosia.op(target="accel", config="small", max_builds=1, name="rebuilt")(matmul)
+    rng = np.random.default_rng(15)
+    for it in range(60):
+        m = 3 + it % 4
+        a, b = _i8(rng, (m, 6)), _i8(rng, (6, 5))
+        np.testing.assert_array_equal(o(a, b), a.astype(np.int32) @ b)
+    assert o.builds == 60
+
+
 def test_threads_share_an_op_with_evictions():
     """Calls from several threads on one accelerator op keeping one build: every result is
     right although each call may evict another's build."""
