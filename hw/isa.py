@@ -9,7 +9,7 @@ from __future__ import annotations
 from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum
 
-from celosia import isa
+import celosia.isa as isa
 from celosia.config import UOP_BITS, HwConfig
 
 __all__ = ["Opcode", "MemType", "AluOp", "ErrorCode", "InsnLayouts", "INSN_BITS",

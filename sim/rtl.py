@@ -67,12 +67,12 @@ def _source_key(cfg: HwConfig, trace: bool) -> str:
     build options. Hashing sources rather than the Verilog avoids elaborating on a cache hit."""
     import amaranth
 
-    import celosia
+    import celosia.config
     import celosia.hw
 
     h = hashlib.sha256()
     sources = sorted(Path(celosia.hw.__file__).parent.glob("*.py"))
-    sources += [Path(celosia.__file__).parent / n for n in ("config.py", "isa.py")]
+    sources += [Path(celosia.config.__file__).parent / n for n in ("config.py", "isa.py")]
     sources += sorted(_HARNESS_DIR.iterdir()) + [Path(__file__)]
     for path in sources:
         if path.is_file():
