@@ -35,12 +35,11 @@ import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
-from celosia.isa import (AluInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode, decode_uops,
-                         elem_bytes)
+from celosia.isa import AluInsn, GemmInsn, Insn, MemInsn, Module, Opcode, decode_uops
 
 from .cycle_report import plot_timeline, timeline_stats, write_trace
 from .cycle_timing import NEVER, TWO_STAGE_ALU_OPS, Timing, alu_hazards
-from .datapath import DEFAULT_MAX_WORK, single_threaded_blas
+from .datapath import DEFAULT_MAX_WORK, _mem_sizes, single_threaded_blas
 from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine
 
 __all__ = ["CycleSimulator", "Timeline", "Timing", "plot_timeline"]
@@ -75,6 +74,7 @@ def _clear_caches() -> None:
 
 # Timings (and program addresses) a program keeps its plans for.
 _CACHED_STATICS = 8
+_ZERO_ROW = np.zeros(1, np.int64)  # a micro-op's row, where its value does not matter
 
 
 class CycleSimulator(FunctionalSimulator):
@@ -155,8 +155,8 @@ class CycleSimulator(FunctionalSimulator):
                         f"long")
                 datapath.execute(index, insn)
 
-        stalls: dict = {}
-        if static.hazard_alu and self.timing.hazard_stalls:
+        stalls: dict = dict(static.fixed_stalls)
+        if static.hazard_alu:
             timed, cfg, hazard_alu = execute, self.config, static.hazard_alu
 
             def execute(index: int, insn: Insn) -> None:
@@ -173,35 +173,42 @@ class CycleSimulator(FunctionalSimulator):
 
 class _Static:
     """What every run of one program under one timing shares: each instruction's plan
-    (cycle_timing.py), each STORE's write beats and bursts, each instruction's lower bound
-    (the shortest durations of its module's instructions up to it, each plus its push
-    cycle), the schedule's tables, and ``stats`` (the static part of the statistics, filled
-    by cycle_report.timeline_stats)."""
+    (cycle_timing.py), each STORE's write beats and bursts, the hazard stalls fixed by the
+    instruction alone, each module's instruction indices, the lower bounds of the run
+    (``max_lower``; ``lower`` per instruction, made when first read: the shortest durations
+    of its module's instructions up to it, each plus its push cycle), the schedule's tables,
+    and ``stats`` (the static part of the statistics, filled by
+    cycle_report.timeline_stats).
+
+    Plans and the rest are computed once per distinct instruction object (a repeated word
+    is one object, fsim._decode) and spread over the program with list comprehensions: a
+    program's first run pays per instruction word, not per instruction."""
 
     def __init__(self, insns: Program, timing: Timing, cfg: HwConfig):
-        n = len(insns)
-        bytes_of = {mt: elem_bytes(cfg, mt) for mt in MemType}
+        sizes = _mem_sizes(cfg)
         mem_plans = _mem_plans(timing)
         window = math.lcm(timing.burst_bytes, timing.bus_bytes)
         burst, bus = timing.burst_bytes, timing.bus_bytes
-        self.plans: list = [None] * n
-        self.writes: dict = {}
-        self.lower = [0] * n
-        self.module = insns.modules
+        hazards = timing.hazard_stalls
+        self.module = modules = insns.modules
         self.pops, self.pushes = insns.pops, insns.pushes
-        self.seq: dict = {m: [] for m in range(3)}
-        self.local = [0] * n
-        lower = [0, 0, 0]
-        seen: dict = {}  # id -> (plan, writes): a repeated instruction word is one object
-        for j, insn in enumerate(insns):
-            m = self.module[j]
-            known = seen.get(id(insn))
-            if known is not None:
-                plan, writes = known
-                if writes is not None:
-                    self.writes[j] = writes
-            elif isinstance(insn, (GemmInsn, AluInsn)):
+        # per distinct instruction: (plan, STORE writes or None, cost, fixed hazard stalls,
+        # whether its hazard stalls depend on the micro-ops and are counted per run)
+        per: dict = {}
+        for insn in {id(i): i for i in insns}.values():
+            writes, fixed, per_run = None, 0, False
+            if isinstance(insn, GemmInsn):
                 plan = timing.loop_plan(insn)
+            elif isinstance(insn, AluInsn):
+                plan = timing.loop_plan(insn)
+                if hazards and insn.alu_op in TWO_STAGE_ALU_OPS \
+                        and insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn) > 1:
+                    if insn.use_imm and insn.uop_end - insn.uop_bgn == 1:
+                        # one micro-op and no source row: its stalls do not depend on the
+                        # micro-op's word (alu_hazards compares the row with itself)
+                        fixed = alu_hazards(insn, _ZERO_ROW, _ZERO_ROW)
+                    else:
+                        per_run = True
             elif isinstance(insn, MemInsn):
                 # LOAD/STORE plans depend on the element bytes (configurations of equal
                 # timings share the memo), the fields other than sram_base and the flags,
@@ -210,7 +217,7 @@ class _Static:
                 # multiples of bus_bytes: every time is the same a window further on). One
                 # row inside one burst window (a micro-op load, a short row) depends only on
                 # the address within a beat: no burst boundary cuts it.
-                eb = bytes_of[insn.mem_type]
+                eb = sizes[insn.mem_type][0]
                 a = insn.dram_base * eb
                 if insn.y_size == 1 and a // burst == (a + insn.x_size * eb - 1) // burst:
                     where = (a % bus, "one burst")
@@ -226,25 +233,42 @@ class _Static:
                         mem_plans.clear()
                     mem_plans[key] = plan
                 if isinstance(plan, tuple):  # STORE: (push offset, write beats, bursts)
-                    self.writes[j] = plan[1:]
-                    plan = plan[0]
+                    plan, writes = plan[0], plan[1:]
             else:
                 plan = timing.plan(insn, cfg)
-            if known is None:
-                seen[id(insn)] = (plan, self.writes.get(j))
-            lower[m] += (plan if isinstance(plan, int) else plan.push) + 1
-            self.lower[j] = lower[m]
-            self.plans[j] = plan
-            self.local[j] = len(self.seq[m])
-            self.seq[m].append(j)
-        self.max_lower = max(self.lower)
-        # SHR/MUL ALU instructions with micro-ops: their hazard stalls are counted per run
-        self.hazard_alu = frozenset(
-            j for j, insn in enumerate(insns)
-            if isinstance(insn, AluInsn) and insn.alu_op in TWO_STAGE_ALU_OPS
-            and insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn) > 1)
+            cost = (plan if isinstance(plan, int) else plan.push) + 1
+            per[id(insn)] = (plan, writes, cost, fixed, per_run)
+        rows = [per[id(i)] for i in insns]
+        self.plans: list = [r[0] for r in rows]
+        self.writes: dict = {j: r[1] for j, r in enumerate(rows) if r[1] is not None}
+        self.seq: dict = {m: [] for m in range(3)}
+        totals = [0, 0, 0]
+        seq = self.seq
+        for j, (m, r) in enumerate(zip(modules, rows)):
+            seq[m].append(j)
+            totals[m] += r[2]
+        self.max_lower = max(totals)
+        self._costs = [r[2] for r in rows]
+        self._lower = None
+        #: hazard stalls that the instruction's fields alone decide (index -> cycles)
+        self.fixed_stalls = {j: r[3] for j, r in enumerate(rows) if r[3]}
+        # SHR/MUL ALU instructions whose hazard stalls are counted per run, from the
+        # micro-ops in the UOP buffer
+        self.hazard_alu = frozenset(j for j, r in enumerate(rows) if r[4])
         self.arrays = None  # module, pop_q, push_q as arrays (``tables``)
         self.stats = None
+
+    @property
+    def lower(self) -> list:
+        """Per instruction, the sum of its module's shortest durations (each plus the push
+        cycle) up to it: a lower bound of the cycle it can push in."""
+        if self._lower is None:
+            lower, totals = [0] * len(self.module), [0, 0, 0]
+            for j, (m, c) in enumerate(zip(self.module, self._costs)):
+                totals[m] += c
+                lower[j] = totals[m]
+            self._lower = lower
+        return self._lower
 
     def tables(self) -> tuple:
         """(module, pop_q, push_q) as read-only arrays (Timeline's), made when first read:
@@ -373,7 +397,7 @@ class _Schedule:
         self.static = static
         self.stalls = stalls or {}
         self.insns, self.plans, self.timing, self.insn_addr = insns, static.plans, timing, insn_addr
-        self.module, self.seq, self.local = static.module, static.seq, static.local
+        self.module, self.seq = static.module, static.seq
         self.pops, self.pushes = static.pops, static.pushes
         neg = [-1] * n
         self.free, self.dispatch, self.avail = neg[:], neg[:], neg[:]
@@ -441,7 +465,8 @@ class _Schedule:
         t = self.timing
         n, depth, size = len(self.insns), t.cmd_queue_depth, t.fetch_insns
         avail, start, dispatch = self.avail, self.start, self.dispatch
-        module, local_of, seq = self.module, self.local, self.seq
+        module, seq = self.module, self.seq
+        count = [0, 0, 0]  # instructions dispatched so far per module
         runnable, w_d, w_batch, batch_req = self.runnable, self.w_d, self.w_batch, self.batch_req
         batch_req.append(t.FIRST_FETCH)
         u = w_batch.pop(0, None)
@@ -455,9 +480,11 @@ class _Schedule:
             d = avail[j]
             if last >= d:
                 d = last + 1
-            local = local_of[j]
+            m = module[j]
+            local = count[m]
+            count[m] = local + 1
             if local >= depth:  # room once the instruction `depth` ahead has started
-                ahead = seq[module[j]][local - depth]
+                ahead = seq[m][local - depth]
                 if start[ahead] < 0:
                     self.w_s[ahead] = me
                     yield None
@@ -522,27 +549,30 @@ class _Schedule:
                 if stalls:
                     p += stalls.get(j, 0)
             else:  # a LOAD's bursts on the read channel
-                req, buf, first, span = plan.req, plan.buf, plan.first, plan.span
-                delta = wait = lat = i = 0
+                # burst i's offsets: the plan's scalars for the first burst (usually the
+                # only one granted alone), its lists for later ones
+                r, bound, first_i, span_i = s + plan.req0, s + plan.buf0, plan.first0, plan.span0
+                wait = lat = i = 0
                 nb = plan.n
-                while i < nb:
-                    r = s + req[i] + delta
+                while True:
                     bulk, g = yield r
                     f = g + 1 + L
-                    bound = s + buf[i] + delta
                     if bound > f:
                         f = bound
                     wait += g - r
                     lat += f - g
-                    delta = f - s - first[i]
+                    delta = f - s - first_i
                     reads.append((client, j, i, r, g, f, delta, bulk))
                     if bulk:
-                        lat += plan.lat_after[i]
-                        i = nb - 1
-                        self.channel_free = s + first[i] + span[i] + delta + 1
+                        lat += plan.lat_after[i] if i else plan.lat0
+                        self.channel_free = s + plan.end + delta + 1
                         break
-                    self.channel_free = f + span[i] + 1
+                    self.channel_free = f + span_i + 1
                     i += 1
+                    if i == nb:
+                        break
+                    r, bound = s + plan.req[i] + delta, s + plan.buf[i] + delta
+                    first_i, span_i = plan.first[i], plan.span[i]
                 self.rd_wait[j], self.rd_lat[j] = wait, lat
                 p = s + plan.push + delta
             done[j] = p

@@ -44,7 +44,6 @@ _PY_ROWS = 32
 # Plans are shared by every program that has the same instruction fields and never
 # changed; they are not frozen dataclasses because a program's first run makes many, and a
 # frozen __init__ costs four times a plain one.
-@dataclass(slots=True, eq=False)
 class ReadPlan:
     """A LOAD that reads DRAM, as bursts on the shared read channel.
 
@@ -62,23 +61,70 @@ class ReadPlan:
     If burst ``i`` is granted ``w`` cycles after it is requested, every later time of the
     instruction moves by the same amount as its first beat does; the schedule keeps that
     shift (``delta``) and reads every other time off these offsets.
+
+    The schedule usually needs only the first burst: when it is granted while no other unit
+    asks for the channel, the rest of the LOAD is granted as requested. So a plan always
+    holds the scalars that case uses (``n``, ``push``, ``beats``; the first burst's
+    ``req0``, ``buf0``, ``first0``, ``span0`` and ``lat0`` = ``lat_after[0]``; ``end`` =
+    the last burst's ``first + span``), and a plan of wide elements (Timing.load_plan)
+    computes them per row in closed form, making the per-burst lists only when first read
+    (a contended LOAD, the trace).
     """
 
-    req: list
-    buf: list
-    first: list
-    span: list
-    push: int
-    beats: int
-    #: per burst, its number of beats (for the trace)
-    burst_beats: list
-    #: lat_after[i]: sum over the bursts after i of (first - req), the latency those bursts
-    #: see when none of them waits
-    lat_after: list
+    __slots__ = ("n", "push", "beats", "req0", "buf0", "first0", "span0", "lat0", "end",
+                 "_lists", "_make")
+
+    def __init__(self, req: list, buf: list, first: list, span: list, push: int, beats: int,
+                 burst_beats: list, lat_after: list):
+        self.n, self.push, self.beats = len(req), push, beats
+        self.req0, self.buf0, self.first0, self.span0 = req[0], buf[0], first[0], span[0]
+        self.lat0, self.end = lat_after[0], first[-1] + span[-1]
+        self._lists = (req, buf, first, span, burst_beats, lat_after)
+        self._make = None
+
+    @classmethod
+    def lazy(cls, n: int, push: int, beats: int, req0: int, buf0: int, first0: int,
+             span0: int, lat0: int, end: int, make) -> "ReadPlan":
+        """A plan from its scalars; ``make()`` returns the eager plan of the same LOAD."""
+        plan = cls.__new__(cls)
+        plan.n, plan.push, plan.beats = n, push, beats
+        plan.req0, plan.buf0, plan.first0, plan.span0 = req0, buf0, first0, span0
+        plan.lat0, plan.end = lat0, end
+        plan._lists, plan._make = None, make
+        return plan
+
+    def _expand(self) -> tuple:
+        if self._lists is None:
+            self._lists = self._make()._lists
+            self._make = None
+        return self._lists
 
     @property
-    def n(self) -> int:
-        return len(self.req)
+    def req(self) -> list:
+        return self._expand()[0]
+
+    @property
+    def buf(self) -> list:
+        return self._expand()[1]
+
+    @property
+    def first(self) -> list:
+        return self._expand()[2]
+
+    @property
+    def span(self) -> list:
+        return self._expand()[3]
+
+    @property
+    def burst_beats(self) -> list:
+        """Per burst, its number of beats (for the trace)."""
+        return self._expand()[4]
+
+    @property
+    def lat_after(self) -> list:
+        """lat_after[i]: sum over the bursts after i of (first - req), the latency those
+        bursts see when none of them waits."""
+        return self._expand()[5]
 
     def min_cycles(self) -> int:
         return self.push
@@ -267,6 +313,8 @@ class Timing:
         if insn.y_size == 0:
             return 2 + rows * W + 2
         if insn.y_size <= _PY_ROWS:
+            if eb >= self.bus_bytes:
+                return self._load_plan_wide(insn, eb)
             return self._load_plan_rows(insn, eb)
         bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
         r = np.arange(insn.y_size, dtype=np.int64)
@@ -303,6 +351,38 @@ class Timing:
         lat_after = (np.cumsum(lat[::-1])[::-1] - lat).tolist()
         return ReadPlan(off_req.tolist(), off_buf.tolist(), off_first.tolist(), span.tolist(),
                         push, int(beats.sum()), beats.tolist(), lat_after)
+
+    def _load_plan_wide(self, insn: MemInsn, eb: int) -> ReadPlan:
+        """_load_plan_rows's plan for wide elements (``eb >= bus_bytes``), its scalars in
+        closed form per row (the lists are made when first read). A wide burst's first beat
+        is never held by the beat buffer: burst k of a row is requested the cycle after the
+        previous RLAST (the row's first, x_pad_0 + 1 cycles into the row), has its first
+        beat L + 1 cycles later and its RLAST beats - 1 after that; so a row of nb bursts
+        and ``beats`` beats ends nb * (L + 1) + beats - 1 cycles after its first request,
+        and the walk goes on two cycles (last element written, back to WALK) plus x_pad_1
+        later."""
+        bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
+        W = insn.x_pad_0 + insn.x_size + insn.x_pad_1
+        row_bytes, stride = insn.x_size * eb, insn.x_stride * eb
+        t = 2 + insn.y_pad_0 * W  # the walker, at the start of the first data row
+        a = insn.dram_base * eb
+        n = beats = 0
+        for _ in range(insn.y_size):
+            pos, end = a // bus * bus, -(-(a + row_bytes) // bus) * bus
+            nb = (end - 1) // burst - pos // burst + 1
+            row_beats = (end - pos) // bus
+            if not n:  # the first burst
+                req0 = t + insn.x_pad_0 + 1
+                span0 = min(end, (pos // burst + 1) * burst) - pos
+                span0 = span0 // bus - 1
+            x = t + insn.x_pad_0 + 1 + nb * (L + 1) + row_beats - 1  # the row's last RLAST
+            n += nb
+            beats += row_beats
+            t = x + 2 + insn.x_pad_1
+            a += stride
+        push = t + insn.y_pad_1 * W + 2
+        return ReadPlan.lazy(n, push, beats, req0, NEVER, req0 + 1 + L, span0,
+                             (n - 1) * (L + 1), x, lambda: self._load_plan_rows(insn, eb))
 
     def _load_plan_rows(self, insn: MemInsn, eb: int) -> ReadPlan:
         """load_plan one row and burst at a time (faster for a few rows; the same rules)."""

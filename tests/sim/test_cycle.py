@@ -215,6 +215,40 @@ def test_load_plans_row_by_row_and_vectorised_agree():
 
 
 
+
+def test_wide_load_plans_in_closed_form_agree_with_the_rows():
+    """A LOAD of wide elements gets its plan's scalars in closed form per row
+    (Timing._load_plan_wide) and its per-burst lists only when read; both must be
+    _load_plan_rows's, whose scalars (first burst, last RLAST, latencies) are read off its
+    lists."""
+    import random
+
+    rng = random.Random(3)
+    for cfg in (DEFAULT, SMALL, HwConfig(bus_bytes=64, dram_latency=1), HwConfig(bus_bytes=1),
+                HwConfig(bus_bytes=32, dram_latency=7)):
+        t = Timing.from_config(cfg)
+        wide = [mt for mt in (MemType.UOP, MemType.INP, MemType.WGT, MemType.ACC,
+                              MemType.ACC_8BIT) if elem_bytes(cfg, mt) >= t.bus_bytes]
+        for _ in range(300):
+            mt = rng.choice(wide)
+            eb = elem_bytes(cfg, mt)
+            insn = MemInsn(opcode=Opcode.LOAD, mem_type=mt, dram_base=rng.randrange(5000),
+                           y_size=rng.randrange(1, 9), x_size=rng.randrange(1, 300),
+                           x_stride=rng.randrange(400), y_pad_0=rng.randrange(3),
+                           y_pad_1=rng.randrange(3), x_pad_0=rng.randrange(3),
+                           x_pad_1=rng.randrange(3))
+            rows = t._load_plan_rows(insn, eb)
+            lazy = t.load_plan(insn, eb)
+            assert lazy._lists is None  # nothing per burst made yet
+            scalars = ("n", "push", "beats", "req0", "buf0", "first0", "span0", "lat0", "end")
+            assert [getattr(lazy, k) for k in scalars] == [getattr(rows, k) for k in scalars]
+            assert (rows.n, rows.req0, rows.buf0, rows.first0, rows.span0, rows.lat0,
+                    rows.end) == (len(rows.req), rows.req[0], rows.buf[0], rows.first[0],
+                                  rows.span[0], rows.lat_after[0],
+                                  rows.first[-1] + rows.span[-1])
+            for name in ("req", "buf", "first", "span", "burst_beats", "lat_after"):
+                assert getattr(lazy, name) == getattr(rows, name), (name, insn)
+
 def test_one_row_in_one_burst_has_one_plan_per_beat_offset():
     """_Static shares a plan between one-row LOADs/STOREs inside one burst window that
     start at the same offset within a beat: their plans are equal wherever they are."""
