@@ -28,7 +28,6 @@ PNG timeline in cycle_report.py. docs/cycle_model.md describes all three.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -284,7 +283,6 @@ class _Static:
         return self.arrays
 
 
-@dataclass
 class Timeline:
     """Per-instruction times of one run (cycles from the start write; -1 where not
     applicable).
@@ -300,39 +298,67 @@ class Timeline:
     (request cycle, first instruction, count); ``reads``: the read bursts granted one at a
     time and the starts of bulk grants (see :meth:`read_bursts`); ``module``, ``pop_q``,
     ``push_q``: the program's tables (properties: the same every run).
+
+    The schedule hands over Python lists (``rows``, the rows of ``times`` in its order);
+    the numpy arrays are made when first read (the statistics of a short program need
+    none).
     """
 
-    insns: list
-    plans: list
-    timing: Timing
-    insn_addr: int
-    free: np.ndarray
-    dispatch: np.ndarray
-    avail: np.ndarray
-    start: np.ndarray
-    done: np.ndarray
-    push: np.ndarray
-    rd_wait: np.ndarray
-    rd_lat: np.ndarray
-    tok_ready: np.ndarray  # (n, 2)
-    room_ready: np.ndarray
-    batches: np.ndarray  # (batches, 3)
-    reads: list  # (client, index, burst, request, grant, first beat, delta, bulk)
-    #: per STORE instruction: (write beats, write bursts)
-    writes: dict = None  # type: ignore[assignment]
-    #: what every run of the program shares (cycle._Static)
-    static: object = None
-    #: (12, n): free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2
-    #: rows), room_ready (2 rows); the per-instruction arrays above are its rows, or None
-    times: np.ndarray = None
-    #: (fetch bursts, 2): request and grant of each of fetch's read bursts, or None
-    fetch_reads: np.ndarray = None
-    #: hazard stall cycles of the SHR/MUL ALU instructions that had any (index -> cycles)
-    stalls: dict = None  # type: ignore[assignment]
+    def __init__(self, insns: list, plans: list, timing: Timing, insn_addr: int, rows: list,
+                 batches: list, reads: list, writes: dict, static, fetch_reads: list,
+                 stalls: dict):
+        self.insns, self.plans, self.timing, self.insn_addr = insns, plans, timing, insn_addr
+        #: free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2 rows),
+        #: room_ready (2 rows), as Python lists
+        self.rows = rows
+        self._batches = batches
+        #: (client, index, burst, request, grant, first beat, delta, bulk)
+        self.reads = reads
+        #: per STORE instruction: (write beats, write bursts)
+        self.writes = writes
+        #: what every run of the program shares (cycle._Static)
+        self.static = static
+        self._fetch_reads = fetch_reads  # request, grant, request, grant, ...
+        #: hazard stall cycles of the SHR/MUL ALU instructions that had any (index -> cycles)
+        self.stalls = stalls
+        self._times = self._batch_array = self._fetch_array = None
+
+    @property
+    def times(self) -> np.ndarray:
+        """(12, n): free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2
+        rows), room_ready (2 rows); the per-instruction arrays are its rows."""
+        if self._times is None:
+            self._times = np.array(self.rows, dtype=np.int64).reshape(12, -1)
+        return self._times
+
+    free = property(lambda self: self.times[0])
+    dispatch = property(lambda self: self.times[1])
+    avail = property(lambda self: self.times[2])
+    start = property(lambda self: self.times[3])
+    done = property(lambda self: self.times[4])
+    push = property(lambda self: self.times[5])
+    rd_wait = property(lambda self: self.times[6])
+    rd_lat = property(lambda self: self.times[7])
+    tok_ready = property(lambda self: self.times[8:10].T)  # (n, 2)
+    room_ready = property(lambda self: self.times[10:12].T)
+
+    @property
+    def batches(self) -> np.ndarray:
+        """(batches, 3): request cycle, first instruction, count of each fetch batch."""
+        if self._batch_array is None:
+            self._batch_array = np.array(self._batches, dtype=np.int64).reshape(-1, 3)
+        return self._batch_array
+
+    @property
+    def fetch_reads(self) -> np.ndarray:
+        """(fetch bursts, 2): request and grant of each of fetch's read bursts."""
+        if self._fetch_array is None:
+            self._fetch_array = np.array(self._fetch_reads, dtype=np.int64).reshape(-1, 2)
+        return self._fetch_array
 
     @property
     def cycles(self) -> int:
-        return int(self.push.max()) + 1
+        return max(self.rows[5]) + 1
 
     # The program's tables (the same every run: cycle._Static's, as arrays when first read)
     @property
@@ -513,10 +539,11 @@ class _Schedule:
         runnable, w_s, w_push, w_pop = self.runnable, self.w_s, self.w_push, self.w_pop
         client = me  # read client id (load 1, compute 2; store never reads)
         stalls = self.stalls
+        free_of, rd_wait, rd_lat, w_d = self.free, self.rd_wait, self.rd_lat, self.w_d
         free = 0
         for j in self.seq[m]:
             if dispatch[j] < 0:
-                self.w_d[j] = me
+                w_d[j] = me
                 yield None
             s = dispatch[j] + 1
             if free > s:
@@ -531,7 +558,7 @@ class _Schedule:
                 tok_ready[col][j] = ready
                 if ready > s:
                     s = ready
-            self.free[j] = free
+            free_of[j] = free
             start[j] = s
             if w_s:
                 u = w_s.pop(j, None)
@@ -544,7 +571,7 @@ class _Schedule:
                     if u is not None:
                         runnable.append((u, None))
             plan = plans[j]
-            if isinstance(plan, int):
+            if type(plan) is int:
                 p = s + plan
                 if stalls:
                     p += stalls.get(j, 0)
@@ -573,7 +600,8 @@ class _Schedule:
                         break
                     r, bound = s + plan.req[i] + delta, s + plan.buf[i] + delta
                     first_i, span_i = plan.first[i], plan.span[i]
-                self.rd_wait[j], self.rd_lat[j] = wait, lat
+                rd_wait[j] = wait
+                rd_lat[j] = lat
                 p = s + plan.push + delta
             done[j] = p
             pushes = pushes_of_[j]
@@ -608,11 +636,13 @@ class _Schedule:
         pending: dict[int, int] = {}
         finished = 0
         last = 2  # round robin: the first search starts at fetch
+        sends = [gen.send for gen in gens]
+        pop = runnable.pop
         while True:
             while runnable:
-                u, value = runnable.pop()
+                u, value = pop()
                 try:
-                    r = gens[u].send(value)
+                    r = sends[u](value)
                 except StopIteration:
                     finished += 1
                     continue
@@ -650,16 +680,8 @@ class _Schedule:
 
     def _timeline(self) -> Timeline:
         st = self.static
-        times = np.array((self.free, self.dispatch, self.avail, self.start, self.done,
-                          self.push, self.rd_wait, self.rd_lat, *self.tok_ready,
-                          *self.room_ready), dtype=np.int64)
-        free, dispatch, avail, start, done, push, rd_wait, rd_lat = times[:8]
-        return Timeline(
-            insns=self.insns, plans=list(self.plans), timing=self.timing,
-            insn_addr=self.insn_addr, free=free, dispatch=dispatch,
-            avail=avail, start=start, done=done, push=push, rd_wait=rd_wait, rd_lat=rd_lat,
-            tok_ready=times[8:10].T, room_ready=times[10:12].T,
-            batches=np.array(self.batches, dtype=np.int64).reshape(-1, 3), reads=self.reads,
-            writes=dict(st.writes), static=st, times=times,
-            fetch_reads=np.array(self.fetch_reads, dtype=np.int64).reshape(-1, 2),
-            stalls=dict(self.stalls))
+        rows = [self.free, self.dispatch, self.avail, self.start, self.done, self.push,
+                self.rd_wait, self.rd_lat, *self.tok_ready, *self.room_ready]
+        return Timeline(self.insns, list(self.plans), self.timing, self.insn_addr, rows,
+                        self.batches, self.reads, dict(st.writes), st, self.fetch_reads,
+                        dict(self.stalls))

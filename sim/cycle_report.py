@@ -189,8 +189,9 @@ def _sums_numpy(tl, static):
 def _sums_python(tl, static):
     """_sums_numpy one instruction at a time, on Python ints: faster for short programs
     (below _PYTHON_STATS instructions), where numpy's per-call cost dominates."""
+    rows = getattr(tl, "rows", None)  # the schedule's lists (cycle.Timeline)
     free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok0, tok1, room0, room1 = \
-        _times(tl).tolist()
+        rows if rows is not None else _times(tl).tolist()
     pops, pushes = static.pops, static.pushes
     module, write_wait, mem_index = static.module, static.write_wait_list, static.mem_index
     per = [[0, 0, 0] for _ in range(5)]  # busy, command queue, dram, bus, fetch room
@@ -237,7 +238,9 @@ def _sums_python(tl, static):
             ran[k] += p + 1 - s
     fetch_bus = 0
     begins = [a0 for a0, _ in gaps]
-    for r, g in _fetch_bursts(tl).tolist():
+    pairs = getattr(tl, "_fetch_reads", None)  # request, grant, request, grant, ...
+    for r, g in (zip(pairs[::2], pairs[1::2]) if pairs is not None
+                 else _fetch_bursts(tl).tolist()):
         # the gaps that end after r and begin before g (disjoint and sorted: from the last
         # one beginning by r)
         for a0, a1 in gaps[max(bisect_right(begins, r) - 1, 0):]:
@@ -279,7 +282,9 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     stats["fetch_stall_bus_cycles"] = fetch_bus
     for key, value in zip(_CMDQ_FULL_KEYS, per_module[4]):
         stats[key] = value
-    stats["fetch_idle_cycles"] = cycles - int(tl.dispatch[-1]) - 1
+    rows = getattr(tl, "rows", None)
+    last_dispatch = rows[1][-1] if rows is not None else int(tl.dispatch[-1])
+    stats["fetch_idle_cycles"] = cycles - last_dispatch - 1
     for m, name in enumerate(MODULES):
         busy, cmdq, tokens, rooms, dram, bus, idle = _MODULE_KEYS[name]
         row = [(busy, per_module[0][m]), (cmdq, per_module[1][m])]
