@@ -36,7 +36,8 @@ from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
 from celosia.isa import AluInsn, GemmInsn, Insn, MemInsn, Module, Opcode, decode_uops
 
-from .cycle_report import plot_timeline, timeline_stats, write_trace
+from .cycle_report import (MEM_STAT_TYPES, insn_stat_fields, plot_timeline, timeline_stats,
+                           write_trace)
 from .cycle_timing import NEVER, TWO_STAGE_ALU_OPS, Timing, alu_hazards
 from .datapath import DEFAULT_MAX_WORK, _mem_sizes, single_threaded_blas
 from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine
@@ -236,7 +237,8 @@ class _Static:
             else:
                 plan = timing.plan(insn, cfg)
             cost = (plan if isinstance(plan, int) else plan.push) + 1
-            per[id(insn)] = (plan, writes, cost, fixed, per_run)
+            per[id(insn)] = (plan, writes, cost, fixed, per_run, *insn_stat_fields(
+                insn, plan, writes, timing))
         rows = [per[id(i)] for i in insns]
         self.plans: list = [r[0] for r in rows]
         self.writes: dict = {j: r[1] for j, r in enumerate(rows) if r[1] is not None}
@@ -247,6 +249,12 @@ class _Static:
             seq[m].append(j)
             totals[m] += r[2]
         self.max_lower = max(totals)
+        # for the statistics (cycle_report.insn_stat_fields): per instruction, its memory
+        # type's index and its write waits; over the program, the plans' read beats and
+        # bursts, the write beats and the pipeline drain cycles
+        self.mem_index = [r[5] for r in rows]
+        self.write_wait = [r[6] for r in rows]
+        self.stat_totals = [sum(col) for col in zip(*(r[7:] for r in rows))] or [0, 0, 0, 0]
         self._costs = [r[2] for r in rows]
         self._lower = None
         #: hazard stalls that the instruction's fields alone decide (index -> cycles)
@@ -322,6 +330,8 @@ class Timeline:
         #: hazard stall cycles of the SHR/MUL ALU instructions that had any (index -> cycles)
         self.stalls = stalls
         self._times = self._batch_array = self._fetch_array = None
+        #: the statistics' sums, made by the schedule as it went (cycle_report)
+        self.sums = None
 
     @property
     def times(self) -> np.ndarray:
@@ -447,6 +457,12 @@ class _Schedule:
         self.w_batch: dict = {}
         self.runnable: list = []
         self.channel_free = 0  # the first cycle the read arbiter is idle
+        # statistics summed as the schedule goes (cycle_report.timeline_stats)
+        self.token_q, self.room_q = [0] * 4, [0] * 4
+        self.ran = [0] * len(MEM_STAT_TYPES)
+        self.module_sums: list = [None] * 3
+        self.fetch_sums = None
+        self.fetch_beats = self.fetch_bursts = 0
 
     # ---- fetch: the DMA (read client 0) and the dispatcher ---------------------------------
 
@@ -466,6 +482,8 @@ class _Schedule:
             batch = t.fetch_batch(self.insn_addr, first, count)
             self.batches.append((q, first, count))
             insn_burst, insn_ready = batch.insn_burst, batch.insn_ready
+            self.fetch_beats += batch.beats
+            self.fetch_bursts += len(batch.span)
             r, bound, k = q + 1, NEVER, 0
             for i in range(len(batch.span)):
                 _, g = yield r
@@ -499,11 +517,14 @@ class _Schedule:
         if u is not None:
             runnable.append((u, None))
         last = -1
+        # statistics (cycle_report): the gap before each dispatch is first a wait for the
+        # instruction's bytes (gaps: [begin, end) of each), then for command queue room
+        data_wait, gaps, room_wait = 0, [], [0, 0, 0]
         for j in range(n):
             if avail[j] < 0:
                 self.w_a[j] = me
                 yield None
-            d = avail[j]
+            a = d = avail[j]
             if last >= d:
                 d = last + 1
             m = module[j]
@@ -516,6 +537,11 @@ class _Schedule:
                     yield None
                 if start[ahead] >= d:
                     d = start[ahead] + 1
+            gap = last + 1
+            mid = d if a >= d else (a if a > gap else gap)  # min(max(a, gap), d)
+            data_wait += mid - gap
+            gaps.append((gap, mid))
+            room_wait[m] += d - mid
             dispatch[j] = last = d
             if w_d:
                 u = w_d.pop(j, None)
@@ -526,6 +552,7 @@ class _Schedule:
                 u = w_batch.pop(len(batch_req) - 1, None)
                 if u is not None:
                     runnable.append((u, None))
+        self.fetch_sums = (data_wait, gaps, room_wait)
 
     # ---- load, compute, store ---------------------------------------------------------------
 
@@ -540,6 +567,10 @@ class _Schedule:
         client = me  # read client id (load 1, compute 2; store never reads)
         stalls = self.stalls
         free_of, rd_wait, rd_lat, w_d = self.free, self.rd_wait, self.rd_lat, self.w_d
+        # statistics (cycle_report): waits attributed in order, busy, DRAM and bus cycles
+        write_wait, mem_index = self.static.write_wait, self.static.mem_index
+        token_q, room_q, ran = self.token_q, self.room_q, self.ran
+        busy = cmdq = dram = bus = 0
         free = 0
         for j in self.seq[m]:
             if dispatch[j] < 0:
@@ -560,6 +591,20 @@ class _Schedule:
                     s = ready
             free_of[j] = free
             start[j] = s
+            mid = dispatch[j] + 1
+            if free > mid:
+                mid = free
+            if mid > s:
+                mid = s
+            cmdq += mid - free
+            for col, q in enumerate(pops):  # each token, in order
+                ready = tok_ready[col][j]
+                if ready < mid:
+                    ready = mid
+                elif ready > s:
+                    ready = s
+                token_q[q] += ready - mid
+                mid = ready
             if w_s:
                 u = w_s.pop(j, None)
                 if u is not None:
@@ -575,6 +620,9 @@ class _Schedule:
                 p = s + plan
                 if stalls:
                     p += stalls.get(j, 0)
+                w = write_wait[j]
+                dram += w
+                busy += p - s - w + 1
             else:  # a LOAD's bursts on the read channel
                 # burst i's offsets: the plan's scalars for the first burst (usually the
                 # only one granted alone), its lists for later ones
@@ -603,7 +651,11 @@ class _Schedule:
                 rd_wait[j] = wait
                 rd_lat[j] = lat
                 p = s + plan.push + delta
+                dram += lat
+                bus += wait
+                busy += p - s - wait - lat + 1
             done[j] = p
+            c = p
             pushes = pushes_of_[j]
             for col, q in enumerate(pushes):
                 k = len(push_t[q])
@@ -623,6 +675,19 @@ class _Schedule:
                         runnable.append((u, None))
             push[j] = p
             free = p + 1
+            mid = c
+            for col, q in enumerate(pushes):  # room in each queue, in order
+                room = room_ready[col][j]
+                if room < mid:
+                    room = mid
+                elif room > p:
+                    room = p
+                room_q[q] += room - mid
+                mid = room
+            k = mem_index[j]
+            if k >= 0:
+                ran[k] += free - s
+        self.module_sums[m] = (busy, cmdq, dram, bus)
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -682,6 +747,11 @@ class _Schedule:
         st = self.static
         rows = [self.free, self.dispatch, self.avail, self.start, self.done, self.push,
                 self.rd_wait, self.rd_lat, *self.tok_ready, *self.room_ready]
-        return Timeline(self.insns, list(self.plans), self.timing, self.insn_addr, rows,
-                        self.batches, self.reads, dict(st.writes), st, self.fetch_reads,
-                        dict(self.stalls))
+        tl = Timeline(self.insns, list(self.plans), self.timing, self.insn_addr, rows,
+                      self.batches, self.reads, dict(st.writes), st, self.fetch_reads,
+                      dict(self.stalls))
+        data_wait, gaps, room_wait = self.fetch_sums
+        per = [list(col) for col in zip(*self.module_sums)] + [room_wait]
+        tl.sums = (data_wait, gaps, per, self.token_q, self.room_q, self.ran,
+                   self.fetch_beats, self.fetch_bursts)
+        return tl

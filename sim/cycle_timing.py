@@ -143,6 +143,8 @@ class FetchBatch:
     burst_beats: list
     insn_burst: list
     insn_ready: list
+    #: sum(burst_beats)
+    beats: int = 0
 
 
 def _bursts(a: np.ndarray, e: np.ndarray, eb: int, bus: int, burst: int):
@@ -294,7 +296,7 @@ class Timing:
                 # beats are accepted as the buffer drains: element m of the burst drains in
                 # first + 1 + m, is checked, and is readable the cycle after
                 insn_ready.append(j - start[b] + 2 + self.check_stages)
-        return FetchBatch(span, buf_after, beats, insn_burst, insn_ready)
+        return FetchBatch(span, buf_after, beats, insn_burst, insn_ready, sum(beats))
 
     # ---- per-instruction plans -----------------------------------------------------------
 
