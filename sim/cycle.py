@@ -34,11 +34,11 @@ import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
-from celosia.isa import AluInsn, GemmInsn, Insn, MemInsn, Module, Opcode, decode_uops
+from celosia.isa import INSN_BYTES, AluInsn, GemmInsn, Insn, MemInsn, Module, Opcode, decode_uops
 
 from .cycle_report import (MEM_STAT_TYPES, insn_stat_fields, plot_timeline, timeline_stats,
                            write_trace)
-from .cycle_timing import NEVER, TWO_STAGE_ALU_OPS, Timing, alu_hazards
+from .cycle_timing import NEVER, TWO_STAGE_ALU_OPS, Timing, alu_hazards, one_uop_hazards
 from .datapath import DEFAULT_MAX_WORK, _mem_sizes, single_threaded_blas
 from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine
 
@@ -74,7 +74,6 @@ def _clear_caches() -> None:
 
 # Timings (and program addresses) a program keeps its plans for.
 _CACHED_STATICS = 8
-_ZERO_ROW = np.zeros(1, np.int64)  # a micro-op's row, where its value does not matter
 
 
 class CycleSimulator(FunctionalSimulator):
@@ -206,7 +205,7 @@ class _Static:
                     if insn.use_imm and insn.uop_end - insn.uop_bgn == 1:
                         # one micro-op and no source row: its stalls do not depend on the
                         # micro-op's word (alu_hazards compares the row with itself)
-                        fixed = alu_hazards(insn, _ZERO_ROW, _ZERO_ROW)
+                        fixed = one_uop_hazards(insn)
                     else:
                         per_run = True
             elif isinstance(insn, MemInsn):
@@ -256,7 +255,7 @@ class _Static:
         self.write_wait = [r[6] for r in rows]
         self.stat_totals = [sum(col) for col in zip(*(r[7:] for r in rows))] or [0, 0, 0, 0]
         self._costs = [r[2] for r in rows]
-        self._lower = None
+        self._lower = self._fetch = None
         #: hazard stalls that the instruction's fields alone decide (index -> cycles)
         self.fixed_stalls = {j: r[3] for j, r in enumerate(rows) if r[3]}
         # SHR/MUL ALU instructions whose hazard stalls are counted per run, from the
@@ -264,6 +263,22 @@ class _Static:
         self.hazard_alu = frozenset(j for j, r in enumerate(rows) if r[4])
         self.arrays = None  # module, pop_q, push_q as arrays (``tables``)
         self.stats = None
+
+    def fetch_batches(self, timing: Timing, insn_addr: int) -> list:
+        """The program's fetch batches (Timing.fetch_batch), made on its first run."""
+        if self._fetch is None:
+            n, size = len(self.module), timing.fetch_insns
+            memo: dict = {}  # batches at the same offset in a burst window are equal
+            fetch = []
+            for first in range(0, n, size):
+                key = ((insn_addr + first * INSN_BYTES) % timing.burst_bytes,
+                       min(size, n - first))
+                batch = memo.get(key)
+                if batch is None:
+                    batch = memo[key] = timing._fetch_batch(*key)
+                fetch.append(batch)
+            self._fetch = fetch
+        return self._fetch
 
     @property
     def lower(self) -> list:
@@ -472,6 +487,7 @@ class _Schedule:
         reads, avail, runnable, w_a = self.reads, self.avail, self.runnable, self.w_a
         fetch_reads = self.fetch_reads
         batch_req = self.batch_req
+        batches = self.static.fetch_batches(t, self.insn_addr)
         first, b = 0, 0
         while first < n:
             if b >= len(batch_req):
@@ -479,7 +495,7 @@ class _Schedule:
                 yield None
             q = batch_req[b]
             count = min(size, n - first)
-            batch = t.fetch_batch(self.insn_addr, first, count)
+            batch = batches[b]
             self.batches.append((q, first, count))
             insn_burst, insn_ready = batch.insn_burst, batch.insn_ready
             self.fetch_beats += batch.beats

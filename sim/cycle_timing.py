@@ -33,7 +33,7 @@ from celosia.isa import (INSN_BYTES, AluInsn, AluOp, FinishInsn, GemmInsn, Insn,
                          Opcode, elem_bytes)
 
 __all__ = ["Timing", "ReadPlan", "FetchBatch", "NEVER", "gemm_tree_stages", "alu_hazards",
-           "TWO_STAGE_ALU_OPS"]
+           "one_uop_hazards", "TWO_STAGE_ALU_OPS"]
 
 #: an offset earlier than any cycle (a bound that never binds)
 NEVER = -(1 << 62)
@@ -521,6 +521,20 @@ def alu_hazards(insn: AluInsn, dst: np.ndarray, src: np.ndarray) -> int:
         elif reads_src:  # s[0] + (i+1)*Go == d[-1] + i*Fo + (J-1)*Fi
             total += _solutions(Go - Fo, 0, np.array([d[-1] + (J - 1) * Fi - s[0] - Go]),
                                 I - 1, 1)
+    return total
+
+
+def one_uop_hazards(insn: AluInsn) -> int:
+    """alu_hazards of a SHR/MUL with one micro-op and an immediate operand, which do not
+    depend on the micro-op: consecutive executions (i, j) -> (i, j + 1) write and read the
+    same row when dst_factor_in is 0, and (i, last j) -> (i + 1, 0) when dst_factor_out =
+    (iter_in - 1) x dst_factor_in."""
+    if insn.alu_op not in TWO_STAGE_ALU_OPS or insn.uop_end - insn.uop_bgn != 1:
+        raise ValueError("one_uop_hazards: a SHR/MUL ALU instruction of one micro-op only")
+    I, J, Fo, Fi = insn.iter_out, insn.iter_in, insn.dst_factor_out, insn.dst_factor_in
+    total = I * (J - 1) if J > 1 and Fi == 0 else 0
+    if I > 1 and Fo == (J - 1) * Fi:
+        total += I - 1
     return total
 
 

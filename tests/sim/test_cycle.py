@@ -469,6 +469,29 @@ def test_alu_hazard_count_matches_enumeration():
         assert alu_hazards(insn, np.array(dst), np.array(src)) == want, (insn, dst, src)
 
 
+
+def test_one_uop_hazards_need_no_micro_op():
+    """A SHR/MUL of one micro-op with an immediate stalls as alu_hazards and the enumeration
+    say, whatever its micro-op's rows (cycle._Static counts it once per program, from the
+    fields alone: cycle_timing.one_uop_hazards)."""
+    import random
+
+    from celosia.sim.cycle_timing import alu_hazards, one_uop_hazards
+
+    rng = random.Random(9)
+    for _ in range(2000):
+        insn = AluInsn(alu_op=rng.choice((AluOp.SHR, AluOp.MUL)), use_imm=True,
+                       uop_bgn=0, uop_end=1, iter_out=rng.randint(1, 6),
+                       iter_in=rng.randint(1, 6), dst_factor_out=rng.randint(0, 6),
+                       dst_factor_in=rng.randint(0, 3), src_factor_out=rng.randint(0, 3),
+                       src_factor_in=rng.randint(0, 3))
+        dst, src = [rng.randrange(50)], [rng.randrange(50)]
+        want = _hazards_by_enumeration(insn, dst, src)
+        assert one_uop_hazards(insn) == want == alu_hazards(insn, np.array(dst),
+                                                              np.array(src)), insn
+    with pytest.raises(ValueError):
+        one_uop_hazards(AluInsn(alu_op=AluOp.ADD, use_imm=True, uop_bgn=0, uop_end=1))
+
 def test_token_wait_serializes():
     """compute starts the cycle after load's token becomes visible, not earlier."""
     sim, stats = both(gemm_program())
