@@ -384,7 +384,38 @@ class Timing:
             a += stride
         push = t + insn.y_pad_1 * W + 2
         return ReadPlan.lazy(n, push, beats, req0, NEVER, req0 + 1 + L, span0,
-                             (n - 1) * (L + 1), x, lambda: self._load_plan_rows(insn, eb))
+                             (n - 1) * (L + 1), x, lambda: self._load_plan_wide_lists(insn, eb))
+
+    def _load_plan_wide_lists(self, insn: MemInsn, eb: int) -> ReadPlan:
+        """_load_plan_rows for wide elements, a row's bursts at a time: its bursts are the
+        partial ones at its ends and whole ones between; burst k is requested
+        k * (L + 1) + (the beats of the bursts before it) cycles after the first."""
+        bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
+        full, step = burst // bus, L + 1
+        W = insn.x_pad_0 + insn.x_size + insn.x_pad_1
+        row_bytes, stride = insn.x_size * eb, insn.x_stride * eb
+        req, first, span, beats_of = [], [], [], []
+        t = 2 + insn.y_pad_0 * W
+        a = insn.dram_base * eb
+        for _ in range(insn.y_size):
+            pos, end = a // bus * bus, -(-(a + row_bytes) // bus) * bus
+            b_end = min(end, (pos // burst + 1) * burst)
+            beats = [(b_end - pos) // bus]
+            if b_end < end:
+                last = (end - 1) // burst * burst
+                beats += [full] * ((last - b_end) // burst)
+                beats.append((end - last) // bus)
+            reqs = list(itertools.accumulate([step + b for b in beats[:-1]],
+                                             initial=t + insn.x_pad_0 + 1))
+            req += reqs
+            first += [r + step for r in reqs]
+            span += [b - 1 for b in beats]
+            beats_of += beats
+            t = reqs[-1] + step + beats[-1] - 1 + 2 + insn.x_pad_1
+            a += stride
+        n = len(req)
+        return ReadPlan(req, [NEVER] * n, first, span, t + insn.y_pad_1 * W + 2, sum(beats_of),
+                        beats_of, [(n - 1 - i) * step for i in range(n)])
 
     def _load_plan_rows(self, insn: MemInsn, eb: int) -> ReadPlan:
         """load_plan one row and burst at a time (faster for a few rows; the same rules)."""
