@@ -28,6 +28,7 @@ PNG timeline in cycle_report.py. docs/cycle_model.md describes all three.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -238,9 +239,11 @@ class _Static:
             cost = (plan if isinstance(plan, int) else plan.push) + 1
             per[id(insn)] = (plan, writes, cost, fixed, per_run, *insn_stat_fields(
                 insn, plan, writes, timing))
-        rows = [per[id(i)] for i in insns]
+        ids = [id(i) for i in insns]
+        #: per instruction, its word's row of ``per``: (plan, STORE writes or None, cost,
+        #: fixed hazard stalls, hazard stalls per run, then cycle_report.insn_stat_fields)
+        self.rows = rows = [per[k] for k in ids]
         self.plans: list = [r[0] for r in rows]
-        self.writes: dict = {j: r[1] for j, r in enumerate(rows) if r[1] is not None}
         self.seq: dict = {m: [] for m in range(3)}
         totals = [0, 0, 0]
         seq = self.seq
@@ -248,19 +251,22 @@ class _Static:
             seq[m].append(j)
             totals[m] += r[2]
         self.max_lower = max(totals)
-        # for the statistics (cycle_report.insn_stat_fields): per instruction, its memory
-        # type's index and its write waits; over the program, the plans' read beats and
-        # bursts, the write beats and the pipeline drain cycles
-        self.mem_index = [r[5] for r in rows]
-        self.write_wait = [r[6] for r in rows]
-        self.stat_totals = [sum(col) for col in zip(*(r[7:] for r in rows))] or [0, 0, 0, 0]
-        self._costs = [r[2] for r in rows]
-        self._lower = self._fetch = None
+        # over the program (each word times its instructions), for the statistics: the
+        # plans' read beats and bursts, the write beats and the pipeline drain cycles
+        self.stat_totals = [0, 0, 0, 0]
+        for k, times in Counter(ids).items():
+            fields = per[k][7:]
+            if any(fields):
+                for c in range(4):
+                    self.stat_totals[c] += fields[c] * times
+        self._lower = self._fetch = self._writes = None
         #: hazard stalls that the instruction's fields alone decide (index -> cycles)
-        self.fixed_stalls = {j: r[3] for j, r in enumerate(rows) if r[3]}
+        self.fixed_stalls = ({j: r[3] for j, r in enumerate(rows) if r[3]}
+                             if any(r[3] for r in per.values()) else {})
         # SHR/MUL ALU instructions whose hazard stalls are counted per run, from the
         # micro-ops in the UOP buffer
-        self.hazard_alu = frozenset(j for j, r in enumerate(rows) if r[4])
+        self.hazard_alu = (frozenset(j for j, r in enumerate(rows) if r[4])
+                           if any(r[4] for r in per.values()) else frozenset())
         self.arrays = None  # module, pop_q, push_q as arrays (``tables``)
         self.stats = None
 
@@ -281,13 +287,20 @@ class _Static:
         return self._fetch
 
     @property
+    def writes(self) -> dict:
+        """Per STORE instruction: (write beats, write bursts)."""
+        if self._writes is None:
+            self._writes = {j: r[1] for j, r in enumerate(self.rows) if r[1] is not None}
+        return self._writes
+
+    @property
     def lower(self) -> list:
         """Per instruction, the sum of its module's shortest durations (each plus the push
         cycle) up to it: a lower bound of the cycle it can push in."""
         if self._lower is None:
             lower, totals = [0] * len(self.module), [0, 0, 0]
-            for j, (m, c) in enumerate(zip(self.module, self._costs)):
-                totals[m] += c
+            for j, (m, r) in enumerate(zip(self.module, self.rows)):
+                totals[m] += r[2]
                 lower[j] = totals[m]
             self._lower = lower
         return self._lower
@@ -584,7 +597,7 @@ class _Schedule:
         stalls = self.stalls
         free_of, rd_wait, rd_lat, w_d = self.free, self.rd_wait, self.rd_lat, self.w_d
         # statistics (cycle_report): waits attributed in order, busy, DRAM and bus cycles
-        write_wait, mem_index = self.static.write_wait, self.static.mem_index
+        rows = self.static.rows  # r[5]: memory type index, r[6]: write waits
         token_q, room_q, ran = self.token_q, self.room_q, self.ran
         busy = cmdq = dram = bus = 0
         free = 0
@@ -636,7 +649,7 @@ class _Schedule:
                 p = s + plan
                 if stalls:
                     p += stalls.get(j, 0)
-                w = write_wait[j]
+                w = rows[j][6]
                 dram += w
                 busy += p - s - w + 1
             else:  # a LOAD's bursts on the read channel
@@ -700,7 +713,7 @@ class _Schedule:
                     room = p
                 room_q[q] += room - mid
                 mid = room
-            k = mem_index[j]
+            k = rows[j][5]
             if k >= 0:
                 ran[k] += free - s
         self.module_sums[m] = (busy, cmdq, dram, bus)
@@ -764,7 +777,7 @@ class _Schedule:
         rows = [self.free, self.dispatch, self.avail, self.start, self.done, self.push,
                 self.rd_wait, self.rd_lat, *self.tok_ready, *self.room_ready]
         tl = Timeline(self.insns, list(self.plans), self.timing, self.insn_addr, rows,
-                      self.batches, self.reads, dict(st.writes), st, self.fetch_reads,
+                      self.batches, self.reads, st.writes, st, self.fetch_reads,
                       dict(self.stalls))
         data_wait, gaps, room_wait = self.fetch_sums
         per = [list(col) for col in zip(*self.module_sums)] + [room_wait]
