@@ -28,7 +28,6 @@ PNG timeline in cycle_report.py. docs/cycle_model.md describes all three.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -247,18 +246,18 @@ class _Static:
         self.seq: dict = {m: [] for m in range(3)}
         totals = [0, 0, 0]
         seq = self.seq
+        # over the program, for the statistics: the plans' read beats and bursts, the
+        # write beats and the pipeline drain cycles
+        rb = bb = wb = dr = 0
         for j, (m, r) in enumerate(zip(modules, rows)):
             seq[m].append(j)
             totals[m] += r[2]
+            rb += r[7]
+            bb += r[8]
+            wb += r[9]
+            dr += r[10]
         self.max_lower = max(totals)
-        # over the program (each word times its instructions), for the statistics: the
-        # plans' read beats and bursts, the write beats and the pipeline drain cycles
-        self.stat_totals = [0, 0, 0, 0]
-        for k, times in Counter(ids).items():
-            fields = per[k][7:]
-            if any(fields):
-                for c in range(4):
-                    self.stat_totals[c] += fields[c] * times
+        self.stat_totals = [rb, bb, wb, dr]
         self._lower = self._fetch = self._writes = None
         #: hazard stalls that the instruction's fields alone decide (index -> cycles)
         self.fixed_stalls = ({j: r[3] for j, r in enumerate(rows) if r[3]}
@@ -609,7 +608,7 @@ class _Schedule:
             if free > s:
                 s = free
             pops = pops_of_[j]
-            for col, q in enumerate(pops):
+            for col, q in enumerate(pops):  # the tokens
                 k = len(pop_t[q])
                 if k >= len(push_t[q]):
                     w_push[q][k] = me
@@ -626,24 +625,24 @@ class _Schedule:
             if mid > s:
                 mid = s
             cmdq += mid - free
-            for col, q in enumerate(pops):  # each token, in order
-                ready = tok_ready[col][j]
-                if ready < mid:
-                    ready = mid
-                elif ready > s:
-                    ready = s
-                token_q[q] += ready - mid
-                mid = ready
             if w_s:
                 u = w_s.pop(j, None)
                 if u is not None:
                     runnable.append((u, None))
-            for q in pops:
-                pop_t[q].append(s)
-                if w_pop[q]:
-                    u = w_pop[q].pop(len(pop_t[q]) - 1, None)
-                    if u is not None:
-                        runnable.append((u, None))
+            if pops:
+                for col, q in enumerate(pops):
+                    ready = tok_ready[col][j]  # the wait for each token, in order
+                    if ready < mid:
+                        ready = mid
+                    elif ready > s:
+                        ready = s
+                    token_q[q] += ready - mid
+                    mid = ready
+                    pop_t[q].append(s)
+                    if w_pop[q]:
+                        u = w_pop[q].pop(len(pop_t[q]) - 1, None)
+                        if u is not None:
+                            runnable.append((u, None))
             plan = plans[j]
             if type(plan) is int:
                 p = s + plan
@@ -684,35 +683,34 @@ class _Schedule:
                 bus += wait
                 busy += p - s - wait - lat + 1
             done[j] = p
-            c = p
             pushes = pushes_of_[j]
-            for col, q in enumerate(pushes):
-                k = len(push_t[q])
-                if k >= depth:  # room once the token `depth` ahead has been popped
-                    if len(pop_t[q]) <= k - depth:
-                        w_pop[q][k - depth] = me
-                        yield None
-                    room = pop_t[q][k - depth] + 1
-                    room_ready[col][j] = room
-                    if room > p:
-                        p = room
-            for q in pushes:
-                push_t[q].append(p)
-                if w_push[q]:
-                    u = w_push[q].pop(len(push_t[q]) - 1, None)
-                    if u is not None:
-                        runnable.append((u, None))
+            if pushes:
+                mid = p
+                for col, q in enumerate(pushes):
+                    k = len(push_t[q])
+                    if k >= depth:  # room once the token `depth` ahead has been popped
+                        if len(pop_t[q]) <= k - depth:
+                            w_pop[q][k - depth] = me
+                            yield None
+                        room = pop_t[q][k - depth] + 1
+                        room_ready[col][j] = room
+                        if room > p:
+                            p = room
+                for col, q in enumerate(pushes):
+                    room = room_ready[col][j]  # the wait for room in each queue, in order
+                    if room < mid:
+                        room = mid
+                    elif room > p:
+                        room = p
+                    room_q[q] += room - mid
+                    mid = room
+                    push_t[q].append(p)
+                    if w_push[q]:
+                        u = w_push[q].pop(len(push_t[q]) - 1, None)
+                        if u is not None:
+                            runnable.append((u, None))
             push[j] = p
             free = p + 1
-            mid = c
-            for col, q in enumerate(pushes):  # room in each queue, in order
-                room = room_ready[col][j]
-                if room < mid:
-                    room = mid
-                elif room > p:
-                    room = p
-                room_q[q] += room - mid
-                mid = room
             k = rows[j][5]
             if k >= 0:
                 ran[k] += free - s
