@@ -272,6 +272,21 @@ class Timing:
 
     def _fetch_batch(self, addr: int, count: int) -> FetchBatch:
         bus = self.bus_bytes
+        end = addr + count * INSN_BYTES
+        if INSN_BYTES >= bus and INSN_BYTES % bus == 0 and addr % bus == 0 \
+                and addr // self.burst_bytes == (end - 1) // self.burst_bytes:
+            # the usual batch: whole beats in one burst (what the general case below gives
+            # for it, without splitting: instruction j's last beat is (j + 1) * k - 1)
+            k = INSN_BYTES // bus
+            beats = count * k
+            ready = 1 + self.check_stages
+            return FetchBatch([beats - 1], [NEVER], [beats], [0] * count,
+                              list(range(k + ready, count * k + ready + 1, k)), beats)
+        return self._fetch_batch_general(addr, count)
+
+    def _fetch_batch_general(self, addr: int, count: int) -> FetchBatch:
+        """_fetch_batch of any batch: its request split into bursts."""
+        bus = self.bus_bytes
         beats, elems, n_last = _request_bursts(addr, addr + count * INSN_BYTES, INSN_BYTES,
                                                bus, self.burst_bytes)
         insn_burst, insn_ready = [], []

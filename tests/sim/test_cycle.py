@@ -249,6 +249,19 @@ def test_wide_load_plans_in_closed_form_agree_with_the_rows():
             for name in ("req", "buf", "first", "span", "burst_beats", "lat_after"):
                 assert getattr(lazy, name) == getattr(rows, name), (name, insn)
 
+
+def test_fetch_batches_in_one_burst_need_no_split():
+    """A batch of whole beats inside one burst window is built without splitting its
+    request (Timing._fetch_batch); it must equal the general split."""
+    for cfg in (DEFAULT, SMALL, HwConfig(bus_bytes=16), HwConfig(bus_bytes=4),
+                HwConfig(bus_bytes=1), HwConfig(bus_bytes=64)):
+        t = Timing.from_config(cfg)
+        for addr in range(0, 2 * t.burst_bytes, 16):
+            for count in range(1, t.fetch_insns + 1):
+                a = t._fetch_batch(addr % t.burst_bytes, count)
+                b = t._fetch_batch_general(addr % t.burst_bytes, count)
+                assert dataclasses.astuple(a) == dataclasses.astuple(b), (cfg, addr, count)
+
 def test_one_row_in_one_burst_has_one_plan_per_beat_offset():
     """_Static shares a plan between one-row LOADs/STOREs inside one burst window that
     start at the same offset within a beat: their plans are equal wherever they are."""
