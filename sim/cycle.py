@@ -667,15 +667,16 @@ class _Schedule:
                     delta = f - s - first_i
                     reads.append((client, j, i, r, g, f, delta, bulk))
                     if bulk:
-                        lat += plan.lat_after[i] if i else plan.lat0
+                        lat += plan.lat_after_at(i) if i else plan.lat0
                         self.channel_free = s + plan.end + delta + 1
                         break
                     self.channel_free = f + span_i + 1
                     i += 1
                     if i == nb:
                         break
-                    r, bound = s + plan.req[i] + delta, s + plan.buf[i] + delta
-                    first_i, span_i = plan.first[i], plan.span[i]
+                    r, bound, first_i, span_i = plan.burst(i)
+                    r += s + delta
+                    bound += s + delta
                 rd_wait[j] = wait
                 rd_lat[j] = lat
                 p = s + plan.push + delta

@@ -72,7 +72,7 @@ class ReadPlan:
     """
 
     __slots__ = ("n", "push", "beats", "req0", "buf0", "first0", "span0", "lat0", "end",
-                 "_lists", "_make")
+                 "_lists", "_make", "_row")
 
     def __init__(self, req: list, buf: list, first: list, span: list, push: int, beats: int,
                  burst_beats: list, lat_after: list):
@@ -80,18 +80,40 @@ class ReadPlan:
         self.req0, self.buf0, self.first0, self.span0 = req[0], buf[0], first[0], span[0]
         self.lat0, self.end = lat_after[0], first[-1] + span[-1]
         self._lists = (req, buf, first, span, burst_beats, lat_after)
-        self._make = None
+        self._make = self._row = None
 
     @classmethod
     def lazy(cls, n: int, push: int, beats: int, req0: int, buf0: int, first0: int,
-             span0: int, lat0: int, end: int, make) -> "ReadPlan":
-        """A plan from its scalars; ``make()`` returns the eager plan of the same LOAD."""
+             span0: int, lat0: int, end: int, make, row: tuple | None = None) -> "ReadPlan":
+        """A plan from its scalars; ``make()`` returns the eager plan of the same LOAD.
+        ``row``: for one row of wide elements, (L + 1, beats of the first burst, of a whole
+        burst, of the last burst), from which ``burst`` gives any burst's offsets."""
         plan = cls.__new__(cls)
         plan.n, plan.push, plan.beats = n, push, beats
         plan.req0, plan.buf0, plan.first0, plan.span0 = req0, buf0, first0, span0
         plan.lat0, plan.end = lat0, end
-        plan._lists, plan._make = None, make
+        plan._lists, plan._make, plan._row = None, make, row
         return plan
+
+    def burst(self, i: int) -> tuple:
+        """(req, buf, first, span) of burst i. One row of wide elements: in closed form
+        (burst i is requested i * (L + 1) plus the beats before it after the first, and
+        all bursts between the first and the last are whole)."""
+        if i == 0:
+            return self.req0, self.buf0, self.first0, self.span0
+        row = self._row
+        if row is not None and self._lists is None:
+            step, first_beats, full, last_beats = row
+            req = self.req0 + i * step + first_beats + (i - 1) * full
+            return req, NEVER, req + step, (last_beats if i == self.n - 1 else full) - 1
+        req, buf, first, span = self._expand()[:4]
+        return req[i], buf[i], first[i], span[i]
+
+    def lat_after_at(self, i: int) -> int:
+        """lat_after[i]."""
+        if self._row is not None and self._lists is None:
+            return (self.n - 1 - i) * self._row[0]
+        return self._expand()[5][i]
 
     def _expand(self) -> tuple:
         if self._lists is None:
@@ -390,16 +412,19 @@ class Timing:
             row_beats = (end - pos) // bus
             if not n:  # the first burst
                 req0 = t + insn.x_pad_0 + 1
-                span0 = min(end, (pos // burst + 1) * burst) - pos
-                span0 = span0 // bus - 1
+                first_beats = (min(end, (pos // burst + 1) * burst) - pos) // bus
+                last_beats = (end - (end - 1) // burst * burst) // bus
             x = t + insn.x_pad_0 + 1 + nb * (L + 1) + row_beats - 1  # the row's last RLAST
             n += nb
             beats += row_beats
             t = x + 2 + insn.x_pad_1
             a += stride
         push = t + insn.y_pad_1 * W + 2
-        return ReadPlan.lazy(n, push, beats, req0, NEVER, req0 + 1 + L, span0,
-                             (n - 1) * (L + 1), x, lambda: self._load_plan_wide_lists(insn, eb))
+        row = ((L + 1, first_beats, burst // bus, last_beats) if insn.y_size == 1 and n > 1
+               else None)
+        return ReadPlan.lazy(n, push, beats, req0, NEVER, req0 + 1 + L, first_beats - 1,
+                             (n - 1) * (L + 1), x, lambda: self._load_plan_wide_lists(insn, eb),
+                             row)
 
     def _load_plan_wide_lists(self, insn: MemInsn, eb: int) -> ReadPlan:
         """_load_plan_rows for wide elements, a row's bursts at a time: its bursts are the

@@ -240,6 +240,11 @@ def test_wide_load_plans_in_closed_form_agree_with_the_rows():
             rows = t._load_plan_rows(insn, eb)
             lazy = t.load_plan(insn, eb)
             assert lazy._lists is None  # nothing per burst made yet
+            for i in range(rows.n):  # any burst, in closed form for one row
+                assert lazy.burst(i) == (rows.req[i], rows.buf[i], rows.first[i],
+                                         rows.span[i]), (i, insn)
+                assert lazy.lat_after_at(i) == rows.lat_after[i]
+            assert lazy._lists is None or insn.y_size > 1 or rows.n == 1
             scalars = ("n", "push", "beats", "req0", "buf0", "first0", "span0", "lat0", "end")
             assert [getattr(lazy, k) for k in scalars] == [getattr(rows, k) for k in scalars]
             assert (rows.n, rows.req0, rows.buf0, rows.first0, rows.span0, rows.lat0,
