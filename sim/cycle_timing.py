@@ -354,6 +354,8 @@ class Timing:
         if insn.y_size <= _PY_ROWS:
             if eb >= self.bus_bytes:
                 return self._load_plan_wide(insn, eb)
+            if insn.y_size == 1:
+                return self._load_plan_narrow_row(insn, eb)
             return self._load_plan_rows(insn, eb)
         bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
         r = np.arange(insn.y_size, dtype=np.int64)
@@ -425,6 +427,25 @@ class Timing:
         return ReadPlan.lazy(n, push, beats, req0, NEVER, req0 + 1 + L, first_beats - 1,
                              (n - 1) * (L + 1), x, lambda: self._load_plan_wide_lists(insn, eb),
                              row)
+
+    def _load_plan_narrow_row(self, insn: MemInsn, eb: int) -> ReadPlan:
+        """_load_plan_rows for one row of narrow elements (micro-op loads) in one burst:
+        requested x_pad_0 + 1 cycles into the row, first beat L + 1 later, RLAST once all
+        but the last beat's elements have drained, the row's end once those have too."""
+        bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
+        a = insn.dram_base * eb
+        e = a + insn.x_size * eb
+        pos, end = a // bus * bus, -(-e // bus) * bus
+        if pos // burst != (end - 1) // burst:  # bursts: the general rows
+            return self._load_plan_rows(insn, eb)
+        W = insn.x_pad_0 + insn.x_size + insn.x_pad_1
+        r = 2 + insn.y_pad_0 * W + insn.x_pad_0 + 1
+        n_last = (e - max(a, end - bus)) // eb
+        span = (e - a) // eb - n_last
+        x = r + 1 + L + span
+        push = x + n_last + 1 + insn.x_pad_1 + insn.y_pad_1 * W + 2
+        beats = (end - pos) // bus
+        return ReadPlan([r], [NEVER], [r + 1 + L], [span], push, beats, [beats], [0])
 
     def _load_plan_wide_lists(self, insn: MemInsn, eb: int) -> ReadPlan:
         """_load_plan_rows for wide elements, a row's bursts at a time: its bursts are the

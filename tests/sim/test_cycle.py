@@ -216,6 +216,30 @@ def test_load_plans_row_by_row_and_vectorised_agree():
 
 
 
+def test_narrow_one_row_load_plans_agree_with_the_rows():
+    """One row of narrow elements (a micro-op load) in one burst is planned in closed form
+    (Timing._load_plan_narrow_row): it must be _load_plan_rows's plan."""
+    import random
+
+    rng = random.Random(4)
+    for cfg in (DEFAULT, SMALL, HwConfig(bus_bytes=64, dram_latency=1),
+                HwConfig(bus_bytes=32, dram_latency=7)):
+        t = Timing.from_config(cfg)
+        narrow = [mt for mt in (MemType.UOP, MemType.INP, MemType.WGT, MemType.ACC,
+                                MemType.ACC_8BIT) if elem_bytes(cfg, mt) < t.bus_bytes]
+        for _ in range(400):
+            mt = rng.choice(narrow)
+            eb = elem_bytes(cfg, mt)
+            insn = MemInsn(opcode=Opcode.LOAD, mem_type=mt, dram_base=rng.randrange(5000),
+                           y_size=1, x_size=rng.randrange(1, 600), x_stride=rng.randrange(600),
+                           y_pad_0=rng.randrange(3), y_pad_1=rng.randrange(3),
+                           x_pad_0=rng.randrange(3), x_pad_1=rng.randrange(3))
+            a, b = t.load_plan(insn, eb), t._load_plan_rows(insn, eb)
+            for name in ("req", "buf", "first", "span", "push", "beats", "burst_beats",
+                         "lat_after", "n", "req0", "buf0", "first0", "span0", "lat0", "end"):
+                assert getattr(a, name) == getattr(b, name), (name, insn)
+
+
 def test_wide_load_plans_in_closed_form_agree_with_the_rows():
     """A LOAD of wide elements gets its plan's scalars in closed form per row
     (Timing._load_plan_wide) and its per-burst lists only when read; both must be
