@@ -36,8 +36,8 @@ from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
 from celosia.isa import INSN_BYTES, AluInsn, GemmInsn, Insn, MemInsn, Module, Opcode, decode_uops
 
-from .cycle_report import (MEM_STAT_TYPES, insn_stat_fields, plot_timeline, timeline_stats,
-                           write_trace)
+from .cycle_report import (_MEM_STAT_INDEX, MEM_STAT_TYPES, insn_stat_fields, plot_timeline,
+                           timeline_stats, write_trace)
 from .cycle_timing import NEVER, TWO_STAGE_ALU_OPS, Timing, alu_hazards, one_uop_hazards
 from .datapath import DEFAULT_MAX_WORK, _mem_sizes, single_threaded_blas
 from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine
@@ -189,26 +189,19 @@ class _Static:
         window = math.lcm(timing.burst_bytes, timing.bus_bytes)
         burst, bus = timing.burst_bytes, timing.bus_bytes
         hazards = timing.hazard_stalls
+        mem_stat_index = _MEM_STAT_INDEX
         self.module = modules = insns.modules
         self.pops, self.pushes = insns.pops, insns.pushes
         # per distinct instruction: (plan, STORE writes or None, cost, fixed hazard stalls,
         # whether its hazard stalls depend on the micro-ops and are counted per run)
         per: dict = {}
+        any_fixed = any_per_run = False
+        write_latency = timing.write_latency
         for insn in {id(i): i for i in insns}.values():
             writes, fixed, per_run = None, 0, False
-            if isinstance(insn, GemmInsn):
-                plan = timing.loop_plan(insn)
-            elif isinstance(insn, AluInsn):
-                plan = timing.loop_plan(insn)
-                if hazards and insn.alu_op in TWO_STAGE_ALU_OPS \
-                        and insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn) > 1:
-                    if insn.use_imm and insn.uop_end - insn.uop_bgn == 1:
-                        # one micro-op and no source row: its stalls do not depend on the
-                        # micro-op's word (alu_hazards compares the row with itself)
-                        fixed = one_uop_hazards(insn)
-                    else:
-                        per_run = True
-            elif isinstance(insn, MemInsn):
+            # the statistics' fields (cycle_report.insn_stat_fields, inlined): memory type
+            # index, write waits, read beats, read bursts, write beats, drain cycles
+            if isinstance(insn, MemInsn):
                 # LOAD/STORE plans depend on the element bytes (configurations of equal
                 # timings share the memo), the fields other than sram_base and the flags,
                 # and on dram_base only through the byte address within a window of whole
@@ -231,13 +224,32 @@ class _Static:
                     if len(mem_plans) >= _CACHED_PLANS:
                         mem_plans.clear()
                     mem_plans[key] = plan
-                if isinstance(plan, tuple):  # STORE: (push offset, write beats, bursts)
+                k = mem_stat_index.get(int(insn.mem_type) + 8 * int(insn.opcode), -1)
+                if type(plan) is tuple:  # STORE: (push offset, write beats, bursts)
                     plan, writes = plan[0], plan[1:]
+                    stat = (k, writes[1] * write_latency, 0, 0, writes[0], 0)
+                elif type(plan) is int:
+                    stat = (k, 0, 0, 0, 0, 0)
+                else:
+                    stat = (k, 0, plan.beats, plan.n, 0, 0)
+            elif isinstance(insn, (GemmInsn, AluInsn)):
+                n = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+                plan = timing.loop_cycles(n)
+                stat = (-1, 0, 0, 0, 0, timing.exec_stage + 1 if n else 0)  # drain_cycles
+                if hazards and n > 1 and isinstance(insn, AluInsn) \
+                        and insn.alu_op in TWO_STAGE_ALU_OPS:
+                    if insn.use_imm and insn.uop_end - insn.uop_bgn == 1:
+                        # one micro-op and no source row: its stalls do not depend on the
+                        # micro-op's word (alu_hazards compares the row with itself)
+                        fixed = one_uop_hazards(insn)
+                        any_fixed = any_fixed or fixed > 0
+                    else:
+                        per_run = any_per_run = True
             else:
                 plan = timing.plan(insn, cfg)
-            cost = (plan if isinstance(plan, int) else plan.push) + 1
-            per[id(insn)] = (plan, writes, cost, fixed, per_run, *insn_stat_fields(
-                insn, plan, writes, timing))
+                stat = insn_stat_fields(insn, plan, None, timing)
+            cost = (plan if type(plan) is int else plan.push) + 1
+            per[id(insn)] = (plan, writes, cost, fixed, per_run, *stat)
         ids = [id(i) for i in insns]
         #: per instruction, its word's row of ``per``: (plan, STORE writes or None, cost,
         #: fixed hazard stalls, hazard stalls per run, then cycle_report.insn_stat_fields)
@@ -260,12 +272,11 @@ class _Static:
         self.stat_totals = [rb, bb, wb, dr]
         self._lower = self._fetch = self._writes = None
         #: hazard stalls that the instruction's fields alone decide (index -> cycles)
-        self.fixed_stalls = ({j: r[3] for j, r in enumerate(rows) if r[3]}
-                             if any(r[3] for r in per.values()) else {})
+        self.fixed_stalls = {j: r[3] for j, r in enumerate(rows) if r[3]} if any_fixed else {}
         # SHR/MUL ALU instructions whose hazard stalls are counted per run, from the
         # micro-ops in the UOP buffer
-        self.hazard_alu = (frozenset(j for j, r in enumerate(rows) if r[4])
-                           if any(r[4] for r in per.values()) else frozenset())
+        self.hazard_alu = (frozenset(j for j, r in enumerate(rows) if r[4]) if any_per_run
+                           else frozenset())
         self.arrays = None  # module, pop_q, push_q as arrays (``tables``)
         self.stats = None
 
