@@ -28,19 +28,18 @@ PNG timeline in cycle_report.py. docs/cycle_model.md describes all three.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
-from celosia.isa import (AluInsn, GemmInsn, Insn, MemInsn, MemType, Module, Opcode, decode_uops,
-                         elem_bytes)
+from celosia.isa import INSN_BYTES, AluInsn, GemmInsn, Insn, MemInsn, Module, Opcode, decode_uops
 
-from .cycle_report import plot_timeline, timeline_stats, write_trace
-from .cycle_timing import NEVER, TWO_STAGE_ALU_OPS, Timing, alu_hazards
-from .datapath import DEFAULT_MAX_WORK, single_threaded_blas
+from .cycle_report import (_MEM_STAT_INDEX, MEM_STAT_TYPES, insn_stat_fields, plot_timeline,
+                           timeline_stats, write_trace)
+from .cycle_timing import NEVER, TWO_STAGE_ALU_OPS, Timing, alu_hazards, one_uop_hazards
+from .datapath import DEFAULT_MAX_WORK, _mem_sizes, single_threaded_blas
 from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine
 
 __all__ = ["CycleSimulator", "Timeline", "Timing", "plot_timeline"]
@@ -155,8 +154,8 @@ class CycleSimulator(FunctionalSimulator):
                         f"long")
                 datapath.execute(index, insn)
 
-        stalls: dict = {}
-        if static.hazard_alu and self.timing.hazard_stalls:
+        stalls: dict = dict(static.fixed_stalls)
+        if static.hazard_alu:
             timed, cfg, hazard_alu = execute, self.config, static.hazard_alu
 
             def execute(index: int, insn: Insn) -> None:
@@ -173,36 +172,36 @@ class CycleSimulator(FunctionalSimulator):
 
 class _Static:
     """What every run of one program under one timing shares: each instruction's plan
-    (cycle_timing.py), each STORE's write beats and bursts, each instruction's lower bound
-    (the shortest durations of its module's instructions up to it, each plus its push
-    cycle), the schedule's tables, and ``stats`` (the static part of the statistics, filled
-    by cycle_report.timeline_stats)."""
+    (cycle_timing.py), each STORE's write beats and bursts, the hazard stalls fixed by the
+    instruction alone, each module's instruction indices, the lower bounds of the run
+    (``max_lower``; ``lower`` per instruction, made when first read: the shortest durations
+    of its module's instructions up to it, each plus its push cycle), the schedule's tables,
+    and ``stats`` (the static part of the statistics, filled by
+    cycle_report.timeline_stats).
+
+    Plans and the rest are computed once per distinct instruction object (a repeated word
+    is one object, fsim._decode) and spread over the program with list comprehensions: a
+    program's first run pays per instruction word, not per instruction."""
 
     def __init__(self, insns: Program, timing: Timing, cfg: HwConfig):
-        n = len(insns)
-        bytes_of = {mt: elem_bytes(cfg, mt) for mt in MemType}
+        sizes = _mem_sizes(cfg)
         mem_plans = _mem_plans(timing)
         window = math.lcm(timing.burst_bytes, timing.bus_bytes)
         burst, bus = timing.burst_bytes, timing.bus_bytes
-        self.plans: list = [None] * n
-        self.writes: dict = {}
-        self.lower = [0] * n
-        self.module = insns.modules
+        hazards = timing.hazard_stalls
+        mem_stat_index = _MEM_STAT_INDEX
+        self.module = modules = insns.modules
         self.pops, self.pushes = insns.pops, insns.pushes
-        self.seq: dict = {m: [] for m in range(3)}
-        self.local = [0] * n
-        lower = [0, 0, 0]
-        seen: dict = {}  # id -> (plan, writes): a repeated instruction word is one object
-        for j, insn in enumerate(insns):
-            m = self.module[j]
-            known = seen.get(id(insn))
-            if known is not None:
-                plan, writes = known
-                if writes is not None:
-                    self.writes[j] = writes
-            elif isinstance(insn, (GemmInsn, AluInsn)):
-                plan = timing.loop_plan(insn)
-            elif isinstance(insn, MemInsn):
+        # per distinct instruction: (plan, STORE writes or None, cost, fixed hazard stalls,
+        # whether its hazard stalls depend on the micro-ops and are counted per run)
+        per: dict = {}
+        any_fixed = any_per_run = False
+        write_latency = timing.write_latency
+        for insn in {id(i): i for i in insns}.values():
+            writes, fixed, per_run = None, 0, False
+            # the statistics' fields (cycle_report.insn_stat_fields, inlined): memory type
+            # index, write waits, read beats, read bursts, write beats, drain cycles
+            if isinstance(insn, MemInsn):
                 # LOAD/STORE plans depend on the element bytes (configurations of equal
                 # timings share the memo), the fields other than sram_base and the flags,
                 # and on dram_base only through the byte address within a window of whole
@@ -210,7 +209,7 @@ class _Static:
                 # multiples of bus_bytes: every time is the same a window further on). One
                 # row inside one burst window (a micro-op load, a short row) depends only on
                 # the address within a beat: no burst boundary cuts it.
-                eb = bytes_of[insn.mem_type]
+                eb = sizes[insn.mem_type][0]
                 a = insn.dram_base * eb
                 if insn.y_size == 1 and a // burst == (a + insn.x_size * eb - 1) // burst:
                     where = (a % bus, "one burst")
@@ -225,26 +224,96 @@ class _Static:
                     if len(mem_plans) >= _CACHED_PLANS:
                         mem_plans.clear()
                     mem_plans[key] = plan
-                if isinstance(plan, tuple):  # STORE: (push offset, write beats, bursts)
-                    self.writes[j] = plan[1:]
-                    plan = plan[0]
+                k = mem_stat_index.get(int(insn.mem_type) + 8 * int(insn.opcode), -1)
+                if type(plan) is tuple:  # STORE: (push offset, write beats, bursts)
+                    plan, writes = plan[0], plan[1:]
+                    stat = (k, writes[1] * write_latency, 0, 0, writes[0], 0)
+                elif type(plan) is int:
+                    stat = (k, 0, 0, 0, 0, 0)
+                else:
+                    stat = (k, 0, plan.beats, plan.n, 0, 0)
+            elif isinstance(insn, (GemmInsn, AluInsn)):
+                n = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
+                plan = timing.loop_cycles(n)
+                stat = (-1, 0, 0, 0, 0, timing.exec_stage + 1 if n else 0)  # drain_cycles
+                if hazards and n > 1 and isinstance(insn, AluInsn) \
+                        and insn.alu_op in TWO_STAGE_ALU_OPS:
+                    if insn.use_imm and insn.uop_end - insn.uop_bgn == 1:
+                        # one micro-op and no source row: its stalls do not depend on the
+                        # micro-op's word (alu_hazards compares the row with itself)
+                        fixed = one_uop_hazards(insn)
+                        any_fixed = any_fixed or fixed > 0
+                    else:
+                        per_run = any_per_run = True
             else:
                 plan = timing.plan(insn, cfg)
-            if known is None:
-                seen[id(insn)] = (plan, self.writes.get(j))
-            lower[m] += (plan if isinstance(plan, int) else plan.push) + 1
-            self.lower[j] = lower[m]
-            self.plans[j] = plan
-            self.local[j] = len(self.seq[m])
-            self.seq[m].append(j)
-        self.max_lower = max(self.lower)
-        # SHR/MUL ALU instructions with micro-ops: their hazard stalls are counted per run
-        self.hazard_alu = frozenset(
-            j for j, insn in enumerate(insns)
-            if isinstance(insn, AluInsn) and insn.alu_op in TWO_STAGE_ALU_OPS
-            and insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn) > 1)
+                stat = insn_stat_fields(insn, plan, None, timing)
+            cost = (plan if type(plan) is int else plan.push) + 1
+            per[id(insn)] = (plan, writes, cost, fixed, per_run, *stat)
+        ids = [id(i) for i in insns]
+        #: per instruction, its word's row of ``per``: (plan, STORE writes or None, cost,
+        #: fixed hazard stalls, hazard stalls per run, then cycle_report.insn_stat_fields)
+        self.rows = rows = [per[k] for k in ids]
+        self.plans: list = [r[0] for r in rows]
+        self.seq: dict = {m: [] for m in range(3)}
+        totals = [0, 0, 0]
+        seq = self.seq
+        # over the program, for the statistics: the plans' read beats and bursts, the
+        # write beats and the pipeline drain cycles
+        rb = bb = wb = dr = 0
+        for j, (m, r) in enumerate(zip(modules, rows)):
+            seq[m].append(j)
+            totals[m] += r[2]
+            rb += r[7]
+            bb += r[8]
+            wb += r[9]
+            dr += r[10]
+        self.max_lower = max(totals)
+        self.stat_totals = [rb, bb, wb, dr]
+        self._lower = self._fetch = self._writes = None
+        #: hazard stalls that the instruction's fields alone decide (index -> cycles)
+        self.fixed_stalls = {j: r[3] for j, r in enumerate(rows) if r[3]} if any_fixed else {}
+        # SHR/MUL ALU instructions whose hazard stalls are counted per run, from the
+        # micro-ops in the UOP buffer
+        self.hazard_alu = (frozenset(j for j, r in enumerate(rows) if r[4]) if any_per_run
+                           else frozenset())
         self.arrays = None  # module, pop_q, push_q as arrays (``tables``)
         self.stats = None
+
+    def fetch_batches(self, timing: Timing, insn_addr: int) -> list:
+        """The program's fetch batches (Timing.fetch_batch), made on its first run."""
+        if self._fetch is None:
+            n, size = len(self.module), timing.fetch_insns
+            memo: dict = {}  # batches at the same offset in a burst window are equal
+            fetch = []
+            for first in range(0, n, size):
+                key = ((insn_addr + first * INSN_BYTES) % timing.burst_bytes,
+                       min(size, n - first))
+                batch = memo.get(key)
+                if batch is None:
+                    batch = memo[key] = timing._fetch_batch(*key)
+                fetch.append(batch)
+            self._fetch = fetch
+        return self._fetch
+
+    @property
+    def writes(self) -> dict:
+        """Per STORE instruction: (write beats, write bursts)."""
+        if self._writes is None:
+            self._writes = {j: r[1] for j, r in enumerate(self.rows) if r[1] is not None}
+        return self._writes
+
+    @property
+    def lower(self) -> list:
+        """Per instruction, the sum of its module's shortest durations (each plus the push
+        cycle) up to it: a lower bound of the cycle it can push in."""
+        if self._lower is None:
+            lower, totals = [0] * len(self.module), [0, 0, 0]
+            for j, (m, r) in enumerate(zip(self.module, self.rows)):
+                totals[m] += r[2]
+                lower[j] = totals[m]
+            self._lower = lower
+        return self._lower
 
     def tables(self) -> tuple:
         """(module, pop_q, push_q) as read-only arrays (Timeline's), made when first read:
@@ -260,7 +329,6 @@ class _Static:
         return self.arrays
 
 
-@dataclass
 class Timeline:
     """Per-instruction times of one run (cycles from the start write; -1 where not
     applicable).
@@ -276,39 +344,69 @@ class Timeline:
     (request cycle, first instruction, count); ``reads``: the read bursts granted one at a
     time and the starts of bulk grants (see :meth:`read_bursts`); ``module``, ``pop_q``,
     ``push_q``: the program's tables (properties: the same every run).
+
+    The schedule hands over Python lists (``rows``, the rows of ``times`` in its order);
+    the numpy arrays are made when first read (the statistics of a short program need
+    none).
     """
 
-    insns: list
-    plans: list
-    timing: Timing
-    insn_addr: int
-    free: np.ndarray
-    dispatch: np.ndarray
-    avail: np.ndarray
-    start: np.ndarray
-    done: np.ndarray
-    push: np.ndarray
-    rd_wait: np.ndarray
-    rd_lat: np.ndarray
-    tok_ready: np.ndarray  # (n, 2)
-    room_ready: np.ndarray
-    batches: np.ndarray  # (batches, 3)
-    reads: list  # (client, index, burst, request, grant, first beat, delta, bulk)
-    #: per STORE instruction: (write beats, write bursts)
-    writes: dict = None  # type: ignore[assignment]
-    #: what every run of the program shares (cycle._Static)
-    static: object = None
-    #: (12, n): free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2
-    #: rows), room_ready (2 rows); the per-instruction arrays above are its rows, or None
-    times: np.ndarray = None
-    #: (fetch bursts, 2): request and grant of each of fetch's read bursts, or None
-    fetch_reads: np.ndarray = None
-    #: hazard stall cycles of the SHR/MUL ALU instructions that had any (index -> cycles)
-    stalls: dict = None  # type: ignore[assignment]
+    def __init__(self, insns: list, plans: list, timing: Timing, insn_addr: int, rows: list,
+                 batches: list, reads: list, writes: dict, static, fetch_reads: list,
+                 stalls: dict):
+        self.insns, self.plans, self.timing, self.insn_addr = insns, plans, timing, insn_addr
+        #: free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2 rows),
+        #: room_ready (2 rows), as Python lists
+        self.rows = rows
+        self._batches = batches
+        #: (client, index, burst, request, grant, first beat, delta, bulk)
+        self.reads = reads
+        #: per STORE instruction: (write beats, write bursts)
+        self.writes = writes
+        #: what every run of the program shares (cycle._Static)
+        self.static = static
+        self._fetch_reads = fetch_reads  # request, grant, request, grant, ...
+        #: hazard stall cycles of the SHR/MUL ALU instructions that had any (index -> cycles)
+        self.stalls = stalls
+        self._times = self._batch_array = self._fetch_array = None
+        #: the statistics' sums, made by the schedule as it went (cycle_report)
+        self.sums = None
+
+    @property
+    def times(self) -> np.ndarray:
+        """(12, n): free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2
+        rows), room_ready (2 rows); the per-instruction arrays are its rows."""
+        if self._times is None:
+            self._times = np.array(self.rows, dtype=np.int64).reshape(12, -1)
+        return self._times
+
+    free = property(lambda self: self.times[0])
+    dispatch = property(lambda self: self.times[1])
+    avail = property(lambda self: self.times[2])
+    start = property(lambda self: self.times[3])
+    done = property(lambda self: self.times[4])
+    push = property(lambda self: self.times[5])
+    rd_wait = property(lambda self: self.times[6])
+    rd_lat = property(lambda self: self.times[7])
+    tok_ready = property(lambda self: self.times[8:10].T)  # (n, 2)
+    room_ready = property(lambda self: self.times[10:12].T)
+
+    @property
+    def batches(self) -> np.ndarray:
+        """(batches, 3): request cycle, first instruction, count of each fetch batch."""
+        if self._batch_array is None:
+            self._batch_array = np.array(self._batches, dtype=np.int64).reshape(-1, 3)
+        return self._batch_array
+
+    @property
+    def fetch_reads(self) -> np.ndarray:
+        """(fetch bursts, 2): request and grant of each of fetch's read bursts."""
+        if self._fetch_array is None:
+            self._fetch_array = np.array(self._fetch_reads, dtype=np.int64).reshape(-1, 2)
+        return self._fetch_array
 
     @property
     def cycles(self) -> int:
-        return int(self.push.max()) + 1
+        return max(self.rows[5]) + 1
 
     # The program's tables (the same every run: cycle._Static's, as arrays when first read)
     @property
@@ -373,7 +471,7 @@ class _Schedule:
         self.static = static
         self.stalls = stalls or {}
         self.insns, self.plans, self.timing, self.insn_addr = insns, static.plans, timing, insn_addr
-        self.module, self.seq, self.local = static.module, static.seq, static.local
+        self.module, self.seq = static.module, static.seq
         self.pops, self.pushes = static.pops, static.pushes
         neg = [-1] * n
         self.free, self.dispatch, self.avail = neg[:], neg[:], neg[:]
@@ -397,6 +495,12 @@ class _Schedule:
         self.w_batch: dict = {}
         self.runnable: list = []
         self.channel_free = 0  # the first cycle the read arbiter is idle
+        # statistics summed as the schedule goes (cycle_report.timeline_stats)
+        self.token_q, self.room_q = [0] * 4, [0] * 4
+        self.ran = [0] * len(MEM_STAT_TYPES)
+        self.module_sums: list = [None] * 3
+        self.fetch_sums = None
+        self.fetch_beats = self.fetch_bursts = 0
 
     # ---- fetch: the DMA (read client 0) and the dispatcher ---------------------------------
 
@@ -406,6 +510,7 @@ class _Schedule:
         reads, avail, runnable, w_a = self.reads, self.avail, self.runnable, self.w_a
         fetch_reads = self.fetch_reads
         batch_req = self.batch_req
+        batches = self.static.fetch_batches(t, self.insn_addr)
         first, b = 0, 0
         while first < n:
             if b >= len(batch_req):
@@ -413,9 +518,11 @@ class _Schedule:
                 yield None
             q = batch_req[b]
             count = min(size, n - first)
-            batch = t.fetch_batch(self.insn_addr, first, count)
+            batch = batches[b]
             self.batches.append((q, first, count))
             insn_burst, insn_ready = batch.insn_burst, batch.insn_ready
+            self.fetch_beats += batch.beats
+            self.fetch_bursts += len(batch.span)
             r, bound, k = q + 1, NEVER, 0
             for i in range(len(batch.span)):
                 _, g = yield r
@@ -441,28 +548,39 @@ class _Schedule:
         t = self.timing
         n, depth, size = len(self.insns), t.cmd_queue_depth, t.fetch_insns
         avail, start, dispatch = self.avail, self.start, self.dispatch
-        module, local_of, seq = self.module, self.local, self.seq
+        module, seq = self.module, self.seq
+        count = [0, 0, 0]  # instructions dispatched so far per module
         runnable, w_d, w_batch, batch_req = self.runnable, self.w_d, self.w_batch, self.batch_req
         batch_req.append(t.FIRST_FETCH)
         u = w_batch.pop(0, None)
         if u is not None:
             runnable.append((u, None))
         last = -1
+        # statistics (cycle_report): the gap before each dispatch is first a wait for the
+        # instruction's bytes (gaps: [begin, end) of each), then for command queue room
+        data_wait, gaps, room_wait = 0, [], [0, 0, 0]
         for j in range(n):
             if avail[j] < 0:
                 self.w_a[j] = me
                 yield None
-            d = avail[j]
+            a = d = avail[j]
             if last >= d:
                 d = last + 1
-            local = local_of[j]
+            m = module[j]
+            local = count[m]
+            count[m] = local + 1
             if local >= depth:  # room once the instruction `depth` ahead has started
-                ahead = seq[module[j]][local - depth]
+                ahead = seq[m][local - depth]
                 if start[ahead] < 0:
                     self.w_s[ahead] = me
                     yield None
                 if start[ahead] >= d:
                     d = start[ahead] + 1
+            gap = last + 1
+            mid = d if a >= d else (a if a > gap else gap)  # min(max(a, gap), d)
+            data_wait += mid - gap
+            gaps.append((gap, mid))
+            room_wait[m] += d - mid
             dispatch[j] = last = d
             if w_d:
                 u = w_d.pop(j, None)
@@ -473,6 +591,7 @@ class _Schedule:
                 u = w_batch.pop(len(batch_req) - 1, None)
                 if u is not None:
                     runnable.append((u, None))
+        self.fetch_sums = (data_wait, gaps, room_wait)
 
     # ---- load, compute, store ---------------------------------------------------------------
 
@@ -486,16 +605,21 @@ class _Schedule:
         runnable, w_s, w_push, w_pop = self.runnable, self.w_s, self.w_push, self.w_pop
         client = me  # read client id (load 1, compute 2; store never reads)
         stalls = self.stalls
+        free_of, rd_wait, rd_lat, w_d = self.free, self.rd_wait, self.rd_lat, self.w_d
+        # statistics (cycle_report): waits attributed in order, busy, DRAM and bus cycles
+        rows = self.static.rows  # r[5]: memory type index, r[6]: write waits
+        token_q, room_q, ran = self.token_q, self.room_q, self.ran
+        busy = cmdq = dram = bus = 0
         free = 0
         for j in self.seq[m]:
             if dispatch[j] < 0:
-                self.w_d[j] = me
+                w_d[j] = me
                 yield None
             s = dispatch[j] + 1
             if free > s:
                 s = free
             pops = pops_of_[j]
-            for col, q in enumerate(pops):
+            for col, q in enumerate(pops):  # the tokens
                 k = len(pop_t[q])
                 if k >= len(push_t[q]):
                     w_push[q][k] = me
@@ -504,67 +628,105 @@ class _Schedule:
                 tok_ready[col][j] = ready
                 if ready > s:
                     s = ready
-            self.free[j] = free
+            free_of[j] = free
             start[j] = s
+            mid = dispatch[j] + 1
+            if free > mid:
+                mid = free
+            if mid > s:
+                mid = s
+            cmdq += mid - free
             if w_s:
                 u = w_s.pop(j, None)
                 if u is not None:
                     runnable.append((u, None))
-            for q in pops:
-                pop_t[q].append(s)
-                if w_pop[q]:
-                    u = w_pop[q].pop(len(pop_t[q]) - 1, None)
-                    if u is not None:
-                        runnable.append((u, None))
+            if pops:
+                for col, q in enumerate(pops):
+                    ready = tok_ready[col][j]  # the wait for each token, in order
+                    if ready < mid:
+                        ready = mid
+                    elif ready > s:
+                        ready = s
+                    token_q[q] += ready - mid
+                    mid = ready
+                    pop_t[q].append(s)
+                    if w_pop[q]:
+                        u = w_pop[q].pop(len(pop_t[q]) - 1, None)
+                        if u is not None:
+                            runnable.append((u, None))
             plan = plans[j]
-            if isinstance(plan, int):
+            if type(plan) is int:
                 p = s + plan
                 if stalls:
                     p += stalls.get(j, 0)
+                w = rows[j][6]
+                dram += w
+                busy += p - s - w + 1
             else:  # a LOAD's bursts on the read channel
-                req, buf, first, span = plan.req, plan.buf, plan.first, plan.span
-                delta = wait = lat = i = 0
+                # burst i's offsets: the plan's scalars for the first burst (usually the
+                # only one granted alone), its lists for later ones
+                r, bound, first_i, span_i = s + plan.req0, s + plan.buf0, plan.first0, plan.span0
+                wait = lat = i = 0
                 nb = plan.n
-                while i < nb:
-                    r = s + req[i] + delta
+                while True:
                     bulk, g = yield r
                     f = g + 1 + L
-                    bound = s + buf[i] + delta
                     if bound > f:
                         f = bound
                     wait += g - r
                     lat += f - g
-                    delta = f - s - first[i]
+                    delta = f - s - first_i
                     reads.append((client, j, i, r, g, f, delta, bulk))
                     if bulk:
-                        lat += plan.lat_after[i]
-                        i = nb - 1
-                        self.channel_free = s + first[i] + span[i] + delta + 1
+                        lat += plan.lat_after_at(i) if i else plan.lat0
+                        self.channel_free = s + plan.end + delta + 1
                         break
-                    self.channel_free = f + span[i] + 1
+                    self.channel_free = f + span_i + 1
                     i += 1
-                self.rd_wait[j], self.rd_lat[j] = wait, lat
+                    if i == nb:
+                        break
+                    r, bound, first_i, span_i = plan.burst(i)
+                    r += s + delta
+                    bound += s + delta
+                rd_wait[j] = wait
+                rd_lat[j] = lat
                 p = s + plan.push + delta
+                dram += lat
+                bus += wait
+                busy += p - s - wait - lat + 1
             done[j] = p
             pushes = pushes_of_[j]
-            for col, q in enumerate(pushes):
-                k = len(push_t[q])
-                if k >= depth:  # room once the token `depth` ahead has been popped
-                    if len(pop_t[q]) <= k - depth:
-                        w_pop[q][k - depth] = me
-                        yield None
-                    room = pop_t[q][k - depth] + 1
-                    room_ready[col][j] = room
-                    if room > p:
-                        p = room
-            for q in pushes:
-                push_t[q].append(p)
-                if w_push[q]:
-                    u = w_push[q].pop(len(push_t[q]) - 1, None)
-                    if u is not None:
-                        runnable.append((u, None))
+            if pushes:
+                mid = p
+                for col, q in enumerate(pushes):
+                    k = len(push_t[q])
+                    if k >= depth:  # room once the token `depth` ahead has been popped
+                        if len(pop_t[q]) <= k - depth:
+                            w_pop[q][k - depth] = me
+                            yield None
+                        room = pop_t[q][k - depth] + 1
+                        room_ready[col][j] = room
+                        if room > p:
+                            p = room
+                for col, q in enumerate(pushes):
+                    room = room_ready[col][j]  # the wait for room in each queue, in order
+                    if room < mid:
+                        room = mid
+                    elif room > p:
+                        room = p
+                    room_q[q] += room - mid
+                    mid = room
+                    push_t[q].append(p)
+                    if w_push[q]:
+                        u = w_push[q].pop(len(push_t[q]) - 1, None)
+                        if u is not None:
+                            runnable.append((u, None))
             push[j] = p
             free = p + 1
+            k = rows[j][5]
+            if k >= 0:
+                ran[k] += free - s
+        self.module_sums[m] = (busy, cmdq, dram, bus)
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -578,11 +740,13 @@ class _Schedule:
         pending: dict[int, int] = {}
         finished = 0
         last = 2  # round robin: the first search starts at fetch
+        sends = [gen.send for gen in gens]
+        pop = runnable.pop
         while True:
             while runnable:
-                u, value = runnable.pop()
+                u, value = pop()
                 try:
-                    r = gens[u].send(value)
+                    r = sends[u](value)
                 except StopIteration:
                     finished += 1
                     continue
@@ -620,16 +784,13 @@ class _Schedule:
 
     def _timeline(self) -> Timeline:
         st = self.static
-        times = np.array((self.free, self.dispatch, self.avail, self.start, self.done,
-                          self.push, self.rd_wait, self.rd_lat, *self.tok_ready,
-                          *self.room_ready), dtype=np.int64)
-        free, dispatch, avail, start, done, push, rd_wait, rd_lat = times[:8]
-        return Timeline(
-            insns=self.insns, plans=list(self.plans), timing=self.timing,
-            insn_addr=self.insn_addr, free=free, dispatch=dispatch,
-            avail=avail, start=start, done=done, push=push, rd_wait=rd_wait, rd_lat=rd_lat,
-            tok_ready=times[8:10].T, room_ready=times[10:12].T,
-            batches=np.array(self.batches, dtype=np.int64).reshape(-1, 3), reads=self.reads,
-            writes=dict(st.writes), static=st, times=times,
-            fetch_reads=np.array(self.fetch_reads, dtype=np.int64).reshape(-1, 2),
-            stalls=dict(self.stalls))
+        rows = [self.free, self.dispatch, self.avail, self.start, self.done, self.push,
+                self.rd_wait, self.rd_lat, *self.tok_ready, *self.room_ready]
+        tl = Timeline(self.insns, list(self.plans), self.timing, self.insn_addr, rows,
+                      self.batches, self.reads, st.writes, st, self.fetch_reads,
+                      dict(self.stalls))
+        data_wait, gaps, room_wait = self.fetch_sums
+        per = [list(col) for col in zip(*self.module_sums)] + [room_wait]
+        tl.sums = (data_wait, gaps, per, self.token_q, self.room_q, self.ran,
+                   self.fetch_beats, self.fetch_bursts)
+        return tl

@@ -21,7 +21,8 @@ from celosia.config import HwConfig
 from celosia.errors import CelosiaError
 from celosia.isa import AluInsn, FinishInsn, GemmInsn, MemInsn, MemType, format_insn
 
-__all__ = ["timeline_stats", "trace_dict", "write_trace", "plot_timeline", "MODULES"]
+__all__ = ["timeline_stats", "trace_dict", "write_trace", "plot_timeline", "MODULES",
+           "MEM_STAT_TYPES", "insn_stat_fields"]
 
 MODULES = ("load", "compute", "store")
 # Token queues in fsim.TOKEN_QUEUES order: (producer, consumer).
@@ -35,6 +36,10 @@ _PUSHES = {"load": (0,), "compute": (1, 2), "store": (3,)}
 _LOAD_BYTES = {MemType.UOP: "uop", MemType.INP: "inp", MemType.WGT: "wgt", MemType.ACC: "acc",
                MemType.ACC_8BIT: "acc8"}
 _TIDS = {"fetch": 0, "load": 1, "compute": 2, "store": 3, "dram read": 4, "dram write": 5}
+#: the memory types whose bytes per cycle are reported: LOADs (mem_type), then STORE OUT
+#: (8 + mem_type)
+MEM_STAT_TYPES = tuple([int(mt) for mt in _LOAD_BYTES] + [8 + int(MemType.OUT)])
+_MEM_STAT_INDEX = {k: i for i, k in enumerate(MEM_STAT_TYPES)}
 
 
 def _overlap(a0, a1, b0, b1) -> int:
@@ -72,7 +77,7 @@ class _StaticStats:
                            + sum(p.beats for p in read_plans))
         self.read_bursts = sum(len(b.span) for b in fetch) + sum(p.n for p in read_plans)
         # LOAD: mem_type, STORE: 8 + mem_type
-        self.mem_types = [int(mt) for mt in _LOAD_BYTES] + [8 + int(MemType.OUT)]
+        self.mem_types = list(MEM_STAT_TYPES)
         index = {k: i for i, k in enumerate(self.mem_types)}
         self.mem = [int(i.mem_type) + (8 * int(i.opcode)) if isinstance(i, MemInsn) else -1
                     for i in tl.insns]
@@ -189,8 +194,9 @@ def _sums_numpy(tl, static):
 def _sums_python(tl, static):
     """_sums_numpy one instruction at a time, on Python ints: faster for short programs
     (below _PYTHON_STATS instructions), where numpy's per-call cost dominates."""
+    rows = getattr(tl, "rows", None)  # the schedule's lists (cycle.Timeline)
     free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok0, tok1, room0, room1 = \
-        _times(tl).tolist()
+        rows if rows is not None else _times(tl).tolist()
     pops, pushes = static.pops, static.pushes
     module, write_wait, mem_index = static.module, static.write_wait_list, static.mem_index
     per = [[0, 0, 0] for _ in range(5)]  # busy, command queue, dram, bus, fetch room
@@ -235,9 +241,17 @@ def _sums_python(tl, static):
         k = mem_index[j]
         if k >= 0:
             ran[k] += p + 1 - s
+    return data_wait, _fetch_bus(tl, gaps), per, token_q, room_q, ran
+
+
+def _fetch_bus(tl, gaps: list) -> int:
+    """The cycles of fetch's waits for instruction bytes (``gaps``, [begin, end) each,
+    disjoint and sorted) during which its burst waited for the read arbiter."""
     fetch_bus = 0
     begins = [a0 for a0, _ in gaps]
-    for r, g in _fetch_bursts(tl).tolist():
+    pairs = getattr(tl, "_fetch_reads", None)  # request, grant, request, grant, ...
+    for r, g in (zip(pairs[::2], pairs[1::2]) if pairs is not None
+                 else _fetch_bursts(tl).tolist()):
         # the gaps that end after r and begin before g (disjoint and sorted: from the last
         # one beginning by r)
         for a0, a1 in gaps[max(bisect_right(begins, r) - 1, 0):]:
@@ -245,7 +259,7 @@ def _sums_python(tl, static):
                 break
             if a1 > r:
                 fetch_bus += min(a1, g) - max(a0, r)
-    return data_wait, fetch_bus, per, token_q, room_q, ran
+    return fetch_bus
 
 
 # Programs shorter than this get their statistics from _sums_python, longer ones from
@@ -261,32 +275,65 @@ def _fetch_bursts(tl) -> np.ndarray:
                     np.int64).reshape(-1, 2)
 
 
+def insn_stat_fields(insn, plan, writes, timing) -> tuple:
+    """What the statistics need of one instruction, fixed by its fields (cycle._Static
+    computes it once per instruction word): the index of its memory type in
+    MEM_STAT_TYPES (-1: none), its write waits, and its read beats, read bursts, write
+    beats and pipeline drain cycles."""
+    if isinstance(insn, MemInsn):
+        k = _MEM_STAT_INDEX.get(int(insn.mem_type) + 8 * int(insn.opcode), -1)
+        if writes is not None:
+            return k, writes[1] * timing.write_latency, 0, 0, writes[0], 0
+        if isinstance(plan, int):
+            return k, 0, 0, 0, 0, 0
+        return k, 0, plan.beats, plan.n, 0, 0
+    if isinstance(insn, (GemmInsn, AluInsn)):
+        return -1, 0, 0, 0, 0, timing.drain_cycles(insn)
+    return -1, 0, 0, 0, 0, 0
+
+
 def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
-    """The flat name -> number statistics of one run; ``counters`` are the datapath's."""
+    """The flat name -> number statistics of one run; ``counters`` are the datapath's.
+
+    A timeline of the cycle model's schedule comes with its sums (``tl.sums``, made as the
+    schedule went, by the rules of _sums_python) and the program's fixed parts (its
+    cycle._Static); any other timeline gets them from _sums_python or _sums_numpy and
+    _StaticStats."""
     cycles = tl.cycles
     stats: dict = {"cycles": cycles, "time_us": cycles / cfg.clock_mhz}
     n = len(tl.insns)
-    static = getattr(tl.static, "stats", None)
-    if static is None:
-        static = _StaticStats(tl)
-        if tl.static is not None:
-            tl.static.stats = static
-    sums = _sums_python if n < _PYTHON_STATS else _sums_numpy
-    data_wait, fetch_bus, per_module, token_q, room_q, ran = sums(tl, static)
+    pre = getattr(tl, "sums", None)
+    if pre is not None:
+        data_wait, gaps, per_module, token_q, room_q, ran, fetch_beats, fetch_bursts = pre
+        fetch_bus = _fetch_bus(tl, gaps)
+        plan_beats, plan_bursts, write_beats, drain = tl.static.stat_totals
+        read_beats, read_bursts = plan_beats + fetch_beats, plan_bursts + fetch_bursts
+    else:
+        static = getattr(tl.static, "stats", None)
+        if static is None:
+            static = _StaticStats(tl)
+            if tl.static is not None:
+                tl.static.stats = static
+        sums = _sums_python if n < _PYTHON_STATS else _sums_numpy
+        data_wait, fetch_bus, per_module, token_q, room_q, ran = sums(tl, static)
+        read_beats, read_bursts = static.read_beats, static.read_bursts
+        write_beats, drain = static.write_beats, static.drain
 
     stats["fetch_busy_cycles"] = n
     stats["fetch_stall_dram_cycles"] = data_wait - fetch_bus
     stats["fetch_stall_bus_cycles"] = fetch_bus
     for key, value in zip(_CMDQ_FULL_KEYS, per_module[4]):
         stats[key] = value
-    stats["fetch_idle_cycles"] = cycles - int(tl.dispatch[-1]) - 1
+    rows = getattr(tl, "rows", None)
+    last_dispatch = rows[1][-1] if rows is not None else int(tl.dispatch[-1])
+    stats["fetch_idle_cycles"] = cycles - last_dispatch - 1
     for m, name in enumerate(MODULES):
         busy, cmdq, tokens, rooms, dram, bus, idle = _MODULE_KEYS[name]
         row = [(busy, per_module[0][m]), (cmdq, per_module[1][m])]
         if name == "compute":  # inside busy: pipeline drain and hazard stalls
             hazard = sum(tl.stalls.values()) if tl.stalls else 0
-            row = [(busy, per_module[0][m] - static.drain - hazard),
-                   ("compute_stall_pipeline_cycles", static.drain),
+            row = [(busy, per_module[0][m] - drain - hazard),
+                   ("compute_stall_pipeline_cycles", drain),
                    ("compute_stall_hazard_cycles", hazard), row[1]]
         row += [(key, token_q[q]) for q, key in tokens]
         row += [(key, room_q[q]) for q, key in rooms]
@@ -300,7 +347,6 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     stats["gemm_utilization"] = (counters["macs"] / (cycles * cfg.macs_per_cycle)
                                  if cycles else 0.0)
     # DRAM traffic: bytes the program asked for (no padding, no alignment) and beats used.
-    read_beats, write_beats = static.read_beats, static.write_beats
     fetch_bytes = n * 16
     read_bytes = fetch_bytes + sum(counters[f"{key}_load_bytes"] for key in _LOAD_BYTES.values())
     write_bytes = counters["out_store_bytes"]
@@ -310,7 +356,7 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
         "dram_write_bytes": write_bytes,
         "dram_read_beats": read_beats,
         "dram_write_beats": write_beats,
-        "dram_read_bursts": static.read_bursts,
+        "dram_read_bursts": read_bursts,
         "dram_read_bytes_per_cycle": read_bytes / cycles if cycles else 0.0,
         "dram_write_bytes_per_cycle": write_bytes / cycles if cycles else 0.0,
         "dram_read_channel_utilization": read_beats / cycles if cycles else 0.0,

@@ -33,7 +33,7 @@ from celosia.isa import (INSN_BYTES, AluInsn, AluOp, FinishInsn, GemmInsn, Insn,
                          Opcode, elem_bytes)
 
 __all__ = ["Timing", "ReadPlan", "FetchBatch", "NEVER", "gemm_tree_stages", "alu_hazards",
-           "TWO_STAGE_ALU_OPS"]
+           "one_uop_hazards", "TWO_STAGE_ALU_OPS"]
 
 #: an offset earlier than any cycle (a bound that never binds)
 NEVER = -(1 << 62)
@@ -44,7 +44,6 @@ _PY_ROWS = 32
 # Plans are shared by every program that has the same instruction fields and never
 # changed; they are not frozen dataclasses because a program's first run makes many, and a
 # frozen __init__ costs four times a plain one.
-@dataclass(slots=True, eq=False)
 class ReadPlan:
     """A LOAD that reads DRAM, as bursts on the shared read channel.
 
@@ -62,23 +61,92 @@ class ReadPlan:
     If burst ``i`` is granted ``w`` cycles after it is requested, every later time of the
     instruction moves by the same amount as its first beat does; the schedule keeps that
     shift (``delta``) and reads every other time off these offsets.
+
+    The schedule usually needs only the first burst: when it is granted while no other unit
+    asks for the channel, the rest of the LOAD is granted as requested. So a plan always
+    holds the scalars that case uses (``n``, ``push``, ``beats``; the first burst's
+    ``req0``, ``buf0``, ``first0``, ``span0`` and ``lat0`` = ``lat_after[0]``; ``end`` =
+    the last burst's ``first + span``), and a plan of wide elements (Timing.load_plan)
+    computes them per row in closed form, making the per-burst lists only when first read
+    (a contended LOAD, the trace).
     """
 
-    req: list
-    buf: list
-    first: list
-    span: list
-    push: int
-    beats: int
-    #: per burst, its number of beats (for the trace)
-    burst_beats: list
-    #: lat_after[i]: sum over the bursts after i of (first - req), the latency those bursts
-    #: see when none of them waits
-    lat_after: list
+    __slots__ = ("n", "push", "beats", "req0", "buf0", "first0", "span0", "lat0", "end",
+                 "_lists", "_make", "_row")
+
+    def __init__(self, req: list, buf: list, first: list, span: list, push: int, beats: int,
+                 burst_beats: list, lat_after: list):
+        self.n, self.push, self.beats = len(req), push, beats
+        self.req0, self.buf0, self.first0, self.span0 = req[0], buf[0], first[0], span[0]
+        self.lat0, self.end = lat_after[0], first[-1] + span[-1]
+        self._lists = (req, buf, first, span, burst_beats, lat_after)
+        self._make = self._row = None
+
+    @classmethod
+    def lazy(cls, n: int, push: int, beats: int, req0: int, buf0: int, first0: int,
+             span0: int, lat0: int, end: int, make, row: tuple | None = None) -> "ReadPlan":
+        """A plan from its scalars; ``make()`` returns the eager plan of the same LOAD.
+        ``row``: for one row of wide elements, (L + 1, beats of the first burst, of a whole
+        burst, of the last burst), from which ``burst`` gives any burst's offsets."""
+        plan = cls.__new__(cls)
+        plan.n, plan.push, plan.beats = n, push, beats
+        plan.req0, plan.buf0, plan.first0, plan.span0 = req0, buf0, first0, span0
+        plan.lat0, plan.end = lat0, end
+        plan._lists, plan._make, plan._row = None, make, row
+        return plan
+
+    def burst(self, i: int) -> tuple:
+        """(req, buf, first, span) of burst i. One row of wide elements: in closed form
+        (burst i is requested i * (L + 1) plus the beats before it after the first, and
+        all bursts between the first and the last are whole)."""
+        if i == 0:
+            return self.req0, self.buf0, self.first0, self.span0
+        row = self._row
+        if row is not None and self._lists is None:
+            step, first_beats, full, last_beats = row
+            req = self.req0 + i * step + first_beats + (i - 1) * full
+            return req, NEVER, req + step, (last_beats if i == self.n - 1 else full) - 1
+        req, buf, first, span = self._expand()[:4]
+        return req[i], buf[i], first[i], span[i]
+
+    def lat_after_at(self, i: int) -> int:
+        """lat_after[i]."""
+        if self._row is not None and self._lists is None:
+            return (self.n - 1 - i) * self._row[0]
+        return self._expand()[5][i]
+
+    def _expand(self) -> tuple:
+        if self._lists is None:
+            self._lists = self._make()._lists
+            self._make = None
+        return self._lists
 
     @property
-    def n(self) -> int:
-        return len(self.req)
+    def req(self) -> list:
+        return self._expand()[0]
+
+    @property
+    def buf(self) -> list:
+        return self._expand()[1]
+
+    @property
+    def first(self) -> list:
+        return self._expand()[2]
+
+    @property
+    def span(self) -> list:
+        return self._expand()[3]
+
+    @property
+    def burst_beats(self) -> list:
+        """Per burst, its number of beats (for the trace)."""
+        return self._expand()[4]
+
+    @property
+    def lat_after(self) -> list:
+        """lat_after[i]: sum over the bursts after i of (first - req), the latency those
+        bursts see when none of them waits."""
+        return self._expand()[5]
 
     def min_cycles(self) -> int:
         return self.push
@@ -97,6 +165,8 @@ class FetchBatch:
     burst_beats: list
     insn_burst: list
     insn_ready: list
+    #: sum(burst_beats)
+    beats: int = 0
 
 
 def _bursts(a: np.ndarray, e: np.ndarray, eb: int, bus: int, burst: int):
@@ -224,6 +294,21 @@ class Timing:
 
     def _fetch_batch(self, addr: int, count: int) -> FetchBatch:
         bus = self.bus_bytes
+        end = addr + count * INSN_BYTES
+        if INSN_BYTES >= bus and INSN_BYTES % bus == 0 and addr % bus == 0 \
+                and addr // self.burst_bytes == (end - 1) // self.burst_bytes:
+            # the usual batch: whole beats in one burst (what the general case below gives
+            # for it, without splitting: instruction j's last beat is (j + 1) * k - 1)
+            k = INSN_BYTES // bus
+            beats = count * k
+            ready = 1 + self.check_stages
+            return FetchBatch([beats - 1], [NEVER], [beats], [0] * count,
+                              list(range(k + ready, count * k + ready + 1, k)), beats)
+        return self._fetch_batch_general(addr, count)
+
+    def _fetch_batch_general(self, addr: int, count: int) -> FetchBatch:
+        """_fetch_batch of any batch: its request split into bursts."""
+        bus = self.bus_bytes
         beats, elems, n_last = _request_bursts(addr, addr + count * INSN_BYTES, INSN_BYTES,
                                                bus, self.burst_bytes)
         insn_burst, insn_ready = [], []
@@ -248,7 +333,7 @@ class Timing:
                 # beats are accepted as the buffer drains: element m of the burst drains in
                 # first + 1 + m, is checked, and is readable the cycle after
                 insn_ready.append(j - start[b] + 2 + self.check_stages)
-        return FetchBatch(span, buf_after, beats, insn_burst, insn_ready)
+        return FetchBatch(span, buf_after, beats, insn_burst, insn_ready, sum(beats))
 
     # ---- per-instruction plans -----------------------------------------------------------
 
@@ -267,6 +352,10 @@ class Timing:
         if insn.y_size == 0:
             return 2 + rows * W + 2
         if insn.y_size <= _PY_ROWS:
+            if eb >= self.bus_bytes:
+                return self._load_plan_wide(insn, eb)
+            if insn.y_size == 1:
+                return self._load_plan_narrow_row(insn, eb)
             return self._load_plan_rows(insn, eb)
         bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
         r = np.arange(insn.y_size, dtype=np.int64)
@@ -303,6 +392,91 @@ class Timing:
         lat_after = (np.cumsum(lat[::-1])[::-1] - lat).tolist()
         return ReadPlan(off_req.tolist(), off_buf.tolist(), off_first.tolist(), span.tolist(),
                         push, int(beats.sum()), beats.tolist(), lat_after)
+
+    def _load_plan_wide(self, insn: MemInsn, eb: int) -> ReadPlan:
+        """_load_plan_rows's plan for wide elements (``eb >= bus_bytes``), its scalars in
+        closed form per row (the lists are made when first read). A wide burst's first beat
+        is never held by the beat buffer: burst k of a row is requested the cycle after the
+        previous RLAST (the row's first, x_pad_0 + 1 cycles into the row), has its first
+        beat L + 1 cycles later and its RLAST beats - 1 after that; so a row of nb bursts
+        and ``beats`` beats ends nb * (L + 1) + beats - 1 cycles after its first request,
+        and the walk goes on two cycles (last element written, back to WALK) plus x_pad_1
+        later."""
+        bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
+        W = insn.x_pad_0 + insn.x_size + insn.x_pad_1
+        row_bytes, stride = insn.x_size * eb, insn.x_stride * eb
+        t = 2 + insn.y_pad_0 * W  # the walker, at the start of the first data row
+        a = insn.dram_base * eb
+        n = beats = 0
+        for _ in range(insn.y_size):
+            pos, end = a // bus * bus, -(-(a + row_bytes) // bus) * bus
+            nb = (end - 1) // burst - pos // burst + 1
+            row_beats = (end - pos) // bus
+            if not n:  # the first burst
+                req0 = t + insn.x_pad_0 + 1
+                first_beats = (min(end, (pos // burst + 1) * burst) - pos) // bus
+                last_beats = (end - (end - 1) // burst * burst) // bus
+            x = t + insn.x_pad_0 + 1 + nb * (L + 1) + row_beats - 1  # the row's last RLAST
+            n += nb
+            beats += row_beats
+            t = x + 2 + insn.x_pad_1
+            a += stride
+        push = t + insn.y_pad_1 * W + 2
+        row = ((L + 1, first_beats, burst // bus, last_beats) if insn.y_size == 1 and n > 1
+               else None)
+        return ReadPlan.lazy(n, push, beats, req0, NEVER, req0 + 1 + L, first_beats - 1,
+                             (n - 1) * (L + 1), x, lambda: self._load_plan_wide_lists(insn, eb),
+                             row)
+
+    def _load_plan_narrow_row(self, insn: MemInsn, eb: int) -> ReadPlan:
+        """_load_plan_rows for one row of narrow elements (micro-op loads) in one burst:
+        requested x_pad_0 + 1 cycles into the row, first beat L + 1 later, RLAST once all
+        but the last beat's elements have drained, the row's end once those have too."""
+        bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
+        a = insn.dram_base * eb
+        e = a + insn.x_size * eb
+        pos, end = a // bus * bus, -(-e // bus) * bus
+        if pos // burst != (end - 1) // burst:  # bursts: the general rows
+            return self._load_plan_rows(insn, eb)
+        W = insn.x_pad_0 + insn.x_size + insn.x_pad_1
+        r = 2 + insn.y_pad_0 * W + insn.x_pad_0 + 1
+        n_last = (e - max(a, end - bus)) // eb
+        span = (e - a) // eb - n_last
+        x = r + 1 + L + span
+        push = x + n_last + 1 + insn.x_pad_1 + insn.y_pad_1 * W + 2
+        beats = (end - pos) // bus
+        return ReadPlan([r], [NEVER], [r + 1 + L], [span], push, beats, [beats], [0])
+
+    def _load_plan_wide_lists(self, insn: MemInsn, eb: int) -> ReadPlan:
+        """_load_plan_rows for wide elements, a row's bursts at a time: its bursts are the
+        partial ones at its ends and whole ones between; burst k is requested
+        k * (L + 1) + (the beats of the bursts before it) cycles after the first."""
+        bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
+        full, step = burst // bus, L + 1
+        W = insn.x_pad_0 + insn.x_size + insn.x_pad_1
+        row_bytes, stride = insn.x_size * eb, insn.x_stride * eb
+        req, first, span, beats_of = [], [], [], []
+        t = 2 + insn.y_pad_0 * W
+        a = insn.dram_base * eb
+        for _ in range(insn.y_size):
+            pos, end = a // bus * bus, -(-(a + row_bytes) // bus) * bus
+            b_end = min(end, (pos // burst + 1) * burst)
+            beats = [(b_end - pos) // bus]
+            if b_end < end:
+                last = (end - 1) // burst * burst
+                beats += [full] * ((last - b_end) // burst)
+                beats.append((end - last) // bus)
+            reqs = list(itertools.accumulate([step + b for b in beats[:-1]],
+                                             initial=t + insn.x_pad_0 + 1))
+            req += reqs
+            first += [r + step for r in reqs]
+            span += [b - 1 for b in beats]
+            beats_of += beats
+            t = reqs[-1] + step + beats[-1] - 1 + 2 + insn.x_pad_1
+            a += stride
+        n = len(req)
+        return ReadPlan(req, [NEVER] * n, first, span, t + insn.y_pad_1 * W + 2, sum(beats_of),
+                        beats_of, [(n - 1 - i) * step for i in range(n)])
 
     def _load_plan_rows(self, insn: MemInsn, eb: int) -> ReadPlan:
         """load_plan one row and burst at a time (faster for a few rows; the same rules)."""
@@ -439,6 +613,20 @@ def alu_hazards(insn: AluInsn, dst: np.ndarray, src: np.ndarray) -> int:
         elif reads_src:  # s[0] + (i+1)*Go == d[-1] + i*Fo + (J-1)*Fi
             total += _solutions(Go - Fo, 0, np.array([d[-1] + (J - 1) * Fi - s[0] - Go]),
                                 I - 1, 1)
+    return total
+
+
+def one_uop_hazards(insn: AluInsn) -> int:
+    """alu_hazards of a SHR/MUL with one micro-op and an immediate operand, which do not
+    depend on the micro-op: consecutive executions (i, j) -> (i, j + 1) write and read the
+    same row when dst_factor_in is 0, and (i, last j) -> (i + 1, 0) when dst_factor_out =
+    (iter_in - 1) x dst_factor_in."""
+    if insn.alu_op not in TWO_STAGE_ALU_OPS or insn.uop_end - insn.uop_bgn != 1:
+        raise ValueError("one_uop_hazards: a SHR/MUL ALU instruction of one micro-op only")
+    I, J, Fo, Fi = insn.iter_out, insn.iter_in, insn.dst_factor_out, insn.dst_factor_in
+    total = I * (J - 1) if J > 1 and Fi == 0 else 0
+    if I > 1 and Fo == (J - 1) * Fi:
+        total += I - 1
     return total
 
 

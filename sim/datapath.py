@@ -636,7 +636,7 @@ class Datapath:
             x_rows = (off_src[None, :, None] + s[:, None, :]).reshape(-1)  # (G|1, R, gs)
             w_rows = wgt_g[:, u0:u0 + per_slice].reshape(-1)  # (G, gs)
             slices.append((s.shape[1], as_rows(x_rows), as_rows(w_rows)))
-            nbytes += x_rows.nbytes + w_rows.nbytes + w_rows.size * block * block * 4  # W^T
+            nbytes += x_rows.nbytes + w_rows.nbytes + w_rows.size * block * block * 4  # float32 W
         dst = as_rows(rows)
         # Rows in iteration-major order (r, group) that are consecutive (a dense layer's
         # output blocks side by side): ACC is then a view in that order, no gather.
@@ -649,7 +649,7 @@ class Datapath:
         acc, out = self.acc, self.out
         f32 = np.float32
 
-        # Per slice, the last weights seen (their bytes) and their float32 W^T: the WGT
+        # Per slice, the last weights seen (their bytes) and their float32 W: the WGT
         # rows of a layer are loaded once and used by many GEMMs.
         w_memo = [[None, None] for _ in slices]
 
@@ -659,23 +659,27 @@ class Datapath:
                 x = inp2[xs] if isinstance(xs, slice) else inp2.take(xs, axis=0)
                 w = wgt2[ws] if isinstance(ws, slice) else wgt2.take(ws, axis=0)
                 key = w.tobytes()
-                if key != memo[0]:  # W^T (G*O, gs*C): rows (group, output lane)
-                    wt = w.astype(f32).reshape(G, gs, block, block).transpose(0, 2, 1, 3)
-                    memo[:] = key, wt.reshape(G * block, gs * block)
-                wt = memo[1]
-                if shared:  # X (R*B, gs*C) @ W (gs*C, G*O); BLAS reads W^T transposed
+                if key != memo[0]:  # W, C-contiguous (BLAS is faster on it than on W^T)
+                    w4 = w.reshape(G, gs, block, block)  # (group, micro-op, out lane, in)
+                    if shared:  # (gs*C, G*O): rows (micro-op, in lane)
+                        wk = np.ascontiguousarray(w4.transpose(1, 3, 0, 2), dtype=f32)
+                        memo[:] = key, wk.reshape(gs * block, G * block)
+                    else:  # (G, gs*C, O)
+                        wk = np.ascontiguousarray(w4.transpose(0, 1, 3, 2), dtype=f32)
+                        memo[:] = key, wk.reshape(G, gs * block, block)
+                wk = memo[1]
+                if shared:  # X (R*B, gs*C) @ W (gs*C, G*O)
                     if batch == 1:
                         xf = x.reshape(R, gs * block).astype(f32)
                     else:
                         xf = np.empty((R, batch, gs, block), f32)
                         np.copyto(xf, x.reshape(R, gs, batch, block).transpose(0, 2, 1, 3))
                         xf = xf.reshape(R * batch, gs * block)
-                    part = np.matmul(xf, wt.T)
+                    part = np.matmul(xf, wk)
                 else:  # per group: X (G, R*B, gs*C) @ W (G, gs*C, O)
                     xf = np.empty((G, R, batch, gs, block), f32)
                     np.copyto(xf, x.reshape(G, R, gs, batch, block).transpose(0, 1, 3, 2, 4))
-                    part = np.matmul(xf.reshape(G, R * batch, gs * block),
-                                     wt.reshape(G, block, gs * block).transpose(0, 2, 1))
+                    part = np.matmul(xf.reshape(G, R * batch, gs * block), wk)
                 part = part.astype(np.int32)  # exact: |part| <= 2^24
                 if total is None:
                     total = part
@@ -772,7 +776,7 @@ class Datapath:
             xs = np.ascontiguousarray(x_idx[:, :, u0:u0 + per_slice])
             ws = np.ascontiguousarray(w_idx[:, :, u0:u0 + per_slice])
             slices.append((xs.shape[2], as_rows(xs.reshape(-1)), as_rows(ws.reshape(-1))))
-            nbytes += xs.nbytes + ws.nbytes + ws.size * block * block * 4  # and W^T
+            nbytes += xs.nbytes + ws.nbytes + ws.size * block * block * 4  # and float32 W
         unique = _increasing(rows) or _distinct_rows(rows, cfg.acc_depth).size == rows.size
         if unique:
             dst, sum_order, sum_starts = as_rows(rows), None, None
@@ -794,16 +798,17 @@ class Datapath:
                 x = inp2[xs] if isinstance(xs, slice) else inp2.take(xs, axis=0)
                 w = wgt2[ws] if isinstance(ws, slice) else wgt2.take(ws, axis=0)
                 key = w.tobytes()
-                if key != memo[0]:  # W^T (nb, nt*O, gs*C)
-                    wt = w.astype(f32).reshape(nb, nt, gs, block, block).transpose(0, 1, 3, 2, 4)
-                    memo[:] = key, wt.reshape(nb, nt * block, gs * block)
+                if key != memo[0]:  # W (nb, gs*C, nt*O), C-contiguous (faster than W^T)
+                    w5 = w.reshape(nb, nt, gs, block, block)  # (b, n, micro-op, out, in)
+                    wk = np.ascontiguousarray(w5.transpose(0, 2, 4, 1, 3), dtype=f32)
+                    memo[:] = key, wk.reshape(nb, gs * block, nt * block)
                 if batch == 1:
                     xf = x.reshape(nb, mt, gs * block).astype(f32)
                 else:
                     xf = np.empty((nb, mt, batch, gs, block), f32)
                     np.copyto(xf, x.reshape(nb, mt, gs, batch, block).transpose(0, 1, 3, 2, 4))
                     xf = xf.reshape(nb, mt * batch, gs * block)
-                part = np.matmul(xf, memo[1].transpose(0, 2, 1)).astype(np.int32)  # exact
+                part = np.matmul(xf, memo[1]).astype(np.int32)  # exact
                 if total is None:
                     total = part
                 else:

@@ -215,6 +215,82 @@ def test_load_plans_row_by_row_and_vectorised_agree():
 
 
 
+
+def test_narrow_one_row_load_plans_agree_with_the_rows():
+    """One row of narrow elements (a micro-op load) in one burst is planned in closed form
+    (Timing._load_plan_narrow_row): it must be _load_plan_rows's plan."""
+    import random
+
+    rng = random.Random(4)
+    for cfg in (DEFAULT, SMALL, HwConfig(bus_bytes=64, dram_latency=1),
+                HwConfig(bus_bytes=32, dram_latency=7)):
+        t = Timing.from_config(cfg)
+        narrow = [mt for mt in (MemType.UOP, MemType.INP, MemType.WGT, MemType.ACC,
+                                MemType.ACC_8BIT) if elem_bytes(cfg, mt) < t.bus_bytes]
+        for _ in range(400):
+            mt = rng.choice(narrow)
+            eb = elem_bytes(cfg, mt)
+            insn = MemInsn(opcode=Opcode.LOAD, mem_type=mt, dram_base=rng.randrange(5000),
+                           y_size=1, x_size=rng.randrange(1, 600), x_stride=rng.randrange(600),
+                           y_pad_0=rng.randrange(3), y_pad_1=rng.randrange(3),
+                           x_pad_0=rng.randrange(3), x_pad_1=rng.randrange(3))
+            a, b = t.load_plan(insn, eb), t._load_plan_rows(insn, eb)
+            for name in ("req", "buf", "first", "span", "push", "beats", "burst_beats",
+                         "lat_after", "n", "req0", "buf0", "first0", "span0", "lat0", "end"):
+                assert getattr(a, name) == getattr(b, name), (name, insn)
+
+
+def test_wide_load_plans_in_closed_form_agree_with_the_rows():
+    """A LOAD of wide elements gets its plan's scalars in closed form per row
+    (Timing._load_plan_wide) and its per-burst lists only when read; both must be
+    _load_plan_rows's, whose scalars (first burst, last RLAST, latencies) are read off its
+    lists."""
+    import random
+
+    rng = random.Random(3)
+    for cfg in (DEFAULT, SMALL, HwConfig(bus_bytes=64, dram_latency=1), HwConfig(bus_bytes=1),
+                HwConfig(bus_bytes=32, dram_latency=7)):
+        t = Timing.from_config(cfg)
+        wide = [mt for mt in (MemType.UOP, MemType.INP, MemType.WGT, MemType.ACC,
+                              MemType.ACC_8BIT) if elem_bytes(cfg, mt) >= t.bus_bytes]
+        for _ in range(300):
+            mt = rng.choice(wide)
+            eb = elem_bytes(cfg, mt)
+            insn = MemInsn(opcode=Opcode.LOAD, mem_type=mt, dram_base=rng.randrange(5000),
+                           y_size=rng.randrange(1, 9), x_size=rng.randrange(1, 300),
+                           x_stride=rng.randrange(400), y_pad_0=rng.randrange(3),
+                           y_pad_1=rng.randrange(3), x_pad_0=rng.randrange(3),
+                           x_pad_1=rng.randrange(3))
+            rows = t._load_plan_rows(insn, eb)
+            lazy = t.load_plan(insn, eb)
+            assert lazy._lists is None  # nothing per burst made yet
+            for i in range(rows.n):  # any burst, in closed form for one row
+                assert lazy.burst(i) == (rows.req[i], rows.buf[i], rows.first[i],
+                                         rows.span[i]), (i, insn)
+                assert lazy.lat_after_at(i) == rows.lat_after[i]
+            assert lazy._lists is None or insn.y_size > 1 or rows.n == 1
+            scalars = ("n", "push", "beats", "req0", "buf0", "first0", "span0", "lat0", "end")
+            assert [getattr(lazy, k) for k in scalars] == [getattr(rows, k) for k in scalars]
+            assert (rows.n, rows.req0, rows.buf0, rows.first0, rows.span0, rows.lat0,
+                    rows.end) == (len(rows.req), rows.req[0], rows.buf[0], rows.first[0],
+                                  rows.span[0], rows.lat_after[0],
+                                  rows.first[-1] + rows.span[-1])
+            for name in ("req", "buf", "first", "span", "burst_beats", "lat_after"):
+                assert getattr(lazy, name) == getattr(rows, name), (name, insn)
+
+
+def test_fetch_batches_in_one_burst_need_no_split():
+    """A batch of whole beats inside one burst window is built without splitting its
+    request (Timing._fetch_batch); it must equal the general split."""
+    for cfg in (DEFAULT, SMALL, HwConfig(bus_bytes=16), HwConfig(bus_bytes=4),
+                HwConfig(bus_bytes=1), HwConfig(bus_bytes=64)):
+        t = Timing.from_config(cfg)
+        for addr in range(0, 2 * t.burst_bytes, 16):
+            for count in range(1, t.fetch_insns + 1):
+                a = t._fetch_batch(addr % t.burst_bytes, count)
+                b = t._fetch_batch_general(addr % t.burst_bytes, count)
+                assert dataclasses.astuple(a) == dataclasses.astuple(b), (cfg, addr, count)
+
 def test_one_row_in_one_burst_has_one_plan_per_beat_offset():
     """_Static shares a plan between one-row LOADs/STOREs inside one burst window that
     start at the same offset within a beat: their plans are equal wherever they are."""
@@ -434,6 +510,29 @@ def test_alu_hazard_count_matches_enumeration():
                 if insn.alu_op in (AluOp.SHR, AluOp.MUL) else 0)
         assert alu_hazards(insn, np.array(dst), np.array(src)) == want, (insn, dst, src)
 
+
+
+def test_one_uop_hazards_need_no_micro_op():
+    """A SHR/MUL of one micro-op with an immediate stalls as alu_hazards and the enumeration
+    say, whatever its micro-op's rows (cycle._Static counts it once per program, from the
+    fields alone: cycle_timing.one_uop_hazards)."""
+    import random
+
+    from celosia.sim.cycle_timing import alu_hazards, one_uop_hazards
+
+    rng = random.Random(9)
+    for _ in range(2000):
+        insn = AluInsn(alu_op=rng.choice((AluOp.SHR, AluOp.MUL)), use_imm=True,
+                       uop_bgn=0, uop_end=1, iter_out=rng.randint(1, 6),
+                       iter_in=rng.randint(1, 6), dst_factor_out=rng.randint(0, 6),
+                       dst_factor_in=rng.randint(0, 3), src_factor_out=rng.randint(0, 3),
+                       src_factor_in=rng.randint(0, 3))
+        dst, src = [rng.randrange(50)], [rng.randrange(50)]
+        want = _hazards_by_enumeration(insn, dst, src)
+        assert one_uop_hazards(insn) == want == alu_hazards(insn, np.array(dst),
+                                                              np.array(src)), insn
+    with pytest.raises(ValueError):
+        one_uop_hazards(AluInsn(alu_op=AluOp.ADD, use_imm=True, uop_bgn=0, uop_end=1))
 
 def test_token_wait_serializes():
     """compute starts the cycle after load's token becomes visible, not earlier."""

@@ -344,10 +344,11 @@ def _previous_stats(tl, cfg, counters: dict) -> dict:
     return stats
 
 
-@pytest.mark.parametrize("path", ["python", "numpy"])
+@pytest.mark.parametrize("path", ["schedule", "python", "numpy"])
 @pytest.mark.parametrize("name", ["small", "default", "tight"])
 def test_statistics_equal_their_previous_implementation(name, path, monkeypatch):
-    """Both ways of summing (plain Python for short programs, numpy for long ones)."""
+    """Every way of summing: as the schedule goes (a run's statistics), and from the
+    timeline alone (plain Python for short programs, numpy for long ones)."""
     monkeypatch.setattr(cycle_report, "_PYTHON_STATS", 10**9 if path == "python" else 0)
     cfg = {"small": SMALL, "default": DEFAULT,
            "tight": HwConfig(log_batch=1, log_block=3, log_inp_buff_size=12,
@@ -359,6 +360,13 @@ def test_statistics_equal_their_previous_implementation(name, path, monkeypatch)
         for _ in range(2):  # the second run uses the kept static part
             sim.write_dram(0, image.dram)
             stats = sim.run(image.insn_addr, image.insn_count)
+            if path != "schedule":  # from the timeline alone, without the schedule's sums
+                assert sim.timeline.sums is not None
+                sim.timeline.sums = None
+                again = sim._counters()
+                again.update(cycle_report.timeline_stats(sim.timeline, cfg, again))
+                assert again == stats, seed
+                stats = again
             want = _previous_stats(sim.timeline, cfg, stats)
             assert {k: stats[k] for k in want} == want, seed
             assert list(stats)[-len(want):] == list(want)  # and in the same order
