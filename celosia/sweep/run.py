@@ -102,26 +102,13 @@ def run_sweep(spec: Spec, out, *, engine: str = "local", address: str | None = N
             bar = Progress(total, progress)
             _evaluate(spec, store, configs, session, state, timing, synth, limit, bar, out,
                       progress)
-    except BaseException:
-        session.close()
-        raise
     finally:
+        session.close()
         if bar is not None:
             bar.close()
-    # the engine stops (Ray: a second or more of waiting for its processes to exit) while
-    # the outputs are written; run_sweep returns when both are done
-    closed = session.close_in_background()
-    try:
-        summary = _outputs(spec, store, state, timing, engine, workers, synth)
-    finally:
-        closed()
-    return summary
-
-
-def _outputs(spec, store, state, timing, engine, workers, synth) -> dict:
     rows = store.rows()
     n, points_s = state["evaluated"], state["points_s"]
-    return write_outputs(spec, store, rows, {
+    summary = write_outputs(spec, store, rows, {
         "engine": engine, "workers": workers, "synth": synth,
         "this_run": {"evaluated": n, "skipped_done": state["skipped"],
                      "invalid_configs": state["invalid"],
@@ -131,6 +118,7 @@ def _outputs(spec, store, state, timing, engine, workers, synth) -> dict:
                      "points_per_hour": (round(n / points_s * 3600, 1)
                                          if n and points_s > 0 else None)},
     })
+    return summary
 
 
 class _Session:
@@ -155,36 +143,11 @@ class _Session:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
-            self.pool = None
         if self.ray_started:
             import ray
 
-            self.ray_started = False
             if ray.is_initialized():
                 ray.shutdown()
-
-    def close_in_background(self):
-        """Start closing the engine in a thread; the function that waits for it (and raises
-        what it raised)."""
-        import threading
-
-        error: list = []
-
-        def close():
-            try:
-                self.close()
-            except BaseException as exc:  # raised in the caller's thread by wait()
-                error.append(exc)
-
-        thread = threading.Thread(target=close, name="celosia-sweep-close", daemon=True)
-        thread.start()
-
-        def wait() -> None:
-            thread.join()
-            if error:
-                raise error[0]
-
-        return wait
 
 
 def _evaluate(spec: Spec, store: Store, configs, session, state, timing, synth, limit, bar,
