@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["summary_ms", "block_ratios"]
+__all__ = ["summary", "summary_ms", "block_ratios"]
+
+
+def summary(values) -> dict:
+    """Median, 25th and 75th percentiles, IQR, minimum and maximum of values (in their own
+    unit: a rate, a ratio), and their count."""
+    v = np.asarray(values, np.float64)
+    p25, p50, p75 = np.percentile(v, [25, 50, 75])
+    return {"median": float(p50), "p25": float(p25), "p75": float(p75),
+            "iqr": float(p75 - p25), "min": float(v.min()), "max": float(v.max()),
+            "samples": int(v.size)}
 
 
 def summary_ms(samples) -> dict:
