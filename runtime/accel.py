@@ -67,6 +67,7 @@ from . import schema
 from .accel_recurrent import HOST_KINDS
 from .artifact import Artifact, artifact_format, write_artifact
 from .cpu import npy_bytes
+from .crossing import Crossing
 
 __all__ = ["AccelModel", "FORMAT", "VERSION", "is_accel_artifact", "compare_outputs"]
 
@@ -621,9 +622,6 @@ class AccelModel:
 
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
-        from ..compiler.accel import im2col
-        from ..compiler.accel.matmul import pack_weights
-        from ..compiler.accel.partition import dram_reads
         from ..compiler.graph.ir import InputShapeError
         from .accel_recurrent import run_host_node
         from ..compiler.graph.macs import node_macs, padding_overhead, utilization
@@ -659,13 +657,8 @@ class AccelModel:
                 crossings["to_cpu"] += 1
                 # Unpacked from the executor's DRAM where it can be seen in place (a value's
                 # buffer is written once per run, so such a view stays valid), else from a
-                # copy.
-                size = math.prod(v["shape"])
-                raw = ex.dram_view(v["addr"], size)
-                raw = ex.read_dram(v["addr"], size) if raw is None else raw
-                host[name] = _unpack(raw.view(np.int8).reshape(v["shape"]),
-                                     graph.types[name].shape, v.get("layout"), cfg,
-                                     self._host_buffer(name))
+                # copy; the way planned once per executor (runtime/crossing.py).
+                host[name] = self._crossing(ex, name).unpack()
 
         # the executor's counters of each accelerator node in this run
         self.node_counters: dict[str, dict] = {}
@@ -740,43 +733,21 @@ class AccelModel:
                 shown(k + 1)
             elif prog is not None:
                 packed = False
-                windowed = _windowed([prog])
-                for name in dram_reads(node):
-                    if name and name not in in_dram and name not in windowed:
-                        v = self.values[name]
-                        view = ex.dram_view(v["addr"], math.prod(v["shape"]))
-                        if view is not None:  # packed straight into DRAM
-                            _pack(host[name], cfg, v.get("layout"),
-                                  view.view(np.int8).reshape(v["shape"]))
-                        else:
-                            ex.write_dram(v["addr"], _pack(host[name], cfg, v.get("layout")))
+                reads = self._border_reads(node, prog)
+                t0 = time.perf_counter()  # (the lookups above are not packing)
+                for name in reads:
+                    if name not in in_dram:
+                        # packed straight into DRAM where the executor offers a view
+                        # (runtime/crossing.py)
+                        self._crossing(ex, name).pack(host[name])
                         in_dram.add(name)
                         crossings["to_accel"] += 1
                         packed = True
                 # Operands packed into a weight layout before every run (a matmul's second
                 # operand): read back first if the accelerator made it.
-                for st in prog.get("staged", ()):
+                for j, st in enumerate(prog.get("staged", ())):
                     to_host(st["value"])
-                    view = ex.dram_view(st["addr"], math.prod(st["shape"]))
-                    if st["layout"] == im2col.LAYOUT and view is not None:
-                        # im2col.stager: the windows' packing bound to this DRAM buffer
-                        stage = self.__dict__.setdefault("_stagers", {}).get(node.name)
-                        if stage is None or stage[0] is not ex:
-                            stage = self._stagers[node.name] = (ex, im2col.stager(
-                                self._windows(node.name), cfg,
-                                view.view(np.int8).reshape(st["shape"])))
-                        stage[1](host[st["value"]])
-                        crossings["to_accel"] += 1
-                        packed = True
-                        continue
-                    if st["layout"] == im2col.LAYOUT:
-                        pack_st = partial(im2col.pack, win=self._windows(node.name), cfg=cfg)
-                    else:
-                        pack_st = partial(pack_weights, cfg=cfg)
-                    if view is not None:
-                        pack_st(host[st["value"]], out=view.view(np.int8).reshape(st["shape"]))
-                    else:
-                        ex.write_dram(st["addr"], pack_st(host[st["value"]]))
+                    self._stager(ex, node.name, j, st)(host[st["value"]])
                     crossings["to_accel"] += 1
                     packed = True
                 # Layout time: packing values at the border (a node that packs nothing has
@@ -843,6 +814,7 @@ class AccelModel:
                 # A compiled CPU segment: the CPU nodes from here to the next accelerator node.
                 names, cpu = segment_of[node.name]
                 read = crossings["to_cpu"]
+                t0 = time.perf_counter()  # (the lookups above are not unpacking)
                 for name in cpu.program.inputs:
                     to_host(name)
                 # layout: reading values back at the border (none if all were on the host)
@@ -879,6 +851,59 @@ class AccelModel:
             cache[name] = windows_of(next(n for n in self.graph.nodes if n.name == name),
                                      self.graph, self.config)
         return cache[name]
+
+    def _stager(self, ex, name: str, j: int, st: dict):
+        """A function of the host value packing staged operand ``j`` of accelerator node
+        ``name`` (record ``st``) into its DRAM buffer: im2col windows (im2col.stager, bound
+        to the buffer) or a matmul's weight layout; made once per executor."""
+        cache = self.__dict__.setdefault("_stagers", {})
+        found = cache.get((name, j))
+        if found is not None and found[0] is ex:
+            return found[1]
+        from ..compiler.accel import im2col
+        from ..compiler.accel.matmul import pack_weights
+
+        cfg = self.config
+        view = ex.dram_view(st["addr"], math.prod(st["shape"]))
+        view = None if view is None else view.view(np.int8).reshape(st["shape"])
+        if st["layout"] == im2col.LAYOUT and view is not None:
+            # the windows' packing bound to this DRAM buffer
+            stage = im2col.stager(self._windows(name), cfg, view)
+        else:
+            pack_st = (partial(im2col.pack, win=self._windows(name), cfg=cfg)
+                       if st["layout"] == im2col.LAYOUT else partial(pack_weights, cfg=cfg))
+            if view is not None:
+                stage = partial(pack_st, out=view)
+            else:
+                def stage(x, addr=st["addr"]):
+                    ex.write_dram(addr, pack_st(x))
+        cache[(name, j)] = (ex, stage)
+        return stage
+
+    def _border_reads(self, node, prog) -> tuple:
+        """The values accelerator node ``node`` reads from DRAM that the runtime packs if
+        the CPU made them (its windowed input is staged instead), found once."""
+        cache = self.__dict__.setdefault("_border_reads_of", {})
+        found = cache.get(node.name)
+        if found is None:
+            from ..compiler.accel.partition import dram_reads
+
+            windowed = _windowed([prog])
+            found = cache[node.name] = tuple(n for n in dram_reads(node)
+                                             if n and n not in windowed)
+        return found
+
+    def _crossing(self, ex, name: str):
+        """The planned crossing of value ``name`` on executor ``ex`` (runtime/crossing.py),
+        made once per executor: its DRAM view, views or bound kernel, and host buffer."""
+        cache = self.__dict__.setdefault("_crossings", {})
+        c = cache.get(name)
+        if c is None or c.ex is not ex:
+            v = self.values[name]
+            c = cache[name] = Crossing(ex, v["addr"], v["shape"], self.graph.types[name].shape,
+                                       self.config, layout=v.get("layout"),
+                                       out=self._host_buffer(name))
+        return c
 
     def _host_buffer(self, name: str) -> np.ndarray | None:
         """An int8 array of the value's shape kept from run to run to unpack it into (None

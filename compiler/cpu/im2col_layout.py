@@ -47,6 +47,7 @@ def _module(win, k: int, symbol: str) -> str:
     c, oh, ow = win.c, win.oh, win.ow
     cb = win.blocks(k)
     lanes = cb * k
+    vec = ir.VectorType(_I8, k)
     offsets = []
     for lane in range(lanes):
         if lane < win.channels:
@@ -65,13 +66,21 @@ def _module(win, k: int, symbol: str) -> str:
                         b.mul(y, const(ow * k)))
 
         def pixel(x):
+            # per block, the k lanes as one vector: the constant lanes compiled into it,
+            # each loaded lane inserted, one k-byte store (byte stores took twice as long)
             base = b.add(src_row, b.mul(x, const(sw)))
             out = b.add(dst_row, b.mul(x, const(k)))
-            for lane, off in enumerate(offsets):
-                j, kk = divmod(lane, k)
-                v = off if isinstance(off, ir.Constant) else \
-                    b.load(b.gep(src, [b.add(base, const(off))]))
-                b.store(v, b.gep(dst, [b.add(out, const(j * oh * ow * k + kk))]))
+            for j in range(cb):
+                block = offsets[j * k:(j + 1) * k]
+                v = ir.Constant(vec, [o if isinstance(o, ir.Constant) else ir.Constant(_I8, 0)
+                                      for o in block])
+                for kk, off in enumerate(block):
+                    if not isinstance(off, ir.Constant):
+                        v = b.insert_element(v, b.load(b.gep(src, [b.add(base, const(off))])),
+                                             ir.Constant(ir.IntType(32), kk))
+                ptr = b.bitcast(b.gep(dst, [b.add(out, const(j * oh * ow * k))]),
+                                vec.as_pointer())
+                b.store(v, ptr, align=1)
         counted_loop(b, const(0), const(ow), 1, pixel)
 
     counted_loop(b, fn.args[1], fn.args[2], 1, row)
