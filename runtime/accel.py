@@ -640,6 +640,7 @@ class AccelModel:
             raise InputShapeError(f"unknown inputs {sorted(unknown)}: the model's inputs are "
                                   f"{list(graph.inputs)}")
         ex = self._executor(target) if self.programs else None
+        border = self._border(ex)  # {value: its Crossing on ex}, made as values cross
         host = {**graph.initializers, **{k: np.asarray(v) for k, v in feeds.items()}}
         in_dram: set[str] = set()
         clock_khz = cfg.clock_mhz * 1e3
@@ -647,18 +648,19 @@ class AccelModel:
         crossings = {"to_accel": 0, "to_cpu": 0}
         in_place = 0
 
+        roots = self._view_roots()
+
         def to_host(name):
             if name and name not in host:
-                v = self.values[name]
-                if v.get("of"):  # a view: its root's bytes, unpacked once, reshaped
-                    to_host(v["of"])
-                    host[name] = host[v["of"]].reshape(graph.types[name].shape)
+                if name in roots:  # a view: its root's bytes, unpacked once, reshaped
+                    to_host(roots[name])
+                    host[name] = host[roots[name]].reshape(graph.types[name].shape)
                     return
                 crossings["to_cpu"] += 1
                 # Unpacked from the executor's DRAM where it can be seen in place (a value's
                 # buffer is written once per run, so such a view stays valid), else from a
                 # copy; the way planned once per executor (runtime/crossing.py).
-                host[name] = self._crossing(ex, name).unpack()
+                host[name] = border[name].unpack()
 
         # the executor's counters of each accelerator node in this run
         self.node_counters: dict[str, dict] = {}
@@ -739,7 +741,7 @@ class AccelModel:
                     if name not in in_dram:
                         # packed straight into DRAM where the executor offers a view
                         # (runtime/crossing.py)
-                        self._crossing(ex, name).pack(host[name])
+                        border[name].pack(host[name])
                         in_dram.add(name)
                         crossings["to_accel"] += 1
                         packed = True
@@ -893,17 +895,31 @@ class AccelModel:
                                              if n and n not in windowed)
         return found
 
-    def _crossing(self, ex, name: str):
-        """The planned crossing of value ``name`` on executor ``ex`` (runtime/crossing.py),
-        made once per executor: its DRAM view, views or bound kernel, and host buffer."""
-        cache = self.__dict__.setdefault("_crossings", {})
-        c = cache.get(name)
-        if c is None or c.ex is not ex:
-            v = self.values[name]
-            c = cache[name] = Crossing(ex, v["addr"], v["shape"], self.graph.types[name].shape,
-                                       self.config, layout=v.get("layout"),
-                                       out=self._host_buffer(name))
-        return c
+    def _view_roots(self) -> dict:
+        """{value: the value whose DRAM bytes it is} of the values that are views."""
+        roots = self.__dict__.get("_roots")
+        if roots is None:
+            roots = self._roots = {k: v["of"] for k, v in self.values.items() if v.get("of")}
+        return roots
+
+    def _border(self, ex) -> dict:
+        """{value name: its planned crossing on executor ``ex``} (runtime/crossing.py: its
+        DRAM view, views or bound kernel, and host buffer), each made the first time the
+        value crosses and kept for the executor."""
+        cache = self.__dict__.get("_borders")
+        if cache is None or cache[0] is not ex:
+            model = self
+
+            class Border(dict):
+                def __missing__(self, name):
+                    v = model.values[name]
+                    c = self[name] = Crossing(ex, v["addr"], v["shape"],
+                                              model.graph.types[name].shape, model.config,
+                                              layout=v.get("layout"),
+                                              out=model._host_buffer(name))
+                    return c
+            cache = self._borders = (ex, Border())
+        return cache[1]
 
     def _host_buffer(self, name: str) -> np.ndarray | None:
         """An int8 array of the value's shape kept from run to run to unpack it into (None

@@ -101,6 +101,14 @@ class Crossing:
             self.kind = "views"
             self._pad = plan[1]
             self._out_pairs = (pairs(self.dram, out, b, k)[0] if out is not None else None)
+        if self.kind == "row_major":  # (the common cases as closures: no dispatch per run)
+            self.unpack = lambda flat=self._flat: flat
+        elif self.kind == "views" and out is not None:
+            def unpack(copy=np.copyto, todo=tuple(self._out_pairs), out=out):
+                for src, dst in todo:
+                    copy(dst, src)
+                return out
+            self.unpack = unpack
 
     # ---- packing: host -> DRAM ------------------------------------------------------------
 

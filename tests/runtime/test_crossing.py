@@ -147,3 +147,27 @@ def test_mistyped_value_keeps_pack_value():
     x = rng.integers(-128, 128, (2, 20, 3, 3)).astype(np.int32)
     c.pack(x)
     np.testing.assert_array_equal(_dram(ex, pshape, size), pack_value(x, cfg))
+
+
+def test_windows_packer_takes_any_input_layout():
+    """The im2col windows' packer (bound once, per call the input's pointer set): the same
+    bytes as pack_reference for a contiguous input, a strided one and a second buffer,
+    call after call."""
+    from celosia.compiler.accel import im2col
+    from celosia.compiler.cpu.im2col_layout import packer
+
+    cfg = _config(1)
+    rng = np.random.default_rng(3)
+    for win in (im2col.Windows(4, 3, 9, 7, 3, 3, (2, 1), (1, 0, 2, 1), -5, (1, 127)),
+                im2col.Windows(2, 1, 8, 8, 3, 3, (1, 1), (1, 1, 1, 1), 0)):
+        out = np.full(win.packed_shape(cfg), 9, np.int8)
+        pack = packer(win, cfg.block, out)
+        shape = (win.n, win.c, win.h, win.w)
+        for k in range(3):
+            x = rng.integers(-128, 128, shape, dtype=np.int8)
+            if k == 1:
+                x = np.asfortranarray(x)
+            pack(x)
+            np.testing.assert_array_equal(out, im2col.pack_reference(x, win, cfg))
+        with pytest.raises(ValueError, match="expected int8"):
+            pack(x.astype(np.int16))
