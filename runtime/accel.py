@@ -67,7 +67,7 @@ from . import schema
 from .accel_recurrent import HOST_KINDS
 from .artifact import Artifact, artifact_format, write_artifact
 from .cpu import npy_bytes
-from .crossing import Crossing
+from .crossing import Crossing, staged_packer
 
 __all__ = ["AccelModel", "FORMAT", "VERSION", "is_accel_artifact", "compare_outputs"]
 
@@ -871,6 +871,9 @@ class AccelModel:
         if st["layout"] == im2col.LAYOUT and view is not None:
             # the windows' packing bound to this DRAM buffer
             stage = im2col.stager(self._windows(name), cfg, view)
+        elif st["layout"] == "weights" and view is not None and \
+                (stage := staged_packer(view, self.graph.types[st["value"]].shape, cfg)):
+            pass  # the weight layout's views of this DRAM buffer, made once
         else:
             pack_st = (partial(im2col.pack, win=self._windows(name), cfg=cfg)
                        if st["layout"] == im2col.LAYOUT else partial(pack_weights, cfg=cfg))

@@ -28,38 +28,130 @@ import math
 
 import numpy as np
 
-__all__ = ["Crossing", "pairs"]
+__all__ = ["Crossing", "pairs", "blocked_pairs", "matrix_pairs", "weight_pairs", "staged_packer"]
+
+
+def blocked_pairs(packed: np.ndarray, plain: np.ndarray, axes: list) -> tuple[list, list]:
+    """([(packed view, plain view)], [padding views of packed]) of a blocked layout:
+    ``axes`` gives, per axis of ``plain`` in order, the axis of ``packed`` that holds it
+    (an int) or the two that do, (outer block, index in the block), so that element i of
+    that axis is ``packed[..., i // k, ..., i % k, ...]`` with k the inner axis' extent.
+    Each pair is the same elements in both (the whole blocks of each blocked axis, then its
+    last partial block: up to two pieces per blocked axis), together all of ``plain``; the
+    padding views are the packed elements no plain element maps to (past the end in a
+    last partial block, or whole blocks past the end). The plain views are views when
+    ``plain`` is C-contiguous (or any array whose blocked axes have one stride each)."""
+    perm = [a for ax in axes for a in ((ax,) if isinstance(ax, int) else ax)]
+    whole = packed.transpose(perm)
+    choices = []  # per plain axis: [(packed index, plain index, split shape)]
+    pads = []
+    at = 0  # the axis of ``whole`` the plain axis starts at
+    for d, ax in enumerate(axes):
+        size = plain.shape[d]
+        if isinstance(ax, int):
+            choices.append([((slice(None),), slice(None), (size,))])
+            at += 1
+            continue
+        k = whole.shape[at + 1]
+        full, rem = divmod(size, k)
+        options = []
+        if full:
+            options.append(((slice(0, full), slice(None)), slice(0, full * k), (full, k)))
+        if rem:
+            options.append(((slice(full, full + 1), slice(0, rem)), slice(full * k, size),
+                            (1, rem)))
+            pads.append(whole[(slice(None),) * at + (slice(full, full + 1), slice(rem, None))])
+        used = full + (1 if rem else 0)
+        if whole.shape[at] > used:  # whole blocks past the end (padding rows)
+            pads.append(whole[(slice(None),) * at + (slice(used, None),)])
+        choices.append(options)
+        at += 2
+    out = []
+
+    def walk(d, pidx, xidx, shape):
+        if d == len(choices):
+            out.append((whole[pidx], plain[xidx].reshape(shape)))
+            return
+        for pi, xi, sh in choices[d]:
+            walk(d + 1, pidx + pi, xidx + (xi,), shape + sh)
+    walk(0, (), (), ())
+    return out, pads
 
 
 def pairs(packed: np.ndarray, plain: np.ndarray, b: int, k: int) -> tuple[list, list]:
-    """([(packed view, plain view)], [padding views of packed]) of an NCHW (or [N, C], or
-    [N, C, L]) int8 value ``plain`` and its packed layout ``packed`` ([N/b, C/k, *spatial,
-    b, k], or [rows, C/k, b, k]): each pair the same elements in both, together all of the
-    value; the padding views the packed bytes no element maps to (channels past C in the
-    last block, row groups past N/b). None if the shapes do not fit that layout."""
+    """``blocked_pairs`` of an NCHW (or [N, C], or [N, C, L]) int8 value ``plain`` and its
+    packed layout ``packed`` ([N/b, C/k, *spatial, b, k], or [rows/b, C/k, b, k]:
+    partition.packed_shape); None if the shapes do not fit that layout."""
     shape = plain.shape if plain.ndim != 3 else (plain.shape[0], plain.shape[1], 1,
                                                  plain.shape[2])
     n, c = shape[:2]
     spatial = tuple(shape[2:])
-    if n % b or packed.ndim != len(spatial) + 4 or packed.shape[-2:] != (b, k) or \
+    nd = len(spatial)
+    if n % b or packed.ndim != nd + 4 or packed.shape[-2:] != (b, k) or \
             packed.shape[1] != -(-c // k) or tuple(packed.shape[2:-2]) != spatial or \
             packed.shape[0] * b < n:
         return None
-    x = plain.reshape(shape)
-    axes = (0, len(spatial) + 2, 1, len(spatial) + 3, *range(2, 2 + len(spatial)))
-    whole = packed.transpose(axes)  # (rows/b, b, C/k, k, *spatial)
-    view = whole[:n // b]
-    full = c // k
-    out, pad = [], []
-    if full:
-        out.append((view[:, :, :full], x[:, :full * k].reshape(n // b, b, full, k, *spatial)))
-    if c > full * k:
-        out.append((view[:, :, full:full + 1, :c - full * k],
-                    x[:, full * k:].reshape(n // b, b, 1, c - full * k, *spatial)))
-        pad.append(view[:, :, full:, c - full * k:])
-    if whole.shape[0] > n // b:
-        pad.append(whole[n // b:])
-    return out, pad
+    return blocked_pairs(packed, plain.reshape(shape),
+                         [(0, nd + 2), (1, nd + 3), *range(2, 2 + nd)])
+
+
+def matrix_pairs(packed: np.ndarray, plain: np.ndarray, b: int, k: int):
+    """``blocked_pairs`` of a [..., rows, cols] value in the "matrices" layout (G, S)
+    (compiler/accel/matmul.py pack_matrices: per matrix [rows/b, cols/k, b, k], then
+    padding up to the stride S); the bytes past each matrix are padding too. None if the
+    shapes do not fit."""
+    rows, cols = plain.shape[-2:]
+    g = math.prod(plain.shape[:-2])
+    rb, cb = -(-rows // b), -(-cols // k)
+    raw = rb * cb * b * k
+    if packed.ndim != 2 or packed.shape[0] != g or packed.shape[1] < raw:
+        return None
+    got = blocked_pairs(packed[:, :raw].reshape(g, rb, cb, b, k), plain.reshape(g, rows, cols),
+                        [0, (1, 3), (2, 4)])
+    if packed.shape[1] > raw:
+        got[1].append(packed[:, raw:])
+    return got
+
+
+def weight_pairs(packed: np.ndarray, plain: np.ndarray, k: int):
+    """``blocked_pairs`` of a QMatMul's second operand b [..., K, N] in the weight layout
+    (G, S) (matmul.pack_weights: per matrix b^T as [N/k, K/k, k, k], element [j, ko, oo,
+    ki] = b[ko * k + ki, j * k + oo], then padding up to S). None if the shapes do not
+    fit."""
+    kdim, ndim = plain.shape[-2:]
+    g = math.prod(plain.shape[:-2])
+    kb, nb = -(-kdim // k), -(-ndim // k)
+    raw = nb * kb * k * k
+    if packed.ndim != 2 or packed.shape[0] != g or packed.shape[1] < raw:
+        return None
+    got = blocked_pairs(packed[:, :raw].reshape(g, nb, kb, k, k), plain.reshape(g, kdim, ndim),
+                        [0, (2, 4), (1, 3)])
+    if packed.shape[1] > raw:
+        got[1].append(packed[:, raw:])
+    return got
+
+
+def staged_packer(dram: np.ndarray, shape: tuple, cfg):
+    """A function of b [..., K, N] int8 writing it into ``dram`` (a DRAM view of the
+    weight layout's shape) as matmul.pack_weights does, the views made once; None if the
+    shapes do not fit (then pack_weights does it)."""
+    plan = weight_pairs(dram, np.empty(shape, np.int8), cfg.block)
+    if plan is None:
+        return None
+    pads, k, shape = plan[1], cfg.block, tuple(shape)
+
+    def pack(x, copy=np.copyto):
+        x = np.asarray(x)
+        if x.dtype != np.int8 or x.shape != shape:
+            from ..compiler.accel.matmul import pack_weights
+
+            pack_weights(x, cfg, out=dram)
+            return
+        for dst, src in weight_pairs(dram, x, k)[0]:
+            copy(dst, src)
+        for pad in pads:
+            pad.fill(0)
+    return pack
 
 
 class Crossing:
@@ -78,7 +170,7 @@ class Crossing:
         self.packed_shape, self.shape = tuple(packed_shape), tuple(shape)
         self.out = out
         size = math.prod(self.packed_shape)
-        raw = ex.dram_view(addr, size) if layout is None else None
+        raw = ex.dram_view(addr, size) if layout in (None, "matrices") else None
         self.dram = None if raw is None else raw.view(np.int8).reshape(self.packed_shape)
         image = self.shape if len(self.shape) != 3 else (self.shape[0], self.shape[1], 1,
                                                          self.shape[2])
@@ -88,19 +180,28 @@ class Crossing:
         self._packer = self._unpacker = None
         if self.dram is None:
             return
-        if _row_major(image, self.packed_shape, b, k):
+        if layout == "matrices":
+            self._pairs = lambda x: matrix_pairs(self.dram, x, b, k)
+        else:
+            self._pairs = lambda x: pairs(self.dram, x, b, k)
+        if layout is None and _row_major(image, self.packed_shape, b, k):
             self.kind = "row_major"  # the packed bytes are the value's, in order
             self._flat = self.dram.reshape(self.shape)
-        elif len(image) == 4 and compiled_layout(image, self.packed_shape, b, k):
+        elif layout is None and len(image) == 4 and \
+                compiled_layout(image, self.packed_shape, b, k):
             self.kind = "compiled"
         else:
-            plan = pairs(self.dram, np.empty(self.shape, np.int8), b, k)
+            plan = self._pairs(np.empty(self.shape, np.int8))
             if plan is None:
                 self.dram = None
                 return
             self.kind = "views"
             self._pad = plan[1]
-            self._out_pairs = (pairs(self.dram, out, b, k)[0] if out is not None else None)
+            self._out_pairs = self._pairs(out)[0] if out is not None else None
+            if out is not None and not all(np.may_share_memory(d, out)
+                                           for _, d in self._out_pairs):
+                self._out_pairs = None  # (not views of ``out``: unpack into fresh arrays)
+                self.out = out = None
         if self.kind == "row_major":  # (the common cases as closures: no dispatch per run)
             self.unpack = lambda flat=self._flat: flat
         elif self.kind == "views" and out is not None:
@@ -120,7 +221,7 @@ class Crossing:
         if kind == "row_major":
             np.copyto(self._flat, x)
         elif kind == "views":
-            for dst, src in pairs(self.dram, x, self.cfg.batch, self.cfg.block)[0]:
+            for dst, src in self._pairs(x)[0]:
                 np.copyto(dst, src)
             for pad in self._pad:
                 pad.fill(0)
@@ -149,7 +250,7 @@ class Crossing:
             out = self.out
             if out is None:
                 out = np.empty(self.shape, np.int8)
-                for src, dst in pairs(self.dram, out, self.cfg.batch, self.cfg.block)[0]:
+                for src, dst in self._pairs(out)[0]:
                     np.copyto(dst, src)
             else:
                 for src, dst in self._out_pairs:

@@ -12,7 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 from celosia import HwConfig
 from celosia.compiler.accel.partition import pack_value, packed_shape, unpack_value
-from celosia.runtime.crossing import Crossing, pairs
+from celosia.compiler.accel.matmul import (matrices_shape, pack_matrices, pack_weights,
+                                           unpack_matrices, weights_shape)
+from celosia.runtime.crossing import Crossing, pairs, staged_packer
 from celosia.sim.base import make_executor
 
 _ADDR = 4096
@@ -171,3 +173,56 @@ def test_windows_packer_takes_any_input_layout():
             np.testing.assert_array_equal(out, im2col.pack_reference(x, win, cfg))
         with pytest.raises(ValueError, match="expected int8"):
             pack(x.astype(np.int16))
+
+
+_MATRICES = st.tuples(st.lists(st.integers(1, 3), max_size=2), st.integers(1, 40),
+                      st.integers(1, 40))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_MATRICES, st.sampled_from([1, 2]), st.booleans(), st.booleans(), st.integers(0, 2**31))
+def test_matrices_layout_matches_pack_matrices(dims, batch, views, out, seed):
+    """A QMatMul operand [..., rows, cols] in the "matrices" layout: pack writes
+    pack_matrices' bytes (padding zeroed over old bytes), unpack gives unpack_matrices'
+    array, leading dims of any count, rows and columns not multiples of BATCH or BLOCK."""
+    lead, rows, cols = dims
+    rows = rows * batch
+    shape = (*lead, rows, cols)
+    cfg = _config(batch)
+    ex = make_executor("fsim", cfg, 8 << 20)
+    rng = np.random.default_rng(seed)
+    pshape = matrices_shape(shape, cfg)
+    size = int(np.prod(pshape))
+    ex.write_dram(_ADDR, rng.integers(0, 256, size, dtype=np.uint8))
+    c = Crossing(ex if views else _NoViews(ex), _ADDR, pshape, shape, cfg, layout="matrices",
+                 out=np.empty(shape, np.int8) if out else None)
+    assert c.kind == ("views" if views else "general")
+    for _ in range(2):
+        x = rng.integers(-128, 128, shape, dtype=np.int8)
+        c.pack(x)
+        want = pack_matrices(x, cfg)
+        np.testing.assert_array_equal(_dram(ex, pshape, size), want)
+        got = c.unpack()
+        np.testing.assert_array_equal(got, unpack_matrices(want, shape, cfg))
+        np.testing.assert_array_equal(got, x)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_MATRICES, st.booleans(), st.integers(0, 2**31))
+def test_staged_weights_match_pack_weights(dims, strided, seed):
+    """A QMatMul's second operand packed by the runtime into the weight layout before each
+    run (its staged operand): the views made once write pack_weights' bytes, over old
+    bytes, run after run, from contiguous or strided arrays."""
+    lead, kdim, ndim = dims
+    shape = (*lead, kdim, ndim)
+    cfg = _config(1)
+    rng = np.random.default_rng(seed)
+    dram = rng.integers(-128, 128, weights_shape(shape, cfg), dtype=np.int8)
+    pack = staged_packer(dram, shape, cfg)
+    assert pack is not None
+    for _ in range(2):
+        x = rng.integers(-128, 128, shape, dtype=np.int8)
+        if strided:
+            x = np.swapaxes(np.ascontiguousarray(np.swapaxes(x, -1, -2)), -1, -2)
+        pack(x)
+        np.testing.assert_array_equal(dram, pack_weights(x, cfg))
