@@ -35,7 +35,8 @@ multiply-adds (``macs``, the model's own) and the GEMM core's (``gemm_macs``, pa
 channels and rows included), ``utilization`` (real multiply-adds over cycles x MACs per
 cycle) and ``padding_overhead`` (gemm_macs / macs - 1; compiler/graph/macs.py defines
 both); the time spent packing and unpacking at region borders is reported as
-``layout_ms``.
+``layout_ms`` (each crossing planned once per executor by runtime/crossing.py: DRAM views,
+bound kernels, kept host buffers; docs/runtime.md, "The accelerator build's border").
 ``summary()`` adds ``layout_share`` (layout time over latency) and ``crossings``: the
 values that crossed between CPU and accelerator in the run (packed into DRAM for an
 accelerator node, or read back for the CPU or as an output).
@@ -838,10 +839,12 @@ class AccelModel:
         self.report = [rows[n.name] for n in graph.nodes]
         self.crossings = crossings
         self.in_place = in_place
-        # (an output unpacked as a view of the executor's DRAM gets memory of its own: the
-        # next run writes there)
-        return {name: host[name] if host[name].flags.owndata else host[name].copy()
-                for name in graph.outputs}
+        # (an output unpacked as a view of the executor's DRAM, or one that is a host
+        # buffer kept for unpacking, as a plug-in target may return its input, gets memory
+        # of its own: the next run writes there)
+        kept = {id(b) for b in self.__dict__.get("_host_buffers", {}).values()}
+        return {name: host[name] if host[name].flags.owndata and id(host[name]) not in kept
+                else host[name].copy() for name in graph.outputs}
 
     def _windows(self, name: str):
         """The window geometry of accelerator node ``name``, whose input the runtime packs
