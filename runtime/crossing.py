@@ -28,26 +28,49 @@ import math
 
 import numpy as np
 
-__all__ = ["Crossing", "pairs", "blocked_pairs", "matrix_pairs", "weight_pairs", "staged_packer"]
+__all__ = ["Crossing", "Plan", "blocked_plan", "blocked_pairs", "nchw_plan", "pairs", "matrix_plan",
+           "weight_plan", "staged_packer"]
 
 
-def blocked_pairs(packed: np.ndarray, plain: np.ndarray, axes: list) -> tuple[list, list]:
-    """([(packed view, plain view)], [padding views of packed]) of a blocked layout:
-    ``axes`` gives, per axis of ``plain`` in order, the axis of ``packed`` that holds it
-    (an int) or the two that do, (outer block, index in the block), so that element i of
-    that axis is ``packed[..., i // k, ..., i % k, ...]`` with k the inner axis' extent.
-    Each pair is the same elements in both (the whole blocks of each blocked axis, then its
-    last partial block: up to two pieces per blocked axis), together all of ``plain``; the
-    padding views are the packed elements no plain element maps to (past the end in a
-    last partial block, or whole blocks past the end). The plain views are views when
-    ``plain`` is C-contiguous (or any array whose blocked axes have one stride each)."""
+class Plan:
+    """A blocked layout's pieces (``blocked_plan``): ``pieces`` [(packed view, index into
+    the plain value, split shape)], ``pads`` (views of the packed bytes no element maps
+    to) and ``shape`` (the plain value as the pieces index it, e.g. NCHW for [N, C, L])."""
+
+    def __init__(self, pieces: list, pads: list, shape: tuple):
+        self.pieces, self.pads, self.shape = pieces, pads, tuple(shape)
+
+    def pairs(self, plain: np.ndarray) -> list:
+        """[(packed view, plain view)]: views of ``plain`` (any array of the value's
+        elements) where its strides allow, copies otherwise (then only to read)."""
+        x = plain.reshape(self.shape)
+        return [(p, x[i].reshape(sh)) for p, i, sh in self.pieces]
+
+    def pack(self, plain: np.ndarray, copy=np.copyto) -> None:
+        """The packed bytes of ``plain``, padding zeroed."""
+        x = plain.reshape(self.shape)
+        for p, i, sh in self.pieces:
+            copy(p, x[i].reshape(sh))
+        for pad in self.pads:
+            pad.fill(0)
+
+
+def blocked_plan(packed: np.ndarray, shape: tuple, axes: list) -> Plan:
+    """The pieces of a blocked layout: ``axes`` gives, per axis of the plain value (of
+    ``shape``) in order, the axis of ``packed`` that holds it (an int) or the two that do,
+    (outer block, index in the block), so that element i of that axis is ``packed[...,
+    i // k, ..., i % k, ...]`` with k the inner axis' extent. Each piece is the same
+    elements in both (the whole blocks of each blocked axis, then its last partial block:
+    up to two pieces per blocked axis), together all of the value; the padding views are
+    the packed elements no plain element maps to (past the end in a last partial block, or
+    whole blocks past the end)."""
     perm = [a for ax in axes for a in ((ax,) if isinstance(ax, int) else ax)]
     whole = packed.transpose(perm)
     choices = []  # per plain axis: [(packed index, plain index, split shape)]
     pads = []
     at = 0  # the axis of ``whole`` the plain axis starts at
     for d, ax in enumerate(axes):
-        size = plain.shape[d]
+        size = shape[d]
         if isinstance(ax, int):
             choices.append([((slice(None),), slice(None), (size,))])
             at += 1
@@ -66,24 +89,31 @@ def blocked_pairs(packed: np.ndarray, plain: np.ndarray, axes: list) -> tuple[li
             pads.append(whole[(slice(None),) * at + (slice(used, None),)])
         choices.append(options)
         at += 2
-    out = []
+    pieces = []
 
-    def walk(d, pidx, xidx, shape):
+    def walk(d, pidx, xidx, split):
         if d == len(choices):
-            out.append((whole[pidx], plain[xidx].reshape(shape)))
+            pieces.append((whole[pidx], xidx, split))
             return
         for pi, xi, sh in choices[d]:
-            walk(d + 1, pidx + pi, xidx + (xi,), shape + sh)
+            walk(d + 1, pidx + pi, xidx + (xi,), split + sh)
     walk(0, (), (), ())
-    return out, pads
+    return Plan(pieces, pads, shape)
 
 
-def pairs(packed: np.ndarray, plain: np.ndarray, b: int, k: int) -> tuple[list, list]:
-    """``blocked_pairs`` of an NCHW (or [N, C], or [N, C, L]) int8 value ``plain`` and its
+def blocked_pairs(packed: np.ndarray, plain: np.ndarray, axes: list) -> tuple[list, list]:
+    """([(packed view, plain view)], [padding views]) of ``blocked_plan``: views of
+    ``plain`` when it is C-contiguous (or any array whose blocked axes have one stride
+    each)."""
+    plan = blocked_plan(packed, plain.shape, axes)
+    return plan.pairs(plain), plan.pads
+
+
+def nchw_plan(packed: np.ndarray, shape: tuple, b: int, k: int) -> Plan | None:
+    """The plan of an NCHW (or [N, C], or [N, C, L]) int8 value of ``shape`` and its
     packed layout ``packed`` ([N/b, C/k, *spatial, b, k], or [rows/b, C/k, b, k]:
     partition.packed_shape); None if the shapes do not fit that layout."""
-    shape = plain.shape if plain.ndim != 3 else (plain.shape[0], plain.shape[1], 1,
-                                                 plain.shape[2])
+    shape = tuple(shape) if len(shape) != 3 else (shape[0], shape[1], 1, shape[2])
     n, c = shape[:2]
     spatial = tuple(shape[2:])
     nd = len(spatial)
@@ -91,67 +121,82 @@ def pairs(packed: np.ndarray, plain: np.ndarray, b: int, k: int) -> tuple[list, 
             packed.shape[1] != -(-c // k) or tuple(packed.shape[2:-2]) != spatial or \
             packed.shape[0] * b < n:
         return None
-    return blocked_pairs(packed, plain.reshape(shape),
-                         [(0, nd + 2), (1, nd + 3), *range(2, 2 + nd)])
+    return blocked_plan(packed, shape, [(0, nd + 2), (1, nd + 3), *range(2, 2 + nd)])
 
 
-def matrix_pairs(packed: np.ndarray, plain: np.ndarray, b: int, k: int):
-    """``blocked_pairs`` of a [..., rows, cols] value in the "matrices" layout (G, S)
+def pairs(packed: np.ndarray, plain: np.ndarray, b: int, k: int) -> tuple[list, list] | None:
+    """([(packed view, plain view)], [padding views]) of ``nchw_plan``, or None."""
+    plan = nchw_plan(packed, plain.shape, b, k)
+    return None if plan is None else (plan.pairs(plain), plan.pads)
+
+
+def matrix_plan(packed: np.ndarray, shape: tuple, b: int, k: int) -> Plan | None:
+    """The plan of a [..., rows, cols] value in the "matrices" layout (G, S)
     (compiler/accel/matmul.py pack_matrices: per matrix [rows/b, cols/k, b, k], then
     padding up to the stride S); the bytes past each matrix are padding too. None if the
     shapes do not fit."""
-    rows, cols = plain.shape[-2:]
-    g = math.prod(plain.shape[:-2])
+    rows, cols = shape[-2:]
+    g = math.prod(shape[:-2])
     rb, cb = -(-rows // b), -(-cols // k)
     raw = rb * cb * b * k
     if packed.ndim != 2 or packed.shape[0] != g or packed.shape[1] < raw:
         return None
-    got = blocked_pairs(packed[:, :raw].reshape(g, rb, cb, b, k), plain.reshape(g, rows, cols),
+    plan = blocked_plan(packed[:, :raw].reshape(g, rb, cb, b, k), (g, rows, cols),
                         [0, (1, 3), (2, 4)])
     if packed.shape[1] > raw:
-        got[1].append(packed[:, raw:])
-    return got
+        plan.pads.append(packed[:, raw:])
+    return plan
 
 
-def weight_pairs(packed: np.ndarray, plain: np.ndarray, k: int):
-    """``blocked_pairs`` of a QMatMul's second operand b [..., K, N] in the weight layout
-    (G, S) (matmul.pack_weights: per matrix b^T as [N/k, K/k, k, k], element [j, ko, oo,
-    ki] = b[ko * k + ki, j * k + oo], then padding up to S). None if the shapes do not
-    fit."""
-    kdim, ndim = plain.shape[-2:]
-    g = math.prod(plain.shape[:-2])
+def weight_plan(packed: np.ndarray, shape: tuple, k: int) -> Plan | None:
+    """The plan of a QMatMul's second operand b [..., K, N] in the weight layout (G, S)
+    (matmul.pack_weights: per matrix b^T as [N/k, K/k, k, k], element [j, ko, oo, ki] =
+    b[ko * k + ki, j * k + oo], then padding up to S). None if the shapes do not fit."""
+    kdim, ndim = shape[-2:]
+    g = math.prod(shape[:-2])
     kb, nb = -(-kdim // k), -(-ndim // k)
     raw = nb * kb * k * k
     if packed.ndim != 2 or packed.shape[0] != g or packed.shape[1] < raw:
         return None
-    got = blocked_pairs(packed[:, :raw].reshape(g, nb, kb, k, k), plain.reshape(g, kdim, ndim),
+    plan = blocked_plan(packed[:, :raw].reshape(g, nb, kb, k, k), (g, kdim, ndim),
                         [0, (2, 4), (1, 3)])
     if packed.shape[1] > raw:
-        got[1].append(packed[:, raw:])
-    return got
+        plan.pads.append(packed[:, raw:])
+    return plan
 
 
 def staged_packer(dram: np.ndarray, shape: tuple, cfg):
     """A function of b [..., K, N] int8 writing it into ``dram`` (a DRAM view of the
     weight layout's shape) as matmul.pack_weights does, the views made once; None if the
     shapes do not fit (then pack_weights does it)."""
-    plan = weight_pairs(dram, np.empty(shape, np.int8), cfg.block)
+    plan = weight_plan(dram, tuple(shape), cfg.block)
     if plan is None:
         return None
-    pads, k, shape = plan[1], cfg.block, tuple(shape)
+    shape = tuple(shape)
 
-    def pack(x, copy=np.copyto):
+    def pack(x):
         x = np.asarray(x)
         if x.dtype != np.int8 or x.shape != shape:
             from ..compiler.accel.matmul import pack_weights
 
             pack_weights(x, cfg, out=dram)
             return
-        for dst, src in weight_pairs(dram, x, k)[0]:
-            copy(dst, src)
-        for pad in pads:
-            pad.fill(0)
+        plan.pack(x)
     return pack
+
+
+def _in_order(plan: Plan, shape: tuple) -> np.ndarray | None:
+    """The packed bytes as a C-contiguous array of the value's ``shape`` if they hold it in
+    row-major order (one piece that reshapes without a copy: e.g. a "matrices" operand of
+    BATCH 1 whose columns are whole blocks), else None."""
+    if len(plan.pieces) != 1:
+        return None
+    flat = plan.pieces[0][0].view()
+    try:
+        flat.shape = shape  # (a view or an AttributeError, never a copy)
+    except AttributeError:
+        return None
+    return flat if flat.flags.c_contiguous else None
 
 
 class Crossing:
@@ -180,24 +225,25 @@ class Crossing:
         self._packer = self._unpacker = None
         if self.dram is None:
             return
-        if layout == "matrices":
-            self._pairs = lambda x: matrix_pairs(self.dram, x, b, k)
-        else:
-            self._pairs = lambda x: pairs(self.dram, x, b, k)
         if layout is None and _row_major(image, self.packed_shape, b, k):
             self.kind = "row_major"  # the packed bytes are the value's, in order
+            self._row_pads = []
             self._flat = self.dram.reshape(self.shape)
         elif layout is None and len(image) == 4 and \
                 compiled_layout(image, self.packed_shape, b, k):
             self.kind = "compiled"
         else:
-            plan = self._pairs(np.empty(self.shape, np.int8))
+            plan = (matrix_plan(self.dram, self.shape, b, k) if layout == "matrices" else
+                    nchw_plan(self.dram, self.shape, b, k))
             if plan is None:
                 self.dram = None
                 return
             self.kind = "views"
-            self._pad = plan[1]
-            self._out_pairs = self._pairs(out)[0] if out is not None else None
+            self._plan = plan
+            flat = _in_order(plan, self.shape)
+            if flat is not None:  # the value's bytes, in order, at the buffer's start
+                self.kind, self._flat, self._row_pads = "row_major", flat, plan.pads
+            self._out_pairs = plan.pairs(out) if out is not None else None
             if out is not None and not all(np.may_share_memory(d, out)
                                            for _, d in self._out_pairs):
                 self._out_pairs = None  # (not views of ``out``: unpack into fresh arrays)
@@ -220,11 +266,10 @@ class Crossing:
             kind = "general"  # (pack_value converts or raises as before)
         if kind == "row_major":
             np.copyto(self._flat, x)
-        elif kind == "views":
-            for dst, src in self._pairs(x)[0]:
-                np.copyto(dst, src)
-            for pad in self._pad:
+            for pad in self._row_pads:
                 pad.fill(0)
+        elif kind == "views":
+            self._plan.pack(x)
         elif kind == "compiled":
             x = np.ascontiguousarray(x)
             if self._packer is None:
@@ -250,7 +295,7 @@ class Crossing:
             out = self.out
             if out is None:
                 out = np.empty(self.shape, np.int8)
-                for src, dst in self._pairs(out)[0]:
+                for src, dst in self._plan.pairs(out):
                     np.copyto(dst, src)
             else:
                 for src, dst in self._out_pairs:
