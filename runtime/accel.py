@@ -35,7 +35,8 @@ multiply-adds (``macs``, the model's own) and the GEMM core's (``gemm_macs``, pa
 channels and rows included), ``utilization`` (real multiply-adds over cycles x MACs per
 cycle) and ``padding_overhead`` (gemm_macs / macs - 1; compiler/graph/macs.py defines
 both); the time spent packing and unpacking at region borders is reported as
-``layout_ms``.
+``layout_ms`` (each crossing planned once per executor by runtime/crossing.py: DRAM views,
+bound kernels, kept host buffers; docs/runtime.md, "The accelerator build's border").
 ``summary()`` adds ``layout_share`` (layout time over latency) and ``crossings``: the
 values that crossed between CPU and accelerator in the run (packed into DRAM for an
 accelerator node, or read back for the CPU or as an output).
@@ -67,6 +68,7 @@ from . import schema
 from .accel_recurrent import HOST_KINDS
 from .artifact import Artifact, artifact_format, write_artifact
 from .cpu import npy_bytes
+from .crossing import Crossing, staged_packer
 
 __all__ = ["AccelModel", "FORMAT", "VERSION", "is_accel_artifact", "compare_outputs"]
 
@@ -621,9 +623,6 @@ class AccelModel:
 
     def run(self, feeds: dict, *, target: str = "fsim", progress=None) -> dict:
         """Outputs by ONNX name; ``self.report`` holds the per-node report of this run."""
-        from ..compiler.accel import im2col
-        from ..compiler.accel.matmul import pack_weights
-        from ..compiler.accel.partition import dram_reads
         from ..compiler.graph.ir import InputShapeError
         from .accel_recurrent import run_host_node
         from ..compiler.graph.macs import node_macs, padding_overhead, utilization
@@ -642,6 +641,9 @@ class AccelModel:
             raise InputShapeError(f"unknown inputs {sorted(unknown)}: the model's inputs are "
                                   f"{list(graph.inputs)}")
         ex = self._executor(target) if self.programs else None
+        border = self._border(ex)  # {value: its Crossing on ex}, made as values cross
+        # {accelerator node: ((value, packer) of its staged operands)} on ex
+        staged_of = self.__dict__.setdefault("_staged_of", {}).setdefault(id(ex), {})
         host = {**graph.initializers, **{k: np.asarray(v) for k, v in feeds.items()}}
         in_dram: set[str] = set()
         clock_khz = cfg.clock_mhz * 1e3
@@ -649,23 +651,19 @@ class AccelModel:
         crossings = {"to_accel": 0, "to_cpu": 0}
         in_place = 0
 
+        roots = self._view_roots()
+
         def to_host(name):
             if name and name not in host:
-                v = self.values[name]
-                if v.get("of"):  # a view: its root's bytes, unpacked once, reshaped
-                    to_host(v["of"])
-                    host[name] = host[v["of"]].reshape(graph.types[name].shape)
+                if name in roots:  # a view: its root's bytes, unpacked once, reshaped
+                    to_host(roots[name])
+                    host[name] = host[roots[name]].reshape(graph.types[name].shape)
                     return
                 crossings["to_cpu"] += 1
                 # Unpacked from the executor's DRAM where it can be seen in place (a value's
                 # buffer is written once per run, so such a view stays valid), else from a
-                # copy.
-                size = math.prod(v["shape"])
-                raw = ex.dram_view(v["addr"], size)
-                raw = ex.read_dram(v["addr"], size) if raw is None else raw
-                host[name] = _unpack(raw.view(np.int8).reshape(v["shape"]),
-                                     graph.types[name].shape, v.get("layout"), cfg,
-                                     self._host_buffer(name))
+                # copy; the way planned once per executor (runtime/crossing.py).
+                host[name] = border[name].unpack()
 
         # the executor's counters of each accelerator node in this run
         self.node_counters: dict[str, dict] = {}
@@ -740,43 +738,28 @@ class AccelModel:
                 shown(k + 1)
             elif prog is not None:
                 packed = False
-                windowed = _windowed([prog])
-                for name in dram_reads(node):
-                    if name and name not in in_dram and name not in windowed:
-                        v = self.values[name]
-                        view = ex.dram_view(v["addr"], math.prod(v["shape"]))
-                        if view is not None:  # packed straight into DRAM
-                            _pack(host[name], cfg, v.get("layout"),
-                                  view.view(np.int8).reshape(v["shape"]))
-                        else:
-                            ex.write_dram(v["addr"], _pack(host[name], cfg, v.get("layout")))
+                reads = self._border_reads(node, prog)
+                # the staged operands' packers on this executor (made below the first time:
+                # their set-up is the first run's layout time)
+                staged = staged_of.get(node.name) if prog.get("staged") else ()
+                t0 = time.perf_counter()  # (the lookups above are not packing)
+                for name in reads:
+                    if name not in in_dram:
+                        # packed straight into DRAM where the executor offers a view
+                        # (runtime/crossing.py)
+                        border[name].pack(host[name])
                         in_dram.add(name)
                         crossings["to_accel"] += 1
                         packed = True
                 # Operands packed into a weight layout before every run (a matmul's second
                 # operand): read back first if the accelerator made it.
-                for st in prog.get("staged", ()):
-                    to_host(st["value"])
-                    view = ex.dram_view(st["addr"], math.prod(st["shape"]))
-                    if st["layout"] == im2col.LAYOUT and view is not None:
-                        # im2col.stager: the windows' packing bound to this DRAM buffer
-                        stage = self.__dict__.setdefault("_stagers", {}).get(node.name)
-                        if stage is None or stage[0] is not ex:
-                            stage = self._stagers[node.name] = (ex, im2col.stager(
-                                self._windows(node.name), cfg,
-                                view.view(np.int8).reshape(st["shape"])))
-                        stage[1](host[st["value"]])
-                        crossings["to_accel"] += 1
-                        packed = True
-                        continue
-                    if st["layout"] == im2col.LAYOUT:
-                        pack_st = partial(im2col.pack, win=self._windows(node.name), cfg=cfg)
-                    else:
-                        pack_st = partial(pack_weights, cfg=cfg)
-                    if view is not None:
-                        pack_st(host[st["value"]], out=view.view(np.int8).reshape(st["shape"]))
-                    else:
-                        ex.write_dram(st["addr"], pack_st(host[st["value"]]))
+                if staged is None:
+                    staged = staged_of[node.name] = tuple(
+                        (st["value"], self._stager(ex, node.name, j, st))
+                        for j, st in enumerate(prog["staged"]))
+                for value, stage in staged:
+                    to_host(value)
+                    stage(host[value])
                     crossings["to_accel"] += 1
                     packed = True
                 # Layout time: packing values at the border (a node that packs nothing has
@@ -843,6 +826,7 @@ class AccelModel:
                 # A compiled CPU segment: the CPU nodes from here to the next accelerator node.
                 names, cpu = segment_of[node.name]
                 read = crossings["to_cpu"]
+                t0 = time.perf_counter()  # (the lookups above are not unpacking)
                 for name in cpu.program.inputs:
                     to_host(name)
                 # layout: reading values back at the border (none if all were on the host)
@@ -864,10 +848,12 @@ class AccelModel:
         self.report = [rows[n.name] for n in graph.nodes]
         self.crossings = crossings
         self.in_place = in_place
-        # (an output unpacked as a view of the executor's DRAM gets memory of its own: the
-        # next run writes there)
-        return {name: host[name] if host[name].flags.owndata else host[name].copy()
-                for name in graph.outputs}
+        # (an output unpacked as a view of the executor's DRAM, or one that is a host
+        # buffer kept for unpacking, as a plug-in target may return its input, gets memory
+        # of its own: the next run writes there)
+        kept = {id(b) for b in self.__dict__.get("_host_buffers", {}).values()}
+        return {name: host[name] if host[name].flags.owndata and id(host[name]) not in kept
+                else host[name].copy() for name in graph.outputs}
 
     def _windows(self, name: str):
         """The window geometry of accelerator node ``name``, whose input the runtime packs
@@ -879,6 +865,76 @@ class AccelModel:
             cache[name] = windows_of(next(n for n in self.graph.nodes if n.name == name),
                                      self.graph, self.config)
         return cache[name]
+
+    def _stager(self, ex, name: str, j: int, st: dict):
+        """A function of the host value packing staged operand ``j`` of accelerator node
+        ``name`` (record ``st``) into its DRAM buffer: im2col windows (im2col.stager, bound
+        to the buffer) or a matmul's weight layout; made once per executor."""
+        cache = self.__dict__.setdefault("_stagers", {})
+        found = cache.get((name, j))
+        if found is not None and found[0] is ex:
+            return found[1]
+        from ..compiler.accel import im2col
+        from ..compiler.accel.matmul import pack_weights
+
+        cfg = self.config
+        view = ex.dram_view(st["addr"], math.prod(st["shape"]))
+        view = None if view is None else view.view(np.int8).reshape(st["shape"])
+        if st["layout"] == im2col.LAYOUT and view is not None:
+            # the windows' packing bound to this DRAM buffer
+            stage = im2col.stager(self._windows(name), cfg, view)
+        elif st["layout"] == "weights" and view is not None and \
+                (stage := staged_packer(view, self.graph.types[st["value"]].shape, cfg)):
+            pass  # the weight layout's views of this DRAM buffer, made once
+        else:
+            pack_st = (partial(im2col.pack, win=self._windows(name), cfg=cfg)
+                       if st["layout"] == im2col.LAYOUT else partial(pack_weights, cfg=cfg))
+            if view is not None:
+                stage = partial(pack_st, out=view)
+            else:
+                def stage(x, addr=st["addr"]):
+                    ex.write_dram(addr, pack_st(x))
+        cache[(name, j)] = (ex, stage)
+        return stage
+
+    def _border_reads(self, node, prog) -> tuple:
+        """The values accelerator node ``node`` reads from DRAM that the runtime packs if
+        the CPU made them (its windowed input is staged instead), found once."""
+        cache = self.__dict__.setdefault("_border_reads_of", {})
+        found = cache.get(node.name)
+        if found is None:
+            from ..compiler.accel.partition import dram_reads
+
+            windowed = _windowed([prog])
+            found = cache[node.name] = tuple(n for n in dram_reads(node)
+                                             if n and n not in windowed)
+        return found
+
+    def _view_roots(self) -> dict:
+        """{value: the value whose DRAM bytes it is} of the values that are views."""
+        roots = self.__dict__.get("_roots")
+        if roots is None:
+            roots = self._roots = {k: v["of"] for k, v in self.values.items() if v.get("of")}
+        return roots
+
+    def _border(self, ex) -> dict:
+        """{value name: its planned crossing on executor ``ex``} (runtime/crossing.py: its
+        DRAM view, views or bound kernel, and host buffer), each made the first time the
+        value crosses and kept for the executor."""
+        cache = self.__dict__.get("_borders")
+        if cache is None or cache[0] is not ex:
+            model = self
+
+            class Border(dict):
+                def __missing__(self, name):
+                    v = model.values[name]
+                    c = self[name] = Crossing(ex, v["addr"], v["shape"],
+                                              model.graph.types[name].shape, model.config,
+                                              layout=v.get("layout"),
+                                              out=model._host_buffer(name))
+                    return c
+            cache = self._borders = (ex, Border())
+        return cache[1]
 
     def _host_buffer(self, name: str) -> np.ndarray | None:
         """An int8 array of the value's shape kept from run to run to unpack it into (None

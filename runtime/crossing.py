@@ -1,0 +1,368 @@
+"""Values crossing between the CPU and the accelerator, planned once per executor.
+
+runtime/accel.py packs a value the CPU made into its DRAM buffer before an accelerator
+node reads it, and unpacks a value the accelerator made when a CPU node (or the caller)
+reads it. Both are the same conversion every run: the value's type, its packed shape, its
+DRAM address and (with an executor that offers views of its DRAM, ``Executor.dram_view``)
+the memory there do not change. A ``Crossing`` works out once what can be: the DRAM view in
+the packed shape, the views that pair each part of the plain value with its bytes in the
+packed layout (the whole channel blocks, the last partial block), the padding lanes, the
+compiled kernel bound to the DRAM view (compiler/cpu/packed_layout.py, large images of
+BATCH 1) and the host buffer it unpacks into. A run's crossing is then a few numpy copies
+between precomputed views, or one C call whose only per-run argument is the pointer of the
+CPU's array, instead of the set-up ``partition.pack_value`` / ``unpack_value`` and
+``packed_layout.pack_fast`` / ``unpack_fast`` repeat at every call (slicing and reshaping,
+a fresh array, binding the kernel: checking its arguments, 20-80 us a call on this
+machine, about as much as the conversion of a small value itself).
+
+The bytes are those of ``pack_value`` / ``unpack_value`` (tests/runtime/test_crossing.py):
+the padding lanes and rows are written as zeros on every pack, as ``pack_value`` does into
+memory that held anything. What is not planned (the "matrices" layout, an executor without
+views, a view value's root) keeps the general functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+__all__ = ["Crossing", "Plan", "blocked_plan", "blocked_pairs", "nchw_plan", "pairs", "matrix_plan",
+           "weight_plan", "staged_packer"]
+
+
+class Plan:
+    """A blocked layout's pieces (``blocked_plan``): ``pieces`` [(packed view, index into
+    the plain value, split shape)], ``pads`` (views of the packed bytes no element maps
+    to) and ``shape`` (the plain value as the pieces index it, e.g. NCHW for [N, C, L])."""
+
+    def __init__(self, pieces: list, pads: list, shape: tuple, base: np.ndarray):
+        self.pieces, self.pads, self.shape, self.base = pieces, pads, tuple(shape), base
+
+    @property
+    def zero_all(self) -> bool:
+        """Whether ``pack`` zeroes the whole buffer (one memset) before writing the value
+        rather than its padding views: when padding is a quarter of it or more (one channel
+        of 16: a strided fill of 15 bytes in 16 took 3-4 times the memset)."""
+        return sum(p.size for p in self.pads) * 4 >= self.base.size
+
+    def pairs(self, plain: np.ndarray) -> list:
+        """[(packed view, plain view)]: views of ``plain`` (any array of the value's
+        elements) where its strides allow, copies otherwise (then only to read)."""
+        x = plain.reshape(self.shape)
+        return [(p, x[i].reshape(sh)) for p, i, sh in self.pieces]
+
+    def pack(self, plain: np.ndarray, copy=np.copyto) -> None:
+        """The packed bytes of ``plain``, padding zeroed."""
+        x = plain.reshape(self.shape)
+        if self._zero_all:
+            self.base.fill(0)
+        for p, i, sh in self.pieces:
+            copy(p, x[i].reshape(sh))
+        if not self._zero_all:
+            for pad in self.pads:
+                pad.fill(0)
+
+    @property
+    def _zero_all(self) -> bool:
+        found = self.__dict__.get("_zero")
+        if found is None:
+            found = self._zero = self.zero_all
+        return found
+
+
+def blocked_plan(packed: np.ndarray, shape: tuple, axes: list) -> Plan:
+    """The pieces of a blocked layout: ``axes`` gives, per axis of the plain value (of
+    ``shape``) in order, the axis of ``packed`` that holds it (an int) or the two that do,
+    (outer block, index in the block), so that element i of that axis is ``packed[...,
+    i // k, ..., i % k, ...]`` with k the inner axis' extent. Each piece is the same
+    elements in both (the whole blocks of each blocked axis, then its last partial block:
+    up to two pieces per blocked axis), together all of the value; the padding views are
+    the packed elements no plain element maps to (past the end in a last partial block, or
+    whole blocks past the end)."""
+    perm = [a for ax in axes for a in ((ax,) if isinstance(ax, int) else ax)]
+    whole = packed.transpose(perm)
+    choices = []  # per plain axis: [(packed index, plain index, split shape)]
+    pads = []
+    at = 0  # the axis of ``whole`` the plain axis starts at
+    for d, ax in enumerate(axes):
+        size = shape[d]
+        if isinstance(ax, int):
+            choices.append([((slice(None),), slice(None), (size,))])
+            at += 1
+            continue
+        k = whole.shape[at + 1]
+        full, rem = divmod(size, k)
+        options = []
+        if full:
+            options.append(((slice(0, full), slice(None)), slice(0, full * k), (full, k)))
+        if rem:
+            options.append(((slice(full, full + 1), slice(0, rem)), slice(full * k, size),
+                            (1, rem)))
+            pads.append(whole[(slice(None),) * at + (slice(full, full + 1), slice(rem, None))])
+        used = full + (1 if rem else 0)
+        if whole.shape[at] > used:  # whole blocks past the end (padding rows)
+            pads.append(whole[(slice(None),) * at + (slice(used, None),)])
+        choices.append(options)
+        at += 2
+    pieces = []
+
+    def walk(d, pidx, xidx, split):
+        if d == len(choices):
+            pieces.append((whole[pidx], xidx, split))
+            return
+        for pi, xi, sh in choices[d]:
+            walk(d + 1, pidx + pi, xidx + (xi,), split + sh)
+    walk(0, (), (), ())
+    return Plan(pieces, pads, shape, packed)
+
+
+def blocked_pairs(packed: np.ndarray, plain: np.ndarray, axes: list) -> tuple[list, list]:
+    """([(packed view, plain view)], [padding views]) of ``blocked_plan``: views of
+    ``plain`` when it is C-contiguous (or any array whose blocked axes have one stride
+    each)."""
+    plan = blocked_plan(packed, plain.shape, axes)
+    return plan.pairs(plain), plan.pads
+
+
+def nchw_plan(packed: np.ndarray, shape: tuple, b: int, k: int) -> Plan | None:
+    """The plan of an NCHW (or [N, C], or [N, C, L]) int8 value of ``shape`` and its
+    packed layout ``packed`` ([N/b, C/k, *spatial, b, k], or [rows/b, C/k, b, k]:
+    partition.packed_shape); None if the shapes do not fit that layout."""
+    shape = tuple(shape) if len(shape) != 3 else (shape[0], shape[1], 1, shape[2])
+    n, c = shape[:2]
+    spatial = tuple(shape[2:])
+    nd = len(spatial)
+    if n % b or packed.ndim != nd + 4 or packed.shape[-2:] != (b, k) or \
+            packed.shape[1] != -(-c // k) or tuple(packed.shape[2:-2]) != spatial or \
+            packed.shape[0] * b < n:
+        return None
+    return blocked_plan(packed, shape, [(0, nd + 2), (1, nd + 3), *range(2, 2 + nd)])
+
+
+def pairs(packed: np.ndarray, plain: np.ndarray, b: int, k: int) -> tuple[list, list] | None:
+    """([(packed view, plain view)], [padding views]) of ``nchw_plan``, or None."""
+    plan = nchw_plan(packed, plain.shape, b, k)
+    return None if plan is None else (plan.pairs(plain), plan.pads)
+
+
+def matrix_plan(packed: np.ndarray, shape: tuple, b: int, k: int) -> Plan | None:
+    """The plan of a [..., rows, cols] value in the "matrices" layout (G, S)
+    (compiler/accel/matmul.py pack_matrices: per matrix [rows/b, cols/k, b, k], then
+    padding up to the stride S); the bytes past each matrix are padding too. None if the
+    shapes do not fit."""
+    rows, cols = shape[-2:]
+    g = math.prod(shape[:-2])
+    rb, cb = -(-rows // b), -(-cols // k)
+    raw = rb * cb * b * k
+    if packed.ndim != 2 or packed.shape[0] != g or packed.shape[1] < raw:
+        return None
+    plan = blocked_plan(packed[:, :raw].reshape(g, rb, cb, b, k), (g, rows, cols),
+                        [0, (1, 3), (2, 4)])
+    if packed.shape[1] > raw:
+        plan.pads.append(packed[:, raw:])
+    plan.base = packed
+    return plan
+
+
+def weight_plan(packed: np.ndarray, shape: tuple, k: int) -> Plan | None:
+    """The plan of a QMatMul's second operand b [..., K, N] in the weight layout (G, S)
+    (matmul.pack_weights: per matrix b^T as [N/k, K/k, k, k], element [j, ko, oo, ki] =
+    b[ko * k + ki, j * k + oo], then padding up to S). None if the shapes do not fit."""
+    kdim, ndim = shape[-2:]
+    g = math.prod(shape[:-2])
+    kb, nb = -(-kdim // k), -(-ndim // k)
+    raw = nb * kb * k * k
+    if packed.ndim != 2 or packed.shape[0] != g or packed.shape[1] < raw:
+        return None
+    plan = blocked_plan(packed[:, :raw].reshape(g, nb, kb, k, k), (g, kdim, ndim),
+                        [0, (2, 4), (1, 3)])
+    if packed.shape[1] > raw:
+        plan.pads.append(packed[:, raw:])
+    plan.base = packed
+    return plan
+
+
+def staged_packer(dram: np.ndarray, shape: tuple, cfg):
+    """A function of b [..., K, N] int8 writing it into ``dram`` (a DRAM view of the
+    weight layout's shape) as matmul.pack_weights does, the views made once; None if the
+    shapes do not fit (then pack_weights does it)."""
+    plan = weight_plan(dram, tuple(shape), cfg.block)
+    if plan is None:
+        return None
+    shape = tuple(shape)
+
+    def pack(x):
+        x = np.asarray(x)
+        if x.dtype != np.int8 or x.shape != shape:
+            from ..compiler.accel.matmul import pack_weights
+
+            pack_weights(x, cfg, out=dram)
+            return
+        plan.pack(x)
+    return pack
+
+
+def _in_order(plan: Plan, shape: tuple) -> np.ndarray | None:
+    """The packed bytes as a C-contiguous array of the value's ``shape`` if they hold it in
+    row-major order (one piece that reshapes without a copy: e.g. a "matrices" operand of
+    BATCH 1 whose columns are whole blocks), else None."""
+    if len(plan.pieces) != 1:
+        return None
+    flat = plan.pieces[0][0].view()
+    try:
+        flat.shape = shape  # (a view or an AttributeError, never a copy)
+    except AttributeError:
+        return None
+    return flat if flat.flags.c_contiguous else None
+
+
+class Crossing:
+    """One value's way across the border on one executor (module doc): ``pack(x)`` writes
+    int8 ``x`` into the value's DRAM buffer in the packed layout, ``unpack()`` returns the
+    value read from it, into ``out`` (an array of the value's shape kept from run to run)
+    when given at construction, else a fresh array. Both give the bytes of
+    partition.pack_value / unpack_value."""
+
+    def __init__(self, ex, addr: int, packed_shape, shape, cfg, *, layout=None,
+                 out: np.ndarray | None = None):
+        from ..compiler.accel.partition import _row_major
+        from ..compiler.cpu.packed_layout import compiled_layout
+
+        self.ex, self.addr, self.cfg, self.layout = ex, addr, cfg, layout
+        self.packed_shape, self.shape = tuple(packed_shape), tuple(shape)
+        self.out = out
+        size = math.prod(self.packed_shape)
+        raw = ex.dram_view(addr, size) if layout in (None, "matrices") else None
+        self.dram = None if raw is None else raw.view(np.int8).reshape(self.packed_shape)
+        image = self.shape if len(self.shape) != 3 else (self.shape[0], self.shape[1], 1,
+                                                         self.shape[2])
+        self.image = image
+        b, k = cfg.batch, cfg.block
+        self.kind = "general"  # pack_value / unpack_value through read_dram / write_dram
+        self._packer = self._unpacker = None
+        if self.dram is None:
+            return
+        if layout is None and _row_major(image, self.packed_shape, b, k):
+            self.kind = "row_major"  # the packed bytes are the value's, in order
+            self._row_pads = []
+            self._flat = self.dram.reshape(self.shape)
+        elif layout is None and len(image) == 4 and \
+                compiled_layout(image, self.packed_shape, b, k):
+            self.kind = "compiled"
+        else:
+            plan = (matrix_plan(self.dram, self.shape, b, k) if layout == "matrices" else
+                    nchw_plan(self.dram, self.shape, b, k))
+            if plan is None:
+                self.dram = None
+                return
+            self.kind = "views"
+            self._plan = plan
+            flat = _in_order(plan, self.shape)
+            if flat is not None:  # the value's bytes, in order, at the buffer's start
+                self.kind, self._flat, self._row_pads = "row_major", flat, plan.pads
+            self._out_pairs = plan.pairs(out) if out is not None else None
+            if out is not None and not all(np.may_share_memory(d, out)
+                                           for _, d in self._out_pairs):
+                self._out_pairs = None  # (not views of ``out``: unpack into fresh arrays)
+                self.out = out = None
+        if self.kind == "row_major":  # (the common cases as closures: no dispatch per run)
+            self.unpack = lambda flat=self._flat: flat
+        elif self.kind == "views" and out is not None:
+            def unpack(copy=np.copyto, todo=tuple(self._out_pairs), out=out):
+                for src, dst in todo:
+                    copy(dst, src)
+                return out
+            self.unpack = unpack
+
+    # ---- packing: host -> DRAM ------------------------------------------------------------
+
+    def pack(self, x: np.ndarray) -> None:
+        x = np.asarray(x)
+        kind = self.kind
+        if x.dtype != np.int8 or x.shape != self.shape:
+            kind = "general"  # (pack_value converts or raises as before)
+        if kind == "row_major":
+            np.copyto(self._flat, x)
+            for pad in self._row_pads:
+                pad.fill(0)
+        elif kind == "views":
+            self._plan.pack(x)
+        elif kind == "compiled":
+            x = np.ascontiguousarray(x)
+            if self._packer is None:
+                self._packer = _Rebindable("pack", self.image, self.cfg.block, self.dram)
+            self._packer(x.reshape(self.image))
+        else:
+            from .accel import _pack
+
+            if self.dram is not None:
+                _pack(x, self.cfg, self.layout, self.dram)
+            else:
+                self.ex.write_dram(self.addr, _pack(x, self.cfg, self.layout))
+
+    # ---- unpacking: DRAM -> host ----------------------------------------------------------
+
+    def unpack(self) -> np.ndarray:
+        kind = self.kind
+        if kind == "row_major":
+            # the DRAM bytes are the value: a view (a value's buffer is written once per
+            # run, so it stays valid while the run reads it; run() copies outputs)
+            return self._flat
+        if kind == "views":
+            out = self.out
+            if out is None:
+                out = np.empty(self.shape, np.int8)
+                for src, dst in self._plan.pairs(out):
+                    np.copyto(dst, src)
+            else:
+                for src, dst in self._out_pairs:
+                    np.copyto(dst, src)
+            return out
+        if kind == "compiled":
+            out = np.empty(self.shape, np.int8) if self.out is None else self.out
+            if self._unpacker is None:
+                self._unpacker = _Rebindable("unpack", self.image, self.cfg.block, self.dram)
+            self._unpacker(out.reshape(self.image))
+            return out
+        from .accel import _unpack
+
+        if self.dram is not None:
+            raw = self.dram
+        else:
+            raw = self.ex.read_dram(self.addr, math.prod(self.packed_shape)).view(
+                np.int8).reshape(self.packed_shape)
+        return _unpack(raw, self.shape, self.layout, self.cfg, self.out)
+
+
+class _Rebindable:
+    """A compiled layout kernel (packed_layout.layout_kernel) bound once to a DRAM view,
+    called with the host array: per call only that array's pointer changes (binding
+    checks every argument, tens of microseconds, each time pack_fast/unpack_fast run)."""
+
+    def __init__(self, op: str, image: tuple, k: int, dram: np.ndarray):
+        from ..compiler.cpu.packed_layout import layout_kernel
+
+        n, c = image[:2]
+        p = math.prod(image[2:])
+        self.op, self.plain_shape = op, (n, c, p)
+        self.kernel = layout_kernel(op, n, c, p, k)
+        self.dram = dram.reshape(n, -(-c // k), p, k)
+        template = np.empty(self.plain_shape, np.int8)
+        args = (template, self.dram) if op == "pack" else (self.dram, template)
+        bound = self.kernel.bind(*args, serial=True)
+        # a single-segment kernel binds to partial(fn, pointers, 0, extent): the plain
+        # array's slot is rewritten per call
+        self.bound = bound if isinstance(bound, functools.partial) else None
+        self.slot = 0 if op == "pack" else 1
+
+    def __call__(self, plain: np.ndarray) -> None:
+        plain = plain.reshape(self.plain_shape)
+        if self.bound is None or not plain.flags.c_contiguous or \
+                np.may_share_memory(plain, self.dram):
+            args = (plain, self.dram) if self.op == "pack" else (self.dram, plain)
+            self.kernel.bind(*args, serial=True)()  # (checks and raises as it did)
+            return
+        self.bound.args[0][self.slot] = plain.ctypes.data
+        self.bound()
