@@ -295,8 +295,6 @@ class Crossing:
                 self._packer = _Rebindable("pack", self.image, self.cfg.block, self.dram)
             self._packer(x.reshape(self.image))
         else:
-            from .accel import _pack
-
             if self.dram is not None:
                 _pack(x, self.cfg, self.layout, self.dram)
             else:
@@ -326,8 +324,6 @@ class Crossing:
                 self._unpacker = _Rebindable("unpack", self.image, self.cfg.block, self.dram)
             self._unpacker(out.reshape(self.image))
             return out
-        from .accel import _unpack
-
         if self.dram is not None:
             raw = self.dram
         else:
@@ -366,3 +362,35 @@ class _Rebindable:
             return
         self.bound.args[0][self.slot] = plain.ctypes.data
         self.bound()
+
+
+def _pack(x: np.ndarray, cfg, layout: str | None = None, out: np.ndarray | None = None):
+    """partition.pack_value, an image of BATCH 1 and 16 KiB or more by the compiled kernel
+    (compiler/cpu/packed_layout.py); into ``out`` (DRAM) when given."""
+    from ..compiler.accel.partition import pack_value, packed_shape
+    from ..compiler.cpu.packed_layout import compiled_layout, pack_fast
+
+    x = np.asarray(x)
+    image = x.shape if x.ndim != 3 else (x.shape[0], x.shape[1], 1, x.shape[2])
+    if layout is None and x.dtype == np.int8 and len(image) == 4:
+        shape = packed_shape(image, cfg)
+        if compiled_layout(image, shape, cfg.batch, cfg.block):
+            out = np.empty(shape, np.int8) if out is None else out
+            pack_fast(x.reshape(image), out, cfg.block)
+            return out
+    return pack_value(x, cfg, layout, out=out)
+
+
+def _unpack(p: np.ndarray, shape: tuple, layout, cfg, out: np.ndarray | None = None):
+    """partition.unpack_value, an image of BATCH 1 and 16 KiB or more by the compiled kernel
+    into ``out`` (an array of ``shape`` kept from run to run) or a fresh one."""
+    from ..compiler.accel.partition import unpack_value
+    from ..compiler.cpu.packed_layout import compiled_layout, unpack_fast
+
+    image = tuple(shape) if len(shape) != 3 else (shape[0], shape[1], 1, shape[2])
+    if layout is None and len(image) == 4 and \
+            compiled_layout(image, p.shape, p.shape[-2], p.shape[-1]):
+        out = np.empty(shape, np.int8) if out is None else out
+        unpack_fast(p, out.reshape(image), p.shape[-1])
+        return out
+    return unpack_value(p, shape, layout, cfg)

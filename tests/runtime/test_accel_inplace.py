@@ -277,7 +277,7 @@ def test_large_images_cross_through_the_compiled_kernels(preset, shape, monkeypa
     from celosia.compiler.accel.partition import pack_value, packed_shape, unpack_value
     from celosia.compiler.cpu import packed_layout
     from celosia.config import HwConfig
-    from celosia.runtime.accel import _pack, _unpack
+    from celosia.runtime.crossing import _pack, _unpack
 
     cfg = HwConfig.load(preset)
     x = np.random.default_rng(len(shape)).integers(-128, 128, shape, dtype=np.int8)
