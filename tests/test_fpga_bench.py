@@ -26,6 +26,8 @@ def test_cache_key_follows_the_design_part_and_clock():
 
 def test_cached_report_is_reused_and_a_new_one_is_stored(tmp_path, monkeypatch):
     monkeypatch.setenv("CELOSIA_FPGA_BENCH_CACHE", str(tmp_path))
+    # no kept results: fpga/results/ holds the small core's real report once it is current
+    monkeypatch.setattr("celosia.fpga.clock.RESULTS", tmp_path / "no-results")
     small = HwConfig.preset("small")
     calls = []
 
@@ -47,6 +49,7 @@ def test_cached_report_is_reused_and_a_new_one_is_stored(tmp_path, monkeypatch):
 
 def test_a_failed_run_is_recorded_not_fatal(tmp_path, monkeypatch):
     monkeypatch.setenv("CELOSIA_FPGA_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr("celosia.fpga.clock.RESULTS", tmp_path / "no-results")
 
     def failing(cfg, part_name, work, **kw):
         raise synth.SynthError(f"{part_name}: nextpnr-ecp5 did not finish")
