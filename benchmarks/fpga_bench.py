@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from celosia.config import HwConfig
+from celosia.errors import CelosiaError
 
 # (metric prefix, preset, part)
 RUNS = [("small_ecp5", "small", "lfe5u-85f"), ("ecp5_preset", "ecp5", "lfe5u-85f"),
@@ -158,12 +159,33 @@ def _resnet_layers(quick: bool, metrics: dict, details: dict) -> None:
     details["resnet18_layers"] = rows
 
 
+def design() -> dict:
+    """What the figures are for: the commit of hw/ in this checkout and, per run, the sha256
+    of the Verilog it synthesises (every report used, fresh or cached, was made from that
+    Verilog: the cache and the kept results are keyed on it)."""
+    from celosia.fpga.synth import hw_commit, part, tool_versions, verilog_digest
+
+    return {"hw_commit": hw_commit(), "tools": tool_versions(),
+            "verilog_sha256": {prefix: verilog_digest(HwConfig.preset(preset),
+                                                      part(part_name).gemm_products)
+                               for prefix, preset, part_name in RUNS}}
+
+
 def run(quick: bool = False) -> dict:
     metrics: dict = {}
     details: dict = {}
+    made_from = design()
+    print(f"  hw/ at {made_from['hw_commit'] or 'an unknown commit'}", flush=True)
     _resnet_layers(quick, metrics, details)
     _synth(metrics, details)
-    return {"metrics": metrics, **details, "cache": str(cache_dir()),
+    for prefix, digest in made_from["verilog_sha256"].items():
+        report = details.get(prefix, {})
+        # a report made from other Verilog would be a wrong figure, not a stale one
+        if "error" not in report and report.get("verilog_sha256") != digest:
+            raise CelosiaError(f"fpga bench: the {prefix} report ({report.get('source')}) "
+                               f"was made from other Verilog than hw/ exports now; delete "
+                               f"it and run again")
+    return {"metrics": metrics, "design": made_from, **details, "cache": str(cache_dir()),
             "note": "Fmax after nextpnr-ecp5 place and route (speed grade 8, 100 MHz target, "
                     "one thread, default seed); xc7z020 from Yosys alone; synthesis reports "
                     "reused from the cache when the Verilog and tools are unchanged; "

@@ -10,6 +10,7 @@ import pytest
 
 from celosia.benchmarks import fpga_bench
 from celosia.config import HwConfig
+from celosia.errors import CelosiaError
 from celosia.fpga import synth
 
 
@@ -25,6 +26,8 @@ def test_cache_key_follows_the_design_part_and_clock():
 
 def test_cached_report_is_reused_and_a_new_one_is_stored(tmp_path, monkeypatch):
     monkeypatch.setenv("CELOSIA_FPGA_BENCH_CACHE", str(tmp_path))
+    # no kept results: fpga/results/ holds the small core's real report once it is current
+    monkeypatch.setattr("celosia.fpga.clock.RESULTS", tmp_path / "no-results")
     small = HwConfig.preset("small")
     calls = []
 
@@ -46,6 +49,7 @@ def test_cached_report_is_reused_and_a_new_one_is_stored(tmp_path, monkeypatch):
 
 def test_a_failed_run_is_recorded_not_fatal(tmp_path, monkeypatch):
     monkeypatch.setenv("CELOSIA_FPGA_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr("celosia.fpga.clock.RESULTS", tmp_path / "no-results")
 
     def failing(cfg, part_name, work, **kw):
         raise synth.SynthError(f"{part_name}: nextpnr-ecp5 did not finish")
@@ -86,3 +90,27 @@ def test_kept_results_serve_the_same_design_only(tmp_path, monkeypatch):
     monkeypatch.setattr(synth, "synth", lambda *a, **kw: pytest.fail("should be reused"))
     report = fpga_bench.cached_synth("small_ecp5", small, "lfe5u-85f")
     assert report["cached"] is True and report["hw_commit"] == "abc1234"
+
+
+def test_run_names_the_design_and_refuses_a_report_of_other_verilog(tmp_path, monkeypatch):
+    """The result says which hw/ commit and Verilog its figures are for, and a report whose
+    Verilog is not what hw/ exports now (a hand-copied cache file) is an error, not a
+    figure."""
+    monkeypatch.setenv("CELOSIA_FPGA_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(fpga_bench, "_resnet_layers", lambda quick, metrics, details: None)
+    monkeypatch.setattr(fpga_bench, "RUNS", [("small_ecp5", "small", "lfe5u-85f")])
+    small = HwConfig.preset("small")
+    digest = synth.verilog_digest(small, "native")
+    report = {"part": "lfe5u-85f", "fits": True, "over": [], "fmax_mhz": 104.0, "lut": 10,
+              "ff": 20, "bram": 1, "dsp": 2, "target_mhz": 100.0, "meets_clock": True,
+              "verilog_sha256": digest, "hw_commit": "abc1234"}
+    path = fpga_bench.cache_path("small_ecp5", small, "lfe5u-85f")
+    path.write_text(json.dumps(report))
+    result = fpga_bench.run(quick=True)
+    assert result["design"]["verilog_sha256"] == {"small_ecp5": digest}
+    assert result["design"]["hw_commit"] == synth.hw_commit()
+    assert result["metrics"]["small_ecp5_fmax_mhz"] == 104.0
+    assert result["metrics"]["small_ecp5_lut"] == 10 and result["small_ecp5"]["cached"]
+    path.write_text(json.dumps({**report, "verilog_sha256": "0" * 64}))
+    with pytest.raises(CelosiaError, match="small_ecp5 report .* other Verilog"):
+        fpga_bench.run(quick=True)
