@@ -122,7 +122,7 @@ def logic_depth(netlist: dict | str | Path, top: str | None = None) -> dict:
         raise LogicLoopError(f"combinational loop through {len(loop)} cells of {top}, e.g. "
                              + ", ".join(loop[:5]))
     if not arcs:
-        return {"depth": 0, "path": [], "types": {}, "cells": 0}
+        return {"depth": 0, "path": [], "types": {}, "cells": 0, "nets": []}
     end = max(level, key=lambda n: (level[n], n))
     path = [end]
     while best_pred[path[-1]] is not None:
