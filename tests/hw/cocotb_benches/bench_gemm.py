@@ -1,5 +1,6 @@
-"""The GEMM core (pipelined) against a numpy model, for both ways of building its products
-(hw/gemm.py: "native" and "dsp_pair", the FPGA export's two-products-per-DSP packing): a
+"""The GEMM core (pipelined) against a numpy model, for the three ways of building its products
+(hw/gemm.py: "native", "dsp_pair", the FPGA export's two-products-per-DSP packing, and
+"wide", the 32-bit form the rtl target simulates): a
 new operand pair every cycle (random int8 data, corner values -128, 127, 0, -1 and the
 packing's worst case), each lane's sum checked ``latency`` cycles later."""
 
