@@ -40,7 +40,7 @@ class Plan:
     def __init__(self, pieces: list, pads: list, shape: tuple, base: np.ndarray):
         self.pieces, self.pads, self.shape, self.base = pieces, pads, tuple(shape), base
 
-    @property
+    @functools.cached_property
     def zero_all(self) -> bool:
         """Whether ``pack`` zeroes the whole buffer (one memset) before writing the value
         rather than its padding views: when padding is a quarter of it or more (one channel
@@ -56,20 +56,20 @@ class Plan:
     def pack(self, plain: np.ndarray, copy=np.copyto) -> None:
         """The packed bytes of ``plain``, padding zeroed."""
         x = plain.reshape(self.shape)
-        if self._zero_all:
+        if self.zero_all:
             self.base.fill(0)
         for p, i, sh in self.pieces:
             copy(p, x[i].reshape(sh))
-        if not self._zero_all:
+        if not self.zero_all:
             for pad in self.pads:
                 pad.fill(0)
 
-    @property
-    def _zero_all(self) -> bool:
-        found = self.__dict__.get("_zero")
-        if found is None:
-            found = self._zero = self.zero_all
-        return found
+
+def _image(shape: tuple) -> tuple:
+    """A [N, C, L] value's shape as the image [N, C, 1, L] the packed layout treats it as;
+    other shapes as they are."""
+    shape = tuple(shape)
+    return shape if len(shape) != 3 else (shape[0], shape[1], 1, shape[2])
 
 
 def blocked_plan(packed: np.ndarray, shape: tuple, axes: list) -> Plan:
@@ -130,7 +130,7 @@ def nchw_plan(packed: np.ndarray, shape: tuple, b: int, k: int) -> Plan | None:
     """The plan of an NCHW (or [N, C], or [N, C, L]) int8 value of ``shape`` and its
     packed layout ``packed`` ([N/b, C/k, *spatial, b, k], or [rows/b, C/k, b, k]:
     partition.packed_shape); None if the shapes do not fit that layout."""
-    shape = tuple(shape) if len(shape) != 3 else (shape[0], shape[1], 1, shape[2])
+    shape = _image(shape)
     n, c = shape[:2]
     spatial = tuple(shape[2:])
     nd = len(spatial)
@@ -153,17 +153,8 @@ def matrix_plan(packed: np.ndarray, shape: tuple, b: int, k: int) -> Plan | None
     padding up to the stride S); the bytes past each matrix are padding too. None if the
     shapes do not fit."""
     rows, cols = shape[-2:]
-    g = math.prod(shape[:-2])
-    rb, cb = -(-rows // b), -(-cols // k)
-    raw = rb * cb * b * k
-    if packed.ndim != 2 or packed.shape[0] != g or packed.shape[1] < raw:
-        return None
-    plan = blocked_plan(packed[:, :raw].reshape(g, rb, cb, b, k), (g, rows, cols),
-                        [0, (1, 3), (2, 4)])
-    if packed.shape[1] > raw:
-        plan.pads.append(packed[:, raw:])
-    plan.base = packed
-    return plan
+    return _grouped_plan(packed, math.prod(shape[:-2]), (-(-rows // b), -(-cols // k), b, k),
+                         (rows, cols), [0, (1, 3), (2, 4)])
 
 
 def weight_plan(packed: np.ndarray, shape: tuple, k: int) -> Plan | None:
@@ -171,13 +162,19 @@ def weight_plan(packed: np.ndarray, shape: tuple, k: int) -> Plan | None:
     (matmul.pack_weights: per matrix b^T as [N/k, K/k, k, k], element [j, ko, oo, ki] =
     b[ko * k + ki, j * k + oo], then padding up to S). None if the shapes do not fit."""
     kdim, ndim = shape[-2:]
-    g = math.prod(shape[:-2])
-    kb, nb = -(-kdim // k), -(-ndim // k)
-    raw = nb * kb * k * k
+    return _grouped_plan(packed, math.prod(shape[:-2]), (-(-ndim // k), -(-kdim // k), k, k),
+                         (kdim, ndim), [0, (2, 4), (1, 3)])
+
+
+def _grouped_plan(packed: np.ndarray, g: int, blocks: tuple, matrix: tuple,
+                  axes: list) -> Plan | None:
+    """The plan of ``g`` matrices of shape ``matrix`` packed one per row of ``packed`` (G, S)
+    as ``blocks`` (then padding up to S, which the plan zeroes too); ``axes`` as in
+    ``blocked_plan`` for the plain [G, *matrix]. None if the shapes do not fit."""
+    raw = math.prod(blocks)
     if packed.ndim != 2 or packed.shape[0] != g or packed.shape[1] < raw:
         return None
-    plan = blocked_plan(packed[:, :raw].reshape(g, nb, kb, k, k), (g, kdim, ndim),
-                        [0, (2, 4), (1, 3)])
+    plan = blocked_plan(packed[:, :raw].reshape(g, *blocks), (g, *matrix), axes)
     if packed.shape[1] > raw:
         plan.pads.append(packed[:, raw:])
     plan.base = packed
@@ -236,9 +233,7 @@ class Crossing:
         size = math.prod(self.packed_shape)
         raw = ex.dram_view(addr, size) if layout in (None, "matrices") else None
         self.dram = None if raw is None else raw.view(np.int8).reshape(self.packed_shape)
-        image = self.shape if len(self.shape) != 3 else (self.shape[0], self.shape[1], 1,
-                                                         self.shape[2])
-        self.image = image
+        self.image = image = _image(self.shape)
         b, k = cfg.batch, cfg.block
         self.kind = "general"  # pack_value / unpack_value through read_dram / write_dram
         self._packer = self._unpacker = None
@@ -268,6 +263,8 @@ class Crossing:
                 self._out_pairs = None  # (not views of ``out``: unpack into fresh arrays)
                 self.out = out = None
         if self.kind == "row_major":  # (the common cases as closures: no dispatch per run)
+            # the DRAM bytes are the value: a view (a value's buffer is written once per
+            # run, so it stays valid while the run reads it; run() copies outputs)
             self.unpack = lambda flat=self._flat: flat
         elif self.kind == "views" and out is not None:
             def unpack(copy=np.copyto, todo=tuple(self._out_pairs), out=out):
@@ -303,20 +300,13 @@ class Crossing:
     # ---- unpacking: DRAM -> host ----------------------------------------------------------
 
     def unpack(self) -> np.ndarray:
+        """(A "row_major" crossing, and a "views" one with ``out``, replace this with the
+        closures __init__ makes.)"""
         kind = self.kind
-        if kind == "row_major":
-            # the DRAM bytes are the value: a view (a value's buffer is written once per
-            # run, so it stays valid while the run reads it; run() copies outputs)
-            return self._flat
-        if kind == "views":
-            out = self.out
-            if out is None:
-                out = np.empty(self.shape, np.int8)
-                for src, dst in self._plan.pairs(out):
-                    np.copyto(dst, src)
-            else:
-                for src, dst in self._out_pairs:
-                    np.copyto(dst, src)
+        if kind == "views":  # into a fresh array
+            out = np.empty(self.shape, np.int8)
+            for src, dst in self._plan.pairs(out):
+                np.copyto(dst, src)
             return out
         if kind == "compiled":
             out = np.empty(self.shape, np.int8) if self.out is None else self.out
@@ -371,7 +361,7 @@ def _pack(x: np.ndarray, cfg, layout: str | None = None, out: np.ndarray | None 
     from ..compiler.cpu.packed_layout import compiled_layout, pack_fast
 
     x = np.asarray(x)
-    image = x.shape if x.ndim != 3 else (x.shape[0], x.shape[1], 1, x.shape[2])
+    image = _image(x.shape)
     if layout is None and x.dtype == np.int8 and len(image) == 4:
         shape = packed_shape(image, cfg)
         if compiled_layout(image, shape, cfg.batch, cfg.block):
@@ -387,7 +377,7 @@ def _unpack(p: np.ndarray, shape: tuple, layout, cfg, out: np.ndarray | None = N
     from ..compiler.accel.partition import unpack_value
     from ..compiler.cpu.packed_layout import compiled_layout, unpack_fast
 
-    image = tuple(shape) if len(shape) != 3 else (shape[0], shape[1], 1, shape[2])
+    image = _image(shape)
     if layout is None and len(image) == 4 and \
             compiled_layout(image, p.shape, p.shape[-2], p.shape[-1]):
         out = np.empty(shape, np.int8) if out is None else out
