@@ -27,10 +27,9 @@ def summary(values) -> dict:
 def summary_ms(samples) -> dict:
     """Median, 25th and 75th percentiles, IQR and minimum (ms) of samples in seconds, and
     their count."""
-    ms = np.asarray(samples, np.float64) * 1e3
-    p25, p50, p75 = np.percentile(ms, [25, 50, 75])
-    return {"median_ms": float(p50), "p25_ms": float(p25), "p75_ms": float(p75),
-            "iqr_ms": float(p75 - p25), "min_ms": float(ms.min()), "samples": int(ms.size)}
+    s = summary(np.asarray(samples, np.float64) * 1e3)
+    return {**{f"{k}_ms": s[k] for k in ("median", "p25", "p75", "iqr", "min")},
+            "samples": s["samples"]}
 
 
 def block_ratios(ours: list, theirs: list, per_block: int) -> dict:
