@@ -60,6 +60,7 @@ from ..tensor.lower import lower
 from ..tensor.tir import Attr, For, Store, seq, transform, walk
 from .build import AcceleratorFunction, accelerator_pipeline
 from .vthread import substitute_stmt
+from .wide import join_bytes
 from .intrin import get_intrinsic
 from .ops import DenseKnobs, DenseSpec, Epilogue
 
@@ -834,7 +835,6 @@ def unpack_output(m: GemmMatch, packed: np.ndarray, cfg: HwConfig,
     if m.out_dtype == "int8":
         res = plain(packed)
     else:
-        u = [plain(p).view(np.uint8).astype(np.uint32) for p in packed]
-        res = (u[0] | (u[1] << 8) | (u[2] << 16) | (u[3] << 24)).view(np.int32)
+        res = join_bytes([plain(p) for p in packed])
     # canonical (lead..., row, col) -> the output's axis order
     return np.ascontiguousarray(res.transpose(m.out_order))

@@ -480,6 +480,11 @@ def unpack_acc32(planes: np.ndarray, m: int, o: int) -> np.ndarray:
     if b == 1:  # (4, M, O) byte planes: each int32's four bytes gathered, read as one
         p = _gather_bytes(planes.reshape(4, mb * ob * k))
         return p.view("<i4").reshape(mb, ob * k)[:m, :o].astype(np.int32, copy=False)
-    p = planes.transpose(0, 1, 3, 2, 4).reshape(4, mb * b, ob * k)[:, :m, :o]
-    u = p.view(np.uint8).astype(np.uint32)
+    return join_bytes(planes.transpose(0, 1, 3, 2, 4).reshape(4, mb * b, ob * k)[:, :m, :o])
+
+
+def join_bytes(planes) -> np.ndarray:
+    """Four int8 byte planes of one shape (an array [4, ...] or a sequence of four),
+    the least significant first -> the int32 values they hold."""
+    u = [np.asarray(p).view(np.uint8).astype(np.uint32) for p in planes]
     return (u[0] | (u[1] << 8) | (u[2] << 16) | (u[3] << 24)).view(np.int32)
