@@ -30,6 +30,7 @@ from celosia.isa import (
     buffer_depth, elem_bytes, insn_layout, module_of,
 )
 
+from . import igemm
 from .alu import as_rows, one_batch, plan_alu
 
 __all__ = ["Datapath", "check_insn", "check_max_work", "work_of", "COUNTER_NAMES",
@@ -628,7 +629,8 @@ class Datapath:
         # convolution see the same input): gather them once and multiply by all groups'
         # weights side by side.
         shared = bool(np.all(src_g == src_g[:1]))
-        per_slice = _EXACT_TERMS // block
+        int8 = _int8_products(cfg)
+        per_slice = g if int8 else _EXACT_TERMS // block
         slices = []
         nbytes = rows.nbytes
         for u0 in range(0, g, per_slice):
@@ -652,6 +654,37 @@ class Datapath:
         # Per slice, the last weights seen (their bytes) and their float32 W: the WGT
         # rows of a layer are loaded once and used by many GEMMs.
         w_memo = [[None, None] for _ in slices]
+
+        def gemm_grid_int8():
+            total = None
+            for (gs, xs, ws), memo in zip(slices, w_memo):
+                x = inp2[xs] if isinstance(xs, slice) else inp2.take(xs, axis=0)
+                w = wgt2[ws] if isinstance(ws, slice) else wgt2.take(ws, axis=0)
+                key = w.tobytes()
+                if key != memo[0]:  # W^T (out, in) as 4-byte words, packed (igemm.py)
+                    w4 = w.view(np.uint32).reshape(G, gs, block, block // 4)
+                    if shared:  # (1, G*O, gs*C): columns (group, out lane)
+                        wt = w4.transpose(0, 2, 1, 3).reshape(1, G * block, -1)
+                    else:  # (G, O, gs*C)
+                        wt = w4.transpose(0, 2, 1, 3).reshape(G, block, -1)
+                    memo[:] = key, igemm.pack(wt)
+                if shared:  # X (R*B, gs*C) @ W (gs*C, G*O)
+                    if batch == 1:
+                        xi = x.reshape(1, R, gs * block)
+                    else:
+                        xi = np.ascontiguousarray(
+                            x.reshape(R, gs, batch, block).transpose(0, 2, 1, 3))
+                        xi = xi.reshape(1, R * batch, gs * block)
+                    part = igemm.matmul(xi, memo[1])[0]
+                else:  # per group: X (G, R*B, gs*C) @ W (G, gs*C, O)
+                    xi = np.ascontiguousarray(
+                        x.reshape(G, R, gs, batch, block).transpose(0, 1, 3, 2, 4))
+                    part = igemm.matmul(xi.reshape(G, R * batch, gs * block), memo[1])
+                if total is None:
+                    total = part
+                else:
+                    total += part  # int32 arrays wrap: addition modulo 2^32
+            store(total)
 
         def gemm_grid():
             total = None
@@ -685,6 +718,10 @@ class Datapath:
                     total = part
                 else:
                     total += part  # int32 arrays wrap: addition modulo 2^32
+            store(total)
+
+        def store(total):
+            """ACC[rows] += total (int32, modulo 2^32), and OUT its low byte."""
             if shared:  # (R, B, G, O) -> (G, R, B, O), the order of ``rows``
                 total = total.reshape(R, batch, G, block).transpose(2, 0, 1, 3)
             else:
@@ -704,7 +741,7 @@ class Datapath:
                 acc[dst] = new
                 out[dst] = new.astype(np.int8)
 
-        return gemm_grid, nbytes
+        return (gemm_grid_int8 if int8 else gemm_grid), nbytes
 
     def _compile_gemm_tiles(self, insn: GemmInsn, dst0, src0, wgt0):
         """Any other GEMM of at most _KERNEL_EXECS executions as batched float32 matrix
@@ -769,7 +806,8 @@ class Datapath:
             return None  # float32 operands too large (weights moving with every execution)
         rows = (dst_g[:, None, None] + i[..., 0] * insn.dst_factor_out
                 + j[..., 0] * insn.dst_factor_in).transpose(*perm).reshape(-1)  # (b, m, n)
-        per_slice = _EXACT_TERMS // block
+        int8 = _int8_products(cfg)
+        per_slice = g if int8 else _EXACT_TERMS // block
         slices = []
         nbytes = rows.nbytes
         for u0 in range(0, g, per_slice):
@@ -798,17 +836,30 @@ class Datapath:
                 x = inp2[xs] if isinstance(xs, slice) else inp2.take(xs, axis=0)
                 w = wgt2[ws] if isinstance(ws, slice) else wgt2.take(ws, axis=0)
                 key = w.tobytes()
-                if key != memo[0]:  # W (nb, gs*C, nt*O), C-contiguous (faster than W^T)
+                if key != memo[0] and int8:  # W^T (nb, nt*O, gs*C) as words, packed
+                    w5 = w.view(np.uint32).reshape(nb, nt, gs, block, block // 4)
+                    wt = w5.transpose(0, 1, 3, 2, 4).reshape(nb, nt * block, -1)
+                    memo[:] = key, igemm.pack(wt)
+                elif key != memo[0]:  # W (nb, gs*C, nt*O), C-contiguous (faster than W^T)
                     w5 = w.reshape(nb, nt, gs, block, block)  # (b, n, micro-op, out, in)
                     wk = np.ascontiguousarray(w5.transpose(0, 2, 4, 1, 3), dtype=f32)
                     memo[:] = key, wk.reshape(nb, gs * block, nt * block)
-                if batch == 1:
+                if int8:
+                    if batch == 1:
+                        xi = x.reshape(nb, mt, gs * block)
+                    else:
+                        xi = np.ascontiguousarray(
+                            x.reshape(nb, mt, gs, batch, block).transpose(0, 1, 3, 2, 4))
+                        xi = xi.reshape(nb, mt * batch, gs * block)
+                    part = igemm.matmul(xi, memo[1])
+                elif batch == 1:
                     xf = x.reshape(nb, mt, gs * block).astype(f32)
+                    part = np.matmul(xf, memo[1]).astype(np.int32)  # exact
                 else:
                     xf = np.empty((nb, mt, batch, gs, block), f32)
                     np.copyto(xf, x.reshape(nb, mt, gs, batch, block).transpose(0, 1, 3, 2, 4))
                     xf = xf.reshape(nb, mt * batch, gs * block)
-                part = np.matmul(xf, memo[1]).astype(np.int32)  # exact
+                    part = np.matmul(xf, memo[1]).astype(np.int32)  # exact
                 if total is None:
                     total = part
                 else:
@@ -856,6 +907,13 @@ class Datapath:
         for dst, src, _ in self._chunks(insn, dst0, src0, None):
             for step in plan_alu(insn, dst, src, self.acc, self.out)[0]:
                 step()
+
+
+def _int8_products(cfg: HwConfig) -> bool:
+    """Whether the GEMM kernels multiply with igemm.py's int8 kernel (exact modulo 2^32 at
+    any length: no K slices) rather than float32 BLAS: on a host that runs it, for blocks
+    of whole 4-byte groups."""
+    return cfg.block % 4 == 0 and igemm.available()
 
 
 def _progression(base: int, insn, f_out: int, f_in: int):

@@ -1,7 +1,8 @@
 """The datapath's GEMM and ALU kernels (sim/datapath.py) against naive loops: the grid kernel
-(float32 im2col products, exact by construction), the general kernel, and the ALU's in-place
-batches, on random and adversarial operands (extreme int8 values, reductions longer than one
-exact float32 slice, repeated destination rows, ACC values that wrap)."""
+(float32 im2col products, exact by construction, or sim/igemm.py's int8 products), the
+general kernel, and the ALU's in-place batches, on random and adversarial operands (extreme
+int8 values, reductions longer than one exact float32 slice, repeated destination rows, ACC
+values that wrap). Every test runs with both kinds of products (``products``)."""
 
 import numpy as np
 import pytest
@@ -9,12 +10,23 @@ import pytest
 from celosia import HwConfig
 from celosia.errors import ProgramError
 from celosia.isa import AluInsn, AluOp, GemmInsn, Uop, encode_uops
+from celosia.sim import igemm
 from celosia.sim.datapath import Datapath, numpy_blas_controllers, single_threaded_blas
 
 CONFIGS = [HwConfig(), HwConfig.preset("small"),
            HwConfig(log_batch=1, log_block=3, log_inp_buff_size=12, log_wgt_buff_size=13,
                     log_acc_buff_size=13, log_uop_buff_size=10)]
 IDS = ["default", "small", "batch2_block8"]
+
+
+@pytest.fixture(autouse=True, params=["int8", "float32"])
+def products(request, monkeypatch):
+    """The GEMM kernels' products: igemm.py's int8 kernel (where the host runs it) or
+    float32 BLAS; kernels compiled in the test use it."""
+    if request.param == "int8" and not igemm.available():
+        pytest.skip("this host does not run the int8 kernel (AVX-512 VNNI)")
+    monkeypatch.setitem(igemm._state, "available", request.param == "int8")
+    return request.param
 
 
 def _naive(dp: Datapath, insn: GemmInsn, uops: list[Uop]):
@@ -63,7 +75,7 @@ def _random_case(cfg, rng, grid: bool):
 
 def _kernel_name(dp: Datapath, insn) -> str:
     kind = "GEMM" if isinstance(insn, GemmInsn) else "ALU"
-    return dp._kernel(0, insn, kind).__name__
+    return dp._kernel(0, insn, kind).__name__.removesuffix("_int8")
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
