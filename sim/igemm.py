@@ -62,36 +62,34 @@ class Packed:
     __slots__ = ("data", "corr", "n", "k")
 
     def __init__(self, words: np.ndarray):
-        nb, n, k4 = words.shape
+        """``words``: uint32 (nb, N1, K1, N2, K2), C-contiguous: column n1 * N2 + n2 of B,
+        its bytes 4 * (k1 * K2 + k2) ... + 3."""
+        nb, n1, k1, n2, k2 = words.shape
+        n, k4 = n1 * n2, k1 * k2
         nv = -(-n // _LANES)
-        full = words
-        if n != nv * _LANES:
-            full = np.zeros((nb, nv * _LANES, k4), np.uint32)
-            full[:, :n] = words
-        # (nb, NV, 16, K/4) words -> (nb, NV, K/4, 16)
-        data = np.ascontiguousarray(full.reshape(nb, nv, _LANES, k4).transpose(0, 1, 3, 2))
+        data = np.zeros((nb, nv, k4, _LANES), np.uint32)
+        self.corr = np.zeros((nb, nv * _LANES), np.int32)
+        _kernel()  # compiled with the pack function
+        _state["pack"](words.ctypes.data, nb, n1, k1, n2, k2, nv, data.ctypes.data,
+                       self.corr.ctypes.data)
         self.data = data.view(np.int8).reshape(nb, nv, k4, _LANES, 4)
         self.n, self.k = n, 4 * k4
-        # each column's sum, by the kernel itself: rows of x = -127 (x ^ 0x80 = 1) and no
-        # correction give sum(w) modulo 2^32
-        self.corr = np.zeros((nb, nv * _LANES), np.int32)
-        ones = np.full((nb, 1, self.k), -127, np.int8)
-        sums = np.empty((nb, 1, nv * _LANES), np.int32)
-        matmul(ones, self, out=sums)
-        np.multiply(sums.reshape(nb, -1), -128, out=self.corr)  # int32: modulo 2^32
 
 
 def pack(wt: np.ndarray) -> Packed:
     """The weights of ``A @ B`` packed for ``matmul``, given as ``wt`` = B transposed: int8
-    (nb, N, K) (K a multiple of 4), or its groups of four bytes as uint32 words (nb, N,
-    K/4), rows at any stride (a view: the datapath's weight blocks are (out, in) rows)."""
+    (nb, N, K) (K a multiple of 4), any strides; or as 4-byte words, uint32 (nb, N1, K1,
+    N2, K2) C-contiguous, column n1 * N2 + n2 and step k1 * K2 + k2 (the datapath's weight
+    blocks: (group, micro-op, out lane, in lanes / 4), no copy)."""
     if wt.dtype == np.int8:
-        if wt.shape[2] % 4:
-            raise ValueError(f"igemm: K={wt.shape[2]} is not a multiple of 4")
-        wt = np.ascontiguousarray(wt).view(np.uint32)
-    elif wt.dtype != np.uint32:
-        raise ValueError(f"igemm: weights must be int8 or uint32 words, not {wt.dtype}")
-    return Packed(wt)
+        if wt.ndim != 3 or wt.shape[2] % 4:
+            raise ValueError(f"igemm: weights {wt.shape}: K is not a multiple of 4")
+        nb, n, k = wt.shape
+        wt = np.ascontiguousarray(wt).view(np.uint32).reshape(nb, 1, 1, n, k // 4)
+    elif wt.dtype != np.uint32 or wt.ndim != 5:
+        raise ValueError(f"igemm: weights must be int8 (nb, N, K) or uint32 words (nb, N1, "
+                         f"K1, N2, K2), not {wt.dtype}{wt.shape}")
+    return Packed(np.ascontiguousarray(wt))
 
 
 def matmul(a: np.ndarray, packed: Packed, out: np.ndarray | None = None) -> np.ndarray:
@@ -137,8 +135,10 @@ def _compile():
     engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
     engine.finalize_object()
     _state["engine"] = engine  # the code lives as long as the engine
-    address = engine.get_function_address("celosia_sim_igemm")
-    return ctypes.CFUNCTYPE(None, *_ARGS)(address)
+    _state["pack"] = ctypes.CFUNCTYPE(None, ctypes.c_void_p, *[ctypes.c_int64] * 6,
+                                      ctypes.c_void_p, ctypes.c_void_p)(
+        engine.get_function_address("celosia_sim_igemm_pack"))
+    return ctypes.CFUNCTYPE(None, *_ARGS)(engine.get_function_address("celosia_sim_igemm"))
 
 
 def _tile(rows: int, vectors: int, byte_args: bool) -> str:
@@ -282,4 +282,110 @@ def _module_ir(byte_args: bool) -> str:
     e("  ret void")
     e("}")
     parts.append("\n".join(L))
+    parts.append(_pack_ir())
     return "\n\n".join(parts) + "\n"
+
+
+def _pack_ir() -> str:
+    """``celosia_sim_igemm_pack(src, nb, n1, k1, n2, k2, nv, dst, corr)``: weights given
+    as 4-byte words ``src`` (nb, N1, K1, N2, K2), C-contiguous, column n = n1 * N2 + n2
+    of B, step k = k1 * K2 + k2 (K/4 steps), into ``dst`` (nb, NV, K/4, 16) words (zeroed
+    by the caller: columns past N stay zero) and each column's ``-128 * sum(w)`` into
+    ``corr`` (nb, NV x 16) (zeroed by the caller), modulo 2^32. Scalar loops: a layer's
+    weights are packed once per run."""
+    L = []
+    e = L.append
+    loops = ["b", "i1", "i2", "j1", "j2"]  # batch, n1, n2, k1, k2
+    e("define void @celosia_sim_igemm_pack(ptr noalias %src, i64 %nb, i64 %n1, i64 %k1, "
+      "i64 %n2, i64 %k2, i64 %nv, ptr noalias %dst, ptr noalias %corr) {")
+    e("entry:")
+    for v in loops + ["s"]:
+        e(f"  %{v}.p = alloca i64")
+    e("  %sum.p = alloca i32")
+    e("  %k4 = mul i64 %k1, %k2")
+    e("  %rowk = mul i64 %k4, %n2")       # words of one n1 block: K1 x N2 x K2
+    e("  %perb = mul i64 %rowk, %n1")     # words of one batch
+    e("  %cols = shl i64 %nv, 4")
+    e("  %dperb = mul i64 %cols, %k4")    # packed words of one batch
+    e("  store i64 0, ptr %b.p")
+    e("  br label %b.head")
+    extents = {"b": "%nb", "i1": "%n1", "i2": "%n2", "j1": "%k1", "j2": "%k2"}
+    after = {"b": "done", "i1": "b.next", "i2": "i1.next", "j1": "col.end", "j2": "j1.next"}
+    # loop heads
+    for v in loops:
+        e(f"{v}.head:")
+        e(f"  %{v}.v = load i64, ptr %{v}.p")
+        e(f"  %{v}.ok = icmp slt i64 %{v}.v, {extents[v]}")
+        e(f"  br i1 %{v}.ok, label %{v}.body, label %{after[v]}")
+        e(f"{v}.next:")
+        e(f"  %{v}.w = load i64, ptr %{v}.p")
+        e(f"  %{v}.w1 = add i64 %{v}.w, 1")
+        e(f"  store i64 %{v}.w1, ptr %{v}.p")
+        e(f"  br label %{v}.head")
+    e("b.body:")
+    e("  store i64 0, ptr %i1.p")
+    e("  br label %i1.head")
+    e("i1.body:")
+    e("  store i64 0, ptr %i2.p")
+    e("  br label %i2.head")
+    e("i2.body:")  # one column: n = i1 * N2 + i2
+    e("  %cb = load i64, ptr %b.p")
+    e("  %c1 = load i64, ptr %i1.p")
+    e("  %c2 = load i64, ptr %i2.p")
+    e("  %cn0 = mul i64 %c1, %n2")
+    e("  %n = add i64 %cn0, %c2")
+    e("  %sb0 = mul i64 %cb, %perb")
+    e("  %sn0 = mul i64 %c1, %rowk")
+    e("  %sn1 = mul i64 %c2, %k2")
+    e("  %sa = add i64 %sb0, %sn0")
+    e("  %colsrc = add i64 %sa, %sn1")       # word of (b, n, k = 0)
+    e("  %db0 = mul i64 %cb, %dperb")
+    e("  %nvec = lshr i64 %n, 4")
+    e("  %nlane = and i64 %n, 15")
+    e("  %dv = mul i64 %nvec, %k4")
+    e("  %dv16 = shl i64 %dv, 4")
+    e("  %dd = add i64 %db0, %dv16")
+    e("  %coldst = add i64 %dd, %nlane")      # word of (b, vector, k4 = 0, lane)
+    e("  store i32 0, ptr %sum.p")
+    e("  store i64 0, ptr %j1.p")
+    e("  br label %j1.head")
+    e("j1.body:")
+    e("  store i64 0, ptr %j2.p")
+    e("  br label %j2.head")
+    e("j2.body:")
+    e("  %q1 = load i64, ptr %j1.p")
+    e("  %q2 = load i64, ptr %j2.p")
+    e("  %qs0 = mul i64 %q1, %n2")
+    e("  %qs1 = mul i64 %qs0, %k2")           # k1 * N2 * K2
+    e("  %qs2 = add i64 %qs1, %q2")
+    e("  %si = add i64 %colsrc, %qs2")
+    e("  %sp = getelementptr i32, ptr %src, i64 %si")
+    e("  %w = load i32, ptr %sp, align 4")
+    e("  %qk0 = mul i64 %q1, %k2")
+    e("  %qk = add i64 %qk0, %q2")            # k4
+    e("  %qd0 = shl i64 %qk, 4")
+    e("  %di = add i64 %coldst, %qd0")
+    e("  %dp = getelementptr i32, ptr %dst, i64 %di")
+    e("  store i32 %w, ptr %dp, align 4")
+    for byte in range(4):  # the four signed bytes' sum
+        e(f"  %w{byte}s = shl i32 %w, {24 - 8 * byte}")
+        e(f"  %w{byte} = ashr i32 %w{byte}s, 24")
+    e("  %w01 = add i32 %w0, %w1")
+    e("  %w23 = add i32 %w2, %w3")
+    e("  %wsum = add i32 %w01, %w23")
+    e("  %old = load i32, ptr %sum.p")
+    e("  %new = add i32 %old, %wsum")
+    e("  store i32 %new, ptr %sum.p")
+    e("  br label %j2.next")
+    e("col.end:")
+    e("  %tot = load i32, ptr %sum.p")
+    e("  %neg = mul i32 %tot, -128")
+    e("  %ci0 = mul i64 %cb, %cols")
+    e("  %ci = add i64 %ci0, %n")
+    e("  %cp = getelementptr i32, ptr %corr, i64 %ci")
+    e("  store i32 %neg, ptr %cp, align 4")
+    e("  br label %i2.next")
+    e("done:")
+    e("  ret void")
+    e("}")
+    return "\n".join(L)

@@ -1,6 +1,6 @@
 """sim/igemm.py's int8 x int8 -> int32 kernel against numpy's int64 products, modulo 2^32:
 random shapes (row tails, column tails, batches), rows at a stride, weights as int8 or as
-4-byte words, extreme values whose sums wrap."""
+the datapath's blocks of 4-byte words, extreme values whose sums wrap."""
 
 import numpy as np
 import pytest
@@ -29,15 +29,28 @@ def test_random_shapes():
         np.testing.assert_array_equal(got, _reference(a, w))
 
 
-def test_strided_rows_and_word_weights():
+def test_strided_rows():
     rng = np.random.default_rng(12)
     big = rng.integers(-128, 128, (3, 30, 200), dtype=np.int8)
     a = big[:, 1::3, 8:136]  # rows 600 bytes apart, batches 6000
     wt = rng.integers(-128, 128, (3, 70, 128), dtype=np.int8)  # (nb, N, K): B transposed
-    words = wt.view(np.uint32)  # the same weights as 4-byte words
-    want = _reference(a, wt.transpose(0, 2, 1))
-    np.testing.assert_array_equal(igemm.matmul(a, igemm.pack(wt)), want)
-    np.testing.assert_array_equal(igemm.matmul(a, igemm.pack(words)), want)
+    np.testing.assert_array_equal(igemm.matmul(a, igemm.pack(wt[:, :, ::-1][:, :, ::-1])),
+                                  _reference(a, wt.transpose(0, 2, 1)))
+
+
+def test_word_blocks():
+    """Weights as the datapath holds them: (group, micro-op, out lane, in lanes / 4) words
+    of (out, in) blocks, B's column (group, out lane) and step (micro-op, in lanes / 4)."""
+    rng = np.random.default_rng(13)
+    for _ in range(20):
+        nb, g, gs = int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        block = int(rng.choice([4, 8, 16, 32]))
+        blocks = rng.integers(-128, 128, (nb, g, gs, block, block), dtype=np.int8)
+        # B[b, (u, c), (g, o)] = blocks[b, g, u, o, c]
+        w = blocks.transpose(0, 2, 4, 1, 3).reshape(nb, gs * block, g * block)
+        a = rng.integers(-128, 128, (nb, int(rng.integers(1, 20)), gs * block), dtype=np.int8)
+        words = blocks.view(np.uint32)  # (nb, g, gs, block, block / 4)
+        np.testing.assert_array_equal(igemm.matmul(a, igemm.pack(words)), _reference(a, w))
 
 
 @pytest.mark.parametrize("x, w", [(-128, -128), (-128, 127), (127, -128), (127, 127)])
