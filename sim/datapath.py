@@ -638,7 +638,8 @@ class Datapath:
             x_rows = (off_src[None, :, None] + s[:, None, :]).reshape(-1)  # (G|1, R, gs)
             w_rows = wgt_g[:, u0:u0 + per_slice].reshape(-1)  # (G, gs)
             slices.append((s.shape[1], as_rows(x_rows), as_rows(w_rows)))
-            nbytes += x_rows.nbytes + w_rows.nbytes + w_rows.size * block * block * 4  # float32 W
+            # and the weights: float32, or packed int8
+            nbytes += x_rows.nbytes + w_rows.nbytes + w_rows.size * block * block * (1 if int8 else 4)
         dst = as_rows(rows)
         # Rows in iteration-major order (r, group) that are consecutive (a dense layer's
         # output blocks side by side): ACC is then a view in that order, no gather.
@@ -814,7 +815,7 @@ class Datapath:
             xs = np.ascontiguousarray(x_idx[:, :, u0:u0 + per_slice])
             ws = np.ascontiguousarray(w_idx[:, :, u0:u0 + per_slice])
             slices.append((xs.shape[2], as_rows(xs.reshape(-1)), as_rows(ws.reshape(-1))))
-            nbytes += xs.nbytes + ws.nbytes + ws.size * block * block * 4  # and float32 W
+            nbytes += xs.nbytes + ws.nbytes + ws.size * block * block * (1 if int8 else 4)
         unique = _increasing(rows) or _distinct_rows(rows, cfg.acc_depth).size == rows.size
         if unique:
             dst, sum_order, sum_starts = as_rows(rows), None, None
