@@ -3,8 +3,9 @@
 This is ISA.md section 4 as numpy code. The functional simulator runs it under the token
 protocol; the cycle model runs the same code and adds time. One GEMM or ALU instruction
 runs as batched array operations over all of its micro-op executions at once: GEMMs as
-float32 BLAS matrix products that are exact (see Datapath._compile_gemm_grid), ALU
-instructions in place on views of ACC, in time linear in their executions (alu.py).
+int8 matrix products (igemm.py, on hosts with AVX-512 VNNI) or float32 BLAS ones, both
+exact (see Datapath._compile_gemm_grid), ALU instructions in place on views of ACC, in
+time linear in their executions (alu.py).
 Instructions are compiled into kernels once and the kernels kept for later runs of the same
 program.
 
@@ -577,8 +578,8 @@ class Datapath:
         self.out[rows] = new.astype(np.int8).reshape(-1, cfg.batch, cfg.block)
 
     def _compile_gemm_grid(self, insn: GemmInsn, dst0, src0, wgt0):
-        """The usual tensorized GEMM as a few large float32 matrix products; None if it does
-        not apply.
+        """The usual tensorized GEMM as a few large matrix products (int8, igemm.py, where
+        the host runs it; else float32); None if it does not apply.
 
         It applies when the weight rows do not move with the loops and the micro-ops fall
         into G equal-sized groups of g sharing a dst row, whose R = iter_out x iter_in
@@ -599,7 +600,9 @@ class Datapath:
         wrap-around, and addition modulo 2^32 is associative and commutative, so the final
         ACC (and OUT, its low byte) is bit-identical whatever the order: a row accumulated by
         many micro-ops of the instruction gets all of them. GEMM reads only INP and WGT,
-        which it never writes, so no execution sees another's result.
+        which it never writes, so no execution sees another's result. The int8 products
+        are exact modulo 2^32 at any length (int32 lanes, igemm.py), so they take all g
+        micro-ops in one slice.
         """
         if insn.wgt_factor_out or insn.wgt_factor_in:
             return None
