@@ -113,7 +113,9 @@ def clear_caches(*executors: Executor) -> None:
     of the given executors, so that the next run of any program on them is a first run: a
     *cold* run, as of a program the process has not run before (the executor itself, its
     DRAM and buffers, exists already, as it would after other programs). Benchmarks use
-    this to time cold runs."""
+    this to time cold runs. A cycle-model executor also drops its last ``timeline``: it
+    holds that program's decoded instructions and plans, which would otherwise be freed
+    inside the next (timed) run, where fsim's are freed here."""
     import sys
 
     for name, _ in TARGETS.values():
@@ -121,6 +123,8 @@ def clear_caches(*executors: Executor) -> None:
         if module is not None and hasattr(module, "_clear_caches"):
             module._clear_caches()
     for executor in executors:
+        if getattr(executor, "timeline", None) is not None:
+            executor.timeline = None
         datapath = getattr(executor, "datapath", None)
         if datapath is not None:
             datapath.clear_kernels()

@@ -37,6 +37,7 @@ def test_a_cold_run_gives_what_a_warm_run_gives(cfg, seed, decodes):
         if cold:
             clear_caches(ex)
             assert not ex.datapath._by_fields and not ex.datapath._mem_by_insn
+            assert ex.timeline is None  # nor the last program's decoded instructions
         before = decodes[0]
         ex.write_dram(0, image.dram)
         stats = ex.run(image.insn_addr, image.insn_count)
