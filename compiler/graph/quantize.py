@@ -411,7 +411,10 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | str:
                 weight = weight * vector.reshape((-1,) + (1,) * (weight.ndim - 1))
                 bias = bias * vector
         elif op == "Mul" or residual or types[operand] != out:
-            return ("its epilogue multiplies by a run-time value (an int8 layer scales by "
+            return (f"its epilogue's {op} of a constant comes after its residual Add (an int8 "
+                    f"layer scales and shifts before it adds its residual)"
+                    if operand in inits else
+                    "its epilogue multiplies by a run-time value (an int8 layer scales by "
                     "constants only)" if op == "Mul" else
                     "its epilogue adds a second run-time value (an int8 layer takes one "
                     "residual)" if residual else
@@ -611,6 +614,18 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
     floats = [i for i in inputs if i not in plan.int8 and i not in graph.initializers]
     int8_forms = (*_LUT_OPS, *_SAME_SCALE, "Slice", "Concat", "GlobalAveragePool", "Add",
                   "Mul")
+    if node.op == "AveragePool":  # the others became depthwise convolutions (qforms.py)
+        a = node.attrs
+        why = ("count_include_pad=0 with padding" if any(a["pads"]) and
+               not a.get("count_include_pad") else "a ceil-mode window past the padding"
+               if a.get("ceil_mode") else None)
+        if why and len(a["kernel_shape"]) == 2:
+            return (f"its border windows divide by fewer taps than the kernel's ({why}): its "
+                    f"int8 form, a depthwise convolution, divides every window by the kernel "
+                    f"size")
+        return (f"the quantizer has no int8 form of this AveragePool (its int8 form is a 2-D "
+                f"depthwise convolution: kernel {list(a['kernel_shape'])}, dilations "
+                f"{list(a['dilations'])})")
     if node.op not in int8_forms:
         return f"the quantizer has no int8 form of {node.op}"
     if floats:
