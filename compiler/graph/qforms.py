@@ -33,10 +33,14 @@ from .passes import _fresh, fuse_epilogues, remove_dead_code
 
 __all__ = ["quant_forms"]
 
-# Producers whose 4-D outputs are not images (attention's scores, reshaped rows): a
-# constant Mul/Add of them stays as it is.
-_NOT_IMAGES = ("MatMul", "Gemm", "Softmax", "Transpose", "Reshape", "LayerNormalization",
-               "Einsum")
+# Producers of the values whose constant Mul/Add becomes a depthwise layer: nodes with int8
+# forms whose outputs are images (and the model's inputs). Others stay as they are: a
+# channels-first LayerNorm spelt out (ConvNeXt: Sub, Div, then Mul and Add per channel) is
+# float on both sides, and a depthwise layer in it would only add crossings (ConvNeXt small:
+# 31 -> 40).
+_IMAGE_MAKERS = ("Conv", "ConvTranspose", "Concat", "MaxPool", "AveragePool",
+                 "GlobalAveragePool", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid",
+                 "HardSwish", "Resize", "Slice")
 
 
 def _image(types, v: str) -> tuple[int, int] | None:
@@ -122,7 +126,7 @@ def _affine_as_conv(node: Node, producers: dict, inits: dict, types: dict) -> li
     if image is None or c not in inits or x in inits or types[node.outputs[0]] != types[x]:
         return None
     p = producers.get(x)
-    if p is not None and p.op in _NOT_IMAGES:
+    if p is not None and p.op not in _IMAGE_MAKERS:
         return None
     vector = _per_channel(inits[c], image[1])
     if vector is None:
