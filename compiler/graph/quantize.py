@@ -511,6 +511,19 @@ def _is_channel_concat(graph: Graph, node: Node) -> bool:
         int(node.attrs.get("axis", 1)) % 4 == 1
 
 
+def _int8_move(node: Node) -> bool:
+    """A Pad or Resize that only moves (or repeats) its input's values, so it keeps them
+    int8 in their scale: Pad by reflection, edge or wrap, or by the value 0 (in int8 the
+    zero point), and nearest Resize (a pick per output pixel)."""
+    if len(node.inputs) != 1:
+        return False
+    if node.op == "Pad":
+        a = node.attrs
+        return a.get("mode", "constant") in ("reflect", "edge", "wrap") or \
+            float(a.get("value", 0.0)) == 0.0
+    return node.op == "Resize" and node.attrs.get("mode") == "nearest"
+
+
 def _mid(node: Node) -> str:
     """The calibration key of a layer's int8 result before its QLut tail (not a value of the
     graph: the quantized graph names it afresh)."""
@@ -538,7 +551,8 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
                 len(node.outputs) == 1 and graph.types[out].dtype == "float32":
             plan.kinds[node.name] = "lut"
         elif len(node.outputs) == 1 and int8_in and (
-                node.op in _SAME_SCALE + ("Slice",) or node.name in shuffles or (
+                node.op in _SAME_SCALE + ("Slice",) or node.name in shuffles or
+                _int8_move(node) or (
                     node.op == "Concat" and len({plan.classes.find(i)
                                                  for i in node.inputs}) == 1)
                 or _is_channel_concat(graph, node)):
@@ -626,7 +640,13 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
         return (f"the quantizer has no int8 form of this AveragePool (its int8 form is a 2-D "
                 f"depthwise convolution: kernel {list(a['kernel_shape'])}, dilations "
                 f"{list(a['dilations'])})")
-    if node.op not in int8_forms:
+    if node.op == "Pad" and not floats and len(inputs) == 1:
+        return (f"it pads with the value {node.attrs.get('value')} (an int8 Pad reflects, "
+                f"repeats edges or pads with 0)")
+    if node.op == "Resize" and not floats and len(inputs) == 1:
+        return (f"its mode {node.attrs.get('mode')!r} interpolates between values (an int8 "
+                f"Resize is nearest: it only picks values)")
+    if node.op not in int8_forms + ("Pad", "Resize"):
         return f"the quantizer has no int8 form of {node.op}"
     if floats:
         return f"its input {floats[0]!r} is float ({node.op} is int8 only on int8 inputs)"
@@ -857,8 +877,8 @@ def _bounds(graph: Graph, plan: _Plan, tables: dict, open_roots: set, scale, zer
             lows[out] = min(lows[i] for i in n.inputs)  # (a concatenation of bounded values)
             if all(i in unit for i in n.inputs):
                 unit.add(out)
-        elif n.op in _KEEPS_LOW and n.inputs and n.inputs[0] in lows:
-            lows[out] = lows[n.inputs[0]]
+        elif (n.op in _KEEPS_LOW or _int8_move(n)) and n.inputs and n.inputs[0] in lows:
+            lows[out] = lows[n.inputs[0]]  # (a zero Pad adds 0, above a bound <= 0)
             if n.inputs[0] in unit:
                 unit.add(out)
         elif n.op == "Mul" and len(n.inputs) == 2 and n.name not in plan.layers:
@@ -1387,8 +1407,11 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                   [int8_name[node.outputs[0]]], {"scale": scale(node.outputs[0])}, node.name,
                   fresh=False)
         elif kind == "same":
+            attrs = node.attrs
+            if node.op == "Pad" and attrs.get("mode", "constant") == "constant":
+                attrs = {**attrs, "value": zero(node.inputs[0])}  # the int8 form of 0
             b.add(node.op, [as_int8(i) for i in node.inputs], [int8_name[node.outputs[0]]],
-                  node.attrs, node.name, fresh=False)
+                  attrs, node.name, fresh=False)
         elif kind == "pool":
             x, y = node.inputs[0], node.outputs[0]
             ratio = scale(x) / scale(y)
