@@ -1,7 +1,7 @@
-"""Pad (reflect, edge, zeros) and nearest Resize keep int8 values in their scale: no
-Dequantize/Quantize around them (style transfer's reflection pads, U-Net/FPN nearest
-upsampling). A zero Pad of a value with a zero point pads with the zero point; a linear
-Resize or a Pad by another value stays float, saying why. The int8 graph's CPU build
+"""Pad (reflect, edge, zeros) keeps int8 values in their scale: no Dequantize/Quantize
+around it (style transfer's reflection pads, explicit zero pads). A zero Pad of a value
+with a zero point pads with the zero point; a Pad by another value and a Resize stay
+float, saying why. The int8 graph's CPU build
 computes the numpy definition bit for bit, stays close to onnxruntime's float outputs, and
 its accelerator build is bit-exact with it."""
 
@@ -69,14 +69,15 @@ def test_pads_and_nearest_resize_stay_int8():
         by_op.setdefault(n.op, []).append(n)
     pads = [n for n in by_op["Pad"]]
     int8 = [n for n in pads + by_op["Resize"] if q.types[n.outputs[0]].dtype == "int8"]
-    # the zero and edge pads, the nearest Resize (the reflection pad reads the float input)
-    assert sorted(n.name for n in int8) == ["Pad_3", "Pad_5", "Resize_6"]
+    # the zero and edge pads (the reflection pad reads the float input)
+    assert sorted(n.name for n in int8) == ["Pad_3", "Pad_5"]
     zero_pad = next(n for n in int8 if n.op == "Pad" and n.attrs["mode"] == "constant")
     assert zero_pad.attrs["value"] == -128
     floats = {n.name: n.attrs["float_reason"] for n in pads + by_op["Resize"]
               if n not in int8}
     assert "its input 'x' is float" in floats["Pad_0"]
     assert "its mode 'linear' interpolates" in floats["Resize_8"]
+    assert "would share one scale with its input" in floats["Resize_6"]
     assert "pads with the value 1.0" in floats["Pad_9"]
     feeds = _feeds(100)
     cpu = CpuModel.from_graph(q).run(feeds)
