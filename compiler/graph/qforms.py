@@ -14,6 +14,8 @@ between a Dequantize and a Quantize (two crossings each on the accelerator build
   (an unfused BatchNormalization: DenseNet's and pre-activation ResNets' BN -> ReLU before
   each convolution; the normalisation of the input image) is a 1x1 depthwise convolution
   with that scale as weight and that shift as bias; the ReLU after it fuses as usual.
+- A ``PRelu`` with one slope (PyTorch's ``nn.PReLU()`` default) is a ``LeakyRelu``: fused
+  into the layer before it as a table, not a float node between two crossings.
 - A convolution whose epilogue scales by constants *after* its residual Add (a BN after the
   sum) is cut there: the convolution up to its residual, then a 1x1 depthwise convolution
   with the rest of the epilogue (an int8 layer scales before it adds its residual).
@@ -179,6 +181,16 @@ def _scale_after_residual(node: Node, inits: dict, types: dict) -> list[Node] | 
     return [first, second]
 
 
+def _prelu_as_leaky(node: Node, inits: dict) -> list[Node] | None:
+    """A PRelu of one slope (``nn.PReLU()``'s default, or a per-channel slope all equal) is
+    a LeakyRelu: fused into the layer before it, or a table."""
+    slope = inits.get(node.inputs[1]) if len(node.inputs) == 2 else None
+    if slope is None or slope.size == 0 or not np.all(slope == slope.reshape(-1)[0]):
+        return None
+    return [Node("LeakyRelu", node.inputs[:1], node.outputs,
+                 {"alpha": float(slope.reshape(-1)[0])}, node.name)]
+
+
 def quant_forms(graph: Graph) -> Graph:
     """The rewrites of the module doc on an optimized graph (bodies are left as they are),
     then epilogue fusion again (a ReLU after a new depthwise layer fuses into it)."""
@@ -200,6 +212,8 @@ def quant_forms(graph: Graph) -> Graph:
             new = None if after_scale else _affine_as_conv(node, producers, inits, types)
             if new is not None and node.op == "Mul":
                 scaled.add(node.outputs[0])
+        elif node.op == "PRelu":
+            new = _prelu_as_leaky(node, inits)
         elif node.op == "Conv" and node.attrs.get("epilogue"):
             new = _scale_after_residual(node, inits, types)
         if new is None:

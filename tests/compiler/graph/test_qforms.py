@@ -113,6 +113,29 @@ def test_int8_graph_and_accelerator_build():
         assert same, f"{target}: {detail['summary']}"
 
 
+def test_a_prelu_of_one_slope_is_a_leaky_relu_and_a_per_channel_one_stays_float():
+    rng = np.random.default_rng(5)
+    h = helper.make_node
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (C, C, 1, 1)).astype(np.float32), n)
+             for n in ("w1", "w2")]
+    inits += [numpy_helper.from_array(np.array([0.25], np.float32), "one"),
+              numpy_helper.from_array(rng.uniform(0, 0.5, (C, 1, 1)).astype(np.float32),
+                                      "per_channel")]
+    model = make_model([h("Conv", ["x", "w1"], ["a"]), h("PRelu", ["a", "one"], ["b"]),
+                        h("Conv", ["b", "w2"], ["c"]), h("PRelu", ["c", "per_channel"], ["y"])],
+                       [vi("x", [1, C, HW, HW])], [vi("y", None)], inits)
+    g = quant_forms(optimize(import_onnx(model)))
+    assert [n.op for n in g.nodes] == ["Conv", "Conv", "PRelu"]
+    assert g.nodes[0].attrs["epilogue"] == (("LeakyRelu", 0.25),)
+    feeds = _feeds(3)
+    np.testing.assert_allclose(run_graph(g, feeds)["y"], onnxruntime_run(model, feeds)["y"],
+                               rtol=1e-5, atol=1e-6)
+    q = quantize_model(model, [_feeds(s) for s in range(1, 4)])
+    assert [n.op for n in q.nodes][:3] == ["Quantize", "QConv", "QLut"]
+    assert "no int8 form of PRelu" in next(n for n in q.nodes
+                                           if n.op == "PRelu").attrs["float_reason"]
+
+
 def test_constant_after_residual_of_a_dense_layer_names_the_order():
     """A Gemm's epilogue scaled after its residual stays float, and says why (not 'a
     run-time value')."""
