@@ -1,8 +1,9 @@
 """Partitioning a quantized graph between the accelerator and the CPU.
 
 ``annotate`` decides, node by node, what the configured accelerator can run: a 2-D or 1-D
-``QConv`` (a dilated one as its kernel with zeros between the taps, ``conv_weight``; conv2d for groups = 1, group_conv2d, compiler/accel/ops_group.py,
-for grouped and depthwise ones; both with per-side padding, a stride per axis, 1-D ones
+``QConv`` (a dilated one as its kernel with zeros between the taps, ``conv_weight``;
+conv2d for groups = 1, group_conv2d, compiler/accel/ops_group.py, for grouped and
+depthwise ones; both with per-side padding, a stride per axis, 1-D ones
 as 2-D with one row, and a nonzero ``pad_value`` through a bias table, border.py), and a
 ``QGemm`` (and the ALU-only nodes and views below), each with
 its fused bias, per-channel requantization, residual add and clip (the ALU epilogue of
