@@ -58,7 +58,7 @@ def _feeds(seed):
     return {"x": np.random.default_rng(seed).normal(size=(1, C, 8, 8)).astype(np.float32)}
 
 
-def test_pads_and_nearest_resize_stay_int8():
+def test_pads_stay_int8_and_a_resize_says_why_it_stays_float():
     from celosia.runtime.accel import AccelModel, compare_outputs
     from celosia.runtime.cpu import CpuModel
 
