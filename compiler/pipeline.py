@@ -14,6 +14,7 @@ from __future__ import annotations
 from .frontend.onnx import import_onnx
 from .graph.ir import Graph
 from .graph.passes import conv1d_as_2d, optimize
+from .graph.qforms import quant_forms
 from .graph.quantize import _samples, from_qdq, is_qdq, quantize_graph
 from .graph.residual import float_residuals
 from .graph.smooth import check_alpha, smooth_graph
@@ -46,6 +47,8 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
         return optimize(from_qdq(graph))
     # 1-D convolutions as 2-D ones of height 1: the integer convolutions are 2-D.
     graph = conv1d_as_2d(optimize(graph))
+    # Spatial means, average pools, unfused per-channel scales: forms with int8 layers.
+    graph = quant_forms(graph)
     if smooth is not None and check_alpha(smooth):
         calibration = _samples(graph, calibration)
         graph = smooth_graph(graph, calibration, smooth)

@@ -180,10 +180,11 @@ def layer(node: Node, graph: Graph, cfg: HwConfig, win: Windows):
     multipliers and epilogue; no padding, so one bias per channel; the bias through the
     padding lanes when ``win.lanes``, bias_lanes)."""
     from .ops import ConvSpec, pack_bias, pack_oihw, pad_channels
-    from .partition import AccelLayer, _ceil, _epilogue
+    from .partition import AccelLayer, _ceil, _epilogue, conv_weight
 
     b, k = cfg.batch, cfg.block
-    w, bias, mult = (np.asarray(graph.initializers[i]) for i in node.inputs[1:4])
+    bias, mult = (np.asarray(graph.initializers[i]) for i in node.inputs[2:4])
+    w = conv_weight(node, graph)
     o = w.shape[0]
     w4 = weight(w.reshape(o, win.c, win.kh, win.kw))
     epi = _epilogue(node)

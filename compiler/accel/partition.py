@@ -1,8 +1,9 @@
 """Partitioning a quantized graph between the accelerator and the CPU.
 
 ``annotate`` decides, node by node, what the configured accelerator can run: a 2-D or 1-D
-``QConv`` without dilation (conv2d for groups = 1, group_conv2d, compiler/accel/ops_group.py,
-for grouped and depthwise ones; both with per-side padding, a stride per axis, 1-D ones
+``QConv`` (a dilated one as its kernel with zeros between the taps, ``conv_weight``;
+conv2d for groups = 1, group_conv2d, compiler/accel/ops_group.py, for grouped and
+depthwise ones; both with per-side padding, a stride per axis, 1-D ones
 as 2-D with one row, and a nonzero ``pad_value`` through a bias table, border.py), and a
 ``QGemm`` (and the ALU-only nodes and views below), each with
 its fused bias, per-channel requantization, residual add and clip (the ALU epilogue of
@@ -145,8 +146,15 @@ def _conv_problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
         return (f"{len(x.shape) - 2}-D convolution (the accelerator runs 2-D ones, and 1-D "
                 f"ones as 2-D with one row)")
     dims = len(x.shape) - 2
-    if any(d != 1 for d in a.get("dilations", (1,) * dims)):
-        return f"dilations {list(a['dilations'])}: the accelerator has no dilated convolution"
+    dil = [int(d) for d in a.get("dilations", (1,) * dims)]
+    if any(d != 1 for d in dil):
+        kernel = graph.types[node.inputs[1]].shape[2:]
+        real = int(np.prod(kernel))
+        spread = int(np.prod([(k - 1) * d + 1 for k, d in zip(kernel, dil)]))
+        if spread > DILATION_SPREAD_MAX * real:
+            return (f"dilations {dil}: run as a kernel with zeros between its taps it would "
+                    f"do {spread / real:.1f}x the multiply-adds (the accelerator has no "
+                    f"dilated convolution; at most {DILATION_SPREAD_MAX}x)")
     group = int(a.get("group", 1))
     if group != 1:
         problem = group_layout_problem(x.shape[1], y.shape[1], group, cfg.block)
@@ -158,16 +166,37 @@ def _conv_problem(node: Node, graph: Graph, cfg: HwConfig) -> str | None:
     return None
 
 
+# A dilated QConv runs as the convolution with zeros between its kernel's taps (the same
+# integer sums: a zero weight adds nothing, at the border too), when that kernel has at most
+# this many times its taps (a 3x3 one of dilation 2 has 25 for 9; of dilation 3, 49).
+DILATION_SPREAD_MAX = 6
+
+
+def conv_weight(node: Node, graph: Graph) -> np.ndarray:
+    """A QConv's weight [O, C/groups, kh, kw] as the accelerator runs it: a dilated one with
+    zeros between its taps (``DILATION_SPREAD_MAX``), a 1-D one as 2-D with one row."""
+    w = np.asarray(graph.initializers[node.inputs[1]])
+    dims = w.ndim - 2
+    dil = [int(d) for d in node.attrs.get("dilations", (1,) * dims)]
+    if any(d != 1 for d in dil):
+        spread = np.zeros(w.shape[:2] + tuple((k - 1) * d + 1 for k, d in
+                                              zip(w.shape[2:], dil)), w.dtype)
+        spread[(slice(None), slice(None)) + tuple(slice(None, None, d) for d in dil)] = w
+        w = spread
+    return w.reshape(w.shape[:2] + (1,) + w.shape[2:]) if dims == 1 else w
+
+
 def _conv_geometry(node: Node, graph: Graph) -> tuple:
     """(groups, strides, pads (top, left, bottom, right), kernel (kh, kw)) of a QConv, a 1-D
-    one as 2-D with one row."""
+    one as 2-D with one row, a dilated one with zeros between its taps (``conv_weight``)."""
     a = node.attrs
     x = graph.types[node.inputs[0]]
     w = graph.initializers[node.inputs[1]]
     dims = len(x.shape) - 2
     strides = [int(s) for s in a.get("strides", (1,) * dims)]
     pads = [int(p) for p in a.get("pads", (0,) * 2 * dims)]
-    kernel = tuple(int(d) for d in w.shape[2:])
+    dil = [int(d) for d in a.get("dilations", (1,) * dims)]
+    kernel = tuple((int(k) - 1) * d + 1 for k, d in zip(w.shape[2:], dil))
     if dims == 1:
         strides, pads, kernel = [1] + strides, [0, pads[0], 0, pads[1]], (1,) + kernel
     return int(a.get("group", 1)), tuple(strides), tuple(pads), kernel
@@ -807,6 +836,8 @@ def layer_for(node: Node, graph: Graph, cfg: HwConfig, roots: dict | None = None
         return AccelLayer(node.name, "gap", spec, gap_constants(cfg, spec), empty, empty, False)
     x_t = graph.types[node.inputs[0]]
     w, bias, mult = (np.asarray(graph.initializers[i]) for i in node.inputs[1:4])
+    if node.op == "QConv":
+        w = conv_weight(node, graph)
     epi = _epilogue(node)
     o = w.shape[0]
     op = _ceil(o, k)

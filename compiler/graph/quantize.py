@@ -411,7 +411,10 @@ def _layer_form(graph: Graph, node: Node) -> _Layer | str:
                 weight = weight * vector.reshape((-1,) + (1,) * (weight.ndim - 1))
                 bias = bias * vector
         elif op == "Mul" or residual or types[operand] != out:
-            return ("its epilogue multiplies by a run-time value (an int8 layer scales by "
+            return (f"its epilogue's {op} of a constant comes after its residual Add (an int8 "
+                    f"layer scales and shifts before it adds its residual)"
+                    if operand in inits else
+                    "its epilogue multiplies by a run-time value (an int8 layer scales by "
                     "constants only)" if op == "Mul" else
                     "its epilogue adds a second run-time value (an int8 layer takes one "
                     "residual)" if residual else
@@ -508,6 +511,19 @@ def _is_channel_concat(graph: Graph, node: Node) -> bool:
         int(node.attrs.get("axis", 1)) % 4 == 1
 
 
+def _int8_move(node: Node) -> bool:
+    """A Pad that only moves (or repeats) its input's values, so it keeps them int8 in
+    their scale: by reflection, edge or wrap, or by the value 0 (in int8 the zero point).
+    (A nearest Resize would too, but then its input and output share one scale, and with
+    a channel Concat after it, as in an FPN, the Concat's: YOLO (small) 0.99947 -> 0.99923
+    in mean cosine to fp32. Float, it requantizes into the Concat's scale.)"""
+    if len(node.inputs) != 1 or node.op != "Pad":
+        return False
+    a = node.attrs
+    return a.get("mode", "constant") in ("reflect", "edge", "wrap") or \
+        float(a.get("value", 0.0)) == 0.0
+
+
 def _mid(node: Node) -> str:
     """The calibration key of a layer's int8 result before its QLut tail (not a value of the
     graph: the quantized graph names it afresh)."""
@@ -535,7 +551,8 @@ def _plan(graph: Graph, shuffles=frozenset()) -> _Plan:
                 len(node.outputs) == 1 and graph.types[out].dtype == "float32":
             plan.kinds[node.name] = "lut"
         elif len(node.outputs) == 1 and int8_in and (
-                node.op in _SAME_SCALE + ("Slice",) or node.name in shuffles or (
+                node.op in _SAME_SCALE + ("Slice",) or node.name in shuffles or
+                _int8_move(node) or (
                     node.op == "Concat" and len({plan.classes.find(i)
                                                  for i in node.inputs}) == 1)
                 or _is_channel_concat(graph, node)):
@@ -611,7 +628,27 @@ def _float_reason(graph: Graph, node: Node, plan: _Plan, layer_reason: str) -> s
     floats = [i for i in inputs if i not in plan.int8 and i not in graph.initializers]
     int8_forms = (*_LUT_OPS, *_SAME_SCALE, "Slice", "Concat", "GlobalAveragePool", "Add",
                   "Mul")
-    if node.op not in int8_forms:
+    if node.op == "AveragePool":  # the others became depthwise convolutions (qforms.py)
+        a = node.attrs
+        why = ("count_include_pad=0 with padding" if any(a["pads"]) and
+               not a.get("count_include_pad") else "a ceil-mode window past the padding"
+               if a.get("ceil_mode") else None)
+        if why and len(a["kernel_shape"]) == 2:
+            return (f"its border windows divide by fewer taps than the kernel's ({why}): its "
+                    f"int8 form, a depthwise convolution, divides every window by the kernel "
+                    f"size")
+        return (f"the quantizer has no int8 form of this AveragePool (its int8 form is a 2-D "
+                f"depthwise convolution: kernel {list(a['kernel_shape'])}, dilations "
+                f"{list(a['dilations'])})")
+    if node.op == "Pad" and not floats and len(inputs) == 1:
+        return (f"it pads with the value {node.attrs.get('value')} (an int8 Pad reflects, "
+                f"repeats edges or pads with 0)")
+    if node.op == "Resize" and not floats and len(inputs) == 1:
+        return ("Resize stays float: it requantizes into its reader's scale (an int8 "
+                "nearest Resize would share one scale with its input, and after a Concat "
+                "with the Concat's other inputs)" if node.attrs.get("mode") == "nearest" else
+                f"its mode {node.attrs.get('mode')!r} interpolates between values")
+    if node.op not in int8_forms + ("Pad",):
         return f"the quantizer has no int8 form of {node.op}"
     if floats:
         return f"its input {floats[0]!r} is float ({node.op} is int8 only on int8 inputs)"
@@ -842,8 +879,8 @@ def _bounds(graph: Graph, plan: _Plan, tables: dict, open_roots: set, scale, zer
             lows[out] = min(lows[i] for i in n.inputs)  # (a concatenation of bounded values)
             if all(i in unit for i in n.inputs):
                 unit.add(out)
-        elif n.op in _KEEPS_LOW and n.inputs and n.inputs[0] in lows:
-            lows[out] = lows[n.inputs[0]]
+        elif (n.op in _KEEPS_LOW or _int8_move(n)) and n.inputs and n.inputs[0] in lows:
+            lows[out] = lows[n.inputs[0]]  # (a zero Pad adds 0, above a bound <= 0)
             if n.inputs[0] in unit:
                 unit.add(out)
         elif n.op == "Mul" and len(n.inputs) == 2 and n.name not in plan.layers:
@@ -1372,8 +1409,11 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
                   [int8_name[node.outputs[0]]], {"scale": scale(node.outputs[0])}, node.name,
                   fresh=False)
         elif kind == "same":
+            attrs = node.attrs
+            if node.op == "Pad" and attrs.get("mode", "constant") == "constant":
+                attrs = {**attrs, "value": zero(node.inputs[0])}  # the int8 form of 0
             b.add(node.op, [as_int8(i) for i in node.inputs], [int8_name[node.outputs[0]]],
-                  node.attrs, node.name, fresh=False)
+                  attrs, node.name, fresh=False)
         elif kind == "pool":
             x, y = node.inputs[0], node.outputs[0]
             ratio = scale(x) / scale(y)

@@ -43,7 +43,8 @@ import numpy as np
 from .ir import Graph
 
 # Ops that carry a zero point through unchanged (on int8, in the input's scale).
-_KEEPS_ZERO = ("MaxPool", "Flatten", "Reshape", "Transpose", "Identity", "Concat", "Slice")
+_KEEPS_ZERO = ("MaxPool", "Flatten", "Reshape", "Transpose", "Identity", "Concat", "Slice",
+               "Pad")  # (an int8 Pad only moves values: a zero Pad pads the zero point)
 
 
 def _reads_ok(graph: Graph, node, value: str, kind: str, layer) -> bool:

@@ -101,7 +101,8 @@ def test_placement_reasons_and_regions():
     b = _Builder()
     b.types["x"] = TensorType("int8", (1, 16, 8, 8))
     b.add(_qconv("dw", "x", "a", (16, 1, 3, 3), group=16), (1, 16, 8, 8), (16, 1, 3, 3))
-    b.add(_qconv("dil", "a", "b", (16, 16, 3, 3), dilations=(2, 2), pads=(2, 2, 2, 2)),
+    # dilation 4: a 9x9 kernel with zeros between the taps, 9x the work (dilation 2 runs)
+    b.add(_qconv("dil", "a", "b", (16, 16, 3, 3), dilations=(4, 4), pads=(4, 4, 4, 4)),
           (1, 16, 8, 8), (16, 16, 3, 3))
     b.add(_qconv("asym", "b", "c", (16, 16, 2, 2), pads=(0, 0, 1, 1)), (1, 16, 8, 8),
           (16, 16, 2, 2))
@@ -120,7 +121,8 @@ def test_placement_reasons_and_regions():
     assert places["dw"].reason == "group_conv2d with its fused epilogue"
     assert places["asym"].reason == "conv2d with its fused epilogue"  # per-side pads
     assert places["ok1"].reason == "conv2d with its fused epilogue"
-    assert "dilations [2, 2]" in places["dil"].reason
+    assert places["dil"].reason.startswith("dilations [4, 4]: run as a kernel with zeros "
+                                           "between its taps it would do 9.0x")
     assert places["g24"].reason.startswith("grouped convolution: groups of 3 input / 3 output "
                                            "channels do not tile BLOCK=16")
     assert places["pool"].reason == "max pooling on the ALU"  # its input is made there

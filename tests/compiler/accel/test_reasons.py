@@ -142,14 +142,15 @@ def test_every_float_node_of_a_quantized_graph_carries_the_quantizers_reason():
     c = helper.make_node
     nodes = [c("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1], name="conv"),
              c("Relu", ["a"], ["r"], name="relu"),
-             c("ReduceMean", ["r"], ["m"], keepdims=1, axes=[2, 3], name="mean"),
+             # (a spatial ReduceMean is a GlobalAveragePool on the quantizer's path: qforms.py)
+             c("ReduceMax", ["r"], ["m"], keepdims=1, axes=[2, 3], name="mean"),
              c("Flatten", ["m"], ["y"], name="flat")]
     placed, q = _placed(nodes, {"x": [1, 4, 6, 6]}, {"y": [1, 8]}, {"w": (8, 4, 3, 3)})
     floats = [n for n in q.nodes if not n.op.startswith("Q") and n.op not in
               ("Quantize", "Dequantize") and q.types[n.outputs[0]].dtype == "float32"]
     assert floats and all(n.attrs.get("float_reason") for n in floats)
-    assert placed["mean"][2] == ("ReduceMean left in float: the quantizer has no int8 form "
-                                 "of ReduceMean")
+    assert placed["mean"][2] == ("ReduceMax left in float: the quantizer has no int8 form "
+                                 "of ReduceMax")
     assert placed["flat"][2] == ("Flatten left in float: its input 'm' is float (Flatten is "
                                  "int8 only on int8 inputs)")
     _every_cpu_reason_is_specific(placed)
