@@ -107,6 +107,7 @@ from .qtranspose import conv_transpose_reason, expand_conv_transposes
 from .qzero import affine, asymmetric_classes, mse_top
 from .reference import apply_epilogue, evaluate_node
 from .residual import split_residuals
+from .matmul_epilogue import split_matmul_epilogues
 
 __all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
            "CalibrationError", "MARGIN"]
@@ -1162,6 +1163,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     graph, shuffles = expand_conv_transposes(graph)  # the upsamplers' int8 form
     if own_residual_scales:  # a convolution's residual sum: a QAdd after the QConv
         graph = split_residuals(graph, ("Conv",))
+    # attention scores plus a run-time mask or bias: a QMatMul and a float Add
+    graph = split_matmul_epilogues(graph)
     # Control-flow bodies: their products in 16-bit integer form (qbody.py), calibrated on
     # what each body sees when the float graph runs; the node holding a body is unchanged.
     graph = inline_constant_captures(graph)
