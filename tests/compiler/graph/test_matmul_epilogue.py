@@ -19,8 +19,9 @@ SEQ, DIM, HEADS = 8, 32, 2
 
 
 def _masked_attention(scale_first=True, seed=0):
-    """GPT-2's export from transformers: scores = (q x k^T) * d**-0.5, + a causal/padding mask that is a model input of shape [1, 1, T, T], Softmax,
-    x P x V; T5's (``scale_first`` False): q x k^T + a bias, no scale."""
+    """GPT-2's export from transformers: scores = (q x k^T) * d**-0.5 + a causal/padding
+    mask (a model input [1, 1, T, T]), Softmax, x P x V; T5's (``scale_first`` False):
+    q x k^T + the bias, no scale."""
     c = helper.make_node
     rng = np.random.default_rng(seed)
     hd = DIM // HEADS
@@ -31,9 +32,12 @@ def _masked_attention(scale_first=True, seed=0):
               "scale": np.array(hd ** -0.5, np.float32)}
     nodes = [c("MatMul", ["x", "wq"], ["q0"]), c("MatMul", ["x", "wk"], ["k0"]),
              c("MatMul", ["x", "wv"], ["v0"]),
-             c("Reshape", ["q0", "split"], ["q1"]), c("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]),
-             c("Reshape", ["k0", "split"], ["k1"]), c("Transpose", ["k1"], ["kt"], perm=[0, 2, 3, 1]),
-             c("Reshape", ["v0", "split"], ["v1"]), c("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3]),
+             c("Reshape", ["q0", "split"], ["q1"]),
+             c("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]),
+             c("Reshape", ["k0", "split"], ["k1"]),
+             c("Transpose", ["k1"], ["kt"], perm=[0, 2, 3, 1]),
+             c("Reshape", ["v0", "split"], ["v1"]),
+             c("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3]),
              c("MatMul", ["q", "kt"], ["s0"], name="scores")]
     if scale_first:
         nodes.append(c("Mul", ["s0", "scale"], ["s1"]))
