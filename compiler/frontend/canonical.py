@@ -15,6 +15,7 @@ from ..graph.ir import Node, NodeError
 from ..graph.ops import KERNELS
 from .control import CONTROL_CANONICALIZE
 from .dtypes import np_dtype
+from .einsum import einsum_as_matmul
 from .specs import check_value
 from .tensors import check_size
 
@@ -396,7 +397,7 @@ CANONICALIZE = {
     "Tile": _from_value("repeats", 1, "repeats"), "ConstantOfShape": _constant_of_shape,
     "Cast": _cast, "CastLike": lambda ctx, node: _cast_to(ctx, node,
                                                           ctx.types[node.inputs[1]].dtype),
-    "Pow": _pow,
+    "Pow": _pow, "Einsum": einsum_as_matmul,
     "Shape": _shape, "Range": _range, "PRelu": _prelu, "Dropout": _dropout,
     "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear,
     # If, Loop, Scan (bodies imported with the outer scope visible), LSTM, GRU, RNN
