@@ -14,7 +14,8 @@ from __future__ import annotations
 from .frontend.onnx import import_onnx
 from .graph.ir import Graph
 from .graph.passes import conv1d_as_2d, optimize
-from .graph.quantize import _samples, from_qdq, is_qdq, quantize_graph
+from .graph.quantize import (_samples, from_qdq, is_qdq, quantize_graph,
+                             split_dense_epilogues)
 from .graph.residual import float_residuals
 from .graph.smooth import check_alpha, smooth_graph
 
@@ -50,7 +51,9 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
         calibration = _samples(graph, calibration)
         graph = smooth_graph(graph, calibration, smooth)
     if not int8_residuals:
-        graph = float_residuals(graph)
+        # (a dense layer's epilogue the int8 layer cannot take whole is split first, as
+        # quantize_graph does, so a residual sum inside it is found at its end)
+        graph = float_residuals(split_dense_epilogues(graph))
     return quantize_graph(graph, calibration, per_channel=per_channel,
                           method=method, percentile=percentile,
                           bias_correction=bias_correction)

@@ -107,9 +107,10 @@ from .qtranspose import conv_transpose_reason, expand_conv_transposes
 from .qzero import affine, asymmetric_classes, mse_top
 from .reference import apply_epilogue, evaluate_node
 from .residual import split_residuals
-from .matmul_epilogue import split_matmul_epilogues
+from .matmul_epilogue import split_layer_epilogues, split_matmul_epilogues
 
 __all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
+           "split_dense_epilogues",
            "CalibrationError", "MARGIN"]
 
 # Calibration keeps about this many elements of each value per sample (evenly strided) for
@@ -485,6 +486,12 @@ def _matmul_factor(graph: Graph, node: Node) -> float | None:
     if k is None or np.size(k) != 1 or not float(np.asarray(k).reshape(())) > 0:
         return None
     return float(np.asarray(k).reshape(()))
+
+
+def split_dense_epilogues(graph: Graph) -> Graph:
+    """matmul_epilogue.split_layer_epilogues with this quantizer's own test of what an int8
+    layer takes (_layer_form)."""
+    return split_layer_epilogues(graph, lambda g, n: isinstance(_layer_form(g, n), _Layer))
 
 
 def _is_activation_matmul(graph: Graph, node: Node) -> bool:
@@ -1165,6 +1172,9 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
         graph = split_residuals(graph, ("Conv",))
     # attention scores plus a run-time mask or bias: a QMatMul and a float Add
     graph = split_matmul_epilogues(graph)
+    # a dense layer's epilogue the int8 layer cannot take whole (MobileBERT's residual
+    # then NoNorm): the layer with the part it takes, the rest float nodes
+    graph = split_dense_epilogues(graph)
     # Control-flow bodies: their products in 16-bit integer form (qbody.py), calibrated on
     # what each body sees when the float graph runs; the node holding a body is unchanged.
     graph = inline_constant_captures(graph)

@@ -104,3 +104,55 @@ def test_a_non_float_or_constant_operand_is_left_alone():
                    [vi("x", [2, 4]), vi("b", [2, 4])], [vi("y", [2, 4], TensorProto.FLOAT)], [w])
     g = optimize(import_onnx(m))
     assert split_matmul_epilogues(g) is g
+
+
+def _mobilebert_block(seed=0, seq=8, dim=32):
+    """MobileBERT's shapes: a dense layer + a constant [1, S, D] (position embeddings, not
+    per channel), then dense layers ending in + bias + residual, * gamma + beta (NoNorm)."""
+    c = helper.make_node
+    rng = np.random.default_rng(seed)
+    f = {"w0": rng.normal(size=(dim, dim)) / np.sqrt(dim), "pos": rng.normal(size=(1, seq, dim)),
+         "w1": rng.normal(size=(dim, dim)) / np.sqrt(dim), "b1": rng.normal(size=dim) * 0.1,
+         "g1": rng.uniform(0.5, 1.5, dim), "be1": rng.normal(size=dim) * 0.1}
+    nodes = [c("MatMul", ["x", "w0"], ["m0"]), c("Add", ["m0", "pos"], ["e"]),
+             c("MatMul", ["e", "w1"], ["m1"]), c("Add", ["m1", "b1"], ["a1"]),
+             c("Add", ["a1", "e"], ["r1"]), c("Mul", ["r1", "g1"], ["n1"]),
+             c("Add", ["n1", "be1"], ["y"])]
+    model = make_model(nodes, [vi("x", [1, seq, dim])], [vi("y", [1, seq, dim])],
+                       [numpy_helper.from_array(v.astype(np.float32), k) for k, v in f.items()])
+    return model, lambda s: {"x": np.random.default_rng(s).normal(
+        size=(1, seq, dim)).astype(np.float32)}
+
+
+def test_a_dense_layer_keeps_the_epilogue_it_can_take():
+    from celosia.compiler.graph.matmul_epilogue import split_layer_epilogues
+    from celosia.compiler.graph.quantize import _Layer, _layer_form
+
+    model, feeds = _mobilebert_block()
+    g = optimize(import_onnx(model))
+    assert [n.op for n in g.nodes] == ["MatMul", "MatMul"]  # both epilogues fused
+
+    def takes(graph, node):
+        return isinstance(_layer_form(graph, node), _Layer)
+
+    assert not any(takes(g, n) for n in g.nodes)
+    s = split_layer_epilogues(g, takes)
+    # the second layer keeps bias + residual (an int8 layer takes a residual sum)
+    assert [n.op for n in s.nodes] == ["MatMul", "Add", "MatMul", "Mul", "Add"]
+    assert [st[0] for st in s.nodes[2].attrs["epilogue"]] == ["Add", "Add"]
+    assert all(takes(s, n) for n in s.nodes if n.op == "MatMul")
+    assert split_layer_epilogues(s, takes) is s
+    np.testing.assert_allclose(run_graph(s, feeds(1))["y"], run_graph(g, feeds(1))["y"],
+                               rtol=1e-6, atol=1e-6)
+    q = quantize_model(model, [feeds(k) for k in range(4)])
+    layers = [n.name for n in q.nodes if n.op == "QGemm"]
+    assert len(layers) == 2 and not any(n.op == "MatMul" for n in q.nodes)
+    # quantize_model splits first, so the residual sum is float as for any dense layer
+    # (residual.py): an Add reading the residual 'e' beside the NoNorm's Mul and Add
+    assert [n.op for n in q.nodes if n.op != "Quantize" and ("e" in n.inputs or n.op == "Mul")] \
+        == ["Add", "Mul"]
+    built = AccelModel.build(q)
+    assert all(built.placements[n].target == "accel" for n in layers)
+    want = built.cpu_build().run(feeds(10))["y"]
+    for target in ("fsim", "cycle"):
+        np.testing.assert_array_equal(built.run(feeds(10), target=target)["y"], want)
