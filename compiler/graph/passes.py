@@ -484,7 +484,8 @@ def _drop_unread_captures(node: Node) -> Node:
 
 
 def conv1d_as_2d(graph: Graph) -> Graph:
-    """Each 1-D Conv with a constant weight ([N, C, L] data) as a 2-D one of height 1:
+    """Each 1-D Conv or ConvTranspose with a constant weight ([N, C, L] data; the weight
+    [O, C/g, K] or [C, O/g, K], the kernel last either way) as a 2-D one of height 1:
     Unsqueeze(axis 2) -> Conv [O, C/g, 1, K] -> Squeeze(axis 2), its attributes and
     fused epilogue operands (a per-channel [C, 1] constant, a residual [N, C, L]) given
     the height axis too. Not part of ``optimize`` (the CPU build has 1-D kernels of its
@@ -501,7 +502,8 @@ def conv1d_as_2d(graph: Graph) -> Graph:
     # stack of 1-D layers stays 4-D (int8, and on the accelerator, from layer to layer).
     wide_of: dict[str, str] = {}
     for node in graph.nodes:
-        w = inits.get(node.inputs[1]) if node.op == "Conv" and len(node.inputs) > 1 else None
+        w = inits.get(node.inputs[1]) if node.op in ("Conv", "ConvTranspose") and \
+            len(node.inputs) > 1 else None
         x = node.inputs[0] if node.inputs else ""
         if w is None or w.ndim != 3 or len(types[x].shape) != 3:
             nodes.append(node)
@@ -549,6 +551,8 @@ def conv1d_as_2d(graph: Graph) -> Graph:
         for key in ("strides", "dilations"):
             if key in a:
                 a[key] = (1, *a[key])
+        if "output_padding" in a:  # ConvTranspose's
+            a["output_padding"] = (0, *a["output_padding"])
         if "pads" in a:
             p = tuple(a["pads"])
             a["pads"] = (0, p[0], 0, p[1])
@@ -556,7 +560,7 @@ def conv1d_as_2d(graph: Graph) -> Graph:
         t = types[out]
         wide = _fresh(f"{out}/h1", types)
         types[wide] = TensorType(t.dtype, t.shape[:2] + (1,) + t.shape[2:])
-        nodes.append(Node("Conv", tuple(ins), (wide,), a, node.name))
+        nodes.append(Node(node.op, tuple(ins), (wide,), a, node.name))
         nodes.append(Node("Squeeze", (wide,), (out,), {"axes": (2,)},
                           _fresh(f"{node.name}/squeeze", types)))
         wide_of[out] = wide

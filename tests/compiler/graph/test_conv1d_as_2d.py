@@ -139,3 +139,39 @@ def test_a_stack_of_1d_layers_stays_4d_and_on_the_accelerator():
         # the input packed in, the last layer's output read back; the Tanh/Sigmoid tables
         # between the layers computed in place in DRAM
         assert built.crossings == {"to_accel": 1, "to_cpu": 1}, built.crossings
+
+
+@pytest.mark.parametrize("kernel,stride,pads,out_pad", [(4, 4, (0, 0), 0), (16, 8, (4, 4), 0),
+                                                        (3, 2, (1, 1), 1)])
+def test_conv_transpose_1d_is_lifted_too(kernel, stride, pads, out_pad):
+    """A 1-D ConvTranspose (Conv-TasNet's and vocoders' decoders) becomes a 2-D one of
+    height 1 with the same float meaning, so the quantizer's 2-D int8 forms see it; the
+    non-overlapping upsampler (stride = kernel) is a QConv on the accelerator, bit-exact
+    with the all-CPU int8 build."""
+    from celosia.runtime.accel import AccelModel
+
+    rng = np.random.default_rng(kernel)
+    cin, cout, length = 16, 8, 12
+    w = (rng.normal(size=(cin, cout, kernel)) / np.sqrt(cin)).astype(np.float32)
+    b = (0.1 * rng.normal(size=cout)).astype(np.float32)
+    out_len = (length - 1) * stride - sum(pads) + kernel + out_pad
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=[kernel],
+                              strides=[stride], pads=list(pads), output_padding=[out_pad])]
+    model = make_model(nodes, [vi("x", [1, cin, length])], [vi("y", [1, cout, out_len])],
+                       [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    g = optimize(import_onnx(model))
+    lifted = conv1d_as_2d(g)
+    assert [n.op for n in lifted.nodes] == ["Unsqueeze", "ConvTranspose", "Squeeze"]
+    feeds = [{"x": np.random.default_rng(s).normal(size=(1, cin, length)).astype(np.float32)}
+             for s in range(5)]
+    want = onnxruntime_run(model, feeds[0])["y"]
+    np.testing.assert_allclose(run_graph(lifted, feeds[0])["y"], want, rtol=1e-5, atol=1e-5)
+    q = quantize_model(model, feeds[1:])
+    assert not any("-D ConvTranspose" in n.attrs.get("float_reason", "") for n in q.nodes)
+    if kernel == stride:
+        built = AccelModel.build(q)
+        convs = [n.name for n in q.nodes if n.op == "QConv"]
+        assert len(convs) == 1 and built.placements[convs[0]].target == "accel"
+        expect = built.cpu_build().run(feeds[0])["y"]
+        for target in ("fsim", "cycle"):
+            np.testing.assert_array_equal(built.run(feeds[0], target=target)["y"], expect)
