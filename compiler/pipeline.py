@@ -11,6 +11,8 @@ model file becomes a quantized graph.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .frontend.onnx import import_onnx
 from .graph.ir import Graph
 from .graph.passes import conv1d_as_2d, optimize
@@ -28,7 +30,8 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
                    smooth: float | str | None = None,
                    int8_residuals: bool = False, bias_correction: bool = True) -> Graph:
     """The quantized graph of an ONNX model (path, bytes, ModelProto; imported with
-    ``input_shapes``) or of a graph (imported, optimized or not).
+    ``input_shapes``, by default the shapes of the first calibration feed when
+    ``calibration`` is a list of feeds) or of a graph (imported, optimized or not).
 
     A model with QuantizeLinear/DequantizeLinear nodes is a QDQ model: ``from_qdq``, then
     ``optimize`` for the float rest (``calibration`` is not needed). Otherwise ``optimize``
@@ -41,6 +44,12 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
     ``int8_residuals``: keep dense layers' residual sums fused and int8; by default they are
     float (``float_residuals``, graph/residual.py).
     """
+    if input_shapes is None and not isinstance(model_or_graph, Graph) and \
+            isinstance(calibration, (list, tuple)) and calibration and \
+            isinstance(calibration[0], dict):
+        # a model with dynamic dims takes its sizes from the feeds, as `celosia run` does
+        # from its arrays (every feed must then have them)
+        input_shapes = {k: np.shape(v) for k, v in calibration[0].items()}
     graph = model_or_graph if isinstance(model_or_graph, Graph) else \
         import_onnx(model_or_graph, input_shapes)
     if is_qdq(graph):
