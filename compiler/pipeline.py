@@ -11,11 +11,14 @@ model file becomes a quantized graph.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .frontend.onnx import import_onnx
 from .graph.ir import Graph
 from .graph.passes import conv1d_as_2d, optimize
 from .graph.qforms import quant_forms
-from .graph.quantize import _samples, from_qdq, is_qdq, quantize_graph
+from .graph.quantize import (_samples, from_qdq, is_qdq, quantize_graph,
+                             split_dense_epilogues)
 from .graph.residual import float_residuals
 from .graph.smooth import check_alpha, smooth_graph
 
@@ -28,7 +31,8 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
                    smooth: float | str | None = None,
                    int8_residuals: bool = False, bias_correction: bool = True) -> Graph:
     """The quantized graph of an ONNX model (path, bytes, ModelProto; imported with
-    ``input_shapes``) or of a graph (imported, optimized or not).
+    ``input_shapes``, by default the shapes of the first calibration feed when
+    ``calibration`` is a list of feeds) or of a graph (imported, optimized or not).
 
     A model with QuantizeLinear/DequantizeLinear nodes is a QDQ model: ``from_qdq``, then
     ``optimize`` for the float rest (``calibration`` is not needed). Otherwise ``optimize``
@@ -41,6 +45,12 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
     ``int8_residuals``: keep dense layers' residual sums fused and int8; by default they are
     float (``float_residuals``, graph/residual.py).
     """
+    if input_shapes is None and not isinstance(model_or_graph, Graph) and \
+            isinstance(calibration, (list, tuple)) and calibration and \
+            isinstance(calibration[0], dict):
+        # a model with dynamic dims takes its sizes from the feeds, as `celosia run` does
+        # from its arrays (every feed must then have them)
+        input_shapes = {k: np.shape(v) for k, v in calibration[0].items()}
     graph = model_or_graph if isinstance(model_or_graph, Graph) else \
         import_onnx(model_or_graph, input_shapes)
     if is_qdq(graph):
@@ -53,7 +63,9 @@ def quantize_model(model_or_graph, calibration=None, *, per_channel: bool = True
         calibration = _samples(graph, calibration)
         graph = smooth_graph(graph, calibration, smooth)
     if not int8_residuals:
-        graph = float_residuals(graph)
+        # (a dense layer's epilogue the int8 layer cannot take whole is split first, as
+        # quantize_graph does, so a residual sum inside it is found at its end)
+        graph = float_residuals(split_dense_epilogues(graph))
     return quantize_graph(graph, calibration, per_channel=per_channel,
                           method=method, percentile=percentile,
                           bias_correction=bias_correction)

@@ -125,6 +125,8 @@ BINARY = {
     "Div": lambda a, b: a / b,
     "Max": max_expr,
     "Min": min_expr,
+    # x * slope where x < 0 (the slope broadcast as any operand: per channel [C, 1, 1])
+    "PRelu": lambda a, b: select(a < as_expr(0.0), a * b, a),
 }
 
 

@@ -922,6 +922,7 @@ class _Lowering:
                     "QConv": self.qconv, "QGemm": self.qgemm, "QGlobalAveragePool": self.pool,
                     "ConvTranspose": self.conv_transpose, "Resize": self.resize,
                     "LayerNormalization": lambda n: lowering_nn.layer_norm(self, n),
+                    "InstanceNormalization": lambda n: lowering_nn.instance_norm(self, n),
                     "Softmax": lambda n: lowering_nn.softmax(self, n),
                     # blocked channel splits and NCHW<->NHWC next to blocked values first
                     # (no unpack), then the compiled strided copies (lowering_nn)

@@ -17,7 +17,7 @@ import numpy as np
 from ..graph.ir import Node
 from .copies import copy_spec
 
-__all__ = ["layer_norm", "softmax", "batch_matmul", "transpose", "slice_",
+__all__ = ["layer_norm", "instance_norm", "softmax", "batch_matmul", "transpose", "slice_",
            "broadcast_operand"]
 
 F32 = "float32"
@@ -70,6 +70,29 @@ def layer_norm(lw, node: Node) -> bool:
     lw.kernel(node, spec, [data, *vecs, flat], flat)
     if flat != out:
         lw.step("view", node, [flat], [out])
+    return True
+
+
+def instance_norm(lw, node: Node) -> bool:
+    """InstanceNormalization of [N, C, ...] with a scale of ones and a bias of zeros (how
+    torch exports GroupNorm: the groups as channels, its own affine a Mul and an Add after)
+    as the LayerNorm kernel over rows of N*C (each image's channel its own row)."""
+    x, scale, bias = node.inputs[:3]
+    tx = lw.type(x)
+    if tx.dtype != F32 or lw.is_const(x) or len(tx.shape) < 3 or \
+            not (lw.is_const(scale) and lw.is_const(bias)):
+        return False
+    if np.any(np.asarray(lw.const(scale)) != 1) or np.any(np.asarray(lw.const(bias)) != 0):
+        return False
+    rows, cols = math.prod(tx.shape[:2]), math.prod(tx.shape[2:])
+    data = _rows(lw, x, rows, cols)
+    ones = lw.add_const(f"{scale}@{node.name}@ones{cols}", np.ones(cols, np.float32))
+    out = lw.produce(node.outputs[0], 0)
+    flat = lw.define(f"{out}@2d", F32, (rows, cols))
+    spec = {"op": "layernorm", "rows": rows, "cols": cols,
+            "epsilon": float(node.attrs.get("epsilon", 1e-5)), "bias": False}
+    lw.kernel(node, spec, [data, ones, flat], flat)
+    lw.step("view", node, [flat], [out])
     return True
 
 

@@ -15,6 +15,7 @@ from ..graph.ir import Node, NodeError
 from ..graph.ops import KERNELS
 from .control import CONTROL_CANONICALIZE
 from .dtypes import np_dtype
+from .einsum import einsum_as_matmul
 from .specs import check_value
 from .tensors import check_size
 
@@ -318,13 +319,20 @@ def _cast_to(ctx, node, to: str):
 
 
 def _pow(ctx, node):
-    """Pow by a constant 2 of a float is x * x, a compiled element-wise product: the same
-    correctly rounded square onnxruntime computes for it."""
+    """Pow by a constant 2 of a float is x * x, by 3 (x * x) * x (GPT-2's tanh GELU):
+    compiled element-wise products, and what onnxruntime computes for them (its Pow
+    multiplies for these two exponents), where numpy's power calls pow()."""
     x, y = node.inputs[:2]
     e, tx = ctx.values.get(y), ctx.types[x]
     if e is not None and e.size == 1 and e.ndim <= len(tx.shape) \
-            and tx.dtype in ("float32", "float64") and float(np.reshape(e, -1)[0]) == 2.0:
-        return [Node("Mul", (x, x), node.outputs, {}, node.name)]
+            and tx.dtype in ("float32", "float64"):
+        k = float(np.reshape(e, -1)[0])
+        if k == 2.0:
+            return [Node("Mul", (x, x), node.outputs, {}, node.name)]
+        if k == 3.0:
+            square = node.outputs[0] + "/square"
+            return [Node("Mul", (x, x), (square,), {}, node.name + "/square"),
+                    Node("Mul", (square, x), node.outputs, {}, node.name)]
     return [node]
 
 
@@ -389,7 +397,7 @@ CANONICALIZE = {
     "Tile": _from_value("repeats", 1, "repeats"), "ConstantOfShape": _constant_of_shape,
     "Cast": _cast, "CastLike": lambda ctx, node: _cast_to(ctx, node,
                                                           ctx.types[node.inputs[1]].dtype),
-    "Pow": _pow,
+    "Pow": _pow, "Einsum": einsum_as_matmul,
     "Shape": _shape, "Range": _range, "PRelu": _prelu, "Dropout": _dropout,
     "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear,
     # If, Loop, Scan (bodies imported with the outer scope visible), LSTM, GRU, RNN

@@ -484,7 +484,8 @@ def _drop_unread_captures(node: Node) -> Node:
 
 
 def conv1d_as_2d(graph: Graph) -> Graph:
-    """Each 1-D Conv with a constant weight ([N, C, L] data) as a 2-D one of height 1:
+    """Each 1-D Conv or ConvTranspose with a constant weight ([N, C, L] data; the weight
+    [O, C/g, K] or [C, O/g, K], the kernel last either way) as a 2-D one of height 1:
     Unsqueeze(axis 2) -> Conv [O, C/g, 1, K] -> Squeeze(axis 2), its attributes and
     fused epilogue operands (a per-channel [C, 1] constant, a residual [N, C, L]) given
     the height axis too. Not part of ``optimize`` (the CPU build has 1-D kernels of its
@@ -492,10 +493,17 @@ def conv1d_as_2d(graph: Graph) -> Graph:
     convolutions the CPU build and the accelerator run. The float meaning is unchanged."""
     graph = _in_bodies(graph, conv1d_as_2d)
     inits, types = dict(graph.initializers), dict(graph.types)
+    producers = graph.producers()
     nodes: list[Node] = []
     changed = False
+    # A value of [N, C, L] -> the [N, C, 1, L] value it is (a lifted convolution's output
+    # before its Squeeze, or an element-wise function of one done again on the 4-D value):
+    # the next 1-D convolution reads that instead of an Unsqueeze of the Squeeze, so a
+    # stack of 1-D layers stays 4-D (int8, and on the accelerator, from layer to layer).
+    wide_of: dict[str, str] = {}
     for node in graph.nodes:
-        w = inits.get(node.inputs[1]) if node.op == "Conv" and len(node.inputs) > 1 else None
+        w = inits.get(node.inputs[1]) if node.op in ("Conv", "ConvTranspose") and \
+            len(node.inputs) > 1 else None
         x = node.inputs[0] if node.inputs else ""
         if w is None or w.ndim != 3 or len(types[x].shape) != 3:
             nodes.append(node)
@@ -507,6 +515,19 @@ def conv1d_as_2d(graph: Graph) -> Graph:
             t = types[v]
             if len(t.shape) < 2:
                 return v
+            if v in wide_of:
+                return wide_of[v]
+            p = producers.get(v)
+            if p is not None and len(t.shape) == 3 and p.op in _POINTWISE and \
+                    len(p.inputs) == 1 and len(p.outputs) == 1 and \
+                    (p.inputs[0] in wide_of or _pointwise_of_wide(p.inputs[0], producers,
+                                                                  wide_of, types)):
+                name = _fresh(f"{v}/h1", types)
+                types[name] = TensorType(t.dtype, t.shape[:-1] + (1,) + t.shape[-1:])
+                nodes.append(Node(p.op, (lifted(p.inputs[0]),), (name,), p.attrs,
+                                  _fresh(f"{p.name}/h1", types)))
+                wide_of[v] = name
+                return name
             name = _fresh(f"{v}/h1", types)
             shape = t.shape[:-1] + (1,) + t.shape[-1:]
             types[name] = TensorType(t.dtype, shape)
@@ -530,6 +551,8 @@ def conv1d_as_2d(graph: Graph) -> Graph:
         for key in ("strides", "dilations"):
             if key in a:
                 a[key] = (1, *a[key])
+        if "output_padding" in a:  # ConvTranspose's
+            a["output_padding"] = (0, *a["output_padding"])
         if "pads" in a:
             p = tuple(a["pads"])
             a["pads"] = (0, p[0], 0, p[1])
@@ -537,12 +560,34 @@ def conv1d_as_2d(graph: Graph) -> Graph:
         t = types[out]
         wide = _fresh(f"{out}/h1", types)
         types[wide] = TensorType(t.dtype, t.shape[:2] + (1,) + t.shape[2:])
-        nodes.append(Node("Conv", tuple(ins), (wide,), a, node.name))
+        nodes.append(Node(node.op, tuple(ins), (wide,), a, node.name))
         nodes.append(Node("Squeeze", (wide,), (out,), {"axes": (2,)},
                           _fresh(f"{node.name}/squeeze", types)))
+        wide_of[out] = wide
     if not changed:
         return graph
-    return graph.with_nodes(nodes, initializers=inits, types=types)
+    # the Squeezes and 3-D element-wise nodes no one reads any more
+    return remove_dead_code(graph.with_nodes(nodes, initializers=inits, types=types))
+
+
+# Element-wise functions of one value whose attributes do not depend on its shape.
+_POINTWISE = ("Relu", "Gelu", "Erf", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "Celu",
+              "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Mish", "Abs", "Neg",
+              "Exp", "Identity")
+
+
+def _pointwise_of_wide(v: str, producers: dict, wide_of: dict, types: dict) -> bool:
+    """Whether ``v`` [N, C, L] is a chain of _POINTWISE functions of a value in
+    ``wide_of`` (a lifted convolution's output)."""
+    for _ in range(8):
+        if v in wide_of:
+            return True
+        p = producers.get(v)
+        if p is None or p.op not in _POINTWISE or len(p.inputs) != 1 or \
+                len(types[v].shape) != 3:
+            return False
+        v = p.inputs[0]
+    return False
 
 
 # The pipeline, in order. Each entry: (name, pass); optimize verifies the graph after each.

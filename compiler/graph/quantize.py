@@ -107,8 +107,10 @@ from .qtranspose import conv_transpose_reason, expand_conv_transposes
 from .qzero import affine, asymmetric_classes, mse_top
 from .reference import apply_epilogue, evaluate_node
 from .residual import split_residuals
+from .matmul_epilogue import split_layer_epilogues, split_matmul_epilogues
 
 __all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
+           "split_dense_epilogues",
            "CalibrationError", "MARGIN"]
 
 # Calibration keeps about this many elements of each value per sample (evenly strided) for
@@ -489,14 +491,22 @@ def _matmul_factor(graph: Graph, node: Node) -> float | None:
     return float(np.asarray(k).reshape(()))
 
 
+def split_dense_epilogues(graph: Graph) -> Graph:
+    """matmul_epilogue.split_layer_epilogues with this quantizer's own test of what an int8
+    layer takes (_layer_form)."""
+    return split_layer_epilogues(graph, lambda g, n: isinstance(_layer_form(g, n), _Layer))
+
+
 def _is_activation_matmul(graph: Graph, node: Node) -> bool:
     """A MatMul of two values computed at run time (attention's Q x K^T and P x V), of
     static shapes, without an epilogue or with a constant positive scalar Mul as its only
     epilogue: a QMatMul."""
     if node.op != "MatMul" or _matmul_factor(graph, node) is None or len(node.outputs) != 1:
         return False
-    if any(v in graph.initializers for v in node.inputs[:2]):
+    if node.inputs[0] in graph.initializers:
         return False
+    if node.inputs[1] in graph.initializers and graph.initializers[node.inputs[1]].ndim < 3:
+        return False  # a dense layer's weight: a QGemm (_layer_form)
     ts = [graph.types[v] for v in (*node.inputs[:2], node.outputs[0])]
     return all(t.dtype == "float32" and t.static and len(t.shape) >= 2 for t in ts)
 
@@ -1199,6 +1209,11 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     graph, shuffles = expand_conv_transposes(graph)  # the upsamplers' int8 form
     if own_residual_scales:  # a convolution's residual sum: a QAdd after the QConv
         graph = split_residuals(graph, ("Conv",))
+    # attention scores plus a run-time mask or bias: a QMatMul and a float Add
+    graph = split_matmul_epilogues(graph)
+    # a dense layer's epilogue the int8 layer cannot take whole (MobileBERT's residual
+    # then NoNorm): the layer with the part it takes, the rest float nodes
+    graph = split_dense_epilogues(graph)
     # Control-flow bodies: their products in 16-bit integer form (qbody.py), calibrated on
     # what each body sees when the float graph runs; the node holding a body is unchanged.
     graph = inline_constant_captures(graph)
@@ -1207,7 +1222,7 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     plan = _plan(graph, shuffles)
     layer_inputs = {n.inputs[0] for n in graph.nodes if n.name in plan.layers}
     layer_inputs |= {v for n in graph.nodes if plan.kinds.get(n.name) == "matmul"
-                     for v in n.inputs[:2]}
+                     for v in n.inputs[:2] if v not in graph.initializers}
     layer_inputs |= {layer.after[2] for layer in plan.layers.values() if layer.after}
     layer_inputs |= {n.inputs[0] for n in graph.nodes if plan.kinds.get(n.name) == "wide"}
     residuals = {layer.residual for layer in plan.layers.values() if layer.residual}
@@ -1380,9 +1395,17 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
         elif kind == "matmul":
             (a, c), out = node.inputs[:2], node.outputs[0]
             factor = _matmul_factor(graph, node)  # a scalar Mul fused into the MatMul
-            ratio = scale(a) * scale(c) * factor / scale(out)
-            m, shift = _matmul_params(ratio, maxabs[out] / (scale(a) * scale(c) * factor))
-            b.add("QMatMul", [as_int8(a), as_int8(c)], [int8_name[out]],
+            if c in graph.initializers:  # batched constant matrices (DeBERTa's position
+                # keys): one symmetric scale for the whole constant, quantized here
+                w = np.asarray(graph.initializers[c], np.float32)
+                s_c = float(np.abs(w).max(initial=0)) / 127 or 1.0
+                c_q = b.const(f"{c}/int8", np.clip(np.rint(w / np.float32(s_c)), -127,
+                                                   127).astype(np.int8))
+            else:
+                s_c, c_q = scale(c), as_int8(c)
+            ratio = scale(a) * s_c * factor / scale(out)
+            m, shift = _matmul_params(ratio, maxabs[out] / (scale(a) * s_c * factor))
+            b.add("QMatMul", [as_int8(a), c_q], [int8_name[out]],
                   {"multiplier": m, "shift": shift, "scale": scale(out)}, node.name,
                   fresh=False)
         elif kind == "wide":

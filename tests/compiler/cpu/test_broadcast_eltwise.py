@@ -17,6 +17,9 @@ from celosia.runtime.cpu import CpuModel
     ("Sub", (4, 1, 9), (1, 3, 9), False),           # both broadcast: the output is larger
     ("Div", (2, 3, 33), (33,), False),              # a run-time vector on the last axis
     ("Max", (1, 1), (1, 1), False),                 # one element
+    ("PRelu", (2, 8, 5, 5), (8, 1, 1), True),       # a per-channel slope (Conv-TasNet's)
+    ("PRelu", (3, 7), (1,), True),                  # one slope
+    ("PRelu", (4, 6), (4, 6), False),               # a run-time slope of the same shape
 ])
 def test_broadcast_operands_are_one_kernel(op, a_shape, b_shape, b_const):
     rng = np.random.default_rng(len(a_shape) * 7 + len(b_shape))
@@ -32,7 +35,7 @@ def test_broadcast_operands_are_one_kernel(op, a_shape, b_shape, b_const):
     built = CpuModel.build(m, {k: v.shape for k, v in feeds.items()})
     assert [s["kind"] for s in built.program.steps if s["op"] == op] == ["kernel"]
     want = {"Add": np.add, "Mul": np.multiply, "Sub": np.subtract, "Div": np.divide,
-            "Max": np.maximum}[op](a, b)
+            "Max": np.maximum, "PRelu": lambda x, s: np.where(x < 0, x * s, x)}[op](a, b)
     got = built.run(feeds)["y"]
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)

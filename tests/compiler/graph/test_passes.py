@@ -91,7 +91,8 @@ def test_fold_constants_cast_reshape_chain():
 def test_a_cast_to_its_own_type_is_a_copy_and_pow_by_two_a_product():
     """Exporters write both (Silero VAD's STFT magnitude): canonical forms make them an
     Identity (eliminated) and a Mul (a compiled element-wise kernel), with onnxruntime's
-    results bit for bit; other exponents, and a 2 that would broadcast, stay Pow."""
+    results bit for bit; Pow by 3 (GPT-2's tanh GELU) two Muls, bit for bit too; other
+    exponents, and a 2 that would broadcast, stay Pow."""
     import onnxruntime as ort
 
     from celosia.runtime.cpu import CpuModel
@@ -101,13 +102,15 @@ def test_a_cast_to_its_own_type_is_a_copy_and_pow_by_two_a_product():
              helper.make_node("Pow", ["cl", "two"], ["sq"], name="pow2"),
              helper.make_node("Pow", ["x", "three"], ["cube"], name="pow3"),
              helper.make_node("Pow", ["s", "two_2d"], ["wide"], name="pow_wide"),
+             helper.make_node("Pow", ["x", "half"], ["root"], name="pow_half"),
              helper.make_node("Add", ["sq", "cube"], ["y"], name="add")]
     m = make_model(nodes, [vi("x", [3, 7]), vi("s", [5])],
-                   [vi("y", None), vi("sq", None), vi("wide", None)],
+                   [vi("y", None), vi("sq", None), vi("wide", None), vi("cube", None),
+                    vi("root", None)],
                    {"two": np.array([2.0], np.float32), "three": np.float32(3),
-                    "two_2d": np.full((2, 1), 2, np.float32)})
+                    "two_2d": np.full((2, 1), 2, np.float32), "half": np.float32(0.5)})
     graph = optimize(import_onnx(m))
-    assert [n.op for n in graph.nodes] == ["Mul", "Pow", "Pow", "Add"]
+    assert [n.op for n in graph.nodes] == ["Mul", "Mul", "Mul", "Pow", "Pow", "Add"]
     assert graph.nodes[0].inputs == ("x", "x")
     session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     built = CpuModel.from_graph(graph)
@@ -115,12 +118,13 @@ def test_a_cast_to_its_own_type_is_a_copy_and_pow_by_two_a_product():
         rng = np.random.default_rng(seed)
         feeds = {"x": rng.normal(size=(3, 7)).astype(np.float32) * 1e3,
                  "s": rng.normal(size=5).astype(np.float32)}
-        want = dict(zip(["y", "sq", "wide"], session.run(None, feeds)))
+        want = dict(zip(["y", "sq", "wide", "cube", "root"], session.run(None, feeds)))
         got = built.run(feeds)
-        for name in ("sq", "wide"):
+        for name in ("sq", "wide", "cube"):
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
         np.testing.assert_array_equal(got["sq"], feeds["x"] * feeds["x"])
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6)
+        np.testing.assert_allclose(got["root"], want["root"], rtol=1e-6)
 
 
 def test_eliminate_identities_keeps_graph_outputs():
