@@ -137,8 +137,9 @@ def test_a_prelu_of_one_slope_is_a_leaky_relu_and_a_per_channel_one_stays_float(
 
 
 def test_constant_after_residual_of_a_dense_layer_names_the_order():
-    """A Gemm's epilogue scaled after its residual stays float, and says why (not 'a
-    run-time value')."""
+    """A Gemm whose epilogue is scaled after its residual sum: the layer with its residual
+    is int8 (the epilogue split where the int8 layer stops), the scale after it a float Mul
+    that says why (not 'a run-time value')."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), "w"),
              numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "s")]
@@ -148,5 +149,7 @@ def test_constant_after_residual_of_a_dense_layer_names_the_order():
                        inits)
     calib = [{"x": rng.normal(size=(2, 8)).astype(np.float32)} for _ in range(3)]
     q = quantize_model(model, calib, int8_residuals=True)
-    gemm = [n for n in q.nodes if n.op == "Gemm"]
-    assert gemm and "comes after its residual Add" in gemm[0].attrs["float_reason"]
+    assert [n.op for n in q.nodes] == ["Quantize", "QGemm", "Dequantize", "Mul"]
+    assert q.nodes[1].inputs[-1] == "x/int8"  # the residual taken by the int8 layer
+    reason = q.nodes[-1].attrs["float_reason"]
+    assert "Mul of a constant" in reason and "run-time value" not in reason
