@@ -26,7 +26,7 @@ from .base import Executor
 from .fsim import load_program
 
 __all__ = ["RtlSimulator", "build_library", "RtlBuildError", "cache_dir", "verilator_root",
-           "sim_verilog_text"]
+           "sim_verilog_text", "split_circular_wires"]
 
 _HARNESS_DIR = Path(__file__).parent / "rtl_harness"
 _MODULES = ("load", "compute", "store")
@@ -162,11 +162,12 @@ def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None
     cache_dir().mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=cache_dir()))
     try:
+        env = dict(os.environ, VERILATOR_ROOT=str(root))
+        env.pop("CXXFLAGS", None)
+        verilog = split_circular_wires(verilog, work, env)
         (work / "accel.v").write_text(verilog)
         (work / "celosia_regs.h").write_text(header)
         shutil.copy(_HARNESS_DIR / "harness.cpp", work / "harness.cpp")
-        env = dict(os.environ, VERILATOR_ROOT=str(root))
-        env.pop("CXXFLAGS", None)
         jobs = jobs or max(1, os.cpu_count() or 1)
         # no -O here: user CFLAGS come after OPT_FAST/OPT_SLOW and would override both
         cflags = ["-fPIC", f"-I{work}", f"-DCELOSIA_TRACE={int(trace)}"]
@@ -203,6 +204,34 @@ def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return lib
+
+
+def split_circular_wires(verilog: str, work: Path, env: dict) -> str:
+    """``verilog`` with Verilator's ``split_var`` on every wire it reports as circular
+    combinational logic (UNOPTFLAT). Yosys writes a vector whose bits are driven by
+    different cells as one wire assigned in pieces; when one piece feeds another (the
+    fetch unit's ``late`` bits, the store engine's counters) Verilator sees a loop through
+    the whole vector and re-evaluates it with change triggers every eval. Split into its
+    bits, the wire is ordinary logic. Found by a lint run (a few seconds)."""
+    import re
+
+    from celosia.hw.export import TOP_NAME
+
+    (work / "lint.v").write_text(verilog)
+    cmd = [str(verilator_root() / "bin" / "verilator"), "--lint-only", "lint.v",
+           "--top-module", TOP_NAME, "-Wno-fatal", "-Wno-lint", "-Wno-style",
+           "-Wwarn-UNOPTFLAT"]
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        log = (proc.stdout + proc.stderr)[-6000:]
+        raise RtlBuildError(f"verilator --lint-only failed (exit {proc.returncode}):\n{log}")
+    names = set(re.findall(r"%Warning-UNOPTFLAT:.*Circular combinational logic: "
+                           rf"'{TOP_NAME}\.([^']+)'", proc.stdout + proc.stderr))
+    for name in sorted(names):
+        ident = re.escape("\\" + name + " ") if not re.fullmatch(r"\w+", name) else re.escape(name) + r"\b"
+        verilog = re.sub(rf"^(\s*wire\s+(?:\[[^\]]*\]\s*)?{ident}\s*);", r"\1 /*verilator split_var*/;",
+                         verilog, count=1, flags=re.M)
+    return verilog
 
 
 def _outputs_need_no_input_eval(obj: Path) -> bool:
