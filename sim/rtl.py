@@ -74,7 +74,11 @@ YOSYS_PASSES = ("proc", "flatten", "opt -full", "opt_clean -purge", "memory_coll
 VERILATOR_FLAGS = ("-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert")
 #: C++ optimisation of the model's per-cycle code (OPT_FAST) and of its construction and
 #: initial-value code (OPT_SLOW), and of the harness
-OPT_FAST, OPT_SLOW, OPT_HARNESS = "-O2", "-O1", "-O2"
+OPT_FAST, OPT_SLOW, OPT_HARNESS = "-O3", "-O1", "-O2"
+#: linker flags of the shared library: calls between the model's functions (eval ->
+#: eval_nba -> the per-cycle code, a few dozen a cycle) bind inside the library instead of
+#: going through the PLT
+LINK_FLAGS = ("-Wl,-Bsymbolic",)
 
 
 def _tool_versions() -> dict:
@@ -118,7 +122,7 @@ def _source_key(cfg: HwConfig, trace: bool) -> str:
     h.update(cfg.to_json().encode())
     h.update((verilator_root() / "__init__.py").read_bytes())
     options = {"trace": trace, "gemm": SIM_GEMM_PRODUCTS, "yosys": YOSYS_PASSES,
-               "verilator": VERILATOR_FLAGS, "opt": [OPT_FAST, OPT_SLOW, OPT_HARNESS],
+               "verilator": VERILATOR_FLAGS, "opt": [OPT_FAST, OPT_SLOW, OPT_HARNESS], "link": LINK_FLAGS,
                "tools": _tool_versions()}
     h.update(json.dumps(options, sort_keys=True).encode())
     return h.hexdigest()[:20]
@@ -189,7 +193,7 @@ def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None
         link = [cxx, "-shared", "-fPIC", OPT_HARNESS, "-std=c++17", *cflags[1:],
                 f"-I{obj}", f"-I{root / 'include'}", f"-I{root / 'include' / 'vltstd'}",
                 f"-DCELOSIA_ONE_EVAL={int(one_eval)}",
-                "harness.cpp", *archives, "-o", lib.name, "-lpthread", "-latomic"]
+                "harness.cpp", *archives, "-o", lib.name, *LINK_FLAGS, "-lpthread", "-latomic"]
         _run(link, work, env)
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         final = work / "final"
