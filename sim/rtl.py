@@ -63,11 +63,11 @@ def _regs_header(cfg: HwConfig) -> str:
 
 
 #: The Verilog that Verilator compiles is the accelerator of ``cfg`` with the GEMM core's
-#: 32-bit formulation (hw/gemm.py, ``"wide"``: the same lanes in every cycle as the native
-#: products, without the sign extensions that cost Verilator a quarter of each cycle),
-#: flattened and optimised by Yosys (``opt`` turns the register-plus-feedback-mux pattern
-#: of Amaranth's processes into flip-flops with enables, so Verilator copies a wide
-#: register only when it is written). docs/runtime.md, "RTL simulation speed".
+#: simulation form (hw/gemm.py, ``"wide"``: 32-bit words, each lane's sum computed only
+#: for a GEMM micro-op, the same sums and latency as the native core), flattened and
+#: optimised by Yosys (``opt`` turns the register-plus-feedback-mux pattern of Amaranth's
+#: processes into flip-flops with enables, so Verilator copies a wide register only when
+#: it is written). docs/microarchitecture.md, "The RTL under Verilator".
 SIM_GEMM_PRODUCTS = "wide"
 YOSYS_PASSES = ("proc", "flatten", "opt -full", "opt_clean -purge", "memory_collect")
 #: Verilator's own optimisation flags; no tracing code unless a trace is asked for
