@@ -253,7 +253,16 @@ class Compute(wiring.Component):
         # stage holds a micro-op; hw/gemm.py)
         inp_q = Signal.like(self.inp_r.data, reset_less=True)
         wgt_q = Signal.like(self.wgt_r.data, reset_less=True)
-        m.d.sync += [inp_q.eq(self.inp_r.data), wgt_q.eq(self.wgt_r.data)]
+        operands = [inp_q.eq(self.inp_r.data), wgt_q.eq(self.wgt_r.data)]
+        # the simulation form of the GEMM core ("wide") computes a stage only when it holds
+        # a GEMM micro-op's operands (its ``en``), so its operands need registering only
+        # then (same sums whenever they are used; hw/gemm.py)
+        gemm_op = ~is_alu & ~gemm.reset  # a GEMM micro-op that adds a sum
+        if self.gemm_products == "wide":
+            with m.If(valid[R + 1] & gemm_op):
+                m.d.sync += operands
+        else:
+            m.d.sync += operands
 
         # ---- forwarding: rows written after the ACC read sampled them ------------------
         # `res` is the row being written (W), res_1 the row written the cycle before. An ACC
@@ -303,6 +312,8 @@ class Compute(wiring.Component):
         m.submodules.gemm = core = GemmCore(cfg, products=self.gemm_products)
         assert core.latency == X - (R + 2), "GemmCore latency and compute stages disagree"
         m.d.comb += [core.inp.eq(inp_q), core.wgt.eq(wgt_q)]
+        if self.gemm_products == "wide":
+            m.d.comb += core.en.eq(valid[R + 2] & gemm_op)
         gemm_hit = hit(dst[X - 1], X, "gemm")  # in W when the micro-op is in X
         alu_hits = {name: (hit(row, X - 1, name, when), hit(row, X, name, when))  # X, W at E
                     for name, row, when in (("x", dst[X - 2], 1),

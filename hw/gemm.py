@@ -22,12 +22,18 @@ function with the same latency:
   ``w1*x``. This halves the multipliers (256 -> 128 DSP48E1 for the default 1x16x16 core,
   which then fits the xc7z020).
 - ``"wide"`` (for simulation: what ``celosia.sim.rtl`` builds): every operand, product and
-  partial sum is a 32-bit two's-complement word and every operation is taken modulo 2**32.
-  A sign-extended int8 is ``(v ^ 0x80) + (2**32 - 0x80)``, products and sums of 16-bit
-  and 18-bit values are exact in 32 bits, so the lanes are bit-identical to ``"native"``
-  in every cycle. Verilator compiles this to plain 32-bit multiplies and adds, where the
-  native widths cost it a sign extension per operand of every product and adder (about
-  a quarter of a simulated cycle). Twice the registers of ``"native"``: not for synthesis.
+  sum is a 32-bit two's-complement word and every operation is taken modulo 2**32. A
+  sign-extended int8 is ``(v ^ 0x80) + (2**32 - 0x80)``, and products and sums of 16-bit
+  and 18-bit values are exact in 32 bits, so each lane's sum is bit-identical to
+  ``"native"``. Verilator compiles this to plain 32-bit multiplies and adds, where the
+  native widths cost it a sign extension per operand of every product and adder. The
+  whole dot product of each lane is computed in the first stage and then only delayed,
+  and every stage is registered only when it holds operands: the core has an ``en`` input
+  (the operands presented in this cycle are a micro-op's), and ``sum`` is defined in
+  cycle ``c + latency`` only when ``en`` was high in cycle c (compute uses a sum only
+  for a valid GEMM micro-op). So Verilator does the 256 multiplies only in cycles that
+  need them, and keeps the partial sums in machine registers instead of 320 pipeline
+  registers. Not for synthesis (one long combinational path, twice the register bits).
 """
 
 from __future__ import annotations
@@ -74,10 +80,11 @@ class GemmCore(wiring.Component):
         self.products = products
         #: cycles from operands to their sums on ``sum``
         self.latency = 1 + tree_stages(cfg.block)
-        super().__init__({
-            "inp": In(8 * cfg.inp_elem_bytes), "wgt": In(8 * cfg.wgt_elem_bytes),
-            "sum": Out(SUM_BITS * cfg.batch * cfg.block),
-        })
+        ports = {"inp": In(8 * cfg.inp_elem_bytes), "wgt": In(8 * cfg.wgt_elem_bytes),
+                 "sum": Out(SUM_BITS * cfg.batch * cfg.block)}
+        if products == "wide":  # the operands of this cycle are used (module docstring)
+            ports["en"] = In(1)
+        super().__init__(ports)
 
     def elaborate(self, platform):
         m = Module()
@@ -98,7 +105,7 @@ class GemmCore(wiring.Component):
             return reg
 
         if self.products == "wide":
-            return self._elaborate_wide(m, register)
+            return self._elaborate_wide(m)
         # products, per lane (b, o): n terms, registered
         lanes = {}
         for b in range(batch):
@@ -127,7 +134,7 @@ class GemmCore(wiring.Component):
             m.d.comb += self.sum.word_select(lane, SUM_BITS).eq(total)
         return m
 
-    def _elaborate_wide(self, m, register):
+    def _elaborate_wide(self, m):
         n, batch, bits = self.cfg.block, self.cfg.batch, SUM_BITS
 
         def extend(byte, name):  # the int8 ``byte`` sign-extended to a 32-bit word
@@ -137,15 +144,50 @@ class GemmCore(wiring.Component):
 
         xs = {(b, c): extend(self.inp.word_select(b * n + c, 8), f"x_{b}_{c}")
               for b in range(batch) for c in range(n)}
-        ws = {(o, c): extend(self.wgt.word_select(o * n + c, 8), f"w_{o}_{c}")
-              for o in range(n) for c in range(n)}
-        lanes = {b * n + o: [register((xs[b, c] * ws[o, c])[:bits], f"p_{b}_{o}_{c}")
-                             for c in range(n)]
-                 for b in range(batch) for o in range(n)}
+        # The weights as offset bytes: u = w ^ 0x80 = w + 128 in [0, 255], flipped four
+        # bytes at a time, so that a product needs only a byte's shift and mask:
+        # sum_c x_c * w_c = sum_c x_c * u_c - 128 * sum_c x_c (modulo 2**32 as everywhere).
+        words = []
+        for i in range(0, len(self.wgt), bits):
+            part = self.wgt[i:i + bits]
+            word = Signal(len(part), name=f"u_{i // bits}")
+            m.d.comb += word.eq(part ^ int.from_bytes(b"\x80" * (len(part) // 8), "little"))
+            words.append(word)
+
+        def u(o, c):
+            k = (o * n + c) * 8
+            return words[k // bits][k % bits:k % bits + 8]
+
+        offsets = {}  # -128 * sum_c x_c, one more term of each lane of batch row b
+        for b in range(batch):
+            terms = [xs[b, c] for c in range(n)]
+            while len(terms) > 1:
+                terms = _reduce4(terms, lambda s: s[:bits])
+            offsets[b] = Signal(bits, name=f"offset_{b}")
+            m.d.comb += offsets[b].eq((0 - (terms[0] << 7))[:bits])
+        # stage 1: each lane's whole sum (the adder tree of "native", as one expression);
+        # the later stages only delay it. Each stage is registered when it holds operands
+        # whose sum is wanted (en, delayed along): other cycles leave it as it is.
+        en = self.en
+        sums = {}
+        for b in range(batch):
+            for o in range(n):
+                terms = [(xs[b, c] * u(o, c))[:bits] for c in range(n)] + [offsets[b]]
+                while len(terms) > 1:
+                    terms = _reduce4(terms, lambda s: s[:bits])
+                total = Signal(bits, name=f"d0_{b * n + o}", reset_less=True)
+                with m.If(en):
+                    m.d.sync += total.eq(terms[0])
+                sums[b * n + o] = total
         for stage in range(tree_stages(n)):
-            for lane, terms in lanes.items():
-                lanes[lane] = [register(t, f"t{stage}_{lane}_{i}")
-                               for i, t in enumerate(_reduce4(terms, lambda s: s[:bits]))]
-        for lane, (total,) in lanes.items():
+            held = Signal(name=f"en_{stage + 1}")  # the previous stage holds a wanted sum
+            m.d.sync += held.eq(en)
+            for lane, value in sums.items():
+                delayed = Signal(bits, name=f"d{stage + 1}_{lane}", reset_less=True)
+                with m.If(held):
+                    m.d.sync += delayed.eq(value)
+                sums[lane] = delayed
+            en = held
+        for lane, total in sums.items():
             m.d.comb += self.sum.word_select(lane, bits).eq(total)
         return m

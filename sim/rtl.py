@@ -26,7 +26,7 @@ from .base import Executor
 from .fsim import load_program
 
 __all__ = ["RtlSimulator", "build_library", "RtlBuildError", "cache_dir", "verilator_root",
-           "sim_verilog_text"]
+           "sim_verilog_text", "split_circular_wires"]
 
 _HARNESS_DIR = Path(__file__).parent / "rtl_harness"
 _MODULES = ("load", "compute", "store")
@@ -63,18 +63,22 @@ def _regs_header(cfg: HwConfig) -> str:
 
 
 #: The Verilog that Verilator compiles is the accelerator of ``cfg`` with the GEMM core's
-#: 32-bit formulation (hw/gemm.py, ``"wide"``: the same lanes in every cycle as the native
-#: products, without the sign extensions that cost Verilator a quarter of each cycle),
-#: flattened and optimised by Yosys (``opt`` turns the register-plus-feedback-mux pattern
-#: of Amaranth's processes into flip-flops with enables, so Verilator copies a wide
-#: register only when it is written). docs/runtime.md, "RTL simulation speed".
+#: simulation form (hw/gemm.py, ``"wide"``: 32-bit words, each lane's sum computed only
+#: for a GEMM micro-op, the same sums and latency as the native core), flattened and
+#: optimised by Yosys (``opt`` turns the register-plus-feedback-mux pattern of Amaranth's
+#: processes into flip-flops with enables, so Verilator copies a wide register only when
+#: it is written). docs/microarchitecture.md, "The RTL under Verilator".
 SIM_GEMM_PRODUCTS = "wide"
 YOSYS_PASSES = ("proc", "flatten", "opt -full", "opt_clean -purge", "memory_collect")
 #: Verilator's own optimisation flags; no tracing code unless a trace is asked for
 VERILATOR_FLAGS = ("-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert")
 #: C++ optimisation of the model's per-cycle code (OPT_FAST) and of its construction and
 #: initial-value code (OPT_SLOW), and of the harness
-OPT_FAST, OPT_SLOW, OPT_HARNESS = "-O2", "-O1", "-O2"
+OPT_FAST, OPT_SLOW, OPT_HARNESS = "-O3", "-O1", "-O2"
+#: linker flags of the shared library: calls between the model's functions (eval ->
+#: eval_nba -> the per-cycle code, a few dozen a cycle) bind inside the library instead of
+#: going through the PLT
+LINK_FLAGS = ("-Wl,-Bsymbolic",)
 
 
 def _tool_versions() -> dict:
@@ -118,7 +122,7 @@ def _source_key(cfg: HwConfig, trace: bool) -> str:
     h.update(cfg.to_json().encode())
     h.update((verilator_root() / "__init__.py").read_bytes())
     options = {"trace": trace, "gemm": SIM_GEMM_PRODUCTS, "yosys": YOSYS_PASSES,
-               "verilator": VERILATOR_FLAGS, "opt": [OPT_FAST, OPT_SLOW, OPT_HARNESS],
+               "verilator": VERILATOR_FLAGS, "opt": [OPT_FAST, OPT_SLOW, OPT_HARNESS], "link": LINK_FLAGS,
                "tools": _tool_versions()}
     h.update(json.dumps(options, sort_keys=True).encode())
     return h.hexdigest()[:20]
@@ -162,11 +166,12 @@ def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None
     cache_dir().mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=cache_dir()))
     try:
+        env = dict(os.environ, VERILATOR_ROOT=str(root))
+        env.pop("CXXFLAGS", None)
+        verilog = split_circular_wires(verilog, work, env)
         (work / "accel.v").write_text(verilog)
         (work / "celosia_regs.h").write_text(header)
         shutil.copy(_HARNESS_DIR / "harness.cpp", work / "harness.cpp")
-        env = dict(os.environ, VERILATOR_ROOT=str(root))
-        env.pop("CXXFLAGS", None)
         jobs = jobs or max(1, os.cpu_count() or 1)
         # no -O here: user CFLAGS come after OPT_FAST/OPT_SLOW and would override both
         cflags = ["-fPIC", f"-I{work}", f"-DCELOSIA_TRACE={int(trace)}"]
@@ -188,7 +193,7 @@ def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None
         link = [cxx, "-shared", "-fPIC", OPT_HARNESS, "-std=c++17", *cflags[1:],
                 f"-I{obj}", f"-I{root / 'include'}", f"-I{root / 'include' / 'vltstd'}",
                 f"-DCELOSIA_ONE_EVAL={int(one_eval)}",
-                "harness.cpp", *archives, "-o", lib.name, "-lpthread", "-latomic"]
+                "harness.cpp", *archives, "-o", lib.name, *LINK_FLAGS, "-lpthread", "-latomic"]
         _run(link, work, env)
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         final = work / "final"
@@ -203,6 +208,34 @@ def build_library(cfg: HwConfig, *, trace: bool = False, jobs: int | None = None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return lib
+
+
+def split_circular_wires(verilog: str, work: Path, env: dict) -> str:
+    """``verilog`` with Verilator's ``split_var`` on every wire it reports as circular
+    combinational logic (UNOPTFLAT). Yosys writes a vector whose bits are driven by
+    different cells as one wire assigned in pieces; when one piece feeds another (the
+    fetch unit's ``late`` bits, the store engine's counters) Verilator sees a loop through
+    the whole vector and re-evaluates it with change triggers every eval. Split into its
+    bits, the wire is ordinary logic. Found by a lint run (a few seconds)."""
+    import re
+
+    from celosia.hw.export import TOP_NAME
+
+    (work / "lint.v").write_text(verilog)
+    cmd = [str(verilator_root() / "bin" / "verilator"), "--lint-only", "lint.v",
+           "--top-module", TOP_NAME, "-Wno-fatal", "-Wno-lint", "-Wno-style",
+           "-Wwarn-UNOPTFLAT"]
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        log = (proc.stdout + proc.stderr)[-6000:]
+        raise RtlBuildError(f"verilator --lint-only failed (exit {proc.returncode}):\n{log}")
+    names = set(re.findall(r"%Warning-UNOPTFLAT:.*Circular combinational logic: "
+                           rf"'{TOP_NAME}\.([^']+)'", proc.stdout + proc.stderr))
+    for name in sorted(names):
+        ident = re.escape("\\" + name + " ") if not re.fullmatch(r"\w+", name) else re.escape(name) + r"\b"
+        verilog = re.sub(rf"^(\s*wire\s+(?:\[[^\]]*\]\s*)?{ident}\s*);", r"\1 /*verilator split_var*/;",
+                         verilog, count=1, flags=re.M)
+    return verilog
 
 
 def _outputs_need_no_input_eval(obj: Path) -> bool:

@@ -12,7 +12,8 @@ from celosia.sim import rtl
 
 @pytest.mark.parametrize("name,value", [
     ("VERILATOR_FLAGS", ("-O2", "--x-assign", "fast")),
-    ("OPT_FAST", "-O3"),
+    ("OPT_FAST", "-O2"),
+    ("LINK_FLAGS", ()),
     ("OPT_SLOW", "-O2"),
     ("OPT_HARNESS", "-O3"),
     ("YOSYS_PASSES", ("proc", "flatten", "memory_collect")),
