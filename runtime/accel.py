@@ -755,11 +755,15 @@ class AccelModel:
                 # operand): read back first if the accelerator made it.
                 if staged is None:
                     staged = staged_of[node.name] = tuple(
-                        (st["value"], self._stager(ex, node.name, j, st))
+                        (st["value"], *self._stager(ex, node.name, j, st))
                         for j, st in enumerate(prog["staged"]))
-                for value, stage in staged:
+                for value, stage, buf, fixed in staged:
                     to_host(value)
-                    stage(host[value])
+                    x = host[value]
+                    if x is buf:  # the host buffer kept for the value: all bound, one call
+                        fixed()
+                    else:
+                        stage(x)
                     crossings["to_accel"] += 1
                     packed = True
                 # Layout time: packing values at the border (a node that packs nothing has
@@ -831,8 +835,11 @@ class AccelModel:
                     to_host(name)
                 # layout: reading values back at the border (none if all were on the host)
                 layout = (time.perf_counter() - t0) * 1e3 if crossings["to_cpu"] > read else 0.0
+                # (values it makes that cross to the accelerator are copied into host
+                # buffers kept from run to run, as the executor copies every output out of
+                # its arena, so their packing is bound to fixed memory: _segment_out)
                 results = cpu.run({name: host[name] for name in cpu.program.inputs},
-                                  profile=True)
+                                  profile=True, out=self._segment_out(names[0], cpu))
                 _attribute_profile(cpu.profile, names, rows, layout)
                 for name, value in results.items():
                     host[name] = value
@@ -867,9 +874,22 @@ class AccelModel:
         return cache[name]
 
     def _stager(self, ex, name: str, j: int, st: dict):
-        """A function of the host value packing staged operand ``j`` of accelerator node
-        ``name`` (record ``st``) into its DRAM buffer: im2col windows (im2col.stager, bound
-        to the buffer) or a matmul's weight layout; made once per executor."""
+        """(stage, buffer, fixed): ``stage`` a function of the host value packing staged
+        operand ``j`` of accelerator node ``name`` (record ``st``) into its DRAM buffer
+        (im2col windows: im2col.stager, bound to the buffer; or a matmul's weight layout),
+        ``buffer`` the value's host buffer kept from run to run (``_host_buffer``, None
+        without one) and ``fixed`` the packing of that buffer as a function of no arguments
+        (a compiled kernel bound to both ends where there is one); made once per
+        executor."""
+        stage = self._stage_of(ex, name, j, st)
+        buf = self._host_buffer(st["value"])
+        if buf is None:
+            return stage, None, None
+        fixed = getattr(stage, "fixed", None)
+        return stage, buf, (fixed(buf) if fixed is not None else partial(stage, buf))
+
+    def _stage_of(self, ex, name: str, j: int, st: dict):
+        """``_stager``'s ``stage``."""
         cache = self.__dict__.setdefault("_stagers", {})
         found = cache.get((name, j))
         if found is not None and found[0] is ex:
@@ -935,6 +955,30 @@ class AccelModel:
                     return c
             cache = self._borders = (ex, Border())
         return cache[1]
+
+    def _segment_out(self, first: str, cpu) -> dict | None:
+        """{value: its host buffer (``_host_buffer``)} of the values the CPU segment that
+        starts at node ``first`` makes and an accelerator node reads (packed or staged),
+        for ``cpu.run(out=...)``: the executor copies them there instead of into fresh
+        arrays, so each crossing of such a value packs the same memory every run, bound
+        once (runtime/crossing.py). None if there are none. Made once."""
+        cache = self.__dict__.setdefault("_segment_outs", {})
+        if first not in cache:
+            read = set()
+            for node in self.graph.nodes:
+                prog = self.programs.get(node.name)
+                if prog is not None and prog["kind"] not in HOST_KINDS:
+                    read.update(self._border_reads(node, prog))
+                    read.update(st["value"] for st in prog.get("staged") or ())
+            values = cpu.program.values
+            out = {}
+            for name in cpu.program.outputs:
+                buf = self._host_buffer(name) if name in read else None
+                if buf is not None and values.get(name, {}).get("dtype") == "int8" and \
+                        tuple(values[name]["shape"]) == buf.shape:
+                    out[name] = buf
+            cache[first] = out or None
+        return cache[first]
 
     def _host_buffer(self, name: str) -> np.ndarray | None:
         """An int8 array of the value's shape kept from run to run to unpack it into (None
