@@ -284,9 +284,11 @@ class Crossing:
                 return out
             self.unpack = unpack
         elif self.kind == "views" and out is not None:
-            def unpack(copy=np.copyto, todo=tuple(self._out_pairs), out=out):
+            # (an assignment to ``dst[...]`` rather than np.copyto: the same copy, with
+            # less code around it: after a cache flush 7 us against 11 us for [64, 10])
+            def unpack(todo=tuple(self._out_pairs), out=out):
                 for src, dst in todo:
-                    copy(dst, src)
+                    dst[...] = src
                 return out
             self.unpack = unpack
 
@@ -313,14 +315,14 @@ class Crossing:
         pads, base = tuple(plan.pads), plan.base
 
         if plan.zero_all:
-            def run(copy=np.copyto, todo=todo, base=base):
+            def run(todo=todo, base=base):
                 base.fill(0)
                 for dst, src in todo:
-                    copy(dst, src)
+                    dst[...] = src
         else:
-            def run(copy=np.copyto, todo=todo, pads=pads):
+            def run(todo=todo, pads=pads):
                 for dst, src in todo:
-                    copy(dst, src)
+                    dst[...] = src
                 for pad in pads:
                     pad.fill(0)
         return run
