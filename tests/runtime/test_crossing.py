@@ -355,3 +355,26 @@ def test_cpu_made_operands_cross_from_kept_buffers():
     staged = [s for per in model._staged_of.values() for v in per.values() for s in v]
     assert any(buf is not None and buf is outs[0].get(value)
                for value, _, buf, _ in staged), "the windows are packed from it, bound"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 70), st.integers(1, 70), st.sampled_from(["default", "small"]),
+       st.sampled_from([0, 64]), st.integers(0, 2**31))
+def test_weights_kernel_matches_pack_weights(g, kdim, ndim, config, extra, seed):
+    """The compiled weight-layout kernel (compiler/cpu/weight_layout.py): pack_weights'
+    bytes for rows and columns that are and are not multiples of BLOCK, BLOCK 16 and 4,
+    over DRAM that held other bytes, with the padding past each matrix (a longer stride
+    than the layout's) zeroed."""
+    from celosia.compiler.cpu.weight_layout import weights_kernel
+
+    cfg = HwConfig.load(config)
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (g, kdim, ndim), dtype=np.int8)
+    gs, stride = weights_shape(x.shape, cfg)
+    out = rng.integers(-128, 128, (gs, stride + extra), dtype=np.int8)
+    weights_kernel(g, kdim, ndim, cfg.block, stride + extra).bind(x, out, serial=True)()
+    np.testing.assert_array_equal(out[:, :stride], pack_weights(x, cfg))
+    assert not out[:, stride:].any()
+    k = cfg.block
+    with pytest.raises(ValueError, match="does not hold"):
+        weights_kernel(g, kdim, ndim, k, -(-kdim // k) * -(-ndim // k) * k * k - 1)
