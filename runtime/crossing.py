@@ -15,6 +15,12 @@ CPU's array, instead of the set-up ``partition.pack_value`` / ``unpack_value`` a
 a fresh array, binding the kernel: checking its arguments, 20-80 us a call on this
 machine, about as much as the conversion of a small value itself).
 
+A value the CPU writes into the host buffer the runtime keeps for it (``out``; runtime/
+accel.py ``_segment_out``) is packed from the same memory every run, so that crossing is
+bound to both ends once: the layout kernel of a large image, or copies between views of
+both made once, called with no argument (no checks or pointer per run, which cost more
+than the copy itself on the cold caches a run leaves; docs/runtime.md).
+
 The bytes are those of ``pack_value`` / ``unpack_value`` (tests/runtime/test_crossing.py):
 the padding lanes and rows are written as zeros on every pack, as ``pack_value`` does into
 memory that held anything. What is not planned (the "matrices" layout, an executor without
