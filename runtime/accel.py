@@ -524,6 +524,20 @@ class AccelModel:
                 layout_kernel("pack", shape[0], shape[1], pixels, cfg.block)
             if name in dram and name in cpu_reads:  # read back
                 layout_kernel("unpack", shape[0], shape[1], pixels, cfg.block)
+        # a QMatMul's staged second operand: the weight-layout kernel its kept host buffer
+        # is packed by (runtime/crossing.py staged_packer's ``fixed``)
+        k = cfg.block
+        if 2 <= k <= 64 and not k & (k - 1):
+            from ..compiler.cpu.weight_layout import weights_kernel
+
+            for prog in self.programs.values():
+                for st in prog.get("staged") or ():
+                    shape = graph.types[st["value"]].shape if st["value"] in graph.types \
+                        else None
+                    if st["layout"] == "weights" and shape and len(shape) >= 2 and \
+                            len(st["shape"]) == 2 and None not in shape:
+                        weights_kernel(math.prod(shape[:-2]), shape[-2], shape[-1], k,
+                                       st["shape"][1])
         return self
 
     def _flow_problem(self) -> str | None:
@@ -644,6 +658,10 @@ class AccelModel:
         border = self._border(ex)  # {value: its Crossing on ex}, made as values cross
         # {accelerator node: ((value, packer) of its staged operands)} on ex
         staged_of = self.__dict__.setdefault("_staged_of", {}).setdefault(id(ex), {})
+        planned = self.__dict__.setdefault("_border_planned", {})
+        if ex is not None and planned.get(id(ex)) is not ex:
+            self._plan_border(ex, border, staged_of)
+            planned[id(ex)] = ex
         host = {**graph.initializers, **{k: np.asarray(v) for k, v in feeds.items()}}
         in_dram: set[str] = set()
         clock_khz = cfg.clock_mhz * 1e3
@@ -956,6 +974,52 @@ class AccelModel:
             cache = self._borders = (ex, Border())
         return cache[1]
 
+    def _plan_border(self, ex, border: dict, staged_of: dict) -> None:
+        """Plan, once per executor and before a run's first timed window, the crossings
+        the walk will make (``border``: the values an accelerator node reads that the
+        host makes, and the accelerator's values the host reads) and the staged operands'
+        packers (``staged_of``): set-up that does not depend on the values (views of the
+        executor's DRAM, kernels bound to them), as ``_warm_layouts`` compiles the kernels
+        at build time, so that layout time is the conversions'. A crossing not found here
+        is still planned the first time it crosses, as before."""
+        graph, values = self.graph, self.values
+        accel_made, host_reads = set(), set(graph.outputs)
+        for node in graph.nodes:
+            prog = self.programs.get(node.name)
+            on_accel = (prog is not None and prog["kind"] not in HOST_KINDS) or \
+                node.name in self.packed
+            if on_accel:
+                accel_made.update(o for o in node.outputs if o)
+            else:  # CPU nodes, plug-in partitions, host-run accelerator layers
+                host_reads.update(i for i in node.inputs if i)
+        roots = self._view_roots()
+        reads = self._accel_reads()
+        wanted = {roots.get(n, n) for n in (accel_made & host_reads) | (reads - accel_made)}
+        for name in sorted(wanted):
+            if name in values and "of" not in values[name] and name in graph.types:
+                try:
+                    border[name]  # (Border.__missing__ plans it)
+                except (ValueError, KeyError, TypeError):
+                    pass  # (planned, or refused with the run's own error, if it crosses)
+        for node in graph.nodes:
+            prog = self.programs.get(node.name)
+            if prog is not None and prog["kind"] not in HOST_KINDS and prog.get("staged") \
+                    and node.name not in staged_of:
+                staged_of[node.name] = tuple((st["value"], *self._stager(ex, node.name, j, st))
+                                             for j, st in enumerate(prog["staged"]))
+
+    def _accel_reads(self) -> set:
+        """The values accelerator nodes read from DRAM (packed or staged), found once."""
+        read = self.__dict__.get("_accel_read_set")
+        if read is None:
+            read = self._accel_read_set = set()
+            for node in self.graph.nodes:
+                prog = self.programs.get(node.name)
+                if prog is not None and prog["kind"] not in HOST_KINDS:
+                    read.update(self._border_reads(node, prog))
+                    read.update(st["value"] for st in prog.get("staged") or ())
+        return read
+
     def _segment_out(self, first: str, cpu) -> dict | None:
         """{value: its host buffer (``_host_buffer``)} of the values the CPU segment that
         starts at node ``first`` makes and an accelerator node reads (packed or staged),
@@ -964,12 +1028,7 @@ class AccelModel:
         once (runtime/crossing.py). None if there are none. Made once."""
         cache = self.__dict__.setdefault("_segment_outs", {})
         if first not in cache:
-            read = set()
-            for node in self.graph.nodes:
-                prog = self.programs.get(node.name)
-                if prog is not None and prog["kind"] not in HOST_KINDS:
-                    read.update(self._border_reads(node, prog))
-                    read.update(st["value"] for st in prog.get("staged") or ())
+            read = self._accel_reads()
             values = cpu.program.values
             out = {}
             for name in cpu.program.outputs:

@@ -355,6 +355,11 @@ def test_cpu_made_operands_cross_from_kept_buffers():
     staged = [s for per in model._staged_of.values() for v in per.values() for s in v]
     assert any(buf is not None and buf is outs[0].get(value)
                for value, _, buf, _ in staged), "the windows are packed from it, bound"
+    # planned before the first run's windows (AccelModel._plan_border): the value the CPU
+    # reads back from the accelerator (the dense layer's result), on each executor
+    back = {n.inputs[0] for n in model.graph.nodes if n.op == "Dequantize"} & set(model.values)
+    assert back and back <= set(model._borders[1])
+    assert len(model._border_planned) == 2
 
 
 @settings(max_examples=40, deadline=None)
