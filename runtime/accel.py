@@ -524,6 +524,20 @@ class AccelModel:
                 layout_kernel("pack", shape[0], shape[1], pixels, cfg.block)
             if name in dram and name in cpu_reads:  # read back
                 layout_kernel("unpack", shape[0], shape[1], pixels, cfg.block)
+        # a QMatMul's staged second operand: the weight-layout kernel its kept host buffer
+        # is packed by (runtime/crossing.py staged_packer's ``fixed``)
+        k = cfg.block
+        if 2 <= k <= 64 and not k & (k - 1):
+            from ..compiler.cpu.weight_layout import weights_kernel
+
+            for prog in self.programs.values():
+                for st in prog.get("staged") or ():
+                    shape = graph.types[st["value"]].shape if st["value"] in graph.types \
+                        else None
+                    if st["layout"] == "weights" and shape and len(shape) >= 2 and \
+                            len(st["shape"]) == 2 and None not in shape:
+                        weights_kernel(math.prod(shape[:-2]), shape[-2], shape[-1], k,
+                                       st["shape"][1])
         return self
 
     def _flow_problem(self) -> str | None:
@@ -644,6 +658,10 @@ class AccelModel:
         border = self._border(ex)  # {value: its Crossing on ex}, made as values cross
         # {accelerator node: ((value, packer) of its staged operands)} on ex
         staged_of = self.__dict__.setdefault("_staged_of", {}).setdefault(id(ex), {})
+        planned = self.__dict__.setdefault("_border_planned", {})
+        if ex is not None and planned.get(id(ex)) is not ex:
+            self._plan_border(ex, border, staged_of)
+            planned[id(ex)] = ex
         host = {**graph.initializers, **{k: np.asarray(v) for k, v in feeds.items()}}
         in_dram: set[str] = set()
         clock_khz = cfg.clock_mhz * 1e3
@@ -755,11 +773,15 @@ class AccelModel:
                 # operand): read back first if the accelerator made it.
                 if staged is None:
                     staged = staged_of[node.name] = tuple(
-                        (st["value"], self._stager(ex, node.name, j, st))
+                        (st["value"], *self._stager(ex, node.name, j, st))
                         for j, st in enumerate(prog["staged"]))
-                for value, stage in staged:
+                for value, stage, buf, fixed in staged:
                     to_host(value)
-                    stage(host[value])
+                    x = host[value]
+                    if x is buf:  # the host buffer kept for the value: all bound, one call
+                        fixed()
+                    else:
+                        stage(x)
                     crossings["to_accel"] += 1
                     packed = True
                 # Layout time: packing values at the border (a node that packs nothing has
@@ -831,8 +853,11 @@ class AccelModel:
                     to_host(name)
                 # layout: reading values back at the border (none if all were on the host)
                 layout = (time.perf_counter() - t0) * 1e3 if crossings["to_cpu"] > read else 0.0
+                # (values it makes that cross to the accelerator are copied into host
+                # buffers kept from run to run, as the executor copies every output out of
+                # its arena, so their packing is bound to fixed memory: _segment_out)
                 results = cpu.run({name: host[name] for name in cpu.program.inputs},
-                                  profile=True)
+                                  profile=True, out=self._segment_out(names[0], cpu))
                 _attribute_profile(cpu.profile, names, rows, layout)
                 for name, value in results.items():
                     host[name] = value
@@ -867,9 +892,22 @@ class AccelModel:
         return cache[name]
 
     def _stager(self, ex, name: str, j: int, st: dict):
-        """A function of the host value packing staged operand ``j`` of accelerator node
-        ``name`` (record ``st``) into its DRAM buffer: im2col windows (im2col.stager, bound
-        to the buffer) or a matmul's weight layout; made once per executor."""
+        """(stage, buffer, fixed): ``stage`` a function of the host value packing staged
+        operand ``j`` of accelerator node ``name`` (record ``st``) into its DRAM buffer
+        (im2col windows: im2col.stager, bound to the buffer; or a matmul's weight layout),
+        ``buffer`` the value's host buffer kept from run to run (``_host_buffer``, None
+        without one) and ``fixed`` the packing of that buffer as a function of no arguments
+        (a compiled kernel bound to both ends where there is one); made once per
+        executor."""
+        stage = self._stage_of(ex, name, j, st)
+        buf = self._host_buffer(st["value"])
+        if buf is None:
+            return stage, None, None
+        fixed = getattr(stage, "fixed", None)
+        return stage, buf, (fixed(buf) if fixed is not None else partial(stage, buf))
+
+    def _stage_of(self, ex, name: str, j: int, st: dict):
+        """``_stager``'s ``stage``."""
         cache = self.__dict__.setdefault("_stagers", {})
         found = cache.get((name, j))
         if found is not None and found[0] is ex:
@@ -935,6 +973,71 @@ class AccelModel:
                     return c
             cache = self._borders = (ex, Border())
         return cache[1]
+
+    def _plan_border(self, ex, border: dict, staged_of: dict) -> None:
+        """Plan, once per executor and before a run's first timed window, the crossings
+        the walk will make (``border``: the values an accelerator node reads that the
+        host makes, and the accelerator's values the host reads) and the staged operands'
+        packers (``staged_of``): set-up that does not depend on the values (views of the
+        executor's DRAM, kernels bound to them), as ``_warm_layouts`` compiles the kernels
+        at build time, so that layout time is the conversions'. A crossing not found here
+        is still planned the first time it crosses, as before."""
+        graph, values = self.graph, self.values
+        accel_made, host_reads = set(), set(graph.outputs)
+        for node in graph.nodes:
+            prog = self.programs.get(node.name)
+            on_accel = (prog is not None and prog["kind"] not in HOST_KINDS) or \
+                node.name in self.packed
+            if on_accel:
+                accel_made.update(o for o in node.outputs if o)
+            else:  # CPU nodes, plug-in partitions, host-run accelerator layers
+                host_reads.update(i for i in node.inputs if i)
+        roots = self._view_roots()
+        reads = self._accel_reads()
+        wanted = {roots.get(n, n) for n in (accel_made & host_reads) | (reads - accel_made)}
+        for name in sorted(wanted):
+            if name in values and "of" not in values[name] and name in graph.types:
+                try:
+                    border[name]  # (Border.__missing__ plans it)
+                except (ValueError, KeyError, TypeError):
+                    pass  # (planned, or refused with the run's own error, if it crosses)
+        for node in graph.nodes:
+            prog = self.programs.get(node.name)
+            if prog is not None and prog["kind"] not in HOST_KINDS and prog.get("staged") \
+                    and node.name not in staged_of:
+                staged_of[node.name] = tuple((st["value"], *self._stager(ex, node.name, j, st))
+                                             for j, st in enumerate(prog["staged"]))
+
+    def _accel_reads(self) -> set:
+        """The values accelerator nodes read from DRAM (packed or staged), found once."""
+        read = self.__dict__.get("_accel_read_set")
+        if read is None:
+            read = self._accel_read_set = set()
+            for node in self.graph.nodes:
+                prog = self.programs.get(node.name)
+                if prog is not None and prog["kind"] not in HOST_KINDS:
+                    read.update(self._border_reads(node, prog))
+                    read.update(st["value"] for st in prog.get("staged") or ())
+        return read
+
+    def _segment_out(self, first: str, cpu) -> dict | None:
+        """{value: its host buffer (``_host_buffer``)} of the values the CPU segment that
+        starts at node ``first`` makes and an accelerator node reads (packed or staged),
+        for ``cpu.run(out=...)``: the executor copies them there instead of into fresh
+        arrays, so each crossing of such a value packs the same memory every run, bound
+        once (runtime/crossing.py). None if there are none. Made once."""
+        cache = self.__dict__.setdefault("_segment_outs", {})
+        if first not in cache:
+            read = self._accel_reads()
+            values = cpu.program.values
+            out = {}
+            for name in cpu.program.outputs:
+                buf = self._host_buffer(name) if name in read else None
+                if buf is not None and values.get(name, {}).get("dtype") == "int8" and \
+                        tuple(values[name]["shape"]) == buf.shape:
+                    out[name] = buf
+            cache[first] = out or None
+        return cache[first]
 
     def _host_buffer(self, name: str) -> np.ndarray | None:
         """An int8 array of the value's shape kept from run to run to unpack it into (None

@@ -237,17 +237,20 @@ class CpuModel:
         v = self.program.values
         return {n: (v[n]["dtype"], tuple(v[n]["shape"])) for n in self.program.inputs}
 
-    def run(self, feeds: dict, *, profile: bool = False, progress=None) -> dict:
+    def run(self, feeds: dict, *, profile: bool = False, progress=None,
+            out: dict | None = None) -> dict:
         """{output name: array}; with ``profile`` (or ``progress``) per-node times go to
         ``self.profile``. A missing, unknown or mistyped input raises InputShapeError, with
-        what to pass or the command that rebuilds the model for that shape."""
+        what to pass or the command that rebuilds the model for that shape. ``out``: numpy
+        arrays (of the outputs' dtypes and shapes) some outputs are copied into and
+        returned in, instead of fresh arrays (GraphExecutor.run)."""
         ex = self.executor
         if not ex.feeds_match(feeds):  # the common case costs a microsecond, not fifteen
             if any(not isinstance(a, np.ndarray) and hasattr(a, "__dlpack__")
                    for a in feeds.values()):
-                return self.run_dlpack(feeds, profile=profile, progress=progress)
+                return self.run_dlpack(feeds, out, profile=profile, progress=progress)
             self.check_shapes(feeds)
-        return ex.run(feeds, profile=profile, progress=progress)
+        return ex.run(feeds, profile=profile, progress=progress, out=out)
 
     def run_dlpack(self, feeds: dict, out: dict | None = None, **kw) -> dict:
         """``run`` on any DLPack tensors (numpy, PyTorch, ...): inputs the kernels read

@@ -15,6 +15,12 @@ CPU's array, instead of the set-up ``partition.pack_value`` / ``unpack_value`` a
 a fresh array, binding the kernel: checking its arguments, 20-80 us a call on this
 machine, about as much as the conversion of a small value itself).
 
+A value the CPU writes into the host buffer the runtime keeps for it (``out``; runtime/
+accel.py ``_segment_out``) is packed from the same memory every run, so that crossing is
+bound to both ends once: the layout kernel of a large image, or copies between views of
+both made once, called with no argument (no checks or pointer per run, which cost more
+than the copy itself on the cold caches a run leaves; docs/runtime.md).
+
 The bytes are those of ``pack_value`` / ``unpack_value`` (tests/runtime/test_crossing.py):
 the padding lanes and rows are written as zeros on every pack, as ``pack_value`` does into
 memory that held anything. What is not planned (the "matrices" layout, an executor without
@@ -198,6 +204,24 @@ def staged_packer(dram: np.ndarray, shape: tuple, cfg):
             pack_weights(x, cfg, out=dram)
             return
         plan.pack(x)
+
+    def fixed(src: np.ndarray):
+        """The packing of ``src`` (the value's host buffer kept from run to run) as a
+        function of no arguments: the compiled weight-layout kernel bound to both
+        (compiler/cpu/weight_layout.py: one C call; numpy's byte-strided transpose of an
+        attention's [12, 32, 128] keys took 40-90 us in a run), else the copies between
+        views of both made once."""
+        if src.dtype != np.int8 or src.shape != shape or not src.flags.c_contiguous:
+            return functools.partial(pack, src)
+        k = cfg.block
+        if 2 <= k <= 64 and not k & (k - 1) and dram.flags.c_contiguous and dram.ndim == 2:
+            from ..compiler.cpu.weight_layout import weights_kernel
+
+            g, kdim, ndim = dram.shape[0], shape[-2], shape[-1]
+            return weights_kernel(g, kdim, ndim, k, dram.shape[1]).bind(
+                src.reshape(g, kdim, ndim), dram, serial=True)
+        return Crossing._copies(plan, src)
+    pack.fixed = fixed
     return pack
 
 
@@ -237,6 +261,7 @@ class Crossing:
         b, k = cfg.batch, cfg.block
         self.kind = "general"  # pack_value / unpack_value through read_dram / write_dram
         self._packer = self._unpacker = None
+        self._pack_out, self._bound_ok = None, False  # (set below where the plan allows)
         if self.dram is None:
             return
         if layout is None and _row_major(image, self.packed_shape, b, k):
@@ -262,20 +287,81 @@ class Crossing:
                                            for _, d in self._out_pairs):
                 self._out_pairs = None  # (not views of ``out``: unpack into fresh arrays)
                 self.out = out = None
+        # the packing of ``out`` bound to both ends (made on its first pack), where the
+        # layout kernel or views of ``out`` serve
+        self._bound_ok = (out is not None and self.kind in ("views", "compiled") and
+                          out.flags.c_contiguous and out.dtype == np.int8 and
+                          out.shape == self.shape)
         if self.kind == "row_major":  # (the common cases as closures: no dispatch per run)
             # the DRAM bytes are the value: a view (a value's buffer is written once per
             # run, so it stays valid while the run reads it; run() copies outputs)
             self.unpack = lambda flat=self._flat: flat
+        elif self._bound_ok and self.kind == "compiled":
+            # both ends fixed (the DRAM view, the host buffer kept from run to run): the
+            # layout kernel bound to them once, one C call per run with no argument (for
+            # a large image; a small value's few numpy copies below cost less on cold
+            # caches than a ctypes call: [64, 10], 16 us against 23 us after a flush)
+            run = self._bound("unpack")
+
+            def unpack(run=run, out=out):
+                run()
+                return out
+            self.unpack = unpack
         elif self.kind == "views" and out is not None:
-            def unpack(copy=np.copyto, todo=tuple(self._out_pairs), out=out):
+            # (an assignment to ``dst[...]`` rather than np.copyto: the same copy, with
+            # less code around it: after a cache flush 7 us against 11 us for [64, 10])
+            def unpack(todo=tuple(self._out_pairs), out=out):
                 for src, dst in todo:
-                    copy(dst, src)
+                    dst[...] = src
                 return out
             self.unpack = unpack
 
     # ---- packing: host -> DRAM ------------------------------------------------------------
 
+    def _bound(self, op: str):
+        """The compiled layout kernel (packed_layout.layout_kernel, any size) of this value
+        bound once to its DRAM view and its host buffer ``out``: a function of no arguments
+        (one C call) converting ``out`` into the DRAM bytes ("pack") or back ("unpack")."""
+        from ..compiler.cpu.packed_layout import layout_kernel
+
+        n, c = self.image[:2]
+        p = math.prod(self.image[2:])
+        k = self.cfg.block
+        kernel = layout_kernel(op, n, c, p, k)
+        dram, plain = self.dram.reshape(n, -(-c // k), p, k), self.out.reshape(n, c, p)
+        return kernel.bind(*((plain, dram) if op == "pack" else (dram, plain)), serial=True)
+
+    @staticmethod
+    def _copies(plan: Plan, out: np.ndarray):
+        """``plan.pack(out)`` as a function of no arguments, the views of ``out`` made once
+        (with its padding zeroed as ``Plan.pack`` zeroes it)."""
+        todo = tuple(plan.pairs(out))
+        pads, base = tuple(plan.pads), plan.base
+
+        if plan.zero_all:
+            def run(todo=todo, base=base):
+                base.fill(0)
+                for dst, src in todo:
+                    dst[...] = src
+        else:
+            def run(todo=todo, pads=pads):
+                for dst, src in todo:
+                    dst[...] = src
+                for pad in pads:
+                    pad.fill(0)
+        return run
+
     def pack(self, x: np.ndarray) -> None:
+        if x is self.out and self._bound_ok:
+            # the host buffer kept for this value, which the CPU segment that makes it
+            # writes into (AccelModel._segment_out): a large image by the kernel bound to
+            # both ends, a small value by the copies between views of both made once
+            run = self._pack_out
+            if run is None:
+                run = self._pack_out = (self._bound("pack") if self.kind == "compiled" else
+                                        self._copies(self._plan, out=x))
+            run()
+            return
         x = np.asarray(x)
         kind = self.kind
         if x.dtype != np.int8 or x.shape != self.shape:

@@ -167,6 +167,16 @@ def packer(win, k: int, out: np.ndarray):
         pointers[0] = x.ctypes.data
         run()
 
+    def fixed(src: np.ndarray):
+        """The packing of ``src`` (an int8 array of the input's size kept from run to run,
+        C-contiguous: the runtime's host buffer of the value) as one C call with every
+        pointer bound now: no per-call check, no pointer to look up (``x.ctypes.data``
+        took 2 us warm, 20-100 us on cold caches)."""
+        if src.dtype != np.int8 or src.size != size or not src.flags.c_contiguous:
+            return functools.partial(pack, src)
+        return kernel.bind(src.reshape(shape), padded, windows, serial=True)
+    pack.fixed = fixed
+
     with _lock:
         if len(_bound) >= 16:
             _bound.pop(next(iter(_bound)))

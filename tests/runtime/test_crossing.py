@@ -240,6 +240,15 @@ def test_staged_weights_match_pack_weights(dims, strided, seed):
             x = np.swapaxes(np.ascontiguousarray(np.swapaxes(x, -1, -2)), -1, -2)
         pack(x)
         np.testing.assert_array_equal(dram, pack_weights(x, cfg))
+    # bound to a kept buffer (``fixed``): the copies between views of both made once, the
+    # buffer's contents of the moment packed, over old bytes
+    kept = np.empty(shape, np.int8)
+    run = pack.fixed(kept)
+    for _ in range(2):
+        kept[...] = rng.integers(-128, 128, shape, dtype=np.int8)
+        dram[...] = rng.integers(-128, 128, dram.shape, dtype=np.int8)
+        run()
+        np.testing.assert_array_equal(dram, pack_weights(kept, cfg))
 
 
 def test_model_runs_keep_their_outputs_across_runs_and_executors():
@@ -267,3 +276,110 @@ def test_model_runs_keep_their_outputs_across_runs_and_executors():
         np.testing.assert_array_equal(out["z"], cpu.run(f, target="fsim")["z"])
     assert not np.array_equal(got[0]["z"], got[1]["z"])
     assert model._borders[0] is model._executors["fsim"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.one_of(_SHAPES, st.sampled_from([(1, 40, 24, 24), (1, 3, 100, 60)])),
+       st.sampled_from([1, 2]), st.integers(0, 2**31))
+def test_kept_buffer_packs_by_its_bound_copies(shape, batch, seed):
+    """A value the CPU writes into its kept host buffer (AccelModel._segment_out) packs by
+    copies or the layout kernel bound to that buffer and DRAM once: pack_value's bytes,
+    run after run with new contents, padding zeroed over DRAM that held other bytes; any
+    other array of the value still packs by the general way."""
+    if len(shape) == 4 and shape[0] == 1 and shape[2] * shape[3] > 1000:
+        batch = 1  # (the large images: the compiled kernel's case)
+    shape = (shape[0] * batch, *shape[1:])
+    cfg, ex, c, rng, pshape, size = _setup(shape, batch, True, seed, out=True)
+    if c.kind == "row_major":
+        return
+    assert c._bound_ok
+    for k in range(3):
+        c.out[...] = x = rng.integers(-128, 128, shape, dtype=np.int8)
+        ex.write_dram(_ADDR, rng.integers(0, 256, size, dtype=np.uint8))  # stale bytes
+        c.pack(c.out)
+        np.testing.assert_array_equal(_dram(ex, pshape, size), pack_value(x, cfg))
+        assert c._pack_out is not None
+        y = np.asfortranarray(rng.integers(-128, 128, shape, dtype=np.int8))
+        c.pack(y)  # (not the kept buffer)
+        np.testing.assert_array_equal(_dram(ex, pshape, size), pack_value(y, cfg))
+
+
+def test_windows_packer_bound_to_a_kept_buffer():
+    """The im2col windows' packer bound to a kept input buffer (``fixed``): pack_reference's
+    bytes call after call with new contents, over DRAM that held other bytes; a buffer it
+    cannot bind (not contiguous) still packs, through the general call."""
+    from celosia.compiler.accel import im2col
+    from celosia.compiler.cpu.im2col_layout import packer
+
+    cfg = _config(1)
+    rng = np.random.default_rng(4)
+    for win in (im2col.Windows(3, 3, 9, 7, 3, 3, (2, 1), (1, 0, 2, 1), -5, (1, 127)),
+                im2col.Windows(5, 1, 8, 8, 3, 3, (1, 1), (1, 1, 1, 1), 0)):
+        out = np.empty(win.packed_shape(cfg), np.int8)
+        shape = (win.n, win.c, win.h, win.w)
+        kept = np.empty(shape, np.int8)
+        strided = np.empty((*shape[:-1], 2 * shape[-1]), np.int8)[..., ::2]
+        pack = packer(win, cfg.block, out)
+        for src in (kept, strided):
+            run = pack.fixed(src)
+            for _ in range(3):
+                src[...] = rng.integers(-128, 128, shape, dtype=np.int8)
+                out[...] = rng.integers(-128, 128, out.shape, dtype=np.int8)
+                run()
+                np.testing.assert_array_equal(out, im2col.pack_reference(src, win, cfg))
+
+
+def test_cpu_made_operands_cross_from_kept_buffers():
+    """The digits CNN: the CPU segment that quantizes the image writes it into the kept
+    buffer that the windows' packer is bound to; three runs with other images on the
+    cycle model and fsim, each bit-exact with the int8 CPU build and none changing an
+    earlier run's outputs."""
+    from celosia.models import digits
+    from celosia.runtime.accel import AccelModel
+
+    calib, _ = digits.load_split()["calibration"]
+    model = AccelModel.from_onnx(str(digits.model_path()), "default",
+                                 input_shapes={"image": (6, 1, 8, 8)},
+                                 calibration={"image": calib}, target="cycle")
+    cpu = model.cpu_build()
+    rng = np.random.default_rng(12)
+    feeds = [{"image": rng.uniform(0, 16, (6, 1, 8, 8)).astype(np.float32)} for _ in range(3)]
+    got = []
+    for target, f in zip(["cycle", "cycle", "fsim"], feeds):
+        got.append(model.run(f, target=target))
+    for f, out in zip(feeds, got):
+        np.testing.assert_array_equal(out["probs"], cpu.run(f)["probs"])
+    assert not np.array_equal(got[0]["probs"], got[1]["probs"])
+    outs = [o for o in model.__dict__["_segment_outs"].values() if o]
+    assert outs, "the quantized image is written into its kept buffer"
+    staged = [s for per in model._staged_of.values() for v in per.values() for s in v]
+    assert any(buf is not None and buf is outs[0].get(value)
+               for value, _, buf, _ in staged), "the windows are packed from it, bound"
+    # planned before the first run's windows (AccelModel._plan_border): the value the CPU
+    # reads back from the accelerator (the dense layer's result), on each executor
+    back = {n.inputs[0] for n in model.graph.nodes if n.op == "Dequantize"} & set(model.values)
+    assert back and back <= set(model._borders[1])
+    assert len(model._border_planned) == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 70), st.integers(1, 70), st.sampled_from(["default", "small"]),
+       st.sampled_from([0, 64]), st.integers(0, 2**31))
+def test_weights_kernel_matches_pack_weights(g, kdim, ndim, config, extra, seed):
+    """The compiled weight-layout kernel (compiler/cpu/weight_layout.py): pack_weights'
+    bytes for rows and columns that are and are not multiples of BLOCK, BLOCK 16 and 4,
+    over DRAM that held other bytes, with the padding past each matrix (a longer stride
+    than the layout's) zeroed."""
+    from celosia.compiler.cpu.weight_layout import weights_kernel
+
+    cfg = HwConfig.load(config)
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (g, kdim, ndim), dtype=np.int8)
+    gs, stride = weights_shape(x.shape, cfg)
+    out = rng.integers(-128, 128, (gs, stride + extra), dtype=np.int8)
+    weights_kernel(g, kdim, ndim, cfg.block, stride + extra).bind(x, out, serial=True)()
+    np.testing.assert_array_equal(out[:, :stride], pack_weights(x, cfg))
+    assert not out[:, stride:].any()
+    k = cfg.block
+    with pytest.raises(ValueError, match="does not hold"):
+        weights_kernel(g, kdim, ndim, k, -(-kdim // k) * -(-ndim // k) * k * k - 1)
