@@ -256,9 +256,13 @@ def test_wide_load_plans_in_closed_form_agree_with_the_rows():
         for _ in range(300):
             mt = rng.choice(wide)
             eb = elem_bytes(cfg, mt)
+            # up to _PY_ROWS rows; strides of whole bursts (every row alike) or not
+            stride = (rng.randrange(4) * t.burst_bytes // eb if rng.random() < 0.3
+                      else rng.randrange(400))
             insn = MemInsn(opcode=Opcode.LOAD, mem_type=mt, dram_base=rng.randrange(5000),
-                           y_size=rng.randrange(1, 9), x_size=rng.randrange(1, 300),
-                           x_stride=rng.randrange(400), y_pad_0=rng.randrange(3),
+                           y_size=rng.choice((rng.randrange(1, 9), rng.randrange(1, 33))),
+                           x_size=rng.randrange(1, 300),
+                           x_stride=stride, y_pad_0=rng.randrange(3),
                            y_pad_1=rng.randrange(3), x_pad_0=rng.randrange(3),
                            x_pad_1=rng.randrange(3))
             rows = t._load_plan_rows(insn, eb)
