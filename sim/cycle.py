@@ -197,7 +197,8 @@ class _Static:
         per: dict = {}
         any_fixed = any_per_run = False
         write_latency = timing.write_latency
-        for insn in {id(i): i for i in insns}.values():
+        ids = list(map(id, insns))
+        for insn in dict(zip(ids, insns)).values():
             writes, fixed, per_run = None, 0, False
             # the statistics' fields (cycle_report.insn_stat_fields, inlined): memory type
             # index, write waits, read beats, read bursts, write beats, drain cycles
@@ -250,11 +251,14 @@ class _Static:
                 stat = insn_stat_fields(insn, plan, None, timing)
             cost = (plan if type(plan) is int else plan.push) + 1
             per[id(insn)] = (plan, writes, cost, fixed, per_run, *stat)
-        ids = [id(i) for i in insns]
         #: per instruction, its word's row of ``per``: (plan, STORE writes or None, cost,
         #: fixed hazard stalls, hazard stalls per run, then cycle_report.insn_stat_fields)
         self.rows = rows = [per[k] for k in ids]
         self.plans: list = [r[0] for r in rows]
+        #: per instruction, the index of its memory type in the statistics (-1 for none) and
+        #: its write waits (the schedule's reads of insn_stat_fields)
+        self.stat_index: list = [r[5] for r in rows]
+        self.write_waits: list = [r[6] for r in rows]
         self.seq: dict = {m: [] for m in range(3)}
         totals = [0, 0, 0]
         seq = self.seq
@@ -284,14 +288,20 @@ class _Static:
         """The program's fetch batches (Timing.fetch_batch), made on its first run."""
         if self._fetch is None:
             n, size = len(self.module), timing.fetch_insns
-            memo: dict = {}  # batches at the same offset in a burst window are equal
+            burst = timing.burst_bytes
+            # batches at the same offset in a burst window are equal, and so are those of
+            # whole beats inside one burst (Timing._fetch_batch: they depend on the count
+            # alone), keyed by their count
+            whole = INSN_BYTES % timing.bus_bytes == 0 and insn_addr % timing.bus_bytes == 0
+            memo: dict = {}
             fetch = []
             for first in range(0, n, size):
-                key = ((insn_addr + first * INSN_BYTES) % timing.burst_bytes,
-                       min(size, n - first))
+                count = min(size, n - first)
+                addr = (insn_addr + first * INSN_BYTES) % burst
+                key = count if whole and addr + count * INSN_BYTES <= burst else (addr, count)
                 batch = memo.get(key)
                 if batch is None:
-                    batch = memo[key] = timing._fetch_batch(*key)
+                    batch = memo[key] = timing._fetch_batch(addr, count)
                 fetch.append(batch)
             self._fetch = fetch
         return self._fetch
@@ -607,7 +617,7 @@ class _Schedule:
         stalls = self.stalls
         free_of, rd_wait, rd_lat, w_d = self.free, self.rd_wait, self.rd_lat, self.w_d
         # statistics (cycle_report): waits attributed in order, busy, DRAM and bus cycles
-        rows = self.static.rows  # r[5]: memory type index, r[6]: write waits
+        stat_index, write_waits = self.static.stat_index, self.static.write_waits
         token_q, room_q, ran = self.token_q, self.room_q, self.ran
         busy = cmdq = dram = bus = 0
         free = 0
@@ -659,7 +669,7 @@ class _Schedule:
                 p = s + plan
                 if stalls:
                     p += stalls.get(j, 0)
-                w = rows[j][6]
+                w = write_waits[j]
                 dram += w
                 busy += p - s - w + 1
             else:  # a LOAD's bursts on the read channel
@@ -723,7 +733,7 @@ class _Schedule:
                             runnable.append((u, None))
             push[j] = p
             free = p + 1
-            k = rows[j][5]
+            k = stat_index[j]
             if k >= 0:
                 ran[k] += free - s
         self.module_sums[m] = (busy, cmdq, dram, bus)

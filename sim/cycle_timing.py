@@ -405,22 +405,30 @@ class Timing:
         bus, L, burst = self.bus_bytes, self.read_latency, self.burst_bytes
         W = insn.x_pad_0 + insn.x_size + insn.x_pad_1
         row_bytes, stride = insn.x_size * eb, insn.x_stride * eb
+        y = insn.y_size
         t = 2 + insn.y_pad_0 * W  # the walker, at the start of the first data row
         a = insn.dram_base * eb
-        n = beats = 0
-        for _ in range(insn.y_size):
-            pos, end = a // bus * bus, -(-(a + row_bytes) // bus) * bus
-            nb = (end - 1) // burst - pos // burst + 1
-            row_beats = (end - pos) // bus
-            if not n:  # the first burst
-                req0 = t + insn.x_pad_0 + 1
-                first_beats = (min(end, (pos // burst + 1) * burst) - pos) // bus
-                last_beats = (end - (end - 1) // burst * burst) // bus
-            x = t + insn.x_pad_0 + 1 + nb * (L + 1) + row_beats - 1  # the row's last RLAST
-            n += nb
-            beats += row_beats
-            t = x + 2 + insn.x_pad_1
-            a += stride
+        req0 = t + insn.x_pad_0 + 1
+        pos, end = a // bus * bus, -(-(a + row_bytes) // bus) * bus
+        first_beats = (min(end, (pos // burst + 1) * burst) - pos) // bus
+        last_beats = (end - (end - 1) // burst * burst) // bus
+        if eb % bus:  # elements of whole beats only (powers of two of at least a beat)
+            return self._load_plan_rows(insn, eb)
+        # every row has row_bytes / bus beats (its address is whole beats) and one burst
+        # more than the burst boundaries inside it; those are the same in every row when
+        # the stride is whole bursts
+        beats = y * (row_bytes // bus)
+        last = row_bytes - 1
+        if stride % burst == 0:
+            n = y * ((a + last) // burst - a // burst + 1)
+        else:
+            n = y + sum([(r + last) // burst - r // burst
+                         for r in range(a, a + y * stride, stride)])
+        # each row: its first request x_pad_0 + 1 cycles into it, per burst L + 1 cycles
+        # from request to first beat, its beats, then the last element written and back to
+        # WALK (2) and x_pad_1; the last row's last RLAST is those 2 + x_pad_1 before the end
+        t += y * (insn.x_pad_0 + 1 + 2 + insn.x_pad_1 - 1) + n * (L + 1) + beats
+        x = t - 2 - insn.x_pad_1
         push = t + insn.y_pad_1 * W + 2
         row = ((L + 1, first_beats, burst // bus, last_beats) if insn.y_size == 1 and n > 1
                else None)

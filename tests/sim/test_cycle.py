@@ -256,9 +256,13 @@ def test_wide_load_plans_in_closed_form_agree_with_the_rows():
         for _ in range(300):
             mt = rng.choice(wide)
             eb = elem_bytes(cfg, mt)
+            # up to _PY_ROWS rows; strides of whole bursts (every row alike) or not
+            stride = (rng.randrange(4) * t.burst_bytes // eb if rng.random() < 0.3
+                      else rng.randrange(400))
             insn = MemInsn(opcode=Opcode.LOAD, mem_type=mt, dram_base=rng.randrange(5000),
-                           y_size=rng.randrange(1, 9), x_size=rng.randrange(1, 300),
-                           x_stride=rng.randrange(400), y_pad_0=rng.randrange(3),
+                           y_size=rng.choice((rng.randrange(1, 9), rng.randrange(1, 33))),
+                           x_size=rng.randrange(1, 300),
+                           x_stride=stride, y_pad_0=rng.randrange(3),
                            y_pad_1=rng.randrange(3), x_pad_0=rng.randrange(3),
                            x_pad_1=rng.randrange(3))
             rows = t._load_plan_rows(insn, eb)
@@ -290,6 +294,30 @@ def test_fetch_batches_in_one_burst_need_no_split():
                 a = t._fetch_batch(addr % t.burst_bytes, count)
                 b = t._fetch_batch_general(addr % t.burst_bytes, count)
                 assert dataclasses.astuple(a) == dataclasses.astuple(b), (cfg, addr, count)
+
+def test_program_fetch_batches_are_each_batchs_own():
+    """_Static.fetch_batches shares one batch between the batches of whole beats inside one
+    burst with the same count, whatever their address; every batch must be the one
+    Timing._fetch_batch makes for its own address and count."""
+    from celosia.isa import FinishInsn
+    from celosia.sim.cycle import _Static
+    from celosia.sim.fsim import Program
+
+    for cfg in (DEFAULT, SMALL, HwConfig(bus_bytes=32), HwConfig(bus_bytes=4)):
+        t = Timing.from_config(cfg)
+        for n in (1, 7, 8, 9, 37, 300):
+            insns = Program([FinishInsn()] * n)
+            for insn_addr in (0, 16, 48, t.burst_bytes - 64, t.burst_bytes - 16,
+                              3 * t.burst_bytes + 80):
+                got = _Static(insns, t, cfg).fetch_batches(t, insn_addr)
+                assert len(got) == -(-n // t.fetch_insns)
+                for b, batch in enumerate(got):
+                    first = b * t.fetch_insns
+                    want = t._fetch_batch((insn_addr + first * 16) % t.burst_bytes,
+                                          min(t.fetch_insns, n - first))
+                    assert dataclasses.astuple(batch) == dataclasses.astuple(want), \
+                        (cfg, n, insn_addr, b)
+
 
 def test_one_row_in_one_burst_has_one_plan_per_beat_offset():
     """_Static shares a plan between one-row LOADs/STOREs inside one burst window that
