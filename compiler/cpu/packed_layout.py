@@ -52,19 +52,26 @@ def compiled_layout(shape: tuple, packed: tuple, batch: int, k: int) -> bool:
         not k & (k - 1) and math.prod(shape) >= COMPILED_LAYOUT_BYTES
 
 
+def kernel_entry(name: str, symbol: str, k: int):
+    """A layout kernel's start: module ``name`` with ``void symbol(i8** buffers, i64 begin,
+    i64 end)``, a builder in its entry block, the source and destination pointers (buffers
+    0 and 1), the <k x i8> vector type and its zero."""
+    vec = ir.VectorType(_I8, k)
+    module = ir.Module(name=name)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer().as_pointer(),
+                                                            _I64, _I64]), symbol)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    src, dst = (b.load(b.gep(fn.args[0], [ir.Constant(_I64, i)])) for i in range(2))
+    return module, fn, b, src, dst, vec, ir.Constant(vec, [ir.Constant(_I8, 0)] * k)
+
+
 def _module(op: str, n: int, c: int, p: int, k: int, symbol: str) -> str:
     """One function fn(buffers, begin, end) over iterations t = (image * CB + block) *
     chunks + chunk."""
     cb = -(-c // k)
     chunks = -(-p // PIXELS)
-    vec = ir.VectorType(_I8, k)
-    module = ir.Module(name=f"{op}_{k}")
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer().as_pointer(),
-                                                            _I64, _I64]), symbol)
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    src, dst = (b.load(b.gep(fn.args[0], [ir.Constant(_I64, i)])) for i in range(2))
+    module, fn, b, src, dst, vec, zero_vec = kernel_entry(f"{op}_{k}", symbol, k)
     const = lambda v: ir.Constant(_I64, v)  # noqa: E731
-    zero_vec = ir.Constant(vec, [ir.Constant(_I8, 0)] * k)
 
     def body(t):
         chunk = b.urem(t, const(chunks))

@@ -25,7 +25,7 @@ import time
 from llvmlite import ir
 
 from .lut import counted_loop
-from .packed_layout import _masked_load, _transpose
+from .packed_layout import _masked_load, _transpose, kernel_entry
 
 __all__ = ["weights_kernel"]
 
@@ -40,14 +40,8 @@ def _module(g: int, kdim: int, ndim: int, k: int, stride: int, symbol: str) -> s
     kb, nb = -(-kdim // k), -(-ndim // k)
     full = ndim // k  # column blocks of k real columns
     raw = nb * kb * k * k
-    vec = ir.VectorType(_I8, k)
-    module = ir.Module(name=f"weights_{k}")
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer().as_pointer(),
-                                                            _I64, _I64]), symbol)
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    src, dst = (b.load(b.gep(fn.args[0], [ir.Constant(_I64, i)])) for i in range(2))
+    module, fn, b, src, dst, vec, zero_vec = kernel_entry(f"weights_{k}", symbol, k)
     const = lambda v: ir.Constant(_I64, v)  # noqa: E731
-    zero_vec = ir.Constant(vec, [ir.Constant(_I8, 0)] * k)
 
     def body(t):
         m, j = b.udiv(t, const(nb)), b.urem(t, const(nb))

@@ -152,14 +152,6 @@ def split_matmul_epilogues(graph: Graph) -> Graph:
         current = fresh_name(f"{out}/product", taken)
         types[current] = types[out]
         nodes.append(Node("MatMul", tuple(inputs), (current,), attrs, node.name))
-        rest = steps[keep:]
-        for k, step in enumerate(rest):
-            result = out if k == len(rest) - 1 else fresh_name(f"{out}/{step[0].lower()}",
-                                                               taken)
-            types[result] = types[out]
-            operands = (current, node.inputs[step[1]]) if step[0] in _BINARY else (current,)
-            nodes.append(Node(step[0], operands, (result,), {},
-                              fresh_name(f"{node.name}/{step[0].lower()}", taken)))
-            current = result
+        nodes.extend(_nodes_for(node, steps[keep:], current, out, types, taken))
         changed = True
     return graph.with_nodes(nodes, types=types) if changed else graph
