@@ -659,65 +659,61 @@ class Datapath:
         # rows of a layer are loaded once and used by many GEMMs.
         w_memo = [[None, None] for _ in slices]
 
-        def gemm_grid_int8():
-            total = None
-            for (gs, xs, ws), memo in zip(slices, w_memo):
-                x = inp2[xs] if isinstance(xs, slice) else inp2.take(xs, axis=0)
-                w = wgt2[ws] if isinstance(ws, slice) else wgt2.take(ws, axis=0)
-                key = w.tobytes()
-                if key != memo[0]:  # the (out, in) blocks as 4-byte words, packed
-                    words = w.view(np.uint32)
-                    if shared:  # one B (gs*C, G*O): columns (group, out lane)
-                        words = words.reshape(1, G, gs, block, block // 4)
-                    else:  # per group B (gs*C, O)
-                        words = words.reshape(G, 1, gs, block, block // 4)
-                    memo[:] = key, igemm.pack(words)
-                if shared:  # X (R*B, gs*C) @ W (gs*C, G*O)
-                    if batch == 1:
-                        xi = x.reshape(1, R, gs * block)
-                    else:
-                        xi = np.ascontiguousarray(
-                            x.reshape(R, gs, batch, block).transpose(0, 2, 1, 3))
-                        xi = xi.reshape(1, R * batch, gs * block)
-                    part = igemm.matmul(xi, memo[1])[0]
-                else:  # per group: X (G, R*B, gs*C) @ W (G, gs*C, O)
-                    xi = np.ascontiguousarray(
-                        x.reshape(G, R, gs, batch, block).transpose(0, 1, 3, 2, 4))
-                    part = igemm.matmul(xi.reshape(G, R * batch, gs * block), memo[1])
-                if total is None:
-                    total = part
+        def product_int8(gs, x, w, memo):
+            key = w.tobytes()
+            if key != memo[0]:  # the (out, in) blocks as 4-byte words, packed
+                words = w.view(np.uint32)
+                if shared:  # one B (gs*C, G*O): columns (group, out lane)
+                    words = words.reshape(1, G, gs, block, block // 4)
+                else:  # per group B (gs*C, O)
+                    words = words.reshape(G, 1, gs, block, block // 4)
+                memo[:] = key, igemm.pack(words)
+            if shared:  # X (R*B, gs*C) @ W (gs*C, G*O)
+                if batch == 1:
+                    xi = x.reshape(1, R, gs * block)
                 else:
-                    total += part  # int32 arrays wrap: addition modulo 2^32
-            store(total)
+                    xi = np.ascontiguousarray(
+                        x.reshape(R, gs, batch, block).transpose(0, 2, 1, 3))
+                    xi = xi.reshape(1, R * batch, gs * block)
+                return igemm.matmul(xi, memo[1])[0]
+            # per group: X (G, R*B, gs*C) @ W (G, gs*C, O)
+            xi = np.ascontiguousarray(
+                x.reshape(G, R, gs, batch, block).transpose(0, 1, 3, 2, 4))
+            return igemm.matmul(xi.reshape(G, R * batch, gs * block), memo[1])
+
+        def product_f32(gs, x, w, memo):
+            key = w.tobytes()
+            if key != memo[0]:  # W, C-contiguous (BLAS is faster on it than on W^T)
+                w4 = w.reshape(G, gs, block, block)  # (group, micro-op, out lane, in)
+                if shared:  # (gs*C, G*O): rows (micro-op, in lane)
+                    wk = np.ascontiguousarray(w4.transpose(1, 3, 0, 2), dtype=f32)
+                    memo[:] = key, wk.reshape(gs * block, G * block)
+                else:  # (G, gs*C, O)
+                    wk = np.ascontiguousarray(w4.transpose(0, 1, 3, 2), dtype=f32)
+                    memo[:] = key, wk.reshape(G, gs * block, block)
+            wk = memo[1]
+            if shared:  # X (R*B, gs*C) @ W (gs*C, G*O)
+                if batch == 1:
+                    xf = x.reshape(R, gs * block).astype(f32)
+                else:
+                    xf = np.empty((R, batch, gs, block), f32)
+                    np.copyto(xf, x.reshape(R, gs, batch, block).transpose(0, 2, 1, 3))
+                    xf = xf.reshape(R * batch, gs * block)
+                part = np.matmul(xf, wk)
+            else:  # per group: X (G, R*B, gs*C) @ W (G, gs*C, O)
+                xf = np.empty((G, R, batch, gs, block), f32)
+                np.copyto(xf, x.reshape(G, R, gs, batch, block).transpose(0, 1, 3, 2, 4))
+                part = np.matmul(xf.reshape(G, R * batch, gs * block), wk)
+            return part.astype(np.int32)  # exact: |part| <= 2^24
+
+        product = product_int8 if int8 else product_f32
 
         def gemm_grid():
             total = None
             for (gs, xs, ws), memo in zip(slices, w_memo):
                 x = inp2[xs] if isinstance(xs, slice) else inp2.take(xs, axis=0)
                 w = wgt2[ws] if isinstance(ws, slice) else wgt2.take(ws, axis=0)
-                key = w.tobytes()
-                if key != memo[0]:  # W, C-contiguous (BLAS is faster on it than on W^T)
-                    w4 = w.reshape(G, gs, block, block)  # (group, micro-op, out lane, in)
-                    if shared:  # (gs*C, G*O): rows (micro-op, in lane)
-                        wk = np.ascontiguousarray(w4.transpose(1, 3, 0, 2), dtype=f32)
-                        memo[:] = key, wk.reshape(gs * block, G * block)
-                    else:  # (G, gs*C, O)
-                        wk = np.ascontiguousarray(w4.transpose(0, 1, 3, 2), dtype=f32)
-                        memo[:] = key, wk.reshape(G, gs * block, block)
-                wk = memo[1]
-                if shared:  # X (R*B, gs*C) @ W (gs*C, G*O)
-                    if batch == 1:
-                        xf = x.reshape(R, gs * block).astype(f32)
-                    else:
-                        xf = np.empty((R, batch, gs, block), f32)
-                        np.copyto(xf, x.reshape(R, gs, batch, block).transpose(0, 2, 1, 3))
-                        xf = xf.reshape(R * batch, gs * block)
-                    part = np.matmul(xf, wk)
-                else:  # per group: X (G, R*B, gs*C) @ W (G, gs*C, O)
-                    xf = np.empty((G, R, batch, gs, block), f32)
-                    np.copyto(xf, x.reshape(G, R, gs, batch, block).transpose(0, 1, 3, 2, 4))
-                    part = np.matmul(xf.reshape(G, R * batch, gs * block), wk)
-                part = part.astype(np.int32)  # exact: |part| <= 2^24
+                part = product(gs, x, w, memo)
                 if total is None:
                     total = part
                 else:
@@ -745,7 +741,7 @@ class Datapath:
                 acc[dst] = new
                 out[dst] = new.astype(np.int8)
 
-        return (gemm_grid_int8 if int8 else gemm_grid), nbytes
+        return gemm_grid, nbytes
 
     def _compile_gemm_tiles(self, insn: GemmInsn, dst0, src0, wgt0):
         """Any other GEMM of at most _KERNEL_EXECS executions as batched float32 matrix
