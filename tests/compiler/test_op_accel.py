@@ -23,6 +23,12 @@ def _i8(rng, shape):
     return rng.integers(-128, 128, shape, dtype=np.int8)
 
 
+def _bias_scale(rng, n):
+    """A requantized dense layer's int32 bias and per-channel scale, n of each."""
+    return (rng.integers(-5000, 5000, n).astype(np.int32),
+            rng.integers(-700, 700, n).astype(np.int32))
+
+
 def _matmul(a, b):
     k = te.reduce_axis(a.shape[1], "k")
     return te.compute((a.shape[0], b.shape[1]), lambda i, j: te.sum(
@@ -207,8 +213,7 @@ def test_requantized_dense_cpu_and_accel_bit_exact(seed):
     for _ in range(2):
         m, k, n = _shape(rng, cfg)
         x, w = _i8(rng, (m, k)), _i8(rng, (n, k))
-        bias = rng.integers(-5000, 5000, n).astype(np.int32)
-        scale = rng.integers(-700, 700, n).astype(np.int32)
+        bias, scale = _bias_scale(rng, n)
         kw = dict(shift=int(rng.integers(4, 14)), lo=int(rng.integers(-128, 0)),
                   hi=int(rng.integers(0, 128)))
         want = qdense_reference(x, w, bias, scale, **kw)
@@ -240,8 +245,7 @@ def test_cache_stats_and_cycle_model():
     rng = np.random.default_rng(3)
     acc = celosia.op(target="accel", config="small", executor="cycle", name="qd_cycle")(qdense)
     x, w = _i8(rng, (8, 16)), _i8(rng, (12, 16))
-    bias = rng.integers(-5000, 5000, 12).astype(np.int32)
-    scale = rng.integers(-700, 700, 12).astype(np.int32)
+    bias, scale = _bias_scale(rng, 12)
     want = qdense_reference(x, w, bias, scale)
     np.testing.assert_array_equal(acc(x, w, bias, scale), want)
     first = dict(acc.last_stats)
@@ -266,8 +270,7 @@ def test_rtl_agrees_with_the_cycle_model():
     the cycle model's cycle count."""
     rng = np.random.default_rng(12)
     x, w = _i8(rng, (6, 10)), _i8(rng, (7, 10))
-    bias = rng.integers(-5000, 5000, 7).astype(np.int32)
-    scale = rng.integers(-700, 700, 7).astype(np.int32)
+    bias, scale = _bias_scale(rng, 7)
     q, kt = _i8(rng, (2, 3, 5)), _i8(rng, (2, 4, 5))
     cycles = {}
     for ex in ("cycle", "rtl"):
@@ -295,8 +298,7 @@ def test_numpy_out_and_torch_custom_op():
     rng = np.random.default_rng(8)
     acc = celosia.op(target="accel", config="small", name="qd_torch")(qdense)
     x, w = _i8(rng, (6, 10)), _i8(rng, (7, 10))
-    bias = rng.integers(-5000, 5000, 7).astype(np.int32)
-    scale = rng.integers(-700, 700, 7).astype(np.int32)
+    bias, scale = _bias_scale(rng, 7)
     want = qdense_reference(x, w, bias, scale, shift=8)
     out = np.empty((6, 7), np.int8)
     acc(x, w, bias, scale, out=out, shift=8)
@@ -314,8 +316,7 @@ def test_inside_torch_compile():
     rng = np.random.default_rng(9)
     acc = celosia.op(target="accel", config="small", name="qd_compiled")(qdense)
     x, w = _i8(rng, (5, 9)), _i8(rng, (6, 9))
-    bias = rng.integers(-5000, 5000, 6).astype(np.int32)
-    scale = rng.integers(-700, 700, 6).astype(np.int32)
+    bias, scale = _bias_scale(rng, 6)
     want = qdense_reference(x, w, bias, scale, shift=8)
 
     @torch.compile(fullgraph=True, backend="aot_eager")
