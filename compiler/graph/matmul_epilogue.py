@@ -61,11 +61,7 @@ def _splittable(graph: Graph, node: Node) -> int | None:
     keep = 1 if _positive_scalar(graph, node, steps[0]) else 0
     if keep == len(steps):
         return None  # already a QMatMul's form
-    for step in steps[keep:]:
-        if not (step[0] in _BINARY and len(step) == 2) and \
-                not (step[0] in _UNARY and len(step) == 1):
-            return None
-    return keep
+    return keep if _node_form(steps[keep:]) else None
 
 
 def _nodes_for(node: Node, steps, current: str, out: str, types: dict,
