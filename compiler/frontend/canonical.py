@@ -680,3 +680,124 @@ CANONICALIZE.update({
     "DepthToSpace": _blocks, "SpaceToDepth": _blocks,
     "ConvTranspose": _conv_transpose, "Resize": _resize, "Upsample": _upsample,
 })
+
+
+# ---- vision and detection operators (graph/ops_vision.py) -----------------------------------
+
+
+def _grid_sample(ctx, node):
+    """Modes by their opset-20 names (opset 16's bilinear and bicubic mean the same)."""
+    if _rank(ctx, node) < 3:
+        raise NodeError(node, f"input {ctx.types[node.inputs[0]]} must have rank >= 3")
+    a = {"align_corners": 0, "padding_mode": "zeros", **node.attrs}
+    mode = a.get("mode", "linear")
+    a["mode"] = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    return [Node("GridSample", node.inputs, node.outputs, a, node.name)]
+
+
+def _shape_value(ctx, node, index, what):
+    """A shape input as ints, held to its rule in the operator table."""
+    v = _ints(ctx, node, index, what, required=True)
+    check_value(node, index, np.array(v, np.int64), _rank(ctx, node))
+    return v
+
+
+def _affine_grid(ctx, node):
+    size = _shape_value(ctx, node, 1, "size")
+    if len(size) not in (4, 5):
+        raise NodeError(node, f"size {size} must be [N, C, H, W] or [N, C, D, H, W]")
+    a = {"align_corners": 0, **node.attrs, "size": size}
+    return [Node("AffineGrid", node.inputs[:1], node.outputs, a, node.name)]
+
+
+def _roi_align(ctx, node):
+    """Opset 16 added half_pixel, its new default; before it the regions were not shifted
+    (output_half_pixel)."""
+    mode = "half_pixel" if ctx.opset >= 16 else "output_half_pixel"
+    a = {"coordinate_transformation_mode": mode, "mode": "avg", "output_height": 1,
+         "output_width": 1, "sampling_ratio": 0, "spatial_scale": 1.0, **node.attrs}
+    return [Node("RoiAlign", node.inputs, node.outputs, a, node.name)]
+
+
+def _lp_pool(ctx, node):
+    attrs = _window_attrs(ctx, node, node.attrs["kernel_shape"])
+    attrs.setdefault("ceil_mode", 0)
+    attrs.setdefault("p", 2)
+    return [Node("LpPool", node.inputs, node.outputs, attrs, node.name)]
+
+
+def _mvn(ctx, node):
+    rank = _rank(ctx, node)
+    axes = [_axis(node, ax, rank) for ax in node.attrs.get("axes", [0, 2, 3])]
+    return [Node(node.op, node.inputs, node.outputs, {"axes": axes}, node.name)]
+
+
+def _max_unpool(ctx, node):
+    x = ctx.types[node.inputs[0]].shape
+    kernel = node.attrs["kernel_shape"]
+    nd = len(kernel)
+    strides = node.attrs.get("strides", [1] * nd)
+    pads = node.attrs.get("pads", [0] * (2 * nd))
+    given = _optional_value(ctx, node, 2, "output_shape")
+    if given is not None:
+        out = [int(v) for v in given.reshape(-1)]
+    else:
+        out = [x[0], x[1]] + [(x[2 + i] - 1) * strides[i] - pads[i] - pads[i + nd] + kernel[i]
+                              for i in range(nd)]
+        if min(out) < 1:
+            raise NodeError(node, f"kernel {kernel}, strides {strides} and pads {pads} leave "
+                                  f"no output for the input {ctx.types[node.inputs[0]]}")
+    a = {"kernel_shape": kernel, "strides": strides, "pads": pads, "output_shape": out}
+    return [Node("MaxUnpool", node.inputs[:2], node.outputs, a, node.name)]
+
+
+def _col2im(ctx, node):
+    image = _shape_value(ctx, node, 1, "image_shape")
+    block = _shape_value(ctx, node, 2, "block_shape")
+    nd = len(image)
+    if len(block) != nd:
+        raise NodeError(node, f"image_shape {image} and block_shape {block} must have the "
+                              "same length")
+    a = {"dilations": [1] * nd, "pads": [0] * (2 * nd), "strides": [1] * nd, **node.attrs,
+         "image_shape": image, "block_shape": block}
+    for key, want in (("dilations", nd), ("pads", 2 * nd), ("strides", nd)):
+        if len(a[key]) != want:
+            raise NodeError(node, f"attribute {key!r} = {a[key]} must have {want} values for "
+                                  f"images of {nd} dimensions")
+    return [Node("Col2Im", node.inputs[:1], node.outputs, a, node.name)]
+
+
+def _center_crop_pad(ctx, node):
+    rank = _rank(ctx, node)
+    shape = _shape_value(ctx, node, 1, "shape")
+    axes = [_axis(node, ax, rank) for ax in node.attrs.get("axes", range(rank))]
+    if len(shape) != len(axes):
+        raise NodeError(node, f"shape {shape} must have one size per axis of {axes}")
+    return [Node("CenterCropPad", node.inputs[:1], node.outputs,
+                 {"axes": axes, "shape": shape}, node.name)]
+
+
+def _deform_conv(ctx, node):
+    w = ctx.types[node.inputs[1]].shape
+    if _rank(ctx, node) != 4 or len(w) != 4:
+        raise NodeError(node, f"input {ctx.types[node.inputs[0]]} and weight "
+                              f"{ctx.types[node.inputs[1]]} must be 4-D (celosia takes 2-D "
+                              "DeformConv)")
+    kernel = list(node.attrs.get("kernel_shape", w[2:]))
+    if kernel != list(w[2:]):
+        raise NodeError(node, f"kernel_shape {kernel} differs from the weight's "
+                              f"{ctx.types[node.inputs[1]]}")
+    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1,
+         "offset_group": 1, **node.attrs, "kernel_shape": kernel}
+    return [Node("DeformConv", node.inputs, node.outputs, a, node.name)]
+
+
+CANONICALIZE.update({
+    "GridSample": _grid_sample, "AffineGrid": _affine_grid,
+    "NonMaxSuppression": _with_defaults({"center_point_box": 0}),
+    "RoiAlign": _roi_align, "MaxRoiPool": _with_defaults({"spatial_scale": 1.0}),
+    "LRN": _with_defaults({"alpha": 1e-4, "beta": 0.75, "bias": 1.0}),
+    "LpPool": _lp_pool, "GlobalLpPool": _with_defaults({"p": 2}),
+    "MeanVarianceNormalization": _mvn, "MaxUnpool": _max_unpool, "Col2Im": _col2im,
+    "CenterCropPad": _center_crop_pad, "DeformConv": _deform_conv,
+})

@@ -268,6 +268,54 @@ SPECS.update({
         "scales": Attr("floats", low=1)}),
 })
 
+# ---- vision and detection operators (graph/ops_vision.py) -------------------------------------
+
+_ALIGN = {"align_corners": Attr("int", choices=_BOOL)}
+_PAD_WINDOW = {"pads": Attr("ints", low=0, length="pads"),
+               "strides": Attr("ints", low=1, length="spatial")}
+
+SPECS.update({
+    # GridSample: opset 16 names the modes bilinear and bicubic, 20 linear and cubic.
+    "GridSample": OpSpec("x grid", "y", {
+        **_ALIGN, "mode": Attr("string", choices=("bilinear", "nearest", "bicubic", "linear",
+                                                  "cubic")),
+        "padding_mode": Attr("string", choices=("zeros", "border", "reflection"))}),
+    "AffineGrid": OpSpec("theta size", "grid", _ALIGN, values={"size": Attr("ints", low=1)}),
+    "NonMaxSuppression": OpSpec(
+        "boxes scores max_output_boxes_per_class? iou_threshold? score_threshold?",
+        "selected_indices", {"center_point_box": Attr("int", choices=_BOOL)}),
+    "RoiAlign": OpSpec("x rois batch_indices", "y", {
+        "coordinate_transformation_mode": Attr("string", choices=("half_pixel",
+                                                                  "output_half_pixel")),
+        "mode": Attr("string", choices=("avg", "max")),
+        "output_height": Attr("int", low=1), "output_width": Attr("int", low=1),
+        "sampling_ratio": Attr("int", low=0), "spatial_scale": Attr("float")}),
+    "MaxRoiPool": OpSpec("x rois", "y", {
+        "pooled_shape": Attr("ints", low=1, length="spatial", required=True),
+        "spatial_scale": Attr("float")}),
+    "LRN": OpSpec("x", "y", {"alpha": Attr("float"), "beta": Attr("float"),
+                             "bias": Attr("float"), "size": Attr("int", low=1, required=True)}),
+    "LpPool": OpSpec("x", "y", {**_WINDOW, **_KERNEL, "ceil_mode": Attr("int", choices=_BOOL),
+                                "p": Attr("int", low=1)}),
+    "GlobalLpPool": OpSpec("x", "y", {"p": Attr("int", low=1)}),
+    "MeanVarianceNormalization": OpSpec("x", "y", {"axes": Attr("ints", axis="in",
+                                                                unique=True)}),
+    "MaxUnpool": OpSpec("x i output_shape?", "output", {**_PAD_WINDOW, **_KERNEL},
+                        values={"output_shape": Attr("ints", low=1, length="rank")}),
+    "Col2Im": OpSpec("input image_shape block_shape", "output", {
+        "dilations": Attr("ints", low=1), "pads": Attr("ints", low=0),
+        "strides": Attr("ints", low=1)},
+        values={"image_shape": Attr("ints", low=1), "block_shape": Attr("ints", low=1)}),
+    "CenterCropPad": OpSpec("input_data shape", "output_data", {
+        "axes": Attr("ints", axis="in", unique=True)}, values={"shape": Attr("ints", low=0)}),
+    "DeformConv": OpSpec("x w offset b? mask?", "y", {
+        "kernel_shape": Attr("ints", low=1, length="spatial"),
+        "strides": Attr("ints", low=1, length="spatial"),
+        "dilations": Attr("ints", low=1, length="spatial"),
+        "pads": Attr("ints", low=0, length="pads"),
+        "group": Attr("int", low=1), "offset_group": Attr("int", low=1)}),
+})
+
 # AttributeProto.type -> the kind it holds, and the field its value is in.
 _KINDS = {1: ("float", "f"), 2: ("int", "i"), 3: ("string", "s"), 4: ("tensor", "t"),
           5: ("graph", "g"), 6: ("floats", "floats"), 7: ("ints", "ints"),

@@ -19,6 +19,9 @@ Two adjustments, made on the proto for the duration of the check only:
   does celosia (canonical.py). For both checks such a node stands in as ``Identity(X)``,
   which has its output's type; celosia's operator table and canonical form check the node
   itself;
+- MeanVarianceNormalization without ``axes`` gets its default [0, 2, 3] written in: onnx's
+  inference of its function body fails on the absent attribute (onnx 1.23), though the node
+  is valid and onnxruntime runs it;
 - an input dim of -1 (dynamic: frontend/inputs.py) is made unknown: onnx's inference takes
   it for a size, and aborts the process on some (a Slice of it).
 """
@@ -109,6 +112,8 @@ def _prepared(proto, names):
     stand-ins, input dims of -1 (dynamic, as exporters mark them) unknown; yields the graph
     inputs and outputs whose type, element type or shape is missing. Restores the names,
     nodes and dims on the way out."""
+    import onnx.helper
+
     g = proto.graph
     renamed = [(n, n.name) for n, name in zip(g.node, names) if n.name != name]
     for n, name in zip(g.node, names):
@@ -119,6 +124,14 @@ def _prepared(proto, names):
         n.op_type = "Identity"
         del n.input[:], n.attribute[:], n.output[1:]
         n.input.append(x)
+    # onnx's inference expands MeanVarianceNormalization's function body, whose Constant of
+    # the axes attribute comes out empty when the node leaves axes at its default: the
+    # default is written in for the check.
+    mvn = [(n, n.SerializeToString()) for n in g.node
+           if n.op_type == "MeanVarianceNormalization" and n.domain in ("", "ai.onnx")
+           and not any(a.name == "axes" for a in n.attribute)]
+    for n, _ in mvn:
+        n.attribute.append(onnx.helper.make_attribute("axes", [0, 2, 3]))
     # onnx's inference takes -1 for a size and can abort the process on it (Slice's clamp
     # asserts): an unknown dim is what it means.
     negative = [d for v in g.input if v.type.HasField("tensor_type")
@@ -134,7 +147,7 @@ def _prepared(proto, names):
     finally:
         for d in negative:
             d.dim_value = -1
-        for n, old in kept:
+        for n, old in kept + mvn:
             n.ParseFromString(old)
         for n, old in renamed:
             n.name = old

@@ -36,6 +36,7 @@ import numpy as np
 
 from .ir import DynamicShapeError, NodeError, TensorType
 from .ops import KERNELS, pool_output_shape
+from .ops_vision import nms_runtime_types
 
 __all__ = ["VALUE_SHAPED", "RUNTIME_KERNELS", "RUNTIME_TYPES", "UNKNOWN_DIM_TYPES",
            "register_runtime_form", "is_runtime_form", "runtime_kernel", "broadcast_dims",
@@ -328,6 +329,11 @@ def register_runtime_form(op: str, value_inputs: tuple[int, ...], types, kernel=
     RUNTIME_TYPES[op] = types
     if kernel is not None:
         RUNTIME_KERNELS[op] = kernel
+
+
+# Operators of ops_vision.py whose output size depends on their inputs' values: the count
+# of boxes NonMaxSuppression selects.
+register_runtime_form("NonMaxSuppression", (0, 1, 2, 3, 4), nms_runtime_types)
 
 
 def join_types(a: TensorType, b: TensorType) -> TensorType:

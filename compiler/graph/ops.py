@@ -5,8 +5,9 @@ for their output type (the others' types come from running the kernel on zero-st
 stand-ins: reference.py). reference.py runs them; qops.py holds celosia's own quantized
 operators. The operators added later live in modules by kind (ops_math.py: element-wise
 math, reductions, TopK, Einsum; ops_nn.py: normalizations, activations, ConvTranspose;
-ops_tensor.py: gathers, scatters, data movement; ops_resize.py: Resize), which import
-nothing of this module; their tables are merged into these two at the end.
+ops_tensor.py: gathers, scatters, data movement; ops_resize.py: Resize; ops_vision.py:
+GridSample, detection, LRN and the other vision operators), which import nothing of this
+module at load time; their tables are merged into these two at the end.
 
 A kernel is ``fn(attrs, *inputs) -> array or tuple of arrays``; a missing optional input is
 None. Attributes are in the importer's canonical form (see graph.py): explicit pads and
@@ -25,7 +26,7 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from . import ops_math, ops_nn, ops_resize, ops_tensor
+from . import ops_math, ops_nn, ops_resize, ops_tensor, ops_vision
 from .ir import NodeError, TensorType
 
 __all__ = ["KERNELS", "SHAPE_RULES", "OWN_INPUTS", "pool_output_shape", "conv", "conv_types",
@@ -525,6 +526,6 @@ def _merge(table: dict, *groups: dict) -> None:
         table.update(group)
 
 
-_GROUPS = (ops_math, ops_nn, ops_tensor, ops_resize)
+_GROUPS = (ops_math, ops_nn, ops_tensor, ops_resize, ops_vision)
 _merge(KERNELS, *(g.KERNELS for g in _GROUPS))
 _merge(SHAPE_RULES, *(g.SHAPE_RULES for g in _GROUPS))
