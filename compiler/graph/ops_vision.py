@@ -110,7 +110,8 @@ def grid_sample(attrs, x, grid):
         if mode == "nearest":
             pos = np.rint(pos)
         outside = (pos < lo) | (pos > hi)
-        if padding == "border":
+        if padding == "border" and mode != "cubic":
+            # (onnxruntime's cubic keeps the position and clamps each of its four taps)
             pos = np.where(outside, np.clip(pos, f(0), f(size - 1)), pos)
         elif padding == "reflection":
             pos = np.where(outside, _reflect(pos, lo, hi), pos)
@@ -149,10 +150,14 @@ def grid_sample(attrs, x, grid):
 
 
 def _base_coordinates(size, aligned, ft):
-    """The normalized coordinates of each position along an axis of ``size``."""
+    """The normalized coordinates of each position along an axis of ``size``. A size of 1
+    gets 0, or 1 with align_corners, as onnxruntime makes it (its linspace from -1 to 1 of
+    one point is the end; PyTorch gives 0, onnx's reference -1)."""
     i = np.arange(size, dtype=ft)
+    if size == 1:
+        return np.full(1, 1 if aligned else 0, ft)
     if aligned:
-        return -1 + 2 * i / ft(size - 1) if size > 1 else np.full(size, -1, ft)
+        return -1 + 2 * i / ft(size - 1)
     return (2 * i + 1) / ft(size) - 1
 
 

@@ -45,9 +45,10 @@ def node_model(op, inputs, feeds, *, consts=None, attrs=None, opset=21, outputs=
 
 
 def _typed(model, arrays):
-    """The model with every untyped output typed after the oracle's array for it."""
+    """The model with every untyped (or unshaped) output typed after the oracle's array
+    for it."""
     for out, a in zip(model.graph.output, arrays):
-        if not out.type.HasField("tensor_type"):
+        if not (out.type.HasField("tensor_type") and out.type.tensor_type.HasField("shape")):
             out.CopyFrom(helper.make_tensor_value_info(
                 out.name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
     return model
