@@ -1,6 +1,6 @@
 """The vision and detection operators (compiler/graph/ops_vision.py) as one-node models on
 seeded random inputs, against onnxruntime (onnx's reference evaluator where onnxruntime
-lacks the operator), through import + reference executor and the compiled CpuModel
+lacks the operator or the mode), through import + reference executor and the compiled CpuModel
 (onnx_nodes.check_node): every GridSample mode x padding x align_corners in 4-D (both
 opsets' mode names) and 5-D, AffineGrid 2-D and 3-D, NonMaxSuppression with several boxes
 per class, ties and thresholds (run-time and constant inputs), RoiAlign's coordinate and
@@ -317,4 +317,4 @@ def test_deform_conv(attrs, with_bias, with_mask):
         inputs.append("m")
         feeds["m"] = rng.random((2, og * 6, oh, ow)).astype(F32)
     check_node("DeformConv", inputs, feeds, consts=consts, attrs=attrs, opset=19,
-               which="onnx", rtol=1e-4, atol=1e-4)
+               rtol=1e-4, atol=1e-4)
