@@ -13,7 +13,9 @@ its own opset's schema on top of it.
   are read);
 - ``check_ranks`` checks what needs the input's rank (lengths, axes) once its type is known;
 - ``output_bounds`` gives, for operators whose output can outgrow their inputs (broadcasts,
-  Expand, Tile, Gather, GatherND, OneHot, Pad, Cast), the output sizes to check against
+  Expand, Tile, Gather, GatherND, OneHot, Pad, Cast, and the vision operators whose output
+  sizes are attributes: AffineGrid, GridSample, RoiAlign, MaxRoiPool, MaxUnpool, Col2Im,
+  CenterCropPad), the output sizes to check against
   celosia.limits before a kernel runs.
 """
 
@@ -556,6 +558,51 @@ def _dtype_attr(key):
     return lambda node, types: np.dtype(node.attrs[key]).itemsize
 
 
+def _spatial_output(spatial_of):
+    """[N or rows, C, *spatial] of the vision operators whose output sizes come from
+    attributes: ``spatial_of(node, types) -> (leading dims, spatial dims)`` or None."""
+    def rule(node, types):
+        dims = spatial_of(node, types)
+        if dims is None:
+            return []
+        return [(tuple(max(int(d), 0) for d in dims), np.dtype(types[0].dtype).itemsize)]
+    return rule
+
+
+def _col2im_dims(node, types):
+    x, a = types[0].shape, node.attrs
+    blocks = math.prod(a["block_shape"])
+    if len(x) != 3 or x[1] % max(blocks, 1):
+        return None
+    return (x[0], x[1] // blocks, *a["image_shape"])
+
+
+def _center_crop_pad_dims(node, types):
+    shape = list(types[0].shape)
+    for axis, size in zip(node.attrs["axes"], node.attrs["shape"]):
+        if 0 <= axis < len(shape):
+            shape[axis] = size
+    return shape
+
+
+_VISION_BOUNDS = {
+    "AffineGrid": _spatial_output(lambda node, types: (
+        node.attrs["size"][0], *node.attrs["size"][2:], len(node.attrs["size"]) - 2)),
+    "GridSample": _spatial_output(lambda node, types: (
+        *types[0].shape[:2], *types[1].shape[1:-1])),
+    "RoiAlign": _spatial_output(lambda node, types: (
+        types[1].shape[0], types[0].shape[1], node.attrs["output_height"],
+        node.attrs["output_width"]) if len(types[1].shape) == 2 and len(types[0].shape) > 1
+        else None),
+    "MaxRoiPool": _spatial_output(lambda node, types: (
+        types[1].shape[0], types[0].shape[1], *node.attrs["pooled_shape"])
+        if len(types[1].shape) == 2 and len(types[0].shape) > 1 else None),
+    "MaxUnpool": _spatial_output(lambda node, types: node.attrs["output_shape"]),
+    "Col2Im": _spatial_output(_col2im_dims),
+    "CenterCropPad": _spatial_output(_center_crop_pad_dims),
+}
+
+
 _BOUNDS = {
     **{op: _broadcast for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean",
                                  "Equal", "Less", "Greater", "And", "Or", "Where", "PRelu",
@@ -566,6 +613,7 @@ _BOUNDS = {
     "Cast": _same_as(0, _dtype_attr("to")),
     "QuantizeLinear": _same_as(0, _dtype_attr("output_dtype")),
     "DequantizeLinear": _same_as(0, _dtype_attr("output_dtype")),
+    **_VISION_BOUNDS,
 }
 
 

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from .ir import TensorType
+from .ir import NodeError, TensorType
 
 __all__ = ["KERNELS", "SHAPE_RULES", "nms_runtime_types"]
 
@@ -257,9 +257,17 @@ def non_max_suppression(attrs, boxes, scores, max_out=None, iou=None, score_min=
     return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
 
+_NMS_SCALARS = ("max_output_boxes_per_class", "iou_threshold", "score_threshold")
+
+
 def nms_runtime_types(node, types, values):
     """NonMaxSuppression's output in run-time form: its count of selected boxes is only
-    known when it runs."""
+    known when it runs. Its limit and thresholds must be single values (what their sizes
+    already say is refused here, at import)."""
+    for name, t in zip(_NMS_SCALARS, types[2:]):
+        if t is not None and t.static and math.prod(t.shape) > 1:
+            raise NodeError(node, f"{name} is {t} but must hold one value; give a scalar or "
+                                  "a one-element tensor")
     return [TensorType("int64", (None, 3))]
 
 
@@ -345,6 +353,13 @@ def _bilinear_axis(p, size, ft):
     return lo, hi, (q - lo).astype(ft), ok
 
 
+def _c_int(v) -> int:
+    """A float converted to a C int as x86 does it: out of range (or NaN) gives INT_MIN,
+    as onnxruntime's kernels get for boxes far outside any image."""
+    v = float(v)
+    return int(v) if math.isfinite(v) and -2.0**31 <= v < 2.0**31 else -2**31
+
+
 def max_roi_pool(attrs, x, rois):
     """ONNX MaxRoiPool (onnxruntime's algorithm): rois [num_rois, 5] of (batch, x1, y1,
     x2, y2), rounded after scaling; each output cell the maximum of its bin (0 for an
@@ -358,17 +373,18 @@ def max_roi_pool(attrs, x, rois):
     batch = _roi_batches(rois[:, 0], n, "batch index (rois[:, 0])")
     y = np.zeros((rois.shape[0], c, ph, pw), x.dtype)
     for k in range(rois.shape[0]):
-        # std::round: half away from zero
-        x1, y1, x2, y2 = (int(np.sign(v) * np.floor(np.abs(v) + 0.5))
-                          for v in (rois[k, 1:].astype(np.float32) * scale))
+        # std::round (half away from zero), then C's conversion to int
+        with np.errstate(all="ignore"):
+            x1, y1, x2, y2 = (_c_int(np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)))
+                              for v in (rois[k, 1:].astype(np.float32) * scale))
         rh, rw = max(y2 - y1 + 1, 1), max(x2 - x1 + 1, 1)
         bh, bw = np.float32(rh) / np.float32(ph), np.float32(rw) / np.float32(pw)
         for i in range(ph):
-            h0 = min(max(int(np.floor(np.float32(i) * bh)) + y1, 0), height)
-            h1 = min(max(int(np.ceil(np.float32(i + 1) * bh)) + y1, 0), height)
+            h0 = min(max(_c_int(np.floor(np.float32(i) * bh)) + y1, 0), height)
+            h1 = min(max(_c_int(np.ceil(np.float32(i + 1) * bh)) + y1, 0), height)
             for j in range(pw):
-                w0 = min(max(int(np.floor(np.float32(j) * bw)) + x1, 0), width)
-                w1 = min(max(int(np.ceil(np.float32(j + 1) * bw)) + x1, 0), width)
+                w0 = min(max(_c_int(np.floor(np.float32(j) * bw)) + x1, 0), width)
+                w1 = min(max(_c_int(np.ceil(np.float32(j + 1) * bw)) + x1, 0), width)
                 if h1 > h0 and w1 > w0:
                     y[k, :, i, j] = x[batch[k], :, h0:h1, w0:w1].max(axis=(1, 2))
     return y
@@ -386,12 +402,14 @@ def lrn(attrs, x):
     ft = _float_type(x)
     f = ft
     sq = np.square(x.astype(ft, copy=False))
+    c = x.shape[1]
     before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    # channels past the ends add nothing: pad by at most C on each side
+    before, after = min(before, c), min(after, c)
     pad = [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2)
     padded = np.pad(sq, pad)
-    c = x.shape[1]
     window = padded[:, 0:c].copy()
-    for k in range(1, size):  # in channel order, as onnxruntime sums
+    for k in range(1, before + after + 1):  # in channel order, as onnxruntime sums
         window += padded[:, k:k + c]
     scale = f(attrs["bias"]) + f(attrs["alpha"]) / f(size) * window
     return (x.astype(ft, copy=False) / scale ** f(attrs["beta"])).astype(x.dtype, copy=False)

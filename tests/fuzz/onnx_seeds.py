@@ -210,6 +210,40 @@ OP_CASES.update({
 OP_CASES["GRU"][1].update(linear_before_reset=1, direction="reverse")
 OP_CASES["LSTM"][1].update(clip=2.5)
 
+# Vision and detection operators (graph/ops_vision.py).
+_ROIS = np.array([[0, 0, 3, 3], [1, 0.5, 4.5, 2], [-1, 2, 2, 6]], np.float32)
+_UNPOOL = (np.array([[0, 2], [8, 11]]) + np.array([0, 16])[:, None, None])[None]
+OP_CASES.update({
+    "GridSample": ([_X, ("g", F, [1, 3, 4, 2])], {"mode": "bicubic", "padding_mode": "border",
+                                                   "align_corners": 1}, 1, 16),
+    "GridSample/3d": ([("x", F, [1, 2, 3, 4, 5]), ("g", F, [1, 2, 3, 2, 3])],
+                      {"mode": "nearest", "padding_mode": "reflection"}, 1, 20),
+    "AffineGrid": ([("t", F, [2, 2, 3]), _c("s", np.array([2, 3, 4, 5]))],
+                   {"align_corners": 1}, 1, 20),
+    "NonMaxSuppression": ([("b", F, [1, 6, 4]), ("s", F, [1, 2, 6]), _c("m", np.array([3])),
+                           _c("i", np.array([0.5], np.float32)),
+                           _c("t", np.array([0.1], np.float32))], {"center_point_box": 1}, 1, 11),
+    "RoiAlign": ([_X, _c("r", _ROIS), _c("bi", np.zeros(3, np.int64))],
+                 {"mode": "max", "output_height": 2, "output_width": 3, "sampling_ratio": 2,
+                  "spatial_scale": 0.5, "coordinate_transformation_mode": "output_half_pixel"},
+                 1, 16),
+    "MaxRoiPool": ([_X, _c("r", np.concatenate([np.zeros((3, 1), np.float32), _ROIS], 1))],
+                   {"pooled_shape": [2, 2], "spatial_scale": 1.0}, 1, 11),
+    "LRN": ([_X], {"size": 3, "alpha": 1e-3, "beta": 0.5, "bias": 2.0}, 1, 13),
+    "LpPool": ([_X], {"kernel_shape": [2, 2], "strides": [1, 2], "pads": [1, 0, 0, 1], "p": 3,
+                      "dilations": [1, 2], "ceil_mode": 1}, 1, 18),
+    "GlobalLpPool": ([_X], {"p": 1}, 1, 11),
+    "MeanVarianceNormalization": ([_X], {"axes": [0, 2, 3]}, 1, 13),
+    "MaxUnpool": ([("x", F, [1, 2, 2, 2]), _c("i", _UNPOOL.reshape(1, 2, 2, 2)),
+                   _c("o", np.array([1, 2, 4, 4]))], {"kernel_shape": [2, 2],
+                                                      "strides": [2, 2]}, 1, 11),
+    "Col2Im": ([("x", F, [1, 8, 12]), _c("is", np.array([4, 5])), _c("bs", np.array([2, 2]))],
+               {"strides": [1, 1], "dilations": [1, 1]}, 1, 18),
+    "CenterCropPad": ([_X, _c("s", np.array([3, 7]))], {"axes": [2, 3]}, 1, 18),
+    "DeformConv": ([_X, _c("w", np.ones((3, 2, 2, 2), np.float32)), ("o", F, [1, 8, 4, 4])],
+                   {"pads": [0, 0, 0, 0], "group": 1}, 1, 19),
+})
+
 
 def _model(op_key, case):
     inputs, attrs, n_out, opset = case

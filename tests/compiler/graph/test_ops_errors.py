@@ -1,4 +1,4 @@
-"""Bad uses of the operators of ops_math/ops_nn/ops_tensor/ops_resize: celosia's own
+"""Bad uses of the operators of ops_math/ops_nn/ops_tensor/ops_resize/ops_vision: celosia's own
 one-line errors (GraphError, a CelosiaError) naming the node and what is wrong, at import
 where the shapes and attributes show it, at run time (both executors) where only the
 values do. At import the first to see it says it: the operator table (specs.py), onnx's
@@ -69,6 +69,38 @@ _BAD = [
      r"input 1 \(axis\) = 4: axis 4 is out of range for rank 4"),
     ("DepthToSpace", ["x"], {"x": X}, {}, {"blocksize": 0}, 13,
      "attribute 'blocksize' = 0: every value must be at least 1"),
+    # the vision operators (ops_vision.py)
+    ("GridSample", ["x", "g"], {"x": X}, {"g": np.zeros((1, 3, 4, 2), np.float32)},
+     {"mode": "area"}, 16, "attribute 'mode' = 'area' is not one of 'bilinear', 'nearest'"),
+    ("GridSample", ["x", "g"], {"x": X}, {"g": np.zeros((1, 3, 4, 3), np.float32)}, {}, 20,
+     "The last dimension of the grid tensor must be the rank of the grid tensor - 2"),
+    ("AffineGrid", ["t", "s"], {"t": np.zeros((1, 2, 3), np.float32)},
+     {"s": np.array([1, 3, 4, 5, 6], I64)}, {}, 20,
+     r"theta of shape \[1, 2, 3\] and size \[1, 3, 4, 5, 6\] do not match"),
+    ("AffineGrid", ["t", "s"], {"t": np.zeros((1, 2, 3), np.float32)},
+     {"s": np.array([1, 3, 0, 5], I64)}, {}, 20,
+     r"input 1 \(size\) = \[1, 3, 0, 5\]: every value must be at least 1"),
+    ("RoiAlign", ["x", "r", "b"], {"x": X},
+     {"r": np.zeros((1, 4), np.float32), "b": np.zeros(1, I64)}, {"mode": "sum"}, 16,
+     "attribute 'mode' = 'sum' is not one of 'avg', 'max'"),
+    ("RoiAlign", ["x", "r", "b"], {"x": X},
+     {"r": np.zeros((1, 4), np.float32), "b": np.zeros(1, I64)}, {"output_height": 0}, 16,
+     "attribute 'output_height' = 0: every value must be at least 1"),
+    ("NonMaxSuppression", ["b", "s"], {"b": np.zeros((1, 3, 4), np.float32)},
+     {"s": np.zeros((1, 1, 3), np.float32)}, {"center_point_box": 2}, 11,
+     "attribute 'center_point_box' = 2 is not one of 0, 1"),
+    ("LRN", ["x"], {"x": X}, {}, {}, 13, "attribute 'size' is required but missing"),
+    ("MaxRoiPool", ["x", "r"], {"x": X}, {"r": np.zeros((1, 5), np.float32)},
+     {"pooled_shape": [2]}, 11, "Attribute pooled_shape has incorrect length"),
+    ("Col2Im", ["x", "i", "b"], {"x": np.zeros((1, 8, 13), np.float32)},
+     {"i": np.array([4, 5], I64), "b": np.array([2, 2], I64)}, {}, 18,
+     r"does not hold the columns of blocks \[2, 2\] over images \[4, 5\] \(it must be "
+     r"\[N, C \* 4, 12\]\)"),
+    ("DeformConv", ["x", "w", "o"], {"x": X}, {"w": np.zeros((2, 4, 3, 3), np.float32),
+                                            "o": np.zeros((1, 18, 2, 2), np.float32)}, {}, 19,
+     r"offset of shape \[1, 18, 2, 2\] must be \[1, 18, 3, 4\]"),
+    ("LpPool", ["x"], {"x": X}, {}, {"kernel_shape": [2, 2], "p": 0}, 18,
+     "attribute 'p' = 0: every value must be at least 1"),
 ]
 
 
@@ -110,3 +142,25 @@ def test_run_time_shape_inputs_run_or_are_bound():
     model = node_model("OneHot", ["i", "d", "v"], feeds, infer=False,
                        consts={"v": np.array([0, 5], np.float32)}, attrs={"axis": -2})
     assert import_onnx(model).types["y0"].shape == (2, None, 2)
+
+
+@pytest.mark.parametrize("op, inputs, feeds, consts, message", [
+    ("RoiAlign", ["x", "r", "b"], {"x": X, "b": np.array([0, 3], I64)},
+     {"r": np.zeros((2, 4), np.float32)},
+     r"batch index 3 is out of range for an input of 1 images; give indices in \[0, N\)"),
+    ("NonMaxSuppression", ["b", "s", "m", "i"],
+     {"b": np.zeros((1, 3, 4), np.float32), "i": np.array([1.5], np.float32)},
+     {"s": np.zeros((1, 1, 3), np.float32), "m": np.array([2], I64)},
+     r"iou_threshold = 1.5 must be in \[0, 1\]"),
+    ("MaxUnpool", ["x", "i"], {"x": X[:, :, :2, :3], "i": np.full((1, 4, 2, 3), 99, I64)}, {},
+     "index 99 is out of range for the output of shape \\[1, 4, 4, 6\\]; the indices must "
+     "come from the MaxPool this undoes"),
+])
+def test_vision_errors_at_run_time(op, inputs, feeds, consts, message):
+    """Values only known at run time: both executors name the node and what to fix."""
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2]} if op == "MaxUnpool" else {}
+    model = node_model(op, inputs, feeds, consts=consts, attrs=attrs, opset=16, infer=False)
+    for build in (ReferenceModel.load, CpuModel.build):
+        with pytest.raises(NodeError, match=f"{op}_0.*failed at run time: (ValueError: )?"
+                                            f"{message}"):
+            build(model).run(feeds)

@@ -14,6 +14,10 @@ I = np.random.default_rng(8).integers(-9, 9, (2, 3, 4, 4)).astype(np.int64)
 U = np.random.default_rng(9).integers(0, 9, (2, 3, 4, 4)).astype(np.uint32)
 B = F > 0
 IDX = np.random.default_rng(10).integers(0, 2, (2, 3, 4, 4)).astype(np.int64)
+V = np.random.default_rng(11)
+ROIS = np.array([[0, 0, 2, 3], [0.5, 1, 3.5, 2.5], [-1, 1, 2, 4]], np.float32)
+BOXES = np.concatenate([V.uniform(0, 4, (1, 8, 2)), V.uniform(5, 8, (1, 8, 2))],
+                       -1).astype(np.float32)
 
 
 def _cases():
@@ -54,6 +58,30 @@ def _cases():
                                                 "v": np.array([0, 1], np.float32)}, {}),
         "Resize": (["x", "roi", "s"], {"x": F}, {"roi": np.array([], np.float32),
                                                 "s": np.array([1, 1, 2, 0.5], np.float32)}, {}),
+        # the vision operators (ops_vision.py)
+        "GridSample": (["x", "g"], {"x": F}, {"g": V.uniform(-1.2, 1.2, (2, 3, 5, 2)).astype(
+            np.float32)}, {}),
+        "AffineGrid": (["t", "s"], {"t": F[:, :2, 0, :3].copy()},
+                       {"s": np.array([2, 3, 4, 5], np.int64)}, {}),
+        "NonMaxSuppression": (["b", "s", "m", "i"], {"b": BOXES}, {
+            "s": V.random((1, 2, 8)).astype(np.float32), "m": np.array([3], np.int64),
+            "i": np.array([0.3], np.float32)}, {}),
+        "RoiAlign": (["x", "r", "b"], {"x": F}, {"r": ROIS, "b": np.array([0, 1, 1])}, {}),
+        "MaxRoiPool": (["x", "r"], {"x": F}, {"r": np.concatenate(
+            [np.array([[0], [1], [1]], np.float32), ROIS], 1)}, {"pooled_shape": [2, 2]}),
+        "LRN": (["x"], {"x": F}, {}, {"size": 3}),
+        "LpPool": (["x"], {"x": F}, {}, {"kernel_shape": [2, 2]}),
+        "GlobalLpPool": (["x"], {"x": F}, {}, {}),
+        # (axes given: onnx's strict inference fails on the default, test_ops_vision.py)
+        "MeanVarianceNormalization": (["x"], {"x": F}, {}, {"axes": [0, 2, 3]}),
+        "MaxUnpool": (["x", "i"], {"x": F[:, :, :2, :2].copy()}, {
+            "i": np.arange(0, 96, 4).reshape(2, 3, 2, 2) + (IDX[:, :, :2, :2] > 0)},
+            {"kernel_shape": [2, 2], "strides": [2, 2]}),
+        "Col2Im": (["x", "i", "b"], {"x": F.reshape(2, 12, 4)[:, :, :4].copy()},
+                   {"i": np.array([3, 3], np.int64), "b": np.array([2, 2], np.int64)}, {}),
+        "CenterCropPad": (["x", "s"], {"x": F}, {"s": np.array([2, 3, 3, 6], np.int64)}, {}),
+        "DeformConv": (["x", "w", "o"], {"x": F, "o": V.normal(0, 1, (2, 8, 3, 3)).astype(
+            np.float32)}, {"w": F[:2, :, :2, :2].copy()}, {}),
     }
 
 
