@@ -132,7 +132,7 @@ def grid_sample(attrs, x, grid):
             taps.append((idx, w, inside))
         axes_taps.append(taps)
     batch = np.arange(n).reshape((n,) + (1,) * len(out_spatial))
-    xt = np.moveaxis(x, 1, -1)  # [N, *D, C]: a gather gives [N, *D_out, C]
+    xt = np.ascontiguousarray(np.moveaxis(x, 1, -1))  # [N, *D, C]: gathers whole rows
     y = np.zeros((n, *out_spatial, c), ft)
     for combo in np.ndindex(*(len(t) for t in axes_taps)):
         taps = [axes_taps[k][j] for k, j in enumerate(combo)]
@@ -176,7 +176,7 @@ def affine_grid(attrs, theta):
     mesh = np.meshgrid(*axes, indexing="ij")  # D, H, W order
     base = np.stack([*mesh[::-1], np.ones(tuple(spatial), ft)], axis=-1)  # x, y[, z], 1
     flat = base.reshape(-1, nd + 1)
-    grid = np.einsum("pk,njk->npj", flat, theta.astype(ft, copy=False))
+    grid = np.matmul(flat, np.swapaxes(theta.astype(ft, copy=False), 1, 2))  # [N, P, nd]
     return grid.reshape(size[0], *spatial, nd).astype(theta.dtype, copy=False)
 
 
@@ -218,6 +218,19 @@ def _suppressed(k, rest, corners, areas, threshold):
     return ok & (iou > threshold)
 
 
+def _greedy(order, limit, corners, areas, threshold):
+    """The boxes kept from ``order`` (by falling score): each one not suppressed by an
+    earlier kept one, up to ``limit``. Each kept box is tested against the remaining ones
+    (a pairwise matrix of all candidates costs more when few are kept)."""
+    kept = []
+    while order.size and len(kept) < limit:
+        k = order[0]
+        kept.append(int(k))
+        rest = order[1:]
+        order = rest[~_suppressed(k, rest, corners, areas, threshold)]
+    return kept
+
+
 def non_max_suppression(attrs, boxes, scores, max_out=None, iou=None, score_min=None):
     """ONNX NonMaxSuppression: per batch and class, greedily keep the highest-scoring box
     and drop the boxes overlapping it by IoU > iou_threshold, up to
@@ -247,13 +260,7 @@ def non_max_suppression(attrs, boxes, scores, max_out=None, iou=None, score_min=
                 if floor is not None:
                     candidates = candidates[s > s.dtype.type(floor)]
                 order = candidates[np.argsort(-s[candidates], kind="stable")]
-                kept = 0
-                while order.size and kept < limit:
-                    k = order[0]
-                    rows.append((b, c, k))
-                    kept += 1
-                    rest = order[1:]
-                    order = rest[~_suppressed(k, rest, corners, areas, threshold)]
+                rows += [(b, c, k) for k in _greedy(order, limit, corners, areas, threshold)]
     return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
 
@@ -360,10 +367,16 @@ def _c_int(v) -> int:
     return int(v) if math.isfinite(v) and -2.0**31 <= v < 2.0**31 else -2**31
 
 
+def _wrap32(v: int) -> int:
+    """C int arithmetic: the result wrapped to 32 bits."""
+    return (v + 2**31) % 2**32 - 2**31
+
+
 def max_roi_pool(attrs, x, rois):
     """ONNX MaxRoiPool (onnxruntime's algorithm): rois [num_rois, 5] of (batch, x1, y1,
     x2, y2), rounded after scaling; each output cell the maximum of its bin (0 for an
-    empty bin)."""
+    empty bin). Its integer arithmetic is C's (32 bits), so that boxes far outside the
+    image pool what onnxruntime pools."""
     if x.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 5:
         raise ValueError(f"input {list(x.shape)} must be 4-D and rois {list(rois.shape)} "
                          "[num_rois, 5]")
@@ -377,14 +390,15 @@ def max_roi_pool(attrs, x, rois):
         with np.errstate(all="ignore"):
             x1, y1, x2, y2 = (_c_int(np.sign(v) * np.floor(np.abs(v) + np.float32(0.5)))
                               for v in (rois[k, 1:].astype(np.float32) * scale))
-        rh, rw = max(y2 - y1 + 1, 1), max(x2 - x1 + 1, 1)
+        rh, rw = max(_wrap32(y2 - y1 + 1), 1), max(_wrap32(x2 - x1 + 1), 1)
         bh, bw = np.float32(rh) / np.float32(ph), np.float32(rw) / np.float32(pw)
         for i in range(ph):
-            h0 = min(max(_c_int(np.floor(np.float32(i) * bh)) + y1, 0), height)
-            h1 = min(max(_c_int(np.ceil(np.float32(i + 1) * bh)) + y1, 0), height)
+            h0 = min(max(_wrap32(_c_int(np.floor(np.float32(i) * bh)) + y1), 0), height)
+            h1 = min(max(_wrap32(_c_int(np.ceil(np.float32(i + 1) * bh)) + y1), 0), height)
             for j in range(pw):
-                w0 = min(max(_c_int(np.floor(np.float32(j) * bw)) + x1, 0), width)
-                w1 = min(max(_c_int(np.ceil(np.float32(j + 1) * bw)) + x1, 0), width)
+                w0 = min(max(_wrap32(_c_int(np.floor(np.float32(j) * bw)) + x1), 0), width)
+                w1 = min(max(_wrap32(_c_int(np.ceil(np.float32(j + 1) * bw)) + x1), 0),
+                         width)
                 if h1 > h0 and w1 > w0:
                     y[k, :, i, j] = x[batch[k], :, h0:h1, w0:w1].max(axis=(1, 2))
     return y
@@ -550,8 +564,11 @@ def deform_conv(attrs, x, w, offset, b=None, mask=None):
     off = offset.astype(ft, copy=False).reshape(n, og, taps, 2, oh, ow)
     base_y = (np.arange(oh) * sh - pt)[:, None].astype(ft)
     base_x = (np.arange(ow) * sw - pl)[None, :].astype(ft)
-    xs = x.astype(ft, copy=False).reshape(n, og, c // og, height, width)
-    cols = np.zeros((n, og, c // og, taps, oh, ow), ft)
+    cpg = c // og
+    # channels last, so that each tap's gather is [N, og, oh, ow, channels] of whole rows
+    xs = np.ascontiguousarray(np.moveaxis(x.astype(ft, copy=False), 1, -1)).reshape(
+        n, height, width, og, cpg)
+    cols = np.zeros((n, og, oh, ow, taps, cpg), ft)
     bidx = np.arange(n)[:, None, None, None]
     gidx = np.arange(og)[None, :, None, None]
     for t in range(taps):
@@ -562,20 +579,20 @@ def deform_conv(attrs, x, w, offset, b=None, mask=None):
         y0, x0 = np.floor(py), np.floor(px)
         ly, lx = py - y0, px - x0
         y0, x0 = y0.astype(np.int64), x0.astype(np.int64)
-        acc = np.zeros((n, og, c // og, oh, ow), ft)
+        acc = cols[:, :, :, :, t]
         for yi, wy in ((y0, f(1) - ly), (y0 + 1, ly)):
             for xi, wx in ((x0, f(1) - lx), (x0 + 1, lx)):
                 ok = inside & (yi >= 0) & (yi < height) & (xi >= 0) & (xi < width)
-                v = xs[bidx, gidx, :, np.clip(yi, 0, height - 1), np.clip(xi, 0, width - 1)]
-                # advanced indices first: v is [N, og, oh, ow, c/og]
-                wgt = np.where(ok, wy * wx, f(0))
-                acc += np.moveaxis(v * wgt[..., None], -1, 2)
+                v = xs[bidx, np.clip(yi, 0, height - 1), np.clip(xi, 0, width - 1), gidx]
+                acc += v * np.where(ok, wy * wx, f(0))[..., None]
         if mask is not None:
-            acc *= mask.astype(ft, copy=False).reshape(n, og, taps, oh, ow)[:, :, t, None]
-        cols[:, :, :, t] = acc
-    cols = cols.reshape(n, g, cg * taps, oh * ow)
+            acc *= mask.astype(ft, copy=False).reshape(n, og, taps, oh, ow)[:, :, t, :, :,
+                                                                            None]
+    # im2col rows [N, P, C * taps] (channel-major, as the weight's [cg, kh, kw]), per group
+    cols = cols.transpose(0, 2, 3, 1, 5, 4).reshape(n, oh * ow, g, cg * taps)
     wg = w.astype(ft, copy=False).reshape(g, oc // g, cg * taps)
-    y = np.einsum("gok,ngkp->ngop", wg, cols).reshape(n, oc, oh, ow)
+    y = np.matmul(cols.transpose(0, 2, 1, 3), wg.transpose(0, 2, 1))  # [N, g, P, oc/g]: BLAS
+    y = y.transpose(0, 1, 3, 2).reshape(n, oc, oh, ow)
     if b is not None:
         y = y + b.astype(ft, copy=False).reshape(1, -1, 1, 1)
     return y.astype(x.dtype, copy=False)
