@@ -204,8 +204,9 @@ def _corners(boxes, center):
 
 
 def _suppressed(k, rest, corners, areas, threshold):
-    """Whether each box of ``rest`` overlaps box ``k`` by an IoU above ``threshold``
-    (onnxruntime's rule: empty boxes and empty intersections never suppress)."""
+    """Whether each box of ``rest`` overlaps box ``k`` (index arrays that broadcast) by an
+    IoU above ``threshold`` (onnxruntime's rule: empty boxes and empty intersections never
+    suppress)."""
     y0, x0, y1, x1 = corners
     zero = areas.dtype.type(0)
     h = np.maximum(np.minimum(y1[k], y1[rest]) - np.maximum(y0[k], y0[rest]), zero)
@@ -218,16 +219,32 @@ def _suppressed(k, rest, corners, areas, threshold):
     return ok & (iou > threshold)
 
 
+# Candidates tested at once against the remaining ones (a [block, remaining] matrix).
+_NMS_BLOCK = 64
+
+
 def _greedy(order, limit, corners, areas, threshold):
     """The boxes kept from ``order`` (by falling score): each one not suppressed by an
-    earlier kept one, up to ``limit``. Each kept box is tested against the remaining ones
-    (a pairwise matrix of all candidates costs more when few are kept)."""
+    earlier kept one, up to ``limit``. The next ``_NMS_BLOCK`` candidates are tested against
+    all remaining ones in one step; which of them are kept is then decided in order among
+    themselves (the earlier blocks' kept boxes already removed what they suppress), and
+    every remaining box a kept one suppresses goes."""
     kept = []
     while order.size and len(kept) < limit:
-        k = order[0]
-        kept.append(int(k))
-        rest = order[1:]
-        order = rest[~_suppressed(k, rest, corners, areas, threshold)]
+        head = order[:_NMS_BLOCK]
+        suppresses = _suppressed(head[:, None], order[None, :], corners, areas, threshold)
+        alive = np.ones(head.size, bool)
+        chosen = []
+        for i in range(head.size):
+            if alive[i]:
+                chosen.append(i)
+                kept.append(int(head[i]))
+                if len(kept) == limit:
+                    return kept
+                alive &= ~suppresses[i, :head.size]
+        gone = suppresses[chosen].any(axis=0)
+        gone[:head.size] = True
+        order = order[~gone]
     return kept
 
 

@@ -111,6 +111,19 @@ def test_non_max_suppression(center, limit, iou, score):
                attrs={"center_point_box": center}, opset=11)
 
 
+@pytest.mark.parametrize("block", [1, 3])
+def test_non_max_suppression_in_small_blocks(monkeypatch, block):
+    """Candidates tested a block at a time (_NMS_BLOCK) select what one at a time does."""
+    from celosia.compiler.graph import ops_vision
+
+    monkeypatch.setattr(ops_vision, "_NMS_BLOCK", block)
+    rng = _rng(11 + block)
+    check_node("NonMaxSuppression", ["b", "s", "m", "i", "t"],
+               {"b": _boxes(rng, 2, 40, 0), "s": rng.random((2, 3, 40)).astype(F32)},
+               consts={"m": np.array([7], I64), "i": np.array([0.4], F32),
+                       "t": np.array([0.2], F32)}, opset=11)
+
+
 def test_non_max_suppression_constant_inputs_fold():
     """With every input known at import the selection is a constant of its static size."""
     rng = _rng(5)
