@@ -324,6 +324,8 @@ def roi_align(attrs, x, rois, batch_indices):
     batch = _roi_batches(batch_indices, n, "batch index")
     r = rois.astype(ft, copy=False) * f(attrs["spatial_scale"]) - f(0.5 if half else 0.0)
     y = np.zeros((rois.shape[0], c, oh, ow), ft)
+    # channels last: each sample's gather reads one contiguous row of C values
+    xt = np.ascontiguousarray(np.moveaxis(x, 1, -1)).astype(ft, copy=False)
     for k in range(rois.shape[0]):
         start_w, start_h, end_w, end_h = r[k]
         roi_w, roi_h = end_w - start_w, end_h - start_h
@@ -344,20 +346,20 @@ def roi_align(attrs, x, rois, batch_indices):
         # sample [oh, gh, ow, gw]
         ok = y_ok[:, :, None, None] & x_ok[None, None, :, :]
         hy, hx = f(1) - ly, f(1) - lx
-        img = x[batch[k]]
+        img = xt[batch[k]]
         corners = []
         for yi, wy in ((y_lo, hy), (y_hi, ly)):
             for xi, wx in ((x_lo, hx), (x_hi, lx)):
                 w = np.where(ok, wy[:, :, None, None] * wx[None, None, :, :], f(0))
-                v = img[:, yi[:, :, None, None], xi[None, None, :, :]].astype(ft, copy=False)
-                corners.append(w * v)  # [C, oh, gh, ow, gw]
+                v = img[yi[:, :, None, None], xi[None, None, :, :]]
+                corners.append(w[..., None] * v)  # [oh, gh, ow, gw, C]
         if mode == "avg":
             s = ((corners[0] + corners[1]) + corners[2]) + corners[3]
-            y[k] = s.sum(axis=(2, 4)) / count
+            y[k] = np.moveaxis(s.sum(axis=(1, 3)) / count, -1, 0)
         else:
             m = np.maximum(np.maximum(np.maximum(corners[0], corners[1]), corners[2]),
                            corners[3])
-            y[k] = m.max(axis=(2, 4))
+            y[k] = np.moveaxis(m.max(axis=(1, 3)), -1, 0)
     return y.astype(x.dtype, copy=False)
 
 
