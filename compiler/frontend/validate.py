@@ -19,9 +19,10 @@ Two adjustments, made on the proto for the duration of the check only:
   does celosia (canonical.py). For both checks such a node stands in as ``Identity(X)``,
   which has its output's type; celosia's operator table and canonical form check the node
   itself;
-- MeanVarianceNormalization without ``axes`` gets its default [0, 2, 3] written in: onnx's
+- a MeanVarianceNormalization without ``axes`` stands in as ``Identity(X)`` too: onnx's
   inference of its function body fails on the absent attribute (onnx 1.23), though the node
-  is valid and onnxruntime runs it;
+  is valid and onnxruntime runs it; its canonical form checks the default axes [0, 2, 3]
+  against the input's rank;
 - an input dim of -1 (dynamic: frontend/inputs.py) is made unknown: onnx's inference takes
   it for a size, and aborts the process on some (a Slice of it).
 """
@@ -106,32 +107,30 @@ def _deprecated_kept(proto) -> list:
     return found
 
 
+def _mvn_default_axes(graph) -> list:
+    """MeanVarianceNormalization nodes that leave ``axes`` at its default: onnx's inference
+    of the function body fails on the absent attribute (onnx 1.23), though the node is
+    valid and onnxruntime runs it."""
+    return [n for n in graph.node if n.op_type == "MeanVarianceNormalization"
+            and n.domain in ("", "ai.onnx") and not any(a.name == "axes" for a in n.attribute)]
+
+
 @contextmanager
 def _prepared(proto, names):
     """Unnamed nodes named as celosia names them, deprecated nodes celosia takes as their
     stand-ins, input dims of -1 (dynamic, as exporters mark them) unknown; yields the graph
     inputs and outputs whose type, element type or shape is missing. Restores the names,
     nodes and dims on the way out."""
-    import onnx.helper
-
     g = proto.graph
     renamed = [(n, n.name) for n, name in zip(g.node, names) if n.name != name]
     for n, name in zip(g.node, names):
         n.name = name
-    kept = [(n, n.SerializeToString()) for n in _deprecated_kept(proto)]
+    kept = [(n, n.SerializeToString()) for n in _deprecated_kept(proto) + _mvn_default_axes(g)]
     for n, _ in kept:
         x = n.input[0] if n.input else ""
         n.op_type = "Identity"
         del n.input[:], n.attribute[:], n.output[1:]
         n.input.append(x)
-    # onnx's inference expands MeanVarianceNormalization's function body, whose Constant of
-    # the axes attribute comes out empty when the node leaves axes at its default: the
-    # default is written in for the check.
-    mvn = [(n, n.SerializeToString()) for n in g.node
-           if n.op_type == "MeanVarianceNormalization" and n.domain in ("", "ai.onnx")
-           and not any(a.name == "axes" for a in n.attribute)]
-    for n, _ in mvn:
-        n.attribute.append(onnx.helper.make_attribute("axes", [0, 2, 3]))
     # onnx's inference takes -1 for a size and can abort the process on it (Slice's clamp
     # asserts): an unknown dim is what it means.
     negative = [d for v in g.input if v.type.HasField("tensor_type")
@@ -147,7 +146,7 @@ def _prepared(proto, names):
     finally:
         for d in negative:
             d.dim_value = -1
-        for n, old in kept + mvn:
+        for n, old in kept:
             n.ParseFromString(old)
         for n, old in renamed:
             n.name = old

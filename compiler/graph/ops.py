@@ -7,7 +7,7 @@ operators. The operators added later live in modules by kind (ops_math.py: eleme
 math, reductions, TopK, Einsum; ops_nn.py: normalizations, activations, ConvTranspose;
 ops_tensor.py: gathers, scatters, data movement; ops_resize.py: Resize; ops_vision.py:
 GridSample, detection, LRN and the other vision operators), which import nothing of this
-module at load time; their tables are merged into these two at the end.
+module (windows.py holds the window geometry ops_vision.py shares); their tables are merged into these two at the end.
 
 A kernel is ``fn(attrs, *inputs) -> array or tuple of arrays``; a missing optional input is
 None. Attributes are in the importer's canonical form (see graph.py): explicit pads and
@@ -24,10 +24,11 @@ import functools
 import math
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from . import ops_math, ops_nn, ops_resize, ops_tensor, ops_vision
 from .ir import NodeError, TensorType
+from .windows import pool_output_shape
+from .windows import windows as _windows
 
 __all__ = ["KERNELS", "SHAPE_RULES", "OWN_INPUTS", "pool_output_shape", "conv", "conv_types",
            "sigmoid", "hard_sigmoid", "clip", "Lazy"]
@@ -39,40 +40,7 @@ OWN_INPUTS = {"Conv": 3, "Gemm": 3, "MatMul": 2}
 # ---- windows: convolution and pooling --------------------------------------------------------
 
 
-def pool_output_shape(in_shape, kernel, strides, dilations, pads, ceil_mode=0) -> list[int]:
-    """Output spatial sizes (ONNX rule: a ceil-mode window must start inside the input or
-    its leading padding)."""
-    nd = len(kernel)
-    out = []
-    for i in range(nd):
-        span = (kernel[i] - 1) * dilations[i] + 1
-        total = in_shape[i] + pads[i] + pads[i + nd] - span
-        if ceil_mode:
-            o = -(-total // strides[i]) + 1
-            if (o - 1) * strides[i] >= in_shape[i] + pads[i]:
-                o -= 1
-        else:
-            o = total // strides[i] + 1
-        out.append(int(o))
-    return out
-
-
-def _windows(x, kernel, strides, dilations, pads, out_sizes, fill):
-    """Windows [N, C, *out, *kernel] of x padded with ``fill`` (extra trailing padding
-    for ceil mode, truncation when pads exceed what the windows use)."""
-    nd = len(kernel)
-    widths = [(0, 0), (0, 0)]
-    for i in range(nd):
-        span = (kernel[i] - 1) * dilations[i] + 1
-        need = (out_sizes[i] - 1) * strides[i] + span
-        widths.append((pads[i], max(need - x.shape[2 + i] - pads[i], 0)))
-    xp = np.pad(x, widths, constant_values=fill) if any(map(any, widths)) else x
-    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    w = sliding_window_view(xp, spans, axis=tuple(range(2, 2 + nd)))
-    index = ((slice(None), slice(None))
-             + tuple(slice(0, o * s, s) for o, s in zip(out_sizes, strides))
-             + tuple(slice(None, None, d) for d in dilations))
-    return w[index]
+# pool_output_shape and the windows live in windows.py, which ops_vision.py shares.
 
 
 def conv(attrs, x, w, b=None, *, fill=0):

@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from .ir import NodeError, TensorType
+from .windows import pool_output_shape, windows
 
 __all__ = ["KERNELS", "SHAPE_RULES", "nms_runtime_types"]
 
@@ -454,8 +455,6 @@ def _lp(s, p):
 
 def lp_pool(attrs, x):
     """ONNX LpPool: (sum of |x|^p over each window) ^ (1/p); the padding adds nothing."""
-    from .ops import _windows, pool_output_shape  # ops.py imports this module first
-
     kernel = attrs["kernel_shape"]
     out = pool_output_shape(x.shape[2:], kernel, attrs["strides"], attrs["dilations"],
                             attrs["pads"], attrs["ceil_mode"])
@@ -464,7 +463,7 @@ def lp_pool(attrs, x):
     p = attrs["p"]
     a = np.abs(x)
     powered = np.square(a) if p == 2 else a if p == 1 else np.power(a, x.dtype.type(p))
-    win = _windows(powered, kernel, attrs["strides"], attrs["dilations"], attrs["pads"], out, 0)
+    win = windows(powered, kernel, attrs["strides"], attrs["dilations"], attrs["pads"], out, 0)
     s = win.sum(axis=tuple(range(2 + len(kernel), 2 + 2 * len(kernel))))
     return np.ascontiguousarray(_lp(s, p) if p != 1 else s).astype(x.dtype, copy=False)
 
@@ -618,8 +617,6 @@ def deform_conv(attrs, x, w, offset, b=None, mask=None):
 
 
 def pool_output_shape_2d(in_shape, kernel, attrs):
-    from .ops import pool_output_shape  # ops.py imports this module first
-
     out = pool_output_shape(in_shape, kernel, attrs["strides"], attrs["dilations"],
                             attrs["pads"])
     if min(out) < 1:
