@@ -23,10 +23,20 @@ import math
 
 import numpy as np
 
+from ...limits import max_bytes
 from .ir import NodeError, TensorType
 from .windows import pool_output_shape, windows
 
 __all__ = ["KERNELS", "SHAPE_RULES", "nms_runtime_types"]
+
+
+def _check_work(nbytes: int, what: str, fix: str) -> None:
+    """Refuse a kernel's working array larger than celosia.limits allows (a ValueError, so
+    that the executor names the node) before it is allocated."""
+    limit = max_bytes()
+    if nbytes > limit:
+        raise ValueError(f"{what} needs {nbytes:,} bytes, more than the limit of {limit:,}; "
+                         f"{fix}, or raise the limit with CELOSIA_MAX_BYTES=<bytes>")
 
 
 def _float_type(*arrays):
@@ -338,6 +348,9 @@ def roi_align(attrs, x, rois, batch_indices):
         if grid_h <= 0 or grid_w <= 0:
             continue  # an empty region: zeros
         count = f(max(grid_h * grid_w, 1))
+        _check_work(5 * oh * grid_h * ow * grid_w * c * np.dtype(ft).itemsize,
+                    f"region {k}'s {oh * grid_h} x {ow * grid_w} bilinear samples",
+                    "lower sampling_ratio (or the regions' size)")
         ys = (start_h + np.arange(oh, dtype=ft)[:, None] * bin_h
               + (np.arange(grid_h, dtype=ft)[None, :] + f(0.5)) * bin_h / f(grid_h))
         xs = (start_w + np.arange(ow, dtype=ft)[:, None] * bin_w
@@ -461,6 +474,10 @@ def lp_pool(attrs, x):
     if min(out, default=1) < 1:
         raise ValueError(f"kernel {kernel} does not fit the input of shape {list(x.shape)}")
     p = attrs["p"]
+    nd = len(kernel)
+    _check_work(math.prod(x.shape[:2]) * x.dtype.itemsize * math.prod(
+        x.shape[2 + i] + attrs["pads"][i] + attrs["pads"][i + nd] for i in range(nd)),
+        "the padded input", "lower the pads")
     a = np.abs(x)
     powered = np.square(a) if p == 2 else a if p == 1 else np.power(a, x.dtype.type(p))
     win = windows(powered, kernel, attrs["strides"], attrs["dilations"], attrs["pads"], out, 0)
@@ -528,6 +545,8 @@ def col2im(attrs, x):
     n, c = x.shape[0], x.shape[1] // kprod
     cols = x.reshape(n, c, *block, *counts)
     padded = [image[i] + pads[i] + pads[i + nd] for i in range(nd)]
+    _check_work(n * c * math.prod(padded) * x.dtype.itemsize, f"the padded images {padded}",
+                "lower the pads")
     y = np.zeros((n, c, *padded), x.dtype)
     for pos in np.ndindex(*block):
         idx = tuple(slice(pos[i] * dil[i], pos[i] * dil[i] + (counts[i] - 1) * strides[i] + 1,
@@ -583,6 +602,8 @@ def deform_conv(attrs, x, w, offset, b=None, mask=None):
     base_y = (np.arange(oh) * sh - pt)[:, None].astype(ft)
     base_x = (np.arange(ow) * sw - pl)[None, :].astype(ft)
     cpg = c // og
+    _check_work(2 * n * oh * ow * c * taps * np.dtype(ft).itemsize,
+                f"the {oh * ow} x {c * taps} sampled columns", "use a smaller kernel or input")
     # channels last, so that each tap's gather is [N, og, oh, ow, channels] of whole rows
     xs = np.ascontiguousarray(np.moveaxis(x.astype(ft, copy=False), 1, -1)).reshape(
         n, height, width, og, cpg)
