@@ -151,8 +151,8 @@ def _rois(rng, count, height, width, scale):
     return np.stack([x1, y1, x1 + w, y1 + h], axis=1).astype(F32)
 
 
-@pytest.mark.parametrize("opset, coordinates", [(11, None), (16, None), (16, "half_pixel"),
-                                                (16, "output_half_pixel")])
+@pytest.mark.parametrize("opset, coordinates", [
+    (10, None), (11, None), (16, None), (16, "half_pixel"), (16, "output_half_pixel")])
 @pytest.mark.parametrize("mode", ["avg", "max"])
 @pytest.mark.parametrize("ratio, scale", [(0, 1.0), (2, 0.5), (1, 0.25)])
 def test_roi_align(opset, coordinates, mode, ratio, scale):
