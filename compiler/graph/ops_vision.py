@@ -319,7 +319,9 @@ def roi_align(attrs, x, rois, batch_indices):
     """ONNX RoiAlign (onnxruntime's algorithm): per region and output cell, the average
     (or the maximum) of bilinear samples on a grid of sampling_ratio (or ceil(bin size))
     points per axis; ``half_pixel`` shifts the region by half a pixel,
-    ``output_half_pixel`` (opset 10's meaning) does not and makes it at least 1 x 1."""
+    ``output_half_pixel`` (opset 10's meaning) does not and makes it at least 1 x 1. The
+    average is two small matrix products per region (``_separable_mean``); the maximum
+    gathers every sample's four corners."""
     if x.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 4:
         raise ValueError(f"input {list(x.shape)} must be 4-D and rois {list(rois.shape)} "
                          "[num_rois, 4]")
@@ -348,8 +350,8 @@ def roi_align(attrs, x, rois, batch_indices):
         if grid_h <= 0 or grid_w <= 0:
             continue  # an empty region: zeros
         count = f(max(grid_h * grid_w, 1))
-        _check_work(5 * oh * grid_h * ow * grid_w * c * np.dtype(ft).itemsize,
-                    f"region {k}'s {oh * grid_h} x {ow * grid_w} bilinear samples",
+        _check_work(8 * (oh * grid_h + ow * grid_w) * np.dtype(ft).itemsize,
+                    f"region {k}'s {oh * grid_h} x {ow * grid_w} sample positions",
                     "lower sampling_ratio (or the regions' size)")
         ys = (start_h + np.arange(oh, dtype=ft)[:, None] * bin_h
               + (np.arange(grid_h, dtype=ft)[None, :] + f(0.5)) * bin_h / f(grid_h))
@@ -357,10 +359,18 @@ def roi_align(attrs, x, rois, batch_indices):
               + (np.arange(grid_w, dtype=ft)[None, :] + f(0.5)) * bin_w / f(grid_w))
         (y_lo, y_hi, ly, y_ok), (x_lo, x_hi, lx, x_ok) = (
             _bilinear_axis(ys, height, ft), _bilinear_axis(xs, width, ft))
+        img = xt[batch[k]]
+        if mode == "avg":
+            s = _separable_mean(img, (y_lo, y_hi, ly, y_ok), (x_lo, x_hi, lx, x_ok), ft)
+            if s is not None:
+                y[k] = s / count
+                continue
+        _check_work(5 * oh * grid_h * ow * grid_w * c * np.dtype(ft).itemsize,
+                    f"region {k}'s {oh * grid_h} x {ow * grid_w} bilinear samples",
+                    "lower sampling_ratio (or the regions' size)")
         # sample [oh, gh, ow, gw]
         ok = y_ok[:, :, None, None] & x_ok[None, None, :, :]
         hy, hx = f(1) - ly, f(1) - lx
-        img = xt[batch[k]]
         corners = []
         for yi, wy in ((y_lo, hy), (y_hi, ly)):
             for xi, wx in ((x_lo, hx), (x_hi, lx)):
@@ -375,6 +385,37 @@ def roi_align(attrs, x, rois, batch_indices):
                            corners[3])
             y[k] = np.moveaxis(m.max(axis=(1, 3)), -1, 0)
     return y.astype(x.dtype, copy=False)
+
+
+def _axis_weights(lo, hi, frac, ok, size, ft):
+    """[cells, size]: the weight of each input position in each output cell's samples
+    along one axis (the two bilinear weights of each sample, 0 for a sample that reads
+    nothing)."""
+    cells = lo.shape[0]
+    a = np.zeros((cells, size), ft)
+    cell = np.broadcast_to(np.arange(cells)[:, None], lo.shape)
+    np.add.at(a, (cell, lo), np.where(ok, ft(1) - frac, ft(0)))
+    np.add.at(a, (cell, hi), np.where(ok, frac, ft(0)))
+    return a
+
+
+def _separable_mean(img, y_axis, x_axis, ft):
+    """The sum over each cell's bilinear samples of img [H, W, C] as two products with the
+    per-axis weights (the weights of a sample are a product of one per axis), over the
+    rows and columns the samples touch: [C, cells y, cells x]. None where that part of
+    the image is not finite (a weight of 0 would meet an infinity onnxruntime never
+    reads)."""
+    wy = _axis_weights(*y_axis, img.shape[0], ft)
+    wx = _axis_weights(*x_axis, img.shape[1], ft)
+    rows, cols = np.flatnonzero(wy.any(axis=0)), np.flatnonzero(wx.any(axis=0))
+    if not rows.size or not cols.size:
+        return None
+    h0, h1, w0, w1 = rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
+    part = img[h0:h1, w0:w1]
+    if not np.isfinite(part).all():
+        return None
+    t = np.tensordot(wy[:, h0:h1], part, axes=(1, 0))  # [cells y, w, C]
+    return np.tensordot(wx[:, w0:w1], t, axes=(1, 1)).transpose(2, 1, 0)
 
 
 def _bilinear_axis(p, size, ft):

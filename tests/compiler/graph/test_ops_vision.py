@@ -334,20 +334,24 @@ def test_deform_conv(attrs, with_bias, with_mask):
 
 
 def test_working_arrays_held_to_the_limit(monkeypatch):
-    """A kernel's working arrays (RoiAlign's samples, Col2Im's padded images) are held to
-    CELOSIA_MAX_BYTES before they are allocated: a one-line error naming the node."""
+    """A kernel's working arrays (RoiAlign's samples and their positions, Col2Im's padded
+    images) are held to CELOSIA_MAX_BYTES before they are allocated: a one-line error
+    naming the node."""
     from celosia.compiler.frontend.onnx import import_onnx
     from celosia.compiler.graph.ir import NodeError
 
     monkeypatch.setenv("CELOSIA_MAX_BYTES", str(1 << 20))
     x = np.zeros((1, 2, 5, 5), F32)
-    model = node_model("RoiAlign", ["x", "r", "b"], {"x": x},
-                       consts={"r": np.array([[0, 0, 3, 3]], F32), "b": np.zeros(1, I64)},
-                       attrs={"sampling_ratio": 1 << 12}, opset=16, infer=False)
-    with pytest.raises(NodeError, match=r"RoiAlign_0.*region 0's 4096 x 4096 bilinear samples "
-                                        r"needs [\d,]+ bytes, more than the limit of 1,048,576; "
-                                        "lower sampling_ratio"):
-        import_onnx(model)
+    for mode, ratio, what in (("max", 1 << 12, "4096 x 4096 bilinear samples"),
+                              ("avg", 1 << 16, "65536 x 65536 sample positions")):
+        model = node_model("RoiAlign", ["x", "r", "b"], {"x": x},
+                           consts={"r": np.array([[0, 0, 3, 3]], F32), "b": np.zeros(1, I64)},
+                           attrs={"sampling_ratio": ratio, "mode": mode}, opset=16,
+                           infer=False)
+        with pytest.raises(NodeError, match=f"RoiAlign_0.*region 0's {what} needs "
+                                            r"[\d,]+ bytes, more than the limit of 1,048,576; "
+                                            "lower sampling_ratio"):
+            import_onnx(model)
     model = node_model("Col2Im", ["x", "i", "b"], {"x": np.zeros((1, 4, 9), F32)},
                        consts={"i": np.array([3, 3], I64), "b": np.array([2, 2], I64)},
                        attrs={"pads": [1000, 1000, 1000, 1000], "strides": [1000, 1000]},
