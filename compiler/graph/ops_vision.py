@@ -143,11 +143,15 @@ def grid_sample(attrs, x, grid):
             taps.append((idx, w, inside))
         axes_taps.append(taps)
     batch = np.arange(n).reshape((n,) + (1,) * len(out_spatial))
-    xt = np.ascontiguousarray(np.moveaxis(x, 1, -1))  # [N, *D, C]: gathers whole rows
+    # [N * prod(D), C]: each tap is one take of whole rows by a flat index
+    rows = np.ascontiguousarray(np.moveaxis(x, 1, -1)).reshape(-1, c)
     y = np.zeros((n, *out_spatial, c), ft)
     for combo in np.ndindex(*(len(t) for t in axes_taps)):
         taps = [axes_taps[k][j] for k, j in enumerate(combo)]
-        v = xt[(batch, *(t[0] for t in taps))].astype(ft, copy=False)
+        flat = batch
+        for (idx, _, _), size in zip(taps, sizes):
+            flat = flat * size + idx
+        v = np.take(rows, flat.reshape(-1), axis=0).reshape(y.shape).astype(ft, copy=False)
         weight, mask = None, None
         for _, w, inside in taps:
             if w is not None:
