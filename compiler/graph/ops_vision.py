@@ -12,9 +12,12 @@ output size depends on its inputs' values: it runs in ONNX's form, typed
 [?, 3] (graph/dynamic.py) unless every input is known at import.
 
 Where onnxruntime and onnx's reference evaluator differ this follows onnxruntime: MaxUnpool's
-indices address the ``output_shape`` tensor; RoiAlign's max mode takes the largest weighted
-corner of each sample (its quirk, which the reference copies). Coordinates are computed
-in the data's float type (float32 for float32 data), as onnxruntime does.
+indices address the ``output_shape`` tensor; GridSample's cubic with border padding clamps
+its taps, not the position; AffineGrid puts an axis of size 1 at 0 (1 with align_corners);
+RoiAlign's max mode takes the largest weighted corner of each sample (its quirk, which the
+reference copies). Coordinates are computed in the data's float type (float32 for float32
+data), as onnxruntime does. Working arrays beyond an output's size are held to
+celosia.limits before they are allocated (``_check_work``).
 """
 
 from __future__ import annotations

@@ -359,3 +359,39 @@ def test_working_arrays_held_to_the_limit(monkeypatch):
     with pytest.raises(NodeError, match=r"Col2Im_0.*the padded images \[2003, 2003\] needs "
                                         r"[\d,]+ bytes, more than the limit"):
         import_onnx(model)
+
+
+@pytest.mark.parametrize("op", ["GridSample", "RoiAlign", "DeformConv", "LpPool", "GlobalLpPool",
+                                "MaxUnpool", "MaxRoiPool"])
+def test_opset_22(op):
+    """Opset 22's versions (bfloat16 added to their types), against onnxruntime (its
+    opset-21 kernel where it has no opset-22 one)."""
+    rng = _rng(22)
+    x = rng.standard_normal((1, 2, 6, 6)).astype(F32)
+    rois = np.array([[0, 0, 3, 4], [1, 1.5, 5, 5]], F32)
+    cases = {
+        "GridSample": (["x", "g"], {"x": x, "g": rng.uniform(-1.2, 1.2, (1, 3, 4, 2)).astype(F32)},
+                       {}, {"mode": "cubic", "padding_mode": "reflection"}),
+        "RoiAlign": (["x", "r", "b"], {"x": x}, {"r": rois, "b": np.zeros(2, I64)},
+                     {"output_height": 2, "output_width": 3}),
+        "DeformConv": (["x", "w", "o"], {"x": x, "o": rng.standard_normal((1, 8, 5, 5)).astype(
+            F32)}, {"w": rng.standard_normal((3, 2, 2, 2)).astype(F32)}, {}),
+        "LpPool": (["x"], {"x": x}, {}, {"kernel_shape": [3, 3], "p": 3}),
+        "GlobalLpPool": (["x"], {"x": x}, {}, {}),
+        "MaxUnpool": (["x", "i"], {"x": x[:, :, :3, :3]}, {"i": np.arange(18).reshape(
+            1, 2, 3, 3) * 4}, {"kernel_shape": [2, 2], "strides": [2, 2]}),
+        "MaxRoiPool": (["x", "r"], {"x": x}, {"r": np.concatenate([np.zeros((2, 1), F32), rois],
+                                                                  1)}, {"pooled_shape": [2, 2]}),
+    }
+    inputs, feeds, consts, attrs = cases[op]
+    if op not in ("RoiAlign", "GlobalLpPool", "MaxRoiPool"):
+        check_node(op, inputs, feeds, consts=consts, attrs=attrs, opset=22, rtol=1e-4,
+                   atol=1e-5)
+        return
+    # onnxruntime has no opset-22 kernel of these: its opset-21 answer (the same meaning)
+    model = node_model(op, inputs, feeds, consts=consts, attrs=attrs, opset=22)
+    (want,) = oracle(node_model(op, inputs, feeds, consts=consts, attrs=attrs, opset=21),
+                     feeds)
+    ref = ReferenceModel.load(model).run(feeds)["y0"]
+    np.testing.assert_array_equal(CpuModel.build(model).run(feeds)["y0"], ref)
+    np.testing.assert_allclose(ref, want, rtol=1e-4, atol=1e-5)
