@@ -1,5 +1,5 @@
-"""What fuzzing the operators of issue #12 found (tests/fuzz), and a Gemm the whole-model
-fuzzing found, one case each: against onnxruntime (or the definition) where it takes the
+"""What fuzzing the operators of issue #12 and the vision operators found (tests/fuzz), and
+a Gemm the whole-model fuzzing found, one case each: against onnxruntime (or the definition) where it takes the
 model, else celosia's one-line error naming the node."""
 
 from __future__ import annotations
@@ -154,3 +154,37 @@ def test_gemm_and_matmul_shape_rules_hold_the_ranks():
     with pytest.raises(NodeError, match="a scalar is not a matrix operand"):
         infer_node(Node("MatMul", ("a", "b"), ("y",), {}, "m"),
                    [TensorType("float32", ()), w], [None, None])
+
+
+# ---- the vision operators (ops_vision.py) ----------------------------------------------------
+
+
+def test_max_roi_pool_far_off_boxes_pool_as_onnxruntime():
+    """Box corners far outside any image (1e30, 2^40): onnxruntime converts them to C ints
+    (INT_MIN out of range) and wraps its 32-bit sums; celosia pools what it pools."""
+    x = _normal(1, 2, 5, 5)
+    rois = np.array([[0, 0, 0, 3, 1e30], [0, -1, 2, 2, 2.0**40], [0, 1, 0.5, 4.5, 2]], F32)
+    check_node("MaxRoiPool", ["x", "r"], {"x": x}, consts={"r": rois},
+               attrs={"pooled_shape": [2, 2]}, opset=11)
+
+
+def test_non_max_suppression_threshold_of_several_values():
+    """A threshold input of several values (onnxruntime reads its first): refused at
+    import, naming the input."""
+    model = node_model("NonMaxSuppression", ["b", "s", "m", "i"],
+                       {"b": np.zeros((1, 6, 4), F32), "s": np.zeros((1, 2, 6), F32),
+                        "i": np.zeros((1, 6, 4), F32)}, consts={"m": np.array([3], I64)},
+                       opset=11, infer=False)
+    assert "iou_threshold is float32[1,6,4] but must hold one value" in _error(model)
+
+
+def test_lrn_huge_size_pads_by_the_channels():
+    """size 2^40: the kernel padded the channels by it (onnxruntime fails to allocate it);
+    now by at most C, as the channels past the ends add nothing: every window holds all
+    channels. The definition, in float64, decides."""
+    x, size = _normal(1, 3, 2, 2), 2**40 + 1
+    model = node_model("LRN", ["x"], {"x": x}, attrs={"size": size, "alpha": 1e9}, opset=13)
+    sq = (x.astype(np.float64) ** 2).sum(axis=1, keepdims=True)
+    want = x / (1.0 + 1e9 / size * sq) ** 0.75
+    got = ReferenceModel.load(model).run({"x": x})["y0"]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
