@@ -55,6 +55,18 @@ def test_grid_sample_3d(mode, padding, aligned):
                rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("padding", ["zeros", "reflection"])
+def test_grid_sample_3d_cubic(padding):
+    """onnxruntime's cubic is 4-D only: onnx's reference decides 5-D (with border padding
+    celosia keeps onnxruntime's 4-D rule, taps clamped, where the reference clamps the
+    position)."""
+    rng = _rng(len(padding))
+    x = rng.standard_normal((1, 2, 4, 5, 3)).astype(F32)
+    grid = rng.uniform(-1.3, 1.3, (1, 3, 2, 4, 3)).astype(F32)
+    check_node("GridSample", ["x", "g"], {"x": x, "g": grid}, opset=20, which="onnx",
+               attrs={"mode": "cubic", "padding_mode": padding}, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("padding", _PADDING)
 def test_grid_sample_nearest_half_way(padding):
     """Grid points that land half-way between pixels (and on the borders): nearest rounds
