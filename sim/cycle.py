@@ -36,15 +36,18 @@ from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
 from celosia.isa import INSN_BYTES, AluInsn, GemmInsn, Insn, MemInsn, Module, Opcode, decode_uops
 
-from .cycle_report import (_MEM_STAT_INDEX, MEM_STAT_TYPES, insn_stat_fields, plot_timeline,
-                           timeline_stats, write_trace)
+from .cycle_report import (_MEM_STAT_INDEX, _POPS, _PUSHES, MEM_STAT_TYPES, MODULES,
+                           insn_stat_fields, plot_timeline, timeline_stats, write_trace)
 from .cycle_timing import NEVER, TWO_STAGE_ALU_OPS, Timing, alu_hazards, one_uop_hazards
 from .datapath import DEFAULT_MAX_WORK, _mem_sizes, single_threaded_blas
-from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine
+from .fsim import FunctionalSimulator, Program, _TokenMachine
 
 __all__ = ["CycleSimulator", "Timeline", "Timing", "plot_timeline"]
 
 _MODULE_NAMES = {Module.LOAD: "load", Module.COMPUTE: "compute", Module.STORE: "store"}
+# per module (Module order), the token queues it pops and those it pushes
+_MODULE_POPS = tuple(_POPS[name] for name in MODULES)
+_MODULE_PUSHES = tuple(_PUSHES[name] for name in MODULES)
 # LOAD/STORE plans are memoised per timing, for all programs (at most this many each; the
 # plans are immutable and shared).
 _CACHED_PLANS = 1 << 15
@@ -261,6 +264,9 @@ class _Static:
         self.write_waits: list = [r[6] for r in rows]
         self.seq: dict = {m: [] for m in range(3)}
         totals = [0, 0, 0]
+        #: per module, the write waits of its instructions (the schedule's DRAM cycles
+        #: beside its read latencies)
+        self.write_wait_sums = write_wait_sums = [0, 0, 0]
         seq = self.seq
         # over the program, for the statistics: the plans' read beats and bursts, the
         # write beats and the pipeline drain cycles
@@ -268,6 +274,7 @@ class _Static:
         for j, (m, r) in enumerate(zip(modules, rows)):
             seq[m].append(j)
             totals[m] += r[2]
+            write_wait_sums[m] += r[6]
             rb += r[7]
             bb += r[8]
             wb += r[9]
@@ -489,8 +496,8 @@ class _Schedule:
         self.rd_wait, self.rd_lat = [0] * n, [0] * n
         self.tok_ready = [neg[:], neg[:]]
         self.room_ready = [neg[:], neg[:]]
-        self.push_t: list[list[int]] = [[] for _ in TOKEN_QUEUES]
-        self.pop_t: list[list[int]] = [[] for _ in TOKEN_QUEUES]
+        self.push_t: list[list[int]] = [[], [], [], []]  # per queue (TOKEN_QUEUES)
+        self.pop_t: list[list[int]] = [[], [], [], []]
         self.batches: list[tuple[int, int, int]] = []
         self.batch_req: list[int] = []
         self.reads: list = []
@@ -500,8 +507,8 @@ class _Schedule:
         self.w_a: dict = {}
         self.w_d: dict = {}
         self.w_s: dict = {}
-        self.w_push: list[dict] = [{} for _ in TOKEN_QUEUES]
-        self.w_pop: list[dict] = [{} for _ in TOKEN_QUEUES]
+        self.w_push: list[dict] = [{}, {}, {}, {}]
+        self.w_pop: list[dict] = [{}, {}, {}, {}]
         self.w_batch: dict = {}
         self.runnable: list = []
         self.channel_free = 0  # the first cycle the read arbiter is idle
@@ -530,16 +537,32 @@ class _Schedule:
             count = min(size, n - first)
             batch = batches[b]
             self.batches.append((q, first, count))
-            insn_burst, insn_ready = batch.insn_burst, batch.insn_ready
+            insn_burst, insn_ready, span = batch.insn_burst, batch.insn_ready, batch.span
             self.fetch_beats += batch.beats
-            self.fetch_bursts += len(batch.span)
+            self.fetch_bursts += len(span)
+            if len(span) == 1:  # the usual batch: one burst delivers every instruction
+                _, g = yield q + 1
+                f = g + 1 + L
+                reads.append((0, b, 0, q + 1, g, f, 0, False))
+                fetch_reads += (q + 1, g)
+                self.channel_free = f + span[0] + 1
+                end = first + count
+                avail[first:end] = [f + k for k in insn_ready]
+                if w_a:  # the dispatcher, if it waits for one of these
+                    for j in w_a:
+                        if j < end:
+                            runnable.append((w_a.pop(j), None))
+                        break
+                first = end
+                b += 1
+                continue
             r, bound, k = q + 1, NEVER, 0
-            for i in range(len(batch.span)):
+            for i in range(len(span)):
                 _, g = yield r
                 f = max(g + 1 + L, bound)
                 reads.append((0, b, i, r, g, f, 0, False))
                 fetch_reads += (r, g)
-                x = f + batch.span[i]
+                x = f + span[i]
                 self.channel_free = x + 1
                 r, bound = x + 1, x + batch.buf_after[i]
                 # the burst's instructions can be dispatched while the next burst waits
@@ -567,41 +590,44 @@ class _Schedule:
             runnable.append((u, None))
         last = -1
         # statistics (cycle_report): the gap before each dispatch is first a wait for the
-        # instruction's bytes (gaps: [begin, end) of each), then for command queue room
-        data_wait, gaps, room_wait = 0, [], [0, 0, 0]
-        for j in range(n):
-            if avail[j] < 0:
-                self.w_a[j] = me
-                yield None
-            a = d = avail[j]
-            if last >= d:
-                d = last + 1
-            m = module[j]
-            local = count[m]
-            count[m] = local + 1
-            if local >= depth:  # room once the instruction `depth` ahead has started
-                ahead = seq[m][local - depth]
-                if start[ahead] < 0:
-                    self.w_s[ahead] = me
+        # instruction's bytes (gaps: [begin, end) of each), then for command queue room; the
+        # waits for bytes are the rest of the gaps (last + 1 - n cycles in all)
+        gaps, room_wait = [], [0, 0, 0]
+        for first in range(0, n, size):
+            for j in range(first, min(first + size, n)):
+                a = avail[j]
+                if a < 0:
+                    self.w_a[j] = me
                     yield None
-                if start[ahead] >= d:
-                    d = start[ahead] + 1
-            gap = last + 1
-            mid = d if a >= d else (a if a > gap else gap)  # min(max(a, gap), d)
-            data_wait += mid - gap
-            gaps.append((gap, mid))
-            room_wait[m] += d - mid
-            dispatch[j] = last = d
-            if w_d:
-                u = w_d.pop(j, None)
-                if u is not None:
-                    runnable.append((u, None))
-            if (j + 1) % size == 0 and j + 1 < n:  # the batch is dispatched: request the next
-                batch_req.append(d + 1)
+                    a = avail[j]
+                d = a if a > last else last + 1
+                m = module[j]
+                local = count[m]
+                count[m] = local + 1
+                if local >= depth:  # room once the instruction `depth` ahead has started
+                    ahead = seq[m][local - depth]
+                    s = start[ahead]
+                    if s < 0:
+                        self.w_s[ahead] = me
+                        yield None
+                        s = start[ahead]
+                    if s >= d:
+                        d = s + 1
+                gap = last + 1
+                mid = d if a >= d else (a if a > gap else gap)  # min(max(a, gap), d)
+                gaps.append((gap, mid))
+                room_wait[m] += d - mid
+                dispatch[j] = last = d
+                if w_d:
+                    u = w_d.pop(j, None)
+                    if u is not None:
+                        runnable.append((u, None))
+            if first + size < n:  # the batch is dispatched: request the next
+                batch_req.append(last + 1)
                 u = w_batch.pop(len(batch_req) - 1, None)
                 if u is not None:
                     runnable.append((u, None))
-        self.fetch_sums = (data_wait, gaps, room_wait)
+        self.fetch_sums = (last + 1 - n - sum(room_wait), gaps, room_wait)
 
     # ---- load, compute, store ---------------------------------------------------------------
 
@@ -611,67 +637,75 @@ class _Schedule:
         push_t, pop_t, reads, plans = self.push_t, self.pop_t, self.reads, self.plans
         dispatch, start, done, push = self.dispatch, self.start, self.done, self.push
         pops_of_, pushes_of_ = self.pops, self.pushes
-        tok_ready, room_ready = self.tok_ready, self.room_ready
+        tok0, tok1 = self.tok_ready
+        room0, room1 = self.room_ready
         runnable, w_s, w_push, w_pop = self.runnable, self.w_s, self.w_push, self.w_pop
         client = me  # read client id (load 1, compute 2; store never reads)
         stalls = self.stalls
         free_of, rd_wait, rd_lat, w_d = self.free, self.rd_wait, self.rd_lat, self.w_d
-        # statistics (cycle_report): waits attributed in order, busy, DRAM and bus cycles
-        stat_index, write_waits = self.static.stat_index, self.static.write_waits
+        # statistics (cycle_report): waits attributed in order (the command, then each
+        # popped token; after DONE, room in each pushed queue), DRAM and bus cycles; busy is
+        # the rest of the module's cycles (each instruction's waits and busy cycles cover
+        # [free, push + 1), so the module's cover [0, its last push + 1))
+        stat_index = self.static.stat_index
         token_q, room_q, ran = self.token_q, self.room_q, self.ran
-        busy = cmdq = dram = bus = 0
+        cmdq = dram = bus = 0
         free = 0
         for j in self.seq[m]:
-            if dispatch[j] < 0:
+            s = dispatch[j]
+            if s < 0:
                 w_d[j] = me
                 yield None
-            s = dispatch[j] + 1
+                s = dispatch[j]
+            s += 1
             if free > s:
                 s = free
+            cmdq += s - free
+            free_of[j] = free
             pops = pops_of_[j]
-            for col, q in enumerate(pops):  # the tokens
+            if pops:  # the tokens: the k-th pop of a queue takes its k-th push
+                q = pops[0]
                 k = len(pop_t[q])
                 if k >= len(push_t[q]):
                     w_push[q][k] = me
                     yield None
+                mid = s
                 ready = push_t[q][k] + 1
-                tok_ready[col][j] = ready
+                tok0[j] = ready
                 if ready > s:
                     s = ready
-            free_of[j] = free
+                if len(pops) == 1:
+                    token_q[q] += s - mid
+                else:
+                    q1 = pops[1]
+                    k = len(pop_t[q1])
+                    if k >= len(push_t[q1]):
+                        w_push[q1][k] = me
+                        yield None
+                    ready1 = push_t[q1][k] + 1
+                    tok1[j] = ready1
+                    if ready1 > s:
+                        s = ready1
+                    if ready < mid:
+                        ready = mid
+                    token_q[q] += ready - mid
+                    token_q[q1] += s - ready
             start[j] = s
-            mid = dispatch[j] + 1
-            if free > mid:
-                mid = free
-            if mid > s:
-                mid = s
-            cmdq += mid - free
             if w_s:
                 u = w_s.pop(j, None)
                 if u is not None:
                     runnable.append((u, None))
-            if pops:
-                for col, q in enumerate(pops):
-                    ready = tok_ready[col][j]  # the wait for each token, in order
-                    if ready < mid:
-                        ready = mid
-                    elif ready > s:
-                        ready = s
-                    token_q[q] += ready - mid
-                    mid = ready
-                    pop_t[q].append(s)
-                    if w_pop[q]:
-                        u = w_pop[q].pop(len(pop_t[q]) - 1, None)
-                        if u is not None:
-                            runnable.append((u, None))
+            for q in pops:
+                pop_t[q].append(s)
+                if w_pop[q]:
+                    u = w_pop[q].pop(len(pop_t[q]) - 1, None)
+                    if u is not None:
+                        runnable.append((u, None))
             plan = plans[j]
             if type(plan) is int:
                 p = s + plan
                 if stalls:
                     p += stalls.get(j, 0)
-                w = write_waits[j]
-                dram += w
-                busy += p - s - w + 1
             else:  # a LOAD's bursts on the read channel
                 # burst i's offsets: the plan's scalars for the first burst (usually the
                 # only one granted alone), its lists for later ones
@@ -703,29 +737,37 @@ class _Schedule:
                 p = s + plan.push + delta
                 dram += lat
                 bus += wait
-                busy += p - s - wait - lat + 1
             done[j] = p
             pushes = pushes_of_[j]
-            if pushes:
+            if pushes:  # room: the k-th push of a queue needs its (k - depth)-th pop
+                q = pushes[0]
+                k = len(push_t[q])
                 mid = p
-                for col, q in enumerate(pushes):
-                    k = len(push_t[q])
-                    if k >= depth:  # room once the token `depth` ahead has been popped
-                        if len(pop_t[q]) <= k - depth:
-                            w_pop[q][k - depth] = me
+                if k >= depth:
+                    if len(pop_t[q]) <= k - depth:
+                        w_pop[q][k - depth] = me
+                        yield None
+                    room = pop_t[q][k - depth] + 1
+                    room0[j] = room
+                    if room > p:
+                        p = room
+                if len(pushes) == 1:
+                    room_q[q] += p - mid
+                else:
+                    q1 = pushes[1]
+                    k = len(push_t[q1])
+                    ready = p
+                    if k >= depth:
+                        if len(pop_t[q1]) <= k - depth:
+                            w_pop[q1][k - depth] = me
                             yield None
-                        room = pop_t[q][k - depth] + 1
-                        room_ready[col][j] = room
+                        room = pop_t[q1][k - depth] + 1
+                        room1[j] = room
                         if room > p:
                             p = room
-                for col, q in enumerate(pushes):
-                    room = room_ready[col][j]  # the wait for room in each queue, in order
-                    if room < mid:
-                        room = mid
-                    elif room > p:
-                        room = p
-                    room_q[q] += room - mid
-                    mid = room
+                    room_q[q] += ready - mid
+                    room_q[q1] += p - ready
+                for q in pushes:
                     push_t[q].append(p)
                     if w_push[q]:
                         u = w_push[q].pop(len(push_t[q]) - 1, None)
@@ -736,7 +778,10 @@ class _Schedule:
             k = stat_index[j]
             if k >= 0:
                 ran[k] += free - s
-        self.module_sums[m] = (busy, cmdq, dram, bus)
+        waits = (cmdq + dram + bus + sum([token_q[q] for q in _MODULE_POPS[m]])
+                 + sum([room_q[q] for q in _MODULE_PUSHES[m]]))
+        dram += self.static.write_wait_sums[m]
+        self.module_sums[m] = (free - waits - self.static.write_wait_sums[m], cmdq, dram, bus)
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -746,7 +791,7 @@ class _Schedule:
                 self._fetch_dispatch(4)]
         # read clients of the arbiter: fetch 0, load 1, compute 2 (unit ids are the same)
         runnable = self.runnable
-        runnable.extend((u, None) for u in reversed(range(len(gens))))
+        runnable += [(4, None), (3, None), (2, None), (1, None), (0, None)]
         pending: dict[int, int] = {}
         finished = 0
         last = 2  # round robin: the first search starts at fetch

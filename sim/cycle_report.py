@@ -127,6 +127,32 @@ _MODULE_KEYS = {
     for name in MODULES}
 _CMDQ_FULL_KEYS = [f"fetch_stall_cmdq_full_{name}_cycles" for name in MODULES]
 _BYTES_KEYS = [(f"{key}_load_bytes", f"{key}_load_bytes_per_cycle") for key in _LOAD_BYTES.values()]
+_LOAD_BYTES_COUNTERS = tuple(key for key, _ in _BYTES_KEYS)
+
+
+def _module_row_keys(name: str) -> list:
+    """A module's statistics keys in the order of the dictionary (without idle)."""
+    busy, cmdq, tokens, rooms, dram, bus, _ = _MODULE_KEYS[name]
+    keys = [busy]
+    if name == "compute":
+        keys += ["compute_stall_pipeline_cycles", "compute_stall_hazard_cycles"]
+    keys += [cmdq, *(key for _, key in tokens), *(key for _, key in rooms), dram]
+    return keys + ([bus] if bus is not None else [])
+
+
+# Every key of timeline_stats, in its order (_stats_of_sums fills them in one list).
+_STAT_KEYS = ("cycles", "time_us", "fetch_busy_cycles", "fetch_stall_dram_cycles",
+              "fetch_stall_bus_cycles", *_CMDQ_FULL_KEYS, "fetch_idle_cycles",
+              *(key for name in MODULES for key in (*_module_row_keys(name),
+                                                    _MODULE_KEYS[name][-1])),
+              "gemm_utilization", "fetch_bytes", "dram_read_bytes", "dram_write_bytes",
+              "dram_read_beats", "dram_write_beats", "dram_read_bursts",
+              "dram_read_bytes_per_cycle", "dram_write_bytes_per_cycle",
+              "dram_read_channel_utilization", "dram_write_channel_utilization",
+              *(rate for _, rate in _BYTES_KEYS), "out_store_bytes_per_cycle")
+# _stats_of_sums writes each module's row in this order of its queues
+assert _POPS == {"load": (1,), "compute": (0, 3), "store": (2,)}
+assert _PUSHES == {"load": (0,), "compute": (1, 2), "store": (3,)}
 
 # rows of Timeline.times
 _FREE, _DISPATCH, _AVAIL, _START, _DONE, _PUSH, _RD_WAIT, _RD_LAT = range(8)
@@ -299,25 +325,21 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     schedule went, by the rules of _sums_python) and the program's fixed parts (its
     cycle._Static); any other timeline gets them from _sums_python or _sums_numpy and
     _StaticStats."""
+    pre = getattr(tl, "sums", None)
+    if pre is not None:
+        return _stats_of_sums(tl, cfg, counters, pre)
     cycles = tl.cycles
     stats: dict = {"cycles": cycles, "time_us": cycles / cfg.clock_mhz}
     n = len(tl.insns)
-    pre = getattr(tl, "sums", None)
-    if pre is not None:
-        data_wait, gaps, per_module, token_q, room_q, ran, fetch_beats, fetch_bursts = pre
-        fetch_bus = _fetch_bus(tl, gaps)
-        plan_beats, plan_bursts, write_beats, drain = tl.static.stat_totals
-        read_beats, read_bursts = plan_beats + fetch_beats, plan_bursts + fetch_bursts
-    else:
-        static = getattr(tl.static, "stats", None)
-        if static is None:
-            static = _StaticStats(tl)
-            if tl.static is not None:
-                tl.static.stats = static
-        sums = _sums_python if n < _PYTHON_STATS else _sums_numpy
-        data_wait, fetch_bus, per_module, token_q, room_q, ran = sums(tl, static)
-        read_beats, read_bursts = static.read_beats, static.read_bursts
-        write_beats, drain = static.write_beats, static.drain
+    static = getattr(tl.static, "stats", None)
+    if static is None:
+        static = _StaticStats(tl)
+        if tl.static is not None:
+            tl.static.stats = static
+    sums = _sums_python if n < _PYTHON_STATS else _sums_numpy
+    data_wait, fetch_bus, per_module, token_q, room_q, ran = sums(tl, static)
+    read_beats, read_bursts = static.read_beats, static.read_bursts
+    write_beats, drain = static.write_beats, static.drain
 
     stats["fetch_busy_cycles"] = n
     stats["fetch_stall_dram_cycles"] = data_wait - fetch_bus
@@ -368,6 +390,42 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     c = ran[-1]
     stats["out_store_bytes_per_cycle"] = write_bytes / c if c else 0.0
     return stats
+
+
+def _stats_of_sums(tl, cfg: HwConfig, counters: dict, pre: tuple) -> dict:
+    """timeline_stats of a timeline with the schedule's sums: the same numbers in the same
+    order, made as one list of values (a run's statistics; the rest of timeline_stats
+    does the same one key at a time for any timeline)."""
+    data_wait, gaps, (busy, cmdq, dram, bus, room), tq, rq, ran, fetch_beats, fetch_bursts = pre
+    rows = tl.rows
+    cycles = max(rows[5]) + 1
+    n = len(rows[5])
+    fetch_bus = _fetch_bus(tl, gaps)
+    plan_beats, plan_bursts, write_beats, drain = tl.static.stat_totals
+    hazard = sum(tl.stalls.values()) if tl.stalls else 0
+    read_beats = plan_beats + fetch_beats
+    load = [busy[0], cmdq[0], tq[1], rq[0], dram[0], bus[0]]
+    compute = [busy[1] - drain - hazard, drain, hazard, cmdq[1], tq[0], tq[3], rq[1], rq[2],
+               dram[1], bus[1]]
+    store = [busy[2], cmdq[2], tq[2], rq[3], dram[2]]
+    loaded = [counters[key] for key in _LOAD_BYTES_COUNTERS]
+    read_bytes = n * 16 + sum(loaded)
+    write_bytes = counters["out_store_bytes"]
+    values = [cycles, cycles / cfg.clock_mhz, n, data_wait - fetch_bus, fetch_bus, *room,
+              cycles - rows[1][-1] - 1, *load, cycles - sum(load), *compute,
+              cycles - sum(compute), *store, cycles - sum(store)]
+    if cycles:
+        values += [counters["macs"] / (cycles * cfg.macs_per_cycle), n * 16, read_bytes,
+                   write_bytes, read_beats, write_beats, plan_bursts + fetch_bursts,
+                   read_bytes / cycles, write_bytes / cycles, read_beats / cycles,
+                   write_beats / cycles]
+    else:
+        values += [0.0, n * 16, read_bytes, write_bytes, read_beats, write_beats,
+                   plan_bursts + fetch_bursts, 0.0, 0.0, 0.0, 0.0]
+    values += [b / c if c else 0.0 for b, c in zip(loaded, ran)]
+    c = ran[-1]
+    values.append(write_bytes / c if c else 0.0)
+    return dict(zip(_STAT_KEYS, values))
 
 
 # ---- Chrome / Perfetto trace -----------------------------------------------------------
