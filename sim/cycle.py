@@ -228,7 +228,7 @@ class _Static:
                     if len(mem_plans) >= _CACHED_PLANS:
                         mem_plans.clear()
                     mem_plans[key] = plan
-                k = mem_stat_index.get(int(insn.mem_type) + 8 * int(insn.opcode), -1)
+                k = mem_stat_index.get(insn.mem_type + 8 * insn.opcode, -1)  # IntEnums
                 if type(plan) is tuple:  # STORE: (push offset, write beats, bursts)
                     plan, writes = plan[0], plan[1:]
                     stat = (k, writes[1] * write_latency, 0, 0, writes[0], 0)
@@ -368,7 +368,7 @@ class Timeline:
     """
 
     def __init__(self, insns: list, plans: list, timing: Timing, insn_addr: int, rows: list,
-                 batches: list, reads: list, writes: dict, static, fetch_reads: list,
+                 batches: list, reads: list, writes: dict | None, static, fetch_reads: list,
                  stalls: dict):
         self.insns, self.plans, self.timing, self.insn_addr = insns, plans, timing, insn_addr
         #: free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2 rows),
@@ -377,8 +377,7 @@ class Timeline:
         self._batches = batches
         #: (client, index, burst, request, grant, first beat, delta, bulk)
         self.reads = reads
-        #: per STORE instruction: (write beats, write bursts)
-        self.writes = writes
+        self._writes = writes
         #: what every run of the program shares (cycle._Static)
         self.static = static
         self._fetch_reads = fetch_reads  # request, grant, request, grant, ...
@@ -387,6 +386,12 @@ class Timeline:
         self._times = self._batch_array = self._fetch_array = None
         #: the statistics' sums, made by the schedule as it went (cycle_report)
         self.sums = None
+
+    @property
+    def writes(self) -> dict:
+        """Per STORE instruction: (write beats, write bursts) (the program's, when the
+        schedule gave None)."""
+        return self._writes if self._writes is not None else self.static.writes
 
     @property
     def times(self) -> np.ndarray:
@@ -676,6 +681,11 @@ class _Schedule:
                     s = ready
                 if len(pops) == 1:
                     token_q[q] += s - mid
+                    pop_t[q].append(s)
+                    if w_pop[q]:
+                        u = w_pop[q].pop(len(pop_t[q]) - 1, None)
+                        if u is not None:
+                            runnable.append((u, None))
                 else:
                     q1 = pops[1]
                     k = len(pop_t[q1])
@@ -690,17 +700,17 @@ class _Schedule:
                         ready = mid
                     token_q[q] += ready - mid
                     token_q[q1] += s - ready
+                    for q in pops:
+                        pop_t[q].append(s)
+                        if w_pop[q]:
+                            u = w_pop[q].pop(len(pop_t[q]) - 1, None)
+                            if u is not None:
+                                runnable.append((u, None))
             start[j] = s
             if w_s:
                 u = w_s.pop(j, None)
                 if u is not None:
                     runnable.append((u, None))
-            for q in pops:
-                pop_t[q].append(s)
-                if w_pop[q]:
-                    u = w_pop[q].pop(len(pop_t[q]) - 1, None)
-                    if u is not None:
-                        runnable.append((u, None))
             plan = plans[j]
             if type(plan) is int:
                 p = s + plan
@@ -842,8 +852,7 @@ class _Schedule:
         rows = [self.free, self.dispatch, self.avail, self.start, self.done, self.push,
                 self.rd_wait, self.rd_lat, *self.tok_ready, *self.room_ready]
         tl = Timeline(self.insns, list(self.plans), self.timing, self.insn_addr, rows,
-                      self.batches, self.reads, st.writes, st, self.fetch_reads,
-                      dict(self.stalls))
+                      self.batches, self.reads, None, st, self.fetch_reads, dict(self.stalls))
         data_wait, gaps, room_wait = self.fetch_sums
         per = [list(col) for col in zip(*self.module_sums)] + [room_wait]
         tl.sums = (data_wait, gaps, per, self.token_q, self.room_q, self.ran,
