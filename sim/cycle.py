@@ -200,6 +200,9 @@ class _Static:
         per: dict = {}
         any_fixed = any_per_run = False
         write_latency = timing.write_latency
+        # GEMM/ALU: Timing.loop_cycles(n) is n + loop_cycles_1 for n > 0; drain_cycles
+        loop_cycles_0, loop_cycles_1 = timing.loop_cycles(0), timing.loop_cycles(1) - 1
+        drain = timing.exec_stage + 1
         ids = list(map(id, insns))
         for insn in dict(zip(ids, insns)).values():
             writes, fixed, per_run = None, 0, False
@@ -238,8 +241,8 @@ class _Static:
                     stat = (k, 0, plan.beats, plan.n, 0, 0)
             elif isinstance(insn, (GemmInsn, AluInsn)):
                 n = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
-                plan = timing.loop_cycles(n)
-                stat = (-1, 0, 0, 0, 0, timing.exec_stage + 1 if n else 0)  # drain_cycles
+                plan = n + loop_cycles_1 if n else loop_cycles_0
+                stat = (-1, 0, 0, 0, 0, drain if n else 0)
                 if hazards and n > 1 and isinstance(insn, AluInsn) \
                         and insn.alu_op in TWO_STAGE_ALU_OPS:
                     if insn.use_imm and insn.uop_end - insn.uop_bgn == 1:
@@ -258,10 +261,8 @@ class _Static:
         #: fixed hazard stalls, hazard stalls per run, then cycle_report.insn_stat_fields)
         self.rows = rows = [per[k] for k in ids]
         self.plans: list = [r[0] for r in rows]
-        #: per instruction, the index of its memory type in the statistics (-1 for none) and
-        #: its write waits (the schedule's reads of insn_stat_fields)
+        #: per instruction, the index of its memory type in the statistics (-1 for none)
         self.stat_index: list = [r[5] for r in rows]
-        self.write_waits: list = [r[6] for r in rows]
         self.seq: dict = {m: [] for m in range(3)}
         totals = [0, 0, 0]
         #: per module, the write waits of its instructions (the schedule's DRAM cycles
@@ -312,6 +313,12 @@ class _Static:
                 fetch.append(batch)
             self._fetch = fetch
         return self._fetch
+
+    @property
+    def write_waits(self) -> list:
+        """Per instruction, its write waits (insn_stat_fields; the schedule reads their sum
+        per module, ``write_wait_sums``)."""
+        return [r[6] for r in self.rows]
 
     @property
     def writes(self) -> dict:
