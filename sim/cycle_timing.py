@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property, lru_cache
 
 import numpy as np
@@ -261,6 +261,15 @@ class Timing:
                      "token_queue_depth", "exec_stage", "fetch_insns"):
             if getattr(self, name) < 1:
                 raise CelosiaError(f"Timing.{name} must be at least 1, not {getattr(self, name)}")
+
+    def __hash__(self) -> int:
+        """The fields' hash, computed once (a Timing keys the plan memo and each program's
+        kept plans, looked up on every run)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple([getattr(self, f.name) for f in fields(self)]))
+            self.__dict__["_hash"] = h
+        return h
 
     @classmethod
     def from_config(cls, cfg: HwConfig, *, read_latency: int | None = None,
