@@ -270,17 +270,20 @@ def _sums_python(tl, static):
     return data_wait, _fetch_bus(tl, gaps), per, token_q, room_q, ran
 
 
+# later than any cycle (a gap's end)
+_AFTER_ANY = 1 << 62
+
+
 def _fetch_bus(tl, gaps: list) -> int:
     """The cycles of fetch's waits for instruction bytes (``gaps``, [begin, end) each,
     disjoint and sorted) during which its burst waited for the read arbiter."""
     fetch_bus = 0
-    begins = [a0 for a0, _ in gaps]
     pairs = getattr(tl, "_fetch_reads", None)  # request, grant, request, grant, ...
     for r, g in (zip(pairs[::2], pairs[1::2]) if pairs is not None
                  else _fetch_bursts(tl).tolist()):
         # the gaps that end after r and begin before g (disjoint and sorted: from the last
-        # one beginning by r)
-        for a0, a1 in gaps[max(bisect_right(begins, r) - 1, 0):]:
+        # one beginning by r, the last gap at most (r, _AFTER_ANY))
+        for a0, a1 in gaps[max(bisect_right(gaps, (r, _AFTER_ANY)) - 1, 0):]:
             if a0 >= g:
                 break
             if a1 > r:
