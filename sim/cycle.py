@@ -301,6 +301,16 @@ class _Static:
             # whole beats inside one burst (Timing._fetch_batch: they depend on the count
             # alone), keyed by their count
             whole = INSN_BYTES % timing.bus_bytes == 0 and insn_addr % timing.bus_bytes == 0
+            span = size * INSN_BYTES
+            if whole and insn_addr % span == 0 and burst % span == 0:
+                # every batch starts a whole batch's bytes into a burst window, so none
+                # crosses one: all full batches are one, the last may be shorter
+                full, rest = divmod(n, size)
+                fetch = [timing._fetch_batch(0, size)] * full
+                if rest:
+                    fetch.append(timing._fetch_batch(0, rest))
+                self._fetch = fetch
+                return fetch
             memo: dict = {}
             fetch = []
             for first in range(0, n, size):
