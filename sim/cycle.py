@@ -36,8 +36,8 @@ from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
 from celosia.isa import INSN_BYTES, AluInsn, GemmInsn, Insn, MemInsn, Module, Opcode, decode_uops
 
-from .cycle_report import (_MEM_STAT_INDEX, _POPS, _PUSHES, MEM_STAT_TYPES, MODULES,
-                           insn_stat_fields, plot_timeline, timeline_stats, write_trace)
+from .cycle_report import (_MEM_STAT_INDEX, _POPS, _PUSHES, MEM_STAT_TYPES, MODULES, STAT_KEYS,
+                           plot_timeline, stat_values, write_trace)
 from .cycle_timing import NEVER, TWO_STAGE_ALU_OPS, Timing, alu_hazards, one_uop_hazards
 from .datapath import DEFAULT_MAX_WORK, _mem_sizes, single_threaded_blas
 from .fsim import FunctionalSimulator, Program, _TokenMachine
@@ -119,7 +119,8 @@ class CycleSimulator(FunctionalSimulator):
         timeline = _Schedule(insns, static, self.timing, insn_addr, stalls).run(self.max_cycles)
         self.timeline = timeline
         stats = self._counters()
-        stats.update(timeline_stats(timeline, self.config, stats))
+        # cycle_report.timeline_stats, from the schedule's sums, added in place
+        stats.update(zip(STAT_KEYS, stat_values(timeline, self.config, stats, timeline.sums)))
         if self.trace is not None:
             write_trace(timeline, self.trace)
         return stats
@@ -252,9 +253,9 @@ class _Static:
                         any_fixed = any_fixed or fixed > 0
                     else:
                         per_run = any_per_run = True
-            else:
+            else:  # FINISH: no memory, no micro-ops (insn_stat_fields)
                 plan = timing.plan(insn, cfg)
-                stat = insn_stat_fields(insn, plan, None, timing)
+                stat = (-1, 0, 0, 0, 0, 0)
             cost = (plan if type(plan) is int else plan.push) + 1
             per[id(insn)] = (plan, writes, cost, fixed, per_run, *stat)
         #: per instruction, its word's row of ``per``: (plan, STORE writes or None, cost,

@@ -140,8 +140,8 @@ def _module_row_keys(name: str) -> list:
     return keys + ([bus] if bus is not None else [])
 
 
-# Every key of timeline_stats, in its order (_stats_of_sums fills them in one list).
-_STAT_KEYS = ("cycles", "time_us", "fetch_busy_cycles", "fetch_stall_dram_cycles",
+#: every key of timeline_stats, in its order (stat_values fills them in one list)
+STAT_KEYS = ("cycles", "time_us", "fetch_busy_cycles", "fetch_stall_dram_cycles",
               "fetch_stall_bus_cycles", *_CMDQ_FULL_KEYS, "fetch_idle_cycles",
               *(key for name in MODULES for key in (*_module_row_keys(name),
                                                     _MODULE_KEYS[name][-1])),
@@ -150,7 +150,7 @@ _STAT_KEYS = ("cycles", "time_us", "fetch_busy_cycles", "fetch_stall_dram_cycles
               "dram_read_bytes_per_cycle", "dram_write_bytes_per_cycle",
               "dram_read_channel_utilization", "dram_write_channel_utilization",
               *(rate for _, rate in _BYTES_KEYS), "out_store_bytes_per_cycle")
-# _stats_of_sums writes each module's row in this order of its queues
+# stat_values writes each module's row in this order of its queues
 assert _POPS == {"load": (1,), "compute": (0, 3), "store": (2,)}
 assert _PUSHES == {"load": (0,), "compute": (1, 2), "store": (3,)}
 
@@ -330,7 +330,7 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     _StaticStats."""
     pre = getattr(tl, "sums", None)
     if pre is not None:
-        return _stats_of_sums(tl, cfg, counters, pre)
+        return dict(zip(STAT_KEYS, stat_values(tl, cfg, counters, pre)))
     cycles = tl.cycles
     stats: dict = {"cycles": cycles, "time_us": cycles / cfg.clock_mhz}
     n = len(tl.insns)
@@ -395,10 +395,11 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     return stats
 
 
-def _stats_of_sums(tl, cfg: HwConfig, counters: dict, pre: tuple) -> dict:
-    """timeline_stats of a timeline with the schedule's sums: the same numbers in the same
-    order, made as one list of values (a run's statistics; the rest of timeline_stats
-    does the same one key at a time for any timeline)."""
+def stat_values(tl, cfg: HwConfig, counters: dict, pre: tuple) -> list:
+    """timeline_stats of a timeline with the schedule's sums ``pre``, as the list of its
+    values in the order of STAT_KEYS (a run's statistics: CycleSimulator.run adds them to
+    the counters; the rest of timeline_stats does the same one key at a time for any
+    timeline)."""
     data_wait, gaps, (busy, cmdq, dram, bus, room), tq, rq, ran, fetch_beats, fetch_bursts = pre
     rows = tl.rows
     cycles = max(rows[5]) + 1
@@ -428,7 +429,7 @@ def _stats_of_sums(tl, cfg: HwConfig, counters: dict, pre: tuple) -> dict:
     values += [b / c if c else 0.0 for b, c in zip(loaded, ran)]
     c = ran[-1]
     values.append(write_bytes / c if c else 0.0)
-    return dict(zip(_STAT_KEYS, values))
+    return values
 
 
 # ---- Chrome / Perfetto trace -----------------------------------------------------------
