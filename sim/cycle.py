@@ -28,6 +28,7 @@ PNG timeline in cycle_report.py. docs/cycle_model.md describes all three.
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,8 @@ from .fsim import FunctionalSimulator, Program, _TokenMachine
 __all__ = ["CycleSimulator", "Timeline", "Timing", "plot_timeline"]
 
 _MODULE_NAMES = {Module.LOAD: "load", Module.COMPUTE: "compute", Module.STORE: "store"}
+# a row's plan and statistics index (_Static.rows)
+_FIRST, _STAT_INDEX = itemgetter(0), itemgetter(5)
 # per module (Module order), the token queues it pops and those it pushes
 _MODULE_POPS = tuple(_POPS[name] for name in MODULES)
 _MODULE_PUSHES = tuple(_PUSHES[name] for name in MODULES)
@@ -260,11 +263,11 @@ class _Static:
             per[id(insn)] = (plan, writes, cost, fixed, per_run, *stat)
         #: per instruction, its word's row of ``per``: (plan, STORE writes or None, cost,
         #: fixed hazard stalls, hazard stalls per run, then cycle_report.insn_stat_fields)
-        self.rows = rows = [per[k] for k in ids]
-        self.plans: list = [r[0] for r in rows]
+        self.rows = rows = list(map(per.__getitem__, ids))
+        self.plans: list = list(map(_FIRST, rows))
         #: per instruction, the index of its memory type in the statistics (-1 for none)
-        self.stat_index: list = [r[5] for r in rows]
-        self.seq: dict = {m: [] for m in range(3)}
+        self.stat_index: list = list(map(_STAT_INDEX, rows))
+        self.seq: dict = {0: [], 1: [], 2: []}
         totals = [0, 0, 0]
         #: per module, the write waits of its instructions (the schedule's DRAM cycles
         #: beside its read latencies)
@@ -570,7 +573,7 @@ class _Schedule:
                 fetch_reads += (q + 1, g)
                 self.channel_free = f + span[0] + 1
                 end = first + count
-                avail[first:end] = [f + k for k in insn_ready]
+                avail[first:end] = map(f.__add__, insn_ready)
                 if w_a:  # the dispatcher, if it waits for one of these
                     for j in w_a:
                         if j < end:
@@ -806,8 +809,11 @@ class _Schedule:
             k = stat_index[j]
             if k >= 0:
                 ran[k] += free - s
-        waits = (cmdq + dram + bus + sum([token_q[q] for q in _MODULE_POPS[m]])
-                 + sum([room_q[q] for q in _MODULE_PUSHES[m]]))
+        waits = cmdq + dram + bus
+        for q in _MODULE_POPS[m]:
+            waits += token_q[q]
+        for q in _MODULE_PUSHES[m]:
+            waits += room_q[q]
         dram += self.static.write_wait_sums[m]
         self.module_sums[m] = (free - waits - self.static.write_wait_sums[m], cmdq, dram, bus)
 
@@ -823,7 +829,7 @@ class _Schedule:
         pending: dict[int, int] = {}
         finished = 0
         last = 2  # round robin: the first search starts at fetch
-        sends = [gen.send for gen in gens]
+        sends = [gens[0].send, gens[1].send, gens[2].send, gens[3].send, gens[4].send]
         pop = runnable.pop
         while True:
             while runnable:
@@ -872,7 +878,7 @@ class _Schedule:
         tl = Timeline(self.insns, list(self.plans), self.timing, self.insn_addr, rows,
                       self.batches, self.reads, None, st, self.fetch_reads, dict(self.stalls))
         data_wait, gaps, room_wait = self.fetch_sums
-        per = [list(col) for col in zip(*self.module_sums)] + [room_wait]
+        per = [*map(list, zip(*self.module_sums)), room_wait]
         tl.sums = (data_wait, gaps, per, self.token_q, self.room_q, self.ran,
                    self.fetch_beats, self.fetch_bursts)
         return tl

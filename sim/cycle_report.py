@@ -12,6 +12,7 @@ statistic.
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 from bisect import bisect_right
 from pathlib import Path
 
@@ -127,7 +128,7 @@ _MODULE_KEYS = {
     for name in MODULES}
 _CMDQ_FULL_KEYS = [f"fetch_stall_cmdq_full_{name}_cycles" for name in MODULES]
 _BYTES_KEYS = [(f"{key}_load_bytes", f"{key}_load_bytes_per_cycle") for key in _LOAD_BYTES.values()]
-_LOAD_BYTES_COUNTERS = tuple(key for key, _ in _BYTES_KEYS)
+_LOADED_BYTES = itemgetter(*(key for key, _ in _BYTES_KEYS))  # counters -> their values
 
 
 def _module_row_keys(name: str) -> list:
@@ -412,7 +413,7 @@ def stat_values(tl, cfg: HwConfig, counters: dict, pre: tuple) -> list:
     compute = [busy[1] - drain - hazard, drain, hazard, cmdq[1], tq[0], tq[3], rq[1], rq[2],
                dram[1], bus[1]]
     store = [busy[2], cmdq[2], tq[2], rq[3], dram[2]]
-    loaded = [counters[key] for key in _LOAD_BYTES_COUNTERS]
+    loaded = _LOADED_BYTES(counters)
     read_bytes = n * 16 + sum(loaded)
     write_bytes = counters["out_store_bytes"]
     values = [cycles, cycles / cfg.clock_mhz, n, data_wait - fetch_bus, fetch_bus, *room,
@@ -426,7 +427,8 @@ def stat_values(tl, cfg: HwConfig, counters: dict, pre: tuple) -> list:
     else:
         values += [0.0, n * 16, read_bytes, write_bytes, read_beats, write_beats,
                    plan_bursts + fetch_bursts, 0.0, 0.0, 0.0, 0.0]
-    values += [b / c if c else 0.0 for b, c in zip(loaded, ran)]
+    for b, c in zip(loaded, ran):
+        values.append(b / c if c else 0.0)
     c = ran[-1]
     values.append(write_bytes / c if c else 0.0)
     return values
