@@ -383,18 +383,20 @@ class Timeline:
     time and the starts of bulk grants (see :meth:`read_bursts`); ``module``, ``pop_q``,
     ``push_q``: the program's tables (properties: the same every run).
 
-    The schedule hands over Python lists (``rows``, the rows of ``times`` in its order);
-    the numpy arrays are made when first read (the statistics of a short program need
-    none).
+    The schedule hands over Python lists (``rows``, the rows of ``times`` in its order;
+    or ``rows=None`` and ``derive``, a function that makes them, with the dispatch and push
+    rows: the statistics read only those); the numpy arrays are made when first read (the
+    statistics of a short program need none).
     """
 
-    def __init__(self, insns: list, plans: list, timing: Timing, insn_addr: int, rows: list,
-                 batches: list, reads: list, writes: dict | None, static, fetch_reads: list,
-                 stalls: dict):
+    def __init__(self, insns: list, plans: list, timing: Timing, insn_addr: int,
+                 rows: list | None, batches: list, reads: list, writes: dict | None, static,
+                 fetch_reads: list, stalls: dict, *, dispatch: list | None = None,
+                 push: list | None = None, derive=None):
         self.insns, self.plans, self.timing, self.insn_addr = insns, plans, timing, insn_addr
-        #: free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2 rows),
-        #: room_ready (2 rows), as Python lists
-        self.rows = rows
+        self._rows, self._derive = rows, derive
+        self._dispatch = dispatch if rows is None else rows[1]
+        self._push = push if rows is None else rows[5]
         self._batches = batches
         #: (client, index, burst, request, grant, first beat, delta, bulk)
         self.reads = reads
@@ -407,6 +409,20 @@ class Timeline:
         self._times = self._batch_array = self._fetch_array = None
         #: the statistics' sums, made by the schedule as it went (cycle_report)
         self.sums = None
+
+    @property
+    def rows(self) -> list:
+        """free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2 rows),
+        room_ready (2 rows), as Python lists."""
+        if self._rows is None:
+            self._rows = self._derive()
+            self._derive = None
+        return self._rows
+
+    @property
+    def last_dispatch(self) -> int:
+        """The cycle of the last dispatch."""
+        return self._dispatch[-1]
 
     @property
     def writes(self) -> dict:
@@ -449,7 +465,7 @@ class Timeline:
 
     @property
     def cycles(self) -> int:
-        return max(self.rows[5]) + 1
+        return max(self._push) + 1
 
     # The program's tables (the same every run: cycle._Static's, as arrays when first read)
     @property
@@ -516,12 +532,9 @@ class _Schedule:
         self.insns, self.plans, self.timing, self.insn_addr = insns, static.plans, timing, insn_addr
         self.module, self.seq = static.module, static.seq
         self.pops, self.pushes = static.pops, static.pushes
+        # the Timeline's rows kept as the schedule goes (the others: _rows)
         neg = [-1] * n
-        self.free, self.dispatch, self.avail = neg[:], neg[:], neg[:]
-        self.start, self.done, self.push = neg[:], neg[:], neg[:]
-        self.rd_wait, self.rd_lat = [0] * n, [0] * n
-        self.tok_ready = [neg[:], neg[:]]
-        self.room_ready = [neg[:], neg[:]]
+        self.dispatch, self.avail, self.start, self.push = neg[:], neg[:], neg[:], neg
         self.push_t: list[list[int]] = [[], [], [], []]  # per queue (TOKEN_QUEUES)
         self.pop_t: list[list[int]] = [[], [], [], []]
         self.batches: list[tuple[int, int, int]] = []
@@ -661,14 +674,12 @@ class _Schedule:
         t = self.timing
         L, depth = t.read_latency, t.token_queue_depth
         push_t, pop_t, reads, plans = self.push_t, self.pop_t, self.reads, self.plans
-        dispatch, start, done, push = self.dispatch, self.start, self.done, self.push
+        dispatch, start, push = self.dispatch, self.start, self.push
         pops_of_, pushes_of_ = self.pops, self.pushes
-        tok0, tok1 = self.tok_ready
-        room0, room1 = self.room_ready
         runnable, w_s, w_push, w_pop = self.runnable, self.w_s, self.w_push, self.w_pop
         client = me  # read client id (load 1, compute 2; store never reads)
         stalls = self.stalls
-        free_of, rd_wait, rd_lat, w_d = self.free, self.rd_wait, self.rd_lat, self.w_d
+        w_d = self.w_d
         # statistics (cycle_report): waits attributed in order (the command, then each
         # popped token; after DONE, room in each pushed queue), DRAM and bus cycles; busy is
         # the rest of the module's cycles (each instruction's waits and busy cycles cover
@@ -687,7 +698,6 @@ class _Schedule:
             if free > s:
                 s = free
             cmdq += s - free
-            free_of[j] = free
             pops = pops_of_[j]
             if pops:  # the tokens: the k-th pop of a queue takes its k-th push
                 q = pops[0]
@@ -697,7 +707,6 @@ class _Schedule:
                     yield None
                 mid = s
                 ready = push_t[q][k] + 1
-                tok0[j] = ready
                 if ready > s:
                     s = ready
                 if len(pops) == 1:
@@ -714,7 +723,6 @@ class _Schedule:
                         w_push[q1][k] = me
                         yield None
                     ready1 = push_t[q1][k] + 1
-                    tok1[j] = ready1
                     if ready1 > s:
                         s = ready1
                     if ready < mid:
@@ -763,12 +771,9 @@ class _Schedule:
                     r, bound, first_i, span_i = plan.burst(i)
                     r += s + delta
                     bound += s + delta
-                rd_wait[j] = wait
-                rd_lat[j] = lat
                 p = s + plan.push + delta
                 dram += lat
                 bus += wait
-            done[j] = p
             pushes = pushes_of_[j]
             if pushes:  # room: the k-th push of a queue needs its (k - depth)-th pop
                 q = pushes[0]
@@ -779,7 +784,6 @@ class _Schedule:
                         w_pop[q][k - depth] = me
                         yield None
                     room = pop_t[q][k - depth] + 1
-                    room0[j] = room
                     if room > p:
                         p = room
                 if len(pushes) == 1:
@@ -793,7 +797,6 @@ class _Schedule:
                             w_pop[q1][k - depth] = me
                             yield None
                         room = pop_t[q1][k - depth] + 1
-                        room1[j] = room
                         if room > p:
                             p = room
                     room_q[q] += ready - mid
@@ -872,13 +875,59 @@ class _Schedule:
         return timeline
 
     def _timeline(self) -> Timeline:
-        st = self.static
-        rows = [self.free, self.dispatch, self.avail, self.start, self.done, self.push,
-                self.rd_wait, self.rd_lat, *self.tok_ready, *self.room_ready]
-        tl = Timeline(self.insns, list(self.plans), self.timing, self.insn_addr, rows,
-                      self.batches, self.reads, None, st, self.fetch_reads, dict(self.stalls))
+        tl = Timeline(self.insns, list(self.plans), self.timing, self.insn_addr, None,
+                      self.batches, self.reads, None, self.static, self.fetch_reads,
+                      dict(self.stalls), dispatch=self.dispatch, push=self.push,
+                      derive=self._rows)
         data_wait, gaps, room_wait = self.fetch_sums
         per = [*map(list, zip(*self.module_sums)), room_wait]
         tl.sums = (data_wait, gaps, per, self.token_q, self.room_q, self.ran,
                    self.fetch_beats, self.fetch_bursts)
         return tl
+
+    def _rows(self) -> list:
+        """The Timeline's rows (when first read): those the schedule kept, and the others
+        as it had them: free (the cycle after the module's previous push), done (the plan
+        from the start, shifted by the last read burst's delta), the read waits and
+        latencies (from the read bursts), and the cycles the k-th token of a queue (its
+        k-th push + 1) and room for the k-th push (its (k - depth)-th pop + 1) were there."""
+        n = len(self.insns)
+        start, push, plans, stalls = self.start, self.push, self.plans, self.stalls
+        depth = self.timing.token_queue_depth
+        neg = [-1] * n
+        free, done, tok, room = neg[:], neg[:], [neg[:], neg[:]], [neg[:], neg]
+        rd_wait, rd_lat = [0] * n, [0] * n
+        for seq in self.seq.values():
+            f = 0
+            for j in seq:
+                free[j] = f
+                f = push[j] + 1
+        delta_of = {}
+        for client, j, i, r, g, f, delta, bulk in self.reads:
+            if client:
+                rd_wait[j] += g - r
+                rd_lat[j] += f - g
+                if bulk:
+                    plan = plans[j]
+                    rd_lat[j] += plan.lat_after_at(i) if i else plan.lat0
+                delta_of[j] = delta
+        for j, plan in enumerate(plans):
+            if type(plan) is int:
+                done[j] = start[j] + plan + stalls.get(j, 0)
+            else:
+                done[j] = start[j] + plan.push + delta_of[j]
+        pushers: list = [[], [], [], []]  # per queue, its pushing and popping instructions
+        poppers: list = [[], [], [], []]
+        pops_of, pushes_of = self.pops, self.pushes
+        for j, (pops, pushes) in enumerate(zip(pops_of, pushes_of)):
+            for q in pops:
+                poppers[q].append(j)
+            for q in pushes:
+                pushers[q].append(j)
+        for q in range(4):
+            for k, j in enumerate(poppers[q]):
+                tok[pops_of[j].index(q)][j] = push[pushers[q][k]] + 1
+            for k, j in enumerate(pushers[q][depth:], depth):
+                room[pushes_of[j].index(q)][j] = start[poppers[q][k - depth]] + 1
+        return [free, self.dispatch, self.avail, start, done, push, rd_wait, rd_lat, *tok,
+                *room]

@@ -402,9 +402,8 @@ def stat_values(tl, cfg: HwConfig, counters: dict, pre: tuple) -> list:
     the counters; the rest of timeline_stats does the same one key at a time for any
     timeline)."""
     data_wait, gaps, (busy, cmdq, dram, bus, room), tq, rq, ran, fetch_beats, fetch_bursts = pre
-    rows = tl.rows
-    cycles = max(rows[5]) + 1
-    n = len(rows[5])
+    cycles = tl.cycles
+    n = len(tl.insns)
     fetch_bus = _fetch_bus(tl, gaps)
     plan_beats, plan_bursts, write_beats, drain = tl.static.stat_totals
     hazard = sum(tl.stalls.values()) if tl.stalls else 0
@@ -417,7 +416,7 @@ def stat_values(tl, cfg: HwConfig, counters: dict, pre: tuple) -> list:
     read_bytes = n * 16 + sum(loaded)
     write_bytes = counters["out_store_bytes"]
     values = [cycles, cycles / cfg.clock_mhz, n, data_wait - fetch_bus, fetch_bus, *room,
-              cycles - rows[1][-1] - 1, *load, cycles - sum(load), *compute,
+              cycles - tl.last_dispatch - 1, *load, cycles - sum(load), *compute,
               cycles - sum(compute), *store, cycles - sum(store)]
     if cycles:
         values += [counters["macs"] / (cycles * cfg.macs_per_cycle), n * 16, read_bytes,
