@@ -123,7 +123,8 @@ class CycleSimulator(FunctionalSimulator):
         self.timeline = timeline
         stats = self._counters()
         # cycle_report.timeline_stats, from the schedule's sums, added in place
-        stats.update(zip(STAT_KEYS, stat_values(timeline, self.config, stats, timeline.sums)))
+        stats.update(zip(STAT_KEYS, stat_values(timeline, self.config, stats,
+                                                timeline.stat_sums())))
         if self.trace is not None:
             write_trace(timeline, self.trace)
         return stats
@@ -407,8 +408,46 @@ class Timeline:
         #: hazard stall cycles of the SHR/MUL ALU instructions that had any (index -> cycles)
         self.stalls = stalls
         self._times = self._batch_array = self._fetch_array = None
-        #: the statistics' sums, made by the schedule as it went (cycle_report)
-        self.sums = None
+        # the statistics' sums the schedule made as it went: data wait, fetch's bus wait
+        # (None: from the gaps), per module, token and room waits, cycles run per memory
+        # type, fetch's beats and bursts (``sums`` adds the gaps when read)
+        self._sum_parts = self._sums = None
+
+    @property
+    def sums(self) -> tuple | None:
+        """The statistics' sums (cycle_report.timeline_stats): data wait, fetch's waits for
+        bytes ([begin, end) of each, made from the dispatch and avail rows when first
+        read), per module, token and room waits, cycles run per memory type, fetch's beats
+        and bursts; None for a timeline without them."""
+        if self._sums is None and self._sum_parts is not None:
+            data_wait, _, per, token_q, room_q, ran, beats, bursts = self._sum_parts
+            gaps, last = [], -1
+            for a, d in zip(self.rows[2], self._dispatch):
+                gap = last + 1
+                gaps.append((gap, d if a >= d else (a if a > gap else gap)))
+                last = d
+            self._sums = (data_wait, gaps, per, token_q, room_q, ran, beats, bursts)
+        return self._sums
+
+    @sums.setter
+    def sums(self, value: tuple | None) -> None:
+        self._sums, self._sum_parts = value, None
+
+    def stat_sums(self) -> tuple:
+        """What cycle_report.stat_values needs of the sums: data wait, fetch's bus wait, per
+        module, token and room waits, cycles run per memory type, fetch's beats and
+        bursts."""
+        if self._sum_parts is None:
+            from .cycle_report import _fetch_bus
+
+            data_wait, gaps, *rest = self.sums
+            return (data_wait, _fetch_bus(self, gaps), *rest)
+        if self._sum_parts[1] is None:
+            from .cycle_report import _fetch_bus
+
+            self._sum_parts = (self._sum_parts[0], _fetch_bus(self, self.sums[1]),
+                               *self._sum_parts[2:])
+        return self._sum_parts
 
     @property
     def rows(self) -> list:
@@ -557,6 +596,7 @@ class _Schedule:
         self.module_sums: list = [None] * 3
         self.fetch_sums = None
         self.fetch_beats = self.fetch_bursts = 0
+        self.fetch_bus = 0  # fetch's waits for bytes behind the arbiter; None: not summed
 
     # ---- fetch: the DMA (read client 0) and the dispatcher ---------------------------------
 
@@ -581,6 +621,11 @@ class _Schedule:
             self.fetch_bursts += len(span)
             if len(span) == 1:  # the usual batch: one burst delivers every instruction
                 _, g = yield q + 1
+                # fetch waits for this batch's bytes from its request on (the gap before
+                # its first instruction's dispatch begins at q and ends after the data), so
+                # its whole wait for the arbiter is a wait for bytes (cycle_report._fetch_bus)
+                if self.fetch_bus is not None:
+                    self.fetch_bus += g - q - 1
                 f = g + 1 + L
                 reads.append((0, b, 0, q + 1, g, f, 0, False))
                 fetch_reads += (q + 1, g)
@@ -595,6 +640,7 @@ class _Schedule:
                 first = end
                 b += 1
                 continue
+            self.fetch_bus = None  # bursts after the first: from the gaps (Timeline.sums)
             r, bound, k = q + 1, NEVER, 0
             for i in range(len(span)):
                 _, g = yield r
@@ -629,9 +675,10 @@ class _Schedule:
             runnable.append((u, None))
         last = -1
         # statistics (cycle_report): the gap before each dispatch is first a wait for the
-        # instruction's bytes (gaps: [begin, end) of each), then for command queue room; the
-        # waits for bytes are the rest of the gaps (last + 1 - n cycles in all)
-        gaps, room_wait = [], [0, 0, 0]
+        # instruction's bytes, then for command queue room: the wait for room is the part
+        # of the gap after both the bytes and the previous dispatch (max(a, last + 1)), the
+        # waits for bytes the rest of the gaps (last + 1 - n cycles in all)
+        room_wait = [0, 0, 0]
         for first in range(0, n, size):
             for j in range(first, min(first + size, n)):
                 a = avail[j]
@@ -651,11 +698,8 @@ class _Schedule:
                         yield None
                         s = start[ahead]
                     if s >= d:
+                        room_wait[m] += s + 1 - d
                         d = s + 1
-                gap = last + 1
-                mid = d if a >= d else (a if a > gap else gap)  # min(max(a, gap), d)
-                gaps.append((gap, mid))
-                room_wait[m] += d - mid
                 dispatch[j] = last = d
                 if w_d:
                     u = w_d.pop(j, None)
@@ -666,7 +710,7 @@ class _Schedule:
                 u = w_batch.pop(len(batch_req) - 1, None)
                 if u is not None:
                     runnable.append((u, None))
-        self.fetch_sums = (last + 1 - n - sum(room_wait), gaps, room_wait)
+        self.fetch_sums = (last + 1 - n - sum(room_wait), room_wait)
 
     # ---- load, compute, store ---------------------------------------------------------------
 
@@ -879,10 +923,10 @@ class _Schedule:
                       self.batches, self.reads, None, self.static, self.fetch_reads,
                       dict(self.stalls), dispatch=self.dispatch, push=self.push,
                       derive=self._rows)
-        data_wait, gaps, room_wait = self.fetch_sums
+        data_wait, room_wait = self.fetch_sums
         per = [*map(list, zip(*self.module_sums)), room_wait]
-        tl.sums = (data_wait, gaps, per, self.token_q, self.room_q, self.ran,
-                   self.fetch_beats, self.fetch_bursts)
+        tl._sum_parts = (data_wait, self.fetch_bus, per, self.token_q, self.room_q, self.ran,
+                         self.fetch_beats, self.fetch_bursts)
         return tl
 
     def _rows(self) -> list:

@@ -331,7 +331,9 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     _StaticStats."""
     pre = getattr(tl, "sums", None)
     if pre is not None:
-        return dict(zip(STAT_KEYS, stat_values(tl, cfg, counters, pre)))
+        data_wait, gaps, *rest = pre
+        return dict(zip(STAT_KEYS, stat_values(tl, cfg, counters,
+                                               (data_wait, _fetch_bus(tl, gaps), *rest))))
     cycles = tl.cycles
     stats: dict = {"cycles": cycles, "time_us": cycles / cfg.clock_mhz}
     n = len(tl.insns)
@@ -397,14 +399,14 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
 
 
 def stat_values(tl, cfg: HwConfig, counters: dict, pre: tuple) -> list:
-    """timeline_stats of a timeline with the schedule's sums ``pre``, as the list of its
-    values in the order of STAT_KEYS (a run's statistics: CycleSimulator.run adds them to
-    the counters; the rest of timeline_stats does the same one key at a time for any
-    timeline)."""
-    data_wait, gaps, (busy, cmdq, dram, bus, room), tq, rq, ran, fetch_beats, fetch_bursts = pre
+    """timeline_stats of a timeline with the schedule's sums ``pre`` (Timeline.stat_sums:
+    its sums with fetch's bus wait in place of the gaps), as the list of its values in the
+    order of STAT_KEYS (a run's statistics: CycleSimulator.run adds them to the counters;
+    the rest of timeline_stats does the same one key at a time for any timeline)."""
+    (data_wait, fetch_bus, (busy, cmdq, dram, bus, room), tq, rq, ran, fetch_beats,
+     fetch_bursts) = pre
     cycles = tl.cycles
     n = len(tl.insns)
-    fetch_bus = _fetch_bus(tl, gaps)
     plan_beats, plan_bursts, write_beats, drain = tl.static.stat_totals
     hazard = sum(tl.stalls.values()) if tl.stalls else 0
     read_beats = plan_beats + fetch_beats

@@ -12,6 +12,7 @@ from programs import ProgramBuilder, random_program
 from schedule_reference import ReferenceSchedule
 
 from celosia import HwConfig
+from celosia.image import ProgramImage
 from celosia.errors import SimulationLimitError
 from celosia.isa import (AluInsn, AluOp, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop,
                          elem_bytes)
@@ -72,7 +73,9 @@ def compare(image, cfg, **options) -> dict:
             "cmdq_full": any(stats[f"fetch_stall_cmdq_full_{m}_cycles"]
                              for m in ("load", "compute", "store")),
             "room": any(v for k, v in stats.items() if "_stall_push_" in k and v),
-            "hazard": stats["compute_stall_hazard_cycles"] > 0}
+            "hazard": stats["compute_stall_hazard_cycles"] > 0,
+            "multi_burst_fetch": any(len(batch.span) > 1 for batch in
+                                     tl.static.fetch_batches(sim.timing, image.insn_addr))}
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -140,3 +143,28 @@ def test_contending_readers_and_hazards_schedule_as_the_reference(seed):
             had[k] = had.get(k) or v
     assert had["contended"]
     assert had["hazard"] or not seen_hazard or seed  # seed 0 has SHR/MUL with stalls
+
+
+def _moved(image: ProgramImage, insn_addr: int) -> ProgramImage:
+    """``image`` with its instructions copied to ``insn_addr`` (past its end; a program's
+    words do not depend on their address)."""
+    end = insn_addr + image.insn_count * 16
+    dram = np.zeros(max(end, image.dram.size), np.uint8)
+    dram[:image.dram.size] = image.dram
+    dram[insn_addr:end] = image.program_bytes
+    return ProgramImage(dram, insn_addr, image.insn_count)
+
+
+@pytest.mark.parametrize("bus", [4, 8, 32])
+def test_fetch_batches_across_burst_windows_schedule_as_the_reference(bus):
+    """Programs whose fetch batches cross burst windows (several bursts per batch: fetch's
+    waits for the arbiter then come from the gaps), and with a 32-byte bus, narrow fetch."""
+    cfg = HwConfig(bus_bytes=bus)
+    burst = min(4096, 256 * bus)
+    seen_multi = False
+    for seed in range(8):
+        image = random_program(cfg, 900 + seed, n_body=30).image
+        base = -(-image.dram.size // burst) * burst
+        for offset in (burst - 48, burst - 16, 2 * burst - 112, 0):
+            seen_multi |= compare(_moved(image, base + offset), cfg)["multi_burst_fetch"]
+    assert seen_multi
