@@ -287,6 +287,13 @@ class _Static:
             dr += r[10]
         self.max_lower = max(totals)
         self.stat_totals = [rb, bb, wb, dr]
+        #: per instruction, the instruction cmd_queue_depth ahead of it in its module's
+        #: command queue (fetch dispatches it once that one has started), -1 for none
+        self.ahead = ahead = [-1] * len(modules)
+        depth = timing.cmd_queue_depth
+        for sq in seq.values():
+            for j, k in zip(sq[depth:], sq):
+                ahead[j] = k
         self._lower = self._fetch = self._writes = None
         #: hazard stalls that the instruction's fields alone decide (index -> cycles)
         self.fixed_stalls = {j: r[3] for j, r in enumerate(rows) if r[3]} if any_fixed else {}
@@ -664,10 +671,9 @@ class _Schedule:
 
     def _fetch_dispatch(self, me):
         t = self.timing
-        n, depth, size = len(self.insns), t.cmd_queue_depth, t.fetch_insns
+        n, size = len(self.insns), t.fetch_insns
         avail, start, dispatch = self.avail, self.start, self.dispatch
-        module, seq = self.module, self.seq
-        count = [0, 0, 0]  # instructions dispatched so far per module
+        module, aheads = self.module, self.static.ahead
         runnable, w_d, w_batch, batch_req = self.runnable, self.w_d, self.w_batch, self.batch_req
         batch_req.append(t.FIRST_FETCH)
         u = w_batch.pop(0, None)
@@ -687,18 +693,15 @@ class _Schedule:
                     yield None
                     a = avail[j]
                 d = a if a > last else last + 1
-                m = module[j]
-                local = count[m]
-                count[m] = local + 1
-                if local >= depth:  # room once the instruction `depth` ahead has started
-                    ahead = seq[m][local - depth]
+                ahead = aheads[j]
+                if ahead >= 0:  # room once the instruction `depth` ahead has started
                     s = start[ahead]
                     if s < 0:
                         self.w_s[ahead] = me
                         yield None
                         s = start[ahead]
                     if s >= d:
-                        room_wait[m] += s + 1 - d
+                        room_wait[module[j]] += s + 1 - d
                         d = s + 1
                 dispatch[j] = last = d
                 if w_d:
