@@ -48,6 +48,10 @@ __all__ = ["CycleSimulator", "Timeline", "Timing", "plot_timeline"]
 _MODULE_NAMES = {Module.LOAD: "load", Module.COMPUTE: "compute", Module.STORE: "store"}
 # a row's plan and statistics index (_Static.rows)
 _FIRST, _STAT_INDEX = itemgetter(0), itemgetter(5)
+# a row's cost (shortest duration + the push cycle), write waits, and the fields
+# _Static.stat_totals sums: read beats, read bursts, write beats, drain cycles
+_COST, _WRITE_WAIT = itemgetter(2), itemgetter(6)
+_STAT_TOTALS = (itemgetter(7), itemgetter(8), itemgetter(9), itemgetter(10))
 # per module (Module order), the token queues it pops and those it pushes
 _MODULE_POPS = tuple(_POPS[name] for name in MODULES)
 _MODULE_PUSHES = tuple(_PUSHES[name] for name in MODULES)
@@ -274,19 +278,17 @@ class _Static:
         #: beside its read latencies)
         self.write_wait_sums = write_wait_sums = [0, 0, 0]
         seq = self.seq
+        appends = (seq[0].append, seq[1].append, seq[2].append)
+        for j, m in enumerate(modules):
+            appends[m](j)
+        for m, sq in seq.items():
+            mine = list(map(rows.__getitem__, sq))
+            totals[m] = sum(map(_COST, mine))
+            write_wait_sums[m] = sum(map(_WRITE_WAIT, mine))
+        self.max_lower = max(totals)
         # over the program, for the statistics: the plans' read beats and bursts, the
         # write beats and the pipeline drain cycles
-        rb = bb = wb = dr = 0
-        for j, (m, r) in enumerate(zip(modules, rows)):
-            seq[m].append(j)
-            totals[m] += r[2]
-            write_wait_sums[m] += r[6]
-            rb += r[7]
-            bb += r[8]
-            wb += r[9]
-            dr += r[10]
-        self.max_lower = max(totals)
-        self.stat_totals = [rb, bb, wb, dr]
+        self.stat_totals = [sum(map(get, rows)) for get in _STAT_TOTALS]
         #: per instruction, the instruction cmd_queue_depth ahead of it in its module's
         #: command queue (fetch dispatches it once that one has started), -1 for none
         self.ahead = ahead = [-1] * len(modules)
