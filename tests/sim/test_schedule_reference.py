@@ -1,8 +1,9 @@
 """The cycle model's schedule against its reference (schedule_reference.py: the event loop
 as it was before it was made cheaper): on random programs of three configurations (one
-with single-entry command and token queues), programs whose LOADs contend for the read
-channel and SHR/MUL programs with hazard stalls, every Timeline row, read burst, fetch
-batch, statistics sum and statistic is the same, and so is every max_cycles error."""
+with single-entry command and token queues), random programs whose fetch batches cross
+burst windows, and programs whose LOADs contend for the read channel beside SHR/MUL
+instructions with hazard stalls, every Timeline row, read burst, fetch batch, statistics
+sum, statistic and trace is the same, and so is every max_cycles error."""
 
 import random
 
@@ -12,8 +13,8 @@ from programs import ProgramBuilder, random_program
 from schedule_reference import ReferenceSchedule
 
 from celosia import HwConfig
-from celosia.image import ProgramImage
 from celosia.errors import SimulationLimitError
+from celosia.image import ProgramImage
 from celosia.isa import (AluInsn, AluOp, FinishInsn, GemmInsn, MemInsn, MemType, Opcode, Uop,
                          elem_bytes)
 from celosia.sim.cycle import CycleSimulator, _Schedule
