@@ -28,6 +28,7 @@ PNG timeline in cycle_report.py. docs/cycle_model.md describes all three.
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -36,15 +37,24 @@ from celosia.config import HwConfig
 from celosia.errors import CelosiaError, SimulationLimitError
 from celosia.isa import INSN_BYTES, AluInsn, GemmInsn, Insn, MemInsn, Module, Opcode, decode_uops
 
-from .cycle_report import (_MEM_STAT_INDEX, MEM_STAT_TYPES, insn_stat_fields, plot_timeline,
-                           timeline_stats, write_trace)
+from .cycle_report import (_MEM_STAT_INDEX, _POPS, _PUSHES, MEM_STAT_TYPES, MODULES, STAT_KEYS,
+                           plot_timeline, stat_values, write_trace)
 from .cycle_timing import NEVER, TWO_STAGE_ALU_OPS, Timing, alu_hazards, one_uop_hazards
 from .datapath import DEFAULT_MAX_WORK, _mem_sizes, single_threaded_blas
-from .fsim import TOKEN_QUEUES, FunctionalSimulator, Program, _TokenMachine
+from .fsim import FunctionalSimulator, Program, _TokenMachine
 
 __all__ = ["CycleSimulator", "Timeline", "Timing", "plot_timeline"]
 
 _MODULE_NAMES = {Module.LOAD: "load", Module.COMPUTE: "compute", Module.STORE: "store"}
+# a row's plan and statistics index (_Static.rows)
+_FIRST, _STAT_INDEX = itemgetter(0), itemgetter(5)
+# a row's cost (shortest duration + the push cycle), write waits, and the fields
+# _Static.stat_totals sums: read beats, read bursts, write beats, drain cycles
+_COST, _WRITE_WAIT = itemgetter(2), itemgetter(6)
+_STAT_TOTALS = (itemgetter(7), itemgetter(8), itemgetter(9), itemgetter(10))
+# per module (Module order), the token queues it pops and those it pushes
+_MODULE_POPS = tuple(_POPS[name] for name in MODULES)
+_MODULE_PUSHES = tuple(_PUSHES[name] for name in MODULES)
 # LOAD/STORE plans are memoised per timing, for all programs (at most this many each; the
 # plans are immutable and shared).
 _CACHED_PLANS = 1 << 15
@@ -116,7 +126,9 @@ class CycleSimulator(FunctionalSimulator):
         timeline = _Schedule(insns, static, self.timing, insn_addr, stalls).run(self.max_cycles)
         self.timeline = timeline
         stats = self._counters()
-        stats.update(timeline_stats(timeline, self.config, stats))
+        # cycle_report.timeline_stats, from the schedule's sums, added in place
+        stats.update(zip(STAT_KEYS, stat_values(timeline, self.config, stats,
+                                                timeline.stat_sums())))
         if self.trace is not None:
             write_trace(timeline, self.trace)
         return stats
@@ -197,6 +209,9 @@ class _Static:
         per: dict = {}
         any_fixed = any_per_run = False
         write_latency = timing.write_latency
+        # GEMM/ALU: Timing.loop_cycles(n) is n + loop_cycles_1 for n > 0; drain_cycles
+        loop_cycles_0, loop_cycles_1 = timing.loop_cycles(0), timing.loop_cycles(1) - 1
+        drain = timing.exec_stage + 1
         ids = list(map(id, insns))
         for insn in dict(zip(ids, insns)).values():
             writes, fixed, per_run = None, 0, False
@@ -225,7 +240,7 @@ class _Static:
                     if len(mem_plans) >= _CACHED_PLANS:
                         mem_plans.clear()
                     mem_plans[key] = plan
-                k = mem_stat_index.get(int(insn.mem_type) + 8 * int(insn.opcode), -1)
+                k = mem_stat_index.get(insn.mem_type + 8 * insn.opcode, -1)  # IntEnums
                 if type(plan) is tuple:  # STORE: (push offset, write beats, bursts)
                     plan, writes = plan[0], plan[1:]
                     stat = (k, writes[1] * write_latency, 0, 0, writes[0], 0)
@@ -235,8 +250,8 @@ class _Static:
                     stat = (k, 0, plan.beats, plan.n, 0, 0)
             elif isinstance(insn, (GemmInsn, AluInsn)):
                 n = insn.iter_out * insn.iter_in * (insn.uop_end - insn.uop_bgn)
-                plan = timing.loop_cycles(n)
-                stat = (-1, 0, 0, 0, 0, timing.exec_stage + 1 if n else 0)  # drain_cycles
+                plan = n + loop_cycles_1 if n else loop_cycles_0
+                stat = (-1, 0, 0, 0, 0, drain if n else 0)
                 if hazards and n > 1 and isinstance(insn, AluInsn) \
                         and insn.alu_op in TWO_STAGE_ALU_OPS:
                     if insn.use_imm and insn.uop_end - insn.uop_bgn == 1:
@@ -246,34 +261,41 @@ class _Static:
                         any_fixed = any_fixed or fixed > 0
                     else:
                         per_run = any_per_run = True
-            else:
+            else:  # FINISH: no memory, no micro-ops (insn_stat_fields)
                 plan = timing.plan(insn, cfg)
-                stat = insn_stat_fields(insn, plan, None, timing)
+                stat = (-1, 0, 0, 0, 0, 0)
             cost = (plan if type(plan) is int else plan.push) + 1
             per[id(insn)] = (plan, writes, cost, fixed, per_run, *stat)
         #: per instruction, its word's row of ``per``: (plan, STORE writes or None, cost,
         #: fixed hazard stalls, hazard stalls per run, then cycle_report.insn_stat_fields)
-        self.rows = rows = [per[k] for k in ids]
-        self.plans: list = [r[0] for r in rows]
-        #: per instruction, the index of its memory type in the statistics (-1 for none) and
-        #: its write waits (the schedule's reads of insn_stat_fields)
-        self.stat_index: list = [r[5] for r in rows]
-        self.write_waits: list = [r[6] for r in rows]
-        self.seq: dict = {m: [] for m in range(3)}
+        self.rows = rows = list(map(per.__getitem__, ids))
+        self.plans: list = list(map(_FIRST, rows))
+        #: per instruction, the index of its memory type in the statistics (-1 for none)
+        self.stat_index: list = list(map(_STAT_INDEX, rows))
+        self.seq: dict = {0: [], 1: [], 2: []}
         totals = [0, 0, 0]
+        #: per module, the write waits of its instructions (the schedule's DRAM cycles
+        #: beside its read latencies)
+        self.write_wait_sums = write_wait_sums = [0, 0, 0]
         seq = self.seq
+        appends = (seq[0].append, seq[1].append, seq[2].append)
+        for j, m in enumerate(modules):
+            appends[m](j)
+        for m, sq in seq.items():
+            mine = list(map(rows.__getitem__, sq))
+            totals[m] = sum(map(_COST, mine))
+            write_wait_sums[m] = sum(map(_WRITE_WAIT, mine))
+        self.max_lower = max(totals)
         # over the program, for the statistics: the plans' read beats and bursts, the
         # write beats and the pipeline drain cycles
-        rb = bb = wb = dr = 0
-        for j, (m, r) in enumerate(zip(modules, rows)):
-            seq[m].append(j)
-            totals[m] += r[2]
-            rb += r[7]
-            bb += r[8]
-            wb += r[9]
-            dr += r[10]
-        self.max_lower = max(totals)
-        self.stat_totals = [rb, bb, wb, dr]
+        self.stat_totals = [sum(map(get, rows)) for get in _STAT_TOTALS]
+        #: per instruction, the instruction cmd_queue_depth ahead of it in its module's
+        #: command queue (fetch dispatches it once that one has started), -1 for none
+        self.ahead = ahead = [-1] * len(modules)
+        depth = timing.cmd_queue_depth
+        for sq in seq.values():
+            for j, k in zip(sq[depth:], sq):
+                ahead[j] = k
         self._lower = self._fetch = self._writes = None
         #: hazard stalls that the instruction's fields alone decide (index -> cycles)
         self.fixed_stalls = {j: r[3] for j, r in enumerate(rows) if r[3]} if any_fixed else {}
@@ -293,6 +315,16 @@ class _Static:
             # whole beats inside one burst (Timing._fetch_batch: they depend on the count
             # alone), keyed by their count
             whole = INSN_BYTES % timing.bus_bytes == 0 and insn_addr % timing.bus_bytes == 0
+            span = size * INSN_BYTES
+            if whole and insn_addr % span == 0 and burst % span == 0:
+                # every batch starts a whole batch's bytes into a burst window, so none
+                # crosses one: all full batches are one, the last may be shorter
+                full, rest = divmod(n, size)
+                fetch = [timing._fetch_batch(0, size)] * full
+                if rest:
+                    fetch.append(timing._fetch_batch(0, rest))
+                self._fetch = fetch
+                return fetch
             memo: dict = {}
             fetch = []
             for first in range(0, n, size):
@@ -305,6 +337,12 @@ class _Static:
                 fetch.append(batch)
             self._fetch = fetch
         return self._fetch
+
+    @property
+    def write_waits(self) -> list:
+        """Per instruction, its write waits (insn_stat_fields; the schedule reads their sum
+        per module, ``write_wait_sums``)."""
+        return [r[6] for r in self.rows]
 
     @property
     def writes(self) -> dict:
@@ -355,31 +393,90 @@ class Timeline:
     time and the starts of bulk grants (see :meth:`read_bursts`); ``module``, ``pop_q``,
     ``push_q``: the program's tables (properties: the same every run).
 
-    The schedule hands over Python lists (``rows``, the rows of ``times`` in its order);
-    the numpy arrays are made when first read (the statistics of a short program need
-    none).
+    The schedule hands over Python lists (``rows``, the rows of ``times`` in its order;
+    or ``rows=None`` and ``derive``, a function that makes them, with the dispatch and push
+    rows: the statistics read only those); the numpy arrays are made when first read (the
+    statistics of a short program need none).
     """
 
-    def __init__(self, insns: list, plans: list, timing: Timing, insn_addr: int, rows: list,
-                 batches: list, reads: list, writes: dict, static, fetch_reads: list,
-                 stalls: dict):
+    def __init__(self, insns: list, plans: list, timing: Timing, insn_addr: int,
+                 rows: list | None, batches: list, reads: list, writes: dict | None, static,
+                 fetch_reads: list, stalls: dict, *, dispatch: list | None = None,
+                 push: list | None = None, derive=None):
         self.insns, self.plans, self.timing, self.insn_addr = insns, plans, timing, insn_addr
-        #: free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2 rows),
-        #: room_ready (2 rows), as Python lists
-        self.rows = rows
+        self._rows, self._derive = rows, derive
+        self._dispatch = dispatch if rows is None else rows[1]
+        self._push = push if rows is None else rows[5]
         self._batches = batches
         #: (client, index, burst, request, grant, first beat, delta, bulk)
         self.reads = reads
-        #: per STORE instruction: (write beats, write bursts)
-        self.writes = writes
+        self._writes = writes
         #: what every run of the program shares (cycle._Static)
         self.static = static
         self._fetch_reads = fetch_reads  # request, grant, request, grant, ...
         #: hazard stall cycles of the SHR/MUL ALU instructions that had any (index -> cycles)
         self.stalls = stalls
         self._times = self._batch_array = self._fetch_array = None
-        #: the statistics' sums, made by the schedule as it went (cycle_report)
-        self.sums = None
+        # the statistics' sums the schedule made as it went: data wait, fetch's bus wait
+        # (None: from the gaps), per module, token and room waits, cycles run per memory
+        # type, fetch's beats and bursts (``sums`` adds the gaps when read)
+        self._sum_parts = self._sums = None
+
+    @property
+    def sums(self) -> tuple | None:
+        """The statistics' sums (cycle_report.timeline_stats): data wait, fetch's waits for
+        bytes ([begin, end) of each, made from the dispatch and avail rows when first
+        read), per module, token and room waits, cycles run per memory type, fetch's beats
+        and bursts; None for a timeline without them."""
+        if self._sums is None and self._sum_parts is not None:
+            data_wait, _, per, token_q, room_q, ran, beats, bursts = self._sum_parts
+            gaps, last = [], -1
+            for a, d in zip(self.rows[2], self._dispatch):
+                gap = last + 1
+                gaps.append((gap, d if a >= d else (a if a > gap else gap)))
+                last = d
+            self._sums = (data_wait, gaps, per, token_q, room_q, ran, beats, bursts)
+        return self._sums
+
+    @sums.setter
+    def sums(self, value: tuple | None) -> None:
+        self._sums, self._sum_parts = value, None
+
+    def stat_sums(self) -> tuple:
+        """What cycle_report.stat_values needs of the sums: data wait, fetch's bus wait, per
+        module, token and room waits, cycles run per memory type, fetch's beats and
+        bursts."""
+        if self._sum_parts is None:
+            from .cycle_report import _fetch_bus
+
+            data_wait, gaps, *rest = self.sums
+            return (data_wait, _fetch_bus(self, gaps), *rest)
+        if self._sum_parts[1] is None:
+            from .cycle_report import _fetch_bus
+
+            self._sum_parts = (self._sum_parts[0], _fetch_bus(self, self.sums[1]),
+                               *self._sum_parts[2:])
+        return self._sum_parts
+
+    @property
+    def rows(self) -> list:
+        """free, dispatch, avail, start, done, push, rd_wait, rd_lat, tok_ready (2 rows),
+        room_ready (2 rows), as Python lists."""
+        if self._rows is None:
+            self._rows = self._derive()
+            self._derive = None
+        return self._rows
+
+    @property
+    def last_dispatch(self) -> int:
+        """The cycle of the last dispatch."""
+        return self._dispatch[-1]
+
+    @property
+    def writes(self) -> dict:
+        """Per STORE instruction: (write beats, write bursts) (the program's, when the
+        schedule gave None)."""
+        return self._writes if self._writes is not None else self.static.writes
 
     @property
     def times(self) -> np.ndarray:
@@ -416,7 +513,7 @@ class Timeline:
 
     @property
     def cycles(self) -> int:
-        return max(self.rows[5]) + 1
+        return max(self._push) + 1
 
     # The program's tables (the same every run: cycle._Static's, as arrays when first read)
     @property
@@ -483,14 +580,11 @@ class _Schedule:
         self.insns, self.plans, self.timing, self.insn_addr = insns, static.plans, timing, insn_addr
         self.module, self.seq = static.module, static.seq
         self.pops, self.pushes = static.pops, static.pushes
+        # the Timeline's rows kept as the schedule goes (the others: _rows)
         neg = [-1] * n
-        self.free, self.dispatch, self.avail = neg[:], neg[:], neg[:]
-        self.start, self.done, self.push = neg[:], neg[:], neg[:]
-        self.rd_wait, self.rd_lat = [0] * n, [0] * n
-        self.tok_ready = [neg[:], neg[:]]
-        self.room_ready = [neg[:], neg[:]]
-        self.push_t: list[list[int]] = [[] for _ in TOKEN_QUEUES]
-        self.pop_t: list[list[int]] = [[] for _ in TOKEN_QUEUES]
+        self.dispatch, self.avail, self.start, self.push = neg[:], neg[:], neg[:], neg
+        self.push_t: list[list[int]] = [[], [], [], []]  # per queue (TOKEN_QUEUES)
+        self.pop_t: list[list[int]] = [[], [], [], []]
         self.batches: list[tuple[int, int, int]] = []
         self.batch_req: list[int] = []
         self.reads: list = []
@@ -500,8 +594,8 @@ class _Schedule:
         self.w_a: dict = {}
         self.w_d: dict = {}
         self.w_s: dict = {}
-        self.w_push: list[dict] = [{} for _ in TOKEN_QUEUES]
-        self.w_pop: list[dict] = [{} for _ in TOKEN_QUEUES]
+        self.w_push: list[dict] = [{}, {}, {}, {}]
+        self.w_pop: list[dict] = [{}, {}, {}, {}]
         self.w_batch: dict = {}
         self.runnable: list = []
         self.channel_free = 0  # the first cycle the read arbiter is idle
@@ -511,6 +605,7 @@ class _Schedule:
         self.module_sums: list = [None] * 3
         self.fetch_sums = None
         self.fetch_beats = self.fetch_bursts = 0
+        self.fetch_bus = 0  # fetch's waits for bytes behind the arbiter; None: not summed
 
     # ---- fetch: the DMA (read client 0) and the dispatcher ---------------------------------
 
@@ -530,16 +625,38 @@ class _Schedule:
             count = min(size, n - first)
             batch = batches[b]
             self.batches.append((q, first, count))
-            insn_burst, insn_ready = batch.insn_burst, batch.insn_ready
+            insn_burst, insn_ready, span = batch.insn_burst, batch.insn_ready, batch.span
             self.fetch_beats += batch.beats
-            self.fetch_bursts += len(batch.span)
+            self.fetch_bursts += len(span)
+            if len(span) == 1:  # the usual batch: one burst delivers every instruction
+                _, g = yield q + 1
+                # fetch waits for this batch's bytes from its request on (the gap before
+                # its first instruction's dispatch begins at q and ends after the data), so
+                # its whole wait for the arbiter is a wait for bytes (cycle_report._fetch_bus)
+                if self.fetch_bus is not None:
+                    self.fetch_bus += g - q - 1
+                f = g + 1 + L
+                reads.append((0, b, 0, q + 1, g, f, 0, False))
+                fetch_reads += (q + 1, g)
+                self.channel_free = f + span[0] + 1
+                end = first + count
+                avail[first:end] = map(f.__add__, insn_ready)
+                if w_a:  # the dispatcher, if it waits for one of these
+                    for j in w_a:
+                        if j < end:
+                            runnable.append((w_a.pop(j), None))
+                        break
+                first = end
+                b += 1
+                continue
+            self.fetch_bus = None  # bursts after the first: from the gaps (Timeline.sums)
             r, bound, k = q + 1, NEVER, 0
-            for i in range(len(batch.span)):
+            for i in range(len(span)):
                 _, g = yield r
                 f = max(g + 1 + L, bound)
                 reads.append((0, b, i, r, g, f, 0, False))
                 fetch_reads += (r, g)
-                x = f + batch.span[i]
+                x = f + span[i]
                 self.channel_free = x + 1
                 r, bound = x + 1, x + batch.buf_after[i]
                 # the burst's instructions can be dispatched while the next burst waits
@@ -556,10 +673,9 @@ class _Schedule:
 
     def _fetch_dispatch(self, me):
         t = self.timing
-        n, depth, size = len(self.insns), t.cmd_queue_depth, t.fetch_insns
+        n, size = len(self.insns), t.fetch_insns
         avail, start, dispatch = self.avail, self.start, self.dispatch
-        module, seq = self.module, self.seq
-        count = [0, 0, 0]  # instructions dispatched so far per module
+        module, aheads = self.module, self.static.ahead
         runnable, w_d, w_batch, batch_req = self.runnable, self.w_d, self.w_batch, self.batch_req
         batch_req.append(t.FIRST_FETCH)
         u = w_batch.pop(0, None)
@@ -567,41 +683,39 @@ class _Schedule:
             runnable.append((u, None))
         last = -1
         # statistics (cycle_report): the gap before each dispatch is first a wait for the
-        # instruction's bytes (gaps: [begin, end) of each), then for command queue room
-        data_wait, gaps, room_wait = 0, [], [0, 0, 0]
-        for j in range(n):
-            if avail[j] < 0:
-                self.w_a[j] = me
-                yield None
-            a = d = avail[j]
-            if last >= d:
-                d = last + 1
-            m = module[j]
-            local = count[m]
-            count[m] = local + 1
-            if local >= depth:  # room once the instruction `depth` ahead has started
-                ahead = seq[m][local - depth]
-                if start[ahead] < 0:
-                    self.w_s[ahead] = me
+        # instruction's bytes, then for command queue room: the wait for room is the part
+        # of the gap after both the bytes and the previous dispatch (max(a, last + 1)), the
+        # waits for bytes the rest of the gaps (last + 1 - n cycles in all)
+        room_wait = [0, 0, 0]
+        for first in range(0, n, size):
+            for j in range(first, min(first + size, n)):
+                a = avail[j]
+                if a < 0:
+                    self.w_a[j] = me
                     yield None
-                if start[ahead] >= d:
-                    d = start[ahead] + 1
-            gap = last + 1
-            mid = d if a >= d else (a if a > gap else gap)  # min(max(a, gap), d)
-            data_wait += mid - gap
-            gaps.append((gap, mid))
-            room_wait[m] += d - mid
-            dispatch[j] = last = d
-            if w_d:
-                u = w_d.pop(j, None)
-                if u is not None:
-                    runnable.append((u, None))
-            if (j + 1) % size == 0 and j + 1 < n:  # the batch is dispatched: request the next
-                batch_req.append(d + 1)
+                    a = avail[j]
+                d = a if a > last else last + 1
+                ahead = aheads[j]
+                if ahead >= 0:  # room once the instruction `depth` ahead has started
+                    s = start[ahead]
+                    if s < 0:
+                        self.w_s[ahead] = me
+                        yield None
+                        s = start[ahead]
+                    if s >= d:
+                        room_wait[module[j]] += s + 1 - d
+                        d = s + 1
+                dispatch[j] = last = d
+                if w_d:
+                    u = w_d.pop(j, None)
+                    if u is not None:
+                        runnable.append((u, None))
+            if first + size < n:  # the batch is dispatched: request the next
+                batch_req.append(last + 1)
                 u = w_batch.pop(len(batch_req) - 1, None)
                 if u is not None:
                     runnable.append((u, None))
-        self.fetch_sums = (data_wait, gaps, room_wait)
+        self.fetch_sums = (last + 1 - n - sum(room_wait), room_wait)
 
     # ---- load, compute, store ---------------------------------------------------------------
 
@@ -609,69 +723,77 @@ class _Schedule:
         t = self.timing
         L, depth = t.read_latency, t.token_queue_depth
         push_t, pop_t, reads, plans = self.push_t, self.pop_t, self.reads, self.plans
-        dispatch, start, done, push = self.dispatch, self.start, self.done, self.push
+        dispatch, start, push = self.dispatch, self.start, self.push
         pops_of_, pushes_of_ = self.pops, self.pushes
-        tok_ready, room_ready = self.tok_ready, self.room_ready
         runnable, w_s, w_push, w_pop = self.runnable, self.w_s, self.w_push, self.w_pop
         client = me  # read client id (load 1, compute 2; store never reads)
         stalls = self.stalls
-        free_of, rd_wait, rd_lat, w_d = self.free, self.rd_wait, self.rd_lat, self.w_d
-        # statistics (cycle_report): waits attributed in order, busy, DRAM and bus cycles
-        stat_index, write_waits = self.static.stat_index, self.static.write_waits
+        w_d = self.w_d
+        # statistics (cycle_report): waits attributed in order (the command, then each
+        # popped token; after DONE, room in each pushed queue), DRAM and bus cycles; busy is
+        # the rest of the module's cycles (each instruction's waits and busy cycles cover
+        # [free, push + 1), so the module's cover [0, its last push + 1))
+        stat_index = self.static.stat_index
         token_q, room_q, ran = self.token_q, self.room_q, self.ran
-        busy = cmdq = dram = bus = 0
+        cmdq = dram = bus = 0
         free = 0
         for j in self.seq[m]:
-            if dispatch[j] < 0:
+            s = dispatch[j]
+            if s < 0:
                 w_d[j] = me
                 yield None
-            s = dispatch[j] + 1
+                s = dispatch[j]
+            s += 1
             if free > s:
                 s = free
+            cmdq += s - free
             pops = pops_of_[j]
-            for col, q in enumerate(pops):  # the tokens
+            if pops:  # the tokens: the k-th pop of a queue takes its k-th push
+                q = pops[0]
                 k = len(pop_t[q])
                 if k >= len(push_t[q]):
                     w_push[q][k] = me
                     yield None
+                mid = s
                 ready = push_t[q][k] + 1
-                tok_ready[col][j] = ready
                 if ready > s:
                     s = ready
-            free_of[j] = free
-            start[j] = s
-            mid = dispatch[j] + 1
-            if free > mid:
-                mid = free
-            if mid > s:
-                mid = s
-            cmdq += mid - free
-            if w_s:
-                u = w_s.pop(j, None)
-                if u is not None:
-                    runnable.append((u, None))
-            if pops:
-                for col, q in enumerate(pops):
-                    ready = tok_ready[col][j]  # the wait for each token, in order
-                    if ready < mid:
-                        ready = mid
-                    elif ready > s:
-                        ready = s
-                    token_q[q] += ready - mid
-                    mid = ready
+                if len(pops) == 1:
+                    token_q[q] += s - mid
                     pop_t[q].append(s)
                     if w_pop[q]:
                         u = w_pop[q].pop(len(pop_t[q]) - 1, None)
                         if u is not None:
                             runnable.append((u, None))
+                else:
+                    q1 = pops[1]
+                    k = len(pop_t[q1])
+                    if k >= len(push_t[q1]):
+                        w_push[q1][k] = me
+                        yield None
+                    ready1 = push_t[q1][k] + 1
+                    if ready1 > s:
+                        s = ready1
+                    if ready < mid:
+                        ready = mid
+                    token_q[q] += ready - mid
+                    token_q[q1] += s - ready
+                    for q in pops:
+                        pop_t[q].append(s)
+                        if w_pop[q]:
+                            u = w_pop[q].pop(len(pop_t[q]) - 1, None)
+                            if u is not None:
+                                runnable.append((u, None))
+            start[j] = s
+            if w_s:
+                u = w_s.pop(j, None)
+                if u is not None:
+                    runnable.append((u, None))
             plan = plans[j]
             if type(plan) is int:
                 p = s + plan
                 if stalls:
                     p += stalls.get(j, 0)
-                w = write_waits[j]
-                dram += w
-                busy += p - s - w + 1
             else:  # a LOAD's bursts on the read channel
                 # burst i's offsets: the plan's scalars for the first burst (usually the
                 # only one granted alone), its lists for later ones
@@ -698,34 +820,37 @@ class _Schedule:
                     r, bound, first_i, span_i = plan.burst(i)
                     r += s + delta
                     bound += s + delta
-                rd_wait[j] = wait
-                rd_lat[j] = lat
                 p = s + plan.push + delta
                 dram += lat
                 bus += wait
-                busy += p - s - wait - lat + 1
-            done[j] = p
             pushes = pushes_of_[j]
-            if pushes:
+            if pushes:  # room: the k-th push of a queue needs its (k - depth)-th pop
+                q = pushes[0]
+                k = len(push_t[q])
                 mid = p
-                for col, q in enumerate(pushes):
-                    k = len(push_t[q])
-                    if k >= depth:  # room once the token `depth` ahead has been popped
-                        if len(pop_t[q]) <= k - depth:
-                            w_pop[q][k - depth] = me
+                if k >= depth:
+                    if len(pop_t[q]) <= k - depth:
+                        w_pop[q][k - depth] = me
+                        yield None
+                    room = pop_t[q][k - depth] + 1
+                    if room > p:
+                        p = room
+                if len(pushes) == 1:
+                    room_q[q] += p - mid
+                else:
+                    q1 = pushes[1]
+                    k = len(push_t[q1])
+                    ready = p
+                    if k >= depth:
+                        if len(pop_t[q1]) <= k - depth:
+                            w_pop[q1][k - depth] = me
                             yield None
-                        room = pop_t[q][k - depth] + 1
-                        room_ready[col][j] = room
+                        room = pop_t[q1][k - depth] + 1
                         if room > p:
                             p = room
-                for col, q in enumerate(pushes):
-                    room = room_ready[col][j]  # the wait for room in each queue, in order
-                    if room < mid:
-                        room = mid
-                    elif room > p:
-                        room = p
-                    room_q[q] += room - mid
-                    mid = room
+                    room_q[q] += ready - mid
+                    room_q[q1] += p - ready
+                for q in pushes:
                     push_t[q].append(p)
                     if w_push[q]:
                         u = w_push[q].pop(len(push_t[q]) - 1, None)
@@ -736,7 +861,13 @@ class _Schedule:
             k = stat_index[j]
             if k >= 0:
                 ran[k] += free - s
-        self.module_sums[m] = (busy, cmdq, dram, bus)
+        waits = cmdq + dram + bus
+        for q in _MODULE_POPS[m]:
+            waits += token_q[q]
+        for q in _MODULE_PUSHES[m]:
+            waits += room_q[q]
+        dram += self.static.write_wait_sums[m]
+        self.module_sums[m] = (free - waits - self.static.write_wait_sums[m], cmdq, dram, bus)
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -746,11 +877,11 @@ class _Schedule:
                 self._fetch_dispatch(4)]
         # read clients of the arbiter: fetch 0, load 1, compute 2 (unit ids are the same)
         runnable = self.runnable
-        runnable.extend((u, None) for u in reversed(range(len(gens))))
+        runnable += [(4, None), (3, None), (2, None), (1, None), (0, None)]
         pending: dict[int, int] = {}
         finished = 0
         last = 2  # round robin: the first search starts at fetch
-        sends = [gen.send for gen in gens]
+        sends = [gens[0].send, gens[1].send, gens[2].send, gens[3].send, gens[4].send]
         pop = runnable.pop
         while True:
             while runnable:
@@ -793,14 +924,59 @@ class _Schedule:
         return timeline
 
     def _timeline(self) -> Timeline:
-        st = self.static
-        rows = [self.free, self.dispatch, self.avail, self.start, self.done, self.push,
-                self.rd_wait, self.rd_lat, *self.tok_ready, *self.room_ready]
-        tl = Timeline(self.insns, list(self.plans), self.timing, self.insn_addr, rows,
-                      self.batches, self.reads, st.writes, st, self.fetch_reads,
-                      dict(self.stalls))
-        data_wait, gaps, room_wait = self.fetch_sums
-        per = [list(col) for col in zip(*self.module_sums)] + [room_wait]
-        tl.sums = (data_wait, gaps, per, self.token_q, self.room_q, self.ran,
-                   self.fetch_beats, self.fetch_bursts)
+        tl = Timeline(self.insns, list(self.plans), self.timing, self.insn_addr, None,
+                      self.batches, self.reads, None, self.static, self.fetch_reads,
+                      dict(self.stalls), dispatch=self.dispatch, push=self.push,
+                      derive=self._rows)
+        data_wait, room_wait = self.fetch_sums
+        per = [*map(list, zip(*self.module_sums)), room_wait]
+        tl._sum_parts = (data_wait, self.fetch_bus, per, self.token_q, self.room_q, self.ran,
+                         self.fetch_beats, self.fetch_bursts)
         return tl
+
+    def _rows(self) -> list:
+        """The Timeline's rows (when first read): those the schedule kept, and the others
+        as it had them: free (the cycle after the module's previous push), done (the plan
+        from the start, shifted by the last read burst's delta), the read waits and
+        latencies (from the read bursts), and the cycles the k-th token of a queue (its
+        k-th push + 1) and room for the k-th push (its (k - depth)-th pop + 1) were there."""
+        n = len(self.insns)
+        start, push, plans, stalls = self.start, self.push, self.plans, self.stalls
+        depth = self.timing.token_queue_depth
+        neg = [-1] * n
+        free, done, tok, room = neg[:], neg[:], [neg[:], neg[:]], [neg[:], neg]
+        rd_wait, rd_lat = [0] * n, [0] * n
+        for seq in self.seq.values():
+            f = 0
+            for j in seq:
+                free[j] = f
+                f = push[j] + 1
+        delta_of = {}
+        for client, j, i, r, g, f, delta, bulk in self.reads:
+            if client:
+                rd_wait[j] += g - r
+                rd_lat[j] += f - g
+                if bulk:
+                    plan = plans[j]
+                    rd_lat[j] += plan.lat_after_at(i) if i else plan.lat0
+                delta_of[j] = delta
+        for j, plan in enumerate(plans):
+            if type(plan) is int:
+                done[j] = start[j] + plan + stalls.get(j, 0)
+            else:
+                done[j] = start[j] + plan.push + delta_of[j]
+        pushers: list = [[], [], [], []]  # per queue, its pushing and popping instructions
+        poppers: list = [[], [], [], []]
+        pops_of, pushes_of = self.pops, self.pushes
+        for j, (pops, pushes) in enumerate(zip(pops_of, pushes_of)):
+            for q in pops:
+                poppers[q].append(j)
+            for q in pushes:
+                pushers[q].append(j)
+        for q in range(4):
+            for k, j in enumerate(poppers[q]):
+                tok[pops_of[j].index(q)][j] = push[pushers[q][k]] + 1
+            for k, j in enumerate(pushers[q][depth:], depth):
+                room[pushes_of[j].index(q)][j] = start[poppers[q][k - depth]] + 1
+        return [free, self.dispatch, self.avail, start, done, push, rd_wait, rd_lat, *tok,
+                *room]

@@ -12,6 +12,7 @@ statistic.
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 from bisect import bisect_right
 from pathlib import Path
 
@@ -127,6 +128,32 @@ _MODULE_KEYS = {
     for name in MODULES}
 _CMDQ_FULL_KEYS = [f"fetch_stall_cmdq_full_{name}_cycles" for name in MODULES]
 _BYTES_KEYS = [(f"{key}_load_bytes", f"{key}_load_bytes_per_cycle") for key in _LOAD_BYTES.values()]
+_LOADED_BYTES = itemgetter(*(key for key, _ in _BYTES_KEYS))  # counters -> their values
+
+
+def _module_row_keys(name: str) -> list:
+    """A module's statistics keys in the order of the dictionary (without idle)."""
+    busy, cmdq, tokens, rooms, dram, bus, _ = _MODULE_KEYS[name]
+    keys = [busy]
+    if name == "compute":
+        keys += ["compute_stall_pipeline_cycles", "compute_stall_hazard_cycles"]
+    keys += [cmdq, *(key for _, key in tokens), *(key for _, key in rooms), dram]
+    return keys + ([bus] if bus is not None else [])
+
+
+#: every key of timeline_stats, in its order (stat_values fills them in one list)
+STAT_KEYS = ("cycles", "time_us", "fetch_busy_cycles", "fetch_stall_dram_cycles",
+              "fetch_stall_bus_cycles", *_CMDQ_FULL_KEYS, "fetch_idle_cycles",
+              *(key for name in MODULES for key in (*_module_row_keys(name),
+                                                    _MODULE_KEYS[name][-1])),
+              "gemm_utilization", "fetch_bytes", "dram_read_bytes", "dram_write_bytes",
+              "dram_read_beats", "dram_write_beats", "dram_read_bursts",
+              "dram_read_bytes_per_cycle", "dram_write_bytes_per_cycle",
+              "dram_read_channel_utilization", "dram_write_channel_utilization",
+              *(rate for _, rate in _BYTES_KEYS), "out_store_bytes_per_cycle")
+# stat_values writes each module's row in this order of its queues
+assert _POPS == {"load": (1,), "compute": (0, 3), "store": (2,)}
+assert _PUSHES == {"load": (0,), "compute": (1, 2), "store": (3,)}
 
 # rows of Timeline.times
 _FREE, _DISPATCH, _AVAIL, _START, _DONE, _PUSH, _RD_WAIT, _RD_LAT = range(8)
@@ -244,17 +271,20 @@ def _sums_python(tl, static):
     return data_wait, _fetch_bus(tl, gaps), per, token_q, room_q, ran
 
 
+# later than any cycle (a gap's end)
+_AFTER_ANY = 1 << 62
+
+
 def _fetch_bus(tl, gaps: list) -> int:
     """The cycles of fetch's waits for instruction bytes (``gaps``, [begin, end) each,
     disjoint and sorted) during which its burst waited for the read arbiter."""
     fetch_bus = 0
-    begins = [a0 for a0, _ in gaps]
     pairs = getattr(tl, "_fetch_reads", None)  # request, grant, request, grant, ...
     for r, g in (zip(pairs[::2], pairs[1::2]) if pairs is not None
                  else _fetch_bursts(tl).tolist()):
         # the gaps that end after r and begin before g (disjoint and sorted: from the last
-        # one beginning by r)
-        for a0, a1 in gaps[max(bisect_right(begins, r) - 1, 0):]:
+        # one beginning by r, the last gap at most (r, _AFTER_ANY))
+        for a0, a1 in gaps[max(bisect_right(gaps, (r, _AFTER_ANY)) - 1, 0):]:
             if a0 >= g:
                 break
             if a1 > r:
@@ -299,25 +329,23 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     schedule went, by the rules of _sums_python) and the program's fixed parts (its
     cycle._Static); any other timeline gets them from _sums_python or _sums_numpy and
     _StaticStats."""
+    pre = getattr(tl, "sums", None)
+    if pre is not None:
+        data_wait, gaps, *rest = pre
+        return dict(zip(STAT_KEYS, stat_values(tl, cfg, counters,
+                                               (data_wait, _fetch_bus(tl, gaps), *rest))))
     cycles = tl.cycles
     stats: dict = {"cycles": cycles, "time_us": cycles / cfg.clock_mhz}
     n = len(tl.insns)
-    pre = getattr(tl, "sums", None)
-    if pre is not None:
-        data_wait, gaps, per_module, token_q, room_q, ran, fetch_beats, fetch_bursts = pre
-        fetch_bus = _fetch_bus(tl, gaps)
-        plan_beats, plan_bursts, write_beats, drain = tl.static.stat_totals
-        read_beats, read_bursts = plan_beats + fetch_beats, plan_bursts + fetch_bursts
-    else:
-        static = getattr(tl.static, "stats", None)
-        if static is None:
-            static = _StaticStats(tl)
-            if tl.static is not None:
-                tl.static.stats = static
-        sums = _sums_python if n < _PYTHON_STATS else _sums_numpy
-        data_wait, fetch_bus, per_module, token_q, room_q, ran = sums(tl, static)
-        read_beats, read_bursts = static.read_beats, static.read_bursts
-        write_beats, drain = static.write_beats, static.drain
+    static = getattr(tl.static, "stats", None)
+    if static is None:
+        static = _StaticStats(tl)
+        if tl.static is not None:
+            tl.static.stats = static
+    sums = _sums_python if n < _PYTHON_STATS else _sums_numpy
+    data_wait, fetch_bus, per_module, token_q, room_q, ran = sums(tl, static)
+    read_beats, read_bursts = static.read_beats, static.read_bursts
+    write_beats, drain = static.write_beats, static.drain
 
     stats["fetch_busy_cycles"] = n
     stats["fetch_stall_dram_cycles"] = data_wait - fetch_bus
@@ -368,6 +396,43 @@ def timeline_stats(tl, cfg: HwConfig, counters: dict) -> dict:
     c = ran[-1]
     stats["out_store_bytes_per_cycle"] = write_bytes / c if c else 0.0
     return stats
+
+
+def stat_values(tl, cfg: HwConfig, counters: dict, pre: tuple) -> list:
+    """timeline_stats of a timeline with the schedule's sums ``pre`` (Timeline.stat_sums:
+    its sums with fetch's bus wait in place of the gaps), as the list of its values in the
+    order of STAT_KEYS (a run's statistics: CycleSimulator.run adds them to the counters;
+    the rest of timeline_stats does the same one key at a time for any timeline)."""
+    (data_wait, fetch_bus, (busy, cmdq, dram, bus, room), tq, rq, ran, fetch_beats,
+     fetch_bursts) = pre
+    cycles = tl.cycles
+    n = len(tl.insns)
+    plan_beats, plan_bursts, write_beats, drain = tl.static.stat_totals
+    hazard = sum(tl.stalls.values()) if tl.stalls else 0
+    read_beats = plan_beats + fetch_beats
+    load = [busy[0], cmdq[0], tq[1], rq[0], dram[0], bus[0]]
+    compute = [busy[1] - drain - hazard, drain, hazard, cmdq[1], tq[0], tq[3], rq[1], rq[2],
+               dram[1], bus[1]]
+    store = [busy[2], cmdq[2], tq[2], rq[3], dram[2]]
+    loaded = _LOADED_BYTES(counters)
+    read_bytes = n * 16 + sum(loaded)
+    write_bytes = counters["out_store_bytes"]
+    values = [cycles, cycles / cfg.clock_mhz, n, data_wait - fetch_bus, fetch_bus, *room,
+              cycles - tl.last_dispatch - 1, *load, cycles - sum(load), *compute,
+              cycles - sum(compute), *store, cycles - sum(store)]
+    if cycles:
+        values += [counters["macs"] / (cycles * cfg.macs_per_cycle), n * 16, read_bytes,
+                   write_bytes, read_beats, write_beats, plan_bursts + fetch_bursts,
+                   read_bytes / cycles, write_bytes / cycles, read_beats / cycles,
+                   write_beats / cycles]
+    else:
+        values += [0.0, n * 16, read_bytes, write_bytes, read_beats, write_beats,
+                   plan_bursts + fetch_bursts, 0.0, 0.0, 0.0, 0.0]
+    for b, c in zip(loaded, ran):
+        values.append(b / c if c else 0.0)
+    c = ran[-1]
+    values.append(write_bytes / c if c else 0.0)
+    return values
 
 
 # ---- Chrome / Perfetto trace -----------------------------------------------------------

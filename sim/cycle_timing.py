@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_right
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, fields
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -85,7 +85,8 @@ class ReadPlan:
     @classmethod
     def lazy(cls, n: int, push: int, beats: int, req0: int, buf0: int, first0: int,
              span0: int, lat0: int, end: int, make, row: tuple | None = None) -> "ReadPlan":
-        """A plan from its scalars; ``make()`` returns the eager plan of the same LOAD.
+        """A plan from its scalars; ``make()`` returns the eager plan of the same LOAD
+        (``make`` None: a plan of one burst, whose lists hold its scalars).
         ``row``: for one row of wide elements, (L + 1, beats of the first burst, of a whole
         burst, of the last burst), from which ``burst`` gives any burst's offsets."""
         plan = cls.__new__(cls)
@@ -117,8 +118,12 @@ class ReadPlan:
 
     def _expand(self) -> tuple:
         if self._lists is None:
-            self._lists = self._make()._lists
-            self._make = None
+            if self._make is None:  # one burst: its lists are the scalars
+                self._lists = ([self.req0], [self.buf0], [self.first0], [self.span0],
+                               [self.beats], [0])
+            else:
+                self._lists = self._make()._lists
+                self._make = None
         return self._lists
 
     @property
@@ -257,6 +262,15 @@ class Timing:
             if getattr(self, name) < 1:
                 raise CelosiaError(f"Timing.{name} must be at least 1, not {getattr(self, name)}")
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once (a Timing keys the plan memo and each program's
+        kept plans, looked up on every run)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple([getattr(self, f.name) for f in fields(self)]))
+            self.__dict__["_hash"] = h
+        return h
+
     @classmethod
     def from_config(cls, cfg: HwConfig, *, read_latency: int | None = None,
                     write_latency: int | None = None, **overrides) -> "Timing":
@@ -278,7 +292,7 @@ class Timing:
         return cls.from_config(cfg, exec_stage=1, check_stages=0, hazard_stalls=False,
                                **options)
 
-    @property
+    @cached_property
     def burst_bytes(self) -> int:
         """Bursts never cross a boundary of this many bytes (AXI's 4 KiB, 256 beats)."""
         return min(4096, 256 * self.bus_bytes)
@@ -430,8 +444,10 @@ class Timing:
         t += y * (insn.x_pad_0 + 1 + 2 + insn.x_pad_1 - 1) + n * (L + 1) + beats
         x = t - 2 - insn.x_pad_1
         push = t + insn.y_pad_1 * W + 2
-        row = ((L + 1, first_beats, burst // bus, last_beats) if insn.y_size == 1 and n > 1
-               else None)
+        if n == 1:
+            return ReadPlan.lazy(1, push, beats, req0, NEVER, req0 + 1 + L, first_beats - 1, 0,
+                                 x, None)
+        row = (L + 1, first_beats, burst // bus, last_beats) if insn.y_size == 1 else None
         return ReadPlan.lazy(n, push, beats, req0, NEVER, req0 + 1 + L, first_beats - 1,
                              (n - 1) * (L + 1), x, lambda: self._load_plan_wide_lists(insn, eb),
                              row)
@@ -452,8 +468,7 @@ class Timing:
         span = (e - a) // eb - n_last
         x = r + 1 + L + span
         push = x + n_last + 1 + insn.x_pad_1 + insn.y_pad_1 * W + 2
-        beats = (end - pos) // bus
-        return ReadPlan([r], [NEVER], [r + 1 + L], [span], push, beats, [beats], [0])
+        return ReadPlan.lazy(1, push, (end - pos) // bus, r, NEVER, r + 1 + L, span, 0, x, None)
 
     def _load_plan_wide_lists(self, insn: MemInsn, eb: int) -> ReadPlan:
         """_load_plan_rows for wide elements, a row's bursts at a time: its bursts are the

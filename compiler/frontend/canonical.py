@@ -56,16 +56,24 @@ def _window_attrs(ctx, node, kernel):
             "dilations": dilations, **a}
 
 
-def _conv(ctx, node):
-    kernel = list(node.attrs.get("kernel_shape") or ctx.types[node.inputs[1]].shape[2:])
-    weight = ctx.types[node.inputs[1]].shape[2:]
-    if len(kernel) != _rank(ctx, node) - 2 or min(kernel, default=0) < 1 or (
-            len(weight) == len(kernel) and list(weight) != kernel):
-        raise NodeError(node, f"kernel {kernel} (from the weight {ctx.types[node.inputs[1]]}) "
-                              f"does not suit the input {ctx.types[node.inputs[0]]}")
-    attrs = _window_attrs(ctx, node, kernel)
-    attrs["group"] = attrs.pop("group", 1)
-    return [Node("Conv", node.inputs, node.outputs, attrs, node.name)]
+def _conv_like(weight_index):
+    """Conv and the integer convolutions (ConvInteger, QLinearConv), whose weight is input
+    ``weight_index``: explicit window attributes and group."""
+    def canon(ctx, node):
+        weight = ctx.types[node.inputs[weight_index]].shape[2:]
+        kernel = list(node.attrs.get("kernel_shape") or weight)
+        if len(kernel) != _rank(ctx, node) - 2 or min(kernel, default=0) < 1 or (
+                len(weight) == len(kernel) and list(weight) != kernel):
+            raise NodeError(node, f"kernel {kernel} (from the weight "
+                                  f"{ctx.types[node.inputs[weight_index]]}) does not suit the "
+                                  f"input {ctx.types[node.inputs[0]]}")
+        attrs = _window_attrs(ctx, node, kernel)
+        attrs["group"] = attrs.pop("group", 1)
+        return [Node(node.op, node.inputs, node.outputs, attrs, node.name)]
+    return canon
+
+
+_conv = _conv_like(1)
 
 
 def _pool(ctx, node):
@@ -502,9 +510,10 @@ def _top_k(ctx, node):
 
 
 def _cum_sum(ctx, node):
+    """CumSum and CumProd: the axis input as an attribute."""
     a = {"exclusive": 0, "reverse": 0, **node.attrs}
     a["axis"] = _axis(node, int(_scalar(ctx, node, 1, "axis")), _rank(ctx, node))
-    return [Node("CumSum", node.inputs[:1], node.outputs, a, node.name)]
+    return [Node(node.op, node.inputs[:1], node.outputs, a, node.name)]
 
 
 def _scatter_elements(ctx, node):
@@ -679,6 +688,72 @@ CANONICALIZE.update({
     "Trilu": _trilu, "NonZero": _non_zero, "OneHot": _one_hot,
     "DepthToSpace": _blocks, "SpaceToDepth": _blocks,
     "ConvTranspose": _conv_transpose, "Resize": _resize, "Upsample": _upsample,
+})
+
+
+# ---- element-wise math, integer products, signals (graph/ops_signal.py) ---------------------
+
+
+def _rms_norm(ctx, node):
+    a = {"epsilon": 1e-5, "stash_type": 1, **node.attrs}
+    a["axis"] = _axis(node, a.get("axis", -1), _rank(ctx, node))
+    return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+
+
+def _reverse_sequence(ctx, node):
+    a = {"batch_axis": 1, "time_axis": 0, **node.attrs}
+    if a["batch_axis"] == a["time_axis"] or _rank(ctx, node) < 2:
+        raise NodeError(node, f"batch_axis {a['batch_axis']} and time_axis {a['time_axis']} "
+                              f"must differ, on an input of rank >= 2 "
+                              f"({ctx.types[node.inputs[0]]})")
+    return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+
+
+def _dft(ctx, node):
+    """The DFT's length and axis (an attribute before opset 20, an input from it, default
+    -2: an axis of the signal, never its last, complex axis) as attributes."""
+    rank = _rank(ctx, node)
+    if len(node.inputs) > 2 and node.inputs[2]:
+        axis = int(_scalar(ctx, node, 2, "axis"))
+    else:
+        axis = node.attrs.get("axis", 1 if ctx.source_opset < 20 else -2)
+    axis = _axis(node, axis, rank)
+    if axis == rank - 1:
+        raise NodeError(node, f"axis {axis} is the signal's last axis (real and imaginary "
+                              f"parts) of {ctx.types[node.inputs[0]]}; transform another")
+    a = {"inverse": node.attrs.get("inverse", 0), "onesided": node.attrs.get("onesided", 0),
+         "axis": axis, "length": int(_scalar(ctx, node, 1, "dft_length", 0))}
+    return [Node("DFT", node.inputs[:1], node.outputs, a, node.name)]
+
+
+def _stft(ctx, node):
+    """STFT's frame step and length as attributes; the window stays an input."""
+    a = {"onesided": node.attrs.get("onesided", 1),
+         "frame_step": int(_scalar(ctx, node, 1, "frame_step")),
+         "frame_length": int(_scalar(ctx, node, 3, "frame_length", 0))}
+    window = node.inputs[2] if len(node.inputs) > 2 else ""
+    inputs = (node.inputs[0], window) if window else node.inputs[:1]
+    return [Node("STFT", inputs, node.outputs, a, node.name)]
+
+
+def _signal_constant(ctx, node):
+    """A window or mel filter bank of compile-time sizes: a constant."""
+    values = [ctx.value(node, i, f"input {i}") for i in range(len(node.inputs))]
+    if node.op.endswith("Window"):
+        size = int(_scalar(ctx, node, 0, "size"))
+        check_size(max(size, 0) * 8, f"{ctx.where}: node {node.name!r} ({node.op}) output")
+    out = KERNELS[node.op](node.attrs, *values)
+    check_size(out.nbytes, f"{ctx.where}: node {node.name!r} ({node.op}) output")
+    return [Node("Constant", (), node.outputs, {"value": out}, node.name)]
+
+
+CANONICALIZE.update({
+    "Swish": _with_defaults({"alpha": 1.0}), "EyeLike": _with_defaults({"k": 0}),
+    "CumProd": _cum_sum, "ReverseSequence": _reverse_sequence, "RMSNormalization": _rms_norm,
+    "ConvInteger": _conv_like(1), "QLinearConv": _conv_like(3),
+    "DFT": _dft, "STFT": _stft, "HannWindow": _signal_constant,
+    "HammingWindow": _signal_constant, "BlackmanWindow": _signal_constant,
+    "MelWeightMatrix": _signal_constant,
 })
 
 

@@ -32,6 +32,7 @@ from ..graph.ops_recurrent import RECURRENT_KERNELS
 from ..graph.reference import evaluate_node, infer_node, stand_in
 from .canonical import CANONICALIZE
 from .dtypes import np_dtype
+from .functions import expand_functions
 from .inputs import (declared_dims, dims_str, is_dynamic, shape_flags, shape_kwargs,
                      shape_problem, suggest)
 from .specs import check_ranks, nbytes, output_bounds, read_node
@@ -180,6 +181,8 @@ def _validated(proto, where):
     """The model checked by celosia's operator table (specs.py) and by onnx's checker and
     strict inference, at an opset from MIN_OPSET on: (proto, opset, source opset, nodes)."""
     source_opset = _default_opset(proto, where)
+    # operators celosia lacks that onnx defines as functions of others: their bodies
+    proto = expand_functions(proto, source_opset, SUPPORTED_OPS)
     _check_operators(proto, source_opset, where)
     for vi in proto.graph.input:  # onnx's inference says only "unknown" or "differ" of these
         if vi.type.HasField("tensor_type"):

@@ -270,6 +270,48 @@ SPECS.update({
         "scales": Attr("floats", low=1)}),
 })
 
+# ---- element-wise math, integer products, signals (graph/ops_signal.py) ---------------------
+
+_Q_WINDOW = {**_WINDOW, "group": Attr("int", low=1)}
+_WINDOW_FN = OpSpec("size", "output", {"output_datatype": Attr("int", dtype=True),
+                                       "periodic": Attr("int", choices=_BOOL)},
+                    values={"size": Attr("int", low=0)})
+
+SPECS.update({
+    **{op: _UNARY for op in ("Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
+                             "Atanh", "BitwiseNot")},
+    **{op: _BINARY for op in ("BitwiseAnd", "BitwiseOr", "BitwiseXor")},
+    "Swish": _ALPHA,
+    "EyeLike": OpSpec("input", "output", {"dtype": Attr("int", dtype=True), "k": Attr("int")}),
+    "CumProd": OpSpec("x axis", "y", {"exclusive": Attr("int", choices=_BOOL),
+                                      "reverse": Attr("int", choices=_BOOL)},
+                      values={"axis": Attr("int", axis="in")}),
+    "ReverseSequence": OpSpec("input sequence_lens", "Y", {
+        "batch_axis": Attr("int", choices=_BOOL), "time_axis": Attr("int", choices=_BOOL)}),
+    "RMSNormalization": OpSpec("X scale", "Y", {**_AXIS, "epsilon": Attr("float"),
+                                                "stash_type": _FLOAT_STASH}),
+    # onnxruntime's dynamic quantization and the QOperator format
+    "DynamicQuantizeLinear": OpSpec("x", "y y_scale y_zero_point"),
+    "MatMulInteger": OpSpec("A B a_zero_point? b_zero_point?", "Y"),
+    "ConvInteger": OpSpec("x w x_zero_point? w_zero_point?", "y", _Q_WINDOW),
+    "QLinearMatMul": OpSpec("a a_scale a_zero_point b b_scale b_zero_point y_scale "
+                            "y_zero_point", "y"),
+    "QLinearConv": OpSpec("x x_scale x_zero_point w w_scale w_zero_point y_scale "
+                          "y_zero_point B?", "y", _Q_WINDOW),
+    # signals: the axis is an attribute in opset 17, an input from opset 20
+    "DFT": OpSpec("input dft_length? axis?", "output", {
+        "axis": Attr("int"), "inverse": Attr("int", choices=_BOOL),
+        "onesided": Attr("int", choices=_BOOL)},
+        values={"dft_length": Attr("int", low=1), "axis": Attr("int")}),
+    "STFT": OpSpec("signal frame_step window? frame_length?", "output", {
+        "onesided": Attr("int", choices=_BOOL)},
+        values={"frame_step": Attr("int", low=1), "frame_length": Attr("int", low=1)}),
+    "HannWindow": _WINDOW_FN, "HammingWindow": _WINDOW_FN, "BlackmanWindow": _WINDOW_FN,
+    "MelWeightMatrix": OpSpec("num_mel_bins dft_length sample_rate lower_edge_hertz "
+                              "upper_edge_hertz", "output",
+                              {"output_datatype": Attr("int", dtype=True)}),
+})
+
 # ---- vision and detection operators (graph/ops_vision.py) -------------------------------------
 
 _ALIGN = {"align_corners": Attr("int", choices=_BOOL)}

@@ -5,9 +5,11 @@ for their output type (the others' types come from running the kernel on zero-st
 stand-ins: reference.py). reference.py runs them; qops.py holds celosia's own quantized
 operators. The operators added later live in modules by kind (ops_math.py: element-wise
 math, reductions, TopK, Einsum; ops_nn.py: normalizations, activations, ConvTranspose;
-ops_tensor.py: gathers, scatters, data movement; ops_resize.py: Resize; ops_vision.py:
-GridSample, detection, LRN and the other vision operators), which import nothing of this
-module (windows.py holds the window geometry ops_vision.py shares); their tables are merged into these two at the end.
+ops_tensor.py: gathers, scatters, data movement; ops_resize.py: Resize; ops_signal.py:
+element-wise math, integer products, signals; ops_vision.py: GridSample, detection, LRN
+and the other vision operators), which import nothing of this module (windows.py holds
+the window geometry ops_vision.py shares); their tables are merged into these two at the
+end.
 
 A kernel is ``fn(attrs, *inputs) -> array or tuple of arrays``; a missing optional input is
 None. Attributes are in the importer's canonical form (see graph.py): explicit pads and
@@ -25,7 +27,7 @@ import math
 
 import numpy as np
 
-from . import ops_math, ops_nn, ops_resize, ops_tensor, ops_vision
+from . import ops_math, ops_nn, ops_resize, ops_signal, ops_tensor, ops_vision
 from .ir import NodeError, TensorType
 from .windows import pool_output_shape
 from .windows import windows as _windows
@@ -65,6 +67,36 @@ def conv(attrs, x, w, b=None, *, fill=0):
     if b is not None:
         y = y + b.reshape(1, -1, *[1] * nd)
     return np.ascontiguousarray(y, dtype=x.dtype)
+
+
+def _conv_int(attrs, x, w, x_zp, w_zp):
+    """A convolution of int8/uint8 operands less their zero points (the weight's: one, or
+    one per output channel), exact in int32."""
+    ops_signal.check_int8(x, w)
+    xv = ops_signal.int_operand(x, x_zp).astype(np.float64)
+    wv = ops_signal.int_operand(w, w_zp, 0).astype(np.float64)
+    # float64 holds every sum of int8 products exactly (|sum| < 2**53): BLAS does the work
+    return np.rint(conv(attrs, xv, wv)).astype(np.int32)
+
+
+def conv_integer(attrs, x, w, x_zero_point=None, w_zero_point=None):
+    return _conv_int(attrs, x, w, x_zero_point, w_zero_point)
+
+
+def qlinear_conv(attrs, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias=None):
+    """The QOperator format's convolution: the int32 sum (plus the int32 bias) times
+    x_scale * w_scale / y_scale (float32; w_scale one or per output channel), rounded half
+    to even, plus y's zero point, saturated (onnx's reference, onnxruntime)."""
+    acc = _conv_int(attrs, x, w, x_zp, w_zp)
+    if bias is not None:
+        acc = acc + np.asarray(bias, np.int32).reshape(1, -1, *[1] * (acc.ndim - 2))
+    x_scale, y_scale = np.asarray(x_scale, np.float32), np.asarray(y_scale, np.float32)
+    w_scale = np.asarray(w_scale, np.float32).reshape(-1)
+    if x_scale.size != 1 or y_scale.size != 1:
+        raise ValueError("x_scale and y_scale must be one value each")
+    mult = x_scale.reshape(()) * w_scale / y_scale.reshape(())
+    mult = mult.reshape(1, -1, *[1] * (acc.ndim - 2)) if mult.size > 1 else mult.reshape(())
+    return ops_signal.requantize(acc, mult, y_zp, x.dtype)
 
 
 class Lazy:
@@ -332,6 +364,8 @@ def _selu(attrs, x):
 KERNELS = {
     # compute
     "Conv": conv,                                            # N-d convolution, groups
+    "ConvInteger": conv_integer,                             # int8 Conv less zero points
+    "QLinearConv": qlinear_conv,                             # QOperator int8 Conv
     "Gemm": gemm,                                            # alpha*A'B' + beta*C
     "MatMul": lambda a, x, y: np.matmul(x, y),               # numpy matmul semantics
     "MaxPool": max_pool,                                     # (values, flat indices)
@@ -494,6 +528,6 @@ def _merge(table: dict, *groups: dict) -> None:
         table.update(group)
 
 
-_GROUPS = (ops_math, ops_nn, ops_tensor, ops_resize, ops_vision)
+_GROUPS = (ops_math, ops_nn, ops_tensor, ops_resize, ops_signal, ops_vision)
 _merge(KERNELS, *(g.KERNELS for g in _GROUPS))
 _merge(SHAPE_RULES, *(g.SHAPE_RULES for g in _GROUPS))

@@ -307,8 +307,8 @@ def test_program_fetch_batches_are_each_batchs_own():
         t = Timing.from_config(cfg)
         for n in (1, 7, 8, 9, 37, 300):
             insns = Program([FinishInsn()] * n)
-            for insn_addr in (0, 16, 48, t.burst_bytes - 64, t.burst_bytes - 16,
-                              3 * t.burst_bytes + 80):
+            for insn_addr in (0, 16, 48, 640, t.burst_bytes - 64, t.burst_bytes - 16,
+                              2 * t.burst_bytes, 3 * t.burst_bytes + 80):
                 got = _Static(insns, t, cfg).fetch_batches(t, insn_addr)
                 assert len(got) == -(-n // t.fetch_insns)
                 for b, batch in enumerate(got):

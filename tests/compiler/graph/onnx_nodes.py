@@ -19,7 +19,9 @@ from celosia.runtime.reference import ReferenceModel
 
 __all__ = ["node_model", "oracle", "check_node", "FLOAT_KERNELS"]
 
-FLOAT_KERNELS = {"ConvTranspose", "Erf", "Gelu", "LayerNormalization", "Softmax"}
+FLOAT_KERNELS = {"ConvTranspose", "Erf", "Gelu", "LayerNormalization", "Softmax",
+                 # function operators: their bodies' MatMul, Softmax, ... kernels
+                 "Attention", "RotaryEmbedding", "MeanVarianceNormalization"}
 
 
 def node_model(op, inputs, feeds, *, consts=None, attrs=None, opset=21, outputs=1,
