@@ -237,19 +237,22 @@ def _suppressed(k, rest, corners, areas, threshold):
     return ok & (iou > threshold)
 
 
-# Candidates tested at once against the remaining ones (a [block, remaining] matrix).
+# Candidates tested at once against the remaining ones (a [block, remaining] matrix), and
+# the most elements such a matrix may have (fewer candidates per block when many remain).
 _NMS_BLOCK = 64
+_NMS_MATRIX = 1 << 20
 
 
 def _greedy(order, limit, corners, areas, threshold):
     """The boxes kept from ``order`` (by falling score): each one not suppressed by an
-    earlier kept one, up to ``limit``. The next ``_NMS_BLOCK`` candidates are tested against
-    all remaining ones in one step; which of them are kept is then decided in order among
+    earlier kept one, up to ``limit``. The next ``_NMS_BLOCK`` candidates (fewer when a
+    [block, remaining] matrix would pass ``_NMS_MATRIX`` elements) are tested against all
+    remaining ones in one step; which of them are kept is then decided in order among
     themselves (the earlier blocks' kept boxes already removed what they suppress), and
     every remaining box a kept one suppresses goes."""
     kept = []
     while order.size and len(kept) < limit:
-        head = order[:_NMS_BLOCK]
+        head = order[:max(1, min(_NMS_BLOCK, _NMS_MATRIX // order.size))]
         suppresses = _suppressed(head[:, None], order[None, :], corners, areas, threshold)
         alive = np.ones(head.size, bool)
         chosen = []

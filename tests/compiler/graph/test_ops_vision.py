@@ -123,12 +123,14 @@ def test_non_max_suppression(center, limit, iou, score):
                attrs={"center_point_box": center}, opset=11)
 
 
-@pytest.mark.parametrize("block", [1, 3])
-def test_non_max_suppression_in_small_blocks(monkeypatch, block):
-    """Candidates tested a block at a time (_NMS_BLOCK) select what one at a time does."""
+@pytest.mark.parametrize("block, matrix", [(1, 1 << 20), (3, 1 << 20), (64, 100)])
+def test_non_max_suppression_in_small_blocks(monkeypatch, block, matrix):
+    """Candidates tested a block at a time (_NMS_BLOCK, fewer when the [block, remaining]
+    matrix would pass _NMS_MATRIX elements) select what one at a time does."""
     from celosia.compiler.graph import ops_vision
 
     monkeypatch.setattr(ops_vision, "_NMS_BLOCK", block)
+    monkeypatch.setattr(ops_vision, "_NMS_MATRIX", matrix)
     rng = _rng(11 + block)
     check_node("NonMaxSuppression", ["b", "s", "m", "i", "t"],
                {"b": _boxes(rng, 2, 40, 0), "s": rng.random((2, 3, 40)).astype(F32)},
