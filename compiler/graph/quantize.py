@@ -107,7 +107,7 @@ from .qtranspose import conv_transpose_reason, expand_conv_transposes
 from .qzero import affine, asymmetric_classes, mse_top
 from .reference import apply_epilogue, evaluate_node
 from .residual import split_residuals
-from .matmul_epilogue import split_layer_epilogues, split_matmul_epilogues
+from .matmul_epilogue import split_layer_epilogues, split_matmul_epilogues, swap_constant_lhs
 
 __all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
            "split_dense_epilogues",
@@ -1209,6 +1209,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     graph, shuffles = expand_conv_transposes(graph)  # the upsamplers' int8 form
     if own_residual_scales:  # a convolution's residual sum: a QAdd after the QConv
         graph = split_residuals(graph, ("Conv",))
+    # a constant times a run-time value (DETR's learned queries x keys): the constant second
+    graph = swap_constant_lhs(graph)
     # attention scores plus a run-time mask or bias: a QMatMul and a float Add
     graph = split_matmul_epilogues(graph)
     # a dense layer's epilogue the int8 layer cannot take whole (MobileBERT's residual
