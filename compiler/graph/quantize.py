@@ -957,9 +957,19 @@ def _mse_range(values: np.ndarray, top: float, lowest: float = _MSE_LOWEST) -> f
         return top
     v = values.astype(np.float64)
     best, best_err = top, math.inf
+    # The error of each candidate computed in one buffer (no temporaries: each of a large
+    # value's was a fresh allocation); the same operations on the same elements in the same
+    # order as ((clip(rint(v / s), -128, 127) * s - v) ** 2).mean(), so the same sums.
+    buf = np.empty_like(v)
     for t in np.linspace(lowest, 1.0, 57) * top:
         s = float(np.float32(t / 127))
-        err = float(((np.clip(np.rint(v / s), -128, 127) * s - v) ** 2).mean())
+        np.divide(v, s, out=buf)
+        np.rint(buf, out=buf)
+        np.clip(buf, -128, 127, out=buf)
+        np.multiply(buf, s, out=buf)
+        np.subtract(buf, v, out=buf)
+        np.multiply(buf, buf, out=buf)
+        err = float(buf.mean())
         if err < best_err:
             best, best_err = t, err
     return best
