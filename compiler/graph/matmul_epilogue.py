@@ -99,10 +99,49 @@ def _node_form(steps) -> bool:
                for s in steps)
 
 
+def _presummed(graph: Graph, node: Node, types: dict, taken: set, takes):
+    """[the Add nodes, the layer] when the layer's epilogue adds two or more run-time values
+    of its output's type one after the other and takes them as one residual, their sum
+    computed first (``y + a + b`` as ``y + (a + b)``: EfficientDet's BiFPN fuses three
+    weighted inputs, then SiLU, and the SiLU stays the layer's table rather than a
+    Sigmoid and a Mul after two more Adds); else None. Float rounding differs from the
+    fused order by the reassociation only."""
+    steps = node.attrs["epilogue"]
+    out = graph.types[node.outputs[0]]
+
+    def residual(step):
+        v = node.inputs[step[1]] if step[0] == "Add" and len(step) == 2 else None
+        return v is not None and v not in graph.initializers and graph.types[v] == out
+
+    for first in range(len(steps) - 1):
+        last = first
+        while last + 1 < len(steps) and residual(steps[last + 1]):
+            last += 1
+        if not residual(steps[first]) or last == first:
+            continue
+        adds, current = [], node.inputs[steps[first][1]]
+        for step in steps[first + 1:last + 1]:
+            result = fresh_name(f"{node.outputs[0]}/residuals", taken)
+            types[result] = out
+            adds.append(Node("Add", (current, node.inputs[step[1]]), (result,), {},
+                             fresh_name(f"{node.name}/residual_sum", taken)))
+            current = result
+        inputs = (*node.inputs, current)
+        merged = (*steps[:first], ("Add", len(inputs) - 1), *steps[last + 1:])
+        layer = Node(node.op, inputs, node.outputs, {**node.attrs, "epilogue": merged},
+                     node.name)
+        if takes(graph.with_nodes(graph.nodes, types=types), layer):
+            return [*adds, layer]
+        return None
+    return None
+
+
 def split_layer_epilogues(graph: Graph, takes) -> Graph:
     """The graph with each dense layer's or convolution's epilogue split after the longest
-    prefix the int8 layer takes (module doc). ``takes(graph, node)``: whether the quantizer makes ``node``
-    an int8 layer (quantize.py's ``_layer_form``). ``graph`` itself when nothing splits."""
+    prefix the int8 layer takes (module doc), or, when a run of residual Adds is what it
+    does not take, those residuals summed first (``_presummed``). ``takes(graph, node)``:
+    whether the quantizer makes ``node`` an int8 layer (quantize.py's ``_layer_form``).
+    ``graph`` itself when nothing splits."""
     taken = set(graph.types) | {n.name for n in graph.nodes}
     types = dict(graph.types)
     nodes: list[Node] = []
@@ -114,6 +153,11 @@ def split_layer_epilogues(graph: Graph, takes) -> Graph:
                 or (w.ndim != 2 and node.op != "Conv") or len(node.outputs) != 1 \
                 or takes(graph, node):
             nodes.append(node)
+            continue
+        presummed = _presummed(graph, node, types, taken, takes)
+        if presummed is not None:
+            nodes += presummed
+            changed = True
             continue
         keep = None
         for k in range(len(steps) - 1, -1, -1):

@@ -163,12 +163,14 @@ def _conv_blocks(seed=0, c=16, hw=8):
     """A diffusion U-Net's ResNet block (conv + a timestep embedding [1, C, 1, 1] computed
     from a model input, broadcast over the image) and EfficientDet's BiFPN fusion (a conv
     whose output, scaled by a constant weight, is summed with two other weighted run-time
-    inputs and goes through SiLU): fuse_epilogues folds both sums into the convolutions."""
+    inputs and goes through SiLU): fuse_epilogues folds both sums into the convolutions;
+    and a convolution gated by a run-time value of its shape, then SiLU (``gated``)."""
     c_ = helper.make_node
     rng = np.random.default_rng(seed)
     f = {"w0": rng.normal(size=(c, c, 3, 3)) / np.sqrt(9 * c), "b0": rng.normal(size=c) * 0.1,
          "wt": rng.normal(size=(4, c)) / 2, "w1": rng.normal(size=(c, c, 1, 1)) / np.sqrt(c),
          "b1": rng.normal(size=c) * 0.1, "w2": rng.normal(size=(c, c, 1, 1)) / np.sqrt(c),
+         "w3": rng.normal(size=(c, c, 1, 1)) / np.sqrt(c),
          "k1": np.array(0.4), "k2": np.array(0.35), "k3": np.array(0.25),
          "shape": np.array([1, c, 1, 1])}
     nodes = [c_("MatMul", ["t", "wt"], ["te0"]), c_("Reshape", ["te0", "shape"], ["te"]),
@@ -178,11 +180,13 @@ def _conv_blocks(seed=0, c=16, hw=8):
              c_("Conv", ["x", "w2"], ["q0"]), c_("Mul", ["q0", "k2"], ["q1"]),
              c_("Mul", ["h", "k3"], ["r1"]),
              c_("Add", ["p1", "q1"], ["s0"]), c_("Add", ["s0", "r1"], ["s1"]),
-             c_("Sigmoid", ["s1"], ["g"]), c_("Mul", ["s1", "g"], ["y"])]
+             c_("Sigmoid", ["s1"], ["g"]), c_("Mul", ["s1", "g"], ["y"]),
+             c_("Conv", ["x", "w3"], ["u0"], name="gated"), c_("Mul", ["u0", "h"], ["u1"]),
+             c_("Sigmoid", ["u1"], ["ug"]), c_("Mul", ["u1", "ug"], ["z"])]
     inits = [numpy_helper.from_array(v.astype(np.int64 if k == "shape" else np.float32), k)
              for k, v in f.items()]
     model = make_model(nodes, [vi("x", [1, c, hw, hw]), vi("t", [1, 4])],
-                       [vi("y", [1, c, hw, hw])], inits)
+                       [vi("y", [1, c, hw, hw]), vi("z", [1, c, hw, hw])], inits)
 
     def feeds(s):
         r = np.random.default_rng(s)
@@ -204,27 +208,35 @@ def test_a_convolution_keeps_the_epilogue_it_can_take():
         return isinstance(_layer_form(graph, node), _Layer)
 
     convs = {n.name: n for n in g.nodes if n.op == "Conv"}
-    assert not takes(g, convs["block"]) and not takes(g, convs["pw"])
+    assert not any(takes(g, convs[k]) for k in ("block", "pw", "gated"))
     s = split_layer_epilogues(g, takes)
     assert all(takes(s, n) for n in s.nodes if n.op == "Conv")
     assert split_layer_epilogues(s, takes) is s
-    assert {"Sigmoid", "Mul"} <= {n.op for n in s.nodes}  # SiLU split as x * Sigmoid(x)
+    layers = {n.name: n for n in s.nodes if n.op == "Conv"}
+    # BiFPN's two residuals are summed first: the layer keeps one, and its SiLU as a table
+    assert [st[0] for st in layers["pw"].attrs["epilogue"]] == ["Mul", "Add", "SiLU"]
+    assert any(n.op == "Add" and n.name.startswith("pw/") for n in s.nodes)
+    # the gated one: Conv, then Mul, and its SiLU as x * Sigmoid(x)
+    after = [n.op for n in s.nodes if n.name.startswith("gated/")]
+    assert after == ["Mul", "Sigmoid", "Mul"], after
     for seed in (1, 2):
-        np.testing.assert_allclose(run_graph(s, feeds(seed))["y"], run_graph(g, feeds(seed))["y"],
-                                   rtol=1e-6, atol=1e-6)
+        want, got = run_graph(g, feeds(seed)), run_graph(s, feeds(seed))
+        for k in ("y", "z"):
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
 
     # (16 samples: with fewer the embedding's range from a 4-wide input is not covered)
     q = quantize_model(model, [feeds(k) for k in range(16)])
     assert not any(n.op == "Conv" for n in q.nodes), [n.op for n in q.nodes]
     built = AccelModel.build(q)
     layers = [n.name for n in q.nodes if n.op == "QConv"]  # (the constant scaling h too)
-    assert {"block", "pw"} <= set(layers)
+    assert {"block", "pw", "gated"} <= set(layers)
     assert all(built.placements[n].target == "accel" for n in layers)
-    float_want = run_graph(optimize(import_onnx(model)), feeds(10))["y"]
-    want = built.cpu_build().run(feeds(10))["y"]
-    assert cosine(want, float_want) > 0.998, cosine(want, float_want)
-    for target in ("fsim", "cycle"):
-        np.testing.assert_array_equal(built.run(feeds(10), target=target)["y"], want)
+    float_want = run_graph(optimize(import_onnx(model)), feeds(10))
+    want = built.cpu_build().run(feeds(10))
+    for k in ("y", "z"):
+        assert cosine(want[k], float_want[k]) > 0.998, (k, cosine(want[k], float_want[k]))
+        for target in ("fsim", "cycle"):
+            np.testing.assert_array_equal(built.run(feeds(10), target=target)[k], want[k])
 
 
 def _constant_queries(seed=0, heads=2, nq=6, seq=16, dim=32):
