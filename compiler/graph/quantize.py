@@ -107,7 +107,7 @@ from .qtranspose import conv_transpose_reason, expand_conv_transposes
 from .qzero import affine, asymmetric_classes, mse_top
 from .reference import apply_epilogue, evaluate_node
 from .residual import split_residuals
-from .matmul_epilogue import split_layer_epilogues, split_matmul_epilogues
+from .matmul_epilogue import split_layer_epilogues, split_matmul_epilogues, swap_constant_lhs
 
 __all__ = ["quantize_graph", "from_qdq", "is_qdq", "calibration_from_npz",
            "split_dense_epilogues",
@@ -957,9 +957,19 @@ def _mse_range(values: np.ndarray, top: float, lowest: float = _MSE_LOWEST) -> f
         return top
     v = values.astype(np.float64)
     best, best_err = top, math.inf
+    # The error of each candidate computed in one buffer (no temporaries: each of a large
+    # value's was a fresh allocation); the same operations on the same elements in the same
+    # order as ((clip(rint(v / s), -128, 127) * s - v) ** 2).mean(), so the same sums.
+    buf = np.empty_like(v)
     for t in np.linspace(lowest, 1.0, 57) * top:
         s = float(np.float32(t / 127))
-        err = float(((np.clip(np.rint(v / s), -128, 127) * s - v) ** 2).mean())
+        np.divide(v, s, out=buf)
+        np.rint(buf, out=buf)
+        np.clip(buf, -128, 127, out=buf)
+        np.multiply(buf, s, out=buf)
+        np.subtract(buf, v, out=buf)
+        np.multiply(buf, buf, out=buf)
+        err = float(buf.mean())
         if err < best_err:
             best, best_err = t, err
     return best
@@ -1209,6 +1219,8 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
     graph, shuffles = expand_conv_transposes(graph)  # the upsamplers' int8 form
     if own_residual_scales:  # a convolution's residual sum: a QAdd after the QConv
         graph = split_residuals(graph, ("Conv",))
+    # a constant times a run-time value (DETR's learned queries x keys): the constant second
+    graph = swap_constant_lhs(graph)
     # attention scores plus a run-time mask or bias: a QMatMul and a float Add
     graph = split_matmul_epilogues(graph)
     # a dense layer's epilogue the int8 layer cannot take whole (MobileBERT's residual

@@ -78,7 +78,8 @@ def test_an_add_after_silu_is_a_qadd_after_the_table_and_the_conv_is_accelerated
 
 
 def test_conv_kept_float_by_a_run_time_mul_and_a_broadcast_gate():
-    """A Mul by a run-time value fused into a convolution keeps it float; squeeze-excitation's
+    """A Mul by a run-time float value after a convolution is a float node of its own (the
+    convolution keeps the rest of its epilogue: a QConv); squeeze-excitation's
     gate [N, C, 1, 1] times the features is a QMul that broadcasts, on the ALU: its gate's
     table (a QLut, on the CPU) is computed in place in DRAM."""
     c = helper.make_node
@@ -92,8 +93,9 @@ def test_conv_kept_float_by_a_run_time_mul_and_a_broadcast_gate():
              c("Mul", ["f", "s"], ["y"], name="se_mul")]
     placed, _ = _placed(nodes, {"x": [1, 4, 6, 6], "gate": [1, 8, 6, 6]},
                         {"y": [1, 8, 6, 6]}, {"w1": (8, 4, 3, 3), "w2": (8, 8, 3, 3)})
-    assert placed["conv_mul"] == ("Conv", "cpu", "Conv left in float: its epilogue multiplies "
-                                  "by a run-time value (an int8 layer scales by constants only)")
+    assert placed["conv_mul"][:2] == ("QConv", "accel")
+    assert placed["conv_mul/mul"] == ("Mul", "cpu", "Mul left in float: its input 'gate' is "
+                                      "float (Mul is int8 only on int8 inputs)")
     assert placed["conv_b"][:2] == ("QConv", "accel")
     # the pool and the squeeze read values made on the accelerator: they run on its ALU
     assert placed["pool"] == ("MaxPool", "accel", "max pooling on the ALU")

@@ -378,9 +378,10 @@ def test_mobilenet_v2_depthwise_and_relu6():
 
 
 def test_float_nodes_get_dequantize_and_quantize():
-    """A Mul epilogue by another value (here the input) keeps its Conv float; the next Conv
-    reads it through a Quantize, and the quantized Conv feeding it is read through a
-    Dequantize. (A LeakyRelu epilogue no longer does: it becomes a QLut.)"""
+    """A Mul by another value (here the float input) after a Conv stays float, a node of
+    its own (the Conv keeps the part of its epilogue an int8 layer takes: a QConv); the
+    next Conv reads it through a Quantize, and it reads the QConv through a Dequantize.
+    (A LeakyRelu epilogue no longer does: it becomes a QLut.)"""
     rng = np.random.default_rng(20)
     w = {k: rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32) for k in ("w1", "w2", "w3")}
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4, name="c1"),
@@ -397,8 +398,8 @@ def test_float_nodes_get_dequantize_and_quantize():
     data = [{"x": rng.normal(size=(1, 4, 6, 6)).astype(np.float32)} for _ in range(4)]
     q = quantize_graph(graph, data)
     check_types(q)
-    assert [n.op for n in q.nodes] == ["Quantize", "QConv", "Dequantize", "Conv", "Quantize",
-                                       "QConv", "Dequantize"]
+    assert [n.op for n in q.nodes] == ["Quantize", "QConv", "QConv", "Dequantize", "Mul",
+                                       "Quantize", "QConv", "Dequantize", "Dequantize"]
     assert q.outputs == ("y", "b") and all(q.types[o].dtype == "float32" for o in q.outputs)
     for name in q.outputs:
         want = np.concatenate([run_graph(graph, x)[name] for x in data])

@@ -98,11 +98,15 @@ def test_an_affine_table_output_takes_the_mse_range():
 
 
 def test_a_per_channel_constant_after_the_table_stays_float_saying_why():
+    """The conv and its table are int8 (the epilogue split after the table,
+    matmul_epilogue.split_layer_epilogues); the per-channel Mul after it is a float node."""
     channel = np.linspace(0.2, 1.0, 16).reshape(1, 16, 1, 1)
     model, q, test = _affine_hardswish(channel, np.array([0.1]))
-    conv = next(n for n in q.nodes if n.name == "conv")
-    assert conv.op == "Conv"
-    assert "per-channel constant" in conv.attrs["float_reason"], conv.attrs["float_reason"]
+    ops = {n.name: n for n in q.nodes}
+    assert ops["conv"].op == "QConv" and ops["conv/lut"].op == "QLut"
+    mul = next(n for n in q.nodes if n.op == "Mul")
+    assert "constant" in mul.attrs["float_reason"], mul.attrs["float_reason"]
+    assert annotate(q, HwConfig())["conv"].target == "accel"
     _check(model, q, test, 0.999)
 
 
