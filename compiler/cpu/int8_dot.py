@@ -195,15 +195,19 @@ def dot_tile(f: DotForm, out_channels_per_group: int, width: int) -> tuple[int, 
 
 
 def _as_compiled_for(llvm_ir: str, f: DotForm) -> str:
-    """The avx2 form's functions without AVX-512 (a function attribute): on an AVX-512
-    host LLVM would otherwise use 32 registers and fuse ``vpmaddwd`` + ``vpaddd`` into
-    VNNI's ``vpdpwssd``, so a test of the form on such a host would not run an AVX2
-    host's code. (The VNNI forms need the host's own features.)"""
-    if f.name != "avx2" or "+avx512f" not in host_target().features.split(","):
+    """The avx2 form's functions without AVX-512 and AVX-VNNI (a function attribute): on a
+    host with either, LLVM would otherwise use 32 registers or fuse ``vpmaddwd`` +
+    ``vpaddd`` into VNNI's ``vpdpwssd`` (EVEX, or VEX on an AVX-VNNI host such as Zen 5),
+    so a test of the form on such a host would not run an AVX2 host's code. (The VNNI
+    forms need the host's own features.)"""
+    host = host_target().features.split(",")
+    drop = [feature for feature in ("+avx512f", "+avxvnni") if feature in host]
+    if f.name != "avx2" or not drop:
         return llvm_ir
     lines = [line + " #0" if line.startswith("define ") else line
              for line in llvm_ir.splitlines()]
-    return "\n".join(lines) + '\nattributes #0 = { "target-features"="-avx512f" }\n'
+    off = ",".join("-" + feature[1:] for feature in drop)
+    return "\n".join(lines) + f'\nattributes #0 = {{ "target-features"="{off}" }}\n'
 
 
 def compile_dot(spec: dict, *, use_cache: bool = True) -> CpuKernel:
