@@ -63,6 +63,8 @@ __all__ = ["DOT_OPS", "compile_dot", "compile_peak", "dot_tile", "Geometry"]
 
 DOT_OPS = ("qdot", "qdot_matmul")
 _PEAK_ACCUMULATORS = 16
+# Dot-product instructions a core issues per cycle (Zen 5: two; dot_tile's cost model).
+_DOTS_PER_CYCLE = 2
 # Work items per kernel call at least (the pool cuts a loop into 4 x threads chunks).
 _MIN_ITEMS = 32
 
@@ -172,9 +174,12 @@ class Geometry:
 def dot_tile(f: DotForm, out_channels_per_group: int, width: int) -> tuple[int, int]:
     """(vectors V, columns R) of the register tile for an output of ``width`` columns and
     ``out_channels_per_group`` channels per group: the candidate with the least estimated
-    time per output row, counting the padded channels and the tail block it computes, and
-    per reduction step ``R * V`` dot products against ``V`` weight loads and ``R``
-    broadcasts (two loads a cycle)."""
+    time per output row, counting the padded channels and the tail block it computes. A
+    reduction step issues ``R * V`` dot products (``_DOTS_PER_CYCLE`` a cycle) and ``V``
+    weight loads and ``R`` broadcasts (two loads a cycle), plus about half a cycle of loop
+    and address work. On Zen 5 (two dot products a cycle) this picks 2 x 14 for 56, 28 and
+    14 columns, 2 x 7 for 7, measured 1-8 % faster than the 1 x 28 the one-a-cycle model
+    chose (docs/runtime.md)."""
     best = None
     for v in (1, 2, 3, 4):
         most = (f.registers - v - (1 if f.unsigned else 2)) // v
@@ -187,7 +192,7 @@ def dot_tile(f: DotForm, out_channels_per_group: int, width: int) -> tuple[int, 
         tiles = -(-out_channels_per_group // (f.lanes * v))
 
         def step(cols):
-            return max(cols * v, (v + cols) / 2) + 1 if cols else 0
+            return max(cols * v / _DOTS_PER_CYCLE, (v + cols) / 2) + 0.5 if cols else 0
         cost = tiles * (full * step(r) + step(tail))
         if best is None or cost < best[0]:
             best = (cost, v, r)
