@@ -323,16 +323,37 @@ class Emitter:
             last = b.add(first, _c(g.blocks_per_chunk))
             last = b.select(b.icmp_signed("<", last, _c(g.full_blocks)), last,
                             _c(g.full_blocks))
-            ctx = (n, gi, oy, w_tile, in_row, ch0, oc0)
+            def row(ky_range):
+                ctx = (n, gi, oy, w_tile, in_row, ch0, oc0, ky_range)
 
-            def block(k):
-                self._block(h, ctx, b.mul(k, _c(g.columns)), g.columns, slot, bufs_ctx)
-            h.loop(first, last, block)
-            if g.tail:
-                is_last = b.icmp_signed("==", xc, _c(g.chunks - 1))
-                h.when(is_last, lambda: self._block(h, ctx, _c(g.full_blocks * g.columns),
-                                                    g.tail, slot, bufs_ctx))
-        bufs_ctx = (weight, bias, mult, residual, out, staged, shift, lo, hi, rnd)
+                def dynamic_block(k):
+                    self._block(h, ctx, b.mul(k, _c(g.columns)), g.columns, slot, bufs_ctx)
+
+                def block(k, border=tuple(k for k in g.border_blocks if k < g.full_blocks)):
+                    if not border:
+                        return dynamic_block(k)
+                    kb = border[0]
+                    h.when(b.icmp_signed("==", k, _c(kb)),
+                           lambda: self._block(h, ctx, _c(kb * g.columns), g.columns, slot,
+                                               bufs_ctx, x_static=kb * g.columns),
+                           lambda: block(k, border[1:]))
+                h.loop(first, last, block)
+                if g.tail:
+                    is_last = b.icmp_signed("==", xc, _c(g.chunks - 1))
+                    x_tail = g.full_blocks * g.columns
+                    static = x_tail if g.full_blocks in g.border_blocks else None
+                    h.when(is_last, lambda: self._block(h, ctx, _c(x_tail), g.tail, slot,
+                                                        bufs_ctx, x_static=static))
+            if g.row_border:  # rows reaching the padding apart: the others as without it
+                y_top, y_bottom = g.border_rows
+                border_row = b.or_(b.icmp_signed("<", oy, _c(y_top)),
+                                   b.icmp_signed(">=", oy, _c(y_bottom)))
+                h.when(border_row, lambda: row(self._rows_in_bounds(b, oy)),
+                       lambda: row((0, g.kh)))
+            else:
+                row((0, g.kh))
+        bufs_ctx = (weight, bias, mult, residual, out, staged, shift, lo, hi, rnd,
+                    bufs.get("tapsum"))
         h.loop(fn.args[1], fn.args[2], item)
         b.ret_void()
         return name
@@ -353,13 +374,38 @@ class Emitter:
             self.module, ir.FunctionType(self.acc_ty, [v16, v16]), name)
         return b.add(s, b.call(fn, [b.bitcast(a, v16), b.bitcast(wv, v16)]))
 
-    def _block(self, h: _Builder, ctx, x0, cols: int, slot, bufs_ctx):
+    def _rows_in_bounds(self, b, oy):
+        """(first, end) kernel rows whose input row is inside the image for output row
+        ``oy``: ``0 <= oy * sh - pt + ky * dh < h``."""
+        g = self.geo
+        top = b.sub(_c(g.pt), b.mul(oy, _c(g.sh)))          # ky * dh >= top
+        first = b.sdiv(b.add(top, _c(g.dh - 1)), _c(g.dh))
+        first = b.select(b.icmp_signed("<", top, _c(0)), _c(0), first)
+        room = b.add(_c(g.h - 1 + g.pt), b.mul(oy, _c(-g.sh)))  # ky * dh <= room
+        end = b.add(b.sdiv(room, _c(g.dh)), _c(1))
+        end = b.select(b.icmp_signed("<", room, _c(0)), _c(0), end)
+        first = b.select(b.icmp_signed(">", first, _c(g.kh)), _c(g.kh), first)
+        end = b.select(b.icmp_signed(">", end, _c(g.kh)), _c(g.kh), end)
+        end = b.select(b.icmp_signed("<", end, first), first, end)  # a row all padding
+        return first, end
+
+    def _columns_in_bounds(self, x0: int, cols: int, kx: int) -> tuple[int, int]:
+        """(first, end) of the block's columns whose tap ``kx`` reads inside the image."""
+        g = self.geo
+        inside = [r for r in range(cols)
+                  if 0 <= (x0 + r) * g.sw - g.pl + kx * g.dw < g.w]
+        return (inside[0], inside[-1] + 1) if inside else (0, 0)
+
+    def _block(self, h: _Builder, ctx, x0, cols: int, slot, bufs_ctx, x_static=None):
         """``cols`` output columns from ``x0``: the reduction into registers, then the
-        epilogue."""
+        epilogue. With ``skip_padding``, only the kernel rows inside the image (``ky_range``)
+        and, for a block at a static ``x_static``, each column's in-bounds kernel columns
+        are multiplied; a skipped tap adds what its padding would have: ``tapsum`` (the
+        staged padding value times the tap's weight sums)."""
         g, f, b = self.geo, self.f, h.b
         eb = f.bytes
-        n, gi, oy, w_tile, in_row, ch0, oc0 = ctx
-        weight, bias, mult, residual, out, staged, shift, lo, hi, rnd = bufs_ctx
+        n, gi, oy, w_tile, in_row, ch0, oc0, (ky_first, ky_end) = ctx
+        weight, bias, mult, residual, out, staged, shift, lo, hi, rnd, tapsum = bufs_ctx
         v_count = g.vectors
         zero = _splat_const(self.acc_ty, 0)
         for r in range(cols):
@@ -369,8 +415,22 @@ class Emitter:
         group_ty = ir.IntType(32)  # one broadcast group: 4 bytes or 2 int16
         step_bytes = v_count * f.lanes * f.group * eb
         x_base = b.add(in_row, b.mul(x0, _c(col_bytes)))
+        if g.skip:
+            t_tile = b.mul(b.sdiv(ch0, _c(g.tile)), _c(g.kh * g.kw * g.tile * 4))
 
-        def tap(ky, kx):
+        def add_tapsum(ky, kx, columns):
+            """The skipped tap (ky, kx)'s padding products into ``columns``' sums."""
+            at = b.add(t_tile, b.mul(b.add(b.mul(ky, _c(g.kw)), kx), _c(g.tile * 4)))
+            for j in range(v_count):
+                tv = h.load(tapsum, b.add(at, _c(j * f.lanes * 4)), self.acc_ty)
+                for r in columns:
+                    b.store(b.add(b.load(slot(r, j)), tv), slot(r, j))
+        if g.row_border:  # the kernel rows above and below the image, every column
+            for lo_ky, hi_ky in ((0, ky_first), (ky_end, g.kh)):
+                h.loop(lo_ky, hi_ky, lambda ky: h.loop(
+                    0, g.kw, lambda kx: add_tapsum(ky, kx, range(cols))))
+
+        def tap(ky, kx, first=0, end=cols):
             tap_index = b.add(b.mul(ky, _c(g.kw)), kx)
             w_tap = b.add(w_tile, b.mul(tap_index, _c(g.q * step_bytes)))
             offset = b.add(b.mul(ky, _c(g.dh * g.ws * g.ctot * eb)),
@@ -382,13 +442,23 @@ class Emitter:
                 ws = [h.load(weight, b.add(wq, _c(j * f.lanes * f.group * eb)),
                              self.operand_ty) for j in range(v_count)]
                 pq = b.add(p_tap, b.mul(q, _c(f.group * eb)))
-                for r in range(cols):
+                for r in range(first, end):
                     word = h.load(staged, b.add(pq, _c(r * col_bytes)), group_ty)
                     a = b.bitcast(h.splat(word, self.acc_ty), self.operand_ty)
                     for j in range(v_count):
                         b.store(self._dot_step(b, a, ws[j], b.load(slot(r, j))), slot(r, j))
-            h.loop(0, g.q, step)
-        h.loop(0, g.kh, lambda ky: h.loop(0, g.kw, lambda kx: tap(ky, kx)))
+            if end > first:
+                h.loop(0, g.q, step)
+            skipped = [r for r in range(cols) if not first <= r < end]
+            if skipped:
+                add_tapsum(ky, kx, skipped)
+        if x_static is None:
+            h.loop(ky_first, ky_end, lambda ky: h.loop(0, g.kw, lambda kx: tap(ky, kx)))
+        else:
+            def row(ky):
+                for kx in range(g.kw):
+                    tap(ky, _c(kx), *self._columns_in_bounds(x_static, cols, kx))
+            h.loop(ky_first, ky_end, row)
         # epilogue
         for j in range(v_count):
             at = b.add(ch0, _c(j * f.lanes))

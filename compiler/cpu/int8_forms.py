@@ -35,7 +35,7 @@ from celosia.errors import CompilerError
 from .host import host_target
 
 __all__ = ["DotForm", "FORMS", "host_form", "chosen_form", "form", "pack_dot_weight",
-           "unsigned_bias"]
+           "unsigned_bias", "tap_sums"]
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,25 @@ def per_channel(v: np.ndarray, groups: int, f: DotForm, vectors: int) -> np.ndar
     out = np.zeros((groups, -(-mg // tile) * tile), np.int64)
     out[:, :mg] = v
     return wrap32(out)
+
+
+def tap_sums(w: np.ndarray, groups: int, f: DotForm, vectors: int,
+             pad_value: int) -> np.ndarray:
+    """What one padded tap adds to each output channel's sum: the staged padding value
+    (``pad_value + 128`` for an unsigned form, else ``pad_value``) times the sum of the
+    tap's weights over the group's input channels, modulo 2**32, as the kernels read it
+    when they skip padded taps (``skip_padding``): ``[groups, tiles, KH, KW, vectors *
+    lanes]`` int32, zeros in the padded output channels."""
+    m, cg, kh, kw = w.shape
+    mg = m // groups
+    tile = f.lanes * vectors
+    tiles = -(-mg // tile)
+    value = pad_value + 128 if f.unsigned else pad_value
+    sums = w.astype(np.int64).sum(axis=1) * value                 # [M, KH, KW]
+    full = np.zeros((groups, tiles * tile, kh, kw), np.int64)
+    full[:, :mg] = sums.reshape(groups, mg, kh, kw)
+    full = full.reshape(groups, tiles, tile, kh, kw).transpose(0, 1, 3, 4, 2)
+    return np.ascontiguousarray(wrap32(full))
 
 
 def wrap32(v) -> np.ndarray:

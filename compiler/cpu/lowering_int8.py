@@ -25,7 +25,7 @@ import numpy as np
 from ..graph.ir import Node
 from ..graph.qops import pad_value
 from .int8_dot import dot_tile
-from .int8_forms import FORMS, pack_dot_weight, per_channel, unsigned_bias
+from .int8_forms import FORMS, pack_dot_weight, per_channel, tap_sums, unsigned_bias
 
 __all__ = ["qconv", "qgemm", "matmul_spec", "dot_reason"]
 
@@ -110,16 +110,20 @@ def qconv(lw, node: Node) -> bool:
         data = lw.blocked(x, channel_block(c))
     weight, b, mult = _operands(lw, node, w, g, vectors)
     args = [data, weight, b, mult, _requant(lw, node)]
+    pads = list(a["pads"])
+    skip = any(pads[:4])  # border taps skipped, their padding added from tap sums
+    if skip:
+        args.append(lw.add_const(f"{node.name}@tapsum.{f.name}v{vectors}", tap_sums(
+            w, g, f, vectors, pad_value(a))))
     if residual:
         args.append(lw.blocked(residual, ob))
     out = lw.produce(node.outputs[0], ob)
-    pads = list(a["pads"])
     spec = {"op": "qdot", "form": lw.int8_form, "data": lw.values[data]["shape"],
             "channels": c, "groups": g, "out": lw.values[out]["shape"], "out_channels": m,
             "kernel": list(w.shape[2:]), "strides": list(a["strides"]),
             "pads": pads[:4], "dilations": list(a["dilations"]),
             "pad_value": pad_value(a), "tile": [vectors, columns],
-            "residual": bool(residual)}
+            "residual": bool(residual), "skip_padding": skip}
     lw.kernel(node, spec, args + [out], out)
     return True
 
