@@ -119,9 +119,22 @@ class Geometry:
             raise CompilerError(f"qdot: output {self.oh}x{self.ow} is not what the geometry "
                                 f"gives ({oh}x{ow}), or pad_value {self.pad_value} is not int8")
         self.cg, self.mg = self.c // self.g, self.m // self.g
-        self.cp = -(-self.cg // f.group) * f.group      # a group's staged channels
-        self.ctot = self.g * self.cp                     # channels of a staged pixel
-        self.q = self.cp // f.group                      # reduction steps per tap
+        self.cp = -(-self.cg // f.group) * f.group      # a group's channels, padded
+        # ``fold_columns``: a kernel row's KW x Cg products are one reduction over the
+        # staged row's consecutive elements (pixels staged densely, Cg channels each), in
+        # steps of ``group`` (the last step reads past the window into weights of zero),
+        # instead of KW taps of Cp channels each: 3 channels x 7 columns take 6 steps
+        # instead of 7. One group, no column dilation.
+        self.fold = bool(spec.get("fold_columns"))
+        if self.fold and (self.g != 1 or self.dw != 1):
+            raise CompilerError(f"qdot: fold_columns needs one group and no column dilation "
+                                f"(groups {self.g}, dilations {spec['dilations']})")
+        self.cs = self.cg if self.fold else self.cp     # a group's staged channels
+        self.ctot = self.g * self.cs                     # channels of a staged pixel
+        self.taps_w = 1 if self.fold else self.kw        # kernel columns as taps
+        self.q = -(-(self.kw * self.cg) // f.group) if self.fold else self.cp // f.group
+        # elements a folded window's last step reads past the window (and the stage's end)
+        self.slack = self.q * f.group - self.kw * self.cg if self.fold else 0
         self.tile = f.lanes * self.vectors
         self.tiles = -(-self.mg // self.tile)
         self.mgp = self.tiles * self.tile
@@ -166,7 +179,7 @@ class Geometry:
         border = [k for k, (a, z) in enumerate(spans) if a < x_left or z > x_right]
         # (Not for a one-step reduction per tap, the stem's 3 channels: there the unrolled
         # block measured 8 % slower than reading its few padded taps.)
-        self.border_blocks = border if self.skip and self.q > 1 \
+        self.border_blocks = border if self.skip and self.q > 1 and not self.fold \
             and len(border) <= _BORDER_BLOCKS else []
 
     @property
@@ -175,12 +188,16 @@ class Geometry:
 
     def weight_shape(self) -> tuple:
         f = self.form
-        return (self.g, self.tiles, self.kh, self.kw, self.q, self.vectors, f.lanes, f.group)
+        return (self.g, self.tiles, self.kh, self.taps_w, self.q, self.vectors, f.lanes,
+                f.group)
 
     def temps(self) -> list[Buffer]:
         """The staged input; for a matmul also its right operand packed as weights and the
         bias that carries VNNI's correction, per matrix."""
-        ts = [Buffer("staged", self.staged_shape, self.form.operand)]
+        staged = self.staged_shape
+        if self.slack:
+            staged = (self.n * self.hs * self.ws * self.ctot + self.slack,)
+        ts = [Buffer("staged", staged, self.form.operand)]
         if self.matmul:
             ts += [Buffer("packed", (self.n,) + self.weight_shape(), self.form.operand),
                    Buffer("colbias", (self.n, self.mgp), "int32")]
@@ -200,7 +217,7 @@ class Geometry:
               Buffer("multiplier", (self.g, self.mgp), "int32"),
               Buffer("requant", (4,), "int32")]
         if self.skip:
-            ps.append(Buffer("tapsum", (self.g, self.tiles, self.kh, self.kw, self.tile),
+            ps.append(Buffer("tapsum", (self.g, self.tiles, self.kh, self.taps_w, self.tile),
                              "int32"))
         if self.residual:
             ps.append(Buffer("residual", tuple(self.spec["out"]), "int8"))

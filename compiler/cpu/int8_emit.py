@@ -174,7 +174,7 @@ class Emitter:
         def block_at(k):
             pix = b.add(b.mul(iy, _c(g.w * g.cb)), b.mul(ix, _c(g.cb)))
             return b.add(b.mul(b.add(b.mul(n, _c(g.cb_count)), k), _c(plane)), pix)
-        if g.cp == g.cg:  # staged channel c is input channel c: copy whole blocks
+        if g.cs == g.cg:  # staged channel c is input channel c: copy whole blocks
             def copy_block(k):
                 src = block_at(k)
                 dst = b.add(out, b.mul(k, _c(g.cb * eb)))
@@ -194,7 +194,7 @@ class Emitter:
             k, ci = b.sdiv(c, _c(g.cb)), b.srem(c, _c(g.cb))
             v = h.load(data, b.add(block_at(k), ci), _I8)
             grp, within = b.sdiv(c, _c(g.cg)), b.srem(c, _c(g.cg))
-            at = b.add(out, b.mul(b.add(b.mul(grp, _c(g.cp)), within), _c(eb)))
+            at = b.add(out, b.mul(b.add(b.mul(grp, _c(g.cs)), within), _c(eb)))
             h.store(self._stage_value(b, v), staged, at)
         h.loop(0, g.c, channel)
 
@@ -314,9 +314,9 @@ class Emitter:
             tap_bytes = g.q * v_count * f.lanes * f.group * eb
             # a matmul's weights and bias are its image's (n's) own
             own = b.add(b.mul(n, _c(g.g)), gi) if g.matmul else gi
-            w_tile = b.mul(b.add(b.mul(own, _c(g.tiles)), t), _c(g.kh * g.kw * tap_bytes))
+            w_tile = b.mul(b.add(b.mul(own, _c(g.tiles)), t), _c(g.kh * g.taps_w * tap_bytes))
             row0 = b.add(b.mul(n, _c(g.hs)), b.mul(oy, _c(g.rs_h)))
-            in_row = b.add(b.mul(row0, _c(g.ws * g.ctot * eb)), b.mul(gi, _c(g.cp * eb)))
+            in_row = b.add(b.mul(row0, _c(g.ws * g.ctot * eb)), b.mul(gi, _c(g.cs * eb)))
             ch0 = b.add(b.mul(own, _c(g.mgp)), b.mul(t, _c(g.tile)))  # bias/multiplier index
             oc0 = b.mul(t, _c(g.tile))                                # channel in the group
             first = b.mul(xc, _c(g.blocks_per_chunk))
@@ -416,11 +416,11 @@ class Emitter:
         step_bytes = v_count * f.lanes * f.group * eb
         x_base = b.add(in_row, b.mul(x0, _c(col_bytes)))
         if g.skip:
-            t_tile = b.mul(b.sdiv(ch0, _c(g.tile)), _c(g.kh * g.kw * g.tile * 4))
+            t_tile = b.mul(b.sdiv(ch0, _c(g.tile)), _c(g.kh * g.taps_w * g.tile * 4))
 
         def add_tapsum(ky, kx, columns):
             """The skipped tap (ky, kx)'s padding products into ``columns``' sums."""
-            at = b.add(t_tile, b.mul(b.add(b.mul(ky, _c(g.kw)), kx), _c(g.tile * 4)))
+            at = b.add(t_tile, b.mul(b.add(b.mul(ky, _c(g.taps_w)), kx), _c(g.tile * 4)))
             for j in range(v_count):
                 tv = h.load(tapsum, b.add(at, _c(j * f.lanes * 4)), self.acc_ty)
                 for r in columns:
@@ -428,10 +428,10 @@ class Emitter:
         if g.row_border:  # the kernel rows above and below the image, every column
             for lo_ky, hi_ky in ((0, ky_first), (ky_end, g.kh)):
                 h.loop(lo_ky, hi_ky, lambda ky: h.loop(
-                    0, g.kw, lambda kx: add_tapsum(ky, kx, range(cols))))
+                    0, g.taps_w, lambda kx: add_tapsum(ky, kx, range(cols))))
 
         def tap(ky, kx, first=0, end=cols):
-            tap_index = b.add(b.mul(ky, _c(g.kw)), kx)
+            tap_index = b.add(b.mul(ky, _c(g.taps_w)), kx)
             w_tap = b.add(w_tile, b.mul(tap_index, _c(g.q * step_bytes)))
             offset = b.add(b.mul(ky, _c(g.dh * g.ws * g.ctot * eb)),
                            b.mul(kx, _c(g.dw * g.ctot * eb)))
@@ -453,7 +453,7 @@ class Emitter:
             if skipped:
                 add_tapsum(ky, kx, skipped)
         if x_static is None:
-            h.loop(ky_first, ky_end, lambda ky: h.loop(0, g.kw, lambda kx: tap(ky, kx)))
+            h.loop(ky_first, ky_end, lambda ky: h.loop(0, g.taps_w, lambda kx: tap(ky, kx)))
         else:
             def row(ky):
                 for kx in range(g.kw):

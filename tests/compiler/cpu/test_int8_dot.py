@@ -17,8 +17,9 @@ from int8_data import int8s
 from celosia.compiler.cpu import int8_forms
 from celosia.compiler.cpu.host import HostTarget
 from celosia.compiler.cpu.int8_dot import compile_dot, dot_tile
-from celosia.compiler.cpu.int8_forms import (FORMS, chosen_form, form, pack_dot_weight,
-                                             per_channel, tap_sums, unsigned_bias)
+from celosia.compiler.cpu.int8_forms import (FORMS, chosen_form, fold_columns, form,
+                                             pack_dot_weight, per_channel, tap_sums,
+                                             unsigned_bias)
 from celosia.compiler.graph import qops
 from celosia.compiler.graph.ir import Graph, Node, TensorType, constant
 from celosia.compiler.graph.reference import infer_node, run_graph
@@ -116,14 +117,15 @@ def run_conv(name, case):
             "kernel": list(case["k"]), "strides": case["strides"], "pads": case["pads"],
             "dilations": case["dil"], "pad_value": case["pad_value"],
             "tile": [vectors, columns], "residual": case["residual"],
-            "skip_padding": case["skip"]}
+            "skip_padding": case["skip"], "fold_columns": case.get("fold", False)}
     kernel = compile_dot(spec)
-    args = [_blocked(x, case["cb"]), pack_dot_weight(wt, g, f, vectors),
-            per_channel(unsigned_bias(bias, wt, f), g, f, vectors),
+    wk = fold_columns(wt) if case.get("fold") else wt  # the weights as the kernel reduces them
+    args = [_blocked(x, case["cb"]), pack_dot_weight(wk, g, f, vectors),
+            per_channel(unsigned_bias(bias, wk, f), g, f, vectors),
             per_channel(mult, g, f, vectors),
             np.array([case["shift"], case["lo"], case["hi"], 0], np.int32)]
     if case["skip"]:
-        args.append(tap_sums(wt, g, f, vectors, case["pad_value"]))
+        args.append(tap_sums(wk, g, f, vectors, case["pad_value"]))
     if residual is not None:
         args.append(_blocked(residual, ob))
     out = np.full((n, m // ob, oh, ow, ob), 99, np.int8)
@@ -214,6 +216,32 @@ def test_skipped_padding_taps_are_bit_exact(name):
                         "residual": False, "skip_padding": True})
         blocks += len(geo.border_blocks) > 1 and geo.row_border
     assert blocks >= 10  # the draws reach several border blocks and border rows
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_folded_kernel_columns_are_bit_exact(name):
+    """``fold_columns``: a kernel row's columns and channels reduced as one run of the
+    densely staged row (the last step reading past the window against zero weights, the
+    staged input's end included). Seeded random few-channel convolutions (1-7 channels,
+    kernels 2-7 wide, strides, row dilation, padding skipped or read, any pad_value)
+    against qops.qconv."""
+    rng = np.random.default_rng(7)
+    for seed in range(30):
+        kh, kw = int(rng.integers(1, 8)), int(rng.integers(2, 8))
+        dil = [int(rng.integers(1, 3)), 1]
+        pads = [int(v) for v in rng.integers(0, 4, 4)]
+        h = int(rng.integers(0, 8)) + max(1, (kh - 1) * dil[0] + 1 - pads[0] - pads[2])
+        w = int(rng.integers(0, 25)) + max(1, kw - pads[1] - pads[3])
+        c, m = int(rng.integers(1, 8)), int(rng.integers(1, 40))
+        case = dict(n=int(rng.integers(1, 3)), c=c, m=m, g=1, h=h, w=w, k=(kh, kw),
+                    strides=[int(v) for v in rng.integers(1, 4, 2)], dil=dil, pads=pads,
+                    pad_value=int(rng.choice([0, -128, 127, -5])), cb=int(rng.choice(
+                        _divisors(c))), ob=m, residual=bool(seed % 2), skip=seed % 3 > 0,
+                    fold=True, shift=int(rng.integers(0, 12)), lo=-128, hi=127,
+                    big=seed % 4 == 0, seed=seed,
+                    tile=None if seed % 2 else (int(rng.integers(1, 4)),
+                                                int(rng.integers(1, 9))))
+        run_conv(name, case)
 
 
 @st.composite
