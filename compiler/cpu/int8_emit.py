@@ -15,6 +15,9 @@ from .lut import counted_loop
 
 __all__ = ["Emitter"]
 
+# Pixels a plain image's stage interleaves at a time (one byte vector per channel plane).
+_PLANAR_RUN = 64
+
 _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (8, 16, 32, 64))
 _PTR = _I8.as_pointer()
 
@@ -143,6 +146,10 @@ class Emitter:
         row_bytes = g.ws * g.ctot * eb
         x_lo = min(g.ws, -(-g.pl // g.step_w))
         x_hi = max(x_lo, min(g.ws, -(-(g.w + g.pl) // g.step_w)))
+        # a plain image of a few channels (blocks of 1) staged densely: its planes are
+        # interleaved a run of pixels at a time (the stem: 3 bytes a pixel)
+        planar = g.cb == 1 and g.g == 1 and g.cs == g.cg and g.step_w == 1 \
+            and 2 <= g.c <= 4
 
         def row(r):
             n = b.sdiv(r, _c(g.hs))
@@ -154,7 +161,14 @@ class Emitter:
             def copy_row():
                 if x_lo:
                     self._fill(h, staged, dst, x_lo * g.ctot)
-                h.loop(x_lo, x_hi, lambda xs: self._pixel(h, data, staged, n, iy, xs, dst))
+                start = x_lo
+                if planar:  # 64 pixels at a time, then one at a time
+                    whole = (x_hi - x_lo) // _PLANAR_RUN
+                    h.loop(0, whole, lambda j: self._planar_run(
+                        h, data, staged, n, iy, b.add(_c(x_lo), b.mul(j, _c(_PLANAR_RUN))),
+                        dst))
+                    start = x_lo + whole * _PLANAR_RUN
+                h.loop(start, x_hi, lambda xs: self._pixel(h, data, staged, n, iy, xs, dst))
                 if x_hi < g.ws:
                     self._fill(h, staged, b.add(dst, _c(x_hi * g.ctot * eb)),
                                (g.ws - x_hi) * g.ctot)
@@ -162,6 +176,26 @@ class Emitter:
         h.loop(fn.args[1], fn.args[2], row)
         b.ret_void()
         return name
+
+    def _planar_run(self, h: _Builder, data, staged, n, iy, xs, dst):
+        """Stage _PLANAR_RUN pixels from staged column ``xs`` of a plain image's row: a
+        vector of each channel plane, interleaved into pixels by one shuffle."""
+        g, b, eb = self.geo, h.b, self.f.bytes
+        run = _PLANAR_RUN
+        ix = b.sub(xs, _c(g.pl))
+        rows = [h.load(data, b.add(b.mul(b.add(b.mul(b.add(b.mul(n, _c(g.c)), _c(k)),
+                                                    _c(g.h)), iy), _c(g.w)), ix),
+                       ir.VectorType(_I8, run)) for k in range(g.c)]
+        rows += rows[-1:] * (4 - g.c)   # four planes: concatenated in pairs
+        while len(rows) > 1:
+            width = 2 * rows[0].type.count
+            rows = [b.shuffle_vector(rows[i], rows[i + 1], ir.Constant(
+                ir.VectorType(_I32, width), list(range(width)))) for i in range(0, len(rows), 2)]
+        mask = [k * run + p for p in range(run) for k in range(g.c)]
+        pixels = b.shuffle_vector(rows[0], rows[0], ir.Constant(ir.VectorType(_I32, len(mask)),
+                                                                mask))
+        h.store(self._stage_value(b, pixels), staged,
+                b.add(dst, b.mul(xs, _c(g.ctot * eb))))
 
     def _pixel(self, h: _Builder, data, staged, n, iy, xs, dst):
         """Stage the input pixel read by staged column ``xs`` of a row."""

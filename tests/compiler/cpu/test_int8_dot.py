@@ -244,6 +244,24 @@ def test_folded_kernel_columns_are_bit_exact(name):
         run_conv(name, case)
 
 
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_plain_images_stage_bit_exact(name):
+    """A plain image of 2-4 channels (blocks of 1) wider than the stage's run of 64
+    pixels: its planes are interleaved 64 pixels at a time, the rest one at a time, with
+    folded kernel columns or without, padding or none, column strides."""
+    rng = np.random.default_rng(11)
+    for seed, (c, fold) in enumerate(itertools.product((2, 3, 4), (True, False))):
+        kh, kw = int(rng.integers(1, 8)), int(rng.integers(2, 8))
+        pads = [int(v) for v in rng.integers(0, 4, 4)]
+        case = dict(n=int(rng.integers(1, 3)), c=c, m=int(rng.integers(1, 40)), g=1,
+                    h=int(rng.integers(kh, kh + 4)), w=int(rng.integers(64, 200)), k=(kh, kw),
+                    strides=[int(v) for v in rng.integers(1, 3, 2)], dil=[1, 1], pads=pads,
+                    pad_value=int(rng.choice([0, -128, 127])), cb=1, ob=1, residual=False,
+                    skip=bool(seed % 2), fold=fold, shift=8, lo=-128, hi=127, big=False,
+                    seed=seed, tile=None)
+        run_conv(name, case)
+
+
 @st.composite
 def matmul_cases(draw):
     z, m = draw(st.integers(1, 4)), draw(st.integers(1, 20))
