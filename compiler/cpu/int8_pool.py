@@ -9,7 +9,7 @@ column inside) take the kernel columns unrolled with no test, the border columns
 in-bounds ones. Each tap is one vector of the block's ``cb`` channels (a pixel's channels
 are contiguous) and one signed byte maximum. The tensor-language kernel it replaces
 tested every tap's bounds with a select: ResNet-18's 3x3 stride-2 pooling of 112x112x64
-in blocks of 16 took 54 us on one thread of a Zen 5, this one 15 (docs/runtime.md).
+in blocks of 16 took 54 us on one thread of a Zen 5, this one 18 (docs/runtime.md).
 """
 
 from __future__ import annotations
