@@ -35,11 +35,19 @@ Spec (JSON-able; the kernel cache keys on it):
     {"op": "qdot", "form": "vnni512", "data": [N, Cb, H, W, cb], "channels": C,
      "groups": G, "out": [N, Mb, OH, OW, ob], "out_channels": M, "kernel": [KH, KW],
      "strides": [sh, sw], "pads": [top, left, bottom, right], "dilations": [dh, dw],
-     "pad_value": p, "tile": [V, R], "residual": bool}
+     "pad_value": p, "tile": [V, R], "residual": bool, "skip_padding": bool}
 
 Parameters: data (int8), weight (``pack_dot_weight``), bias and multiplier (int32
-``[G, tiles * V * lanes]``), requant (int32 ``[shift, lo, hi, round]``), [residual (int8,
-the output's shape)], out (int8). One temporary: the staged input.
+``[G, tiles * V * lanes]``), requant (int32 ``[shift, lo, hi, round]``), [tapsum (int32
+``tap_sums``, with ``skip_padding``)], [residual (int8, the output's shape)], out (int8).
+One temporary: the staged input.
+
+With ``skip_padding`` the output rows and column blocks whose windows reach the padding
+multiply only their in-bounds taps (``Geometry``); each skipped tap adds what its padding
+would have given, the staged padding value times the tap's weight sums (``tapsum``), so
+the sums stay those of the padded window, bit for bit. The bound the benchmark counts
+(every tap of every window) then no longer bounds the work: a 3x3 layer at 7x7 skips 18 %
+of its taps, at 14x14 9 %.
 
     {"op": "qdot_matmul", "form": ..., "a": [Z, M, K], "b": [Z, K, N], "tile": [V, R]}
 
@@ -63,8 +71,12 @@ __all__ = ["DOT_OPS", "compile_dot", "compile_peak", "dot_tile", "Geometry"]
 
 DOT_OPS = ("qdot", "qdot_matmul")
 _PEAK_ACCUMULATORS = 16
+# Dot-product instructions a core issues per cycle (Zen 5: two; dot_tile's cost model).
+_DOTS_PER_CYCLE = 2
 # Work items per kernel call at least (the pool cuts a loop into 4 x threads chunks).
 _MIN_ITEMS = 32
+# At most this many column blocks emitted apart for the padding they skip (geometry).
+_BORDER_BLOCKS = 6
 
 
 # ---- geometry ---------------------------------------------------------------------------------
@@ -107,9 +119,22 @@ class Geometry:
             raise CompilerError(f"qdot: output {self.oh}x{self.ow} is not what the geometry "
                                 f"gives ({oh}x{ow}), or pad_value {self.pad_value} is not int8")
         self.cg, self.mg = self.c // self.g, self.m // self.g
-        self.cp = -(-self.cg // f.group) * f.group      # a group's staged channels
-        self.ctot = self.g * self.cp                     # channels of a staged pixel
-        self.q = self.cp // f.group                      # reduction steps per tap
+        self.cp = -(-self.cg // f.group) * f.group      # a group's channels, padded
+        # ``fold_columns``: a kernel row's KW x Cg products are one reduction over the
+        # staged row's consecutive elements (pixels staged densely, Cg channels each), in
+        # steps of ``group`` (the last step reads past the window into weights of zero),
+        # instead of KW taps of Cp channels each: 3 channels x 7 columns take 6 steps
+        # instead of 7. One group, no column dilation.
+        self.fold = bool(spec.get("fold_columns"))
+        if self.fold and (self.g != 1 or self.dw != 1):
+            raise CompilerError(f"qdot: fold_columns needs one group and no column dilation "
+                                f"(groups {self.g}, dilations {spec['dilations']})")
+        self.cs = self.cg if self.fold else self.cp     # a group's staged channels
+        self.ctot = self.g * self.cs                     # channels of a staged pixel
+        self.taps_w = 1 if self.fold else self.kw        # kernel columns as taps
+        self.q = -(-(self.kw * self.cg) // f.group) if self.fold else self.cp // f.group
+        # elements a folded window's last step reads past the window (and the stage's end)
+        self.slack = self.q * f.group - self.kw * self.cg if self.fold else 0
         self.tile = f.lanes * self.vectors
         self.tiles = -(-self.mg // self.tile)
         self.mgp = self.tiles * self.tile
@@ -132,6 +157,30 @@ class Geometry:
         self.blocks_per_chunk = -(-self.full_blocks // self.chunks)
         self.chunks = -(-self.full_blocks // self.blocks_per_chunk)
         self.items = base * self.chunks
+        # Padded taps skipped (``skip_padding``): the output rows and column blocks whose
+        # windows reach the padding. Rows: those below ``y_top`` or from ``y_bottom`` on
+        # compute their in-bounds kernel rows at run time (the others run as if there were
+        # no padding). Columns: the blocks holding a column below ``x_left`` or from ``x_right``
+        # on are emitted apart, kernel columns unrolled, each column multiplying only its
+        # in-bounds taps (when there are at most _BORDER_BLOCKS of them; else they read the
+        # staged padding as the interior does).
+        self.skip = bool(spec.get("skip_padding")) and not self.matmul
+        y_top = min(self.oh, -(-self.pt // self.sh))
+        y_bottom = max(y_top, min(self.oh, -(-(self.h + self.pt - (self.kh - 1) * self.dh)
+                                             // self.sh)))
+        self.border_rows = (y_top, y_bottom)   # rows below y_top or from y_bottom on
+        self.row_border = self.skip and (y_top > 0 or y_bottom < self.oh)
+        x_left = min(self.ow, -(-self.pl // self.sw))
+        x_right = max(x_left, min(self.ow, -(-(self.w + self.pl - (self.kw - 1) * self.dw)
+                                            // self.sw)))
+        spans = [(k * r, k * r + r) for k in range(self.full_blocks)]
+        if self.tail:
+            spans.append((self.full_blocks * r, self.ow))
+        border = [k for k, (a, z) in enumerate(spans) if a < x_left or z > x_right]
+        # (Not for a one-step reduction per tap, the stem's 3 channels: there the unrolled
+        # block measured 8 % slower than reading its few padded taps.)
+        self.border_blocks = border if self.skip and self.q > 1 and not self.fold \
+            and len(border) <= _BORDER_BLOCKS else []
 
     @property
     def staged_shape(self) -> tuple:
@@ -139,12 +188,16 @@ class Geometry:
 
     def weight_shape(self) -> tuple:
         f = self.form
-        return (self.g, self.tiles, self.kh, self.kw, self.q, self.vectors, f.lanes, f.group)
+        return (self.g, self.tiles, self.kh, self.taps_w, self.q, self.vectors, f.lanes,
+                f.group)
 
     def temps(self) -> list[Buffer]:
         """The staged input; for a matmul also its right operand packed as weights and the
         bias that carries VNNI's correction, per matrix."""
-        ts = [Buffer("staged", self.staged_shape, self.form.operand)]
+        staged = self.staged_shape
+        if self.slack:
+            staged = (self.n * self.hs * self.ws * self.ctot + self.slack,)
+        ts = [Buffer("staged", staged, self.form.operand)]
         if self.matmul:
             ts += [Buffer("packed", (self.n,) + self.weight_shape(), self.form.operand),
                    Buffer("colbias", (self.n, self.mgp), "int32")]
@@ -163,6 +216,9 @@ class Geometry:
               Buffer("bias", (self.g, self.mgp), "int32"),
               Buffer("multiplier", (self.g, self.mgp), "int32"),
               Buffer("requant", (4,), "int32")]
+        if self.skip:
+            ps.append(Buffer("tapsum", (self.g, self.tiles, self.kh, self.taps_w, self.tile),
+                             "int32"))
         if self.residual:
             ps.append(Buffer("residual", tuple(self.spec["out"]), "int8"))
         ps.append(Buffer("out", tuple(self.spec["out"]), "int8"))
@@ -172,9 +228,12 @@ class Geometry:
 def dot_tile(f: DotForm, out_channels_per_group: int, width: int) -> tuple[int, int]:
     """(vectors V, columns R) of the register tile for an output of ``width`` columns and
     ``out_channels_per_group`` channels per group: the candidate with the least estimated
-    time per output row, counting the padded channels and the tail block it computes, and
-    per reduction step ``R * V`` dot products against ``V`` weight loads and ``R``
-    broadcasts (two loads a cycle)."""
+    time per output row, counting the padded channels and the tail block it computes. A
+    reduction step issues ``R * V`` dot products (``_DOTS_PER_CYCLE`` a cycle) and ``V``
+    weight loads and ``R`` broadcasts (two loads a cycle), plus about half a cycle of loop
+    and address work. On Zen 5 (two dot products a cycle) this picks 2 x 14 for 56, 28 and
+    14 columns, 2 x 7 for 7, measured 1-8 % faster than the 1 x 28 the one-a-cycle model
+    chose (docs/runtime.md)."""
     best = None
     for v in (1, 2, 3, 4):
         most = (f.registers - v - (1 if f.unsigned else 2)) // v
@@ -187,7 +246,7 @@ def dot_tile(f: DotForm, out_channels_per_group: int, width: int) -> tuple[int, 
         tiles = -(-out_channels_per_group // (f.lanes * v))
 
         def step(cols):
-            return max(cols * v, (v + cols) / 2) + 1 if cols else 0
+            return max(cols * v / _DOTS_PER_CYCLE, (v + cols) / 2) + 0.5 if cols else 0
         cost = tiles * (full * step(r) + step(tail))
         if best is None or cost < best[0]:
             best = (cost, v, r)
@@ -195,15 +254,19 @@ def dot_tile(f: DotForm, out_channels_per_group: int, width: int) -> tuple[int, 
 
 
 def _as_compiled_for(llvm_ir: str, f: DotForm) -> str:
-    """The avx2 form's functions without AVX-512 (a function attribute): on an AVX-512
-    host LLVM would otherwise use 32 registers and fuse ``vpmaddwd`` + ``vpaddd`` into
-    VNNI's ``vpdpwssd``, so a test of the form on such a host would not run an AVX2
-    host's code. (The VNNI forms need the host's own features.)"""
-    if f.name != "avx2" or "+avx512f" not in host_target().features.split(","):
+    """The avx2 form's functions without AVX-512 and AVX-VNNI (a function attribute): on a
+    host with either, LLVM would otherwise use 32 registers or fuse ``vpmaddwd`` +
+    ``vpaddd`` into VNNI's ``vpdpwssd`` (EVEX, or VEX on an AVX-VNNI host such as Zen 5),
+    so a test of the form on such a host would not run an AVX2 host's code. (The VNNI
+    forms need the host's own features.)"""
+    host = host_target().features.split(",")
+    drop = [feature for feature in ("+avx512f", "+avxvnni") if feature in host]
+    if f.name != "avx2" or not drop:
         return llvm_ir
     lines = [line + " #0" if line.startswith("define ") else line
              for line in llvm_ir.splitlines()]
-    return "\n".join(lines) + '\nattributes #0 = { "target-features"="-avx512f" }\n'
+    off = ",".join("-" + feature[1:] for feature in drop)
+    return "\n".join(lines) + f'\nattributes #0 = {{ "target-features"="{off}" }}\n'
 
 
 def compile_dot(spec: dict, *, use_cache: bool = True) -> CpuKernel:

@@ -15,6 +15,9 @@ from .lut import counted_loop
 
 __all__ = ["Emitter"]
 
+# Pixels a plain image's stage interleaves at a time (one byte vector per channel plane).
+_PLANAR_RUN = 64
+
 _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (8, 16, 32, 64))
 _PTR = _I8.as_pointer()
 
@@ -143,6 +146,10 @@ class Emitter:
         row_bytes = g.ws * g.ctot * eb
         x_lo = min(g.ws, -(-g.pl // g.step_w))
         x_hi = max(x_lo, min(g.ws, -(-(g.w + g.pl) // g.step_w)))
+        # a plain image of a few channels (blocks of 1) staged densely: its planes are
+        # interleaved a run of pixels at a time (the stem: 3 bytes a pixel)
+        planar = g.cb == 1 and g.g == 1 and g.cs == g.cg and g.step_w == 1 \
+            and 2 <= g.c <= 4
 
         def row(r):
             n = b.sdiv(r, _c(g.hs))
@@ -154,7 +161,14 @@ class Emitter:
             def copy_row():
                 if x_lo:
                     self._fill(h, staged, dst, x_lo * g.ctot)
-                h.loop(x_lo, x_hi, lambda xs: self._pixel(h, data, staged, n, iy, xs, dst))
+                start = x_lo
+                if planar:  # 64 pixels at a time, then one at a time
+                    whole = (x_hi - x_lo) // _PLANAR_RUN
+                    h.loop(0, whole, lambda j: self._planar_run(
+                        h, data, staged, n, iy, b.add(_c(x_lo), b.mul(j, _c(_PLANAR_RUN))),
+                        dst))
+                    start = x_lo + whole * _PLANAR_RUN
+                h.loop(start, x_hi, lambda xs: self._pixel(h, data, staged, n, iy, xs, dst))
                 if x_hi < g.ws:
                     self._fill(h, staged, b.add(dst, _c(x_hi * g.ctot * eb)),
                                (g.ws - x_hi) * g.ctot)
@@ -162,6 +176,26 @@ class Emitter:
         h.loop(fn.args[1], fn.args[2], row)
         b.ret_void()
         return name
+
+    def _planar_run(self, h: _Builder, data, staged, n, iy, xs, dst):
+        """Stage _PLANAR_RUN pixels from staged column ``xs`` of a plain image's row: a
+        vector of each channel plane, interleaved into pixels by one shuffle."""
+        g, b, eb = self.geo, h.b, self.f.bytes
+        run = _PLANAR_RUN
+        ix = b.sub(xs, _c(g.pl))
+        rows = [h.load(data, b.add(b.mul(b.add(b.mul(b.add(b.mul(n, _c(g.c)), _c(k)),
+                                                    _c(g.h)), iy), _c(g.w)), ix),
+                       ir.VectorType(_I8, run)) for k in range(g.c)]
+        rows += rows[-1:] * (4 - g.c)   # four planes: concatenated in pairs
+        while len(rows) > 1:
+            width = 2 * rows[0].type.count
+            rows = [b.shuffle_vector(rows[i], rows[i + 1], ir.Constant(
+                ir.VectorType(_I32, width), list(range(width)))) for i in range(0, len(rows), 2)]
+        mask = [k * run + p for p in range(run) for k in range(g.c)]
+        pixels = b.shuffle_vector(rows[0], rows[0], ir.Constant(ir.VectorType(_I32, len(mask)),
+                                                                mask))
+        h.store(self._stage_value(b, pixels), staged,
+                b.add(dst, b.mul(xs, _c(g.ctot * eb))))
 
     def _pixel(self, h: _Builder, data, staged, n, iy, xs, dst):
         """Stage the input pixel read by staged column ``xs`` of a row."""
@@ -174,7 +208,7 @@ class Emitter:
         def block_at(k):
             pix = b.add(b.mul(iy, _c(g.w * g.cb)), b.mul(ix, _c(g.cb)))
             return b.add(b.mul(b.add(b.mul(n, _c(g.cb_count)), k), _c(plane)), pix)
-        if g.cp == g.cg:  # staged channel c is input channel c: copy whole blocks
+        if g.cs == g.cg:  # staged channel c is input channel c: copy whole blocks
             def copy_block(k):
                 src = block_at(k)
                 dst = b.add(out, b.mul(k, _c(g.cb * eb)))
@@ -194,7 +228,7 @@ class Emitter:
             k, ci = b.sdiv(c, _c(g.cb)), b.srem(c, _c(g.cb))
             v = h.load(data, b.add(block_at(k), ci), _I8)
             grp, within = b.sdiv(c, _c(g.cg)), b.srem(c, _c(g.cg))
-            at = b.add(out, b.mul(b.add(b.mul(grp, _c(g.cp)), within), _c(eb)))
+            at = b.add(out, b.mul(b.add(b.mul(grp, _c(g.cs)), within), _c(eb)))
             h.store(self._stage_value(b, v), staged, at)
         h.loop(0, g.c, channel)
 
@@ -314,25 +348,46 @@ class Emitter:
             tap_bytes = g.q * v_count * f.lanes * f.group * eb
             # a matmul's weights and bias are its image's (n's) own
             own = b.add(b.mul(n, _c(g.g)), gi) if g.matmul else gi
-            w_tile = b.mul(b.add(b.mul(own, _c(g.tiles)), t), _c(g.kh * g.kw * tap_bytes))
+            w_tile = b.mul(b.add(b.mul(own, _c(g.tiles)), t), _c(g.kh * g.taps_w * tap_bytes))
             row0 = b.add(b.mul(n, _c(g.hs)), b.mul(oy, _c(g.rs_h)))
-            in_row = b.add(b.mul(row0, _c(g.ws * g.ctot * eb)), b.mul(gi, _c(g.cp * eb)))
+            in_row = b.add(b.mul(row0, _c(g.ws * g.ctot * eb)), b.mul(gi, _c(g.cs * eb)))
             ch0 = b.add(b.mul(own, _c(g.mgp)), b.mul(t, _c(g.tile)))  # bias/multiplier index
             oc0 = b.mul(t, _c(g.tile))                                # channel in the group
             first = b.mul(xc, _c(g.blocks_per_chunk))
             last = b.add(first, _c(g.blocks_per_chunk))
             last = b.select(b.icmp_signed("<", last, _c(g.full_blocks)), last,
                             _c(g.full_blocks))
-            ctx = (n, gi, oy, w_tile, in_row, ch0, oc0)
+            def row(ky_range):
+                ctx = (n, gi, oy, w_tile, in_row, ch0, oc0, ky_range)
 
-            def block(k):
-                self._block(h, ctx, b.mul(k, _c(g.columns)), g.columns, slot, bufs_ctx)
-            h.loop(first, last, block)
-            if g.tail:
-                is_last = b.icmp_signed("==", xc, _c(g.chunks - 1))
-                h.when(is_last, lambda: self._block(h, ctx, _c(g.full_blocks * g.columns),
-                                                    g.tail, slot, bufs_ctx))
-        bufs_ctx = (weight, bias, mult, residual, out, staged, shift, lo, hi, rnd)
+                def dynamic_block(k):
+                    self._block(h, ctx, b.mul(k, _c(g.columns)), g.columns, slot, bufs_ctx)
+
+                def block(k, border=tuple(k for k in g.border_blocks if k < g.full_blocks)):
+                    if not border:
+                        return dynamic_block(k)
+                    kb = border[0]
+                    h.when(b.icmp_signed("==", k, _c(kb)),
+                           lambda: self._block(h, ctx, _c(kb * g.columns), g.columns, slot,
+                                               bufs_ctx, x_static=kb * g.columns),
+                           lambda: block(k, border[1:]))
+                h.loop(first, last, block)
+                if g.tail:
+                    is_last = b.icmp_signed("==", xc, _c(g.chunks - 1))
+                    x_tail = g.full_blocks * g.columns
+                    static = x_tail if g.full_blocks in g.border_blocks else None
+                    h.when(is_last, lambda: self._block(h, ctx, _c(x_tail), g.tail, slot,
+                                                        bufs_ctx, x_static=static))
+            if g.row_border:  # rows reaching the padding apart: the others as without it
+                y_top, y_bottom = g.border_rows
+                border_row = b.or_(b.icmp_signed("<", oy, _c(y_top)),
+                                   b.icmp_signed(">=", oy, _c(y_bottom)))
+                h.when(border_row, lambda: row(self._rows_in_bounds(b, oy)),
+                       lambda: row((0, g.kh)))
+            else:
+                row((0, g.kh))
+        bufs_ctx = (weight, bias, mult, residual, out, staged, shift, lo, hi, rnd,
+                    bufs.get("tapsum"))
         h.loop(fn.args[1], fn.args[2], item)
         b.ret_void()
         return name
@@ -353,13 +408,38 @@ class Emitter:
             self.module, ir.FunctionType(self.acc_ty, [v16, v16]), name)
         return b.add(s, b.call(fn, [b.bitcast(a, v16), b.bitcast(wv, v16)]))
 
-    def _block(self, h: _Builder, ctx, x0, cols: int, slot, bufs_ctx):
+    def _rows_in_bounds(self, b, oy):
+        """(first, end) kernel rows whose input row is inside the image for output row
+        ``oy``: ``0 <= oy * sh - pt + ky * dh < h``."""
+        g = self.geo
+        top = b.sub(_c(g.pt), b.mul(oy, _c(g.sh)))          # ky * dh >= top
+        first = b.sdiv(b.add(top, _c(g.dh - 1)), _c(g.dh))
+        first = b.select(b.icmp_signed("<", top, _c(0)), _c(0), first)
+        room = b.add(_c(g.h - 1 + g.pt), b.mul(oy, _c(-g.sh)))  # ky * dh <= room
+        end = b.add(b.sdiv(room, _c(g.dh)), _c(1))
+        end = b.select(b.icmp_signed("<", room, _c(0)), _c(0), end)
+        first = b.select(b.icmp_signed(">", first, _c(g.kh)), _c(g.kh), first)
+        end = b.select(b.icmp_signed(">", end, _c(g.kh)), _c(g.kh), end)
+        end = b.select(b.icmp_signed("<", end, first), first, end)  # a row all padding
+        return first, end
+
+    def _columns_in_bounds(self, x0: int, cols: int, kx: int) -> tuple[int, int]:
+        """(first, end) of the block's columns whose tap ``kx`` reads inside the image."""
+        g = self.geo
+        inside = [r for r in range(cols)
+                  if 0 <= (x0 + r) * g.sw - g.pl + kx * g.dw < g.w]
+        return (inside[0], inside[-1] + 1) if inside else (0, 0)
+
+    def _block(self, h: _Builder, ctx, x0, cols: int, slot, bufs_ctx, x_static=None):
         """``cols`` output columns from ``x0``: the reduction into registers, then the
-        epilogue."""
+        epilogue. With ``skip_padding``, only the kernel rows inside the image (``ky_range``)
+        and, for a block at a static ``x_static``, each column's in-bounds kernel columns
+        are multiplied; a skipped tap adds what its padding would have: ``tapsum`` (the
+        staged padding value times the tap's weight sums)."""
         g, f, b = self.geo, self.f, h.b
         eb = f.bytes
-        n, gi, oy, w_tile, in_row, ch0, oc0 = ctx
-        weight, bias, mult, residual, out, staged, shift, lo, hi, rnd = bufs_ctx
+        n, gi, oy, w_tile, in_row, ch0, oc0, (ky_first, ky_end) = ctx
+        weight, bias, mult, residual, out, staged, shift, lo, hi, rnd, tapsum = bufs_ctx
         v_count = g.vectors
         zero = _splat_const(self.acc_ty, 0)
         for r in range(cols):
@@ -369,9 +449,23 @@ class Emitter:
         group_ty = ir.IntType(32)  # one broadcast group: 4 bytes or 2 int16
         step_bytes = v_count * f.lanes * f.group * eb
         x_base = b.add(in_row, b.mul(x0, _c(col_bytes)))
+        if g.skip:
+            t_tile = b.mul(b.sdiv(ch0, _c(g.tile)), _c(g.kh * g.taps_w * g.tile * 4))
 
-        def tap(ky, kx):
-            tap_index = b.add(b.mul(ky, _c(g.kw)), kx)
+        def add_tapsum(ky, kx, columns):
+            """The skipped tap (ky, kx)'s padding products into ``columns``' sums."""
+            at = b.add(t_tile, b.mul(b.add(b.mul(ky, _c(g.taps_w)), kx), _c(g.tile * 4)))
+            for j in range(v_count):
+                tv = h.load(tapsum, b.add(at, _c(j * f.lanes * 4)), self.acc_ty)
+                for r in columns:
+                    b.store(b.add(b.load(slot(r, j)), tv), slot(r, j))
+        if g.row_border:  # the kernel rows above and below the image, every column
+            for lo_ky, hi_ky in ((0, ky_first), (ky_end, g.kh)):
+                h.loop(lo_ky, hi_ky, lambda ky: h.loop(
+                    0, g.taps_w, lambda kx: add_tapsum(ky, kx, range(cols))))
+
+        def tap(ky, kx, first=0, end=cols):
+            tap_index = b.add(b.mul(ky, _c(g.taps_w)), kx)
             w_tap = b.add(w_tile, b.mul(tap_index, _c(g.q * step_bytes)))
             offset = b.add(b.mul(ky, _c(g.dh * g.ws * g.ctot * eb)),
                            b.mul(kx, _c(g.dw * g.ctot * eb)))
@@ -382,13 +476,23 @@ class Emitter:
                 ws = [h.load(weight, b.add(wq, _c(j * f.lanes * f.group * eb)),
                              self.operand_ty) for j in range(v_count)]
                 pq = b.add(p_tap, b.mul(q, _c(f.group * eb)))
-                for r in range(cols):
+                for r in range(first, end):
                     word = h.load(staged, b.add(pq, _c(r * col_bytes)), group_ty)
                     a = b.bitcast(h.splat(word, self.acc_ty), self.operand_ty)
                     for j in range(v_count):
                         b.store(self._dot_step(b, a, ws[j], b.load(slot(r, j))), slot(r, j))
-            h.loop(0, g.q, step)
-        h.loop(0, g.kh, lambda ky: h.loop(0, g.kw, lambda kx: tap(ky, kx)))
+            if end > first:
+                h.loop(0, g.q, step)
+            skipped = [r for r in range(cols) if not first <= r < end]
+            if skipped:
+                add_tapsum(ky, kx, skipped)
+        if x_static is None:
+            h.loop(ky_first, ky_end, lambda ky: h.loop(0, g.taps_w, lambda kx: tap(ky, kx)))
+        else:
+            def row(ky):
+                for kx in range(g.kw):
+                    tap(ky, _c(kx), *self._columns_in_bounds(x_static, cols, kx))
+            h.loop(ky_first, ky_end, row)
         # epilogue
         for j in range(v_count):
             at = b.add(ch0, _c(j * f.lanes))

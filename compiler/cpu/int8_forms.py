@@ -35,7 +35,7 @@ from celosia.errors import CompilerError
 from .host import host_target
 
 __all__ = ["DotForm", "FORMS", "host_form", "chosen_form", "form", "pack_dot_weight",
-           "unsigned_bias"]
+           "unsigned_bias", "tap_sums", "fold_columns", "folds_columns"]
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,43 @@ def per_channel(v: np.ndarray, groups: int, f: DotForm, vectors: int) -> np.ndar
     out = np.zeros((groups, -(-mg // tile) * tile), np.int64)
     out[:, :mg] = v
     return wrap32(out)
+
+
+def tap_sums(w: np.ndarray, groups: int, f: DotForm, vectors: int,
+             pad_value: int) -> np.ndarray:
+    """What one padded tap adds to each output channel's sum: the staged padding value
+    (``pad_value + 128`` for an unsigned form, else ``pad_value``) times the sum of the
+    tap's weights over the group's input channels, modulo 2**32, as the kernels read it
+    when they skip padded taps (``skip_padding``): ``[groups, tiles, KH, KW, vectors *
+    lanes]`` int32, zeros in the padded output channels."""
+    m, cg, kh, kw = w.shape
+    mg = m // groups
+    tile = f.lanes * vectors
+    tiles = -(-mg // tile)
+    value = pad_value + 128 if f.unsigned else pad_value
+    sums = w.astype(np.int64).sum(axis=1) * value                 # [M, KH, KW]
+    full = np.zeros((groups, tiles * tile, kh, kw), np.int64)
+    full[:, :mg] = sums.reshape(groups, mg, kh, kw)
+    full = full.reshape(groups, tiles, tile, kh, kw).transpose(0, 1, 3, 4, 2)
+    return np.ascontiguousarray(wrap32(full))
+
+
+def fold_columns(w: np.ndarray) -> np.ndarray:
+    """OIHW weights of one group as a ``fold_columns`` kernel reads them (int8_dot.py):
+    ``[M, KW * C, KH, 1]``, input channel ``kx * C + c`` of kernel row ``ky`` being
+    ``w[:, c, ky, kx]`` (a kernel row's taps in the order their pixels are staged)."""
+    m, c, kh, kw = w.shape
+    return np.ascontiguousarray(w.transpose(0, 3, 1, 2).reshape(m, kw * c, kh, 1))
+
+
+def folds_columns(f: DotForm, channels: int, groups: int, kernel_w: int,
+                  dilation_w: int) -> bool:
+    """Whether a convolution takes ``fold_columns``: one group, no column dilation, and
+    fewer reduction steps per kernel row than KW taps of channels padded to ``group``
+    (3-channel images: 6 steps instead of 7 for a 7-wide kernel; 1 channel: 2 of 7)."""
+    if groups != 1 or dilation_w != 1 or kernel_w == 1:
+        return False
+    return -(-kernel_w * channels // f.group) < kernel_w * -(-channels // f.group)
 
 
 def wrap32(v) -> np.ndarray:

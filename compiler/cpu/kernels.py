@@ -67,6 +67,7 @@ from .codegen import CpuKernel, compile_cpu
 from .kernels_q import QUANTIZED_ELTWISE_OPS, build_quantized
 from .lut import compile_lut, vbmi_available
 from .int8_dot import DOT_OPS, compile_dot
+from .int8_pool import compile_maxpool
 from .kernels_recurrent import compile_recurrent
 from .schedules_nn import batch_matmul, schedule_batch_matmul
 from .rowwise import ROWWISE_OPS, compile_rowwise
@@ -559,6 +560,8 @@ def compile_spec(spec: dict, *, use_cache: bool = True) -> CpuKernel:
         kernel = compile_lut(spec, use_cache=use_cache)
     elif spec.get("op") in DOT_OPS:  # int8 dot-product instructions (int8_dot.py)
         kernel = compile_dot(spec, use_cache=use_cache)
+    elif spec.get("op") == "maxpool" and spec.get("dtype") == "int8":  # int8_pool.py
+        kernel = compile_maxpool(spec, use_cache=use_cache)
     else:
         kernel = compile_cpu(build_function(spec), use_cache=use_cache)
     if use_cache:

@@ -25,7 +25,8 @@ import numpy as np
 from ..graph.ir import Node
 from ..graph.qops import pad_value
 from .int8_dot import dot_tile
-from .int8_forms import FORMS, pack_dot_weight, per_channel, unsigned_bias
+from .int8_forms import (FORMS, fold_columns, folds_columns, pack_dot_weight, per_channel,
+                         tap_sums, unsigned_bias)
 
 __all__ = ["qconv", "qgemm", "matmul_spec", "dot_reason"]
 
@@ -67,11 +68,12 @@ def dot_reason(form_name: str, channels: int, out_channels: int, groups: int) ->
     return None
 
 
-def _operands(lw, node: Node, w: np.ndarray, groups: int, vectors: int):
-    """(weight, bias, multiplier) constant names for the form's kernel."""
+def _operands(lw, node: Node, w: np.ndarray, groups: int, vectors: int, layout: str = ""):
+    """(weight, bias, multiplier) constant names for the form's kernel; ``layout`` tags
+    weights arranged otherwise (``f``: ``fold_columns``)."""
     f = FORMS[lw.int8_form]
     _, wv, bias, multiplier = node.inputs[:4]
-    tag = f"{f.name}v{vectors}"
+    tag = f"{f.name}v{vectors}{layout}"
     weight = lw.add_const(f"{wv}@{tag}", pack_dot_weight(w, groups, f, vectors))
     b = per_channel(unsigned_bias(np.asarray(lw.const(bias)), w, f), groups, f, vectors)
     m = per_channel(np.asarray(lw.const(multiplier)), groups, f, vectors)
@@ -108,18 +110,24 @@ def qconv(lw, node: Node) -> bool:
         data = lw.view_of(lw.plain(x), (n, c, h, wd, 1), f"{x}@nchw1c")
     else:
         data = lw.blocked(x, channel_block(c))
-    weight, b, mult = _operands(lw, node, w, g, vectors)
+    fold = folds_columns(f, c, g, w.shape[3], int(a["dilations"][1]))
+    wk = fold_columns(w) if fold else w   # the weights as the kernel reduces them
+    weight, b, mult = _operands(lw, node, wk, g, vectors, "f" if fold else "")
     args = [data, weight, b, mult, _requant(lw, node)]
+    pads = list(a["pads"])
+    skip = any(pads[:4])  # border taps skipped, their padding added from tap sums
+    if skip:
+        args.append(lw.add_const(f"{node.name}@tapsum.{f.name}v{vectors}", tap_sums(
+            wk, g, f, vectors, pad_value(a))))
     if residual:
         args.append(lw.blocked(residual, ob))
     out = lw.produce(node.outputs[0], ob)
-    pads = list(a["pads"])
     spec = {"op": "qdot", "form": lw.int8_form, "data": lw.values[data]["shape"],
             "channels": c, "groups": g, "out": lw.values[out]["shape"], "out_channels": m,
             "kernel": list(w.shape[2:]), "strides": list(a["strides"]),
             "pads": pads[:4], "dilations": list(a["dilations"]),
             "pad_value": pad_value(a), "tile": [vectors, columns],
-            "residual": bool(residual)}
+            "residual": bool(residual), "skip_padding": skip, "fold_columns": fold}
     lw.kernel(node, spec, args + [out], out)
     return True
 

@@ -7,6 +7,8 @@ residual and the requantization over the whole int32 range, with int8 data heavy
 and 127. Then the lowering: QConv, QGemm and QMatMul graphs and a quantized ResNet built
 with each form forced equal the reference executor, and the form is recorded."""
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -15,8 +17,9 @@ from int8_data import int8s
 from celosia.compiler.cpu import int8_forms
 from celosia.compiler.cpu.host import HostTarget
 from celosia.compiler.cpu.int8_dot import compile_dot, dot_tile
-from celosia.compiler.cpu.int8_forms import (FORMS, chosen_form, form, pack_dot_weight,
-                                             per_channel, unsigned_bias)
+from celosia.compiler.cpu.int8_forms import (FORMS, chosen_form, fold_columns, form,
+                                             pack_dot_weight, per_channel, tap_sums,
+                                             unsigned_bias)
 from celosia.compiler.graph import qops
 from celosia.compiler.graph.ir import Graph, Node, TensorType, constant
 from celosia.compiler.graph.reference import infer_node, run_graph
@@ -69,7 +72,8 @@ def conv_cases(draw):
                 strides=strides, dil=dil, pads=pads,
                 pad_value=draw(st.sampled_from([0, 0, -128, 127, -3, 55])),
                 cb=draw(st.sampled_from(_divisors(c))), ob=draw(st.sampled_from(_divisors(m))),
-                residual=draw(st.booleans()), shift=draw(st.integers(0, 31)),
+                residual=draw(st.booleans()), skip=draw(st.booleans()),
+                shift=draw(st.integers(0, 31)),
                 lo=draw(st.integers(-128, 0)), hi=draw(st.integers(0, 127)),
                 tile=draw(st.one_of(st.none(), st.tuples(st.integers(1, 4), st.integers(1, 16)))),
                 big=draw(st.booleans()), seed=draw(st.integers(0, 2**32 - 1)))
@@ -112,12 +116,16 @@ def run_conv(name, case):
             "channels": c, "groups": g, "out": [n, m // ob, oh, ow, ob], "out_channels": m,
             "kernel": list(case["k"]), "strides": case["strides"], "pads": case["pads"],
             "dilations": case["dil"], "pad_value": case["pad_value"],
-            "tile": [vectors, columns], "residual": case["residual"]}
+            "tile": [vectors, columns], "residual": case["residual"],
+            "skip_padding": case["skip"], "fold_columns": case.get("fold", False)}
     kernel = compile_dot(spec)
-    args = [_blocked(x, case["cb"]), pack_dot_weight(wt, g, f, vectors),
-            per_channel(unsigned_bias(bias, wt, f), g, f, vectors),
+    wk = fold_columns(wt) if case.get("fold") else wt  # the weights as the kernel reduces them
+    args = [_blocked(x, case["cb"]), pack_dot_weight(wk, g, f, vectors),
+            per_channel(unsigned_bias(bias, wk, f), g, f, vectors),
             per_channel(mult, g, f, vectors),
             np.array([case["shift"], case["lo"], case["hi"], 0], np.int32)]
+    if case["skip"]:
+        args.append(tap_sums(wk, g, f, vectors, case["pad_value"]))
     if residual is not None:
         args.append(_blocked(residual, ob))
     out = np.full((n, m // ob, oh, ow, ob), 99, np.int8)
@@ -139,7 +147,8 @@ def test_wrapping_sums_and_extreme_operands(name):
     whole sum) or 127, and a 1x1 window of 2**17 + 64 channels of (-128) * (-128), whose
     sum overflows int32: it must wrap as qops' does. Multiplier 1 and shift 0, so every
     bit of the sum shows."""
-    for c, fill in ((2**17 + 64, -128), (96, 127), (96, -128)):
+    for (c, fill), skip in itertools.product(((2**17 + 64, -128), (96, 127), (96, -128)),
+                                             (False, True)):
         case = dict(n=1, c=c, m=16, g=1, h=2, w=3, k=(1, 1) if c > 96 else (3, 3),
                     strides=[1, 1], dil=[1, 1], pads=[1, 1, 1, 1], pad_value=fill, cb=16,
                     ob=16, residual=False, shift=0, lo=-128, hi=127, tile=None, big=False,
@@ -157,15 +166,100 @@ def test_wrapping_sums_and_extreme_operands(name):
         spec = {"op": "qdot", "form": name, "data": [1, c // 16, 2, 3, 16], "channels": c,
                 "groups": 1, "out": [1, 1, oh, ow, 16], "out_channels": 16,
                 "kernel": list(case["k"]), "strides": [1, 1], "pads": [1, 1, 1, 1],
-                "dilations": [1, 1], "pad_value": fill, "tile": [v, r], "residual": False}
+                "dilations": [1, 1], "pad_value": fill, "tile": [v, r], "residual": False,
+                "skip_padding": skip}
         out = np.empty((1, 1, oh, ow, 16), np.int8)
-        compile_dot(spec)(_blocked(x, 16), pack_dot_weight(wt, 1, f, v),
-                          per_channel(unsigned_bias(bias, wt, f), 1, f, v),
-                          per_channel(mult, 1, f, v), np.array([0, -128, 127, 0], np.int32),
-                          out)
+        args = [_blocked(x, 16), pack_dot_weight(wt, 1, f, v),
+                per_channel(unsigned_bias(bias, wt, f), 1, f, v),
+                per_channel(mult, 1, f, v), np.array([0, -128, 127, 0], np.int32)]
+        if skip:
+            args.append(tap_sums(wt, 1, f, v, fill))
+        compile_dot(spec)(*args, out)
         got = out.transpose(0, 1, 4, 2, 3).reshape(want.shape)
         np.testing.assert_array_equal(got, want)
         assert len(np.unique(got)) > 10  # the window sums land in range, not clipped
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_skipped_padding_taps_are_bit_exact(name):
+    """``skip_padding``: border rows and column blocks multiply only their in-bounds taps
+    and add the padding's products from ``tap_sums``. Seeded random geometries where
+    padding is most of the window (rows and columns all padding, several border blocks
+    with narrow tiles, tails, strides, dilations, groups, any pad_value), each against
+    qops.qconv."""
+    from celosia.compiler.cpu.int8_dot import Geometry
+
+    rng = np.random.default_rng(14)
+    blocks = 0
+    for seed in range(40):
+        g = int(rng.choice([1, 1, 2]))
+        kh, kw = (int(v) for v in rng.integers(1, 6, 2))
+        dil = [int(v) for v in rng.integers(1, 3, 2)]
+        pads = [int(v) for v in rng.integers(0, 5, 4)]
+        h = int(rng.integers(max(1, (kh - 1) * dil[0] + 1 - pads[0] - pads[2]), 10))
+        w = int(rng.integers(max(1, (kw - 1) * dil[1] + 1 - pads[1] - pads[3]), 20))
+        cg, mg = int(rng.integers(1, 24)), int(rng.integers(1, 40))
+        case = dict(n=int(rng.integers(1, 3)), c=g * cg, m=g * mg, g=g, h=h, w=w, k=(kh, kw),
+                    strides=[int(v) for v in rng.integers(1, 4, 2)], dil=dil, pads=pads,
+                    pad_value=int(rng.choice([0, -128, 127, 9])), cb=1, ob=g * mg,
+                    residual=bool(seed % 2), skip=True, shift=int(rng.integers(0, 12)),
+                    lo=-128, hi=127, big=seed % 5 == 0, seed=seed,
+                    tile=(int(rng.integers(1, 4)), int(rng.integers(1, 5))))
+        run_conv(name, case)
+        oh = (h + pads[0] + pads[2] - (kh - 1) * dil[0] - 1) // case["strides"][0] + 1
+        ow = (w + pads[1] + pads[3] - (kw - 1) * dil[1] - 1) // case["strides"][1] + 1
+        geo = Geometry({"op": "qdot", "form": name, "data": [case["n"], g * cg, h, w, 1],
+                        "channels": g * cg, "groups": g, "out": [case["n"], 1, oh, ow, g * mg],
+                        "out_channels": g * mg, "kernel": [kh, kw],
+                        "strides": case["strides"], "pads": pads, "dilations": dil,
+                        "tile": [case["tile"][0], min(case["tile"][1], ow)],
+                        "residual": False, "skip_padding": True})
+        blocks += len(geo.border_blocks) > 1 and geo.row_border
+    assert blocks >= 10  # the draws reach several border blocks and border rows
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_folded_kernel_columns_are_bit_exact(name):
+    """``fold_columns``: a kernel row's columns and channels reduced as one run of the
+    densely staged row (the last step reading past the window against zero weights, the
+    staged input's end included). Seeded random few-channel convolutions (1-7 channels,
+    kernels 2-7 wide, strides, row dilation, padding skipped or read, any pad_value)
+    against qops.qconv."""
+    rng = np.random.default_rng(7)
+    for seed in range(30):
+        kh, kw = int(rng.integers(1, 8)), int(rng.integers(2, 8))
+        dil = [int(rng.integers(1, 3)), 1]
+        pads = [int(v) for v in rng.integers(0, 4, 4)]
+        h = int(rng.integers(0, 8)) + max(1, (kh - 1) * dil[0] + 1 - pads[0] - pads[2])
+        w = int(rng.integers(0, 25)) + max(1, kw - pads[1] - pads[3])
+        c, m = int(rng.integers(1, 8)), int(rng.integers(1, 40))
+        case = dict(n=int(rng.integers(1, 3)), c=c, m=m, g=1, h=h, w=w, k=(kh, kw),
+                    strides=[int(v) for v in rng.integers(1, 4, 2)], dil=dil, pads=pads,
+                    pad_value=int(rng.choice([0, -128, 127, -5])), cb=int(rng.choice(
+                        _divisors(c))), ob=m, residual=bool(seed % 2), skip=seed % 3 > 0,
+                    fold=True, shift=int(rng.integers(0, 12)), lo=-128, hi=127,
+                    big=seed % 4 == 0, seed=seed,
+                    tile=None if seed % 2 else (int(rng.integers(1, 4)),
+                                                int(rng.integers(1, 9))))
+        run_conv(name, case)
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_plain_images_stage_bit_exact(name):
+    """A plain image of 2-4 channels (blocks of 1) wider than the stage's run of 64
+    pixels: its planes are interleaved 64 pixels at a time, the rest one at a time, with
+    folded kernel columns or without, padding or none, column strides."""
+    rng = np.random.default_rng(11)
+    for seed, (c, fold) in enumerate(itertools.product((2, 3, 4), (True, False))):
+        kh, kw = int(rng.integers(1, 8)), int(rng.integers(2, 8))
+        pads = [int(v) for v in rng.integers(0, 4, 4)]
+        case = dict(n=int(rng.integers(1, 3)), c=c, m=int(rng.integers(1, 40)), g=1,
+                    h=int(rng.integers(kh, kh + 4)), w=int(rng.integers(64, 200)), k=(kh, kw),
+                    strides=[int(v) for v in rng.integers(1, 3, 2)], dil=[1, 1], pads=pads,
+                    pad_value=int(rng.choice([0, -128, 127])), cb=1, ob=1, residual=False,
+                    skip=bool(seed % 2), fold=fold, shift=8, lo=-128, hi=127, big=False,
+                    seed=seed, tile=None)
+        run_conv(name, case)
 
 
 @st.composite
