@@ -445,7 +445,10 @@ def test_bench_cpu_resnet18_int8_quick():
     assert result["bit_exact_vs_reference"]
     assert result["int8_form"] == int8_forms.host_form()
     assert m["ratio_vs_fp32"] < 0.8
-    assert 0 < m["fraction_of_peak"] <= 1.1
+    # the fraction is the bound over the latency, both measured in this run (the peak a
+    # loaded machine measures can be low, so no timing limit here: that is the full run's)
+    assert m["fraction_of_peak"] == pytest.approx(m["bound_ms"] / m["latency_ms"])
+    assert m["fraction_of_peak"] > 0
     assert result["repetitions"] == 9
     for t in result["timings"].values():
         assert t["iqr_ms"][0] <= t["median_ms"] <= t["iqr_ms"][1]
