@@ -16,7 +16,7 @@ from scipy import special
 
 from .ir import NodeError, TensorType
 
-__all__ = ["KERNELS", "SHAPE_RULES", "erf", "one_value"]
+__all__ = ["KERNELS", "SHAPE_RULES", "erf", "one_value", "scan"]
 
 
 def _same_type(fn):
@@ -139,15 +139,22 @@ def top_k(attrs, x, k=None):
     return np.take_along_axis(x, index, axis=axis), index
 
 
-def cum_sum(attrs, x):
+def scan(attrs, x, fn, identity):
+    """CumSum's and CumProd's scan ``fn`` (np.cumsum, np.cumprod) along ``axis``: reversed,
+    and exclusive (each result without its own element: shifted by one, ``identity``
+    first) as the attributes say."""
     axis = attrs["axis"]
     y = np.flip(x, axis) if attrs.get("reverse", 0) else x
-    y = np.cumsum(y, axis=axis, dtype=x.dtype)
-    if attrs.get("exclusive", 0):  # each sum without its own element: shift by one
-        head = np.zeros_like(np.take(y, [0], axis=axis))
+    y = fn(y, axis=axis, dtype=x.dtype)
+    if attrs.get("exclusive", 0):
+        head = np.full_like(np.take(y, [0], axis=axis), identity)
         y = np.concatenate([head, np.take(y, np.arange(y.shape[axis] - 1), axis=axis)],
                            axis=axis)
-    return np.flip(y, axis) if attrs.get("reverse", 0) else y
+    return np.ascontiguousarray(np.flip(y, axis) if attrs.get("reverse", 0) else y)
+
+
+def cum_sum(attrs, x):
+    return scan(attrs, x, np.cumsum, 0)
 
 
 # ---- Einsum -----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .ir import NodeError, TensorType
+from .ops_math import scan
 
 __all__ = ["KERNELS", "SHAPE_RULES", "window", "int_operand", "check_int8", "requantize"]
 
@@ -61,14 +62,7 @@ def eye_like(attrs, x):
 
 
 def cum_prod(attrs, x):
-    axis = attrs["axis"]
-    y = np.flip(x, axis) if attrs.get("reverse", 0) else x
-    y = np.cumprod(y, axis=axis, dtype=x.dtype)
-    if attrs.get("exclusive", 0):  # each product without its own element: shift by one
-        head = np.ones_like(np.take(y, [0], axis=axis))
-        y = np.concatenate([head, np.take(y, np.arange(y.shape[axis] - 1), axis=axis)],
-                           axis=axis)
-    return np.ascontiguousarray(np.flip(y, axis) if attrs.get("reverse", 0) else y)
+    return scan(attrs, x, np.cumprod, 1)
 
 
 def reverse_sequence(attrs, x, lens):
