@@ -52,3 +52,11 @@ def pytest_terminal_summary(terminalreporter):
         if group in counts:
             shown = ", ".join(f"{n} {o}" for o, n in sorted(counts[group].items()))
             terminalreporter.write_line(f"{_NAMES[group]}: {shown}")
+
+
+@pytest.fixture
+def private_cache(tmp_path_factory, monkeypatch):
+    """Kernels compiled into one cache of this test session's own (CELOSIA_CACHE under
+    pytest's base temporary directory), not the user's: test modules that build take it
+    with ``pytestmark = pytest.mark.usefixtures("private_cache")``."""
+    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))

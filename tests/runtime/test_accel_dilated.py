@@ -15,10 +15,8 @@ from celosia.compiler.graph.qops import pad_value
 from celosia.compiler.pipeline import quantize_model
 from celosia.runtime.accel import AccelModel, compare_outputs
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _conv(rng, inits, name, x, y, cin, cout, k, dil, pads, group=1, stride=1, dims=2):

@@ -17,10 +17,8 @@ from celosia.compiler.pipeline import quantize_model
 from celosia.runtime.accel import AccelModel, compare_outputs
 from celosia.runtime.reference import ReferenceModel
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _feeds(model, seed):

@@ -11,10 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from celosia.runtime.cpu import CpuModel
 from celosia.runtime.executor import plan_memory
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _model(outputs, nodes, inputs=True):

@@ -23,10 +23,8 @@ from celosia.runtime.cpu import ArtifactError, CpuModel
 
 I32 = np.iinfo(np.int32)
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 # ---- data ------------------------------------------------------------------------------------

@@ -13,10 +13,8 @@ from celosia.models import zoo as models
 from celosia.runtime.cpu import ArtifactError, CpuModel
 from celosia.runtime.executor import plan_memory
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def onnxruntime_run(model, feeds):

@@ -15,10 +15,8 @@ from celosia.runtime.cpu import CpuModel
 
 QOPS = ("QLut", "QAdd", "QMul", "QMatMul")
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 

@@ -18,10 +18,8 @@ from celosia.runtime.accel import AccelModel
 from celosia.runtime.cpu import CpuModel
 from celosia.runtime.specialize import DynamicCpuModel
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def conv_model(shape):

@@ -21,10 +21,8 @@ from celosia.runtime import executor as executor_module
 from celosia.runtime.cpu import CpuModel
 from celosia.runtime.executor import GraphExecutor
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 

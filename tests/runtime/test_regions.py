@@ -13,10 +13,8 @@ from onnx_builders import make_model, vi
 from celosia.compiler.pipeline import quantize_model
 from celosia.runtime.accel import AccelModel, compare_outputs
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _conv(rng, name, x, y, cin, cout, k=3, pad=1, relu=True):

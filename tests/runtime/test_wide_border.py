@@ -25,10 +25,8 @@ from celosia.sim.fsim import FunctionalSimulator
 
 _USUAL_CACHE = os.environ.get("CELOSIA_CACHE")
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _record(cfg, rows, k, o, mode, accumulators):

@@ -20,10 +20,8 @@ from celosia.compiler.tensor.schedule import create_schedule
 
 ort = pytest.importorskip("onnxruntime")
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _ulps(got, x):

@@ -13,10 +13,8 @@ from celosia.compiler.graph.ops_nn import conv_transpose
 
 ort = pytest.importorskip("onnxruntime")
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 # (N, C, H, W, M, kernel, strides, pads, dilations, output_padding, group, cb, ob)

@@ -14,10 +14,8 @@ from celosia.runtime.reference import ReferenceModel
 
 ort = pytest.importorskip("onnxruntime")
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _weights(rng, **shapes):

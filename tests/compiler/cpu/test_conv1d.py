@@ -12,10 +12,8 @@ from onnx_builders import make_model, vi, onnxruntime_run as _onnxruntime
 from celosia.compiler.graph.ops import conv
 from celosia.runtime.cpu import CpuModel
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _const(name, a):

@@ -38,16 +38,12 @@ def _runnable(name):
 
 
 RUNNABLE = [n for n in FORMS if _runnable(n)]
-pytestmark = pytest.mark.skipif(not RUNNABLE, reason="this CPU has no int8 dot-product form "
-                                                     "(no AVX2)")
+pytestmark = [pytest.mark.usefixtures("private_cache"),  # tests/conftest.py
+              pytest.mark.skipif(not RUNNABLE,
+                                 reason="this CPU has no int8 dot-product form (no AVX2)")]
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 INT32 = st.integers(-2**31, 2**31 - 1)
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
 def _divisors(n):

@@ -15,10 +15,8 @@ from celosia.compiler.tensor.tir import Buffer, Evaluate, For, PrimFunc, Store, 
 
 SHAPE = (4, 16)
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _random(dtype, rng, shape=SHAPE, low=None, high=None):

@@ -18,10 +18,8 @@ SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
 INT32 = st.integers(-2**31, 2**31 - 1)
 MULTIPLIER = st.one_of(INT32, st.integers(-300, 300), st.integers(1, 2**16))
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 

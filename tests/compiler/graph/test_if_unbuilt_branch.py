@@ -19,10 +19,8 @@ from celosia.runtime.cpu import CpuModel
 I64 = TensorProto.INT64
 C, H = 5, 4  # features, hidden size
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _const(name, value):

@@ -18,10 +18,8 @@ from celosia.compiler.pipeline import quantize_model
 
 C, HW = 12, 8  # channels not a multiple of BLOCK (16)
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _model(seed=0):

@@ -27,10 +27,8 @@ CASES = [  # kernel, strides, pads, output_padding, input (H, W)
     ((2, 2), (2, 2), (0, 0, 0, 0), (0, 0), (3, 3), 6),  # depthwise-like: 6 groups
 ]
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _model(kernel, strides, pads, out_pad, hw, group=1, seed=0, cin=6, cout=6):

@@ -19,10 +19,8 @@ from celosia.compiler.graph.qzero import quantize_affine
 from celosia.compiler.graph.reference import run_graph
 from celosia.runtime.cpu import CpuModel
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.mark.parametrize("zero", [-128, -117, 0, 5, 127])

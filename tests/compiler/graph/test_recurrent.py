@@ -15,10 +15,8 @@ from celosia.runtime.cpu import CpuModel
 
 SEQ, BATCH, SIZE, HIDDEN = 6, 3, 5, 4
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CELOSIA_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+# kernels compiled into the session's own cache (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def recurrent_model(op, direction="forward", **kwargs):
