@@ -31,7 +31,7 @@ import numpy as np
 
 from .ir import Graph, Node, TensorType, constant
 from .ops import OWN_INPUTS
-from .residual import fresh_name
+from .residual import fresh_name, rewrite_nodes, with_epilogue
 
 __all__ = ["split_matmul_epilogues", "split_layer_epilogues", "swap_constant_lhs"]
 
@@ -142,35 +142,26 @@ def split_layer_epilogues(graph: Graph, takes) -> Graph:
     does not take, those residuals summed first (``_presummed``). ``takes(graph, node)``:
     whether the quantizer makes ``node`` an int8 layer (quantize.py's ``_layer_form``).
     ``graph`` itself when nothing splits."""
-    taken = set(graph.types) | {n.name for n in graph.nodes}
-    types = dict(graph.types)
-    nodes: list[Node] = []
-    changed = False
-    for node in graph.nodes:
+    def rewrite(node, types, taken):
         steps = node.attrs.get("epilogue") or ()
         w = graph.initializers.get(node.inputs[1]) if len(node.inputs) > 1 else None
         if node.op not in ("MatMul", "Gemm", "Conv") or not steps or w is None \
                 or (w.ndim != 2 and node.op != "Conv") or len(node.outputs) != 1 \
                 or takes(graph, node):
-            nodes.append(node)
-            continue
+            return None
         presummed = _presummed(graph, node, types, taken, takes)
         if presummed is not None:
-            nodes += presummed
-            changed = True
-            continue
+            return presummed
         keep = None
         for k in range(len(steps) - 1, -1, -1):
             if not _node_form(steps[k:]):
                 break
-            attrs = {**node.attrs, "epilogue": tuple(steps[:k])} if k else \
-                {a: v for a, v in node.attrs.items() if a != "epilogue"}
+            attrs = with_epilogue(node.attrs, steps[:k])
             if takes(graph, Node(node.op, node.inputs, node.outputs, attrs, node.name)):
                 keep = (k, attrs)
                 break
         if keep is None:
-            nodes.append(node)
-            continue
+            return None
         k, attrs = keep
         out = node.outputs[0]
         mid = fresh_name(f"{out}/layer", taken)
@@ -180,24 +171,18 @@ def split_layer_epilogues(graph: Graph, takes) -> Graph:
         inputs = node.inputs[:used]
         while len(inputs) > 2 and not inputs[-1]:
             inputs = inputs[:-1]
-        nodes.append(Node(node.op, inputs, (mid,), attrs, node.name))
-        nodes += _nodes_for(node, steps[k:], mid, out, types, taken)
-        changed = True
-    return graph.with_nodes(nodes, types=types) if changed else graph
+        return [Node(node.op, inputs, (mid,), attrs, node.name),
+                *_nodes_for(node, steps[k:], mid, out, types, taken)]
+    return rewrite_nodes(graph, rewrite)
 
 
 def split_matmul_epilogues(graph: Graph) -> Graph:
     """The graph with each activation MatMul's epilogue split after its constant positive
     scalar factor (module doc); ``graph`` itself when there is nothing to split."""
-    taken = set(graph.types) | {n.name for n in graph.nodes}
-    types = dict(graph.types)
-    nodes: list[Node] = []
-    changed = False
-    for node in graph.nodes:
+    def rewrite(node, types, taken):
         keep = _splittable(graph, node)
         if keep is None:
-            nodes.append(node)
-            continue
+            return None
         steps = node.attrs["epilogue"]
         out = node.outputs[0]
         inputs = list(node.inputs[:2])
@@ -207,10 +192,9 @@ def split_matmul_epilogues(graph: Graph) -> Graph:
             attrs["epilogue"] = (("Mul", 2),)
         current = fresh_name(f"{out}/product", taken)
         types[current] = types[out]
-        nodes.append(Node("MatMul", tuple(inputs), (current,), attrs, node.name))
-        nodes.extend(_nodes_for(node, steps[keep:], current, out, types, taken))
-        changed = True
-    return graph.with_nodes(nodes, types=types) if changed else graph
+        return [Node("MatMul", tuple(inputs), (current,), attrs, node.name),
+                *_nodes_for(node, steps[keep:], current, out, types, taken)]
+    return rewrite_nodes(graph, rewrite)
 
 
 def _swap_last(rank: int) -> list[int]:

@@ -34,6 +34,32 @@ def fresh_name(base: str, taken: set) -> str:
     return name
 
 
+def rewrite_nodes(graph: Graph, rewrite) -> Graph:
+    """The graph with each node for which ``rewrite(node, types, taken)`` returns nodes
+    replaced by them (None: the node stays); ``types`` (the graph's, a copy) takes the new
+    values' types and ``taken`` (every value and node name) the new names (fresh_name).
+    ``graph`` itself when no node is replaced."""
+    taken = set(graph.types) | {n.name for n in graph.nodes}
+    types = dict(graph.types)
+    nodes: list[Node] = []
+    changed = False
+    for node in graph.nodes:
+        new = rewrite(node, types, taken)
+        if new is None:
+            nodes.append(node)
+        else:
+            nodes += new
+            changed = True
+    return graph.with_nodes(nodes, types=types) if changed else graph
+
+
+def with_epilogue(attrs: dict, steps) -> dict:
+    """``attrs`` with the epilogue ``steps``, or without the attribute when there are none."""
+    if steps:
+        return {**attrs, "epilogue": tuple(steps)}
+    return {k: v for k, v in attrs.items() if k != "epilogue"}
+
+
 def float_residuals(graph: Graph) -> Graph:
     """The graph with each dense layer's residual epilogue Add split off (module doc);
     ``graph`` itself when there is none."""
@@ -45,32 +71,23 @@ def split_residuals(graph: Graph, ops=_DENSE) -> Graph:
     constant weight split off as an Add node of its own; ``graph`` itself when there is
     none. (quantize.py splits convolutions' so: the Add becomes a requantizing QAdd, each
     operand in its own scale.)"""
-    taken = set(graph.types) | {n.name for n in graph.nodes}
-    types = dict(graph.types)
-    nodes: list[Node] = []
-    changed = False
-    for node in graph.nodes:
+    def rewrite(node, types, taken):
         steps = node.attrs.get("epilogue") or ()
         if node.op not in ops or not steps or steps[-1][0] != "Add" \
                 or node.inputs[1] not in graph.initializers:
-            nodes.append(node)
-            continue
+            return None
         k = steps[-1][1]
         residual = node.inputs[k]
         uses = [s for s in steps[:-1] if s[0] in ("Add", "Mul") and s[1] == k]
         # A residual has the output's type (a broadcast operand is the quantizer's case).
         if residual in graph.initializers or uses or k != len(node.inputs) - 1 \
                 or graph.types[residual] != graph.types[node.outputs[0]]:
-            nodes.append(node)
-            continue
+            return None
         out = node.outputs[0]
         mid = fresh_name(f"{out}/before_residual", taken)
         types[mid] = types[out]
-        nodes.append(Node(node.op, node.inputs[:-1], (mid,),
-                          {**node.attrs, "epilogue": tuple(steps[:-1])} if steps[:-1]
-                          else {k2: v for k2, v in node.attrs.items() if k2 != "epilogue"},
-                          node.name))
-        nodes.append(Node("Add", (mid, residual), (out,), {},
-                          fresh_name(f"{node.name}/residual", taken)))
-        changed = True
-    return graph.with_nodes(nodes, types=types) if changed else graph
+        return [Node(node.op, node.inputs[:-1], (mid,), with_epilogue(node.attrs, steps[:-1]),
+                     node.name),
+                Node("Add", (mid, residual), (out,), {},
+                     fresh_name(f"{node.name}/residual", taken))]
+    return rewrite_nodes(graph, rewrite)
