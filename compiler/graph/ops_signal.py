@@ -51,14 +51,8 @@ def swish(attrs, x):
 def eye_like(attrs, x):
     if x.ndim != 2:
         raise ValueError(f"EyeLike takes a 2-D tensor, not shape {list(x.shape)}")
-    dtype = attrs.get("dtype")
-    if dtype is None:
-        out = x.dtype
-    else:
-        from onnx.helper import tensor_dtype_to_np_dtype
-
-        out = tensor_dtype_to_np_dtype(dtype)
-    return np.eye(x.shape[0], x.shape[1], k=attrs.get("k", 0), dtype=out)
+    return np.eye(x.shape[0], x.shape[1], k=attrs.get("k", 0),
+                  dtype=_np_type(attrs.get("dtype"), x.dtype))
 
 
 def cum_prod(attrs, x):
