@@ -876,3 +876,56 @@ CANONICALIZE.update({
     "MeanVarianceNormalization": _mvn, "MaxUnpool": _max_unpool, "Col2Im": _col2im,
     "CenterCropPad": _center_crop_pad, "DeformConv": _deform_conv,
 })
+
+
+# ---- data-dependent, reinterpreting and random operators (graph/ops_data.py, ops_random.py) --
+
+
+def _scatter(ctx, node):
+    """Scatter (opsets 9-10, deprecated at 11) is ScatterElements without a reduction."""
+    a = {"axis": _axis(node, node.attrs.get("axis", 0), _rank(ctx, node)), "reduction": "none"}
+    return [Node("ScatterElements", node.inputs, node.outputs, a, node.name)]
+
+
+def _tensor_scatter(ctx, node):
+    """The sequence axis non-negative, after the batch axis; the update the cache's shape
+    but along it."""
+    past, update = ctx.types[node.inputs[0]], ctx.types[node.inputs[1]]
+    rank = len(past.shape)
+    axis = _axis(node, node.attrs.get("axis", -2), rank)
+    if axis == 0:
+        raise NodeError(node, f"axis {node.attrs.get('axis', -2)} is the batch axis; the "
+                              "sequence axis must come after it")
+    fits = len(update.shape) == rank and all(
+        u is None or p is None or (u <= p if i == axis else u == p)
+        for i, (u, p) in enumerate(zip(update.shape, past.shape)))
+    if not fits:
+        raise NodeError(node, f"update {update} must have the shape of the cache {past} but "
+                              f"along axis {axis}, at most as long there")
+    a = {"mode": "linear", **node.attrs, "axis": axis}
+    return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+
+
+def _float_input(ctx, node):
+    """Random draws like an input, of its type when no dtype is given: a float type."""
+    t = ctx.types[node.inputs[0]]
+    if "dtype" not in node.attrs and np.dtype(t.dtype).kind != "f":
+        raise NodeError(node, f"input {t} is not a float tensor: give the node a dtype "
+                              "(float16, float32 or float64) for its draws")
+    return [node]
+
+
+def _bit_cast(ctx, node):
+    t = ctx.types[node.inputs[0]]
+    to = np.dtype(np_dtype(node.attrs["to"], f"node {node.name!r} attribute 'to'", ctx.where))
+    if to.itemsize != np.dtype(t.dtype).itemsize:
+        raise NodeError(node, f"BitCast of {t} to {to}: the element types must have one size "
+                              f"({np.dtype(t.dtype).itemsize * 8} and {to.itemsize * 8} bits)")
+    return [node]
+
+
+CANONICALIZE.update({
+    "Scatter": _scatter, "TensorScatter": _tensor_scatter, "BitCast": _bit_cast,
+    "RandomNormalLike": _float_input, "RandomUniformLike": _float_input,
+    "Bernoulli": _float_input,
+})
