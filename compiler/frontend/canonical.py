@@ -878,13 +878,7 @@ CANONICALIZE.update({
 })
 
 
-# ---- data-dependent, reinterpreting and random operators (graph/ops_data.py, ops_random.py) --
-
-
-def _scatter(ctx, node):
-    """Scatter (opsets 9-10, deprecated at 11) is ScatterElements without a reduction."""
-    a = {"axis": _axis(node, node.attrs.get("axis", 0), _rank(ctx, node)), "reduction": "none"}
-    return [Node("ScatterElements", node.inputs, node.outputs, a, node.name)]
+# ---- data-dependent operators (graph/ops_data.py) -----------------------------------------
 
 
 def _tensor_scatter(ctx, node):
@@ -906,26 +900,6 @@ def _tensor_scatter(ctx, node):
     return [Node(node.op, node.inputs, node.outputs, a, node.name)]
 
 
-def _float_input(ctx, node):
-    """Random draws like an input, of its type when no dtype is given: a float type."""
-    t = ctx.types[node.inputs[0]]
-    if "dtype" not in node.attrs and np.dtype(t.dtype).kind != "f":
-        raise NodeError(node, f"input {t} is not a float tensor: give the node a dtype "
-                              "(float16, float32 or float64) for its draws")
-    return [node]
-
-
-def _bit_cast(ctx, node):
-    t = ctx.types[node.inputs[0]]
-    to = np.dtype(np_dtype(node.attrs["to"], f"node {node.name!r} attribute 'to'", ctx.where))
-    if to.itemsize != np.dtype(t.dtype).itemsize:
-        raise NodeError(node, f"BitCast of {t} to {to}: the element types must have one size "
-                              f"({np.dtype(t.dtype).itemsize * 8} and {to.itemsize * 8} bits)")
-    return [node]
-
-
 CANONICALIZE.update({
-    "Scatter": _scatter, "TensorScatter": _tensor_scatter, "BitCast": _bit_cast,
-    "RandomNormalLike": _float_input, "RandomUniformLike": _float_input,
-    "Bernoulli": _float_input,
+    "TensorScatter": _tensor_scatter,
 })

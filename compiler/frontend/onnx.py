@@ -46,7 +46,8 @@ __all__ = ["import_onnx", "declared_inputs", "SUPPORTED_OPS", "MIN_OPSET", "MAX_
 MIN_OPSET, MAX_OPSET = 11, 21
 MAX_OP_VERSION = 28
 # Ops rewritten at import: Constant becomes an initializer, CastLike a Cast, Upsample a
-# Resize, Scatter (deprecated) a ScatterElements (canonical.py).
+# Resize (canonical.py); Scatter (opsets 9 and 10, deprecated at 11) becomes a
+# ScatterElements by onnx's version converter (_upgrade).
 _IMPORT_ONLY = ("Constant", "CastLike", "Upsample", "Scatter")
 SUPPORTED_OPS = tuple(sorted(set(KERNELS) | set(_IMPORT_ONLY) | set(RECURRENT_KERNELS)
                              | set(CONTROL_OPS)))

@@ -366,7 +366,8 @@ _FLOAT_TYPES = (1, 10, 11)  # float32, float16, float64: what the random draws c
 _SEED = Attr("float")
 
 SPECS.update({
-    "Scatter": OpSpec("data indices updates", "output", _AXIS),  # opsets 9-10 (11: alias)
+    # opsets 9-10 (deprecated at 11): the version converter makes it a ScatterElements
+    "Scatter": OpSpec("data indices updates", "output", _AXIS),
     "Compress": OpSpec("input condition", "output", _AXIS),
     "Unique": OpSpec("X", "Y indices? inverse_indices? counts?", {
         **_AXIS, "sorted": Attr("int", choices=_BOOL)}),

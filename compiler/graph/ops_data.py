@@ -1,7 +1,7 @@
 """numpy definitions of the data-dependent and reinterpreting operators: Compress, Unique,
 TensorScatter, Det and BitCast. ops.py merges ``KERNELS`` and ``SHAPE_RULES`` into its
-tables. (Scatter, the deprecated alias of ScatterElements, is rewritten to it at import:
-frontend/canonical.py.)
+tables. (Scatter, the deprecated alias of ScatterElements, becomes one at import: onnx's
+version converter rewrites it on the way from opset 9 or 10 to 11.)
 
 Compress and Unique make outputs whose sizes depend on their inputs' values: their kernels
 take ONNX's form as it is (a negative axis, an absent one), so the same kernel runs the
