@@ -199,3 +199,16 @@ def test_draws_inside_a_loop_are_new_every_iteration():
     for build in BUILDS.values():
         rs = build(model).run({})["rs"]
         assert rs.shape == (3, 4) and len({r.tobytes() for r in rs}) == 3
+
+
+def test_a_saved_build_repeats_the_seeded_sequence(tmp_path):
+    """A .cel holds the node and its seed, not a generator: every load starts the seed's
+    sequence, the one the build it was saved from gave."""
+    model = _noisy_model(5.0)
+    built = CpuModel.build(model)
+    built.save(tmp_path / "r.cel")
+    want = [built.run({})["y"] for _ in range(2)]
+    for _ in range(2):
+        loaded = CpuModel.open(tmp_path / "r.cel")
+        for w in want:
+            np.testing.assert_array_equal(loaded.run({})["y"], w)
