@@ -903,3 +903,26 @@ def _tensor_scatter(ctx, node):
 CANONICALIZE.update({
     "TensorScatter": _tensor_scatter,
 })
+
+
+# ---- random operators (graph/ops_random.py) -------------------------------------------------
+
+
+def _random(ctx, node):
+    """Onnx's defaults made explicit, and the spreads a distribution needs: a positive
+    scale (onnxruntime's normal distribution aborts the process on 0) and low <= high."""
+    a = dict(node.attrs)
+    if node.op.startswith("RandomNormal"):
+        a = {"mean": 0.0, "scale": 1.0, **a}
+        if not a["scale"] > 0:
+            raise NodeError(node, f"scale {a['scale']} must be positive (the normal "
+                                  "distribution's standard deviation)")
+    elif node.op.startswith("RandomUniform"):
+        a = {"low": 0.0, "high": 1.0, **a}
+        if not a["low"] <= a["high"]:
+            raise NodeError(node, f"low {a['low']} must not exceed high {a['high']}")
+    return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+
+
+CANONICALIZE.update({op: _random for op in ("RandomNormal", "RandomUniform",
+                                            "RandomNormalLike", "RandomUniformLike")})

@@ -27,20 +27,15 @@ def _axis(axis, rank, what="axis"):
 def compress(attrs, x, condition):
     """The slices of ``x`` along ``axis`` (of ``x`` flattened without one) where
     ``condition`` is true. A condition shorter than the axis selects among its first
-    slices only (numpy's and onnxruntime's reading); a longer one is an error."""
+    slices only (ONNX); the values of a longer one past the axis are dropped, true or not
+    (onnxruntime's reading: numpy's compress would fail on a true one there)."""
     cond = np.asarray(condition).reshape(-1).astype(bool)
     axis = attrs.get("axis")
     if axis is None:
-        if cond.size > x.size:
-            raise ValueError(f"the condition has {cond.size} values, more than the {x.size} "
-                             f"elements of the input {list(x.shape)} (no axis: flattened)")
-        return np.compress(cond, x.reshape(-1))
-    axis = _axis(axis, x.ndim)
-    if cond.size > x.shape[axis]:
-        raise ValueError(f"the condition has {cond.size} values, more than the "
-                         f"{x.shape[axis]} slices of the input {list(x.shape)} along axis "
-                         f"{axis}")
-    return np.compress(cond, x, axis=axis)
+        x, axis = x.reshape(-1), 0
+    else:
+        axis = _axis(axis, x.ndim)
+    return np.compress(cond[:x.shape[axis]], x, axis=axis)
 
 
 def unique(attrs, x):
@@ -84,18 +79,19 @@ def tensor_scatter(attrs, past, update, write_indices=None):
         starts = np.asarray(write_indices).astype(np.int64).reshape(-1)
         if starts.size != batch:
             raise ValueError(f"write_indices has {starts.size} values for a batch of {batch}")
-    positions = starts[:, None] + np.arange(steps)  # [batch, steps]
     if attrs.get("mode", "linear") == "circular":
         if np.any(starts < 0):
             raise ValueError(f"write_indices {starts.tolist()} must not be negative")
-        positions %= max(length, 1)
+        # (the start reduced first: a start near 2^63 plus a step would wrap)
+        positions = (starts[:, None] % max(length, 1) + np.arange(steps)) % max(length, 1)
     else:
-        bad = (starts < 0) | (starts + steps > length)
+        bad = (starts < 0) | (starts > length - steps)  # (no sum: it could wrap)
         if np.any(bad):
             b = int(np.argmax(bad))
             raise ValueError(f"write index {int(starts[b])} of batch entry {b} puts the "
                              f"{steps} updates outside the sequence axis of size {length} "
                              "(linear mode)")
+        positions = starts[:, None] + np.arange(steps)  # [batch, steps]
     out = past.copy()
     # The sequence axis next to the batch axis (views): the write is one fancy assignment.
     np.moveaxis(out, axis, 1)[np.arange(batch)[:, None], positions] = \

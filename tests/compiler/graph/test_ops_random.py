@@ -212,3 +212,19 @@ def test_a_saved_build_repeats_the_seeded_sequence(tmp_path):
         loaded = CpuModel.open(tmp_path / "r.cel")
         for w in want:
             np.testing.assert_array_equal(loaded.run({})["y"], w)
+
+
+@pytest.mark.parametrize("op, attrs, message", [
+    ("RandomNormal", {"shape": [2], "scale": 0.0}, r"scale 0.0 must be positive"),
+    ("RandomNormalLike", {"scale": -1.0}, r"scale -1.0 must be positive"),
+    ("RandomUniform", {"shape": [2], "low": 2.0, "high": 1.0},
+     r"low 2.0 must not exceed high 1.0"),
+    ("RandomUniformLike", {"low": 0.5, "high": 0.25}, r"low 0.5 must not exceed high 0.25"),
+])
+def test_spreads_a_distribution_cannot_have(op, attrs, message):
+    """Refused at import, naming the node (onnxruntime's normal distribution aborts the
+    process on a scale of 0)."""
+    like = {} if op in ("RandomNormal", "RandomUniform") else {"x": np.zeros(2, np.float32)}
+    model = node_model(op, list(like), like, attrs=attrs, infer=False)
+    with pytest.raises(GraphError, match=rf"node '{op}_0' \({op}\): {message}"):
+        import_onnx(model)
