@@ -876,3 +876,53 @@ CANONICALIZE.update({
     "MeanVarianceNormalization": _mvn, "MaxUnpool": _max_unpool, "Col2Im": _col2im,
     "CenterCropPad": _center_crop_pad, "DeformConv": _deform_conv,
 })
+
+
+# ---- data-dependent operators (graph/ops_data.py) -----------------------------------------
+
+
+def _tensor_scatter(ctx, node):
+    """The sequence axis non-negative, after the batch axis; the update the cache's shape
+    but along it."""
+    past, update = ctx.types[node.inputs[0]], ctx.types[node.inputs[1]]
+    rank = len(past.shape)
+    axis = _axis(node, node.attrs.get("axis", -2), rank)
+    if axis == 0:
+        raise NodeError(node, f"axis {node.attrs.get('axis', -2)} is the batch axis; the "
+                              "sequence axis must come after it")
+    fits = len(update.shape) == rank and all(
+        u is None or p is None or (u <= p if i == axis else u == p)
+        for i, (u, p) in enumerate(zip(update.shape, past.shape)))
+    if not fits:
+        raise NodeError(node, f"update {update} must have the shape of the cache {past} but "
+                              f"along axis {axis}, at most as long there")
+    a = {"mode": "linear", **node.attrs, "axis": axis}
+    return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+
+
+CANONICALIZE.update({
+    "TensorScatter": _tensor_scatter,
+})
+
+
+# ---- random operators (graph/ops_random.py) -------------------------------------------------
+
+
+def _random(ctx, node):
+    """Onnx's defaults made explicit, and the spreads a distribution needs: a positive
+    scale (onnxruntime's normal distribution aborts the process on 0) and low <= high."""
+    a = dict(node.attrs)
+    if node.op.startswith("RandomNormal"):
+        a = {"mean": 0.0, "scale": 1.0, **a}
+        if not a["scale"] > 0:
+            raise NodeError(node, f"scale {a['scale']} must be positive (the normal "
+                                  "distribution's standard deviation)")
+    elif node.op.startswith("RandomUniform"):
+        a = {"low": 0.0, "high": 1.0, **a}
+        if not a["low"] <= a["high"]:
+            raise NodeError(node, f"low {a['low']} must not exceed high {a['high']}")
+    return [Node(node.op, node.inputs, node.outputs, a, node.name)]
+
+
+CANONICALIZE.update({op: _random for op in ("RandomNormal", "RandomUniform",
+                                            "RandomNormalLike", "RandomUniformLike")})

@@ -26,6 +26,7 @@ from ..graph.ir import (DynamicShapeError, Graph, GraphError, InputShapeError, M
                         NodeError, TensorType, UnsupportedOperatorError, UnsupportedOpsetError,
                         constant, verify_graph)
 from ..graph.dynamic import VALUE_SHAPED
+from ..graph.ops_random import NONDETERMINISTIC
 from ..graph.ops import KERNELS
 from ..graph.ops_control import CONTROL_OPS
 from ..graph.ops_recurrent import RECURRENT_KERNELS
@@ -45,8 +46,9 @@ __all__ = ["import_onnx", "declared_inputs", "SUPPORTED_OPS", "MIN_OPSET", "MAX_
 MIN_OPSET, MAX_OPSET = 11, 21
 MAX_OP_VERSION = 28
 # Ops rewritten at import: Constant becomes an initializer, CastLike a Cast, Upsample a
-# Resize (canonical.py).
-_IMPORT_ONLY = ("Constant", "CastLike", "Upsample")
+# Resize (canonical.py); Scatter (opsets 9 and 10, deprecated at 11) becomes a
+# ScatterElements by onnx's version converter (_upgrade).
+_IMPORT_ONLY = ("Constant", "CastLike", "Upsample", "Scatter")
 SUPPORTED_OPS = tuple(sorted(set(KERNELS) | set(_IMPORT_ONLY) | set(RECURRENT_KERNELS)
                              | set(CONTROL_OPS)))
 # Ops always evaluated at compile time when their input's shape is static.
@@ -512,10 +514,13 @@ class _Importer:
             if o:
                 self.types[o] = t
                 self.depends[o] = deps
-        # Shape and Size are known from a static input; any other node from known inputs.
+        # Shape and Size are known from a static input; any other node from known inputs,
+        # random draws never (new ones in every run).
         if node.op in _SHAPE_OPS:
             known = types[0].static
             values = [stand_in(types[0])] if known else values
+        elif node.op in NONDETERMINISTIC:
+            known = False
         else:
             known = all(v is not None for i, v in zip(node.inputs, values) if i)
         if known and not (node.op == "BatchNormalization" and node.attrs.get("training_mode")):

@@ -360,6 +360,39 @@ SPECS.update({
         "group": Attr("int", low=1), "offset_group": Attr("int", low=1)}),
 })
 
+# ---- data-dependent, reinterpreting and random operators (graph/ops_data.py, ops_random.py) --
+
+_FLOAT_TYPES = (1, 10, 11)  # float32, float16, float64: what the random draws can be
+_SEED = Attr("float")
+
+SPECS.update({
+    # opsets 9-10 (deprecated at 11): the version converter makes it a ScatterElements
+    "Scatter": OpSpec("data indices updates", "output", _AXIS),
+    "Compress": OpSpec("input condition", "output", _AXIS),
+    "Unique": OpSpec("X", "Y indices? inverse_indices? counts?", {
+        **_AXIS, "sorted": Attr("int", choices=_BOOL)}),
+    "TensorScatter": OpSpec("past_cache update write_indices?", "present_cache", {
+        **_AXIS, "mode": Attr("string", choices=("linear", "circular"))}),
+    "Det": OpSpec("X", "Y"),
+    "BitCast": OpSpec("input", "output", {"to": Attr("int", dtype=True, required=True)}),
+    "RandomNormal": OpSpec("", "output", {
+        "shape": Attr("ints", low=0, required=True), "dtype": Attr("int", choices=_FLOAT_TYPES),
+        "mean": Attr("float"), "scale": Attr("float"), "seed": _SEED}),
+    "RandomUniform": OpSpec("", "output", {
+        "shape": Attr("ints", low=0, required=True), "dtype": Attr("int", choices=_FLOAT_TYPES),
+        "low": Attr("float"), "high": Attr("float"), "seed": _SEED}),
+    "RandomNormalLike": OpSpec("input", "output", {
+        "dtype": Attr("int", choices=_FLOAT_TYPES), "mean": Attr("float"),
+        "scale": Attr("float"), "seed": _SEED}),
+    "RandomUniformLike": OpSpec("input", "output", {
+        "dtype": Attr("int", choices=_FLOAT_TYPES), "low": Attr("float"),
+        "high": Attr("float"), "seed": _SEED}),
+    "Bernoulli": OpSpec("input", "output", {"dtype": Attr("int", dtype=True), "seed": _SEED}),
+    "Multinomial": OpSpec("input", "output", {
+        "dtype": Attr("int", choices=(6, 7)), "sample_size": Attr("int", low=1),
+        "seed": _SEED}),
+})
+
 # AttributeProto.type -> the kind it holds, and the field its value is in.
 _KINDS = {1: ("float", "f"), 2: ("int", "i"), 3: ("string", "s"), 4: ("tensor", "t"),
           5: ("graph", "g"), 6: ("floats", "floats"), 7: ("ints", "ints"),

@@ -36,6 +36,7 @@ import numpy as np
 
 from .ir import DynamicShapeError, NodeError, TensorType
 from .ops import KERNELS, pool_output_shape
+from .ops_data import compress_runtime_types, unique_runtime_types
 from .ops_vision import nms_runtime_types
 
 __all__ = ["VALUE_SHAPED", "RUNTIME_KERNELS", "RUNTIME_TYPES", "UNKNOWN_DIM_TYPES",
@@ -334,6 +335,10 @@ def register_runtime_form(op: str, value_inputs: tuple[int, ...], types, kernel=
 # Operators of ops_vision.py whose output size depends on their inputs' values: the count
 # of boxes NonMaxSuppression selects.
 register_runtime_form("NonMaxSuppression", (0, 1, 2, 3, 4), nms_runtime_types)
+# ops_data.py's: the count of true conditions Compress selects, of distinct values Unique
+# finds.
+register_runtime_form("Compress", (1,), compress_runtime_types)
+register_runtime_form("Unique", (0,), unique_runtime_types)
 
 
 def join_types(a: TensorType, b: TensorType) -> TensorType:

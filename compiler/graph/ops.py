@@ -7,7 +7,8 @@ operators. The operators added later live in modules by kind (ops_math.py: eleme
 math, reductions, TopK, Einsum; ops_nn.py: normalizations, activations, ConvTranspose;
 ops_tensor.py: gathers, scatters, data movement; ops_resize.py: Resize; ops_signal.py:
 element-wise math, integer products, signals; ops_vision.py: GridSample, detection, LRN
-and the other vision operators), which import nothing of this module (windows.py holds
+and the other vision operators; ops_data.py: Compress, Unique, TensorScatter, Det, BitCast;
+ops_random.py: the random operators), which import nothing of this module (windows.py holds
 the window geometry ops_vision.py shares); their tables are merged into these two at the
 end.
 
@@ -27,7 +28,8 @@ import math
 
 import numpy as np
 
-from . import ops_math, ops_nn, ops_resize, ops_signal, ops_tensor, ops_vision
+from . import (ops_data, ops_math, ops_nn, ops_random, ops_resize, ops_signal, ops_tensor,
+               ops_vision)
 from .ir import NodeError, TensorType
 from .windows import pool_output_shape
 from .windows import windows as _windows
@@ -528,6 +530,7 @@ def _merge(table: dict, *groups: dict) -> None:
         table.update(group)
 
 
-_GROUPS = (ops_math, ops_nn, ops_tensor, ops_resize, ops_signal, ops_vision)
+_GROUPS = (ops_math, ops_nn, ops_tensor, ops_resize, ops_signal, ops_vision, ops_data,
+           ops_random)
 _merge(KERNELS, *(g.KERNELS for g in _GROUPS))
 _merge(SHAPE_RULES, *(g.SHAPE_RULES for g in _GROUPS))

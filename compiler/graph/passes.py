@@ -33,6 +33,7 @@ from .ir import (
     verify_graph,
 )
 from .ops import OWN_INPUTS
+from .ops_random import NONDETERMINISTIC
 from .reference import evaluate_node, stand_in
 
 __all__ = ["fold_constants", "eliminate_identities", "fold_batch_norm", "fuse_epilogues",
@@ -54,7 +55,8 @@ def _fresh(name: str, taken) -> str:
 
 def fold_constants(graph: Graph) -> Graph:
     """Evaluate every node whose inputs are all constants (and Shape/Size, whose inputs'
-    shapes are static): their outputs become initializers. An If with a constant
+    shapes are static), random draws excepted (ops_random.NONDETERMINISTIC): their
+    outputs become initializers. An If with a constant
     condition becomes the nodes of its taken branch (folded in turn)."""
     inits, types = dict(graph.initializers), dict(graph.types)
     nodes = []
@@ -68,6 +70,8 @@ def fold_constants(graph: Graph) -> Graph:
             continue
         if node.op in _STATIC_SHAPE_OPS:  # only the input's shape matters: static or not
             foldable = types[node.inputs[0]].static
+        elif node.op in NONDETERMINISTIC:  # random draws: new ones in every run
+            foldable = False
         else:
             foldable = all(not i or i in inits for i in node.inputs)
         # A size only known at run time (a node in run-time form) is known once its inputs

@@ -23,6 +23,7 @@ from .ir import (DynamicShapeError, Graph, InputShapeError, Node, NodeError, Ten
 from .ops import KERNELS, OWN_INPUTS, SHAPE_RULES, Lazy, clip, hard_sigmoid, sigmoid
 from .ops_control import BRANCH_KERNELS, BRANCH_SHAPE_RULES, CONTROL_KERNELS, CONTROL_TYPE_RULES
 from .ops_nn import gelu
+from .ops_random import NONDETERMINISTIC, stream
 from .ops_recurrent import RECURRENT_KERNELS, RECURRENT_SHAPE_RULES
 from .qops import QUANTIZED_KERNELS, QUANTIZED_SHAPE_RULES
 from .qrecurrent import Q_RECURRENT_KERNELS, Q_RECURRENT_SHAPE_RULES
@@ -97,6 +98,8 @@ def evaluate_node(node: Node, inputs: list) -> tuple:
         if control is not None:
             n = len(inputs) - len(captured_inputs(node))
             result = control(node.attrs, run_body, list(inputs[:n]), list(inputs[n:]))
+        elif node.op in NONDETERMINISTIC:  # draws from this node's own Generator
+            result = _kernel(node)(node.attrs, *own, rng=stream(node))
         else:
             result = _kernel(node)(node.attrs, *own)
         results = result if isinstance(result, tuple) else (result,)

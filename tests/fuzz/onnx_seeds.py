@@ -245,6 +245,21 @@ OP_CASES.update({
 })
 
 
+# Data-dependent, reinterpreting and random operators (graph/ops_data.py, ops_random.py).
+OP_CASES.update({
+    "Compress": ([_V, ("c", B, [3])], {"axis": -1}, 1, 11),
+    "Compress/flat": ([_V, _c("c", np.array([True, False, True, True]))], {}, 1, 11),
+    "Unique": ([_V], {"sorted": 0, "axis": 1}, 4, 11),
+    "TensorScatter": ([("p", F, [2, 3, 6, 4]), ("u", F, [2, 3, 2, 4]),
+                       _c("w", np.array([1, 5]))], {"mode": "circular"}, 1, 24),
+    "Det": ([("x", F, [2, 3, 3])], {}, 1, 11),
+    "BitCast": ([_V], {"to": TensorProto.INT32}, 1, 26),
+    "RandomNormalLike": ([_V], {"mean": 1.0, "scale": 2.0, "seed": 1.0}, 1, 17),
+    "RandomUniform": ([], {"shape": [2, 3], "low": -1.0, "high": 1.0}, 1, 17),
+    "Multinomial": ([_V], {"sample_size": 5, "seed": 2.0}, 1, 17),
+})
+
+
 def _model(op_key, case):
     inputs, attrs, n_out, opset = case
     op = op_key.split("/")[0]

@@ -71,14 +71,14 @@ def test_unsupported_operator():
     m = models.small_cnn()
     for k, node in enumerate(m.graph.node):
         if node.op_type == "Softmax":
-            m.graph.node[k].CopyFrom(helper.make_node("Det", node.input, node.output,
-                                                      name="head"))
+            m.graph.node[k].CopyFrom(helper.make_node("StringNormalizer", node.input,
+                                                      node.output, name="head"))
         if node.op_type == "MaxPool":
-            m.graph.node[k].CopyFrom(helper.make_node("Unique", node.input, node.output,
-                                                      name="pool"))
+            m.graph.node[k].CopyFrom(helper.make_node("TfIdfVectorizer", node.input,
+                                                      node.output, name="pool"))
     with pytest.raises(UnsupportedOperatorError,
-                       match=r"2 unsupported nodes: Unique: 1 node \('pool'\); "
-                             r"Det: 1 node \('head'\)"):
+                       match=r"2 unsupported nodes: TfIdfVectorizer: 1 node \('pool'\); "
+                             r"StringNormalizer: 1 node \('head'\)"):
         ReferenceModel.load(m)
 
 

@@ -13,15 +13,22 @@ _SMALL_CNN = registry.ZOO["small_cnn"].build
 
 
 def _with_an_unsupported_head(**args):
-    """The small CNN with its Softmax replaced by RandomUniformLike (an operator
-    celosia does not import)."""
-    from onnx import helper
+    """The small CNN with its Softmax replaced by a Cast of the logits to int64 and a
+    TfIdfVectorizer counting the values 0 to 9 in them (an operator celosia does not
+    import; onnxruntime runs it, float32[1, 10] out as before)."""
+    from onnx import TensorProto, helper
 
     m = _SMALL_CNN(**args)
     for k, node in enumerate(m.graph.node):
         if node.op_type == "Softmax":
+            out = list(node.output)
             m.graph.node[k].CopyFrom(helper.make_node(
-                "RandomUniformLike", node.input, node.output, name="head"))
+                "Cast", node.input, ["logits_int"], to=TensorProto.INT64, name="to_int"))
+            m.graph.node.insert(k + 1, helper.make_node(
+                "TfIdfVectorizer", ["logits_int"], out, name="head", mode="TF",
+                min_gram_length=1, max_gram_length=1, max_skip_count=0, ngram_counts=[0],
+                ngram_indexes=list(range(10)), pool_int64s=list(range(10))))
+            break
     return m
 
 

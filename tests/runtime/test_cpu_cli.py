@@ -95,10 +95,10 @@ def test_bad_inputs_are_one_line_errors(files, tmp_path, capsys):
     for k, node in enumerate(m.graph.node):
         if node.op_type == "Softmax":
             m.graph.node[k].CopyFrom(helper.make_node(
-                "Det", node.input, node.output, name="head"))
+                "StringNormalizer", node.input, node.output, name="head"))
     onnx.save(m, tmp_path / "hard.onnx")
     _error(["compile", str(tmp_path / "hard.onnx"), "-o", str(tmp_path / "h.cel")], capsys,
-           "Det: 1 node ('head')")
+           "StringNormalizer: 1 node ('head')")
 
 
 def test_the_installed_command_exits_2_without_traceback(files, tmp_path):

@@ -199,8 +199,8 @@ def test_bad_models_are_clear_errors(tmp_path):
     for k, node in enumerate(m.graph.node):
         if node.op_type == "Softmax":
             m.graph.node[k].CopyFrom(helper.make_node(
-                "Det", node.input, node.output, name="head"))
+                "StringNormalizer", node.input, node.output, name="head"))
     with pytest.raises(UnsupportedOperatorError,
-                       match=r"Det: 1 node \(.head.\)") as e:
+                       match=r"StringNormalizer: 1 node \(.head.\)") as e:
         CpuModel.build(m)
     assert isinstance(e.value, CelosiaError)

@@ -15,7 +15,6 @@ from onnx_nodes import check_node
 
 from celosia.compiler.frontend.functions import expand_functions
 from celosia.compiler.frontend.onnx import SUPPORTED_OPS, import_onnx
-from celosia.compiler.graph.ir import UnsupportedOperatorError
 
 
 def _normal(*shape, seed=0):
@@ -95,13 +94,17 @@ def test_expansion_names_and_leaves_the_rest():
 
 
 def test_unusable_body_names_the_node():
-    """Bernoulli's body draws random numbers (RandomUniformLike, which celosia does not
-    take): the node stays and the error names Bernoulli."""
+    """Bernoulli's body draws random numbers by RandomUniformLike: with neither in the
+    supported set, the body is unusable and the node stays as it is, for the operator
+    check to name (test_ir.py checks that message); celosia takes Bernoulli itself
+    (graph/ops_random.py), unexpanded."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
     model = helper.make_model(
         helper.make_graph([helper.make_node("Bernoulli", ["x"], ["y"], name="coin")], "g",
                           [x], [y]), opset_imports=[helper.make_opsetid("", 22)])
     model.ir_version = 10
-    with pytest.raises(UnsupportedOperatorError, match="Bernoulli"):
-        import_onnx(onnx.shape_inference.infer_shapes(model))
+    model = onnx.shape_inference.infer_shapes(model)
+    without = tuple(op for op in SUPPORTED_OPS if op not in ("Bernoulli", "RandomUniformLike"))
+    assert expand_functions(model, 22, without) is model
+    assert [n.op for n in import_onnx(model).nodes] == ["Bernoulli"]

@@ -82,6 +82,10 @@ def _cases():
         "CenterCropPad": (["x", "s"], {"x": F}, {"s": np.array([2, 3, 3, 6], np.int64)}, {}),
         "DeformConv": (["x", "w", "o"], {"x": F, "o": V.normal(0, 1, (2, 8, 3, 3)).astype(
             np.float32)}, {"w": F[:2, :, :2, :2].copy()}, {}),
+        # the data-dependent operators (ops_data.py)
+        "Compress": (["x", "c"], {"x": F, "c": F[0, 0, 0] > 0}, {}, {"axis": -1}),
+        "Unique": (["x"], {"x": I % 3}, {}, {}),
+        "Det": (["x"], {"x": F}, {}, {}),
     }
 
 
