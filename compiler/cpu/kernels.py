@@ -386,16 +386,18 @@ def _global_avg_pool(spec):
 
 def _layout(spec):
     """NCHW <-> NCHW{c}c copies (``pack``: ``shape`` is the plain one; ``unpack``: the
-    blocked one) of values of any ``dtype``."""
+    blocked one, and ``out`` the plain shape when it drops padded channels or columns) of
+    values of any ``dtype``."""
     x = te.placeholder(tuple(spec["shape"]), spec["dtype"], "data")
     if spec["op"] == "pack":
         n, c, h, w = x.shape
         b = spec["block"]
         y = te.compute((n, c // b, h, w, b), lambda i, cc, yy, xx, ci: x[i, cc * b + ci, yy, xx],
                        "out")
-    else:
+    else:  # ``out`` (optional): a crop, the first channels and columns
         n, cc, h, w, b = x.shape
-        y = te.compute((n, cc * b, h, w), lambda i, c, yy, xx: x[i, c // b, yy, xx, c % b], "out")
+        y = te.compute(tuple(spec.get("out", (n, cc * b, h, w))),
+                       lambda i, c, yy, xx: x[i, c // b, yy, xx, c % b], "out")
     return schedule_elementwise(y), [x, y]
 
 

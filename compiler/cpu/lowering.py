@@ -56,6 +56,7 @@ from . import lowering_int8, lowering_nn, lowering_q
 from .int8_forms import chosen_form
 from .copies import copy_spec
 from .schedules import (EXACT_TERMS, channel_block, conv_columns, output_block,
+                        dense_columns, padded_channels,
                         pack_conv_weight, pack_dense_weight, pack_depthwise_weight)
 
 __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
@@ -312,12 +313,15 @@ class _Lowering:
 
     # ---- operators ----------------------------------------------------------------------
 
-    def conv_layout(self, node: Node, weight: np.ndarray, exact_terms: int | None = None):
+    def conv_layout(self, node: Node, weight: np.ndarray, exact_terms: int | None = None,
+                    pad_output: bool = False):
         """(depthwise, input block, output block, packed weight name, spec) of a Conv or
         QConv node with the OIHW ``weight`` (the spec holds its geometry); int8 windows
         (``exact_terms`` = EXACT_TERMS) sum at most that many products per input block in
         float32 (cpu_schedules), which bounds the block: None when not even one channel
-        fits."""
+        fits. ``pad_output``: a layer of one group whose output channels have no block of 8
+        or more (YOLO's 255, 21 classes, 3 colours) computes ``padded_channels`` of them,
+        the extra ones of zero weights (the spec's weight shape says how many)."""
         x, w, a = node.inputs[0], node.inputs[1], node.attrs
         out_t = self.type(node.outputs[0])
         c, m, g = self.type(x).shape[1], out_t.shape[1], a["group"]
@@ -330,6 +334,7 @@ class _Lowering:
 
         def fits(block):
             return bool(block) and (limit is None or block <= limit)
+        tag = ""
         if depthwise:  # one channel per window: any block fits
             cb = ob = have if have and c % have == 0 else channel_block(c)
             packed = pack_depthwise_weight(weight, cb)
@@ -339,8 +344,13 @@ class _Lowering:
             if have == 0 and g == 1 and c <= 4 and fits(c):
                 cb = c  # a thin input (an image): all its channels in one block
             ob = output_block(m // g, out_t.shape[3])
+            if pad_output and g == 1 and padded_channels(m) != m:
+                mp = padded_channels(m)
+                weight = np.concatenate([weight, np.zeros((mp - m, *weight.shape[1:]),
+                                                          weight.dtype)])
+                ob, tag = output_block(mp, out_t.shape[3]), f"p{mp}"
             packed = pack_conv_weight(weight, cb, ob)
-        wname = self.add_const(f"{w}@{'dw' if depthwise else 'oihw'}{cb}i{ob}o", packed)
+        wname = self.add_const(f"{w}@{'dw' if depthwise else 'oihw'}{cb}i{ob}o{tag}", packed)
         pads = a["pads"]
         spec = {"weight": list(packed.shape), "strides": list(a["strides"]),
                 "pads": [pads[0], pads[1], pads[2], pads[3]], "dilations": list(a["dilations"])}
@@ -360,11 +370,14 @@ class _Lowering:
                 or (b and not self.is_const(b)):
             return False
         out_t = self.type(node.outputs[0])
-        depthwise, cb, ob, wname, geometry = self.conv_layout(
-            node, np.asarray(self.const(w), np.float32))
+        weight = np.asarray(self.const(w), np.float32)
+        depthwise, cb, ob, wname, geometry = self.conv_layout(node, weight)
         epi = self.epilogue(node, out_t, "blocked", ob)
         if epi is None:
             return False
+        if not depthwise and node.attrs["group"] == 1 and not epi[1] \
+                and padded_channels(out_t.shape[1]) != out_t.shape[1]:
+            return self.padded_conv(node, weight, epi[0])
         data = self.blocked(x, cb)
         args = [data, wname] + ([self.channel_const(b, ob, F32)] if b else []) + epi[1]
         spec = {"op": "dwconv" if depthwise else "conv", "data": self.values[data]["shape"],
@@ -383,6 +396,34 @@ class _Lowering:
         crop = Node("Slice", (tmp,), (out,), {"starts": [0], "ends": [ow], "axes": [3],
                                               "steps": [1]}, node.name)
         self.step("numpy", crop, [tmp], [out], attrs=crop.attrs)
+        return True
+
+    def padded_conv(self, node: Node, weight: np.ndarray, epilogue: list) -> bool:
+        """A Conv whose output channels have no block of 8 or more (``padded_channels``),
+        its epilogue without operands: computed for the padded channel count in blocks of
+        16 (a block of 1 or 2 leaves the kernel's vectors nearly empty: YOLO's 1x1 head of
+        255 channels ran 5x slower than the 256 it now computes), the extra channels' zero
+        weights and bias dropped by the unpack to the plain layout, which takes the wider
+        output's crop too."""
+        x, w, b = (list(node.inputs) + ["", ""])[:3]
+        out_t = self.type(node.outputs[0])
+        _, cb, ob, wname, geometry = self.conv_layout(node, weight, pad_output=True)
+        m, mp = out_t.shape[1], geometry["weight"][0] * ob
+        args = [self.blocked(x, cb), wname]
+        if b:
+            bias = np.zeros(mp, np.float32)
+            bias[:m] = np.asarray(self.const(b), np.float32)
+            args.append(self.add_const(f"{b}@channel{ob}p{mp}", bias.reshape(-1, ob)))
+        spec = {"op": "conv", "data": self.values[args[0]]["shape"], **geometry,
+                "bias": bool(b), "epilogue": epilogue}
+        n, _, oh, ow = out_t.shape
+        wide = _wider_output(ow, ob) or ow
+        spec["pads"] = [*spec["pads"][:3], spec["pads"][3] + (wide - ow) * spec["strides"][1]]
+        tmp = self.define(f"{node.outputs[0]}@pad{mp}x{wide}", F32, (n, mp // ob, oh, wide, ob))
+        self.kernel(node, spec, args + [tmp], tmp)
+        out = self.produce(node.outputs[0], 0)
+        self.kernel(None, {"op": "unpack", "shape": [n, mp // ob, oh, wide, ob], "dtype": F32,
+                           "out": [n, m, oh, ow]}, [tmp, out], out)
         return True
 
     # ---- CNN operators of schedules_conv.py ------------------------------------------------
@@ -575,25 +616,43 @@ class _Lowering:
         data = self.plain(a_in)
         if ta.shape != (m, k):
             data = self.view_of(data, (m, k), f"{a_in}@2d")
-        packed = self.add_const(f"{b_in}@dense{nb}", pack_dense_weight(wt, nb))
+        # Output columns with no block of 16 (1000 classes, 30 outputs): computed for
+        # dense_columns of them (zero weights, zeros in the per-column constants: bias,
+        # scale), the extra ones dropped by the crop below; not with an (m, n) operand.
+        per_column = all(v in self.constants and self.constants[v].size == n
+                         and self.constants[v].ndim <= 2 and self.constants[v].shape[-1] == n
+                         for v in args)
+        cols = dense_columns(n) if n > 8 and per_column else n
+        if cols != n:
+            wt = np.concatenate([wt, np.zeros((cols - n, k), np.float32)])
+            nb = channel_block(cols)
+            padded = []
+            for v in args:
+                vec = np.zeros(cols, np.float32)
+                vec[:n] = self.constants[v].reshape(-1)
+                padded.append(self.add_const(f"{v}p{cols}", vec))
+            args = padded
+        packed = self.add_const(f"{b_in}@dense{nb}" + (f"p{cols}" if cols != n else ""),
+                                pack_dense_weight(wt, nb))
         rows = _padded_rows(m)
         if rows != m:  # (m, n)-shaped operands padded too, the output cropped below
             data = self.pad_rows(node, data, rows)
             args = [self.pad_rows(node, v, rows, n) for v in args]
-        spec = {"op": "dense", "data": [rows, k], "weight": [n // nb, k, nb], "bias": bias,
+        spec = {"op": "dense", "data": [rows, k], "weight": [cols // nb, k, nb], "bias": bias,
                 "epilogue": steps}
-        if tuple(out_t.shape) == (m, n) and rows == m:
+        if tuple(out_t.shape) == (m, n) and rows == m and cols == n:
             out = self.produce(node.outputs[0], 0)
             self.kernel(node, spec, [data, packed] + args + [out], out)
             return True
-        flat = self.define(f"{node.outputs[0]}@{rows}x{n}", F32, (rows, n))
+        flat = self.define(f"{node.outputs[0]}@{rows}x{cols}", F32, (rows, cols))
         self.kernel(node, spec, [data, packed] + args + [flat], flat)
-        if rows != m:  # the padded rows dropped by a compiled copy
+        if rows != m or cols != n:  # the padded rows and columns dropped by a compiled copy
             whole = tuple(out_t.shape) == (m, n)
             crop = self.produce(node.outputs[0], 0) if whole \
                 else self.define(f"{node.outputs[0]}@2d", F32, (m, n))
-            self.kernel(node, copy_spec(F32, (rows, n), (m, n)), [flat, crop], crop)
-            self.padded[crop] = (flat, (rows, n))
+            self.kernel(node, copy_spec(F32, (rows, cols), (m, n)), [flat, crop], crop)
+            if cols == n:
+                self.padded[crop] = (flat, (rows, n))
             if not whole:
                 self.step("view", node, [crop], [self.produce(node.outputs[0], 0)])
         else:

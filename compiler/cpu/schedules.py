@@ -58,7 +58,7 @@ __all__ = ["conv2d_nchwc", "schedule_conv2d_nchwc", "depthwise_conv2d_nchwc", "r
            "schedule_depthwise_conv2d_nchwc", "pack_depthwise_weight", "dense", "schedule_dense", "relu",
            "add", "max_pool2d_nchwc", "global_avg_pool_nchwc", "schedule_elementwise",
            "pack_conv_weight", "pack_dense_weight", "pack_nchwc", "unpack_nchwc",
-           "channel_block", "conv_columns", "ACTIVATIONS", "EXACT_TERMS", "FLOAT_TERMS"]
+           "channel_block", "padded_channels", "dense_columns", "conv_columns", "ACTIVATIONS", "EXACT_TERMS", "FLOAT_TERMS"]
 
 ACTIVATIONS = (None, "relu", "relu6")
 # int8 x int8 products summed in float32 stay exact integers up to this many (2**24 / 2**14).
@@ -75,6 +75,25 @@ def channel_block(channels: int, widest: int = 16) -> int:
     """The channel block for a layer: the largest of 16, 8, 4, 2, 1 (at most ``widest``)
     that divides ``channels``."""
     return next(b for b in (16, 8, 4, 2, 1) if b <= widest and channels % b == 0)
+
+
+def padded_channels(channels: int) -> int:
+    """The output channels a convolution computes: ``channels`` when they have a block of 8
+    or more, else the next multiple of 16 (of 8 for 8 or fewer: 3 colours, 1 depth map),
+    the extra ones cropped after it."""
+    if channel_block(channels) >= 8:
+        return channels
+    step = 8 if channels <= 8 else 16
+    return -(-channels // step) * step
+
+
+def dense_columns(n: int) -> int:
+    """The output columns a dense kernel computes for ``n``: ``padded_channels`` of them, and
+    from 64 on the next multiple of 16 (1000 classes: 1008, in blocks of 16 instead of 8,
+    1.7x faster on AVX-512), the extra ones cropped after it."""
+    if n >= 64 and n % 16:
+        return -(-n // 16) * 16
+    return padded_channels(n)
 
 
 def output_block(channels: int, width: int) -> int:
