@@ -5,7 +5,7 @@ flattened into rows (views, no copies).
 Each handler takes the lowering (lowering._Lowering) and a node and returns False to leave
 the node to the numpy fallback: LayerNorm with the Mean/InvStdDev outputs asked for, a stash
 type other than float32, or a scale/bias that is neither constant nor of the normalized
-shape; Softmax over an axis other than the last (graph/ops.py's kernel runs those).
+shape. Softmax over another axis runs as the kernel's strided form.
 """
 
 from __future__ import annotations
@@ -97,19 +97,32 @@ def instance_norm(lw, node: Node) -> bool:
 
 
 def softmax(lw, node: Node) -> bool:
+    """Softmax over the last axis as the row-wise kernel; over another one (class scores
+    of a segmentation or audio model in NCHW / NCL: axis 1) its strided form on the value
+    seen as ``[A, C, B]`` (rowwise.py)."""
     x = node.inputs[0]
     tx = lw.type(x)
-    if tx.dtype != F32 or lw.is_const(x) or not tx.shape \
-            or node.attrs["axis"] % len(tx.shape) != len(tx.shape) - 1:
+    if tx.dtype != F32 or lw.is_const(x) or not tx.shape or 0 in tx.shape:
         return False
-    cols = tx.shape[-1]
-    rows = math.prod(tx.shape[:-1])
-    data = _rows(lw, x, rows, cols)
+    axis = node.attrs["axis"] % len(tx.shape)
+    cols = tx.shape[axis]
+    inner = math.prod(tx.shape[axis + 1:])
+    rows = math.prod(tx.shape[:axis]) * inner
     out = lw.produce(node.outputs[0], 0)
-    flat = out if (rows, cols) == tuple(tx.shape) else lw.define(f"{out}@2d", F32, (rows, cols))
-    lw.kernel(node, {"op": "softmax", "rows": rows, "cols": cols}, [data, flat], flat)
-    if flat != out:
-        lw.step("view", node, [flat], [out])
+    if inner == 1 or cols == 1:  # the softmax axis is the last one that is not 1
+        data = _rows(lw, x, rows, cols)
+        flat = out if (rows, cols) == tuple(tx.shape) \
+            else lw.define(f"{out}@2d", F32, (rows, cols))
+        lw.kernel(node, {"op": "softmax", "rows": rows, "cols": cols}, [data, flat], flat)
+        if flat != out:
+            lw.step("view", node, [flat], [out])
+        return True
+    outer = rows // inner
+    data = lw.view_of(lw.plain(x), (outer, cols, inner), f"{x}@{outer}x{cols}x{inner}")
+    flat = lw.define(f"{out}@3d", F32, (outer, cols, inner))
+    lw.kernel(node, {"op": "softmax", "rows": outer, "cols": cols, "inner": inner},
+              [data, flat], flat)
+    lw.step("view", node, [flat], [out])
     return True
 
 

@@ -12,6 +12,11 @@ Specs (float32, ``[rows, cols]`` row-major; the lowering flattens the leading ax
     {"op": "layernorm", "rows": R, "cols": D, "epsilon": 1e-5, "bias": True}
         data [R, D], scale [D], (bias [D]), out [R, D]
     {"op": "softmax", "rows": R, "cols": D}      data [R, D], out [R, D]
+    {"op": "softmax", "rows": A, "cols": C, "inner": B}
+        data [A, C, B], out [A, C, B]: Softmax over the middle axis (a segmentation or
+        audio model's classes in NCHW / NCL), W neighbouring positions of B at a time as
+        the lanes of one vector (strided by B along C), the last B % W one at a time;
+        the parallel loop is over (a, group of positions)
 
 Numerics follow graph/ops_nn.py's and graph/ops.py's numpy kernels step for step:
 LayerNorm is two passes (the mean, then the mean of squared deviations: no cancellation
@@ -187,6 +192,38 @@ def _softmax_row(r: _Row, spec: dict, x, out):
     r.columns(cols, [], [], scale)
 
 
+def _softmax_columns(r: _Row, spec: dict, x, out, ty):
+    """Softmax over C of the ``ty`` (W lanes or one) positions at ``x`` / ``out``, whose
+    elements along C are ``inner`` apart: the same steps as ``_softmax_row``, per lane."""
+    b, c = r.b, ir.Constant(_I64, spec["cols"])
+    stride = ir.Constant(_I64, spec["inner"])
+    one = ir.Constant(_I64, 1)
+    zero = ir.Constant(_I64, 0)
+    at = lambda k: b.mul(k, stride)  # noqa: E731
+    (top,) = r.loop(zero, c, one, [_const(ty, float("-inf"))],
+                    lambda k, acc: [_maximum(b)(acc[0], r.load(x, at(k), ty))])
+
+    def exps(k, acc):
+        z = b.fsub(r.load(x, at(k), ty), top)
+        low = b.fcmp_ordered("<", z, _const(ty, _FLUSH))
+        e = b.select(low, _const(ty, 0.0), emit_exp(b, b.select(low, _const(ty, _FLUSH), z)))
+        r.store(e, out, at(k))
+        return [b.fadd(acc[0], e)]
+    (total,) = r.loop(zero, c, one, [_const(ty, 0.0)], exps)
+    inv = b.fdiv(_const(ty, 1.0), total)
+
+    def scale(k, acc):
+        r.store(b.fmul(r.load(out, at(k), ty), inv), out, at(k))
+        return acc
+    r.loop(zero, c, one, [], scale)
+
+
+def _column_groups(spec: dict, lanes: int) -> tuple[int, int]:
+    """(vector groups, single positions) per outer index of a strided softmax."""
+    inner = spec["inner"]
+    return inner // lanes, inner % lanes
+
+
 def _splat(b, v, ty):
     if not isinstance(ty, ir.VectorType):
         return v
@@ -205,7 +242,8 @@ def _sqrt(b, v):
 def _params(spec: dict) -> list[Buffer]:
     rows, cols = spec["rows"], spec["cols"]
     if spec["op"] == "softmax":
-        return [Buffer("data", (rows, cols), "float32"), Buffer("out", (rows, cols), "float32")]
+        shape = (rows, cols, spec["inner"]) if spec.get("inner", 1) > 1 else (rows, cols)
+        return [Buffer("data", shape, "float32"), Buffer("out", shape, "float32")]
     return ([Buffer("data", (rows, cols), "float32"), Buffer("scale", (cols,), "float32")]
             + ([Buffer("bias", (cols,), "float32")] if spec["bias"] else [])
             + [Buffer("out", (rows, cols), "float32")])
@@ -222,6 +260,26 @@ def _module(spec: dict, symbol: str) -> str:
     ptrs = [b.bitcast(b.load(b.gep(fn.args[0], [ir.Constant(_I64, k)])), _F32.as_pointer())
             for k in range(n_params)]
     cols = ir.Constant(_I64, spec["cols"])
+    if spec.get("inner", 1) > 1:  # (a, group of positions) -> one column softmax
+        groups, single = _column_groups(spec, r.lanes)
+        per = ir.Constant(_I64, groups + single)
+
+        def item(i, acc):
+            a, g = b.sdiv(i, per), b.srem(i, per)
+            base = b.mul(a, ir.Constant(_I64, spec["cols"] * spec["inner"]))
+            vector = b.icmp_signed("<", g, ir.Constant(_I64, groups))
+            pos = b.select(vector, b.mul(g, ir.Constant(_I64, r.lanes)),
+                           b.add(g, ir.Constant(_I64, groups * (r.lanes - 1))))
+            x, out = (b.gep(p, [b.add(base, pos)]) for p in (ptrs[0], ptrs[-1]))
+            with b.if_else(vector) as (then, otherwise):
+                with then:
+                    _softmax_columns(r, spec, x, out, r.vty)
+                with otherwise:
+                    _softmax_columns(r, spec, x, out, _F32)
+            return acc
+        r.loop(fn.args[1], fn.args[2], ir.Constant(_I64, 1), [], item)
+        b.ret_void()
+        return str(module)
 
     def row(i, acc):
         offset = b.mul(i, cols)
@@ -239,7 +297,9 @@ def _module(spec: dict, symbol: str) -> str:
 def _check(spec: dict) -> None:
     if spec.get("op") not in ROWWISE_OPS:
         raise CompilerError(f"no row-wise kernel for spec op {spec.get('op')!r}")
-    for key in ("rows", "cols"):
+    for key in ("rows", "cols", "inner"):
+        if key == "inner" and key not in spec:
+            continue
         if not isinstance(spec.get(key), int) or spec[key] < 1:
             raise CompilerError(f"{spec['op']} spec: {key!r} must be a positive integer, "
                                 f"not {spec.get(key)!r}")
@@ -253,6 +313,9 @@ def compile_rowwise(spec: dict, *, use_cache: bool = True) -> CpuKernel:
     llvm_ir = _module(spec, symbol)
     obj, path, hit = _load_or_compile(llvm_ir, use_cache)
     params = _params(spec)
-    return CpuKernel(None, llvm_ir, obj, [], [SavedSegment(symbol, spec["rows"])], path, hit,
+    extent = spec["rows"]
+    if spec.get("inner", 1) > 1:
+        extent *= sum(_column_groups(spec, vector_lanes()))
+    return CpuKernel(None, llvm_ir, obj, [], [SavedSegment(symbol, extent)], path, hit,
                      time.perf_counter() - start, name=spec["op"], params=params,
                      written=[len(params) - 1])

@@ -55,6 +55,36 @@ def test_layernorm_kernel_matches_numpy(rows, cols, bias):
     assert _ulps(y, want) <= 64  # a 770-term float32 mean in another order
 
 
+@pytest.mark.parametrize("outer,cols,inner", [(1, 256, 64), (3, 9, 37), (2, 5, 6),
+                                               (2, 1, 40), (1, 300, 17)])
+def test_strided_softmax_kernel_matches_numpy(outer, cols, inner):
+    """The strided form (Softmax over the middle axis of [A, C, B]): whole vectors of
+    positions, the last B % W one at a time, and both in one parallel loop."""
+    x = (np.random.default_rng(outer * cols * inner).normal(size=(outer, cols, inner))
+         * 4).astype(np.float32)
+    y = np.empty_like(x)
+    compile_spec({"op": "softmax", "rows": outer, "cols": cols, "inner": inner})(x, y)
+    want = softmax({"axis": 1}, x)
+    assert _ulps(y, want) <= 8
+    np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_strided_softmax_special_values_as_numpy():
+    """The strided form on the special rows below, as columns: 16 + 4 positions."""
+    rows = np.array([[0.0, -np.inf, 1.0, 2.0] * 5,
+                     [-np.inf] * 20,
+                     [1.0, np.nan] + [0.0] * 18,
+                     [80.0, -80.0] * 10], np.float32)
+    x = np.ascontiguousarray(np.tile(rows, (5, 1))[:20].T)[None]  # [1, 20 classes, 20]
+    y = np.empty_like(x)
+    compile_spec({"op": "softmax", "rows": 1, "cols": 20, "inner": 20})(x, y)
+    with np.errstate(invalid="ignore"):
+        want = softmax({"axis": 1}, x)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(y[ok], want[ok], rtol=1e-6, atol=1e-7)
+
+
 def test_softmax_special_values_as_numpy():
     """-inf (a masked score) gives 0, a row of -inf and a NaN give NaN rows, as numpy."""
     x = np.array([[0.0, -np.inf, 1.0, 2.0] * 5,
@@ -139,7 +169,12 @@ def test_layernorm_with_runtime_scale_and_mean_output():
     ((2, 3, 7, 7), -1, True),       # attention's scores, batch > 1, odd sequence
     ((1, 1, 1, 1), -1, True),       # one element
     ((12, 197), 1, True),
-    ((2, 5, 6), 1, False),          # not the last axis: numpy
+    # not the last axis: the kernel's strided form
+    ((2, 5, 6), 1, True),
+    ((3, 9, 37), 1, True),          # vector groups and single positions
+    ((1, 21, 30, 40), 1, True),     # a segmentation model's class scores
+    ((3, 4, 17), 0, True),
+    ((2, 7, 9, 1), 2, True),        # only size-1 axes after it: the last axis in effect
 ])
 def test_softmax_node(shape, axis, kernel):
     x = (np.random.default_rng(sum(shape)).normal(size=shape) * 5).astype(np.float32)
