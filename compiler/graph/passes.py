@@ -36,7 +36,8 @@ from .ops import OWN_INPUTS
 from .ops_random import NONDETERMINISTIC
 from .reference import evaluate_node, stand_in
 
-__all__ = ["fold_constants", "eliminate_identities", "fold_batch_norm", "fuse_epilogues",
+__all__ = ["fold_constants", "eliminate_identities", "fold_pads", "fold_batch_norm",
+           "fuse_epilogues",
            "remove_dead_code", "optimize", "PIPELINE", "inline_branch", "conv1d_as_2d"]
 
 # A folded constant larger than this (elements) stays a node: folding would only grow the
@@ -135,6 +136,59 @@ def eliminate_identities(graph: Graph) -> Graph:
         if copy and node.outputs[0] not in graph.outputs:
             rename[node.outputs[0]] = node.inputs[0]
             continue
+        nodes.append(node)
+    return graph.with_nodes(nodes)
+
+
+def fold_pads(graph: Graph) -> Graph:
+    """A constant-zero Pad of only spatial axes whose every reader is a Conv (as its data)
+    becomes those Convs' own padding: TensorFlow exports pad explicitly before "same"
+    convolutions, causal 1-D convolutions pad on the left, Keras' ZeroPadding2D. The Pad
+    was a pass over the image (on the CPU a numpy step, between layout conversions) and a
+    copy of it. Kept when a side's total padding would exceed the convolution's dilated
+    kernel extent less one (the padding a convolution can have without a window wholly
+    outside the image)."""
+    graph = _in_bodies(graph, fold_pads)
+    users, inits = graph.consumers(), graph.initializers
+    folded: dict[str, list] = {}  # Conv name -> its new pads
+    removed: set[str] = set()
+    rename: dict[str, str] = {}
+    for pad in graph.nodes:
+        if pad.op != "Pad" or len(pad.inputs) != 1 or pad.attrs.get("mode") != "constant" \
+                or pad.attrs.get("value", 0) != 0 or pad.outputs[0] in graph.outputs:
+            continue
+        pads = [int(p) for p in pad.attrs["pads"]]
+        rank = len(pads) // 2
+        readers = users.get(pad.outputs[0], ())
+        if rank < 3 or min(pads) < 0 or any(pads[a] or pads[a + rank] for a in (0, 1)) \
+                or not readers or any(r.op != "Conv" or r.inputs[0] != pad.outputs[0]
+                                      or pad.outputs[0] in r.inputs[1:] for r in readers):
+            continue
+        plans = {}
+        for conv in readers:
+            a = conv.attrs
+            nd = rank - 2
+            extent = [(int(k) - 1) * int(d) for k, d in zip(a["kernel_shape"], a["dilations"])]
+            new = [int(p) for p in a["pads"]]
+            for i in range(nd):
+                new[i] += pads[2 + i]
+                new[i + nd] += pads[rank + 2 + i]
+            if any(new[i] > extent[i] or new[i + nd] > extent[i] for i in range(nd)):
+                break
+            plans[conv.name] = new
+        else:
+            folded.update(plans)
+            removed.add(pad.name)
+            rename[pad.outputs[0]] = pad.inputs[0]
+    if not removed:
+        return graph
+    nodes = []
+    for node in graph.nodes:
+        if node.name in removed:
+            continue
+        if node.name in folded:
+            node = Node(node.op, (rename.get(node.inputs[0], node.inputs[0]),) + node.inputs[1:],
+                        node.outputs, {**node.attrs, "pads": folded[node.name]}, node.name)
         nodes.append(node)
     return graph.with_nodes(nodes)
 
@@ -601,6 +655,8 @@ PIPELINE = (
     ("fold_constants", fold_constants),
     # Copies would hide a Conv -> BN or Conv -> Relu pair from the passes below.
     ("eliminate_identities", eliminate_identities),
+    # A zero Pad before a Conv is the Conv's padding (before BN folding: the same Conv).
+    ("fold_pads", fold_pads),
     # Before fusion: the Relu after a BN must see the Conv as its producer.
     ("fold_batch_norm", fold_batch_norm),
     # Bias, residual and activation into the producing Conv/Gemm/MatMul.

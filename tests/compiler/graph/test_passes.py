@@ -10,8 +10,8 @@ from celosia.compiler.graph.ir import print_node
 from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph.reference import run_graph
 from celosia.compiler.graph.passes import (PIPELINE, eliminate_identities, fold_batch_norm,
-                                           fold_constants, fuse_epilogues, optimize,
-                                           remove_dead_code)
+                                           fold_constants, fold_pads, fuse_epilogues,
+                                           optimize, remove_dead_code)
 from celosia.models import zoo as models
 
 RNG = np.random.default_rng(0)
@@ -256,13 +256,74 @@ def test_no_fusion_when_the_output_is_read_twice_or_an_output():
     assert body(fuse_epilogues(before)) == body(before)
 
 
+# ---- fold_pads -------------------------------------------------------------------------------
+
+
+def _pad_conv(pads, *, mode="constant", value=None, kernel=(3, 3), conv_pads=None,
+              dilations=None, readers=1, x_shape=(1, 4, 9, 11), extra_reader=None):
+    """Pad -> ``readers`` Convs (-> Add when two), optionally another reader of the Pad."""
+    nd = len(x_shape) - 2
+    inits = {"pads": np.array(pads, np.int64)}
+    pad_in = ["x", "pads"]
+    if value is not None:
+        inits["v"] = np.array(value, np.float32)
+        pad_in.append("v")
+    nodes = [helper.make_node("Pad", pad_in, ["p"], mode=mode)]
+    outs = []
+    for k in range(readers):
+        inits[f"w{k}"] = RNG.normal(size=(3, x_shape[1], *kernel)).astype(np.float32)
+        nodes.append(helper.make_node("Conv", ["p", f"w{k}"], [f"c{k}"],
+                                      pads=conv_pads or [0] * (2 * nd),
+                                      dilations=dilations or [1] * nd))
+        outs.append(f"c{k}")
+    if readers == 2:
+        nodes.append(helper.make_node("Add", outs, ["y"]))
+    else:
+        nodes.append(helper.make_node("Identity", outs, ["y"]))
+    outputs = [vi("y", None)]
+    if extra_reader:
+        nodes.append(helper.make_node(extra_reader, ["p"], ["z"]))
+        outputs.append(vi("z", None))
+    return import_onnx(make_model(nodes, [vi("x", list(x_shape))], outputs, inits))
+
+
+@pytest.mark.parametrize("pads, kw", [
+    ([0, 0, 1, 0, 0, 0, 1, 2], {}),                                   # TF "same", stride 1
+    ([0, 0, 2, 1, 0, 0, 0, 1], {"conv_pads": [0, 1, 0, 0]}),          # added to its own
+    ([0, 0, 4, 0, 0, 0], {"kernel": (3,), "dilations": [2],           # causal 1-D
+                          "x_shape": (1, 4, 20)}),
+    ([0, 0, 1, 1, 0, 0, 1, 1], {"readers": 2}),                       # two Convs read it
+])
+def test_fold_pads(pads, kw):
+    before = _pad_conv(pads, **kw)
+    after = fold_pads(before)
+    assert "Pad" not in [n.op for n in after.nodes]
+    convs = [n for n in after.nodes if n.op == "Conv"]
+    assert convs and all(n.inputs[0] == "x" for n in convs)
+    assert_same_outputs(before, after)
+
+
+@pytest.mark.parametrize("pads, kw", [
+    ([0, 0, 1, 1, 0, 0, 1, 1], {"value": 0.5}),                       # not zero
+    ([0, 0, 1, 1, 0, 0, 1, 1], {"mode": "reflect"}),
+    ([1, 0, 1, 1, 0, 0, 1, 1], {}),                                   # a batch pad
+    ([0, 0, 3, 0, 0, 0, 0, 0], {}),                                   # beyond the kernel
+    ([0, 0, 1, 1, 0, 0, 1, 1], {"extra_reader": "Relu"}),             # another reader
+])
+def test_fold_pads_keeps(pads, kw):
+    before = _pad_conv(pads, **kw)
+    after = fold_pads(before)
+    assert "Pad" in [n.op for n in after.nodes]
+    assert_same_outputs(before, after)
+
+
 # ---- the pipeline ----------------------------------------------------------------------------
 
 
 def test_pipeline_order():
     assert [name for name, _ in PIPELINE] == ["fold_constants", "eliminate_identities",
-                                              "fold_batch_norm", "fuse_epilogues",
-                                              "remove_dead_code"]
+                                              "fold_pads", "fold_batch_norm",
+                                              "fuse_epilogues", "remove_dead_code"]
 
 
 def test_optimize_small_cnn():
