@@ -37,7 +37,7 @@ from .ops_random import NONDETERMINISTIC
 from .reference import evaluate_node, stand_in
 
 __all__ = ["fold_constants", "eliminate_identities", "fold_pads", "fold_batch_norm",
-           "fuse_epilogues",
+           "fuse_layer_norms", "fuse_epilogues",
            "remove_dead_code", "optimize", "PIPELINE", "inline_branch", "conv1d_as_2d"]
 
 # A folded constant larger than this (elements) stays a node: folding would only grow the
@@ -191,6 +191,119 @@ def fold_pads(graph: Graph) -> Graph:
                         node.outputs, {**node.attrs, "pads": folded[node.name]}, node.name)
         nodes.append(node)
     return graph.with_nodes(nodes)
+
+
+def _scalar_const(inits, v) -> float | None:
+    a = inits.get(v)
+    return float(a.reshape(-1)[0]) if a is not None and a.size == 1 else None
+
+
+def _layer_norm_at(mean: Node, graph: Graph, users, inits):
+    """(nodes, x, scale array, bias array or None, axis, epsilon, output) of LayerNorm
+    spelt out from ``mean`` (a ReduceMean): x - mean(x), its square's mean + eps, sqrt,
+    the division, then optionally * scale and + bias (constants); or None."""
+    types = graph.types
+    x = mean.inputs[0]
+    t = types[x]
+    rank = len(t.shape)
+    axes = sorted(int(a) % rank for a in (mean.attrs.get("axes") or range(rank)))
+    if t.dtype != "float32" or not mean.attrs.get("keepdims", 1) or not axes \
+            or axes != list(range(axes[0], rank)):
+        return None
+
+    def only(v, op):
+        nxt = users.get(v, ())
+        return nxt[0] if len(nxt) == 1 and nxt[0].op == op and v not in graph.outputs \
+            else None
+    sub = only(mean.outputs[0], "Sub")
+    if sub is None or tuple(sub.inputs) != (x, mean.outputs[0]):
+        return None
+    d = sub.outputs[0]
+    readers = list({n.name: n for n in users.get(d, ())}.values())  # Mul(d, d) reads it twice
+    if len(readers) != 2 or d in graph.outputs:
+        return None
+    square = next((n for n in readers if (n.op == "Pow" and n.inputs[0] == d
+                                          and _scalar_const(inits, n.inputs[1]) == 2.0)
+                   or (n.op == "Mul" and tuple(n.inputs) == (d, d))), None)
+    div = next((n for n in readers if n.op == "Div" and n.inputs[0] == d), None)
+    if square is None or div is None:
+        return None
+    var = only(square.outputs[0], "ReduceMean")
+    if var is None or var.attrs.get("axes") is None or sorted(
+            int(a) % rank for a in var.attrs["axes"]) != axes or not var.attrs.get("keepdims", 1):
+        return None
+    add = only(var.outputs[0], "Add")
+    eps = None
+    if add is not None:
+        other = add.inputs[1] if add.inputs[0] == var.outputs[0] else add.inputs[0]
+        eps = _scalar_const(inits, other)
+    sqrt = add and only(add.outputs[0], "Sqrt")
+    if eps is None or eps < 0 or sqrt is None or div.inputs[1] != sqrt.outputs[0]:
+        return None
+    nodes = [mean, sub, square, var, add, sqrt, div]
+    tail = tuple(t.shape[axes[0]:])
+
+    def per_element(v):  # a constant broadcast over the normalized axes only
+        a = inits.get(v)
+        if a is None or a.ndim > rank or any(d != 1 for d in a.shape[:max(0, a.ndim - len(tail))]):
+            return None
+        try:
+            return np.broadcast_to(a.reshape(a.shape[max(0, a.ndim - len(tail)):]), tail) \
+                .astype(np.float32)
+        except ValueError:
+            return None
+    out, scale, bias = div.outputs[0], np.ones(tail, np.float32), None
+    mul = only(out, "Mul")
+    if mul is not None:
+        other = mul.inputs[1] if mul.inputs[0] == out else mul.inputs[0]
+        g = per_element(other)
+        if g is not None:
+            nodes.append(mul)
+            out, scale = mul.outputs[0], g
+            plus = only(out, "Add")
+            if plus is not None:
+                other = plus.inputs[1] if plus.inputs[0] == out else plus.inputs[0]
+                b = per_element(other)
+                if b is not None:
+                    nodes.append(plus)
+                    out, bias = plus.outputs[0], b
+    return nodes, x, scale, bias, axes[0], eps, out
+
+
+def fuse_layer_norms(graph: Graph) -> Graph:
+    """LayerNormalization spelt out (exporters before opset 17: ReduceMean, Sub, Pow,
+    ReduceMean, Add eps, Sqrt, Div, then * scale + bias) becomes one LayerNormalization
+    node (stash type float32): on the CPU build the row-wise kernel instead of two numpy
+    reductions and five element-wise passes. The same values within float32 rounding (the
+    kernel multiplies by 1/sqrt where the spelt-out form divides)."""
+    graph = _in_bodies(graph, fuse_layer_norms)
+    users, inits, types = graph.consumers(), dict(graph.initializers), dict(graph.types)
+    absorbed: set[str] = set()
+    placed: dict[str, Node] = {}
+    for node in graph.nodes:
+        if node.op != "ReduceMean" or node.name in absorbed:
+            continue
+        found = _layer_norm_at(node, graph, users, inits)
+        if found is None:
+            continue
+        nodes, x, scale, bias, axis, eps, out = found
+        inputs = [x]
+        for what, a in (("scale", scale), ("bias", bias)):
+            if a is None:
+                continue
+            name = _fresh(f"{node.name}/{what}", types)
+            inits[name] = constant(a)
+            types[name] = TensorType("float32", a.shape)
+            inputs.append(name)
+        absorbed.update(n.name for n in nodes)
+        placed[node.name] = Node("LayerNormalization", tuple(inputs), (out,),
+                                 {"axis": axis, "epsilon": eps,
+                                  "stash_type": np.dtype(np.float32)}, node.name + "/layernorm")
+    if not placed:
+        return graph
+    kept = [placed.get(n.name, n) for n in graph.nodes
+            if n.name in placed or n.name not in absorbed]
+    return graph.with_nodes(kept, initializers=inits, types=types)
 
 
 def _renamed(node: Node, rename: dict) -> Node:
@@ -659,6 +772,8 @@ PIPELINE = (
     ("fold_pads", fold_pads),
     # Before fusion: the Relu after a BN must see the Conv as its producer.
     ("fold_batch_norm", fold_batch_norm),
+    # LayerNorm spelt out by older exporters, as one node.
+    ("fuse_layer_norms", fuse_layer_norms),
     # Bias, residual and activation into the producing Conv/Gemm/MatMul.
     ("fuse_epilogues", fuse_epilogues),
     # Last: the weights BN folding replaced, the shape tensors folding consumed.

@@ -11,7 +11,7 @@ from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph.reference import run_graph
 from celosia.compiler.graph.passes import (PIPELINE, eliminate_identities, fold_batch_norm,
                                            fold_constants, fold_pads, fuse_epilogues,
-                                           optimize, remove_dead_code)
+                                           fuse_layer_norms, optimize, remove_dead_code)
 from celosia.models import zoo as models
 
 RNG = np.random.default_rng(0)
@@ -317,13 +317,69 @@ def test_fold_pads_keeps(pads, kw):
     assert_same_outputs(before, after)
 
 
+# ---- fuse_layer_norms ------------------------------------------------------------------------
+
+
+def _spelt_layer_norm(shape=(2, 5, 8), axes=(-1,), square="Pow", scale=(8,), bias=(8,),
+                      eps_first=False, power=2.0, extra_reader=False):
+    """LayerNorm as exporters before opset 17 write it, over ``axes``."""
+    inits = {"two": np.array(power, np.float32), "eps": np.array(1e-5, np.float32)}
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=list(axes), keepdims=1),
+             helper.make_node("Sub", ["x", "m"], ["d"]),
+             helper.make_node("Pow", ["d", "two"], ["p"]) if square == "Pow"
+             else helper.make_node("Mul", ["d", "d"], ["p"]),
+             helper.make_node("ReduceMean", ["p"], ["v"], axes=list(axes), keepdims=1),
+             helper.make_node("Add", ["eps", "v"] if eps_first else ["v", "eps"], ["ve"]),
+             helper.make_node("Sqrt", ["ve"], ["s"]),
+             helper.make_node("Div", ["d", "s"], ["n"])]
+    last = "n"
+    if scale is not None:
+        inits["g"] = RNG.normal(size=scale).astype(np.float32)
+        nodes.append(helper.make_node("Mul", ["n", "g"], ["ng"]))
+        last = "ng"
+    if bias is not None:
+        inits["b"] = RNG.normal(size=bias).astype(np.float32)
+        nodes.append(helper.make_node("Add", [last, "b"], ["nb"]))
+        last = "nb"
+    nodes.append(helper.make_node("Relu", [last], ["y"]))
+    outputs = [vi("y", None)]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["d"], ["z"]))
+        outputs.append(vi("z", None))
+    return import_onnx(make_model(nodes, [vi("x", list(shape))], outputs, inits, opset=13))
+
+
+@pytest.mark.parametrize("kw, absorbed", [
+    ({}, 9),
+    ({"square": "Mul", "eps_first": True}, 9),
+    ({"scale": None, "bias": None}, 7),
+    ({"scale": (1, 1, 8), "bias": None}, 8),
+    ({"axes": (-2, -1), "scale": (5, 8), "bias": (8,)}, 9),    # two trailing axes
+    ({"scale": (2, 1, 8)}, 7),                                 # scale varies along the batch
+])
+def test_fuse_layer_norms(kw, absorbed):
+    before = _spelt_layer_norm(**kw)
+    after = fuse_layer_norms(before)
+    ops = [n.op for n in after.nodes]
+    assert ops.count("LayerNormalization") == 1 and "ReduceMean" not in ops
+    assert len(before.nodes) - len(after.nodes) == absorbed - 1
+    assert_same_outputs(before, after, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [{"axes": (1,)}, {"power": 3.0}, {"extra_reader": True}])
+def test_fuse_layer_norms_keeps(kw):
+    before = _spelt_layer_norm(**kw)
+    assert fuse_layer_norms(before).nodes == before.nodes
+
+
 # ---- the pipeline ----------------------------------------------------------------------------
 
 
 def test_pipeline_order():
     assert [name for name, _ in PIPELINE] == ["fold_constants", "eliminate_identities",
                                               "fold_pads", "fold_batch_norm",
-                                              "fuse_epilogues", "remove_dead_code"]
+                                              "fuse_layer_norms", "fuse_epilogues",
+                                              "remove_dead_code"]
 
 
 def test_optimize_small_cnn():
