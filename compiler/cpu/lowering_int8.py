@@ -70,20 +70,24 @@ def dot_reason(form_name: str, channels: int, out_channels: int, groups: int) ->
 
 def _operands(lw, node: Node, w: np.ndarray, groups: int, vectors: int, layout: str = ""):
     """(weight, bias, multiplier) constant names for the form's kernel; ``layout`` tags
-    weights arranged otherwise (``f``: ``fold_columns``)."""
+    weights arranged otherwise (``f``: ``fold_columns``). ``w`` may have more output
+    channels than the node (``padded_channels``): the extra ones get zero bias and
+    multiplier."""
     f = FORMS[lw.int8_form]
     _, wv, bias, multiplier = node.inputs[:4]
-    tag = f"{f.name}v{vectors}{layout}"
+    extra = w.shape[0] - np.asarray(lw.const(bias)).shape[0]
+    tag = f"{f.name}v{vectors}{layout}" + (f"p{w.shape[0]}" if extra else "")
     weight = lw.add_const(f"{wv}@{tag}", pack_dot_weight(w, groups, f, vectors))
-    b = per_channel(unsigned_bias(np.asarray(lw.const(bias)), w, f), groups, f, vectors)
-    m = per_channel(np.asarray(lw.const(multiplier)), groups, f, vectors)
+    padded = [np.pad(np.asarray(lw.const(v)), (0, extra)) for v in (bias, multiplier)]
+    b = per_channel(unsigned_bias(padded[0], w, f), groups, f, vectors)
+    m = per_channel(padded[1], groups, f, vectors)
     return (weight, lw.add_const(f"{node.name}@bias.{tag}", b),
             lw.add_const(f"{multiplier}@{tag}", m))
 
 
 def qconv(lw, node: Node) -> bool:
     """A QConv (2-D, any groups but depthwise-like ones) as one ``qdot`` kernel."""
-    from .schedules import channel_block, output_block
+    from .schedules import channel_block, output_block, padded_channels
 
     if lw.int8_form is None:
         return False
@@ -101,8 +105,13 @@ def qconv(lw, node: Node) -> bool:
     if dot_reason(lw.int8_form, c, m, g) is not None:
         return False
     f = FORMS[lw.int8_form]
-    ob = output_block(m // g, out_t.shape[3])
-    vectors, columns = dot_tile(f, m // g, out_t.shape[3])
+    # Output channels with no block of 8 or more (an int8 YOLO head's 255): computed
+    # padded (zero weights, bias and multiplier), cropped by the unpack below.
+    mp = padded_channels(m) if g == 1 and not residual else m
+    if mp != m:
+        w = np.concatenate([w, np.zeros((mp - m, *w.shape[1:]), np.int8)])
+    ob = output_block(mp // g, out_t.shape[3])
+    vectors, columns = dot_tile(f, mp // g, out_t.shape[3])
     have = lw.current_block(x)
     if have and (c // have) * have == c:
         data = lw.blocked(x, have)
@@ -121,14 +130,22 @@ def qconv(lw, node: Node) -> bool:
             wk, g, f, vectors, pad_value(a))))
     if residual:
         args.append(lw.blocked(residual, ob))
-    out = lw.produce(node.outputs[0], ob)
+    if mp == m:
+        out = lw.produce(node.outputs[0], ob)
+    else:
+        oh, ow = out_t.shape[2:]
+        out = lw.define(f"{node.outputs[0]}@pad{mp}", I8, (n, mp // ob, oh, ow, ob))
     spec = {"op": "qdot", "form": lw.int8_form, "data": lw.values[data]["shape"],
-            "channels": c, "groups": g, "out": lw.values[out]["shape"], "out_channels": m,
+            "channels": c, "groups": g, "out": lw.values[out]["shape"], "out_channels": mp,
             "kernel": list(w.shape[2:]), "strides": list(a["strides"]),
             "pads": pads[:4], "dilations": list(a["dilations"]),
             "pad_value": pad_value(a), "tile": [vectors, columns],
             "residual": bool(residual), "skip_padding": skip, "fold_columns": fold}
     lw.kernel(node, spec, args + [out], out)
+    if mp != m:
+        plain = lw.produce(node.outputs[0], 0)
+        lw.kernel(None, {"op": "unpack", "shape": lw.values[out]["shape"], "dtype": I8,
+                         "out": list(out_t.shape)}, [out, plain], plain)
     return True
 
 
