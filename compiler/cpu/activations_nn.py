@@ -13,6 +13,11 @@ the kernel to 5e-7 absolute against float64.
 tanh (Gelu's tanh form) is ``1 - 2 / (exp(2z) + 1)``: exp overflowing to inf gives 1,
 underflowing to 0 gives -1, so no clamp is needed; the absolute error is a few float32 ulp
 of 1, which is what Gelu's ``0.5 * x * (1 + tanh)`` keeps.
+
+Mish, ``x * tanh(softplus(x))``, is ``x * n / (n + 2)`` with ``n = e^x (e^x + 2)``
+(tanh(log(1 + e^x)) written out): one exp and one division, no log; x is clamped to 20
+inside the exp (there n / (n + 2) is 1 in float32), so nothing overflows, and far below 0
+the result is x e^x as it should be. The tests hold it to a few ulp of numpy's definition.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import math
 
 from ..tensor.expr import as_expr, exp, max_expr, min_expr
 
-__all__ = ["erf", "gelu", "tanh", "UNARY_NN"]
+__all__ = ["erf", "gelu", "mish", "tanh", "UNARY_NN"]
 
 # Highest power first.
 _ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
@@ -49,6 +54,12 @@ def tanh(v):
     return one - as_expr(2.0) / (exp(v + v) + one)
 
 
+def mish(v):
+    e = exp(min_expr(v, as_expr(20.0)))
+    n = e * (e + as_expr(2.0))
+    return v * n / (n + as_expr(2.0))
+
+
 def gelu(v, tanh_form=0.0):
     """ONNX Gelu: ``0.5 x (1 + erf(x / sqrt 2))``, or with ``tanh_form`` (approximate =
     "tanh") ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, in numpy's order
@@ -61,4 +72,4 @@ def gelu(v, tanh_form=0.0):
 
 
 # (tanh alone is not offered: near 0 its relative error is large, where np.tanh is exact.)
-UNARY_NN = {"Erf": erf, "Gelu": gelu}
+UNARY_NN = {"Erf": erf, "Gelu": gelu, "Mish": mish}

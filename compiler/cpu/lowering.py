@@ -64,7 +64,7 @@ __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
 F32, I8 = "float32", "int8"
 _VIEW_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 _ELTWISE_UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Neg", "Abs",
-                  "Exp", "Sqrt", "Clip", "Erf", "Gelu")
+                  "Exp", "Sqrt", "Clip", "Erf", "Gelu", "Mish")
 _ELTWISE_PARAMS = {"LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
                    "Quantize": ("scale", "zero_point"),
                    "Dequantize": ("scale", "zero_point")}

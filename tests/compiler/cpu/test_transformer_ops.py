@@ -74,7 +74,7 @@ def test_batched_matmul_epilogue_is_one_dense_kernel(extra):
 
 
 def _unary_model(op, shape, **attrs):
-    opset = 20 if op == "Gelu" else 17
+    opset = {"Gelu": 20, "Mish": 18}.get(op, 17)
     return _model([helper.make_node(op, ["x"], ["y"], **attrs)], [_vi("x", list(shape))],
                   [_vi("y", None)], opset)
 
@@ -118,6 +118,47 @@ def test_gelu_kernel_against_float64(approximate):
     else:
         exact = 0.5 * x64 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2)))
     assert np.all(np.abs(got - exact) <= 6e-7 * np.maximum(1.0, np.abs(x64)))
+
+
+def test_mish_kernel_against_float64():
+    """Mish = x tanh(softplus(x)) as the kernel's x n / (n + 2), n = e^x (e^x + 2)
+    (activations_nn.py): within a few float32 ulp of float64 at every scale, x itself
+    from 20 up, x e^x far below 0."""
+    x = _wide_inputs((3, 40, 19), 5)
+    x.reshape(-1)[6:12] = [20.0, 25.0, 1e4, -90.0, -1e4, 0.5]
+    built = CpuModel.build(_unary_model("Mish", x.shape), {"x": x.shape})
+    assert [st["kind"] for st in built.program.steps] == ["kernel"]
+    got = built.run({"x": x})["y"]
+    x64 = x.astype(np.float64)
+    exact = x64 * np.tanh(np.logaddexp(0, x64))
+    assert np.all(np.abs(got - exact) <= 4 * np.spacing(np.abs(exact).astype(np.float32))
+                  + 1e-37)
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_mish_spelt_out_is_one_kernel(opset):
+    """PyTorch writes F.mish as Softplus -> Tanh -> Mul before opset 18; the graph's
+    fuse_mish makes it one Mish node, an element-wise kernel (on the blocked layout
+    between two convolutions) instead of two numpy steps between an unpack and a pack."""
+    rng = np.random.default_rng(opset)
+    w = [numpy_helper.from_array((rng.normal(size=(16, 16, 3, 3)) / 12).astype(np.float32),
+                                 f"w{k}") for k in range(2)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c"], pads=[1] * 4),
+             helper.make_node("Softplus", ["c"], ["s"]),
+             helper.make_node("Tanh", ["s"], ["t"]),
+             helper.make_node("Mul", ["c", "t"], ["m"]),
+             helper.make_node("Conv", ["m", "w1"], ["y"], pads=[1] * 4)]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset, w)
+    x = (rng.normal(size=(1, 16, 12, 12)) * 3).astype(np.float32)
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, {"x": x})
+    built = CpuModel.build(m, {"x": x.shape})
+    np.testing.assert_allclose(built.run({"x": x})["y"], want, rtol=1e-5,
+                               atol=1e-5 * np.abs(want).max())
+    steps = [(st["op"], st["kind"]) for st in built.program.steps]
+    assert ("Mish", "kernel") in steps and not any(k == "numpy" for _, k in steps)
+    assert [op for op, _ in steps].count("unpack") == 1  # only the output's
 
 
 @pytest.mark.parametrize("rows, residual", [(197, True), (13, False), (1, True)])

@@ -378,7 +378,7 @@ def test_fuse_layer_norms_keeps(kw):
 def test_pipeline_order():
     assert [name for name, _ in PIPELINE] == ["fold_constants", "eliminate_identities",
                                               "fold_pads", "fold_batch_norm",
-                                              "fuse_layer_norms", "fuse_epilogues",
+                                              "fuse_layer_norms", "fuse_mish", "fuse_epilogues",
                                               "remove_dead_code"]
 
 
