@@ -1027,8 +1027,9 @@ def lower_graph(graph: Graph, *, int8_form: str | None = None) -> CpuProgram:
     best, or $CELOSIA_INT8_FORM), a form of int8_forms.py, or "none"."""
     from .conv1d import conv1d_as_2d  # 1-D convolutions on the 2-D kernels
     from .conv1d_dense import conv1d_as_dense  # or, with long kernels, on the dense one
+    from .conv3d import conv3d_as_2d  # 3-D convolutions as sums of 2-D ones
 
-    return _Lowering(conv1d_as_2d(conv1d_as_dense(graph)), int8_form).run()
+    return _Lowering(conv3d_as_2d(conv1d_as_2d(conv1d_as_dense(graph))), int8_form).run()
 
 
 def compile_program(program: CpuProgram, *, progress=None) -> dict:
