@@ -987,7 +987,9 @@ class _Lowering:
                     # (no unpack), then the compiled strided copies (lowering_nn)
                     "Split": self.channel_split,
                     "Slice": lambda n: self.channel_split(n) or lowering_nn.slice_(self, n),
-                    "Transpose": lambda n: self.transpose(n) or lowering_nn.transpose(self, n)}
+                    "Transpose": lambda n: self.transpose(n) or lowering_nn.transpose(self, n),
+                    "DepthToSpace": lambda n: lowering_nn.depth_space(self, n),
+                    "SpaceToDepth": lambda n: lowering_nn.depth_space(self, n)}
         for op in CONTROL_OPS:  # bodies compiled as programs of their own (control.py)
             handlers[op] = lambda node: lower_control(self, node)
         for op in _VIEW_OPS:

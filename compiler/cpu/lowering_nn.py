@@ -271,6 +271,34 @@ def transpose(lw, node: Node) -> bool:
     return True
 
 
+def depth_space(lw, node: Node) -> bool:
+    """DepthToSpace / SpaceToDepth (super-resolution's pixel shuffle, YOLOv5's Focus) as
+    what they are, a 6-D transpose: views of the plain value before and after one compiled
+    strided copy (graph/ops_tensor.py's reshape-transpose-reshape)."""
+    x = node.inputs[0]
+    tx, a = lw.type(x), node.attrs
+    if lw.is_const(x) or tx.dtype not in _COPY_DTYPES or len(tx.shape) != 4:
+        return False
+    bs, (n, c, h, w) = int(a["blocksize"]), tx.shape
+    dcr = a.get("mode", "DCR") == "DCR"
+    if node.op == "DepthToSpace":
+        if c % (bs * bs):
+            return False
+        shape = (n, bs, bs, c // bs ** 2, h, w) if dcr else (n, c // bs ** 2, bs, bs, h, w)
+        perm = (0, 3, 4, 1, 5, 2) if dcr else (0, 1, 4, 2, 5, 3)
+    else:
+        if h % bs or w % bs:
+            return False
+        shape = (n, c, h // bs, bs, w // bs, bs)
+        perm = (0, 3, 5, 1, 2, 4) if dcr else (0, 1, 3, 5, 2, 4)
+    moved = tuple(shape[p] for p in perm)
+    src = lw.view_of(lw.plain(x), shape, f"{x}@6d")
+    out6 = lw.define(f"{node.outputs[0]}@6d", tx.dtype, moved)
+    lw.kernel(node, copy_spec(tx.dtype, shape, moved, perm=list(perm)), [src, out6], out6)
+    lw.step("view", node, [out6], [lw.produce(node.outputs[0], 0)])
+    return True
+
+
 def slice_(lw, node: Node) -> bool:
     """Slice with constant starts, ends and steps (attributes after import) as a compiled
     strided copy."""
