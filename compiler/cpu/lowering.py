@@ -797,6 +797,28 @@ class _Lowering:
         self.kernel(node, spec, args + [out], out)
         return True
 
+    def spatial_mean(self, node: Node) -> bool:
+        """ReduceMean over H and W of a 4-D float32 value (timm's squeeze-excitation writes
+        ``x.mean((2, 3), keepdim=True)``, classifiers without keepdim): the ``gap`` kernel
+        on the blocked layout, a view for [N, C], instead of an unpack and a numpy step."""
+        x, a = node.inputs[0], node.attrs
+        tx = self.type(x)
+        if len(tx.shape) != 4 or tx.dtype != F32 or len(node.inputs) != 1 \
+                or sorted(int(v) % 4 for v in (a.get("axes") or ())) != [2, 3]:
+            return False
+        n, c = tx.shape[:2]
+        block = self.current_block(x) or channel_block(c)
+        data = self.blocked(x, block)
+        spec = {"op": "gap", "data": self.values[data]["shape"]}
+        if a.get("keepdims", 1):
+            out = self.produce(node.outputs[0], block)
+            self.kernel(node, spec, [data, out], out)
+            return True
+        pooled = self.define(f"{node.outputs[0]}@gap", F32, (n, c // block, 1, 1, block))
+        self.kernel(node, spec, [data, pooled], pooled)
+        self.step("view", node, [pooled], [self.produce(node.outputs[0], 0)])  # same bytes
+        return True
+
     def eltwise(self, node: Node) -> bool:
         out_t = self.type(node.outputs[0])
         if len(node.outputs) != 1 or not out_t.shape:
@@ -988,6 +1010,7 @@ class _Lowering:
                     "Split": self.channel_split,
                     "Slice": lambda n: self.channel_split(n) or lowering_nn.slice_(self, n),
                     "Transpose": lambda n: self.transpose(n) or lowering_nn.transpose(self, n),
+                    "ReduceMean": self.spatial_mean,
                     "DepthToSpace": lambda n: lowering_nn.depth_space(self, n),
                     "SpaceToDepth": lambda n: lowering_nn.depth_space(self, n)}
         for op in CONTROL_OPS:  # bodies compiled as programs of their own (control.py)
