@@ -149,7 +149,7 @@ def fold_pads(graph: Graph) -> Graph:
     kernel extent less one (the padding a convolution can have without a window wholly
     outside the image)."""
     graph = _in_bodies(graph, fold_pads)
-    users, inits = graph.consumers(), graph.initializers
+    users = graph.consumers()
     folded: dict[str, list] = {}  # Conv name -> its new pads
     removed: set[str] = set()
     rename: dict[str, str] = {}

@@ -37,7 +37,9 @@ def _model(seed=0):
         h("Pad", ["x", const("p1", [0, 0, 1, 1, 0, 0, 1, 1])], ["xp"], mode="reflect"),
         conv("c1", "xp", "a"),
         h("Sigmoid", ["a"], ["s"]),  # a table's output: zero point -128
-        h("Pad", ["s", const("p2", [0, 0, 1, 1, 0, 0, 1, 1])], ["sp"]),  # zeros
+        # zeros, wider than the 3x3 kernel reaches (a Conv's own padding otherwise:
+        # passes.fold_pads)
+        h("Pad", ["s", const("p2", [0, 0, 3, 3, 0, 0, 3, 3])], ["sp"]),
         conv("c2", "sp", "b"),
         h("Pad", ["b", const("p3", [0, 0, 2, 1, 0, 0, 0, 1])], ["bp"], mode="edge"),
         h("Resize", ["bp", "", const("sc", [1, 1, 2, 2], np.float32)], ["u"], mode="nearest"),
