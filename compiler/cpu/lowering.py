@@ -56,7 +56,7 @@ from . import lowering_int8, lowering_nn, lowering_q
 from .int8_forms import chosen_form
 from .copies import copy_spec
 from .schedules import (EXACT_TERMS, channel_block, conv_columns, output_block,
-                        dense_columns, padded_channels,
+                        dense_block, dense_columns, padded_channels,
                         pack_conv_weight, pack_dense_weight, pack_depthwise_weight)
 
 __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
@@ -594,7 +594,6 @@ class _Lowering:
         m = math.prod(ta.shape[:-1])
         from ..graph.ir import TensorType
         flat_t = TensorType(F32, (m, n))
-        nb = channel_block(n)
         steps, args = [], []
         bias = False
         if c_in:
@@ -625,13 +624,13 @@ class _Lowering:
         cols = dense_columns(n) if n > 8 and per_column else n
         if cols != n:
             wt = np.concatenate([wt, np.zeros((cols - n, k), np.float32)])
-            nb = channel_block(cols)
             padded = []
             for v in args:
                 vec = np.zeros(cols, np.float32)
                 vec[:n] = self.constants[v].reshape(-1)
                 padded.append(self.add_const(f"{v}p{cols}", vec))
             args = padded
+        nb = dense_block(cols)
         packed = self.add_const(f"{b_in}@dense{nb}" + (f"p{cols}" if cols != n else ""),
                                 pack_dense_weight(wt, nb))
         rows = _padded_rows(m)

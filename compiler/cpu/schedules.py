@@ -58,7 +58,7 @@ __all__ = ["conv2d_nchwc", "schedule_conv2d_nchwc", "depthwise_conv2d_nchwc", "r
            "schedule_depthwise_conv2d_nchwc", "pack_depthwise_weight", "dense", "schedule_dense", "relu",
            "add", "max_pool2d_nchwc", "global_avg_pool_nchwc", "schedule_elementwise",
            "pack_conv_weight", "pack_dense_weight", "pack_nchwc", "unpack_nchwc",
-           "channel_block", "padded_channels", "dense_columns", "conv_columns", "ACTIVATIONS", "EXACT_TERMS", "FLOAT_TERMS"]
+           "channel_block", "padded_channels", "dense_columns", "dense_block", "conv_columns", "ACTIVATIONS", "EXACT_TERMS", "FLOAT_TERMS"]
 
 ACTIVATIONS = (None, "relu", "relu6")
 # int8 x int8 products summed in float32 stay exact integers up to this many (2**24 / 2**14).
@@ -94,6 +94,15 @@ def dense_columns(n: int) -> int:
     if n >= 64 and n % 16:
         return -(-n // 16) * 16
     return padded_channels(n)
+
+
+def dense_block(n: int) -> int:
+    """The column block of a float dense kernel of ``n`` output columns: 32 (two vectors of
+    16 per row: a tile of 8 rows then holds 16 accumulators, enough independent FMAs for
+    both of a core's FMA units) when n is a multiple of 32 from 64 on, else
+    ``channel_block``. On transformer-sized products (128-197 rows, 256-3072 columns) 32
+    took 0.78-0.89x the time of 16 (alternating in one process, loaded machine)."""
+    return 32 if n >= 64 and n % 32 == 0 else channel_block(n)
 
 
 def output_block(channels: int, width: int) -> int:
