@@ -157,19 +157,26 @@ def batch_matmul(lw, node: Node) -> bool:
     (attention's Q @ K^T and P @ V): one kernel over the batches, viewed as 3-D, with M
     and N padded by compiled copies where the register tile needs it (ViT's 197 tokens)
     and the output cropped; a scaling (Div or Mul by a scalar) computed in its output stage,
-    an epilogue's mask Add as an element-wise kernel after it. Broadcast batches stay
-    numpy."""
+    an epilogue's mask Add as an element-wise kernel after it. A right operand without
+    batch dims (or with batch dims of 1: two embeddings' similarities, ``x @ y.T``) is one
+    product of A's rows, every batch of A stacked. Other broadcast batches stay numpy."""
     a_in, b_in = node.inputs[:2]
     ta, tb = lw.type(a_in), lw.type(b_in)
-    if ta.dtype != F32 or tb.dtype != F32 or len(ta.shape) < 3 \
-            or len(tb.shape) != len(ta.shape) or ta.shape[:-2] != tb.shape[:-2] \
-            or lw.is_const(a_in) or lw.is_const(b_in):
+    if ta.dtype != F32 or tb.dtype != F32 or len(ta.shape) < 2 or len(tb.shape) < 2 \
+            or len(tb.shape) > len(ta.shape) or lw.is_const(a_in) or lw.is_const(b_in):
+        return False
+    shared = all(d == 1 for d in tb.shape[:-2])  # B broadcast over every batch of A
+    if not shared and ta.shape[:-2] != tb.shape[:-2]:
         return False
     epilogue = _inner_steps(lw, node)
     if epilogue is None:
         return False
     (m, k), n = ta.shape[-2:], tb.shape[-1]
     z = math.prod(ta.shape[:-2])
+    if shared:  # A's batches as more rows of one product
+        z, m = 1, z * m
+        if not epilogue[1] and _shared_as_dense(lw, node, m, k, n, epilogue[0]):
+            return True
     rows, cols = _tile_rows(m), -(-n // 8) * 8
     a = _padded(lw, lw.view_of(lw.plain(a_in), (z, m, k), f"{a_in}@3d"), (z, m, k),
                 (z, rows, k))
@@ -202,6 +209,37 @@ def batch_matmul(lw, node: Node) -> bool:
         if not lw.eltwise(step):
             lw.fallback(step)
         result = out
+    return True
+
+
+def _shared_as_dense(lw, node: Node, m: int, k: int, n: int, steps: list) -> bool:
+    """``A [.., m, k] @ B [k, n]`` with B computed at run time, as the dense kernel (its
+    column blocks in parallel; the batched kernel runs batches in parallel and this is one
+    batch): B packed by a compiled copy into the dense layout ``[n / nb, k, nb]`` each run,
+    A's rows padded as the dense lowering pads them."""
+    from .lowering import _padded_rows
+    from .schedules import dense_block
+
+    nb = dense_block(n)
+    if nb < 8 or node.attrs.get("epilogue") and len(steps) != len(node.attrs["epilogue"]):
+        return False
+    a_in, b_in = node.inputs[:2]
+    b = lw.view_of(lw.plain(b_in), (k, n // nb, nb), f"{b_in}@{k}x{n // nb}x{nb}")
+    packed = lw.define(f"{b_in}@dense{nb}", F32, (n // nb, k, nb))
+    lw.kernel(node, copy_spec(F32, (k, n // nb, nb), (n // nb, k, nb), perm=[1, 0, 2]),
+              [b, packed], packed)
+    data = lw.view_of(lw.plain(a_in), (m, k), f"{a_in}@{m}x{k}")
+    rows = _padded_rows(m)
+    if rows != m:
+        data = lw.pad_rows(node, data, rows)
+    flat = lw.define(f"{node.outputs[0]}@{rows}x{n}", F32, (rows, n))
+    lw.kernel(node, {"op": "dense", "data": [rows, k], "weight": [n // nb, k, nb],
+                     "bias": False, "epilogue": steps}, [data, packed, flat], flat)
+    if rows != m:
+        crop = lw.define(f"{node.outputs[0]}@{m}x{n}", F32, (m, n))
+        lw.kernel(node, copy_spec(F32, (rows, n), (m, n)), [flat, crop], crop)
+        flat = crop
+    lw.step("view", node, [flat], [lw.produce(node.outputs[0], 0)])
     return True
 
 
