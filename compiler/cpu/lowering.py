@@ -1004,6 +1004,7 @@ class _Lowering:
                     "LayerNormalization": lambda n: lowering_nn.layer_norm(self, n),
                     "InstanceNormalization": lambda n: lowering_nn.instance_norm(self, n),
                     "Softmax": lambda n: lowering_nn.softmax(self, n),
+                    "LogSoftmax": lambda n: lowering_nn.softmax(self, n),
                     # blocked channel splits and NCHW<->NHWC next to blocked values first
                     # (no unpack), then the compiled strided copies (lowering_nn)
                     "Split": self.channel_split,

@@ -104,6 +104,7 @@ def softmax(lw, node: Node) -> bool:
     tx = lw.type(x)
     if tx.dtype != F32 or lw.is_const(x) or not tx.shape or 0 in tx.shape:
         return False
+    op = "logsoftmax" if node.op == "LogSoftmax" else "softmax"
     axis = node.attrs["axis"] % len(tx.shape)
     cols = tx.shape[axis]
     inner = math.prod(tx.shape[axis + 1:])
@@ -113,14 +114,14 @@ def softmax(lw, node: Node) -> bool:
         data = _rows(lw, x, rows, cols)
         flat = out if (rows, cols) == tuple(tx.shape) \
             else lw.define(f"{out}@2d", F32, (rows, cols))
-        lw.kernel(node, {"op": "softmax", "rows": rows, "cols": cols}, [data, flat], flat)
+        lw.kernel(node, {"op": op, "rows": rows, "cols": cols}, [data, flat], flat)
         if flat != out:
             lw.step("view", node, [flat], [out])
         return True
     outer = rows // inner
     data = lw.view_of(lw.plain(x), (outer, cols, inner), f"{x}@{outer}x{cols}x{inner}")
     flat = lw.define(f"{out}@3d", F32, (outer, cols, inner))
-    lw.kernel(node, {"op": "softmax", "rows": outer, "cols": cols, "inner": inner},
+    lw.kernel(node, {"op": op, "rows": outer, "cols": cols, "inner": inner},
               [data, flat], flat)
     lw.step("view", node, [flat], [out])
     return True

@@ -12,6 +12,7 @@ Specs (float32, ``[rows, cols]`` row-major; the lowering flattens the leading ax
     {"op": "layernorm", "rows": R, "cols": D, "epsilon": 1e-5, "bias": True}
         data [R, D], scale [D], (bias [D]), out [R, D]
     {"op": "softmax", "rows": R, "cols": D}      data [R, D], out [R, D]
+    {"op": "logsoftmax", ...}                      the same shapes as softmax's
     {"op": "softmax", "rows": A, "cols": C, "inner": B}
         data [A, C, B], out [A, C, B]: Softmax over the middle axis (a segmentation or
         audio model's classes in NCHW / NCL), W neighbouring positions of B at a time as
@@ -21,7 +22,8 @@ Specs (float32, ``[rows, cols]`` row-major; the lowering flattens the leading ax
 Numerics follow graph/ops_nn.py's and graph/ops.py's numpy kernels step for step:
 LayerNorm is two passes (the mean, then the mean of squared deviations: no cancellation
 as one-pass E[x^2] - E[x]^2 has), ``y = (x - mean) * (1 / sqrt(var + eps)) * scale + bias``;
-Softmax ``e = exp(x - max)``, ``e / sum(e)``, exp inline (fastmath.py, within 2 ulp of
+Softmax ``e = exp(x - max)``, ``e / sum(e)`` (LogSoftmax ``(x - max) - log(sum(e))``, the
+log of each row's sum by llvm.log), exp inline (fastmath.py, within 2 ulp of
 numpy's) and 0 where ``x - max < -60`` (numpy's is below 1e-26 there; this way no value
 is ever subnormal). Sums run in W lanes (W = 16 with AVX-512, else 8) plus a scalar tail
 for ``D % W`` columns, then the lanes are added pairwise: a different order than numpy's
@@ -44,7 +46,7 @@ from .host import host_target
 
 __all__ = ["ROWWISE_OPS", "compile_rowwise", "vector_lanes"]
 
-ROWWISE_OPS = ("layernorm", "softmax")
+ROWWISE_OPS = ("layernorm", "softmax", "logsoftmax")
 _FLUSH = -60.0  # Softmax: exp(x - max) below exp(_FLUSH) is 0 (see _softmax_row)
 _F32, _I64, _I8P = ir.FloatType(), ir.IntType(64), ir.IntType(8).as_pointer()
 
@@ -184,7 +186,17 @@ def _softmax_row(r: _Row, spec: dict, x, out):
         e = b.select(low, _const(ty, 0.0), emit_exp(b, b.select(low, _const(ty, _FLUSH), z)))
         r.store(e, out, j)
         return e
-    inv = b.fdiv(_const(_F32, 1.0), _sum_columns(r, cols, exps))
+    total = _sum_columns(r, cols, exps)
+    if spec["op"] == "logsoftmax":
+        lse = _log(b, total)
+
+        def shift(j, ty, acc):
+            z = b.fsub(r.load(x, j, ty), _splat(b, top, ty))
+            r.store(b.fsub(z, _splat(b, lse, ty)), out, j)
+            return acc
+        r.columns(cols, [], [], shift)
+        return
+    inv = b.fdiv(_const(_F32, 1.0), total)
 
     def scale(j, ty, acc):
         r.store(b.fmul(r.load(out, j, ty), _splat(b, inv, ty)), out, j)
@@ -210,6 +222,14 @@ def _softmax_columns(r: _Row, spec: dict, x, out, ty):
         r.store(e, out, at(k))
         return [b.fadd(acc[0], e)]
     (total,) = r.loop(zero, c, one, [_const(ty, 0.0)], exps)
+    if spec["op"] == "logsoftmax":
+        lse = _log(b, total)
+
+        def shift(k, acc):
+            r.store(b.fsub(b.fsub(r.load(x, at(k), ty), top), lse), out, at(k))
+            return acc
+        r.loop(zero, c, one, [], shift)
+        return
     inv = b.fdiv(_const(ty, 1.0), total)
 
     def scale(k, acc):
@@ -233,6 +253,14 @@ def _splat(b, v, ty):
                                                    [0] * ty.count))
 
 
+def _log(b, v):
+    """llvm.log of a float or a vector of floats (a libm call per lane: once per row)."""
+    name = "llvm.log.f32" if v.type == _F32 else f"llvm.log.v{v.type.count}f32"
+    fn = b.module.globals.get(name) or ir.Function(
+        b.module, ir.FunctionType(v.type, [v.type]), name)
+    return b.call(fn, [v])
+
+
 def _sqrt(b, v):
     fn = b.module.globals.get("llvm.sqrt.f32") or ir.Function(
         b.module, ir.FunctionType(_F32, [_F32]), "llvm.sqrt.f32")
@@ -241,7 +269,7 @@ def _sqrt(b, v):
 
 def _params(spec: dict) -> list[Buffer]:
     rows, cols = spec["rows"], spec["cols"]
-    if spec["op"] == "softmax":
+    if spec["op"] in ("softmax", "logsoftmax"):
         shape = (rows, cols, spec["inner"]) if spec.get("inner", 1) > 1 else (rows, cols)
         return [Buffer("data", shape, "float32"), Buffer("out", shape, "float32")]
     return ([Buffer("data", (rows, cols), "float32"), Buffer("scale", (cols,), "float32")]
@@ -284,7 +312,7 @@ def _module(spec: dict, symbol: str) -> str:
     def row(i, acc):
         offset = b.mul(i, cols)
         x, out = b.gep(ptrs[0], [offset]), b.gep(ptrs[-1], [offset])
-        if spec["op"] == "softmax":
+        if spec["op"] in ("softmax", "logsoftmax"):
             _softmax_row(r, spec, x, out)
         else:
             _layernorm_row(r, spec, x, out, ptrs[1], ptrs[2] if spec["bias"] else None)

@@ -152,7 +152,7 @@ def test_plain_concat_and_slice_in_place():
     nodes = [helper.make_node("Exp", ["image"], ["e"]),
              helper.make_node("Slice", ["e", "one", "four", "one"], ["s"]),
              helper.make_node("Neg", ["s"], ["n"]),
-             helper.make_node("LogSoftmax", ["e"], ["m"], axis=2),  # a numpy step
+             helper.make_node("Sin", ["e"], ["m"]),  # a numpy step
              helper.make_node("Concat", ["n", "m", "n", "image"], ["y"], axis=1)]
     model = make_model(nodes, [vi("image", None)], [vi("y", None)],
                        [ints("one", [1]), ints("four", [4])])

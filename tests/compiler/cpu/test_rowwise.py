@@ -69,6 +69,23 @@ def test_strided_softmax_kernel_matches_numpy(outer, cols, inner):
     np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-5)
 
 
+@pytest.mark.parametrize("outer,cols,inner", [(5, 37, 1), (64, 1000, 1), (3, 9, 37),
+                                               (1, 21, 40)])
+def test_logsoftmax_kernel_matches_numpy(outer, cols, inner):
+    """LogSoftmax (rows and the strided form): (x - max) - log(sum(exp(x - max)))."""
+    x = (np.random.default_rng(cols + inner).normal(size=(outer, cols, inner))
+         * 6).astype(np.float32)
+    spec = {"op": "logsoftmax", "rows": outer, "cols": cols}
+    if inner > 1:
+        spec["inner"] = inner
+    y = np.empty_like(x)
+    compile_spec(spec)(x if inner > 1 else x.reshape(outer, cols),
+                       y if inner > 1 else y.reshape(outer, cols))
+    want = softmax({"axis": 1}, x, log=True)
+    assert np.abs(y - want).max() <= 8 * np.spacing(np.float32(np.abs(want).max()))
+    np.testing.assert_allclose(np.exp(y.astype(np.float64)).sum(axis=1), 1.0, rtol=1e-5)
+
+
 def test_strided_softmax_special_values_as_numpy():
     """The strided form on the special rows below, as columns: 16 + 4 positions."""
     rows = np.array([[0.0, -np.inf, 1.0, 2.0] * 5,
@@ -176,12 +193,13 @@ def test_layernorm_with_runtime_scale_and_mean_output():
     ((3, 4, 17), 0, True),
     ((2, 7, 9, 1), 2, True),        # only size-1 axes after it: the last axis in effect
 ])
-def test_softmax_node(shape, axis, kernel):
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_node(shape, axis, kernel, op):
     x = (np.random.default_rng(sum(shape)).normal(size=shape) * 5).astype(np.float32)
-    node = helper.make_node("Softmax", ["x"], ["y"], axis=axis)
+    node = helper.make_node(op, ["x"], ["y"], axis=axis)
     built, got = _build([node], [vi("x", list(shape))], [], {"x": x})
     kinds = [s["kind"] for s in built.program.steps
-             if s["op"] == "Softmax" and s["kind"] != "view"]
+             if s["op"] == op and s["kind"] != "view"]
     assert kinds == (["kernel"] if kernel else ["numpy"])
-    want = softmax({"axis": axis % len(shape)}, x)
+    want = softmax({"axis": axis % len(shape)}, x, log=op == "LogSoftmax")
     assert _ulps(got, want) <= 8

@@ -20,6 +20,7 @@ from celosia.runtime.reference import ReferenceModel
 __all__ = ["node_model", "oracle", "check_node", "FLOAT_KERNELS"]
 
 FLOAT_KERNELS = {"ConvTranspose", "Erf", "Gelu", "LayerNormalization", "Softmax", "Mish",
+                 "LogSoftmax",
                  "ReduceMean", "Conv",  # spatial means on the gap kernel, 3-D convolutions
                  # function operators: their bodies' MatMul, Softmax, ... kernels
                  "Attention", "RotaryEmbedding", "MeanVarianceNormalization"}
