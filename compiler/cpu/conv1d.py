@@ -1,4 +1,5 @@
-"""1-D convolutions as 2-D ones of height 1, so they run on the compiled 2-D kernels.
+"""1-D convolutions (and transposed ones) as 2-D ones of height 1, so they run on the
+compiled 2-D kernels.
 
 Audio and sequence models (Silero VAD's STFT-as-conv and encoder, temporal CNNs) convolve
 [N, C, L] inputs, which the CPU lowering otherwise leaves to numpy. ``conv1d_as_2d``
@@ -22,12 +23,15 @@ __all__ = ["conv1d_as_2d"]
 
 
 def _is_conv1d(node: Node, graph: Graph) -> bool:
-    if node.op not in ("Conv", "QConv") or len(node.inputs) < 2:
+    if node.op not in ("Conv", "QConv", "ConvTranspose") or len(node.inputs) < 2:
         return False
     x = node.inputs[0]
-    consts = [c for c in node.inputs[1:3 if node.op == "Conv" else 4] if c]
+    consts = [c for c in node.inputs[1:3 if node.op != "QConv" else 4] if c]
     t = graph.types[x]
-    dtype = "float32" if node.op == "Conv" else "int8"
+    dtype = "int8" if node.op == "QConv" else "float32"
+    if node.op == "ConvTranspose" and (node.attrs.get("epilogue") or len(node.inputs) > 3
+                                       or len(consts) != len(node.inputs) - 1):
+        return False  # (the 2-D ConvTranspose kernel takes constant weights and bias only)
     return (len(t.shape) == 3 and t.dtype == dtype and t.static and len(consts) >= 1
             and all(c in graph.initializers for c in consts))
 
@@ -90,6 +94,8 @@ def conv1d_as_2d(graph: Graph) -> Graph:
         pads = list(a["pads"])
         attrs = {**a, "kernel_shape": [1, *a["kernel_shape"]], "strides": [1, *a["strides"]],
                  "dilations": [1, *a["dilations"]], "pads": [0, pads[0], 0, pads[1]]}
+        if node.op == "ConvTranspose":  # vocoders' upsampling (HiFi-GAN, MelGAN)
+            attrs["output_padding"] = [0, *a["output_padding"]]
         nodes.append(Node(node.op, tuple(inputs), (y2,), attrs, node.name))
         twin[y] = y2
         # Back to 3-D only for readers that are not 1-D convolutions reading it as data.

@@ -1053,7 +1053,9 @@ def lower_graph(graph: Graph, *, int8_form: str | None = None) -> CpuProgram:
     from .conv1d import conv1d_as_2d  # 1-D convolutions on the 2-D kernels
     from .conv1d_dense import conv1d_as_dense  # or, with long kernels, on the dense one
     from .conv3d import conv3d_as_2d  # 3-D convolutions as sums of 2-D ones
+    from .convt import unit_stride_transposed_as_conv  # stride-1 ConvTranspose as a Conv
 
+    graph = unit_stride_transposed_as_conv(graph)
     return _Lowering(conv3d_as_2d(conv1d_as_2d(conv1d_as_dense(graph))), int8_form).run()
 
 
