@@ -56,7 +56,7 @@ from . import lowering_int8, lowering_nn, lowering_q
 from .int8_forms import chosen_form
 from .copies import copy_spec
 from .schedules import (EXACT_TERMS, channel_block, conv_columns, output_block,
-                        dense_block, dense_columns, padded_channels,
+                        dense_block, dense_columns, padded_channels, padded_rows,
                         pack_conv_weight, pack_dense_weight, pack_depthwise_weight)
 
 __all__ = ["CpuProgram", "lower_graph", "compile_program", "blocked_name"]
@@ -93,16 +93,6 @@ def _wider_output(width: int, block: int) -> int | None:
     if conv_columns(width, block) >= min(4, width):
         return None
     return next((w for w in range(width + 1, width + 8) if conv_columns(w, block) >= 7), None)
-
-
-def _padded_rows(m: int) -> int:
-    """The rows a dense kernel computes for ``m``: the dense schedule tiles rows by a
-    divisor of m (at most 8), so an m with no divisor of 4 to 8 (ViT's 197 tokens: 1 row
-    per tile, 4x slower) is padded with zero rows to a multiple of 8, the extra rows
-    computed and dropped."""
-    if m <= 8 or any(m % d == 0 for d in (4, 5, 6, 7, 8)):
-        return m
-    return -(-m // 8) * 8
 
 
 def blocked_name(value: str, block: int) -> str:
@@ -633,7 +623,7 @@ class _Lowering:
         nb = dense_block(cols)
         packed = self.add_const(f"{b_in}@dense{nb}" + (f"p{cols}" if cols != n else ""),
                                 pack_dense_weight(wt, nb))
-        rows = _padded_rows(m)
+        rows = padded_rows(m)
         if rows != m:  # (m, n)-shaped operands padded too, the output cropped below
             data = self.pad_rows(node, data, rows)
             args = [self.pad_rows(node, v, rows, n) for v in args]
@@ -1020,7 +1010,7 @@ class _Lowering:
         for op, fn in lowering_q.HANDLERS.items():  # QLut, QAdd, QMul, QMatMul
             handlers[op] = lambda node, fn=fn: fn(self, node)
         for op in ("LSTM", "GRU", "RNN"):  # lower_recurrent.py
-            handlers[op] = lambda node: lower_recurrent(self, node, _padded_rows)
+            handlers[op] = lambda node: lower_recurrent(self, node, padded_rows)
         for op in tuple(BINARY) + _ELTWISE_UNARY + tuple(CONVERT):
             handlers[op] = self.eltwise
         for node in g.nodes:

@@ -218,8 +218,7 @@ def _shared_as_dense(lw, node: Node, m: int, k: int, n: int, steps: list) -> boo
     column blocks in parallel; the batched kernel runs batches in parallel and this is one
     batch): B packed by a compiled copy into the dense layout ``[n / nb, k, nb]`` each run,
     A's rows padded as the dense lowering pads them."""
-    from .lowering import _padded_rows
-    from .schedules import dense_block
+    from .schedules import dense_block, padded_rows
 
     nb = dense_block(n)
     if nb < 8 or node.attrs.get("epilogue") and len(steps) != len(node.attrs["epilogue"]):
@@ -230,7 +229,7 @@ def _shared_as_dense(lw, node: Node, m: int, k: int, n: int, steps: list) -> boo
     lw.kernel(node, copy_spec(F32, (k, n // nb, nb), (n // nb, k, nb), perm=[1, 0, 2]),
               [b, packed], packed)
     data = lw.view_of(lw.plain(a_in), (m, k), f"{a_in}@{m}x{k}")
-    rows = _padded_rows(m)
+    rows = padded_rows(m)
     if rows != m:
         data = lw.pad_rows(node, data, rows)
     flat = lw.define(f"{node.outputs[0]}@{rows}x{n}", F32, (rows, n))

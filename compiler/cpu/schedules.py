@@ -58,7 +58,8 @@ __all__ = ["conv2d_nchwc", "schedule_conv2d_nchwc", "depthwise_conv2d_nchwc", "r
            "schedule_depthwise_conv2d_nchwc", "pack_depthwise_weight", "dense", "schedule_dense", "relu",
            "add", "max_pool2d_nchwc", "global_avg_pool_nchwc", "schedule_elementwise",
            "pack_conv_weight", "pack_dense_weight", "pack_nchwc", "unpack_nchwc",
-           "channel_block", "padded_channels", "dense_columns", "dense_block", "conv_columns", "ACTIVATIONS", "EXACT_TERMS", "FLOAT_TERMS"]
+           "channel_block", "padded_channels", "dense_columns", "dense_block", "padded_rows",
+           "conv_columns", "ACTIVATIONS", "EXACT_TERMS", "FLOAT_TERMS"]
 
 ACTIVATIONS = (None, "relu", "relu6")
 # int8 x int8 products summed in float32 stay exact integers up to this many (2**24 / 2**14).
@@ -94,6 +95,16 @@ def dense_columns(n: int) -> int:
     if n >= 64 and n % 16:
         return -(-n // 16) * 16
     return padded_channels(n)
+
+
+def padded_rows(m: int) -> int:
+    """The rows a dense kernel computes for ``m``: the dense schedule tiles rows by a
+    divisor of m (at most 8), so an m with no divisor of 4 to 8 (ViT's 197 tokens: 1 row
+    per tile, 4x slower) is padded with zero rows to a multiple of 8, the extra rows
+    computed and dropped."""
+    if m <= 8 or any(m % d == 0 for d in (4, 5, 6, 7, 8)):
+        return m
+    return -(-m // 8) * 8
 
 
 def dense_block(n: int) -> int:
