@@ -1563,7 +1563,7 @@ def _qdq_weight(graph: Graph, producers, node: Node):
 def _qdq_bias(graph: Graph, producers, node: Node, out_shape):
     """The float64 bias [O] of a Conv/Gemm: DequantizeLinear(const int32 [O]), or a
     constant (Conv: [O]; Gemm: C broadcast along the output channels), or None."""
-    channels = out_shape[1]
+    channels = out_shape[-1 if node.op == "MatMul" else 1]
     name = node.inputs[2] if len(node.inputs) > 2 and node.op != "MatMul" else ""
     if not name:
         return np.zeros(channels)
@@ -1640,17 +1640,20 @@ def _qdq_layer(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
         return None
     out_t = graph.types[node.outputs[0]]
     steps = list(a.get("epilogue", ()))
+    rank = len(out_t.shape)
     if any(s[0] not in ("Relu", "Clip") for s in steps) or out_t.dtype != "float32" or \
-            len(out_t.shape) != (4 if node.op == "Conv" else 2):
+            not (rank == 4 if node.op == "Conv" else rank == 2 or
+                 (node.op == "MatMul" and rank > 2 and out_t.static)):
         return None
     x = _dq_int8(graph, producers, node.inputs[0])
     weight = _qdq_weight(graph, producers, node)
-    if x is None or weight is None:
+    if x is None or weight is None or weight[0].ndim != (4 if node.op == "Conv" else 2):
         return None
     (x_q, s_x, z_x), (w_q, s_w) = x, weight
     bias = _qdq_bias(graph, producers, node, out_t.shape)
     found = _qdq_output(graph, users, node.outputs[0], steps)
-    if bias is None or found is None or w_q.shape[0] != out_t.shape[1]:
+    if bias is None or found is None or \
+            w_q.shape[0] != out_t.shape[-1 if node.op == "MatMul" else 1]:
         return None
     passed, q, s_y, z_y = found
     ratio = s_x * s_w / s_y
@@ -1858,5 +1861,5 @@ def from_qdq(graph: Graph) -> Graph:
             b.add(node.op, [r.x_q], [r.output], node.attrs, node.name, fresh=False)
         else:
             w_q, params, clamp, scale, z_in = r.layer
-            _emit_layer(b, node, r.x_q, w_q, params, clamp, scale, r.output, z_in=z_in)
+            _emit_rows(b, graph, node, r.x_q, w_q, params, clamp, scale, r.output, z_in=z_in)
     return b.graph(graph)

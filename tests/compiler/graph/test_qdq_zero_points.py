@@ -76,12 +76,13 @@ class _Model:
         self.scales[d] = (scale, zero)
         return d
 
-    def weight(self, shape):
+    def weight(self, shape, axis=0):
+        """DequantizeLinear of random int8 weights, one scale per index of ``axis``."""
         w = self.rng.integers(-127, 128, shape).astype(np.int8)
-        s = self.rng.uniform(0.002, 0.02, shape[0]).astype(np.float32)
+        s = self.rng.uniform(0.002, 0.02, shape[axis]).astype(np.float32)
         out = self.name("w")
         self.nodes.append(helper.make_node("DequantizeLinear", [self.const(w), self.const(s)],
-                                           [out], axis=0))
+                                           [out], axis=axis))
         return out, s
 
     def bias(self, s_x, s_w):
@@ -191,25 +192,32 @@ def test_network_cpu_build_every_form(dtype):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_single_layers_within_one_step(seed):
-    """One DQ -> Conv/Gemm -> Q with random zero points on both sides: the QConv/QGemm's
-    output is the float QDQ layer's, or one step off, and mostly identical."""
+    """One DQ -> Conv/Gemm/MatMul -> Q with random zero points on both sides: the
+    QConv/QGemm's output is the float QDQ layer's, or one step off, and mostly identical;
+    a MatMul on a 3-D input (a transformer's dense layers) is a QGemm on its rows."""
     rng = np.random.default_rng(seed)
-    for op in ("Conv", "Gemm"):
+    for op in ("Conv", "Gemm", "MatMul"):
         m = _Model(rng, "int8")
         x = m.qdq("x")
         if op == "Conv":
             y = m.qdq(m.conv(x, 6, 16, pads=[1, 2, 0, 1], strides=[2, 1]))
             shape = [2, 6, 7, 8]
-        else:
+        elif op == "Gemm":
             w, s_w = m.weight((16, 24))
             y = m.qdq(m.node("Gemm", [x, w, m.bias(m.scales[x][0], s_w)], transB=1))
             shape = [5, 24]
+        else:
+            w, _ = m.weight((24, 16), axis=1)  # [K, O]: a scale per column
+            y = m.qdq(m.node("MatMul", [x, w]))
+            shape = [2, 5, 24]
         graph = import_onnx(m.model(shape, [y]))
         q = from_qdq(graph)
-        assert [n.op for n in q.nodes].count("Q" + op) == 1
+        assert [n.op for n in q.nodes].count("QConv" if op == "Conv" else "QGemm") == 1
         feeds = {"x": rng.normal(0, 1.5, shape).astype(np.float32)}
-        d = np.abs(run_graph(q, feeds)[y] - run_graph(graph, feeds)[y]) / m.scales[y][0]
+        got = run_graph(q, feeds)[y]
+        d = np.abs(got - run_graph(graph, feeds)[y]) / m.scales[y][0]
         assert d.max() <= 1 + 1e-3 and (d < 0.5).mean() > 0.9, (op, d.max(), (d < .5).mean())
+        np.testing.assert_array_equal(CpuModel.from_graph(optimize(q)).run(feeds)[y], got)
 
 
 @pytest.mark.parametrize("zero", [0, -128, 37, 127])
