@@ -1740,6 +1740,31 @@ def _qdq_pool(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
     return _Rewrite(x[0], q.outputs[0], passed + [q], op="QGlobalAveragePool", attrs=attrs)
 
 
+def _qdq_matmul(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
+    """DQ(a) @ DQ(b) -> Q of two int8 activations, every zero point 0 (onnxruntime's
+    ``ActivationSymmetric``), as a QMatMul, its shift for the worst case ``128 * 128 * K``
+    (no samples); None otherwise: QMatMul has no zero points (they would need the operands'
+    row and column sums at run time), so asymmetric attention products stay float."""
+    if node.op != "MatMul" or node.attrs.get("epilogue"):
+        return None
+    xs = [_dq_int8(graph, producers, v) for v in node.inputs]
+    found = _qdq_output(graph, users, node.outputs[0], [])
+    if None in xs or found is None or found[0] or found[3] or any(x[2] for x in xs) or \
+            any(len(graph.types[v].shape) < 2 for v in node.inputs):
+        return None
+    (a, s_a, _), (c, s_c, _) = xs
+    k = graph.types[node.inputs[0]].shape[-1]
+    if not isinstance(k, int):
+        return None
+    ratio = s_a * s_c / found[2]
+    try:
+        m, shift = _matmul_params(ratio, 128.0 * 128.0 * k / MARGIN)
+    except GraphError:
+        return None
+    return _Rewrite(a, found[1].outputs[0], [found[1]], op="QMatMul", y_q=c,
+                    attrs={"multiplier": m, "shift": shift, "scale": found[2]})
+
+
 def _uint8_as_int8(graph: Graph) -> Graph:
     """The QDQ graph with its uint8 activations as int8: a uint8 value q of zero point z is
     exactly the int8 value q - 128 of zero point z - 128 (QuantizeLinear saturates to [0,
@@ -1810,7 +1835,7 @@ def from_qdq(graph: Graph) -> Graph:
       sum(w_q[o])``) and read by the padding (``pad_value``);
     - ``DQ(a) + DQ(b) -> Q`` becomes QAdd, ``DQ -> GlobalAveragePool -> Q``
       QGlobalAveragePool (Relu/Clip between allowed when the output's range makes them
-      redundant);
+      redundant), ``DQ(a) @ DQ(b) -> Q`` with zero points 0 QMatMul;
     - ``DequantizeLinear -> MaxPool/Flatten/Reshape/Transpose/Squeeze/Unsqueeze/Identity
       (Relu: zero point 0) -> QuantizeLinear`` of the same scale and zero point runs on the
       int8 values;
@@ -1834,7 +1859,8 @@ def from_qdq(graph: Graph) -> Graph:
         rewrite = _qdq_layer(graph, producers, users, node) or \
             _qdq_same_scale(graph, producers, users, node) or \
             _qdq_add(graph, producers, users, node) or \
-            _qdq_pool(graph, producers, users, node)
+            _qdq_pool(graph, producers, users, node) or \
+            _qdq_matmul(graph, producers, users, node)
         if rewrite is not None:
             rewrites[node.name] = rewrite
             absorbed.update(n.name for n in rewrite.absorbed)
@@ -1856,7 +1882,8 @@ def from_qdq(graph: Graph) -> Graph:
             _emit_binary(b, "Add", r.x_q, r.y_q, s_a, s_b, s_y, r.output, node.name,
                          fresh=False, zeros=zeros)
         elif r.op is not None:
-            b.add(r.op, [r.x_q], [r.output], r.attrs, node.name, fresh=False)
+            b.add(r.op, [r.x_q] + ([r.y_q] if r.y_q else []), [r.output], r.attrs, node.name,
+                  fresh=False)
         elif r.layer is None:
             b.add(node.op, [r.x_q], [r.output], node.attrs, node.name, fresh=False)
         else:

@@ -345,3 +345,23 @@ def test_onnxruntime_defaults_small_cnn(tmp_path, activation_type):
         diffs.append(np.abs(got - session.run(None, x)[0]) / step)
     d = np.concatenate(diffs)
     assert d.max() <= 1 + 1e-3 and (np.rint(d) == 0).mean() > 0.6, (d.max(), (d < .5).mean())
+
+
+def test_symmetric_matmul_of_activations():
+    """DQ(a) @ DQ(b) -> Q with every zero point 0 (``ActivationSymmetric``: attention's
+    products) is a QMatMul within one step of the float QDQ product, the CPU build bit for
+    bit the reference executor's; with a zero point it stays float (the test above)."""
+    m = _Model(np.random.default_rng(9), "int8")
+    a = m.qdq("x", zero=0)
+    t = m.qdq(m.node("Transpose", [a], perm=[0, 2, 1]), *m.scales[a])
+    y = m.qdq(m.node("MatMul", [a, t]), zero=0)
+    graph = import_onnx(m.model([2, 6, 40], [y]))
+    q = from_qdq(graph)
+    assert [n.op for n in q.nodes if n.op in ("QMatMul", "MatMul")] == ["QMatMul"]
+    rng = np.random.default_rng(10)
+    for _ in range(3):
+        feeds = {"x": rng.normal(0, 0.2, (2, 6, 40)).astype(np.float32)}
+        got = run_graph(q, feeds)[y]
+        d = np.abs(got - run_graph(graph, feeds)[y]) / m.scales[y][0]
+        assert d.max() <= 1 + 1e-3, d.max()
+        np.testing.assert_array_equal(CpuModel.from_graph(optimize(q)).run(feeds)[y], got)
