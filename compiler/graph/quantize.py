@@ -1694,17 +1694,44 @@ def _redundant_clamp(steps, s_y: float, z_y: int) -> bool:
     return _clamp_q(*_clamp(steps), s_y, z_y) == (-128, 127) if steps else True
 
 
+def _dq_const_int8(graph: Graph, producers, value: str):
+    """(int8 array, scale, zero point) when ``value`` is DequantizeLinear of a constant
+    int8 or uint8 tensor of more than one element (uint8 as int8, 128 lower) with a
+    per-tensor scale and zero point, or None."""
+    dq = producers.get(value)
+    c = graph.initializers.get(dq.inputs[0]) if dq is not None and \
+        dq.op == "DequantizeLinear" else None
+    if c is None or str(c.dtype) not in ("int8", "uint8") or c.size < 2:
+        return None
+    s, z = _tensor_scale(graph, dq), _zero_point(graph, dq, str(c.dtype))
+    if s is None or z is None:
+        return None
+    if c.dtype == np.uint8:
+        return (c.astype(np.int16) - 128).astype(np.int8), s, z - 128
+    return np.asarray(c, np.int8), s, z
+
+
 def _qdq_add(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
-    """DQ(a) + DQ(b) [-> Relu/Clip the output range makes redundant] -> Q, all int8 of the
-    output's shape, as a QAdd with zero points (za, zb, zo), or None."""
+    """DQ(a) + DQ(b) [-> Relu/Clip the output range makes redundant] -> Q, int8, as a QAdd
+    with zero points (za, zb, zo), or None: both activations of the output's shape, or one
+    of them and a constant that broadcasts to it (the bias Add after a QDQ model's MatMul;
+    ``attrs["constant"]``: its position and int8 values)."""
     if node.op != "Add" or len(node.inputs) != 2 or node.attrs.get("epilogue"):
         return None
     xs = [_dq_int8(graph, producers, v) for v in node.inputs]
+    shape = graph.types[node.outputs[0]].shape
+    constant = None
+    if xs.count(None) == 1:
+        k = xs.index(None)
+        c = _dq_const_int8(graph, producers, node.inputs[k])
+        if c is None or not graph.types[node.outputs[0]].static or \
+                np.broadcast_shapes(c[0].shape, shape) != tuple(shape):
+            return None
+        constant, xs[k] = (k, c[0]), ("", *c[1:])
     steps: list = []
     found = _qdq_output(graph, users, node.outputs[0], steps)
-    shape = graph.types[node.outputs[0]].shape
-    if None in xs or found is None or any(graph.types[v].shape != shape
-                                          for v in node.inputs):
+    if None in xs or found is None or any(graph.types[v].shape != shape for v, x in
+                                          zip(node.inputs, xs) if x[0]):
         return None
     passed, q, s_y, z_y = found
     if not _redundant_clamp(steps, s_y, z_y):
@@ -1714,7 +1741,8 @@ def _qdq_add(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
     if max(ratios) >= 2**20 or min(ratios) < 2**-20:
         return None  # scales too far apart for one shift
     return _Rewrite(a, q.outputs[0], passed + [q], op="QAdd", y_q=b,
-                    attrs={"scales": (s_a, s_b, s_y), "zeros": (z_a, z_b, z_y)})
+                    attrs={"scales": (s_a, s_b, s_y), "zeros": (z_a, z_b, z_y),
+                           "constant": constant})
 
 
 def _qdq_pool(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
@@ -1879,7 +1907,11 @@ def from_qdq(graph: Graph) -> Graph:
                 f"... between them, int8 or uint8 with per-tensor scales)")))
         elif r.op == "QAdd":
             (s_a, s_b, s_y), zeros = r.attrs["scales"], r.attrs["zeros"]
-            _emit_binary(b, "Add", r.x_q, r.y_q, s_a, s_b, s_y, r.output, node.name,
+            operands = [r.x_q, r.y_q]
+            if r.attrs["constant"] is not None:
+                k, values = r.attrs["constant"]
+                operands[k] = b.const(f"{node.inputs[k]}/int8", values)
+            _emit_binary(b, "Add", *operands, s_a, s_b, s_y, r.output, node.name,
                          fresh=False, zeros=zeros)
         elif r.op is not None:
             b.add(r.op, [r.x_q] + ([r.y_q] if r.y_q else []), [r.output], r.attrs, node.name,

@@ -365,3 +365,36 @@ def test_symmetric_matmul_of_activations():
         d = np.abs(got - run_graph(graph, feeds)[y]) / m.scales[y][0]
         assert d.max() <= 1 + 1e-3, d.max()
         np.testing.assert_array_equal(CpuModel.from_graph(optimize(q)).run(feeds)[y], got)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_bias_add_after_matmul(dtype):
+    """A transformer's dense layer as onnxruntime writes it: DQ -> MatMul -> Q -> DQ ->
+    Add(DQ(bias constant [O], int8 or uint8)) -> Q. The MatMul is a QGemm on rows, the Add a
+    QAdd of the constant broadcast (a compiled kernel, not a numpy step), each within one
+    step of the float QDQ graph; the CPU build bit for bit the reference executor's."""
+    m = _Model(np.random.default_rng(11), dtype)
+    x = m.qdq("x")
+    w, _ = m.weight((24, 16), axis=1)
+    mm = m.qdq(m.node("MatMul", [x, w]))
+    low, high = (-128, 128) if dtype == "int8" else (0, 256)
+    c = m.const(m.rng.integers(low, high, 16).astype(dtype))
+    bias = m.name("bias")
+    m.nodes.append(helper.make_node("DequantizeLinear", [c, m.const(np.array(0.01, np.float32)),
+                                                         m.const(np.array(5, dtype))], [bias]))
+    y = m.qdq(m.node("Add", [mm, bias]))
+    graph = import_onnx(m.model([2, 5, 24], [y]))
+    q = optimize(from_qdq(graph))
+    assert sorted(n.op for n in q.nodes if n.op in ("QAdd", "QGemm", "Add", "MatMul")) == \
+        ["QAdd", "QGemm"]
+    rng = np.random.default_rng(12)
+    built = CpuModel.from_graph(q)
+    (step,) = [s for s in built.program.steps if s["node"] == next(
+        n.name for n in q.nodes if n.op == "QAdd")]
+    assert step["kind"] == "kernel"
+    for _ in range(3):
+        feeds = {"x": rng.normal(0, 1.5, (2, 5, 24)).astype(np.float32)}
+        got = run_graph(q, feeds)[y]
+        d = np.abs(got - run_graph(graph, feeds)[y]) / m.scales[y][0]
+        assert d.max() <= 1 + 1e-3, d.max()
+        np.testing.assert_array_equal(built.run(feeds)[y], got)
