@@ -209,3 +209,35 @@ def test_qdq_model_with_zero_points_on_the_accelerator(dtype):
         ["Flatten", "MaxPool", "QAdd", "QConv", "QConv", "QGemm", "QGlobalAveragePool"]
     x = {"x": np.random.default_rng(1).normal(0, 1.5, (1, 4, 9, 9)).astype(np.float32)}
     _bit_exact(built, x, "fsim")
+
+
+def test_qdq_bias_add_of_a_constant_stays_on_the_cpu():
+    """A QDQ transformer layer's bias Add (a QAdd of a broadcast constant, which the ALU
+    program does not take) between two dense layers: the dense layers on the accelerator,
+    the QAdd on the CPU, bit for bit the CPU build's on fsim."""
+    import sys
+    from pathlib import Path
+
+    from onnx import helper
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "compiler" / "graph"))
+    from test_qdq_zero_points import _Model
+
+    m = _Model(np.random.default_rng(11), "int8")
+    x = m.qdq("x")
+    w, _ = m.weight((24, 16), axis=1)
+    mm = m.qdq(m.node("MatMul", [x, w]))
+    bias = m.name("bias")
+    m.nodes.append(helper.make_node("DequantizeLinear", [
+        m.const(m.rng.integers(-128, 128, 16).astype(np.int8)),
+        m.const(np.array(0.01, np.float32)), m.const(np.array(5, np.int8))], [bias]))
+    w2, _ = m.weight((16, 8), axis=1)
+    y = m.qdq(m.node("MatMul", [m.qdq(m.node("Add", [mm, bias])), w2]))
+    built = AccelModel.from_onnx(m.model([10, 24], [y]).SerializeToString(), HwConfig(),
+                                 target="fsim")
+    ops = {n.name: n.op for n in built.graph.nodes}
+    placed = sorted((ops[n], p.target) for n, p in built.placements.items()
+                    if ops[n] in ("QGemm", "QAdd"))
+    assert placed == [("QAdd", "cpu"), ("QGemm", "accel"), ("QGemm", "accel")]
+    x = {"x": np.random.default_rng(1).normal(0, 1.5, (10, 24)).astype(np.float32)}
+    _bit_exact(built, x, "fsim")
