@@ -163,10 +163,10 @@ def test_network_of_zero_points(seed, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
-def test_network_cpu_build_every_form(dtype):
+def test_network_cpu_build_every_form(dtype, tmp_path):
     """The rewritten graph's CPU build equals the reference executor bit for bit with each
     int8 kernel form this CPU runs (and the float-FMA kernels: "none"); CpuModel.build of
-    the QDQ model takes the same path and says so in build_info."""
+    the QDQ model takes the same path, says so in build_info, and saves and loads."""
     model, _, outs = _network(7, dtype)
     q = quantize_model(model.SerializeToString())
     rng = np.random.default_rng(8)
@@ -184,10 +184,13 @@ def test_network_cpu_build_every_form(dtype):
     assert info["integer_ops"] == {"QConv": 2, "QAdd": 1, "QGlobalAveragePool": 1,
                                    "QGemm": 1}
     assert info["float_ops"] == ["Sigmoid"] and any("QDQ model" in s for s in lines)
+    built.save(tmp_path / "qdq.cel")
+    loaded = CpuModel.load(tmp_path / "qdq.cel")
+    assert loaded.build_info["qdq"] == info
     for f, w in zip(feeds, want):
-        got = built.run(f)
-        for o in outs:
-            np.testing.assert_array_equal(got[o], w[o], err_msg=o)
+        for got in (built.run(f), loaded.run(f)):
+            for o in outs:
+                np.testing.assert_array_equal(got[o], w[o], err_msg=o)
 
 
 @pytest.mark.parametrize("seed", range(4))
