@@ -27,7 +27,12 @@ interquartile range (``iqr_ms``: [25th, 75th percentile]) over ``repetitions`` r
 
 Metrics: latency_ms, fp32_latency_ms, onnxruntime_int8_ms, ratio_vs_fp32 (goal <= 0.4),
 ratio_vs_onnxruntime_int8 (goal <= 0.6), onnxruntime_fp32_ms, bound_ms, fraction_of_peak,
-bound_vs_onnxruntime_int8.
+bound_vs_onnxruntime_int8, and qdq_latency_ms: onnxruntime's QUInt8 QDQ model (its
+defaults: asymmetric activations) built by ``CpuModel.build`` as a user's int8 model is
+(``from_qdq`` makes its layers QConv/QGemm/QAdd, the int8 kernels run them; bit-exact with
+the reference executor, else the benchmark fails), with qdq_ratio_vs_onnxruntime against
+onnxruntime's run of that same model, and ``qdq_vs_onnxruntime``: the outputs' distance
+from onnxruntime's in output steps (max, RMS, share identical).
 """
 
 from __future__ import annotations
@@ -73,6 +78,15 @@ def _ort_quantized(model, calib: np.ndarray, activation: str) -> bytes:
             return f.read()
 
 
+def _agreement(got: np.ndarray, want: np.ndarray, graph) -> dict:
+    """How far celosia's run of a QDQ model is from onnxruntime's, in steps of the output's
+    scale (its Dequantize's): max, RMS, and the share of outputs that are identical."""
+    (dq,) = [n for n in graph.nodes if n.outputs[0] == graph.outputs[0]]
+    steps = np.rint(np.abs(got - want) / np.float32(dq.attrs["scale"]))
+    return {"max_steps": float(steps.max()), "rms_steps": float(np.sqrt((steps ** 2).mean())),
+            "identical": float((steps == 0).mean())}
+
+
 def _stats(samples) -> dict:
     ms = np.asarray(samples) * 1e3
     return {"median_ms": float(np.median(ms)),
@@ -115,11 +129,25 @@ def run(quick: bool = False) -> dict:
     options.intra_op_num_threads = threads
     sessions = {"onnxruntime_fp32": ort.InferenceSession(data, options,
                                                          providers=["CPUExecutionProvider"])}
+    qdq_bytes = {}
     for activation, name in (("QInt8", "onnxruntime_int8_s8s8"),
                              ("QUInt8", "onnxruntime_int8_u8s8")):
-        sessions[name] = ort.InferenceSession(_ort_quantized(model, calib, activation),
+        qdq_bytes[activation] = _ort_quantized(model, calib, activation)
+        sessions[name] = ort.InferenceSession(qdq_bytes[activation],
                                               options, providers=["CPUExecutionProvider"])
-    runners = {"celosia_int8": lambda: int8.run(feeds), "celosia_fp32": lambda: fp32.run(feeds)}
+    # onnxruntime's QUInt8 model as a user brings it: CpuModel.build (from_qdq inside)
+    qdq = CpuModel.build(qdq_bytes["QUInt8"])
+    qdq_graph = quantize_model(qdq_bytes["QUInt8"])
+    (got,) = qdq.run(feeds).values()
+    (want,) = run_graph(qdq_graph, feeds).values()
+    if not np.array_equal(got, want):
+        raise CelosiaError(f"cpu-resnet18-int8: the QDQ model's build differs from the "
+                           f"reference executor in {int(np.sum(got != want))} of {got.size} "
+                           f"outputs")
+    qdq_agreement = _agreement(got, sessions["onnxruntime_int8_u8s8"].run(None, feeds)[0],
+                               qdq_graph)
+    runners = {"celosia_int8": lambda: int8.run(feeds), "celosia_fp32": lambda: fp32.run(feeds),
+               "celosia_qdq": lambda: qdq.run(feeds)}
     for name, s in sessions.items():
         runners[name] = lambda s=s: s.run(None, feeds)
     form = int8.build_info.get("int8_form")
@@ -152,7 +180,9 @@ def run(quick: bool = False) -> dict:
                  "bound_vs_onnxruntime_int8": bound_ms / ort_int8}
     int8.run(feeds, profile=True)
     report = int8.report()
-    print(f"  celosia int8 {ours:.2f} ms, celosia fp32 {fp:.2f} ms, onnxruntime int8 "
+    print(f"  celosia int8 {ours:.2f} ms, celosia QDQ model "
+          f"{stats['celosia_qdq']['median_ms']:.2f} ms, celosia fp32 {fp:.2f} ms, "
+          f"onnxruntime int8 "
           f"{ort_int8:.2f} ms, onnxruntime fp32 {stats['onnxruntime_fp32']['median_ms']:.2f} ms "
           f"({threads} threads, {blocks * per_block} runs each)", flush=True)
     return {
@@ -163,8 +193,13 @@ def run(quick: bool = False) -> dict:
             "ratio_vs_fp32": ours / fp,
             "ratio_vs_onnxruntime_int8": ours / ort_int8,
             "onnxruntime_fp32_ms": stats["onnxruntime_fp32"]["median_ms"],
+            "qdq_latency_ms": stats["celosia_qdq"]["median_ms"],
+            "qdq_ratio_vs_onnxruntime": stats["celosia_qdq"]["median_ms"] /
+            stats["onnxruntime_int8_u8s8"]["median_ms"],
             **bound,
         },
+        "qdq_vs_onnxruntime": qdq_agreement,
+        "qdq_build": qdq.build_info.get("qdq"),
         "int8_macs": macs,
         "peak_gmac_per_s": (peak_macs / stats["peak"]["median_ms"] * 1e-6
                             if "peak" in stats else None),

@@ -80,14 +80,27 @@ class CpuModel:
 
     @classmethod
     def build(cls, model, input_shapes: dict | None = None, *, progress=None) -> "CpuModel":
-        """Import (a path, bytes or onnx.ModelProto), optimize, lower and compile."""
+        """Import (a path, bytes or onnx.ModelProto), optimize, lower and compile. A QDQ
+        model (QuantizeLinear/DequantizeLinear nodes, ``is_qdq``) goes through ``from_qdq``
+        first, so its int8 layers run on the int8 kernels (``build_info["qdq"]`` counts
+        the integer operators and the float ones left)."""
         from ..compiler.frontend.onnx import declared_inputs, import_onnx
         from ..compiler.graph.passes import optimize
+        from ..compiler.graph.quantize import from_qdq, is_qdq
 
         start = time.perf_counter()
-        graph = optimize(import_onnx(model, input_shapes))
+        graph = import_onnx(model, input_shapes)
+        qdq = is_qdq(graph)
+        graph = optimize(from_qdq(graph) if qdq else graph)
         imported = time.perf_counter()
+        if qdq:
+            qdq = _qdq_summary(graph)
+            if progress is not None:
+                progress(f"QDQ model: {qdq['integer']} integer operators, {qdq['float']} "
+                         "float ones left (from_qdq)")
         built = cls.from_graph(graph, progress=progress, source=_model_bytes(model))
+        if qdq:
+            built.build_info["qdq"] = qdq
         built.origin["from"] = "onnx"
         built.origin["inputs"] = {n: dims for n, (_, dims) in declared_inputs(model).items()}
         built.build_info["import_s"] = imported - start
@@ -411,6 +424,22 @@ def npy_bytes(a: np.ndarray) -> bytes:
     a = np.asarray(a)  # (ascontiguousarray would make a scalar 1-D: keep its shape)
     np.save(buf, a if a.flags.c_contiguous else a.copy(order="C"), allow_pickle=False)
     return buf.getvalue()
+
+
+def _qdq_summary(graph) -> dict:
+    """How much of a QDQ model ``from_qdq`` made integer: the integer operators by kind, the
+    compute operators left float (their ``float_reason`` says why) and the conversions."""
+    from ..compiler.graph.qops import QUANTIZED_KERNELS
+
+    ops: dict = {}
+    for n in graph.nodes:
+        if n.op in QUANTIZED_KERNELS and n.op not in ("Quantize", "Dequantize"):
+            ops[n.op] = ops.get(n.op, 0) + 1
+    left = [n for n in graph.nodes if "float_reason" in n.attrs]
+    return {"integer": sum(ops.values()), "integer_ops": ops, "float": len(left),
+            "float_ops": sorted({n.op for n in left}),
+            "conversions": sum(n.op in ("Quantize", "Dequantize", "QuantizeLinear",
+                                        "DequantizeLinear") for n in graph.nodes)}
 
 
 def _model_bytes(model) -> bytes | None:

@@ -48,9 +48,9 @@ by ``wrap``); right shifts are arithmetic (floor).
       y = clip(wrap(wrap(acc * multiplier) + 2**(shift-1)) >> shift, -128, 127)
 
   (attention's Q x K^T and P x V; quantize.py picks the shift for the calibrated range).
-- ``QAdd(a int8, b int8) -> int8`` (operands of the output's shape) and ``QMul(a int8, b
-  int8) -> int8`` (operands that broadcast to the output as numpy's do: squeeze-excitation's
-  gate [N, C, 1, 1] times [N, C, H, W]), attrs ``multipliers`` (QAdd: [ma, mb]; QMul: [m]), ``shift`` (1..31),
+- ``QAdd(a int8, b int8) -> int8`` and ``QMul(a int8, b int8) -> int8`` (operands that
+  broadcast to the output as numpy's do: squeeze-excitation's gate [N, C, 1, 1] times [N,
+  C, H, W], a QDQ model's bias constant [O] added to a dense layer's output), attrs ``multipliers`` (QAdd: [ma, mb]; QMul: [m]), ``shift`` (1..31),
   ``scale`` (the output's)::
 
       QAdd: y = clip(wrap(wrap(a * ma + b * mb) + 2**(shift-1)) >> shift, -128, 127)
@@ -320,7 +320,7 @@ def _qmatmul_types(node: Node, types):
 
 def _qbinary_types(node: Node, types):
     a, b = types[0], types[1]
-    if node.op == "QMul" and a.dtype == "int8" == b.dtype and a.static and b.static:
+    if a.dtype == "int8" == b.dtype and a.static and b.static:
         try:
             return [TensorType("int8", np.broadcast_shapes(tuple(a.shape), tuple(b.shape)))]
         except ValueError:

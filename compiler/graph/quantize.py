@@ -1013,15 +1013,21 @@ def _bias_fit(weight: np.ndarray, w_q: np.ndarray, s_w: np.ndarray, bias: np.nda
     return w_q, s_w
 
 
-def _requantization(ratio, bias_q, w_q, calibrated=None):
+def _requantization(ratio, bias_q, w_q, calibrated=None, zero_out: int = 0):
     """(multiplier int32[O], bias int32[O] with the rounding term, shift), or None when no
-    shift in 0..31 makes the node fit int32 (module doc)."""
+    shift in 0..31 makes the node fit int32 (module doc). ``zero_out``: an output zero
+    point folded into the bias with the rounding term (``rint((2**(shift-1) + zero_out *
+    2**shift) / multiplier)``), so ``(acc + bias) * multiplier >> shift`` is the output
+    step plus ``zero_out`` to within ``multiplier / 2**(shift+1)`` of a step (from_qdq)."""
     worst_acc = 128.0 * np.abs(w_q.reshape(len(ratio), -1).astype(np.float64)).sum(axis=1)
     for shift in range(31, -1, -1):
         m = np.rint(ratio * 2.0 ** shift)
         if np.abs(m).max(initial=0) >= 2**31:
             continue
-        half = np.rint(2.0 ** (shift - 1) / np.where(m == 0, np.inf, m)) if shift else 0.0
+        if zero_out and not m.all():
+            continue  # a multiplier of 0 cannot carry the zero point
+        numer = (2.0 ** (shift - 1) if shift else 0.0) + zero_out * 2.0 ** shift
+        half = np.rint(numer / np.where(m == 0, np.inf, m))
         bias = bias_q + half
         bound = worst_acc + np.abs(bias)
         if calibrated is not None:
@@ -1477,6 +1483,18 @@ def quantize_graph(graph: Graph, calibration, *, per_channel: bool = True,
 # ---- from_qdq --------------------------------------------------------------------------------
 
 
+def _zero_point(graph: Graph, node: Node, dtype: str = "int8") -> int | None:
+    """The constant per-tensor zero point of a Q/DQ node, of ``dtype`` (0 when absent), or
+    None."""
+    name = node.inputs[2] if len(node.inputs) > 2 else ""
+    if not name:
+        return 0
+    z = graph.initializers.get(name)
+    if z is None or str(z.dtype) != dtype or z.size != 1:
+        return None
+    return int(z.reshape(()))
+
+
 def _is_zero(graph: Graph, name: str, dtype: str) -> bool:
     """An absent zero point, or a constant one of ``dtype`` that is all zeros."""
     if not name:
@@ -1494,15 +1512,16 @@ def _tensor_scale(graph: Graph, node: Node) -> float | None:
 
 
 def _dq_int8(graph: Graph, producers, value: str):
-    """(int8 value, scale) when ``value`` is DequantizeLinear(int8, per-tensor, zero 0)."""
+    """(int8 value, scale, zero point) when ``value`` is DequantizeLinear(int8 activation,
+    per-tensor scale and zero point)."""
     dq = producers.get(value)
-    if dq is None or dq.op != "DequantizeLinear" or graph.types[dq.inputs[0]].dtype != "int8":
+    if dq is None or dq.op != "DequantizeLinear" or graph.types[dq.inputs[0]].dtype != "int8" \
+            or dq.inputs[0] in graph.initializers:
         return None
-    s = _tensor_scale(graph, dq)
-    zero = dq.inputs[2] if len(dq.inputs) > 2 else ""
-    if s is None or not _is_zero(graph, zero, "int8"):
+    s, z = _tensor_scale(graph, dq), _zero_point(graph, dq)
+    if s is None or z is None:
         return None
-    return dq.inputs[0], s
+    return dq.inputs[0], s, z
 
 
 def _dq_constant(graph: Graph, producers, value: str, dtype: str, axis: int):
@@ -1544,7 +1563,7 @@ def _qdq_weight(graph: Graph, producers, node: Node):
 def _qdq_bias(graph: Graph, producers, node: Node, out_shape):
     """The float64 bias [O] of a Conv/Gemm: DequantizeLinear(const int32 [O]), or a
     constant (Conv: [O]; Gemm: C broadcast along the output channels), or None."""
-    channels = out_shape[1]
+    channels = out_shape[-1 if node.op == "MatMul" else 1]
     name = node.inputs[2] if len(node.inputs) > 2 and node.op != "MatMul" else ""
     if not name:
         return np.zeros(channels)
@@ -1573,18 +1592,18 @@ def _activation(graph: Graph, node: Node):
 
 def _qdq_output(graph: Graph, users, value: str, steps: list):
     """Follow single-reader Relu/Clip nodes from ``value`` to a QuantizeLinear(int8,
-    per-tensor, zero 0): (the nodes passed, the QuantizeLinear, its scale), or None."""
+    per-tensor scale and zero point): (the nodes passed, the QuantizeLinear, its scale, its
+    zero point), or None."""
     passed = []
     while value not in graph.outputs and len(users.get(value, ())) == 1:
         nxt = users[value][0]
         step = _activation(graph, nxt) if nxt.inputs[0] == value else None
         if nxt.op == "QuantizeLinear" and nxt.inputs[0] == value:
-            s = _tensor_scale(graph, nxt)
-            zero = nxt.inputs[2] if len(nxt.inputs) > 2 else ""
-            if s is None or nxt.attrs["output_dtype"] != "int8" or \
-                    not _is_zero(graph, zero, "int8"):
+            s, z = _tensor_scale(graph, nxt), _zero_point(graph, nxt)
+            if s is None or z is None or nxt.attrs["output_dtype"] != "int8" or \
+                    nxt.attrs["precision"] != "float32":
                 return None
-            return passed, nxt, s
+            return passed, nxt, s, z
         if step is None:
             return None
         steps.append(step)
@@ -1595,80 +1614,270 @@ def _qdq_output(graph: Graph, users, value: str, steps: list):
 
 @dataclass
 class _Rewrite:
-    """A node of a QDQ graph made integer: it reads the int8 ``x_q`` and writes ``output``,
-    the int8 value of the QuantizeLinear it absorbs (with the Relu/Clip nodes before it,
-    ``absorbed``). ``layer``: (w_q, (multiplier, bias, shift), (lo, hi), output scale) of a
-    QConv/QGemm; None for an op that keeps its scale."""
+    """A node of a QDQ graph made integer: it reads the int8 ``x_q`` (``y_q`` too: QAdd)
+    and writes ``output``, the int8 value of the QuantizeLinear it absorbs (with the
+    Relu/Clip nodes before it, ``absorbed``). ``layer``: (w_q, (multiplier, bias, shift),
+    (lo, hi), output scale, input zero point) of a QConv/QGemm; ``op``/``attrs``: the
+    integer operator otherwise (None: the node's own op on the int8 values)."""
 
     x_q: str
     output: str
     absorbed: list
     layer: tuple | None = None
+    op: str | None = None
+    attrs: dict | None = None
+    y_q: str = ""
 
 
 def _qdq_layer(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
-    """A DQ -> Conv/Gemm/MatMul [-> Relu/Clip] -> Q pattern as a QConv/QGemm, or None."""
+    """A DQ -> Conv/Gemm/MatMul [-> Relu/Clip] -> Q pattern as a QConv/QGemm, or None. The
+    input's zero point z_x: the padding reads it (``pad_value``) and the bias takes off
+    ``z_x * sum(w_q[o])``; the output's is folded into the bias with the rounding term
+    (``_requantization``)."""
     a = node.attrs
     if node.op not in OWN_INPUTS or len(node.outputs) != 1 or \
             (node.op == "Gemm" and a["transA"]):
         return None
     out_t = graph.types[node.outputs[0]]
     steps = list(a.get("epilogue", ()))
+    rank = len(out_t.shape)
     if any(s[0] not in ("Relu", "Clip") for s in steps) or out_t.dtype != "float32" or \
-            len(out_t.shape) != (4 if node.op == "Conv" else 2):
+            not (rank == 4 if node.op == "Conv" else rank == 2 or
+                 (node.op == "MatMul" and rank > 2 and out_t.static)):
         return None
     x = _dq_int8(graph, producers, node.inputs[0])
     weight = _qdq_weight(graph, producers, node)
-    if x is None or weight is None:
+    if x is None or weight is None or weight[0].ndim != (4 if node.op == "Conv" else 2):
         return None
-    (x_q, s_x), (w_q, s_w) = x, weight
+    (x_q, s_x, z_x), (w_q, s_w) = x, weight
     bias = _qdq_bias(graph, producers, node, out_t.shape)
     found = _qdq_output(graph, users, node.outputs[0], steps)
-    if bias is None or found is None or w_q.shape[0] != out_t.shape[1]:
+    if bias is None or found is None or \
+            w_q.shape[0] != out_t.shape[-1 if node.op == "MatMul" else 1]:
         return None
-    passed, q, s_y = found
+    passed, q, s_y, z_y = found
     ratio = s_x * s_w / s_y
     if node.op == "Gemm":
         ratio, bias = ratio * a["alpha"], bias * a["beta"]
-    params = _requantization(ratio, np.rint(bias / (s_x * s_w)), w_q)
+    w_sum = w_q.reshape(len(ratio), -1).astype(np.float64).sum(axis=1)
+    params = _requantization(ratio, np.rint(bias / (s_x * s_w)) - z_x * w_sum, w_q,
+                             zero_out=z_y)
     if params is None:
         return None
     return _Rewrite(x_q, q.outputs[0], passed + [q],
-                    (w_q, params, _clamp_q(*_clamp(steps), s_y), s_y))
+                    (w_q, params, _clamp_q(*_clamp(steps), s_y, z_y), s_y, z_x))
+
+
+# ops that commute with Q(DQ(v)) = v for any scale and zero point (Relu: only with 0)
+_QDQ_SAME = ("MaxPool", "Flatten", "Reshape", "Relu", "Identity", "Transpose", "Squeeze",
+             "Unsqueeze")
 
 
 def _qdq_same_scale(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
-    """DQ -> MaxPool/Flatten/Reshape/Relu/Identity -> Q of the same scale, all int8 with
-    zero points 0, as the op on the int8 values, or None. It computes exactly what the
-    float ops do: Q(DQ(v)) = v, and these ops commute with a positive scale."""
-    if node.op not in _SAME_SCALE or len(node.outputs) != 1 or len(node.inputs) != 1:
+    """DQ -> MaxPool/Flatten/Reshape/Transpose/Squeeze/Unsqueeze/Identity (Relu: with a zero
+    point of 0) -> Q of the same scale and zero point, int8, as the op on the int8 values,
+    or None. It computes exactly what the float ops do: Q(DQ(v)) = v, and these ops commute
+    with a positive scale and an offset."""
+    if node.op not in _QDQ_SAME or len(node.outputs) != 1 or len(node.inputs) != 1:
         return None
     x = _dq_int8(graph, producers, node.inputs[0])
     found = _qdq_output(graph, users, node.outputs[0], [])
-    if x is None or found is None or found[0] or np.float32(found[2]) != np.float32(x[1]):
+    if x is None or found is None or found[0] or np.float32(found[2]) != np.float32(x[1]) \
+            or found[3] != x[2] or (node.op == "Relu" and x[2]):
         return None
     return _Rewrite(x[0], found[1].outputs[0], [found[1]])
 
 
-def from_qdq(graph: Graph) -> Graph:
-    """Rewrite a QDQ graph's int8 patterns into integer operators:
+def _redundant_clamp(steps, s_y: float, z_y: int) -> bool:
+    """Whether Relu/Clip steps before a QuantizeLinear clamp nothing the int8 range does not
+    (a Relu before an output of zero point -128)."""
+    return _clamp_q(*_clamp(steps), s_y, z_y) == (-128, 127) if steps else True
 
+
+def _dq_const_int8(graph: Graph, producers, value: str):
+    """(int8 array, scale, zero point) when ``value`` is DequantizeLinear of a constant
+    int8 or uint8 tensor of more than one element (uint8 as int8, 128 lower) with a
+    per-tensor scale and zero point, or None."""
+    dq = producers.get(value)
+    c = graph.initializers.get(dq.inputs[0]) if dq is not None and \
+        dq.op == "DequantizeLinear" else None
+    if c is None or str(c.dtype) not in ("int8", "uint8") or c.size < 2:
+        return None
+    s, z = _tensor_scale(graph, dq), _zero_point(graph, dq, str(c.dtype))
+    if s is None or z is None:
+        return None
+    if c.dtype == np.uint8:
+        return (c.astype(np.int16) - 128).astype(np.int8), s, z - 128
+    return np.asarray(c, np.int8), s, z
+
+
+def _qdq_add(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
+    """DQ(a) + DQ(b) [-> Relu/Clip the output range makes redundant] -> Q, int8, as a QAdd
+    with zero points (za, zb, zo), or None: both activations of the output's shape, or one
+    of them and a constant that broadcasts to it (the bias Add after a QDQ model's MatMul;
+    ``attrs["constant"]``: its position and int8 values)."""
+    if node.op != "Add" or len(node.inputs) != 2 or node.attrs.get("epilogue"):
+        return None
+    xs = [_dq_int8(graph, producers, v) for v in node.inputs]
+    shape = graph.types[node.outputs[0]].shape
+    constant = None
+    if xs.count(None) == 1:
+        k = xs.index(None)
+        c = _dq_const_int8(graph, producers, node.inputs[k])
+        if c is None or not graph.types[node.outputs[0]].static or \
+                np.broadcast_shapes(c[0].shape, shape) != tuple(shape):
+            return None
+        constant, xs[k] = (k, c[0]), ("", *c[1:])
+    steps: list = []
+    found = _qdq_output(graph, users, node.outputs[0], steps)
+    if None in xs or found is None or any(graph.types[v].shape != shape for v, x in
+                                          zip(node.inputs, xs) if x[0]):
+        return None
+    passed, q, s_y, z_y = found
+    if not _redundant_clamp(steps, s_y, z_y):
+        return None
+    (a, s_a, z_a), (b, s_b, z_b) = xs
+    ratios = (s_a / s_y, s_b / s_y)
+    if max(ratios) >= 2**20 or min(ratios) < 2**-20:
+        return None  # scales too far apart for one shift
+    return _Rewrite(a, q.outputs[0], passed + [q], op="QAdd", y_q=b,
+                    attrs={"scales": (s_a, s_b, s_y), "zeros": (z_a, z_b, z_y),
+                           "constant": constant})
+
+
+def _qdq_pool(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
+    """DQ -> GlobalAveragePool [-> redundant Relu/Clip] -> Q as a QGlobalAveragePool (its
+    offset carries the zero points), or None."""
+    if node.op != "GlobalAveragePool":
+        return None
+    x = _dq_int8(graph, producers, node.inputs[0])
+    steps: list = []
+    found = _qdq_output(graph, users, node.outputs[0], steps)
+    shape = graph.types[node.inputs[0]].shape
+    if x is None or found is None or len(shape) < 3:
+        return None
+    passed, q, s_y, z_y = found
+    if not _redundant_clamp(steps, s_y, z_y):
+        return None
+    ratio = x[1] / s_y
+    try:
+        m, shift, off = _pool_params(math.prod(shape[2:]), ratio, z_y - x[2] * ratio)
+    except GraphError:
+        return None
+    attrs = {"multiplier": m, "shift": shift, "scale": s_y} | ({"offset": off} if off else {})
+    return _Rewrite(x[0], q.outputs[0], passed + [q], op="QGlobalAveragePool", attrs=attrs)
+
+
+def _qdq_matmul(graph: Graph, producers, users, node: Node) -> _Rewrite | None:
+    """DQ(a) @ DQ(b) -> Q of two int8 activations, every zero point 0 (onnxruntime's
+    ``ActivationSymmetric``), as a QMatMul, its shift for the worst case ``128 * 128 * K``
+    (no samples); None otherwise: QMatMul has no zero points (they would need the operands'
+    row and column sums at run time), so asymmetric attention products stay float."""
+    if node.op != "MatMul" or node.attrs.get("epilogue"):
+        return None
+    xs = [_dq_int8(graph, producers, v) for v in node.inputs]
+    found = _qdq_output(graph, users, node.outputs[0], [])
+    if None in xs or found is None or found[0] or found[3] or any(x[2] for x in xs) or \
+            any(len(graph.types[v].shape) < 2 for v in node.inputs):
+        return None
+    (a, s_a, _), (c, s_c, _) = xs
+    k = graph.types[node.inputs[0]].shape[-1]
+    if not isinstance(k, int):
+        return None
+    ratio = s_a * s_c / found[2]
+    try:
+        m, shift = _matmul_params(ratio, 128.0 * 128.0 * k / MARGIN)
+    except GraphError:
+        return None
+    return _Rewrite(a, found[1].outputs[0], [found[1]], op="QMatMul", y_q=c,
+                    attrs={"multiplier": m, "shift": shift, "scale": found[2]})
+
+
+def _uint8_as_int8(graph: Graph) -> Graph:
+    """The QDQ graph with its uint8 activations as int8: a uint8 value q of zero point z is
+    exactly the int8 value q - 128 of zero point z - 128 (QuantizeLinear saturates to [0,
+    255] what the int8 form saturates to [-128, 127], 128 lower), so a QuantizeLinear to
+    uint8 whose readers are all DequantizeLinear nodes (per-tensor constant scales and zero
+    points) writes int8 and they read int8. The model's own inputs and outputs do not
+    change."""
+    users = graph.consumers()
+    b = _Builder(graph)
+    renamed: dict[str, str] = {}  # a node's name -> its int8 zero point's constant
+    for q in graph.nodes:
+        out = q.outputs[0] if q.op == "QuantizeLinear" else ""
+        if not out or q.attrs["output_dtype"] != "uint8" or out in graph.outputs or \
+                _tensor_scale(graph, q) is None or _zero_point(graph, q, "uint8") is None:
+            continue
+        readers = users.get(out, ())
+        if not readers or any(r.op != "DequantizeLinear" or r.inputs[0] != out or
+                              _tensor_scale(graph, r) is None or
+                              _zero_point(graph, r, "uint8") is None for r in readers):
+            continue
+        for n in (q, *readers):
+            z = np.array(_zero_point(graph, n, "uint8") - 128, np.int8)
+            renamed[n.name] = b.const(f"{n.name}/zero_point_int8", z)
+        b.types[out] = TensorType("int8", graph.types[out].shape)
+    if not renamed:
+        return graph
+    for n in graph.nodes:
+        if n.name in renamed:
+            inputs = (*n.inputs[:2], renamed[n.name])
+            attrs = {**n.attrs, "output_dtype": "int8"} if n.op == "QuantizeLinear" else \
+                n.attrs
+            n = Node(n.op, inputs, n.outputs, attrs, n.name)
+        b.nodes.append(n)
+    return b.graph(graph)
+
+
+def _converted(graph: Graph, node: Node) -> Node | None:
+    """A QuantizeLinear/DequantizeLinear of an activation with a constant per-tensor scale
+    and int8 zero point as celosia's Quantize/Dequantize (compiled kernels on the CPU: the
+    same float32 steps, saturating, rounding half to even), or None."""
+    s, z = _tensor_scale(graph, node), _zero_point(graph, node)
+    if s is None or z is None or node.inputs[0] in graph.initializers:
+        return None
+    if node.op == "QuantizeLinear" and node.attrs["output_dtype"] == "int8" and \
+            node.attrs["precision"] == "float32" and \
+            graph.types[node.inputs[0]].dtype == "float32":
+        return Node("Quantize", node.inputs[:1], node.outputs, _convert_attrs(s, z), node.name)
+    if node.op == "DequantizeLinear" and graph.types[node.inputs[0]].dtype == "int8" and \
+            node.attrs["output_dtype"] == "float32" and \
+            graph.initializers[node.inputs[1]].dtype == np.float32:
+        return Node("Dequantize", node.inputs[:1], node.outputs, _convert_attrs(s, z),
+                    node.name)
+    return None
+
+
+def from_qdq(graph: Graph) -> Graph:
+    """Rewrite a QDQ graph's int8 patterns into integer operators (onnxruntime's
+    ``quantize_static`` defaults: asymmetric activations, int8 or uint8, per-channel
+    symmetric int8 weights, int32 biases):
+
+    - uint8 activations become int8 ones 128 lower (``_uint8_as_int8``: exact);
     - ``DequantizeLinear(x int8) -> Conv/Gemm/MatMul [-> Relu/Clip] -> QuantizeLinear(int8)``
       with a weight DequantizeLinear(const int8, per tensor or per output channel) and a
       bias constant or DequantizeLinear(const int32) becomes QConv/QGemm: ``multiplier /
       2**shift ~ s_x * s_w[o] / s_y``, the shift chosen for the worst case ``128 *
-      sum|w_q[o]| + |bias|`` (there are no samples), rounding folded into the bias.
-    - ``DequantizeLinear -> MaxPool/Flatten/Reshape/Relu/Identity -> QuantizeLinear`` of the
-      same scale runs on the int8 values.
+      sum|w_q[o]| + |bias|`` (there are no samples), rounding and the output's zero point
+      folded into the bias, the input's zero point taken off the bias (``- z_x *
+      sum(w_q[o])``) and read by the padding (``pad_value``);
+    - ``DQ(a) + DQ(b) -> Q`` becomes QAdd, ``DQ -> GlobalAveragePool -> Q``
+      QGlobalAveragePool (Relu/Clip between allowed when the output's range makes them
+      redundant), ``DQ(a) @ DQ(b) -> Q`` with zero points 0 QMatMul;
+    - ``DequantizeLinear -> MaxPool/Flatten/Reshape/Transpose/Squeeze/Unsqueeze/Identity
+      (Relu: zero point 0) -> QuantizeLinear`` of the same scale and zero point runs on the
+      int8 values;
+    - the QuantizeLinear/DequantizeLinear nodes left around float operators become
+      Quantize/Dequantize (per-tensor constant scale and zero point).
 
-    All zero points must be 0 (symmetric int8). Everything else (uint8, nonzero zero
-    points, other operators) stays as it is: float operators between their
-    QuantizeLinear/DequantizeLinear nodes, correct and run on the CPU.
+    Everything else stays as it is: float operators between their QuantizeLinear/
+    DequantizeLinear nodes, correct and run on the CPU.
 
     Works on the graph as imported (weights behind their DequantizeLinear, used as they
     are) and on an optimized one (optimize folds the weights' DequantizeLinear into float
     constants, which are quantized again per output channel).
     """
+    graph = _uint8_as_int8(graph)
     producers, users = graph.producers(), graph.consumers()
     rewrites: dict[str, _Rewrite] = {}
     absorbed: set[str] = set()
@@ -1676,7 +1885,10 @@ def from_qdq(graph: Graph) -> Graph:
         if node.name in absorbed:
             continue
         rewrite = _qdq_layer(graph, producers, users, node) or \
-            _qdq_same_scale(graph, producers, users, node)
+            _qdq_same_scale(graph, producers, users, node) or \
+            _qdq_add(graph, producers, users, node) or \
+            _qdq_pool(graph, producers, users, node) or \
+            _qdq_matmul(graph, producers, users, node)
         if rewrite is not None:
             rewrites[node.name] = rewrite
             absorbed.update(n.name for n in rewrite.absorbed)
@@ -1686,15 +1898,27 @@ def from_qdq(graph: Graph) -> Graph:
         if node.name in absorbed:
             continue
         if r is None and node.op in _QDQ_OPS:
-            b.nodes.append(node)
+            b.nodes.append(_converted(graph, node) or node)
         elif r is None:  # for the partition's report
             b.nodes.append(node.with_attrs(float_reason=(
                 f"the QDQ model's {node.op} is not one celosia turns into an integer operator "
-                f"(DequantizeLinear -> Conv/Gemm/MatMul [-> Relu/Clip] -> QuantizeLinear, or "
-                f"MaxPool/Flatten/Reshape/Relu/Identity between them, symmetric int8)")))
+                f"(DequantizeLinear -> Conv/Gemm/MatMul [-> Relu/Clip], Add or "
+                f"GlobalAveragePool -> QuantizeLinear, or MaxPool/Flatten/Reshape/Transpose/"
+                f"... between them, int8 or uint8 with per-tensor scales)")))
+        elif r.op == "QAdd":
+            (s_a, s_b, s_y), zeros = r.attrs["scales"], r.attrs["zeros"]
+            operands = [r.x_q, r.y_q]
+            if r.attrs["constant"] is not None:
+                k, values = r.attrs["constant"]
+                operands[k] = b.const(f"{node.inputs[k]}/int8", values)
+            _emit_binary(b, "Add", *operands, s_a, s_b, s_y, r.output, node.name,
+                         fresh=False, zeros=zeros)
+        elif r.op is not None:
+            b.add(r.op, [r.x_q] + ([r.y_q] if r.y_q else []), [r.output], r.attrs, node.name,
+                  fresh=False)
         elif r.layer is None:
             b.add(node.op, [r.x_q], [r.output], node.attrs, node.name, fresh=False)
         else:
-            w_q, params, clamp, scale = r.layer
-            _emit_layer(b, node, r.x_q, w_q, params, clamp, scale, r.output)
+            w_q, params, clamp, scale, z_in = r.layer
+            _emit_rows(b, graph, node, r.x_q, w_q, params, clamp, scale, r.output, z_in=z_in)
     return b.graph(graph)

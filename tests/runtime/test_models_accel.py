@@ -187,3 +187,57 @@ def test_qdq_model_from_onnxruntime_needs_no_calibration(tmp_path):
     got = _bit_exact(model, x, "cycle")
     want = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, x)[0]
     assert np.abs(list(got.values())[0] - want).max() <= 1 / 127 + 1e-6
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_qdq_model_with_zero_points_on_the_accelerator(dtype):
+    """A QDQ model as onnxruntime writes one by default (asymmetric int8 or uint8
+    activations, nonzero zero points: tests/compiler/graph/test_qdq_zero_points.py): its
+    padded and grouped convolutions, residual Add, MaxPool, global average pool and dense
+    all run on the accelerator (the zero points are in their biases, ``pad_value`` and
+    QAdd's and QGlobalAveragePool's constants), bit for bit the CPU build's on fsim."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "compiler" / "graph"))
+    from test_qdq_zero_points import _network
+
+    model, _, _ = _network(7, dtype)
+    built = AccelModel.from_onnx(model.SerializeToString(), HwConfig(), target="fsim")
+    ops = {n.name: n.op for n in built.graph.nodes}
+    assert sorted(ops[n] for n, p in built.placements.items() if p.target == "accel") == \
+        ["Flatten", "MaxPool", "QAdd", "QConv", "QConv", "QGemm", "QGlobalAveragePool"]
+    x = {"x": np.random.default_rng(1).normal(0, 1.5, (1, 4, 9, 9)).astype(np.float32)}
+    _bit_exact(built, x, "fsim")
+
+
+def test_qdq_bias_add_of_a_constant_stays_on_the_cpu():
+    """A QDQ transformer layer's bias Add (a QAdd of a broadcast constant, which the ALU
+    program does not take) between two dense layers: the dense layers on the accelerator,
+    the QAdd on the CPU, bit for bit the CPU build's on fsim."""
+    import sys
+    from pathlib import Path
+
+    from onnx import helper
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "compiler" / "graph"))
+    from test_qdq_zero_points import _Model
+
+    m = _Model(np.random.default_rng(11), "int8")
+    x = m.qdq("x")
+    w, _ = m.weight((24, 16), axis=1)
+    mm = m.qdq(m.node("MatMul", [x, w]))
+    bias = m.name("bias")
+    m.nodes.append(helper.make_node("DequantizeLinear", [
+        m.const(m.rng.integers(-128, 128, 16).astype(np.int8)),
+        m.const(np.array(0.01, np.float32)), m.const(np.array(5, np.int8))], [bias]))
+    w2, _ = m.weight((16, 8), axis=1)
+    y = m.qdq(m.node("MatMul", [m.qdq(m.node("Add", [mm, bias])), w2]))
+    built = AccelModel.from_onnx(m.model([10, 24], [y]).SerializeToString(), HwConfig(),
+                                 target="fsim")
+    ops = {n.name: n.op for n in built.graph.nodes}
+    placed = sorted((ops[n], p.target) for n, p in built.placements.items()
+                    if ops[n] in ("QGemm", "QAdd"))
+    assert placed == [("QAdd", "cpu"), ("QGemm", "accel"), ("QGemm", "accel")]
+    x = {"x": np.random.default_rng(1).normal(0, 1.5, (10, 24)).astype(np.float32)}
+    _bit_exact(built, x, "fsim")

@@ -446,6 +446,11 @@ def test_bench_cpu_resnet18_int8_quick():
     assert m["fraction_of_peak"] == pytest.approx(m["bound_ms"] / m["latency_ms"])
     assert m["fraction_of_peak"] > 0
     assert result["repetitions"] == 9
+    # onnxruntime's QUInt8 QDQ model built by CpuModel.build: every layer integer, bit-exact
+    # (it raises otherwise), a few output steps from onnxruntime at most (measured on eight
+    # images: 2 steps at most, 73 % identical)
+    assert result["qdq_build"]["float"] == 0 and m["qdq_latency_ms"] > 0
+    assert result["qdq_vs_onnxruntime"]["max_steps"] <= 3
     for t in result["timings"].values():
         assert t["iqr_ms"][0] <= t["median_ms"] <= t["iqr_ms"][1]
 

@@ -580,16 +580,15 @@ def test_qdq_from_onnxruntime(tmp_path):
     assert (np.abs(got - want).max(axis=1) == 0).mean() > 0.6
 
 
-def test_qdq_uint8_stays_float(tmp_path):
+def test_qdq_uint8_becomes_integer(tmp_path):
+    """uint8 activations (onnxruntime's QUInt8) are int8 ones 128 lower: the layers become
+    integer (test_qdq_zero_points.py compares them with onnxruntime)."""
     data = samples((1, 1, 8, 8), 8, 10)
     path = ort_qdq(tmp_path, models.small_cnn(), data, "QUInt8", symmetric=False)
-    graph = import_onnx(path)
-    q = from_qdq(graph)
-    assert not any(n.op in ("QConv", "QGemm") for n in q.nodes)
-    held_out = samples((1, 1, 8, 8), 8, 11)
-    want = outputs(optimize(graph), held_out)
-    np.testing.assert_array_equal(outputs(q, held_out), want)
-    assert np.abs(want - ort_outputs(path, held_out)).max() <= 2 / 255 + 1e-6  # 1 step measured
+    q = from_qdq(import_onnx(path))
+    check_types(q)
+    ops = [n.op for n in q.nodes]
+    assert ops.count("QConv") == 2 and ops.count("QGemm") == 1
 
 
 @pytest.mark.parametrize("relu", [False, True])  # with Relu: a zero point on the output
