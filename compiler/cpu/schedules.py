@@ -112,7 +112,8 @@ def dense_block(n: int) -> int:
     16 per row: a tile of 8 rows then holds 16 accumulators, enough independent FMAs for
     both of a core's FMA units) when n is a multiple of 32 from 64 on, else
     ``channel_block``. On transformer-sized products (128-197 rows, 256-3072 columns) 32
-    took 0.78-0.89x the time of 16 (alternating in one process, loaded machine)."""
+    took 0.79-0.85x the time of 16 (alternating in one process, quiet machine;
+    docs/runtime.md)."""
     return 32 if n >= 64 and n % 32 == 0 else channel_block(n)
 
 
