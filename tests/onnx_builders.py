@@ -80,3 +80,23 @@ def float_graph(nodes, inputs: dict, inits: dict, opset=17):
     return optimize(import_onnx(make_model(
         nodes, [vi(k, list(s)) for k, s in inputs.items()], [vi("y", None)],
         [numpy_helper.from_array(v, k) for k, v in inits.items()], opset=opset)))
+
+
+def cpu_build_checked(model, feeds: dict, output: str = "y", *, rtol=1e-4, atol=1e-5):
+    """(CpuModel, its ``output``) of ``model`` on ``feeds``, checked against the numpy
+    reference executor and onnxruntime: same shape, within ``rtol`` and ``atol`` times the
+    reference's largest magnitude (float32 kernels sum in another order)."""
+    import numpy as np
+
+    from celosia.runtime.cpu import CpuModel
+    from celosia.runtime.reference import ReferenceModel
+
+    shapes = {k: v.shape for k, v in feeds.items()}
+    built = CpuModel.build(model, shapes)
+    got = built.run(feeds)[output]
+    ref = ReferenceModel.load(model, shapes).run(feeds)[output]
+    want = onnxruntime_run(model, feeds)[output]
+    for other in (ref, want):
+        assert got.shape == other.shape
+        np.testing.assert_allclose(got, other, rtol=rtol, atol=atol * np.abs(other).max())
+    return built, got

@@ -252,22 +252,18 @@ def _layer_norm_at(mean: Node, graph: Graph, users, inits):
                 .astype(np.float32)
         except ValueError:
             return None
-    out, scale, bias = div.outputs[0], np.ones(tail, np.float32), None
-    mul = only(out, "Mul")
-    if mul is not None:
-        other = mul.inputs[1] if mul.inputs[0] == out else mul.inputs[0]
-        g = per_element(other)
-        if g is not None:
-            nodes.append(mul)
-            out, scale = mul.outputs[0], g
-            plus = only(out, "Add")
-            if plus is not None:
-                other = plus.inputs[1] if plus.inputs[0] == out else plus.inputs[0]
-                b = per_element(other)
-                if b is not None:
-                    nodes.append(plus)
-                    out, bias = plus.outputs[0], b
-    return nodes, x, scale, bias, axes[0], eps, out
+    out, found = div.outputs[0], {}
+    for op in ("Mul", "Add"):  # * scale, then + bias: each only after the one before
+        step = only(out, op)
+        if step is None:
+            break
+        a = per_element(step.inputs[1] if step.inputs[0] == out else step.inputs[0])
+        if a is None:
+            break
+        nodes.append(step)
+        out, found[op] = step.outputs[0], a
+    scale = found.get("Mul", np.ones(tail, np.float32))
+    return nodes, x, scale, found.get("Add"), axes[0], eps, out
 
 
 def fuse_layer_norms(graph: Graph) -> Graph:

@@ -8,7 +8,7 @@ widened outputs, batches and a reader that wants the value blocked again."""
 import numpy as np
 import pytest
 from onnx import helper, numpy_helper
-from onnx_builders import make_model, vi
+from onnx_builders import cpu_build_checked, make_model, vi
 
 from celosia.compiler.cpu.schedules import channel_block, dense_columns, padded_channels
 from celosia.runtime.cpu import CpuModel
@@ -65,14 +65,7 @@ def test_padded_channels_against_references(c, m, kernel, stride, act, bias, sha
     model = _model(c, m, kernel, stride, act, bias, m * 7 + kernel, after)
     full = (shape[0], c, *shape[1:])
     x = np.random.default_rng(m).normal(size=full).astype(np.float32)
-    built = CpuModel.build(model, {"x": full})
-    got = built.run({"x": x})["y"]
-    ref = ReferenceModel.load(model, {"x": full}).run({"x": x})["y"]
-    (want,) = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    assert got.shape == want.shape
-    for other in (ref, want):
-        np.testing.assert_allclose(got, other, rtol=1e-4, atol=1e-5 * np.abs(other).max())
+    built, _ = cpu_build_checked(model, {"x": x})
     # the convolution computed the padded channels, and the unpack cropped them
     convs = [s for s in built.program.steps if s["op"] == "Conv"]
     first = built.program.values[convs[0]["outputs"][0]]["shape"]
@@ -140,15 +133,7 @@ def test_dense_padded_columns_against_references(shape, n, op, bias, act, residu
     feeds = {"x": rng.normal(size=shape).astype(np.float32)}
     if residual:
         feeds["r"] = rng.normal(size=(*shape[:-1], n)).astype(np.float32)
-    shapes = {k: v.shape for k, v in feeds.items()}
-    built = CpuModel.build(model, shapes)
-    got = built.run(feeds)["y"]
-    ref = ReferenceModel.load(model, shapes).run(feeds)["y"]
-    (want,) = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"]).run(None, feeds)
-    assert got.shape == want.shape
-    for other in (ref, want):
-        np.testing.assert_allclose(got, other, rtol=1e-4, atol=1e-5 * np.abs(other).max())
+    built, _ = cpu_build_checked(model, feeds)
     (dense,) = [built.program.specs[s["kernel"]] for s in built.program.steps
                 if s.get("kernel") and built.program.specs[s["kernel"]]["op"] == "dense"]
     columns = dense["weight"][0] * dense["weight"][2]

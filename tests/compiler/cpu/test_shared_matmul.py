@@ -7,10 +7,8 @@ reference and onnxruntime on seeded random inputs."""
 import numpy as np
 import pytest
 from onnx import helper
-from onnx_builders import make_model, vi
+from onnx_builders import cpu_build_checked, make_model, vi
 
-from celosia.runtime.cpu import CpuModel
-from celosia.runtime.reference import ReferenceModel
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -40,15 +38,7 @@ def test_shared_right_operand(a, b, after, dense):
     else:
         nodes.append(helper.make_node("Identity", ["p"], ["y"]))
     model = make_model(nodes, inputs, [vi("y", None)])
-    shapes = {k: v.shape for k, v in feeds.items()}
-    built = CpuModel.build(model, shapes)
-    got = built.run(feeds)["y"]
-    ref = ReferenceModel.load(model, shapes).run(feeds)["y"]
-    (want,) = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"]).run(None, feeds)
-    for other in (ref, want):
-        assert got.shape == other.shape
-        np.testing.assert_allclose(got, other, rtol=1e-5, atol=1e-5 * np.abs(other).max())
+    built, _ = cpu_build_checked(model, feeds, rtol=1e-5)
     ops = [built.program.specs[s["kernel"]]["op"] for s in built.program.steps
            if s["op"] == "MatMul" and s["kind"] == "kernel"]
     assert ("dense" in ops) == dense and ("batch_matmul" in ops) != dense
