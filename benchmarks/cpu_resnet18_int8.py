@@ -87,6 +87,19 @@ def _agreement(got: np.ndarray, want: np.ndarray, graph) -> dict:
             "identical": float((steps == 0).mean())}
 
 
+def _bit_exact(what: str, built, graph, feeds) -> np.ndarray:
+    """The output of ``built`` on ``feeds``, checked equal, bit for bit, to the reference
+    executor's run of ``graph`` (qops.py's definitions): the benchmark fails otherwise."""
+    from celosia.compiler.graph.reference import run_graph
+
+    (got,) = built.run(feeds).values()
+    (want,) = run_graph(graph, feeds).values()
+    if not np.array_equal(got, want):
+        raise CelosiaError(f"cpu-resnet18-int8: {what} differs from the reference executor's "
+                           f"qops.py in {int(np.sum(got != want))} of {got.size} outputs")
+    return got
+
+
 def _stats(samples) -> dict:
     ms = np.asarray(samples) * 1e3
     return {"median_ms": float(np.median(ms)),
@@ -103,7 +116,6 @@ def run(quick: bool = False) -> dict:
     from celosia.benchmarks.zoo_int8 import node_macs
     from celosia.compiler.cpu.host import num_threads
     from celosia.compiler.cpu.int8_dot import compile_peak
-    from celosia.compiler.graph.reference import run_graph
     from celosia.compiler.pipeline import quantize_model
     from celosia.models import zoo as models
     from celosia.runtime.cpu import CpuModel
@@ -117,12 +129,7 @@ def run(quick: bool = False) -> dict:
     graph = quantize_model(data, {"image": calib})
     int8 = CpuModel.from_graph(graph)
     fp32 = CpuModel.build(data)
-    (got,) = int8.run(feeds).values()
-    (want,) = run_graph(graph, feeds).values()
-    if not np.array_equal(got, want):
-        raise CelosiaError(f"cpu-resnet18-int8: the int8 build differs from the reference "
-                           f"executor's qops.py in {int(np.sum(got != want))} of {got.size} "
-                           f"outputs")
+    _bit_exact("the int8 build", int8, graph, feeds)
 
     threads = num_threads()
     options = ort.SessionOptions()
@@ -138,12 +145,7 @@ def run(quick: bool = False) -> dict:
     # onnxruntime's QUInt8 model as a user brings it: CpuModel.build (from_qdq inside)
     qdq = CpuModel.build(qdq_bytes["QUInt8"])
     qdq_graph = quantize_model(qdq_bytes["QUInt8"])
-    (got,) = qdq.run(feeds).values()
-    (want,) = run_graph(qdq_graph, feeds).values()
-    if not np.array_equal(got, want):
-        raise CelosiaError(f"cpu-resnet18-int8: the QDQ model's build differs from the "
-                           f"reference executor in {int(np.sum(got != want))} of {got.size} "
-                           f"outputs")
+    got = _bit_exact("the QDQ model's build", qdq, qdq_graph, feeds)
     qdq_agreement = _agreement(got, sessions["onnxruntime_int8_u8s8"].run(None, feeds)[0],
                                qdq_graph)
     runners = {"celosia_int8": lambda: int8.run(feeds), "celosia_fp32": lambda: fp32.run(feeds),

@@ -100,3 +100,33 @@ def cpu_build_checked(model, feeds: dict, output: str = "y", *, rtol=1e-4, atol=
         assert got.shape == other.shape
         np.testing.assert_allclose(got, other, rtol=rtol, atol=atol * np.abs(other).max())
     return built, got
+
+
+def onnxruntime_qdq(tmp_path, model, data, activation_type="QInt8", symmetric=None):
+    """The path of onnxruntime's ``quantize_static`` QDQ model of ``model`` (per-channel
+    int8 weights) calibrated on the feeds ``data``; ``symmetric`` sets its
+    ActivationSymmetric option, None leaves onnxruntime's default (asymmetric)."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(data)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    src, dst = tmp_path / "float.onnx", tmp_path / f"qdq_{activation_type}.onnx"
+    onnx.save(model, src)
+    extra = {} if symmetric is None else {"ActivationSymmetric": symmetric}
+    logging.disable(logging.WARNING)  # "please run pre-processing" advice
+    try:
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=getattr(QuantType, activation_type),
+                        weight_type=QuantType.QInt8, per_channel=True, extra_options=extra)
+    finally:
+        logging.disable(logging.NOTSET)
+    return dst

@@ -90,6 +90,11 @@ def form(name: str) -> DotForm:
     return FORMS[name]
 
 
+def runs_here(name: str) -> bool:
+    """Whether this CPU has the features of the form ``name``."""
+    return name in FORMS and _has(name, set(host_target().features.split(",")))
+
+
 def chosen_form(option: str | None = None) -> str | None:
     """The form a build uses: ``option`` ("auto", a form's name or "none"), else
     $CELOSIA_INT8_FORM, else the host's best. None: no dot-product kernels."""

@@ -18,7 +18,7 @@ from celosia.compiler.cpu import int8_forms
 from celosia.compiler.cpu.host import HostTarget
 from celosia.compiler.cpu.int8_dot import compile_dot, dot_tile
 from celosia.compiler.cpu.int8_forms import (FORMS, chosen_form, fold_columns, form,
-                                             pack_dot_weight, per_channel, tap_sums,
+                                             pack_dot_weight, per_channel, runs_here, tap_sums,
                                              unsigned_bias)
 from celosia.compiler.graph import qops
 from celosia.compiler.graph.ir import Graph, Node, TensorType, constant
@@ -29,15 +29,7 @@ from celosia.models import zoo as models
 from celosia.runtime.cpu import CpuModel
 
 
-def _runnable(name):
-    try:
-        form(name)
-        return True
-    except CompilerError:
-        return False
-
-
-RUNNABLE = [n for n in FORMS if _runnable(n)]
+RUNNABLE = [n for n in FORMS if runs_here(n)]
 pytestmark = [pytest.mark.usefixtures("private_cache"),  # tests/conftest.py
               pytest.mark.skipif(not RUNNABLE,
                                  reason="this CPU has no int8 dot-product form (no AVX2)")]

@@ -4,36 +4,27 @@ integer graph against the QDQ model's own float meaning (within one output step)
 build against the reference executor (bit for bit, every int8 kernel form this CPU runs),
 and onnxruntime's ``quantize_static`` models against onnxruntime."""
 
-import logging
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_builders import onnxruntime_qdq
 
-from celosia.compiler.cpu.int8_forms import FORMS, form
+from celosia.compiler.cpu.int8_forms import FORMS, runs_here
 from celosia.compiler.frontend.onnx import import_onnx
 from celosia.compiler.graph import ops, qops
 from celosia.compiler.graph.passes import optimize
 from celosia.compiler.graph.quantize import from_qdq, is_qdq
 from celosia.compiler.graph.reference import infer_node, run_graph
 from celosia.compiler.pipeline import quantize_model
-from celosia.errors import CompilerError
 from celosia.models import zoo as models
 from celosia.runtime.cpu import CpuModel
 
 pytestmark = pytest.mark.usefixtures("private_cache")  # tests/conftest.py
 
 
-def _runnable(name):
-    try:
-        form(name)
-        return True
-    except CompilerError:
-        return False
-
-
-FORMS_HERE = [n for n in FORMS if _runnable(n)] + ["none"]
+FORMS_HERE = [n for n in FORMS if runs_here(n)] + ["none"]
 
 
 def _check_types(graph):
@@ -295,29 +286,6 @@ def test_unmatched_patterns_stay_float_and_correct():
 # ---- onnxruntime's quantize_static with its defaults -----------------------------------------
 
 
-def _ort_qdq(tmp_path, model, data, activation_type):
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(data)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    src, dst = tmp_path / "float.onnx", tmp_path / f"qdq_{activation_type}.onnx"
-    onnx.save(model, src)
-    logging.disable(logging.WARNING)  # "please run pre-processing" advice
-    try:
-        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
-                        activation_type=getattr(QuantType, activation_type),
-                        weight_type=QuantType.QInt8, per_channel=True)
-    finally:
-        logging.disable(logging.NOTSET)
-    return dst
-
-
 @pytest.mark.parametrize("activation_type", ["QInt8", "QUInt8"])
 def test_onnxruntime_defaults_small_cnn(tmp_path, activation_type):
     """The zoo's small CNN quantized by onnxruntime with its defaults (asymmetric
@@ -328,7 +296,7 @@ def test_onnxruntime_defaults_small_cnn(tmp_path, activation_type):
 
     rng = np.random.default_rng(8)
     data = [{"image": rng.normal(size=(1, 1, 8, 8)).astype(np.float32)} for _ in range(16)]
-    path = _ort_qdq(tmp_path, models.small_cnn(), data, activation_type)
+    path = onnxruntime_qdq(tmp_path, models.small_cnn(), data, activation_type)
     q = quantize_model(path)
     ops_ = [n.op for n in q.nodes]
     assert ops_.count("QConv") == 2 and ops_.count("QGemm") == 1 and "Conv" not in ops_

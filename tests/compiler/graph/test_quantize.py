@@ -1,13 +1,12 @@
 """int8 quantization: the integer kernels against slow references, quantize_graph on whole
 models (accuracy and structure), calibration files, and QDQ models from onnxruntime."""
 
-import logging
 import time
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_builders import onnxruntime_qdq
 
 from celosia.compiler.graph.ir import (Graph, GraphError, Node, TensorType, UnsupportedOperatorError, verify_graph)
 from celosia.compiler.frontend.onnx import import_onnx
@@ -529,27 +528,7 @@ def test_unreadable_calibration_and_none(tmp_path, small_graph):
 
 
 def ort_qdq(tmp_path, model, data, activation_type="QInt8", symmetric=True):
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(data)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    src, dst = tmp_path / "float.onnx", tmp_path / "qdq.onnx"
-    onnx.save(model, src)
-    logging.disable(logging.WARNING)  # "please run pre-processing" advice
-    try:
-        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
-                        activation_type=getattr(QuantType, activation_type),
-                        weight_type=QuantType.QInt8, per_channel=True,
-                        extra_options={"ActivationSymmetric": symmetric})
-    finally:
-        logging.disable(logging.NOTSET)
-    return dst
+    return onnxruntime_qdq(tmp_path, model, data, activation_type, symmetric)
 
 
 def ort_outputs(path, data):
