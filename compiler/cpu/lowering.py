@@ -1044,9 +1044,10 @@ def lower_graph(graph: Graph, *, int8_form: str | None = None) -> CpuProgram:
     from .conv1d_dense import conv1d_as_dense  # or, with long kernels, on the dense one
     from .conv3d import conv3d_as_2d  # 3-D convolutions as sums of 2-D ones
     from .convt import unit_stride_transposed_as_conv  # stride-1 ConvTranspose as a Conv
+    from .dead_taps import prune_dead_taps  # kernel taps that only read padding
 
-    graph = unit_stride_transposed_as_conv(graph)
-    return _Lowering(conv3d_as_2d(conv1d_as_2d(conv1d_as_dense(graph))), int8_form).run()
+    graph = conv1d_as_2d(conv1d_as_dense(unit_stride_transposed_as_conv(graph)))
+    return _Lowering(prune_dead_taps(conv3d_as_2d(graph)), int8_form).run()
 
 
 def compile_program(program: CpuProgram, *, progress=None) -> dict:
