@@ -170,6 +170,15 @@ def _layernorm_row(r: _Row, spec: dict, x, out, scale, bias):
     r.columns(cols, [], [], write)
 
 
+def _flushed_exp(b, z, ty):
+    """exp(z) of Softmax's shifted scores (z <= 0), 0 below e^-60 (1e-26, less than a
+    float32 ulp of a row's sum), where it is not computed: subnormal results, and their
+    products, cost ~100 cycles each (a random ViT's scores span hundreds: 20x slower),
+    masked scores (-10000) too."""
+    low = b.fcmp_ordered("<", z, _const(ty, _FLUSH))
+    return b.select(low, _const(ty, 0.0), emit_exp(b, b.select(low, _const(ty, _FLUSH), z)))
+
+
 def _softmax_row(r: _Row, spec: dict, x, out):
     b, cols = r.b, spec["cols"]
     ninf = float("-inf")
@@ -178,12 +187,7 @@ def _softmax_row(r: _Row, spec: dict, x, out):
     top = _maximum(b)(r.horizontal(vmax, _maximum(b)), smax)
 
     def exps(j, ty):
-        z = b.fsub(r.load(x, j, ty), _splat(b, top, ty))
-        # exp below e^-60 (1e-26, less than a float32 ulp of the row's sum) is taken as 0,
-        # and not computed: subnormal results, and their products, cost ~100 cycles each
-        # (a random ViT's scores span hundreds: 20x slower), masked scores (-10000) too.
-        low = b.fcmp_ordered("<", z, _const(ty, _FLUSH))
-        e = b.select(low, _const(ty, 0.0), emit_exp(b, b.select(low, _const(ty, _FLUSH), z)))
+        e = _flushed_exp(b, b.fsub(r.load(x, j, ty), _splat(b, top, ty)), ty)
         r.store(e, out, j)
         return e
     total = _sum_columns(r, cols, exps)
@@ -216,9 +220,7 @@ def _softmax_columns(r: _Row, spec: dict, x, out, ty):
                     lambda k, acc: [_maximum(b)(acc[0], r.load(x, at(k), ty))])
 
     def exps(k, acc):
-        z = b.fsub(r.load(x, at(k), ty), top)
-        low = b.fcmp_ordered("<", z, _const(ty, _FLUSH))
-        e = b.select(low, _const(ty, 0.0), emit_exp(b, b.select(low, _const(ty, _FLUSH), z)))
+        e = _flushed_exp(b, b.fsub(r.load(x, at(k), ty), top), ty)
         r.store(e, out, at(k))
         return [b.fadd(acc[0], e)]
     (total,) = r.loop(zero, c, one, [_const(ty, 0.0)], exps)
