@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph.ir import EPILOGUE_BINARY, Graph, Node, TensorType
+from ..graph.residual import fresh_name, rewrite_nodes
 
 __all__ = ["conv3d_as_2d"]
 
@@ -45,21 +46,18 @@ def _is_conv3d(node: Node, graph: Graph) -> bool:
 
 def conv3d_as_2d(graph: Graph) -> Graph:
     """The graph with every 3-D Conv it can take made a sum of 2-D ones (module docstring)."""
-    if not any(_is_conv3d(n, graph) for n in graph.nodes):
-        return graph
-    inits, types = dict(graph.initializers), dict(graph.types)
-    nodes: list[Node] = []
+    inits = dict(graph.initializers)
 
-    def fresh(name: str, dtype: str, shape) -> str:
-        while name in types:
-            name += "'"
-        types[name] = TensorType(dtype, tuple(int(d) for d in shape))
-        return name
-
-    for node in graph.nodes:
+    def rewrite(node, types, taken):
         if not _is_conv3d(node, graph):
-            nodes.append(node)
-            continue
+            return None
+        nodes: list[Node] = []
+
+        def fresh(name: str, dtype: str, shape) -> str:
+            name = fresh_name(name, taken)
+            types[name] = TensorType(dtype, tuple(int(d) for d in shape))
+            return name
+
         a, x, w = node.attrs, node.inputs[0], node.inputs[1]
         b = node.inputs[2] if len(node.inputs) > 2 else ""
         n, c, d, h, wd = graph.types[x].shape
@@ -116,4 +114,5 @@ def conv3d_as_2d(graph: Graph) -> Graph:
                           f"{where}/unbatch"))
         nodes.append(Node("Transpose", (back,), (y,), {"perm": [0, 2, 1, 3, 4]},
                           f"{where}/channel_major"))
-    return graph.with_nodes(nodes, initializers=inits, types=types)
+        return nodes
+    return rewrite_nodes(graph, rewrite, inits)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph.ir import Graph, Node, TensorType
+from ..graph.residual import fresh_name, rewrite_nodes
 
 __all__ = ["unit_stride_transposed_as_conv"]
 
@@ -40,28 +41,23 @@ def _unit_stride(node: Node, graph: Graph) -> bool:
 
 def unit_stride_transposed_as_conv(graph: Graph) -> Graph:
     """The graph with every stride-1 ConvTranspose it can take made a Conv (docstring)."""
-    if not any(_unit_stride(n, graph) for n in graph.nodes):
-        return graph
-    inits, types = dict(graph.initializers), dict(graph.types)
-    nodes = []
-    for node in graph.nodes:
+    inits = dict(graph.initializers)
+
+    def rewrite(node, types, taken):
         if not _unit_stride(node, graph):
-            nodes.append(node)
-            continue
+            return None
         a, w = node.attrs, node.inputs[1]
         weight = np.asarray(inits[w])
         nd = weight.ndim - 2
         flipped = np.ascontiguousarray(
             np.flip(weight, axis=tuple(range(2, 2 + nd))).swapaxes(0, 1))
-        name = f"{w}@as_conv"
-        while name in types:
-            name += "'"
+        name = fresh_name(f"{w}@as_conv", taken)
         inits[name] = flipped
         types[name] = TensorType(str(flipped.dtype), flipped.shape)
         extent = [(int(k) - 1) * int(d) for k, d in zip(a["kernel_shape"], a["dilations"])]
         pads = [extent[i % nd] - int(p) for i, p in enumerate(a["pads"])]
         attrs = {"kernel_shape": list(a["kernel_shape"]), "strides": [1] * nd, "pads": pads,
                  "dilations": list(a["dilations"]), "group": 1}
-        nodes.append(Node("Conv", (node.inputs[0], name, *node.inputs[2:]), node.outputs,
-                          attrs, node.name))
-    return graph.with_nodes(nodes, initializers=inits, types=types)
+        return [Node("Conv", (node.inputs[0], name, *node.inputs[2:]), node.outputs, attrs,
+                     node.name)]
+    return rewrite_nodes(graph, rewrite, inits)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph.ir import Graph, Node, TensorType
+from ..graph.residual import fresh_name, rewrite_nodes
 
 __all__ = ["prune_dead_taps"]
 
@@ -56,29 +57,25 @@ def _cut(node: Node, graph: Graph):
 
 def prune_dead_taps(graph: Graph) -> Graph:
     """The graph with each float Conv's always-padding kernel rows and columns cut off."""
-    cuts = {n.name: c for n in graph.nodes if (c := _cut(n, graph)) is not None}
-    if not cuts:
-        return graph
-    inits, types = dict(graph.initializers), dict(graph.types)
-    nodes = []
-    for node in graph.nodes:
-        spans = cuts.get(node.name)
+    inits = dict(graph.initializers)
+
+    def rewrite(node, types, taken):
+        spans = _cut(node, graph)
         if spans is None:
-            nodes.append(node)
-            continue
+            return None
         a, w = node.attrs, node.inputs[1]
         (h0, h1), (w0, w1) = spans
-        weight = np.ascontiguousarray(np.asarray(inits[w])[:, :, h0:h1 + 1, w0:w1 + 1])
         name = f"{w}@taps{h0}{h1}{w0}{w1}"
-        while name in types and name not in inits:
-            name += "'"
-        inits[name] = weight
-        types[name] = TensorType(str(weight.dtype), weight.shape)
+        if name not in inits:  # (else cut so for another Conv of the same weights)
+            weight = np.ascontiguousarray(np.asarray(inits[w])[:, :, h0:h1 + 1, w0:w1 + 1])
+            name = fresh_name(name, taken)
+            inits[name] = weight
+            types[name] = TensorType(str(weight.dtype), weight.shape)
         (kh, kw), (dh, dw) = a["kernel_shape"], a["dilations"]
         p = list(a["pads"])
         pads = [p[0] - h0 * dh, p[1] - w0 * dw, p[2] - (kh - 1 - h1) * dh,
                 p[3] - (kw - 1 - w1) * dw]
         attrs = {**a, "kernel_shape": [h1 - h0 + 1, w1 - w0 + 1], "pads": pads}
-        nodes.append(Node("Conv", (node.inputs[0], name, *node.inputs[2:]), node.outputs,
-                          attrs, node.name))
-    return graph.with_nodes(nodes, initializers=inits, types=types)
+        return [Node("Conv", (node.inputs[0], name, *node.inputs[2:]), node.outputs, attrs,
+                     node.name)]
+    return rewrite_nodes(graph, rewrite, inits)

@@ -32,6 +32,7 @@ import numpy as np
 from .ir import Graph, Node, TensorType, constant
 from .ops import pool_output_shape
 from .passes import _fresh, fuse_epilogues, remove_dead_code
+from .residual import rewrite_nodes
 
 __all__ = ["quant_forms"]
 
@@ -194,12 +195,11 @@ def _prelu_as_leaky(node: Node, inits: dict) -> list[Node] | None:
 def quant_forms(graph: Graph) -> Graph:
     """The rewrites of the module doc on an optimized graph (bodies are left as they are),
     then epilogue fusion again (a ReLU after a new depthwise layer fuses into it)."""
-    inits, types = dict(graph.initializers), dict(graph.types)
+    inits = dict(graph.initializers)
     producers, users = graph.producers(), graph.consumers()
     scaled: set[str] = set()  # outputs of Muls made depthwise layers
-    nodes: list[Node] = []
-    changed = False
-    for node in graph.nodes:
+
+    def rewrite(node, types, taken):
         new = None
         if node.op == "ReduceMean":
             new = _mean_as_pool(node, types)
@@ -216,12 +216,8 @@ def quant_forms(graph: Graph) -> Graph:
             new = _prelu_as_leaky(node, inits)
         elif node.op == "Conv" and node.attrs.get("epilogue"):
             new = _scale_after_residual(node, inits, types)
-        if new is None:
-            nodes.append(node)
-        else:
-            nodes += new
-            changed = True
-    if not changed:
+        return new
+    rewritten = rewrite_nodes(graph, rewrite, inits)
+    if rewritten is graph:
         return graph
-    graph = graph.with_nodes(nodes, initializers=inits, types=types)
-    return remove_dead_code(fuse_epilogues(graph))
+    return remove_dead_code(fuse_epilogues(rewritten))

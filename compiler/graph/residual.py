@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .ir import Graph, Node
 
-__all__ = ["float_residuals", "split_residuals"]
+__all__ = ["float_residuals", "split_residuals", "rewrite_nodes", "fresh_name"]
 
 _DENSE = ("MatMul", "Gemm")
 
@@ -34,11 +34,12 @@ def fresh_name(base: str, taken: set) -> str:
     return name
 
 
-def rewrite_nodes(graph: Graph, rewrite) -> Graph:
+def rewrite_nodes(graph: Graph, rewrite, initializers: dict | None = None) -> Graph:
     """The graph with each node for which ``rewrite(node, types, taken)`` returns nodes
     replaced by them (None: the node stays); ``types`` (the graph's, a copy) takes the new
     values' types and ``taken`` (every value and node name) the new names (fresh_name).
-    ``graph`` itself when no node is replaced."""
+    ``initializers``: a copy of the graph's the rewrite adds constants to (it holds it),
+    the new graph's. ``graph`` itself when no node is replaced."""
     taken = set(graph.types) | {n.name for n in graph.nodes}
     types = dict(graph.types)
     nodes: list[Node] = []
@@ -50,7 +51,11 @@ def rewrite_nodes(graph: Graph, rewrite) -> Graph:
         else:
             nodes += new
             changed = True
-    return graph.with_nodes(nodes, types=types) if changed else graph
+    if not changed:
+        return graph
+    if initializers is None:
+        return graph.with_nodes(nodes, types=types)
+    return graph.with_nodes(nodes, initializers=initializers, types=types)
 
 
 def with_epilogue(attrs: dict, steps) -> dict:
