@@ -40,11 +40,7 @@ from dataclasses import replace
 
 from ..graph.ir import Graph, Node, captured_inputs, subgraphs
 from .control_hoist import hoist_projections, lower_hoisted
-from .conv1d import conv1d_as_2d
-from .conv1d_dense import conv1d_as_dense
-from .conv3d import conv3d_as_2d
-from .convt import unit_stride_transposed_as_conv
-from .dead_taps import prune_dead_taps
+from .rewrites import before_lowering
 
 __all__ = ["CONTROL_OPS", "lower_control", "control_fallback_reason"]
 
@@ -147,8 +143,7 @@ def _lower_body(lowering, node: Node, key: str, body: Graph, captured, depth: in
         return "a body value has no elements"
     # lowering.py's _Lowering (which imports this module), after the main graph's
     # pre-lowering rewrite (lower_graph): Silero's If branch is 1-D convolutions.
-    sub = type(lowering)(prune_dead_taps(conv3d_as_2d(conv1d_as_2d(conv1d_as_dense(
-        unit_stride_transposed_as_conv(g))))), lowering.int8_form or "none")
+    sub = type(lowering)(before_lowering(g), lowering.int8_form or "none")
     sub.depth = depth + 1
     for v in g.outer:
         sub.produce(v, 0)

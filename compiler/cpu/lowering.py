@@ -360,14 +360,17 @@ class _Lowering:
                 or (b and not self.is_const(b)):
             return False
         out_t = self.type(node.outputs[0])
-        weight = np.asarray(self.const(w), np.float32)
-        depthwise, cb, ob, wname, geometry = self.conv_layout(node, weight)
+        # output channels with no block of 8 or more, an epilogue with scalars at most:
+        # computed padded (padded_conv)
+        pad = node.attrs["group"] == 1 and self.scalar_epilogue(node) \
+            and padded_channels(out_t.shape[1]) != out_t.shape[1]
+        depthwise, cb, ob, wname, geometry = self.conv_layout(
+            node, np.asarray(self.const(w), np.float32), pad_output=pad)
         epi = self.epilogue(node, out_t, "blocked", ob)
         if epi is None:
             return False
-        if not depthwise and node.attrs["group"] == 1 and not epi[1] \
-                and padded_channels(out_t.shape[1]) != out_t.shape[1]:
-            return self.padded_conv(node, weight, epi[0])
+        if pad:
+            return self.padded_conv(node, cb, ob, wname, geometry, epi[0])
         data = self.blocked(x, cb)
         args = [data, wname] + ([self.channel_const(b, ob, F32)] if b else []) + epi[1]
         spec = {"op": "dwconv" if depthwise else "conv", "data": self.values[data]["shape"],
@@ -388,16 +391,23 @@ class _Lowering:
         self.step("numpy", crop, [tmp], [out], attrs=crop.attrs)
         return True
 
-    def padded_conv(self, node: Node, weight: np.ndarray, epilogue: list) -> bool:
+    def scalar_epilogue(self, node: Node) -> bool:
+        """Whether every operand of the node's epilogue is a constant scalar (no operand
+        value for the kernel: ``operand``'s "scalar" kind)."""
+        operands = [node.inputs[step[1]] for step in node.attrs.get("epilogue", ())
+                    if step[0] in BINARY]
+        return all(self.is_const(v) and np.asarray(self.const(v)).size == 1 for v in operands)
+
+    def padded_conv(self, node: Node, cb: int, ob: int, wname: str, geometry: dict,
+                    epilogue: list) -> bool:
         """A Conv whose output channels have no block of 8 or more (``padded_channels``),
-        its epilogue without operands: computed for the padded channel count in blocks of
-        16 (a block of 1 or 2 leaves the kernel's vectors nearly empty: YOLO's 1x1 head of
-        255 channels ran 5x slower than the 256 it now computes), the extra channels' zero
-        weights and bias dropped by the unpack to the plain layout, which takes the wider
-        output's crop too."""
-        x, w, b = (list(node.inputs) + ["", ""])[:3]
+        laid out by ``conv_layout(pad_output=True)``, its epilogue without operands:
+        computed for the padded channel count in blocks of 16 (a block of 1 or 2 leaves the
+        kernel's vectors nearly empty: YOLO's 1x1 head of 255 channels ran 5x slower than
+        the 256 it now computes), the extra channels' zero weights and bias dropped by the
+        unpack to the plain layout, which takes the wider output's crop too."""
+        x, b = node.inputs[0], (list(node.inputs) + ["", ""])[2]
         out_t = self.type(node.outputs[0])
-        _, cb, ob, wname, geometry = self.conv_layout(node, weight, pad_output=True)
         m, mp = out_t.shape[1], geometry["weight"][0] * ob
         args = [self.blocked(x, cb), wname]
         if b:
@@ -623,6 +633,15 @@ class _Lowering:
         nb = dense_block(cols)
         packed = self.add_const(f"{b_in}@dense{nb}" + (f"p{cols}" if cols != n else ""),
                                 pack_dense_weight(wt, nb))
+        return self.dense_product(node, data, packed, args, (m, k, n), cols, nb, bias, steps)
+
+    def dense_product(self, node: Node, data: str, packed: str, args: list, mkn: tuple,
+                      cols: int, nb: int, bias: bool, steps: list) -> bool:
+        """The ``dense`` kernel of ``data`` [m, k] and the packed weights ``packed``
+        [cols / nb, k, nb] (``cols`` >= n: padded columns), with the epilogue ``steps`` on
+        ``args``; rows padded where the tile needs it, the result cropped to [m, n] and
+        viewed as the node's output."""
+        (m, k, n), out_t = mkn, self.type(node.outputs[0])
         rows = padded_rows(m)
         if rows != m:  # (m, n)-shaped operands padded too, the output cropped below
             data = self.pad_rows(node, data, rows)
@@ -1040,14 +1059,9 @@ def lower_graph(graph: Graph, *, int8_form: str | None = None) -> CpuProgram:
     """The CPU program of an optimized graph (kernels not compiled yet). ``int8_form``:
     the int8 dot-product instructions of QConv/QGemm kernels, "auto" (None: the host's
     best, or $CELOSIA_INT8_FORM), a form of int8_forms.py, or "none"."""
-    from .conv1d import conv1d_as_2d  # 1-D convolutions on the 2-D kernels
-    from .conv1d_dense import conv1d_as_dense  # or, with long kernels, on the dense one
-    from .conv3d import conv3d_as_2d  # 3-D convolutions as sums of 2-D ones
-    from .convt import unit_stride_transposed_as_conv  # stride-1 ConvTranspose as a Conv
-    from .dead_taps import prune_dead_taps  # kernel taps that only read padding
+    from .rewrites import before_lowering
 
-    graph = conv1d_as_2d(conv1d_as_dense(unit_stride_transposed_as_conv(graph)))
-    return _Lowering(prune_dead_taps(conv3d_as_2d(graph)), int8_form).run()
+    return _Lowering(before_lowering(graph), int8_form).run()
 
 
 def compile_program(program: CpuProgram, *, progress=None) -> dict:

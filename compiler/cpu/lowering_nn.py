@@ -217,11 +217,11 @@ def _shared_as_dense(lw, node: Node, m: int, k: int, n: int, steps: list) -> boo
     """``A [.., m, k] @ B [k, n]`` with B computed at run time, as the dense kernel (its
     column blocks in parallel; the batched kernel runs batches in parallel and this is one
     batch): B packed by a compiled copy into the dense layout ``[n / nb, k, nb]`` each run,
-    A's rows padded as the dense lowering pads them."""
-    from .schedules import dense_block, padded_rows
+    A's rows padded as the dense lowering pads them (``dense_product``)."""
+    from .schedules import dense_block
 
     nb = dense_block(n)
-    if nb < 8 or node.attrs.get("epilogue") and len(steps) != len(node.attrs["epilogue"]):
+    if nb < 8:
         return False
     a_in, b_in = node.inputs[:2]
     b = lw.view_of(lw.plain(b_in), (k, n // nb, nb), f"{b_in}@{k}x{n // nb}x{nb}")
@@ -229,18 +229,7 @@ def _shared_as_dense(lw, node: Node, m: int, k: int, n: int, steps: list) -> boo
     lw.kernel(node, copy_spec(F32, (k, n // nb, nb), (n // nb, k, nb), perm=[1, 0, 2]),
               [b, packed], packed)
     data = lw.view_of(lw.plain(a_in), (m, k), f"{a_in}@{m}x{k}")
-    rows = padded_rows(m)
-    if rows != m:
-        data = lw.pad_rows(node, data, rows)
-    flat = lw.define(f"{node.outputs[0]}@{rows}x{n}", F32, (rows, n))
-    lw.kernel(node, {"op": "dense", "data": [rows, k], "weight": [n // nb, k, nb],
-                     "bias": False, "epilogue": steps}, [data, packed, flat], flat)
-    if rows != m:
-        crop = lw.define(f"{node.outputs[0]}@{m}x{n}", F32, (m, n))
-        lw.kernel(node, copy_spec(F32, (rows, n), (m, n)), [flat, crop], crop)
-        flat = crop
-    lw.step("view", node, [flat], [lw.produce(node.outputs[0], 0)])
-    return True
+    return lw.dense_product(node, data, packed, [], (m, k, n), n, nb, False, steps)
 
 
 def _inner_steps(lw, node: Node) -> tuple[list, list] | None:
